@@ -1,0 +1,22 @@
+//! Warren's plain types, shared by every other crate. Nothing here performs I/O.
+
+pub mod error;
+pub mod event;
+pub mod exec;
+pub mod labels;
+pub mod quantity;
+pub mod sandbox;
+pub mod spec;
+pub mod state;
+
+pub use error::{ApiError, ErrorBody, ErrorCode};
+pub use event::Event;
+pub use exec::{ExecEvent, ExecRequest};
+pub use labels::{Labels, Selector};
+pub use sandbox::{SandboxInfo, Usage};
+pub use spec::{ResolvedResources, SandboxSpec};
+pub use state::SandboxState;
+
+/// Prefix of every host resource Warren creates (cgroups, mounts, dirs), so an
+/// orphan sweep can find its own leftovers and nothing else.
+pub const RESOURCE_PREFIX: &str = "warren";

@@ -1,0 +1,42 @@
+//! What the API reports about a sandbox.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::event::Event;
+use crate::spec::{ResolvedResources, SandboxSpec};
+use crate::state::SandboxState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub state: SandboxState,
+    /// Why it is in this state.
+    pub reason: String,
+    pub spec: SandboxSpec,
+    pub resources: ResolvedResources,
+    pub node: String,
+    /// Manifest digest of the image it runs.
+    pub image_digest: String,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Exit code of the main process, once it has exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub cpu_usage_ns: u64,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub pids: u64,
+    pub oom_kills: u64,
+}

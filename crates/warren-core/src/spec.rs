@@ -1,0 +1,422 @@
+//! The sandbox spec as clients send it, its validation, and the defaults that
+//! turn it into the fully resolved spec a node runs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+use utoipa::ToSchema;
+
+use crate::labels::{self, LabelError, Labels};
+use crate::quantity::{self, QuantityError};
+
+/// Smallest memory limit we accept: below this the sandbox's own init and a
+/// shell cannot start reliably, so a lower value is a mistake, not a choice.
+pub const MIN_MEMORY: u64 = 16 << 20;
+pub const MIN_DISK: u64 = 16 << 20;
+pub const MIN_PIDS: u32 = 8;
+pub const MAX_CPU_MILLIS: u64 = 1024 * 1000;
+pub const DEFAULT_CPU_MILLIS: u64 = 1000;
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
+pub const DEFAULT_PIDS: u32 = 1024;
+pub const DEFAULT_DISK: u64 = 10 << 30;
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+
+/// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
+#[schema(value_type = String, example = "256M")]
+pub struct ByteSize(pub u64);
+
+/// A duration; accepts `"30s"`, `"10m"` or a number of seconds, serialises as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
+#[schema(value_type = String, example = "10m")]
+pub struct Dur(pub Duration);
+
+/// CPU in millicores; accepts `0.5`, `"2"` or `"500m"`, serialises as cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
+#[schema(value_type = f64, example = 0.5)]
+pub struct Cpu(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrText {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrText::deserialize(d)? {
+            NumOrText::Int(n) => Ok(ByteSize(n)),
+            NumOrText::Float(f) => quantity::parse_size(&f.to_string()).map(ByteSize),
+            NumOrText::Text(s) => quantity::parse_size(&s).map(ByteSize),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrText::deserialize(d)? {
+            NumOrText::Int(n) => Ok(Dur(Duration::from_secs(n))),
+            NumOrText::Float(f) if f.is_finite() && f >= 0.0 && f < 1e12 => {
+                Ok(Dur(Duration::from_secs_f64(f)))
+            }
+            NumOrText::Float(f) => Err(QuantityError::Duration(f.to_string())),
+            NumOrText::Text(s) => quantity::parse_duration(&s).map(Dur),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&quantity::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Cpu {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrText::deserialize(d)? {
+            NumOrText::Int(n) => quantity::parse_cpu(&n.to_string()).map(Cpu),
+            NumOrText::Float(f) => quantity::parse_cpu(&f.to_string()).map(Cpu),
+            NumOrText::Text(s) => quantity::parse_cpu(&s).map(Cpu),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Cpu {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0 as f64 / 1000.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Egress only through the node's proxy, to the listed `host:port` rules.
+    Allowlist,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    #[serde(default)]
+    pub mode: NetworkMode,
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimPolicy {
+    #[default]
+    Destroy,
+    Delay,
+    Keep,
+    KeepOnFailure,
+}
+
+impl fmt::Display for ReclaimPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ReclaimPolicy::Destroy => "destroy",
+            ReclaimPolicy::Delay => "delay",
+            ReclaimPolicy::Keep => "keep",
+            ReclaimPolicy::KeepOnFailure => "keep_on_failure",
+        };
+        f.write_str(s)
+    }
+}
+
+/// What a client asks for. Every size is optional; `resolve` fills defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// Image reference: `name:tag` or `sha256:<digest>`.
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: Labels,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    #[serde(default)]
+    pub network: NetworkSpec,
+    #[serde(default)]
+    pub reclaim: ReclaimPolicy,
+    /// The main process. Without it the sandbox idles until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Numeric `uid[:gid]` or a user name from the image's /etc/passwd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Client-chosen id that makes a create idempotent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// A spec with every resource decided; this is what a node runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ResolvedResources {
+    pub cpu_millis: u64,
+    pub memory: u64,
+    pub pids: u32,
+    pub disk: u64,
+    pub gpus: u32,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum SpecError {
+    #[error("image is required: pass --image NAME:TAG (see `warren image ls`)")]
+    MissingImage,
+    #[error("cpu must be between 0.001 and {max} cores, got {0}", max = MAX_CPU_MILLIS / 1000)]
+    Cpu(f64),
+    #[error("memory {0} bytes is below the floor of 16M ({MIN_MEMORY} bytes): ask for at least 16M")]
+    MemoryTooSmall(u64),
+    #[error("disk {0} bytes is below the floor of 16M ({MIN_DISK} bytes): ask for at least 16M")]
+    DiskTooSmall(u64),
+    #[error("pids {0} is below the floor of {MIN_PIDS}: a sandbox needs at least {MIN_PIDS} processes")]
+    PidsTooSmall(u32),
+    #[error("gpus: this node has no GPU support yet; leave --gpus out or set it to 0")]
+    Gpus,
+    #[error("{0}")]
+    Label(#[from] LabelError),
+    #[error("invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL")]
+    EnvName(String),
+    #[error("environment variable {0:?} contains a NUL byte")]
+    EnvValue(String),
+    #[error("cmd must not be empty: give the program to run, e.g. [\"sh\", \"-c\", \"...\"]")]
+    EmptyCmd,
+    #[error("argument contains a NUL byte: {0:?}")]
+    NulArg(String),
+    #[error("cwd must be an absolute path inside the sandbox, got {0:?}")]
+    Cwd(String),
+    #[error("network mode 'allowlist' is not available on this node yet; use mode 'none'")]
+    NetworkUnsupported,
+    #[error("allow rules need network mode 'allowlist'")]
+    AllowWithoutAllowlist,
+    #[error("ttl must be greater than zero")]
+    ZeroTtl,
+    #[error("lease must be at least 1s")]
+    ShortLease,
+    #[error("request_id must be 1-128 characters of letters, digits, '-', '_', '.' or ':'")]
+    RequestId,
+}
+
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(SpecError::EnvName(k.clone()));
+        }
+        if v.contains('\0') {
+            return Err(SpecError::EnvValue(k.clone()));
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_cmd(cmd: &[String]) -> Result<(), SpecError> {
+    if cmd.is_empty() {
+        return Err(SpecError::EmptyCmd);
+    }
+    if let Some(a) = cmd.iter().find(|a| a.contains('\0')) {
+        return Err(SpecError::NulArg(a.clone()));
+    }
+    Ok(())
+}
+
+pub fn validate_cwd(cwd: &str) -> Result<(), SpecError> {
+    if !cwd.starts_with('/') || cwd.contains('\0') {
+        return Err(SpecError::Cwd(cwd.to_string()));
+    }
+    Ok(())
+}
+
+impl SandboxSpec {
+    /// Checks every field and returns the resources this spec asks for.
+    pub fn resolve(&self) -> Result<ResolvedResources, SpecError> {
+        if self.image.trim().is_empty() {
+            return Err(SpecError::MissingImage);
+        }
+        let cpu_millis = self.cpu.map_or(DEFAULT_CPU_MILLIS, |c| c.0);
+        if cpu_millis == 0 || cpu_millis > MAX_CPU_MILLIS {
+            return Err(SpecError::Cpu(cpu_millis as f64 / 1000.0));
+        }
+        let memory = self.memory.map_or(DEFAULT_MEMORY, |m| m.0);
+        if memory < MIN_MEMORY {
+            return Err(SpecError::MemoryTooSmall(memory));
+        }
+        let disk = self.disk.map_or(DEFAULT_DISK, |d| d.0);
+        if disk < MIN_DISK {
+            return Err(SpecError::DiskTooSmall(disk));
+        }
+        let pids = self.pids.unwrap_or(DEFAULT_PIDS);
+        if pids < MIN_PIDS {
+            return Err(SpecError::PidsTooSmall(pids));
+        }
+        let gpus = self.gpus.unwrap_or(0);
+        if gpus > 0 {
+            return Err(SpecError::Gpus);
+        }
+        labels::validate(&self.labels)?;
+        validate_env(&self.env)?;
+        if let Some(cmd) = &self.cmd {
+            validate_cmd(cmd)?;
+        }
+        if let Some(cwd) = &self.cwd {
+            validate_cwd(cwd)?;
+        }
+        match self.network.mode {
+            NetworkMode::None if !self.network.allow.is_empty() => {
+                return Err(SpecError::AllowWithoutAllowlist)
+            }
+            NetworkMode::None => {}
+            NetworkMode::Allowlist => return Err(SpecError::NetworkUnsupported),
+        }
+        if self.ttl.is_some_and(|t| t.0.is_zero()) {
+            return Err(SpecError::ZeroTtl);
+        }
+        if self.lease.is_some_and(|l| l.0 < Duration::from_secs(1)) {
+            return Err(SpecError::ShortLease);
+        }
+        if let Some(id) = &self.request_id {
+            let ok = !id.is_empty()
+                && id.len() <= 128
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if !ok {
+                return Err(SpecError::RequestId);
+            }
+        }
+        Ok(ResolvedResources { cpu_millis, memory, pids, disk, gpus })
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl.map_or(DEFAULT_TTL, |t| t.0)
+    }
+}
+
+/// Thread-count variables derived from the CPU limit, so that numeric
+/// libraries do not start one thread per host core inside a small sandbox.
+pub const THREAD_VARS: &[&str] = &[
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "GOMAXPROCS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "JULIA_NUM_THREADS",
+    "UV_THREADPOOL_SIZE",
+];
+
+pub fn thread_count(cpu_millis: u64) -> u64 {
+    cpu_millis.div_ceil(1000).max(1)
+}
+
+/// The process environment of a sandbox: image config first, then the
+/// thread variables, then the spec (which wins over both).
+pub fn sandbox_env(
+    image_env: &[String],
+    cpu_millis: u64,
+    spec_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = image_env
+        .iter()
+        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let threads = thread_count(cpu_millis).to_string();
+    for var in THREAD_VARS {
+        if !image_env.iter().any(|kv| kv.starts_with(&format!("{var}="))) {
+            env.insert(var.to_string(), threads.clone());
+        }
+    }
+    for (k, v) in spec_env {
+        env.insert(k.clone(), v.clone());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> Result<SandboxSpec, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn parses_sizes_in_both_forms() {
+        let s = spec(r#"{"image":"a","cpu":"500m","memory":"256M","disk":1073741824,"ttl":"10m"}"#)
+            .expect("valid spec");
+        let r = s.resolve().expect("resolves");
+        assert_eq!(r.cpu_millis, 500);
+        assert_eq!(r.memory, 256 << 20);
+        assert_eq!(r.disk, 1 << 30);
+        assert_eq!(s.ttl(), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn rejects_bad_values_with_reasons() {
+        assert!(spec(r#"{"image":"a","cpu":-1}"#).is_err());
+        assert!(spec(r#"{"image":"a","memory":"lots"}"#).is_err());
+        assert!(spec(r#"{"image":"a","bogus":1}"#).is_err());
+        let small = spec(r#"{"image":"a","memory":"1M"}"#).expect("parses");
+        assert_eq!(small.resolve(), Err(SpecError::MemoryTooSmall(1 << 20)));
+        let zero = spec(r#"{"image":"a","cpu":0}"#).expect("parses");
+        assert!(matches!(zero.resolve(), Err(SpecError::Cpu(_))));
+        let label = spec(r#"{"image":"a","labels":{"bad key":"x"}}"#).expect("parses");
+        assert!(matches!(label.resolve(), Err(SpecError::Label(_))));
+        assert_eq!(spec(r#"{"image":""}"#).expect("parses").resolve(), Err(SpecError::MissingImage));
+    }
+
+    #[test]
+    fn env_layers_and_thread_vars() {
+        let mut spec_env = BTreeMap::new();
+        spec_env.insert("A".to_string(), "spec".to_string());
+        spec_env.insert("OMP_NUM_THREADS".to_string(), "7".to_string());
+        let env = sandbox_env(&["A=image".into(), "B=image".into()], 1500, &spec_env);
+        assert_eq!(env["A"], "spec");
+        assert_eq!(env["B"], "image");
+        assert_eq!(env["OMP_NUM_THREADS"], "7");
+        assert_eq!(env["MKL_NUM_THREADS"], "2");
+        assert_eq!(env["GOMAXPROCS"], "2");
+        assert!(env.contains_key("PATH"));
+        assert_eq!(thread_count(100), 1);
+    }
+}

@@ -1,0 +1,97 @@
+//! Sandbox states and the reasons for moving between them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Queued,
+    Creating,
+    Running,
+    Paused,
+    Stopping,
+    Destroyed,
+    Failed,
+    Kept,
+    Lost,
+}
+
+impl SandboxState {
+    pub const ALL: [SandboxState; 9] = [
+        SandboxState::Queued,
+        SandboxState::Creating,
+        SandboxState::Running,
+        SandboxState::Paused,
+        SandboxState::Stopping,
+        SandboxState::Destroyed,
+        SandboxState::Failed,
+        SandboxState::Kept,
+        SandboxState::Lost,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Queued => "queued",
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Stopping => "stopping",
+            SandboxState::Destroyed => "destroyed",
+            SandboxState::Failed => "failed",
+            SandboxState::Kept => "kept",
+            SandboxState::Lost => "lost",
+        }
+    }
+
+    /// Whether the sandbox holds resources on its node.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Creating
+                | SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Stopping
+                | SandboxState::Kept
+        )
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, SandboxState::Destroyed | SandboxState::Failed | SandboxState::Lost)
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SandboxState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SandboxState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = SandboxState::ALL.iter().map(|s| s.as_str()).collect();
+            format!("unknown state {s:?}: expected one of {}", names.join(", "))
+        })
+    }
+}
+
+/// Why a sandbox changed state. Kept as text on the wire so that new reasons
+/// do not break old clients.
+pub mod reason {
+    pub const CREATED: &str = "created";
+    pub const READY: &str = "ready";
+    pub const MAIN_EXITED: &str = "main_exited";
+    pub const USER_DELETED: &str = "user_deleted";
+    pub const TTL_EXPIRED: &str = "ttl_expired";
+    pub const LEASE_EXPIRED: &str = "lease_expired";
+    pub const OOM_KILLED: &str = "oom_killed";
+    pub const INIT_DIED: &str = "init_died";
+    pub const CREATE_FAILED: &str = "create_failed";
+    pub const NODE_LOST: &str = "node_lost";
+    pub const SHUTDOWN: &str = "shutdown";
+}

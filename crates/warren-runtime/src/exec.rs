@@ -1,0 +1,108 @@
+//! The daemon side of an exec: pipes for stdio, a connection to the
+//! sandbox's init, and the control stream that reports the exit.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+use tokio::net::unix::pipe;
+
+use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+use crate::RuntimeError;
+
+pub struct RunningExec {
+    pub pid: i32,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub control: ExecControl,
+}
+
+pub enum ExecOutcome {
+    Exited { code: i32, signal: Option<i32> },
+}
+
+/// Starts a command through init. `stdin` is written in full and then closed.
+pub async fn start(
+    socket: &Path,
+    spec: &ExecSpec,
+    stdin: Option<Vec<u8>>,
+) -> Result<Result<RunningExec, (String, i32)>, RuntimeError> {
+    let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
+    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
+    let conn = UnixStream::connect(socket).map_err(|e| {
+        RuntimeError::Exec(format!("sandbox init is not reachable at {}: {e}", socket.display()))
+    })?;
+    proto::send(
+        &conn,
+        &InitRequest::Exec(spec.clone()),
+        &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+    )?;
+    drop((in_r, out_w, err_w));
+    conn.set_nonblocking(true).map_err(RuntimeError::io("socket"))?;
+    let mut control =
+        tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
+    match proto::recv_async::<InitReply>(&mut control).await? {
+        InitReply::Started { pid } => {
+            feed_stdin(in_w, stdin)?;
+            Ok(Ok(RunningExec {
+                pid,
+                stdout: receiver(out_r)?,
+                stderr: receiver(err_r)?,
+                control: ExecControl { control },
+            }))
+        }
+        InitReply::Failed { message, code } => Ok(Err((message, code))),
+        other => Err(RuntimeError::Exec(format!("unexpected reply from init: {other:?}"))),
+    }
+}
+
+fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, RuntimeError> {
+    pipe::Receiver::from_owned_fd(fd).map_err(RuntimeError::io("pipe"))
+}
+
+fn feed_stdin(w: OwnedFd, data: Option<Vec<u8>>) -> Result<(), RuntimeError> {
+    let Some(data) = data.filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    let mut sender = pipe::Sender::from_owned_fd(w).map_err(RuntimeError::io("pipe"))?;
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        // A process that exits without reading its stdin makes this fail; fine.
+        let _ = sender.write_all(&data).await;
+    });
+    Ok(())
+}
+
+pub struct ExecControl {
+    control: tokio::net::UnixStream,
+}
+
+impl ExecControl {
+    /// Sends a signal to the exec's whole process group.
+    pub async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
+        proto::send_async(&mut self.control, &InitRequest::Signal { signal }).await?;
+        Ok(())
+    }
+
+    /// Waits for the exit report.
+    pub async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError> {
+        match proto::recv_async::<InitReply>(&mut self.control).await {
+            Ok(InitReply::Exited { code, signal }) => Ok(ExecOutcome::Exited { code, signal }),
+            Ok(other) => Err(RuntimeError::Exec(format!("unexpected reply from init: {other:?}"))),
+            Err(proto::ProtoError::Closed) => Err(RuntimeError::Exec(
+                "the sandbox's init went away before the command finished (sandbox destroyed?)".into(),
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Asks init about the main process (after a daemon restart, for instance).
+pub fn main_status(socket: &Path) -> Result<InitReply, RuntimeError> {
+    let conn = UnixStream::connect(socket)
+        .map_err(|e| RuntimeError::Exec(format!("init not reachable: {e}")))?;
+    proto::send(&conn, &InitRequest::MainStatus, &[])?;
+    Ok(proto::recv::<InitReply>(&conn)?.0)
+}

@@ -1,0 +1,312 @@
+//! File access inside a sandbox from the host. Every path is resolved with
+//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` relative to the
+//! sandbox's root directory, and directory walks go descriptor by descriptor,
+//! so `..`, absolute symlinks and symlinks swapped in by the sandbox while we
+//! work all stay inside the sandbox.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+
+use crate::RuntimeError;
+
+fn resolve_flags() -> ResolveFlags {
+    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+}
+
+/// The sandbox's root as seen by its init (its mount namespace).
+pub fn open_root(init_pid: i32) -> Result<OwnedFd, RuntimeError> {
+    rustix::fs::open(
+        format!("/proc/{init_pid}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| RuntimeError::Files(format!("open sandbox root: {e}")))
+}
+
+fn check_path(path: &str) -> Result<(), RuntimeError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(RuntimeError::BadPath(format!(
+            "{path:?}: give an absolute path inside the sandbox"
+        )));
+    }
+    Ok(())
+}
+
+fn open_in(root: &OwnedFd, path: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, RuntimeError> {
+    check_path(path)?;
+    openat2(root, path, flags | OFlags::CLOEXEC, Mode::from_raw_mode(mode), resolve_flags())
+        .map_err(|e| match e {
+            rustix::io::Errno::NOENT => RuntimeError::NotFound(format!("{path}: no such file or directory in the sandbox")),
+            rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => {
+                RuntimeError::BadPath(format!("{path}: path leaves the sandbox or loops"))
+            }
+            e => RuntimeError::Files(format!("{path}: {e}")),
+        })
+}
+
+pub enum Entry {
+    File(File, u64),
+    Dir(OwnedFd),
+}
+
+/// Opens a path for reading: a regular file or a directory.
+pub fn open_read(root: &OwnedFd, path: &str) -> Result<Entry, RuntimeError> {
+    let fd = open_in(root, path, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK, 0)
+        .or_else(|e| match e {
+            // The last component is a symlink: follow it, still inside the root.
+            RuntimeError::Files(_) => open_in(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0),
+            e => Err(e),
+        })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::RegularFile => Ok(Entry::File(File::from(fd), st.st_size as u64)),
+        rustix::fs::FileType::Directory => Ok(Entry::Dir(fd)),
+        other => Err(RuntimeError::BadPath(format!(
+            "{path}: is a {other:?}, only regular files and directories can be copied"
+        ))),
+    }
+}
+
+/// Splits a sandbox path into its parent directory and final name.
+fn split(path: &str) -> Result<(String, String), RuntimeError> {
+    let p = Path::new(path);
+    let name = p
+        .file_name()
+        .ok_or_else(|| RuntimeError::BadPath(format!("{path:?}: needs a file name")))?;
+    let parent = p.parent().map(|x| x.display().to_string()).unwrap_or_default();
+    let parent = if parent.is_empty() { "/".to_string() } else { parent };
+    Ok((parent, name.to_string_lossy().into_owned()))
+}
+
+/// Creates every missing directory of `path` (like `mkdir -p`) inside the root.
+pub fn mkdir_all(root: &OwnedFd, path: &str) -> Result<OwnedFd, RuntimeError> {
+    check_path(path)?;
+    let mut dir = open_in(root, "/", OFlags::PATH | OFlags::DIRECTORY, 0)?;
+    for comp in Path::new(path).components() {
+        let name = match comp {
+            Component::Normal(n) => n,
+            Component::RootDir | Component::CurDir => continue,
+            Component::ParentDir => {
+                return Err(RuntimeError::BadPath(format!("{path}: '..' is not allowed")))
+            }
+            Component::Prefix(_) => continue,
+        };
+        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(RuntimeError::Files(format!("mkdir {path}: {e}"))),
+        }
+        dir = openat2(
+            &dir,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve_flags() | ResolveFlags::BENEATH,
+        )
+        .map_err(|e| RuntimeError::BadPath(format!("{path}: {e} (is a component a symlink or a file?)")))?;
+    }
+    Ok(dir)
+}
+
+/// Writes a regular file, replacing what was there; parents are created.
+pub fn write_file(
+    root: &OwnedFd,
+    path: &str,
+    mode: u32,
+    data: &mut dyn Read,
+) -> Result<u64, RuntimeError> {
+    let (parent, name) = split(path)?;
+    let dir = mkdir_all(root, &parent)?;
+    let fd = rustix::fs::openat(
+        &dir,
+        name.as_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode & 0o1777),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => {
+            RuntimeError::BadPath(format!("{path}: is a symlink; refusing to write through it"))
+        }
+        e => RuntimeError::Files(format!("{path}: {e}")),
+    })?;
+    let mut file = File::from(fd);
+    let n = std::io::copy(data, &mut file).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    file.flush().map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    Ok(n)
+}
+
+/// Streams a directory of the sandbox as a tar archive, walking by descriptor.
+pub fn pack_dir(dir: OwnedFd, out: &mut dyn Write) -> Result<(), RuntimeError> {
+    let mut builder = tar::Builder::new(out);
+    builder.follow_symlinks(false);
+    add_dir(&mut builder, &dir, PathBuf::from("."), 0)?;
+    builder.into_inner().map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+    Ok(())
+}
+
+const MAX_DEPTH: usize = 256;
+
+fn add_dir(
+    b: &mut tar::Builder<&mut dyn Write>,
+    dir: &OwnedFd,
+    rel: PathBuf,
+    depth: usize,
+) -> Result<(), RuntimeError> {
+    let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", rel.display()));
+    if depth > MAX_DEPTH {
+        return Err(RuntimeError::Files(format!("{}: directory tree too deep", rel.display())));
+    }
+    let readable = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(ferr)?;
+    let st = rustix::fs::fstat(&readable).map_err(ferr)?;
+    if rel != Path::new(".") {
+        let mut h = header(&st, tar::EntryType::Directory);
+        b.append_data(&mut h, &rel, std::io::empty())
+            .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+    }
+    let mut entries = rustix::fs::Dir::read_from(&readable).map_err(ferr)?;
+    let mut names = Vec::new();
+    while let Some(ent) = entries.next() {
+        let ent = ent.map_err(ferr)?;
+        let name = ent.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    names.sort();
+    for name in names {
+        let name_os = OsStr::from_bytes(&name);
+        let child_rel = rel.join(name_os);
+        let st = rustix::fs::statat(&readable, name_os, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(ferr)?;
+        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+            rustix::fs::FileType::Directory => {
+                let sub = rustix::fs::openat(
+                    &readable,
+                    name_os,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(ferr)?;
+                add_dir(b, &sub, child_rel, depth + 1)?;
+            }
+            rustix::fs::FileType::RegularFile => {
+                let fd = rustix::fs::openat(
+                    &readable,
+                    name_os,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(ferr)?;
+                let file = File::from(fd);
+                let st = rustix::fs::fstat(&file).map_err(ferr)?;
+                let mut h = header(&st, tar::EntryType::Regular);
+                b.append_data(&mut h, &child_rel, file.take(st.st_size as u64))
+                    .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+            }
+            rustix::fs::FileType::Symlink => {
+                let target = rustix::fs::readlinkat(&readable, name_os, Vec::new()).map_err(ferr)?;
+                let mut h = header(&st, tar::EntryType::Symlink);
+                h.set_size(0);
+                b.append_link(&mut h, &child_rel, OsStr::from_bytes(target.to_bytes()))
+                    .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+            }
+            // Devices, fifos and sockets are not file contents.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn header(st: &rustix::fs::Stat, kind: tar::EntryType) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_uid(st.st_uid as u64);
+    h.set_gid(st.st_gid as u64);
+    h.set_mtime(st.st_mtime.max(0) as u64);
+    h.set_size(if kind == tar::EntryType::Regular { st.st_size as u64 } else { 0 });
+    h
+}
+
+/// Extracts a tar archive into directory `path` of the sandbox (created if
+/// missing). Only regular files, directories and symlinks are accepted;
+/// entries with `..` or absolute names are refused.
+pub fn unpack_tar(root: &OwnedFd, path: &str, data: &mut dyn Read) -> Result<u64, RuntimeError> {
+    let base = mkdir_all(root, path)?;
+    let mut archive = tar::Archive::new(data);
+    let mut count = 0;
+    for entry in archive.entries().map_err(|e| RuntimeError::BadPath(format!("tar: {e}")))? {
+        let mut entry = entry.map_err(|e| RuntimeError::BadPath(format!("tar: {e}")))?;
+        let name = entry
+            .path()
+            .map_err(|e| RuntimeError::BadPath(format!("tar entry name: {e}")))?
+            .into_owned();
+        let mut parts = Vec::new();
+        for c in name.components() {
+            match c {
+                Component::Normal(n) => parts.push(n.to_os_string()),
+                Component::CurDir => {}
+                _ => {
+                    return Err(RuntimeError::BadPath(format!(
+                        "tar entry {}: absolute names and '..' are not allowed",
+                        name.display()
+                    )))
+                }
+            }
+        }
+        let Some(last) = parts.pop() else { continue };
+        let mut dir = openat2(&base, ".", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty(), resolve_flags())
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        for p in &parts {
+            match rustix::fs::mkdirat(&dir, p.as_os_str(), Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(RuntimeError::Files(format!("{}: {e}", name.display()))),
+            }
+            dir = rustix::fs::openat(&dir, p.as_os_str(), OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| RuntimeError::BadPath(format!("{}: {e} (a parent is a symlink or a file)", name.display())))?;
+        }
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
+        let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", name.display()));
+        match entry.header().entry_type() {
+            tar::EntryType::Directory => match rustix::fs::mkdirat(&dir, last.as_os_str(), Mode::from_raw_mode(mode)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(ferr(e)),
+            },
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let fd = rustix::fs::openat(
+                    &dir,
+                    last.as_os_str(),
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(mode),
+                )
+                .map_err(ferr)?;
+                let mut f = File::from(fd);
+                std::io::copy(&mut entry, &mut f).map_err(|e| RuntimeError::Files(format!("{}: {e}", name.display())))?;
+                rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(mode)).map_err(ferr)?;
+            }
+            tar::EntryType::Symlink => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| RuntimeError::BadPath(format!("tar link: {e}")))?
+                    .ok_or_else(|| RuntimeError::BadPath(format!("{}: symlink without target", name.display())))?
+                    .into_owned();
+                let _ = rustix::fs::unlinkat(&dir, last.as_os_str(), rustix::fs::AtFlags::empty());
+                rustix::fs::symlinkat(target.as_os_str(), &dir, last.as_os_str()).map_err(ferr)?;
+            }
+            other => {
+                return Err(RuntimeError::BadPath(format!(
+                    "tar entry {}: type {other:?} is not supported (only files, directories and symlinks)",
+                    name.display()
+                )))
+            }
+        }
+        count += 1;
+    }
+    Ok(count)
+}

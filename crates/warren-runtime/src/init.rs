@@ -1,0 +1,370 @@
+//! Warren's init: PID 1 of every sandbox.
+//!
+//! It runs in the process libcontainer prepared (namespaces entered, rootfs
+//! pivoted, capabilities dropped, no_new_privs and seccomp applied), as an
+//! `Executor` that never calls execve itself. It accepts exec requests on the
+//! listening socket the spawner left at fd 3, forks and execs each command
+//! (so every exec inherits all of the sandbox's confinement), reaps every
+//! zombie in the sandbox, and forwards termination signals to the main
+//! process. Nothing here may panic: a dead init is a dead sandbox.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+use libcontainer::oci_spec::runtime::Spec;
+use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+
+/// The descriptor number at which the spawner hands init its listening socket.
+pub const LISTEN_FD: RawFd = 3;
+
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+#[derive(Clone, Default)]
+pub struct WarrenInit;
+
+impl Executor for WarrenInit {
+    fn exec(&self, _spec: &Spec) -> Result<(), ExecutorError> {
+        let code = match run() {
+            Ok(()) => 0,
+            Err(_) => 1,
+        };
+        std::process::exit(code)
+    }
+
+    fn validate(&self, _spec: &Spec) -> Result<(), ExecutorValidationError> {
+        Ok(())
+    }
+}
+
+struct Exec {
+    conn: Option<UnixStream>,
+    main: bool,
+}
+
+struct Init {
+    listener: UnixListener,
+    signals: SignalFd,
+    /// Running execs by pid (each is its own session and process group).
+    execs: HashMap<i32, Exec>,
+    main_pid: Option<i32>,
+    main_exit: Option<(i32, Option<i32>)>,
+}
+
+fn run() -> Result<(), Errno> {
+    // The spawner's own descriptors were only marked close-on-exec; init
+    // never execs, so close everything but stdio and the listening socket.
+    close_from(LISTEN_FD + 1);
+    // Non-dumpable: no process in the sandbox can ptrace init or open its
+    // /proc entries (including /proc/1/exe, the host binary).
+    set_dumpable(false);
+
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        mask.add(s);
+    }
+    mask.thread_block()?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    // SAFETY: fd 3 was placed there by the spawner for us and nothing else in
+    // this process refers to it.
+    let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
+    listener.set_nonblocking(true).map_err(io_errno)?;
+    let mut init =
+        Init { listener, signals, execs: HashMap::new(), main_pid: None, main_exit: None };
+    init.serve()
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl Init {
+    fn serve(&mut self) -> Result<(), Errno> {
+        loop {
+            let conn_fds: Vec<(i32, RawFd)> = self
+                .execs
+                .iter()
+                .filter_map(|(pid, e)| e.conn.as_ref().map(|c| (*pid, c.as_raw_fd())))
+                .collect();
+            let mut readable = Vec::new();
+            let (listen_ready, signal_ready) = {
+                let mut fds = vec![
+                    PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+                ];
+                for (pid, _) in &conn_fds {
+                    if let Some(c) = self.execs.get(pid).and_then(|e| e.conn.as_ref()) {
+                        fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+                    }
+                }
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(e) => return Err(e),
+                }
+                let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+                for (i, (pid, _)) in conn_fds.iter().enumerate() {
+                    if fds.get(i + 2).is_some_and(ready) {
+                        readable.push(*pid);
+                    }
+                }
+                (ready(&fds[0]), ready(&fds[1]))
+            };
+            if signal_ready {
+                self.handle_signals();
+            }
+            for pid in readable {
+                self.handle_conn(pid);
+            }
+            if listen_ready {
+                self.accept_all();
+            }
+        }
+    }
+
+    fn handle_signals(&mut self) {
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            let signo = info.ssi_signo as i32;
+            if signo == libc::SIGCHLD {
+                self.reap();
+            } else if let (Some(pid), Ok(sig)) = (self.main_pid, Signal::try_from(signo)) {
+                let _ = killpg(Pid::from_raw(pid), sig);
+            } else if signo == libc::SIGTERM || signo == libc::SIGINT {
+                // No main process: a stop request ends the sandbox.
+                std::process::exit(0);
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.exited(pid.as_raw(), code, None),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.exited(pid.as_raw(), 128 + sig as i32, Some(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn exited(&mut self, pid: i32, code: i32, signal: Option<i32>) {
+        let Some(exec) = self.execs.remove(&pid) else { return };
+        if exec.main {
+            self.main_exit = Some((code, signal));
+        }
+        if let Some(conn) = exec.conn {
+            let _ = proto::send(&conn, &InitReply::Exited { code, signal }, &[]);
+        }
+    }
+
+    fn handle_conn(&mut self, pid: i32) {
+        let Some(exec) = self.execs.get_mut(&pid) else { return };
+        let Some(conn) = exec.conn.as_ref() else { return };
+        match proto::recv::<InitRequest>(conn) {
+            Ok((InitRequest::Signal { signal }, _)) => {
+                if let Ok(sig) = Signal::try_from(signal) {
+                    let _ = killpg(Pid::from_raw(pid), sig);
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // The daemon went away. An ordinary exec dies with its stream;
+                // the main process outlives daemon restarts.
+                exec.conn = None;
+                if !exec.main {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let conn = match self.listener.accept() {
+                Ok((c, _)) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => return,
+            };
+            // The request follows the connect immediately; a peer that sends
+            // nothing must not stall init.
+            let _ = conn.set_nonblocking(false);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let request = proto::recv::<InitRequest>(&conn);
+            let _ = conn.set_read_timeout(None);
+            match request {
+                Ok((InitRequest::Exec(spec), fds)) => self.start_exec(conn, spec, fds),
+                Ok((InitRequest::MainStatus, _)) => {
+                    let reply = InitReply::Main {
+                        pid: self.main_pid.filter(|_| self.main_exit.is_none()),
+                        exit: self.main_exit,
+                    };
+                    let _ = proto::send(&conn, &reply, &[]);
+                }
+                Ok((InitRequest::Signal { .. }, _)) | Err(_) => {}
+            }
+        }
+    }
+
+    fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, fds: Vec<OwnedFd>) {
+        match spawn(&spec, &fds) {
+            Ok(pid) => {
+                drop(fds);
+                if spec.main {
+                    self.main_pid = Some(pid);
+                    self.main_exit = None;
+                }
+                let _ = proto::send(&conn, &InitReply::Started { pid }, &[]);
+                self.execs.insert(pid, Exec { conn: Some(conn), main: spec.main });
+            }
+            Err(failure) => {
+                let _ = proto::send(&conn, &failure, &[]);
+            }
+        }
+    }
+}
+
+/// Forks and execs one command. Returns once execve succeeded (the error
+/// pipe closed empty) or with the reason it failed.
+fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
+    let fail = |message: String, code: i32| InitReply::Failed { message, code };
+    if fds.len() != 3 {
+        return Err(fail(format!("expected 3 stdio descriptors, got {}", fds.len()), 126));
+    }
+    let cstr = |s: &str| CString::new(s).map_err(|_| fail(format!("NUL byte in {s:?}"), 126));
+    let argv: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let env: Vec<CString> = spec.env.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let Some(program) = spec.argv.first() else {
+        return Err(fail("empty command".into(), 126));
+    };
+    let path_var = spec
+        .env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let candidates: Vec<CString> = if program.contains('/') {
+        vec![cstr(program)?]
+    } else {
+        path_var
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .filter_map(|d| CString::new(format!("{d}/{program}")).ok())
+            .collect()
+    };
+    let cwd = cstr(&spec.cwd)?;
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}"), 126))?;
+
+    // SAFETY: init is single-threaded, so the child may run arbitrary code
+    // (including allocation) before execve.
+    match unsafe { fork() } {
+        Err(e) => Err(fail(format!("fork failed: {e}"), 126)),
+        Ok(ForkResult::Child) => {
+            drop(err_r);
+            let errno = child(spec, fds, &candidates, &argv, &env, &cwd);
+            let code = errno as i32;
+            let _ = nix::unistd::write(&err_w, &code.to_le_bytes());
+            // SAFETY: _exit is always safe; we must not run init's destructors.
+            unsafe { libc::_exit(127) }
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(err_w);
+            let mut buf = [0u8; 4];
+            let mut reader = std::fs::File::from(err_r);
+            match reader.read(&mut buf) {
+                Ok(4) => {
+                    let errno = Errno::from_raw(i32::from_le_bytes(buf));
+                    let code = if matches!(errno, Errno::ENOENT) { 127 } else { 126 };
+                    // The child exits right away; reap() ignores unknown pids.
+                    Err(fail(format!("cannot run {program:?}: {}", errno.desc()), code))
+                }
+                _ => Ok(child.as_raw()),
+            }
+        }
+    }
+}
+
+/// Runs in the forked child; returns only on failure, with the errno.
+fn child(
+    spec: &ExecSpec,
+    fds: &[OwnedFd],
+    candidates: &[CString],
+    argv: &[CString],
+    env: &[CString],
+    cwd: &CString,
+) -> Errno {
+    let _ = SigSet::all().thread_unblock();
+    // Own session and process group: the whole tree of this exec can be
+    // signalled at once (timeouts, cancellation).
+    let _ = nix::unistd::setsid();
+    for (target, fd) in fds.iter().enumerate() {
+        // SAFETY: dup2 onto 0..2 replaces init's /dev/null stdio in this child only.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+            return Errno::last();
+        }
+    }
+    // Only fds 0-2 survive execve.
+    close_from_on_exec(3);
+    let gid = nix::unistd::Gid::from_raw(spec.gid);
+    let uid = nix::unistd::Uid::from_raw(spec.uid);
+    let groups: Vec<nix::unistd::Gid> =
+        spec.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
+    if let Err(e) = nix::unistd::setgroups(&groups) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::setresgid(gid, gid, gid) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::setresuid(uid, uid, uid) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
+        return e;
+    }
+    let mut last = Errno::ENOENT;
+    for path in candidates {
+        match nix::unistd::execve(path, argv, env) {
+            Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => continue,
+            Err(e) => last = e,
+            Ok(_) => {}
+        }
+    }
+    last
+}
+
+fn close_from(first: RawFd) {
+    // SAFETY: close_range on a range we own; fds above `first` are not used
+    // by any Rust object in init at this point.
+    unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) };
+}
+
+fn close_from_on_exec(first: RawFd) {
+    // SAFETY: marks descriptors close-on-exec; no memory is touched.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC)
+    };
+}
+
+fn set_dumpable(on: bool) {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) };
+}

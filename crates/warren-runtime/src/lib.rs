@@ -1,0 +1,223 @@
+//! Linux isolation for Warren sandboxes.
+//!
+//! One [`Runtime`] per node. It lays out each sandbox under
+//! `<home>/sandboxes/<id>/` (overlay upper, work and merged rootfs, the OCI
+//! bundle, init's socket), asks a single-threaded spawner process to create
+//! the container with youki's libcontainer, and talks to the sandbox's own
+//! init for every exec. Destroy removes processes, cgroups, mounts and
+//! directories.
+
+pub mod exec;
+pub mod files;
+pub mod init;
+pub mod netns;
+pub mod oci;
+pub mod proto;
+pub mod rootfs;
+pub mod spawner;
+mod pool;
+
+use std::path::{Path, PathBuf};
+
+pub use exec::{ExecControl, ExecOutcome, RunningExec};
+pub use proto::ExecSpec;
+use warren_core::ResolvedResources;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("create failed: {0}")]
+    Create(String),
+    #[error("destroy failed: {0}")]
+    Destroy(String),
+    #[error("exec failed: {0}")]
+    Exec(String),
+    #[error("{0}")]
+    Files(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("invalid path {0}")]
+    BadPath(String),
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("internal protocol error: {0}")]
+    Proto(#[from] proto::ProtoError),
+}
+
+impl RuntimeError {
+    pub fn io(what: &str) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
+        move |source| RuntimeError::Io { what: what.to_string(), source }
+    }
+    pub fn nix(what: &str) -> impl Fn(nix::Error) -> RuntimeError + '_ {
+        move |e| RuntimeError::Io { what: what.to_string(), source: e.into() }
+    }
+}
+
+pub struct RuntimeConfig {
+    /// Warren's home; sandboxes live under `<home>/sandboxes`.
+    pub home: PathBuf,
+    /// Program and arguments that start a spawner (`warren spawner`).
+    pub spawner_exe: PathBuf,
+    pub spawner_args: Vec<String>,
+    pub spawners: usize,
+    /// Parent cgroup of every sandbox, relative to each hierarchy's root.
+    pub cgroup_parent: String,
+}
+
+pub struct CreateRequest {
+    pub id: String,
+    /// Image layer directories, topmost first.
+    pub lower_dirs: Vec<PathBuf>,
+    pub resources: ResolvedResources,
+}
+
+/// Where a created sandbox lives on the host.
+#[derive(Debug, Clone)]
+pub struct SandboxHandle {
+    pub id: String,
+    /// Host PID of the sandbox's init.
+    pub pid: i32,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub cgroup_path: String,
+}
+
+pub struct Runtime {
+    cfg: RuntimeConfig,
+    pool: pool::SpawnerPool,
+}
+
+impl Runtime {
+    pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        for d in [cfg.home.join("sandboxes"), cfg.home.join("run")] {
+            std::fs::create_dir_all(&d).map_err(RuntimeError::io("create runtime dirs"))?;
+        }
+        let pool = pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
+        Ok(Runtime { cfg, pool })
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.cfg.home.join("sandboxes").join(id)
+    }
+
+    fn state_root(&self) -> PathBuf {
+        self.cfg.home.join("run")
+    }
+
+    pub fn cgroup_path(&self, id: &str) -> String {
+        format!("/{}/{}", self.cfg.cgroup_parent, id)
+    }
+
+    pub fn handle(&self, id: &str, pid: i32) -> SandboxHandle {
+        let dir = self.sandbox_dir(id);
+        SandboxHandle {
+            id: id.to_string(),
+            pid,
+            socket: dir.join("init.sock"),
+            dir,
+            cgroup_path: self.cgroup_path(id),
+        }
+    }
+
+    /// Creates and starts a sandbox; on failure nothing of it remains.
+    pub async fn create(&self, req: CreateRequest) -> Result<SandboxHandle, RuntimeError> {
+        let handle = self.handle(&req.id, 0);
+        let prepared = {
+            let handle = handle.clone();
+            let lower = req.lower_dirs.clone();
+            let resources = req.resources.clone();
+            tokio::task::spawn_blocking(move || prepare(&handle, &lower, &resources))
+                .await
+                .map_err(|e| RuntimeError::Create(format!("prepare task: {e}")))?
+        };
+        if let Err(e) = prepared {
+            let _ = self.cleanup_dirs(&handle).await;
+            return Err(e);
+        }
+        let created = self
+            .pool
+            .create(&req.id, handle.dir.clone(), self.state_root(), handle.socket.clone())
+            .await;
+        match created {
+            Ok(pid) => Ok(SandboxHandle { pid, ..handle }),
+            Err(e) => {
+                let _ = self.cleanup_dirs(&handle).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Kills every process, removes cgroups, mounts and directories. Safe to
+    /// call on a half-created or already destroyed sandbox.
+    pub async fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        let state = self.state_root().join(id);
+        let cgroup_path = self.cgroup_path(id);
+        let id_owned = id.to_string();
+        tokio::task::spawn_blocking(move || remove_container(&id_owned, &state, &cgroup_path))
+            .await
+            .map_err(|e| RuntimeError::Destroy(format!("destroy task: {e}")))??;
+        self.cleanup_dirs(&self.handle(id, 0)).await
+    }
+
+    async fn cleanup_dirs(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
+        let dir = handle.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            rootfs::unmount(&dir.join("rootfs"))?;
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(RuntimeError::Destroy(format!("remove {}: {e}", dir.display()))),
+            }
+        })
+        .await
+        .map_err(|e| RuntimeError::Destroy(format!("cleanup task: {e}")))?
+    }
+
+    /// Ids of sandboxes that have a directory on this host.
+    pub fn list_sandbox_dirs(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.cfg.home.join("sandboxes")) else { return vec![] };
+        rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect()
+    }
+}
+
+fn prepare(
+    handle: &SandboxHandle,
+    lower: &[PathBuf],
+    resources: &ResolvedResources,
+) -> Result<(), RuntimeError> {
+    let dir = &handle.dir;
+    std::fs::create_dir(dir).map_err(|e| {
+        RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display()))
+    })?;
+    for sub in ["upper", "work", "rootfs"] {
+        std::fs::create_dir(dir.join(sub)).map_err(RuntimeError::io("create sandbox dirs"))?;
+    }
+    let rootfs = dir.join("rootfs");
+    rootfs::mount_overlay(lower, &dir.join("upper"), &dir.join("work"), &rootfs)?;
+    let config = oci::config(&oci::ConfigInput {
+        id: &handle.id,
+        rootfs: &rootfs,
+        cgroup_path: &handle.cgroup_path,
+        resources,
+    });
+    let bytes = serde_json::to_vec(&config)
+        .map_err(|e| RuntimeError::Create(format!("serialise config: {e}")))?;
+    std::fs::write(dir.join("config.json"), bytes).map_err(RuntimeError::io("write config.json"))?;
+    Ok(())
+}
+
+fn remove_container(id: &str, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
+    if state.exists() {
+        match libcontainer::container::Container::load(state.to_path_buf()) {
+            Ok(mut c) => {
+                c.delete(true).map_err(|e| RuntimeError::Destroy(format!("delete {id}: {e}")))?;
+            }
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(state);
+            }
+        }
+    }
+    // The state may be gone (crash between steps) while the cgroup is not.
+    cgroups::kill_and_remove(cgroup_path)
+}
+
+pub mod cgroups;

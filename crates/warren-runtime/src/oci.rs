@@ -1,0 +1,190 @@
+//! The OCI runtime config (config.json) of a sandbox. Kept as data in one
+//! place so that every hardening choice can be read and reviewed together;
+//! docs/security.md explains each one.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use warren_core::ResolvedResources;
+
+/// Capabilities a sandbox's root keeps. Enough to install packages, change
+/// ownership and run as another user inside; nothing that reaches the kernel's
+/// global state (no SYS_ADMIN, NET_ADMIN, SYS_PTRACE, MKNOD, NET_RAW, SYS_CHROOT).
+pub const CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_NET_BIND_SERVICE",
+];
+
+/// OCI default masked paths plus a few the defaults miss on newer kernels.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/interrupts",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/sys/kernel/debug",
+];
+
+pub const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+const CPU_PERIOD_US: u64 = 100_000;
+const SECCOMP_PROFILE: &str = include_str!("seccomp/default.json");
+
+fn native_arch() -> &'static str {
+    if cfg!(target_arch = "aarch64") {
+        "SCMP_ARCH_AARCH64"
+    } else {
+        "SCMP_ARCH_X86_64"
+    }
+}
+
+pub fn seccomp_profile() -> Value {
+    // The embedded profile is checked by a unit test; failing to parse it is a
+    // build defect, so fall back to a deny-everything profile rather than none.
+    let mut profile: Value = serde_json::from_str(SECCOMP_PROFILE)
+        .unwrap_or_else(|_| json!({"defaultAction": "SCMP_ACT_KILL_PROCESS", "syscalls": []}));
+    if let Some(obj) = profile.as_object_mut() {
+        obj.remove("_comment");
+        obj.insert("architectures".into(), json!([native_arch()]));
+    }
+    profile
+}
+
+pub struct ConfigInput<'a> {
+    pub id: &'a str,
+    pub rootfs: &'a Path,
+    pub cgroup_path: &'a str,
+    pub resources: &'a ResolvedResources,
+}
+
+pub fn config(input: &ConfigInput<'_>) -> Value {
+    let caps = CAPABILITIES;
+    let r = input.resources;
+    let quota = (r.cpu_millis * CPU_PERIOD_US / 1000).max(1000);
+    json!({
+        "ociVersion": "1.2.0",
+        "root": { "path": input.rootfs, "readonly": false },
+        "hostname": input.id,
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            // Warren's init runs in-process (see init.rs); args must not be empty.
+            "args": ["/.warren-init"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "noNewPrivileges": true,
+            "capabilities": {
+                "bounding": caps, "effective": caps, "permitted": caps,
+                "inheritable": [], "ambient": []
+            },
+            "rlimits": [
+                { "type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536 },
+                { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
+            ]
+        },
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc",
+              "options": ["nosuid", "noexec", "nodev"] },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+            { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+              "options": ["nosuid", "noexec", "nodev"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
+              "options": ["nosuid", "noexec", "nodev", "ro"] },
+            { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+              "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] }
+        ],
+        "linux": {
+            "namespaces": [
+                { "type": "pid" }, { "type": "mount" }, { "type": "ipc" },
+                { "type": "uts" }, { "type": "network" }, { "type": "cgroup" }
+            ],
+            "cgroupsPath": input.cgroup_path,
+            "resources": {
+                "devices": device_rules(),
+                "memory": { "limit": r.memory, "swap": r.memory },
+                "cpu": { "quota": quota, "period": CPU_PERIOD_US },
+                "pids": { "limit": r.pids }
+            },
+            "rootfsPropagation": "private",
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": seccomp_profile()
+        }
+    })
+}
+
+/// /dev/null, zero, full, random, urandom, tty, ptmx and pts: the devices
+/// a program expects; everything else is denied by the device controller.
+fn device_rules() -> Vec<Value> {
+    let deny_all = json!({ "allow": false, "access": "rwm" });
+    std::iter::once(deny_all)
+        .chain([(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)]
+        .into_iter()
+        .map(|(major, minor)| {
+            json!({ "allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm" })
+        }))
+        .chain(std::iter::once(
+            json!({ "allow": true, "type": "c", "major": 136, "access": "rwm" }),
+        ))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seccomp_profile_is_an_allowlist_for_the_native_arch() {
+        let p: Value = serde_json::from_str(SECCOMP_PROFILE).expect("profile parses");
+        assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
+        let allowed: Vec<&str> = p["syscalls"][0]["names"]
+            .as_array()
+            .expect("names")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for denied in ["mount", "unshare", "setns", "bpf", "init_module", "ptrace", "io_uring_setup", "keyctl"] {
+            assert!(!allowed.contains(&denied), "{denied} must not be allowed");
+        }
+        assert_eq!(seccomp_profile()["architectures"], json!([native_arch()]));
+    }
+
+    #[test]
+    fn config_carries_limits() {
+        let r = ResolvedResources { cpu_millis: 500, memory: 64 << 20, pids: 64, disk: 1 << 30, gpus: 0 };
+        let c = config(&ConfigInput {
+            id: "sbx-1",
+            rootfs: Path::new("/tmp/r"),
+            cgroup_path: "/warren/sbx-1",
+            resources: &r,
+        });
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["hostname"], "sbx-1");
+        assert_eq!(c["process"]["noNewPrivileges"], true);
+    }
+}

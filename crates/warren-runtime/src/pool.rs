@@ -1,0 +1,69 @@
+//! A small pool of spawner processes, so creates on different cores do not
+//! queue behind each other.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+use crate::spawner::SpawnerClient;
+use crate::RuntimeError;
+
+pub struct SpawnerPool {
+    exe: PathBuf,
+    args: Vec<String>,
+    idle: Arc<Mutex<Vec<SpawnerClient>>>,
+    permits: Arc<Semaphore>,
+}
+
+impl SpawnerPool {
+    pub fn new(exe: &Path, args: &[String], size: usize) -> Result<SpawnerPool, RuntimeError> {
+        let mut idle = Vec::with_capacity(size);
+        for _ in 0..size {
+            idle.push(SpawnerClient::start(exe, args)?);
+        }
+        Ok(SpawnerPool {
+            exe: exe.to_path_buf(),
+            args: args.to_vec(),
+            idle: Arc::new(Mutex::new(idle)),
+            permits: Arc::new(Semaphore::new(size)),
+        })
+    }
+
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: PathBuf,
+        state_root: PathBuf,
+        socket: PathBuf,
+    ) -> Result<i32, RuntimeError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| RuntimeError::Create("spawner pool closed".into()))?;
+        let idle = self.idle.clone();
+        let (exe, args, id) = (self.exe.clone(), self.args.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || {
+            let taken = idle.lock().map_err(|_| RuntimeError::Create("spawner pool poisoned".into()))?.pop();
+            let mut client = match taken {
+                Some(mut c) => {
+                    if c.is_alive() {
+                        c
+                    } else {
+                        SpawnerClient::start(&exe, &args)?
+                    }
+                }
+                None => SpawnerClient::start(&exe, &args)?,
+            };
+            let result = client.create(&id, bundle, state_root, socket);
+            // A spawner that broke mid-request is replaced on next use.
+            if let Ok(mut idle) = idle.lock() {
+                idle.push(client);
+            }
+            result
+        })
+        .await
+        .map_err(|e| RuntimeError::Create(format!("spawner task: {e}")))?
+    }
+}

@@ -1,0 +1,61 @@
+//! The sandbox's root filesystem: an overlay of the image's cached layers
+//! with a fresh upper directory, mounted `nodev,nosuid`.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::RuntimeError;
+
+/// Overlay mount data must fit in one page.
+const MAX_MOUNT_DATA: usize = 4000;
+
+pub fn mount_overlay(
+    lower: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), RuntimeError> {
+    if lower.is_empty() {
+        return Err(RuntimeError::Create("image has no layers".into()));
+    }
+    let lowerdir: Vec<String> = lower.iter().map(|p| p.display().to_string()).collect();
+    let mut data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lowerdir.join(":"),
+        upper.display(),
+        work.display()
+    );
+    if Path::new("/sys/module/overlay/parameters/index").exists() {
+        data.push_str(",index=off");
+    }
+    if data.len() > MAX_MOUNT_DATA {
+        return Err(RuntimeError::Create(format!(
+            "overlay options are {} bytes, over the {MAX_MOUNT_DATA}-byte limit: the image has too many layers for this Warren home path; use a shorter --home",
+            data.len()
+        )));
+    }
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
+        Some(data.as_str()),
+    )
+    .map_err(|e| RuntimeError::Create(format!("mount overlay at {}: {e}", target.display())))
+}
+
+/// Lazily detaches the rootfs; a missing mount is not an error.
+pub fn unmount(target: &Path) -> Result<(), RuntimeError> {
+    match umount2(target, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
+        Err(e) => Err(RuntimeError::Destroy(format!("unmount {}: {e}", target.display()))),
+    }
+}
+
+/// Whether `path` is a mount point according to /proc/self/mountinfo.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = path.display().to_string();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}

@@ -1,0 +1,162 @@
+//! The spawner: a single-threaded helper process that creates sandboxes
+//! with libcontainer. libcontainer clones and then runs a lot of Rust code in
+//! the child, which is only sound when the parent has a single thread (see
+//! dependencies.md §1.5), so the multi-threaded daemon never calls it itself:
+//! it starts `warren spawner` with a socket on stdin and sends requests.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::syscall::syscall::SyscallType;
+
+use crate::init::{WarrenInit, LISTEN_FD};
+use crate::proto::{self, SpawnerReply, SpawnerRequest};
+use crate::RuntimeError;
+
+/// Entry point of `warren spawner`. Never returns normally: exits when the
+/// daemon closes its end of the socket.
+pub fn main() -> ! {
+    // Move the request socket off fd 0 so fd 3 stays free for the listening
+    // socket each new init receives (see init::LISTEN_FD).
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) duplicates a descriptor we own.
+    let high = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 100) };
+    if high < 0 {
+        std::process::exit(2);
+    }
+    // SAFETY: `high` is a fresh descriptor owned by nobody else.
+    let sock = unsafe { UnixStream::from_raw_fd(high) };
+    if let Ok(null) = File::open("/dev/null") {
+        // SAFETY: replaces stdin with /dev/null; nothing else holds fd 0.
+        unsafe { libc::dup2(null.as_raw_fd(), 0) };
+    }
+    loop {
+        let request = match proto::recv::<SpawnerRequest>(&sock) {
+            Ok((r, _)) => r,
+            Err(_) => std::process::exit(0),
+        };
+        let reply = match request {
+            SpawnerRequest::Create { id, bundle, state_root, socket } => {
+                match create(&id, &bundle, &state_root, &socket) {
+                    Ok(pid) => SpawnerReply::Created { pid },
+                    Err(e) => SpawnerReply::Error { message: e },
+                }
+            }
+        };
+        if proto::send(&sock, &reply, &[]).is_err() {
+            std::process::exit(0);
+        }
+    }
+}
+
+fn create(id: &str, bundle: &Path, state_root: &Path, socket: &Path) -> Result<i32, String> {
+    let _ = std::fs::remove_file(socket);
+    let listener =
+        UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
+    // SAFETY: dup2 onto LISTEN_FD, which this process keeps free (see main).
+    if unsafe { libc::dup2(listener.as_raw_fd(), LISTEN_FD) } < 0 {
+        return Err(format!("dup2 listening socket: {}", std::io::Error::last_os_error()));
+    }
+    let result = build_and_start(id, bundle, state_root);
+    // SAFETY: LISTEN_FD is our duplicate; the init has its own copy now.
+    unsafe { libc::close(LISTEN_FD) };
+    drop(listener);
+    if result.is_err() {
+        let _ = std::fs::remove_file(socket);
+        if let Ok(mut c) =
+            libcontainer::container::Container::load(state_root.join(id))
+        {
+            let _ = c.delete(true);
+        }
+    }
+    result
+}
+
+fn null() -> Result<OwnedFd, String> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| format!("open /dev/null: {e}"))
+}
+
+fn build_and_start(id: &str, bundle: &Path, state_root: &Path) -> Result<i32, String> {
+    fn err(what: &'static str) -> impl Fn(libcontainer::error::LibcontainerError) -> String {
+        move |e| format!("{what}: {e}")
+    }
+    let mut container = ContainerBuilder::new(id.to_string(), SyscallType::default())
+        .with_executor(WarrenInit)
+        .with_root_path(state_root)
+        .map_err(err("state root"))?
+        .with_preserved_fds(1)
+        .with_stdin(null()?)
+        .with_stdout(null()?)
+        .with_stderr(null()?)
+        .validate_id()
+        .map_err(err("sandbox id"))?
+        .as_init(bundle)
+        .with_systemd(false)
+        .with_detach(true)
+        .build()
+        .map_err(err("create"))?;
+    let pid = container.pid().ok_or("created sandbox has no pid")?.as_raw();
+    crate::netns::loopback_up(pid).map_err(|e| format!("bring up loopback: {e}"))?;
+    container.start().map_err(err("start"))?;
+    Ok(pid)
+}
+
+/// The daemon's handle on one spawner process.
+pub struct SpawnerClient {
+    child: Child,
+    sock: UnixStream,
+}
+
+impl SpawnerClient {
+    pub fn start(exe: &Path, args: &[String]) -> Result<SpawnerClient, RuntimeError> {
+        let (ours, theirs) = UnixStream::pair().map_err(RuntimeError::io("socketpair"))?;
+        let child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .env_clear()
+            .spawn()
+            .map_err(RuntimeError::io("start spawner"))?;
+        Ok(SpawnerClient { child, sock: ours })
+    }
+
+    /// Blocking; call from a blocking thread.
+    pub fn create(
+        &mut self,
+        id: &str,
+        bundle: PathBuf,
+        state_root: PathBuf,
+        socket: PathBuf,
+    ) -> Result<i32, RuntimeError> {
+        let req = SpawnerRequest::Create { id: id.to_string(), bundle, state_root, socket };
+        proto::send(&self.sock, &req, &[])?;
+        match proto::recv::<SpawnerReply>(&self.sock)?.0 {
+            SpawnerReply::Created { pid } => Ok(pid),
+            SpawnerReply::Error { message } => Err(RuntimeError::Create(message)),
+        }
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+impl Drop for SpawnerClient {
+    fn drop(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let _ = self.child.wait();
+    }
+}

@@ -53,7 +53,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { code, message: message.into(), retry_after_ms: None }
+        ApiError {
+            code,
+            message: message.into(),
+            retry_after_ms: None,
+        }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
         Self::new(ErrorCode::BadRequest, m)

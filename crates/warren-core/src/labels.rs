@@ -23,7 +23,8 @@ pub enum LabelError {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
@@ -31,9 +32,8 @@ fn valid_name(s: &str) -> bool {
 pub fn validate_key(key: &str) -> Result<(), LabelError> {
     let name = match key.split_once('/') {
         Some((prefix, name)) => {
-            let prefix_ok = !prefix.is_empty()
-                && prefix.len() <= 253
-                && prefix.split('.').all(valid_name);
+            let prefix_ok =
+                !prefix.is_empty() && prefix.len() <= 253 && prefix.split('.').all(valid_name);
             if !prefix_ok {
                 return Err(LabelError::Key(key.to_string()));
             }
@@ -52,7 +52,10 @@ pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
     if value.is_empty() || valid_name(value) {
         Ok(())
     } else {
-        Err(LabelError::Value { key: key.to_string(), value: value.to_string() })
+        Err(LabelError::Value {
+            key: key.to_string(),
+            value: value.to_string(),
+        })
     }
 }
 
@@ -66,7 +69,9 @@ pub fn validate(labels: &Labels) -> Result<(), LabelError> {
 
 /// Parses `KEY=VALUE` as given on a command line.
 pub fn parse_pair(s: &str) -> Result<(String, String), LabelError> {
-    let (k, v) = s.split_once('=').ok_or_else(|| LabelError::Pair(s.to_string()))?;
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| LabelError::Pair(s.to_string()))?;
     validate_key(k)?;
     validate_value(k, v)?;
     Ok((k.to_string(), v.to_string()))
@@ -197,7 +202,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]

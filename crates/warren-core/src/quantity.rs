@@ -10,7 +10,9 @@ use thiserror::Error;
 pub enum QuantityError {
     #[error("invalid size {0:?}: use a number of bytes or a number with a unit K, M, G or T (e.g. 256M, 1G)")]
     Size(String),
-    #[error("invalid duration {0:?}: use a number with a unit ms, s, m, h or d (e.g. 30s, 10m, 2h)")]
+    #[error(
+        "invalid duration {0:?}: use a number with a unit ms, s, m, h or d (e.g. 30s, 10m, 2h)"
+    )]
     Duration(String),
     #[error("invalid cpu amount {0:?}: use cores as a decimal (0.5, 2) or millicores (500m)")]
     Cpu(String),
@@ -21,7 +23,9 @@ pub enum QuantityError {
 pub fn parse_size(input: &str) -> Result<u64, QuantityError> {
     let err = || QuantityError::Size(input.to_string());
     let s = input.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
         return Err(err());
@@ -46,7 +50,12 @@ pub fn parse_size(input: &str) -> Result<u64, QuantityError> {
 
 /// Formats a byte count with the largest binary unit that divides it exactly.
 pub fn format_size(bytes: u64) -> String {
-    for (unit, mult) in [("T", 1u64 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
+    for (unit, mult) in [
+        ("T", 1u64 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ] {
         if bytes >= mult && bytes % mult == 0 {
             return format!("{}{}", bytes / mult, unit);
         }
@@ -64,9 +73,13 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let split = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
         let (num, tail) = rest.split_at(split);
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
         let value: f64 = num.parse().map_err(|_| err())?;
         let secs = match unit {

@@ -201,17 +201,23 @@ pub enum SpecError {
     MissingImage,
     #[error("cpu must be between 0.001 and {max} cores, got {0}", max = MAX_CPU_MILLIS / 1000)]
     Cpu(f64),
-    #[error("memory {0} bytes is below the floor of 16M ({MIN_MEMORY} bytes): ask for at least 16M")]
+    #[error(
+        "memory {0} bytes is below the floor of 16M ({MIN_MEMORY} bytes): ask for at least 16M"
+    )]
     MemoryTooSmall(u64),
     #[error("disk {0} bytes is below the floor of 16M ({MIN_DISK} bytes): ask for at least 16M")]
     DiskTooSmall(u64),
-    #[error("pids {0} is below the floor of {MIN_PIDS}: a sandbox needs at least {MIN_PIDS} processes")]
+    #[error(
+        "pids {0} is below the floor of {MIN_PIDS}: a sandbox needs at least {MIN_PIDS} processes"
+    )]
     PidsTooSmall(u32),
     #[error("gpus: this node has no GPU support yet; leave --gpus out or set it to 0")]
     Gpus,
     #[error("{0}")]
     Label(#[from] LabelError),
-    #[error("invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL")]
+    #[error(
+        "invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL"
+    )]
     EnvName(String),
     #[error("environment variable {0:?} contains a NUL byte")]
     EnvValue(String),
@@ -312,12 +318,20 @@ impl SandboxSpec {
         if let Some(id) = &self.request_id {
             let ok = !id.is_empty()
                 && id.len() <= 128
-                && id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
             if !ok {
                 return Err(SpecError::RequestId);
             }
         }
-        Ok(ResolvedResources { cpu_millis, memory, pids, disk, gpus })
+        Ok(ResolvedResources {
+            cpu_millis,
+            memory,
+            pids,
+            disk,
+            gpus,
+        })
     }
 
     pub fn ttl(&self) -> Duration {
@@ -356,13 +370,19 @@ pub fn sandbox_env(
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = image_env
         .iter()
-        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect();
     env.entry("PATH".into())
         .or_insert_with(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     let threads = thread_count(cpu_millis).to_string();
     for var in THREAD_VARS {
-        if !image_env.iter().any(|kv| kv.starts_with(&format!("{var}="))) {
+        if !image_env
+            .iter()
+            .any(|kv| kv.starts_with(&format!("{var}=")))
+        {
             env.insert(var.to_string(), threads.clone());
         }
     }
@@ -402,7 +422,10 @@ mod tests {
         assert!(matches!(zero.resolve(), Err(SpecError::Cpu(_))));
         let label = spec(r#"{"image":"a","labels":{"bad key":"x"}}"#).expect("parses");
         assert!(matches!(label.resolve(), Err(SpecError::Label(_))));
-        assert_eq!(spec(r#"{"image":""}"#).expect("parses").resolve(), Err(SpecError::MissingImage));
+        assert_eq!(
+            spec(r#"{"image":""}"#).expect("parses").resolve(),
+            Err(SpecError::MissingImage)
+        );
     }
 
     #[test]

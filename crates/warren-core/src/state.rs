@@ -60,7 +60,10 @@ impl SandboxState {
     }
 
     pub fn is_final(self) -> bool {
-        matches!(self, SandboxState::Destroyed | SandboxState::Failed | SandboxState::Lost)
+        matches!(
+            self,
+            SandboxState::Destroyed | SandboxState::Failed | SandboxState::Lost
+        )
     }
 }
 
@@ -73,10 +76,13 @@ impl fmt::Display for SandboxState {
 impl FromStr for SandboxState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        SandboxState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
-            let names: Vec<&str> = SandboxState::ALL.iter().map(|s| s.as_str()).collect();
-            format!("unknown state {s:?}: expected one of {}", names.join(", "))
-        })
+        SandboxState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = SandboxState::ALL.iter().map(|s| s.as_str()).collect();
+                format!("unknown state {s:?}: expected one of {}", names.join(", "))
+            })
     }
 }
 

@@ -5,14 +5,20 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use libcgroups::common::{create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, FreezerState};
+use libcgroups::common::{
+    create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, FreezerState,
+};
 use nix::sys::signal::{kill, Signal};
 use warren_core::Usage;
 
 use crate::RuntimeError;
 
 fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
-    let name = cgroup_path.rsplit('/').next().unwrap_or(cgroup_path).to_string();
+    let name = cgroup_path
+        .rsplit('/')
+        .next()
+        .unwrap_or(cgroup_path)
+        .to_string();
     create_cgroup_manager(CgroupConfig {
         cgroup_path: PathBuf::from(cgroup_path),
         systemd_cgroup: false,
@@ -29,7 +35,10 @@ pub fn exists(cgroup_path: &str) -> bool {
         return true;
     }
     std::fs::read_dir(root)
-        .map(|rd| rd.filter_map(|e| e.ok()).any(|e| e.path().join(rel).exists()))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .any(|e| e.path().join(rel).exists())
+        })
         .unwrap_or(false)
 }
 
@@ -54,7 +63,8 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    m.remove().map_err(|e| RuntimeError::Destroy(format!("remove cgroup {cgroup_path}: {e}")))
+    m.remove()
+        .map_err(|e| RuntimeError::Destroy(format!("remove cgroup {cgroup_path}: {e}")))
 }
 
 pub fn usage(cgroup_path: &str) -> Result<Usage, RuntimeError> {
@@ -82,7 +92,10 @@ pub fn oom_kills(cgroup_path: &str) -> u64 {
         if let Ok(text) = std::fs::read_to_string(&c) {
             return text
                 .lines()
-                .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+                .find_map(|l| {
+                    l.strip_prefix("oom_kill ")
+                        .and_then(|v| v.trim().parse().ok())
+                })
                 .unwrap_or(0);
         }
     }
@@ -90,7 +103,11 @@ pub fn oom_kills(cgroup_path: &str) -> u64 {
 }
 
 pub fn freeze(cgroup_path: &str, frozen: bool) -> Result<(), RuntimeError> {
-    let state = if frozen { FreezerState::Frozen } else { FreezerState::Thawed };
+    let state = if frozen {
+        FreezerState::Frozen
+    } else {
+        FreezerState::Thawed
+    };
     manager(cgroup_path)?
         .freeze(state)
         .map_err(|e| RuntimeError::Files(format!("freeze {cgroup_path}: {e}")))

@@ -15,7 +15,8 @@ pub struct RunningExec {
     pub pid: i32,
     pub stdout: pipe::Receiver,
     pub stderr: pipe::Receiver,
-    pub control: ExecControl,
+    pub exit: ExitWait,
+    pub signal: ExecSignal,
 }
 
 pub enum ExecOutcome {
@@ -32,7 +33,10 @@ pub async fn start(
     let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
     let conn = UnixStream::connect(socket).map_err(|e| {
-        RuntimeError::Exec(format!("sandbox init is not reachable at {}: {e}", socket.display()))
+        RuntimeError::Exec(format!(
+            "sandbox init is not reachable at {}: {e}",
+            socket.display()
+        ))
     })?;
     proto::send(
         &conn,
@@ -40,21 +44,25 @@ pub async fn start(
         &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
     )?;
     drop((in_r, out_w, err_w));
-    conn.set_nonblocking(true).map_err(RuntimeError::io("socket"))?;
-    let mut control =
-        tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
-    match proto::recv_async::<InitReply>(&mut control).await? {
+    conn.set_nonblocking(true)
+        .map_err(RuntimeError::io("socket"))?;
+    let control = tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
+    let (mut reader, writer) = control.into_split();
+    match proto::recv_async::<InitReply>(&mut reader).await? {
         InitReply::Started { pid } => {
             feed_stdin(in_w, stdin)?;
             Ok(Ok(RunningExec {
                 pid,
                 stdout: receiver(out_r)?,
                 stderr: receiver(err_r)?,
-                control: ExecControl { control },
+                exit: ExitWait { reader },
+                signal: ExecSignal { writer },
             }))
         }
         InitReply::Failed { message, code } => Ok(Err((message, code))),
-        other => Err(RuntimeError::Exec(format!("unexpected reply from init: {other:?}"))),
+        other => Err(RuntimeError::Exec(format!(
+            "unexpected reply from init: {other:?}"
+        ))),
     }
 }
 
@@ -75,27 +83,37 @@ fn feed_stdin(w: OwnedFd, data: Option<Vec<u8>>) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-pub struct ExecControl {
-    control: tokio::net::UnixStream,
+/// Reads the exit report of one exec.
+pub struct ExitWait {
+    reader: tokio::net::unix::OwnedReadHalf,
 }
 
-impl ExecControl {
-    /// Sends a signal to the exec's whole process group.
-    pub async fn signal(&mut self, signal: i32) -> Result<(), RuntimeError> {
-        proto::send_async(&mut self.control, &InitRequest::Signal { signal }).await?;
-        Ok(())
-    }
-
-    /// Waits for the exit report.
-    pub async fn wait(&mut self) -> Result<ExecOutcome, RuntimeError> {
-        match proto::recv_async::<InitReply>(&mut self.control).await {
+impl ExitWait {
+    pub async fn wait(mut self) -> Result<ExecOutcome, RuntimeError> {
+        match proto::recv_async::<InitReply>(&mut self.reader).await {
             Ok(InitReply::Exited { code, signal }) => Ok(ExecOutcome::Exited { code, signal }),
-            Ok(other) => Err(RuntimeError::Exec(format!("unexpected reply from init: {other:?}"))),
+            Ok(other) => Err(RuntimeError::Exec(format!(
+                "unexpected reply from init: {other:?}"
+            ))),
             Err(proto::ProtoError::Closed) => Err(RuntimeError::Exec(
-                "the sandbox's init went away before the command finished (sandbox destroyed?)".into(),
+                "the sandbox's init went away before the command finished (sandbox destroyed?)"
+                    .into(),
             )),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Signals one exec's whole process group. Dropping it (together with the
+/// `ExitWait`) closes the connection, which makes init kill an ordinary exec.
+pub struct ExecSignal {
+    writer: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl ExecSignal {
+    pub async fn send(&mut self, signal: i32) -> Result<(), RuntimeError> {
+        proto::send_async(&mut self.writer, &InitRequest::Signal { signal }).await?;
+        Ok(())
     }
 }
 

@@ -40,14 +40,22 @@ fn check_path(path: &str) -> Result<(), RuntimeError> {
 
 fn open_in(root: &OwnedFd, path: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, RuntimeError> {
     check_path(path)?;
-    openat2(root, path, flags | OFlags::CLOEXEC, Mode::from_raw_mode(mode), resolve_flags())
-        .map_err(|e| match e {
-            rustix::io::Errno::NOENT => RuntimeError::NotFound(format!("{path}: no such file or directory in the sandbox")),
-            rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => {
-                RuntimeError::BadPath(format!("{path}: path leaves the sandbox or loops"))
-            }
-            e => RuntimeError::Files(format!("{path}: {e}")),
-        })
+    openat2(
+        root,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+        resolve_flags(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => {
+            RuntimeError::NotFound(format!("{path}: no such file or directory in the sandbox"))
+        }
+        rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => {
+            RuntimeError::BadPath(format!("{path}: path leaves the sandbox or loops"))
+        }
+        e => RuntimeError::Files(format!("{path}: {e}")),
+    })
 }
 
 pub enum Entry {
@@ -57,12 +65,17 @@ pub enum Entry {
 
 /// Opens a path for reading: a regular file or a directory.
 pub fn open_read(root: &OwnedFd, path: &str) -> Result<Entry, RuntimeError> {
-    let fd = open_in(root, path, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK, 0)
-        .or_else(|e| match e {
-            // The last component is a symlink: follow it, still inside the root.
-            RuntimeError::Files(_) => open_in(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0),
-            e => Err(e),
-        })?;
+    let fd = open_in(
+        root,
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+        0,
+    )
+    .or_else(|e| match e {
+        // The last component is a symlink: follow it, still inside the root.
+        RuntimeError::Files(_) => open_in(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0),
+        e => Err(e),
+    })?;
     let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
         rustix::fs::FileType::RegularFile => Ok(Entry::File(File::from(fd), st.st_size as u64)),
@@ -79,36 +92,54 @@ fn split(path: &str) -> Result<(String, String), RuntimeError> {
     let name = p
         .file_name()
         .ok_or_else(|| RuntimeError::BadPath(format!("{path:?}: needs a file name")))?;
-    let parent = p.parent().map(|x| x.display().to_string()).unwrap_or_default();
-    let parent = if parent.is_empty() { "/".to_string() } else { parent };
+    let parent = p
+        .parent()
+        .map(|x| x.display().to_string())
+        .unwrap_or_default();
+    let parent = if parent.is_empty() {
+        "/".to_string()
+    } else {
+        parent
+    };
     Ok((parent, name.to_string_lossy().into_owned()))
 }
 
-/// Creates every missing directory of `path` (like `mkdir -p`) inside the root.
+/// Creates every missing directory of `path` (like `mkdir -p`) inside the
+/// root. Each prefix is resolved from the root with RESOLVE_IN_ROOT, so
+/// symlinks in the image (`/var/run -> /run`) work and still cannot leave it.
 pub fn mkdir_all(root: &OwnedFd, path: &str) -> Result<OwnedFd, RuntimeError> {
     check_path(path)?;
-    let mut dir = open_in(root, "/", OFlags::PATH | OFlags::DIRECTORY, 0)?;
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+    let mut dir = open_in(root, "/", dir_flags, 0)?;
+    let mut prefix = PathBuf::from("/");
     for comp in Path::new(path).components() {
         let name = match comp {
             Component::Normal(n) => n,
-            Component::RootDir | Component::CurDir => continue,
             Component::ParentDir => {
-                return Err(RuntimeError::BadPath(format!("{path}: '..' is not allowed")))
+                return Err(RuntimeError::BadPath(format!(
+                    "{path}: '..' is not allowed"
+                )))
             }
-            Component::Prefix(_) => continue,
+            _ => continue,
         };
-        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(RuntimeError::Files(format!("mkdir {path}: {e}"))),
-        }
-        dir = openat2(
-            &dir,
-            name,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            resolve_flags() | ResolveFlags::BENEATH,
-        )
-        .map_err(|e| RuntimeError::BadPath(format!("{path}: {e} (is a component a symlink or a file?)")))?;
+        prefix.push(name);
+        let prefix_str = prefix.to_string_lossy();
+        dir = match open_in(root, &prefix_str, dir_flags, 0) {
+            Ok(fd) => fd,
+            Err(RuntimeError::NotFound(_)) => {
+                match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(RuntimeError::Files(format!("mkdir {prefix_str}: {e}"))),
+                }
+                open_in(root, &prefix_str, dir_flags, 0)?
+            }
+            Err(RuntimeError::Files(m)) => {
+                return Err(RuntimeError::BadPath(format!(
+                    "{m} (is a component a file?)"
+                )))
+            }
+            Err(e) => return Err(e),
+        };
     }
     Ok(dir)
 }
@@ -129,14 +160,16 @@ pub fn write_file(
         Mode::from_raw_mode(mode & 0o1777),
     )
     .map_err(|e| match e {
-        rustix::io::Errno::LOOP => {
-            RuntimeError::BadPath(format!("{path}: is a symlink; refusing to write through it"))
-        }
+        rustix::io::Errno::LOOP => RuntimeError::BadPath(format!(
+            "{path}: is a symlink; refusing to write through it"
+        )),
         e => RuntimeError::Files(format!("{path}: {e}")),
     })?;
     let mut file = File::from(fd);
-    let n = std::io::copy(data, &mut file).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
-    file.flush().map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    let n =
+        std::io::copy(data, &mut file).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    file.flush()
+        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
     Ok(n)
 }
 
@@ -145,7 +178,9 @@ pub fn pack_dir(dir: OwnedFd, out: &mut dyn Write) -> Result<(), RuntimeError> {
     let mut builder = tar::Builder::new(out);
     builder.follow_symlinks(false);
     add_dir(&mut builder, &dir, PathBuf::from("."), 0)?;
-    builder.into_inner().map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+    builder
+        .into_inner()
+        .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
     Ok(())
 }
 
@@ -159,10 +194,18 @@ fn add_dir(
 ) -> Result<(), RuntimeError> {
     let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", rel.display()));
     if depth > MAX_DEPTH {
-        return Err(RuntimeError::Files(format!("{}: directory tree too deep", rel.display())));
+        return Err(RuntimeError::Files(format!(
+            "{}: directory tree too deep",
+            rel.display()
+        )));
     }
-    let readable = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(ferr)?;
+    let readable = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(ferr)?;
     let st = rustix::fs::fstat(&readable).map_err(ferr)?;
     if rel != Path::new(".") {
         let mut h = header(&st, tar::EntryType::Directory);
@@ -210,7 +253,8 @@ fn add_dir(
                     .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
             }
             rustix::fs::FileType::Symlink => {
-                let target = rustix::fs::readlinkat(&readable, name_os, Vec::new()).map_err(ferr)?;
+                let target =
+                    rustix::fs::readlinkat(&readable, name_os, Vec::new()).map_err(ferr)?;
                 let mut h = header(&st, tar::EntryType::Symlink);
                 h.set_size(0);
                 b.append_link(&mut h, &child_rel, OsStr::from_bytes(target.to_bytes()))
@@ -230,7 +274,11 @@ fn header(st: &rustix::fs::Stat, kind: tar::EntryType) -> tar::Header {
     h.set_uid(st.st_uid as u64);
     h.set_gid(st.st_gid as u64);
     h.set_mtime(st.st_mtime.max(0) as u64);
-    h.set_size(if kind == tar::EntryType::Regular { st.st_size as u64 } else { 0 });
+    h.set_size(if kind == tar::EntryType::Regular {
+        st.st_size as u64
+    } else {
+        0
+    });
     h
 }
 
@@ -241,7 +289,10 @@ pub fn unpack_tar(root: &OwnedFd, path: &str, data: &mut dyn Read) -> Result<u64
     let base = mkdir_all(root, path)?;
     let mut archive = tar::Archive::new(data);
     let mut count = 0;
-    for entry in archive.entries().map_err(|e| RuntimeError::BadPath(format!("tar: {e}")))? {
+    for entry in archive
+        .entries()
+        .map_err(|e| RuntimeError::BadPath(format!("tar: {e}")))?
+    {
         let mut entry = entry.map_err(|e| RuntimeError::BadPath(format!("tar: {e}")))?;
         let name = entry
             .path()
@@ -261,15 +312,31 @@ pub fn unpack_tar(root: &OwnedFd, path: &str, data: &mut dyn Read) -> Result<u64
             }
         }
         let Some(last) = parts.pop() else { continue };
-        let mut dir = openat2(&base, ".", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty(), resolve_flags())
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let mut dir = openat2(
+            &base,
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve_flags(),
+        )
+        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
         for p in &parts {
             match rustix::fs::mkdirat(&dir, p.as_os_str(), Mode::from_raw_mode(0o755)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(RuntimeError::Files(format!("{}: {e}", name.display()))),
             }
-            dir = rustix::fs::openat(&dir, p.as_os_str(), OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .map_err(|e| RuntimeError::BadPath(format!("{}: {e} (a parent is a symlink or a file)", name.display())))?;
+            dir = rustix::fs::openat(
+                &dir,
+                p.as_os_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                RuntimeError::BadPath(format!(
+                    "{}: {e} (a parent is a symlink or a file)",
+                    name.display()
+                ))
+            })?;
         }
         let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
         let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", name.display()));

@@ -88,8 +88,13 @@ fn run() -> Result<(), Errno> {
     // this process refers to it.
     let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
     listener.set_nonblocking(true).map_err(io_errno)?;
-    let mut init =
-        Init { listener, signals, execs: HashMap::new(), main_pid: None, main_exit: None };
+    let mut init = Init {
+        listener,
+        signals,
+        execs: HashMap::new(),
+        main_pid: None,
+        main_exit: None,
+    };
     init.serve()
 }
 
@@ -168,7 +173,9 @@ impl Init {
     }
 
     fn exited(&mut self, pid: i32, code: i32, signal: Option<i32>) {
-        let Some(exec) = self.execs.remove(&pid) else { return };
+        let Some(exec) = self.execs.remove(&pid) else {
+            return;
+        };
         if exec.main {
             self.main_exit = Some((code, signal));
         }
@@ -178,8 +185,12 @@ impl Init {
     }
 
     fn handle_conn(&mut self, pid: i32) {
-        let Some(exec) = self.execs.get_mut(&pid) else { return };
-        let Some(conn) = exec.conn.as_ref() else { return };
+        let Some(exec) = self.execs.get_mut(&pid) else {
+            return;
+        };
+        let Some(conn) = exec.conn.as_ref() else {
+            return;
+        };
         match proto::recv::<InitRequest>(conn) {
             Ok((InitRequest::Signal { signal }, _)) => {
                 if let Ok(sig) = Signal::try_from(signal) {
@@ -234,7 +245,13 @@ impl Init {
                     self.main_exit = None;
                 }
                 let _ = proto::send(&conn, &InitReply::Started { pid }, &[]);
-                self.execs.insert(pid, Exec { conn: Some(conn), main: spec.main });
+                self.execs.insert(
+                    pid,
+                    Exec {
+                        conn: Some(conn),
+                        main: spec.main,
+                    },
+                );
             }
             Err(failure) => {
                 let _ = proto::send(&conn, &failure, &[]);
@@ -248,10 +265,17 @@ impl Init {
 fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
     let fail = |message: String, code: i32| InitReply::Failed { message, code };
     if fds.len() != 3 {
-        return Err(fail(format!("expected 3 stdio descriptors, got {}", fds.len()), 126));
+        return Err(fail(
+            format!("expected 3 stdio descriptors, got {}", fds.len()),
+            126,
+        ));
     }
     let cstr = |s: &str| CString::new(s).map_err(|_| fail(format!("NUL byte in {s:?}"), 126));
-    let argv: Vec<CString> = spec.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstr(a))
+        .collect::<Result<_, _>>()?;
     let env: Vec<CString> = spec.env.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let Some(program) = spec.argv.first() else {
         return Err(fail("empty command".into(), 126));
@@ -293,9 +317,16 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
             match reader.read(&mut buf) {
                 Ok(4) => {
                     let errno = Errno::from_raw(i32::from_le_bytes(buf));
-                    let code = if matches!(errno, Errno::ENOENT) { 127 } else { 126 };
+                    let code = if matches!(errno, Errno::ENOENT) {
+                        127
+                    } else {
+                        126
+                    };
                     // The child exits right away; reap() ignores unknown pids.
-                    Err(fail(format!("cannot run {program:?}: {}", errno.desc()), code))
+                    Err(fail(
+                        format!("cannot run {program:?}: {}", errno.desc()),
+                        code,
+                    ))
                 }
                 _ => Ok(child.as_raw()),
             }
@@ -326,8 +357,11 @@ fn child(
     close_from_on_exec(3);
     let gid = nix::unistd::Gid::from_raw(spec.gid);
     let uid = nix::unistd::Uid::from_raw(spec.uid);
-    let groups: Vec<nix::unistd::Gid> =
-        spec.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
+    let groups: Vec<nix::unistd::Gid> = spec
+        .groups
+        .iter()
+        .map(|g| nix::unistd::Gid::from_raw(*g))
+        .collect();
     if let Err(e) = nix::unistd::setgroups(&groups) {
         return e;
     }
@@ -360,7 +394,12 @@ fn close_from(first: RawFd) {
 fn close_from_on_exec(first: RawFd) {
     // SAFETY: marks descriptors close-on-exec; no memory is touched.
     unsafe {
-        libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC)
+        libc::syscall(
+            libc::SYS_close_range,
+            first as u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
     };
 }
 

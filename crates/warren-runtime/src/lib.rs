@@ -12,14 +12,14 @@ pub mod files;
 pub mod init;
 pub mod netns;
 pub mod oci;
+mod pool;
 pub mod proto;
 pub mod rootfs;
 pub mod spawner;
-mod pool;
 
 use std::path::{Path, PathBuf};
 
-pub use exec::{ExecControl, ExecOutcome, RunningExec};
+pub use exec::{ExecOutcome, ExecSignal, ExitWait, RunningExec};
 pub use proto::ExecSpec;
 use warren_core::ResolvedResources;
 
@@ -38,17 +38,26 @@ pub enum RuntimeError {
     #[error("invalid path {0}")]
     BadPath(String),
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("internal protocol error: {0}")]
     Proto(#[from] proto::ProtoError),
 }
 
 impl RuntimeError {
     pub fn io(what: &str) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
-        move |source| RuntimeError::Io { what: what.to_string(), source }
+        move |source| RuntimeError::Io {
+            what: what.to_string(),
+            source,
+        }
     }
     pub fn nix(what: &str) -> impl Fn(nix::Error) -> RuntimeError + '_ {
-        move |e| RuntimeError::Io { what: what.to_string(), source: e.into() }
+        move |e| RuntimeError::Io {
+            what: what.to_string(),
+            source: e.into(),
+        }
     }
 }
 
@@ -91,7 +100,8 @@ impl Runtime {
         for d in [cfg.home.join("sandboxes"), cfg.home.join("run")] {
             std::fs::create_dir_all(&d).map_err(RuntimeError::io("create runtime dirs"))?;
         }
-        let pool = pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
+        let pool =
+            pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
         Ok(Runtime { cfg, pool })
     }
 
@@ -135,7 +145,12 @@ impl Runtime {
         }
         let created = self
             .pool
-            .create(&req.id, handle.dir.clone(), self.state_root(), handle.socket.clone())
+            .create(
+                &req.id,
+                handle.dir.clone(),
+                self.state_root(),
+                handle.socket.clone(),
+            )
             .await;
         match created {
             Ok(pid) => Ok(SandboxHandle { pid, ..handle }),
@@ -165,7 +180,10 @@ impl Runtime {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(RuntimeError::Destroy(format!("remove {}: {e}", dir.display()))),
+                Err(e) => Err(RuntimeError::Destroy(format!(
+                    "remove {}: {e}",
+                    dir.display()
+                ))),
             }
         })
         .await
@@ -174,8 +192,12 @@ impl Runtime {
 
     /// Ids of sandboxes that have a directory on this host.
     pub fn list_sandbox_dirs(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(self.cfg.home.join("sandboxes")) else { return vec![] };
-        rd.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect()
+        let Ok(rd) = std::fs::read_dir(self.cfg.home.join("sandboxes")) else {
+            return vec![];
+        };
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()
     }
 }
 
@@ -185,9 +207,8 @@ fn prepare(
     resources: &ResolvedResources,
 ) -> Result<(), RuntimeError> {
     let dir = &handle.dir;
-    std::fs::create_dir(dir).map_err(|e| {
-        RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display()))
-    })?;
+    std::fs::create_dir(dir)
+        .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
     for sub in ["upper", "work", "rootfs"] {
         std::fs::create_dir(dir.join(sub)).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
@@ -198,18 +219,29 @@ fn prepare(
         rootfs: &rootfs,
         cgroup_path: &handle.cgroup_path,
         resources,
+        nofile: nofile_limit(),
     });
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| RuntimeError::Create(format!("serialise config: {e}")))?;
-    std::fs::write(dir.join("config.json"), bytes).map_err(RuntimeError::io("write config.json"))?;
+    std::fs::write(dir.join("config.json"), bytes)
+        .map_err(RuntimeError::io("write config.json"))?;
     Ok(())
+}
+
+fn nofile_limit() -> u64 {
+    const WANTED: u64 = 65536;
+    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((_, hard)) => hard.min(WANTED),
+        Err(_) => 1024,
+    }
 }
 
 fn remove_container(id: &str, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
     if state.exists() {
         match libcontainer::container::Container::load(state.to_path_buf()) {
             Ok(mut c) => {
-                c.delete(true).map_err(|e| RuntimeError::Destroy(format!("delete {id}: {e}")))?;
+                c.delete(true)
+                    .map_err(|e| RuntimeError::Destroy(format!("delete {id}: {e}")))?;
             }
             Err(_) => {
                 let _ = std::fs::remove_dir_all(state);

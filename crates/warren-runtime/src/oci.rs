@@ -74,6 +74,9 @@ pub struct ConfigInput<'a> {
     pub rootfs: &'a Path,
     pub cgroup_path: &'a str,
     pub resources: &'a ResolvedResources,
+    /// Open-file limit: 65536, or the daemon's hard limit when that is lower
+    /// (raising it needs CAP_SYS_RESOURCE, which some hosts withhold).
+    pub nofile: u64,
 }
 
 pub fn config(input: &ConfigInput<'_>) -> Value {
@@ -97,7 +100,7 @@ pub fn config(input: &ConfigInput<'_>) -> Value {
                 "inheritable": [], "ambient": []
             },
             "rlimits": [
-                { "type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536 },
+                { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
                 { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
             ]
         },
@@ -167,7 +170,16 @@ mod tests {
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        for denied in ["mount", "unshare", "setns", "bpf", "init_module", "ptrace", "io_uring_setup", "keyctl"] {
+        for denied in [
+            "mount",
+            "unshare",
+            "setns",
+            "bpf",
+            "init_module",
+            "ptrace",
+            "io_uring_setup",
+            "keyctl",
+        ] {
             assert!(!allowed.contains(&denied), "{denied} must not be allowed");
         }
         assert_eq!(seccomp_profile()["architectures"], json!([native_arch()]));
@@ -175,12 +187,19 @@ mod tests {
 
     #[test]
     fn config_carries_limits() {
-        let r = ResolvedResources { cpu_millis: 500, memory: 64 << 20, pids: 64, disk: 1 << 30, gpus: 0 };
+        let r = ResolvedResources {
+            cpu_millis: 500,
+            memory: 64 << 20,
+            pids: 64,
+            disk: 1 << 30,
+            gpus: 0,
+        };
         let c = config(&ConfigInput {
             id: "sbx-1",
             rootfs: Path::new("/tmp/r"),
             cgroup_path: "/warren/sbx-1",
             resources: &r,
+            nofile: 1024,
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);

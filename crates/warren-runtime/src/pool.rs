@@ -45,7 +45,10 @@ impl SpawnerPool {
         let idle = self.idle.clone();
         let (exe, args, id) = (self.exe.clone(), self.args.clone(), id.to_string());
         tokio::task::spawn_blocking(move || {
-            let taken = idle.lock().map_err(|_| RuntimeError::Create("spawner pool poisoned".into()))?.pop();
+            let taken = idle
+                .lock()
+                .map_err(|_| RuntimeError::Create("spawner pool poisoned".into()))?
+                .pop();
             let mut client = match taken {
                 Some(mut c) => {
                     if c.is_alive() {

@@ -146,7 +146,9 @@ pub async fn send_async<T: Serialize>(
 pub enum InitRequest {
     Exec(ExecSpec),
     /// Signal the process group of the exec on this connection.
-    Signal { signal: i32 },
+    Signal {
+        signal: i32,
+    },
     /// Report the main process's status (used after a daemon restart).
     MainStatus,
 }
@@ -169,18 +171,34 @@ pub struct ExecSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum InitReply {
-    Started { pid: i32 },
+    Started {
+        pid: i32,
+    },
     /// The program could not be started (not found, not executable, ...).
-    Failed { message: String, code: i32 },
-    Exited { code: i32, signal: Option<i32> },
-    Main { pid: Option<i32>, exit: Option<(i32, Option<i32>)> },
+    Failed {
+        message: String,
+        code: i32,
+    },
+    Exited {
+        code: i32,
+        signal: Option<i32>,
+    },
+    Main {
+        pid: Option<i32>,
+        exit: Option<(i32, Option<i32>)>,
+    },
 }
 
 /// Daemon ↔ spawner.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum SpawnerRequest {
-    Create { id: String, bundle: std::path::PathBuf, state_root: std::path::PathBuf, socket: std::path::PathBuf },
+    Create {
+        id: String,
+        bundle: std::path::PathBuf,
+        state_root: std::path::PathBuf,
+        socket: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

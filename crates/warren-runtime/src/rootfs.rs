@@ -49,13 +49,19 @@ pub fn mount_overlay(
 pub fn unmount(target: &Path) -> Result<(), RuntimeError> {
     match umount2(target, MntFlags::MNT_DETACH) {
         Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
-        Err(e) => Err(RuntimeError::Destroy(format!("unmount {}: {e}", target.display()))),
+        Err(e) => Err(RuntimeError::Destroy(format!(
+            "unmount {}: {e}",
+            target.display()
+        ))),
     }
 }
 
 /// Whether `path` is a mount point according to /proc/self/mountinfo.
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
     let want = path.display().to_string();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
 }

@@ -39,12 +39,15 @@ pub fn main() -> ! {
             Err(_) => std::process::exit(0),
         };
         let reply = match request {
-            SpawnerRequest::Create { id, bundle, state_root, socket } => {
-                match create(&id, &bundle, &state_root, &socket) {
-                    Ok(pid) => SpawnerReply::Created { pid },
-                    Err(e) => SpawnerReply::Error { message: e },
-                }
-            }
+            SpawnerRequest::Create {
+                id,
+                bundle,
+                state_root,
+                socket,
+            } => match create(&id, &bundle, &state_root, &socket) {
+                Ok(pid) => SpawnerReply::Created { pid },
+                Err(e) => SpawnerReply::Error { message: e },
+            },
         };
         if proto::send(&sock, &reply, &[]).is_err() {
             std::process::exit(0);
@@ -56,19 +59,29 @@ fn create(id: &str, bundle: &Path, state_root: &Path, socket: &Path) -> Result<i
     let _ = std::fs::remove_file(socket);
     let listener =
         UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
-    // SAFETY: dup2 onto LISTEN_FD, which this process keeps free (see main).
-    if unsafe { libc::dup2(listener.as_raw_fd(), LISTEN_FD) } < 0 {
-        return Err(format!("dup2 listening socket: {}", std::io::Error::last_os_error()));
-    }
+    let listener = OwnedFd::from(listener);
+    // The init expects its socket at LISTEN_FD; the lowest free descriptor
+    // may already be that one.
+    let at_listen_fd = if listener.as_raw_fd() == LISTEN_FD {
+        listener
+    } else {
+        // SAFETY: dup2 onto LISTEN_FD, which this process keeps free (see main).
+        if unsafe { libc::dup2(listener.as_raw_fd(), LISTEN_FD) } < 0 {
+            return Err(format!(
+                "dup2 listening socket: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        drop(listener);
+        // SAFETY: dup2 just created LISTEN_FD for us; nothing else owns it.
+        unsafe { OwnedFd::from_raw_fd(LISTEN_FD) }
+    };
     let result = build_and_start(id, bundle, state_root);
-    // SAFETY: LISTEN_FD is our duplicate; the init has its own copy now.
-    unsafe { libc::close(LISTEN_FD) };
-    drop(listener);
+    // The init has its own copy now.
+    drop(at_listen_fd);
     if result.is_err() {
         let _ = std::fs::remove_file(socket);
-        if let Ok(mut c) =
-            libcontainer::container::Container::load(state_root.join(id))
-        {
+        if let Ok(mut c) = libcontainer::container::Container::load(state_root.join(id)) {
             let _ = c.delete(true);
         }
     }
@@ -103,7 +116,10 @@ fn build_and_start(id: &str, bundle: &Path, state_root: &Path) -> Result<i32, St
         .with_detach(true)
         .build()
         .map_err(err("create"))?;
-    let pid = container.pid().ok_or("created sandbox has no pid")?.as_raw();
+    let pid = container
+        .pid()
+        .ok_or("created sandbox has no pid")?
+        .as_raw();
     crate::netns::loopback_up(pid).map_err(|e| format!("bring up loopback: {e}"))?;
     container.start().map_err(err("start"))?;
     Ok(pid)
@@ -124,6 +140,7 @@ impl SpawnerClient {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .env_clear()
+            .envs(std::env::vars().filter(|(k, _)| k == "WARREN_LOG"))
             .spawn()
             .map_err(RuntimeError::io("start spawner"))?;
         Ok(SpawnerClient { child, sock: ours })
@@ -137,7 +154,12 @@ impl SpawnerClient {
         state_root: PathBuf,
         socket: PathBuf,
     ) -> Result<i32, RuntimeError> {
-        let req = SpawnerRequest::Create { id: id.to_string(), bundle, state_root, socket };
+        let req = SpawnerRequest::Create {
+            id: id.to_string(),
+            bundle,
+            state_root,
+            socket,
+        };
         proto::send(&self.sock, &req, &[])?;
         match proto::recv::<SpawnerReply>(&self.sock)?.0 {
             SpawnerReply::Created { pid } => Ok(pid),

@@ -1,0 +1,545 @@
+//! The public HTTP API (`/v1`, ARCHITECTURE §5).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::io::AsyncBufReadExt;
+use utoipa::OpenApi;
+use warren_core::state::reason;
+use warren_core::{
+    ApiError, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
+};
+use warren_image::{ImageError, ImageRecord};
+use warren_runtime::files;
+
+use crate::control::{node_error, Control};
+
+pub struct AppState {
+    pub control: Arc<Control>,
+    pub token: String,
+}
+
+type St = State<Arc<AppState>>;
+
+pub struct Failure(pub ApiError);
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        Failure(e)
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, Json(self.0.body())).into_response();
+        if let Some(ms) = self.0.retry_after_ms {
+            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).max(1).to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+type ApiResult<T> = Result<T, Failure>;
+
+pub fn image_error(e: ImageError) -> ApiError {
+    use warren_image::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound => ApiError::not_found(format!(
+            "{e}; import it with `warren image import FILE.tar --name NAME:TAG` (see `warren image ls`)"
+        )),
+        ErrorKind::Invalid => ApiError::bad_request(e.to_string()),
+        ErrorKind::Conflict => ApiError::conflict(e.to_string()),
+        ErrorKind::Internal => ApiError::internal(e.to_string()),
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
+    paths(create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    components(schemas(SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let comps = api.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route(
+            "/v1/sandboxes",
+            post(create_sandbox)
+                .get(list_sandboxes)
+                .delete(delete_sandboxes),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(get_sandbox).delete(delete_sandbox),
+        )
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
+        .route("/v1/sandboxes/{id}/logs", get(logs))
+        .route("/v1/events", get(events))
+        .route("/v1/images", get(list_images))
+        .route("/v1/images/import", post(import_image))
+        .route(
+            "/v1/images/{*reference}",
+            axum::routing::delete(delete_image),
+        )
+        .route("/openapi.json", get(openapi))
+        .layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(api)
+        .layer(DefaultBodyLimit::max(8 << 30))
+        .with_state(state)
+}
+
+async fn auth(State(st): St, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    use subtle::ConstantTimeEq;
+    if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
+        next.run(req).await
+    } else {
+        Failure(ApiError::new(
+            warren_core::ErrorCode::Unauthorized,
+            "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
+        ))
+        .into_response()
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// Create a sandbox; answers once it is ready for exec.
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = SandboxSpec,
+    responses((status = 201, body = SandboxInfo), (status = 200, body = SandboxInfo, description = "request_id replay"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
+    let spec: SandboxSpec = parse_json(&body)?;
+    let (info, created) = st.control.create(spec).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(info)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct ListQuery {
+    label: Option<String>,
+    state: Option<String>,
+    all: Option<bool>,
+}
+
+fn list_filter(q: &ListQuery) -> Result<(Vec<SandboxState>, Selector), ApiError> {
+    let selector = Selector::parse(q.label.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let states = match &q.state {
+        Some(s) => s
+            .split(',')
+            .map(|x| x.trim().parse::<SandboxState>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ApiError::bad_request)?,
+        None if q.all.unwrap_or(false) => vec![],
+        None => SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect(),
+    };
+    Ok((states, selector))
+}
+
+/// List sandboxes (live ones unless `state` or `all` say otherwise).
+#[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query), ("state" = Option<String>, Query), ("all" = Option<bool>, Query)),
+    responses((status = 200, body = [SandboxInfo])))]
+async fn list_sandboxes(
+    State(st): St,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<SandboxInfo>>> {
+    let (states, selector) = list_filter(&q)?;
+    Ok(Json(st.control.list(&states, &selector).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.get(&id).await?;
+    let mut info = st.control.info(row, true);
+    info.events = st
+        .control
+        .store
+        .events(Some(&id), 0, 1000)
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Json(info))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+async fn delete_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.destroy(&id, reason::USER_DELETED).await?;
+    Ok(Json(st.control.info(row, false)))
+}
+
+/// Delete every live sandbox matching a label selector (required).
+#[utoipa::path(delete, path = "/v1/sandboxes", params(("label" = String, Query)), responses((status = 200, body = [SandboxInfo])))]
+async fn delete_sandboxes(
+    State(st): St,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<SandboxInfo>>> {
+    if q.label.as_deref().unwrap_or("").trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "bulk delete needs a label selector, e.g. ?label=task=swe",
+        )
+        .into());
+    }
+    let (states, selector) = list_filter(&ListQuery {
+        all: Some(false),
+        ..q
+    })?;
+    let victims = st.control.list(&states, &selector).await?;
+    let deletes = victims
+        .iter()
+        .map(|s| st.control.destroy(&s.id, reason::USER_DELETED));
+    let mut out = Vec::new();
+    for r in futures_util::future::join_all(deletes).await {
+        out.push(st.control.info(r?, false));
+    }
+    Ok(Json(out))
+}
+
+/// Run a command; the answer is an NDJSON stream of exec events.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecRequest,
+    responses((status = 200, body = ExecEvent, content_type = "application/x-ndjson"), (status = 409, body = ErrorBody)))]
+async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let req: ExecRequest = parse_json(&body)?;
+    let rx = st.control.exec(&id, &req).await?;
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|ev| {
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::io::Error>(Bytes::from(line))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct FileQuery {
+    path: String,
+    mode: Option<String>,
+}
+
+fn file_state_ok(state: SandboxState) -> bool {
+    matches!(
+        state,
+        SandboxState::Running | SandboxState::Paused | SandboxState::Kept
+    )
+}
+
+async fn sandbox_root(st: &AppState, id: &str) -> Result<std::os::fd::OwnedFd, ApiError> {
+    let row = st.control.get(id).await?;
+    if !file_state_ok(row.state) {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} is {}; files need a running or kept sandbox",
+            row.state
+        )));
+    }
+    st.control.node.root(id).map_err(node_error)
+}
+
+/// Upload a file (raw body) or a directory (body is a tar archive, sent with
+/// `Content-Type: application/x-tar`).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", params(("path" = String, Query), ("mode" = Option<String>, Query)),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn put_file(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    let root = sandbox_root(&st, &id).await?;
+    let is_tar = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        == Some("application/x-tar");
+    let mode = match &q.mode {
+        Some(m) => u32::from_str_radix(m, 8)
+            .map_err(|_| ApiError::bad_request(format!("mode {m:?} must be octal, e.g. 0644")))?,
+        None => 0o644,
+    };
+    let stream = body
+        .into_data_stream()
+        .map(|r| r.map_err(std::io::Error::other));
+    let reader = tokio_util::io::StreamReader::new(stream);
+    let mut sync_reader = tokio_util::io::SyncIoBridge::new(reader);
+    let path = q.path.clone();
+    tokio::task::spawn_blocking(move || {
+        if is_tar {
+            files::unpack_tar(&root, &path, &mut sync_reader).map(|_| ())
+        } else {
+            files::write_file(&root, &path, mode, &mut sync_reader).map(|_| ())
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| node_error(e.into()))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Download a file (raw bytes) or a directory (a tar archive).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", params(("path" = String, Query)),
+    responses((status = 200, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
+async fn get_file(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> ApiResult<Response> {
+    let root = sandbox_root(&st, &id).await?;
+    let path = q.path.clone();
+    let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|e| node_error(e.into()))?;
+    match entry {
+        files::Entry::File(f, size) => {
+            let file = tokio::fs::File::from_std(f);
+            let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::CONTENT_LENGTH, size.to_string()),
+                ],
+                body,
+            )
+                .into_response())
+        }
+        files::Entry::Dir(dir) => {
+            let (reader, writer) = tokio::io::duplex(256 * 1024);
+            tokio::task::spawn_blocking(move || {
+                let mut w = tokio_util::io::SyncIoBridge::new(writer);
+                if let Err(e) = files::pack_dir(dir, &mut w) {
+                    tracing::warn!(error = %e, "packing directory");
+                }
+            });
+            let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+            Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct LogQuery {
+    follow: Option<bool>,
+}
+
+/// The sandbox's JSON-lines log; with `follow=true` the stream stays open
+/// until the sandbox has ended.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", params(("follow" = Option<bool>, Query)),
+    responses((status = 200, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
+async fn logs(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Response> {
+    st.control.get(&id).await?;
+    let path = st.control.node.log_path(&id);
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError::not_found(format!("no log for sandbox {id}: {e}")))?;
+    let follow = q.follow.unwrap_or(false);
+    let control = st.control.clone();
+    let stream = async_stream(file, follow, control, id);
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+fn async_stream(
+    file: tokio::fs::File,
+    follow: bool,
+    control: Arc<Control>,
+    id: String,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let reader = tokio::io::BufReader::new(file);
+    futures_util::stream::unfold((reader, false), move |(mut reader, mut finishing)| {
+        let control = control.clone();
+        let id = id.clone();
+        async move {
+            loop {
+                let mut line = Vec::new();
+                match reader.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) if !follow || finishing => return None,
+                    Ok(n) if n > 0 && line.ends_with(b"\n") => {
+                        return Some((Ok(Bytes::from(line)), (reader, finishing)))
+                    }
+                    _ => {
+                        // At the end for now: stop once the sandbox is over and
+                        // everything it wrote has been read.
+                        let over = control
+                            .get(&id)
+                            .await
+                            .map(|r| !r.state.is_live() || r.state == SandboxState::Kept)
+                            .unwrap_or(true);
+                        if over {
+                            finishing = true;
+                        } else {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        if !line.is_empty() {
+                            return Some((Ok(Bytes::from(line)), (reader, finishing)));
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[derive(Deserialize)]
+struct EventQuery {
+    sandbox: Option<String>,
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/v1/events", params(("sandbox" = Option<String>, Query), ("after" = Option<i64>, Query), ("limit" = Option<i64>, Query)),
+    responses((status = 200, body = [warren_core::Event])))]
+async fn events(
+    State(st): St,
+    Query(q): Query<EventQuery>,
+) -> ApiResult<Json<Vec<warren_core::Event>>> {
+    let evs = st
+        .control
+        .store
+        .events(
+            q.sandbox.as_deref(),
+            q.after.unwrap_or(0),
+            q.limit.unwrap_or(1000).clamp(1, 10_000),
+        )
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Json(evs))
+}
+
+#[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
+async fn list_images(State(st): St) -> ApiResult<Json<Vec<ImageRecord>>> {
+    let images = st.control.node.images();
+    let list = tokio::task::spawn_blocking(move || images.list())
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(image_error)?;
+    Ok(Json(list))
+}
+
+/// Import an OCI image-layout or docker-archive tar sent as the body.
+#[utoipa::path(post, path = "/v1/images/import", params(("name" = String, Query)),
+    responses((status = 201, description = "imported"), (status = 400, body = ErrorBody)))]
+async fn import_image(
+    State(st): St,
+    Query(q): Query<HashMap<String, String>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let name = q
+        .get("name")
+        .cloned()
+        .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
+    let tmp_dir = st.control.node.home().join("tmp");
+    tokio::fs::create_dir_all(&tmp_dir)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let tmp = tmp_dir.join(format!("upload-{}.tar", rand::random::<u64>()));
+    let result = async {
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut stream = body.into_data_stream();
+        use tokio::io::AsyncWriteExt;
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+        }
+        file.flush()
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let images = st.control.node.images();
+        let path = tmp.clone();
+        tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(image_error)
+    }
+    .await;
+    let _ = tokio::fs::remove_file(&tmp).await;
+    Ok((StatusCode::CREATED, Json(result?)).into_response())
+}
+
+#[utoipa::path(delete, path = "/v1/images/{reference}", responses((status = 200, description = "removed"), (status = 409, body = ErrorBody)))]
+async fn delete_image(
+    State(st): St,
+    Path(reference): Path<String>,
+) -> ApiResult<Json<ImageRecord>> {
+    let node = st.control.node.clone();
+    let image = node.resolve_image(&reference).await.map_err(node_error)?;
+    if node.images_in_use().contains(&image.digest) {
+        return Err(ApiError::conflict(format!(
+            "image {reference} is used by a live sandbox; remove those sandboxes first (`warren ps`)"
+        ))
+        .into());
+    }
+    let images = node.images();
+    let removed = tokio::task::spawn_blocking(move || images.remove(&reference))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(image_error)?;
+    Ok(Json(removed))
+}

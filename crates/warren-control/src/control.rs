@@ -1,0 +1,382 @@
+//! The control plane's decisions: validating and recording sandboxes, asking
+//! the node to run them, and reacting to what the node reports.
+
+use std::sync::Arc;
+
+use rand::Rng;
+use tokio::sync::mpsc;
+use warren_core::spec::ReclaimPolicy;
+use warren_core::state::reason;
+use warren_core::{
+    ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
+};
+use warren_node::clock::now_rfc3339;
+use warren_node::{Node, NodeError, NodeEvent};
+
+use crate::store::{SandboxRow, Store, StoreError, Transition};
+
+pub struct Control {
+    pub store: Store,
+    pub node: Arc<Node>,
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        ApiError::internal(format!("state store: {e}"))
+    }
+}
+
+pub fn node_error(e: NodeError) -> ApiError {
+    use warren_runtime::RuntimeError as R;
+    match e {
+        NodeError::NotRunning(id) => ApiError::conflict(format!(
+            "sandbox {id} is not running; exec and files need a running sandbox (see `warren inspect {id}`)"
+        )),
+        NodeError::BadRequest(m) => ApiError::bad_request(m),
+        NodeError::Conflict(m) => ApiError::conflict(m),
+        NodeError::Runtime(R::NotFound(m)) => ApiError::not_found(m),
+        NodeError::Runtime(R::BadPath(m)) => ApiError::bad_request(format!("invalid path {m}")),
+        NodeError::Image(e) => crate::api::image_error(e),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+fn new_id() -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut rng = rand::rng();
+    let suffix: String = (0..12)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("sbx-{suffix}")
+}
+
+impl Control {
+    pub fn info(&self, row: SandboxRow, with_usage: bool) -> SandboxInfo {
+        let usage = if with_usage && row.state.is_live() {
+            self.node.usage(&row.id)
+        } else {
+            None
+        };
+        SandboxInfo {
+            id: row.id,
+            state: row.state,
+            reason: row.reason,
+            spec: row.spec,
+            resources: row.resources,
+            node: row.node,
+            image_digest: row.image_digest,
+            created_at: row.created_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+            exit_code: row.exit_code,
+            usage,
+            events: vec![],
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<SandboxRow, ApiError> {
+        self.store.get(id).await?.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no sandbox with id {id:?}; list them with `warren ps`"
+            ))
+        })
+    }
+
+    pub async fn create(&self, spec: SandboxSpec) -> Result<(SandboxInfo, bool), ApiError> {
+        let resources = spec
+            .resolve()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(rid) = &spec.request_id {
+            if let Some(existing) = self.store.by_request_id(rid).await? {
+                return Ok((self.info(existing, false), false));
+            }
+        }
+        let image = self
+            .node
+            .resolve_image(&spec.image)
+            .await
+            .map_err(node_error)?;
+        let id = new_id();
+        let now = now_rfc3339();
+        let row = SandboxRow {
+            id: id.clone(),
+            state: SandboxState::Creating,
+            reason: reason::CREATED.into(),
+            spec: spec.clone(),
+            resources: resources.clone(),
+            node: self.node.name().to_string(),
+            image_digest: image.digest.clone(),
+            pid: None,
+            created_at: now.clone(),
+            started_at: None,
+            finished_at: None,
+            exit_code: None,
+        };
+        match self.store.insert(&row, spec.request_id.as_deref()).await {
+            Ok(()) => {}
+            // A concurrent create with the same request id won the race.
+            Err(StoreError::Db(sqlx::Error::Database(e))) if e.is_unique_violation() => {
+                if let Some(rid) = &spec.request_id {
+                    if let Some(existing) = self.store.by_request_id(rid).await? {
+                        return Ok((self.info(existing, false), false));
+                    }
+                }
+                return Err(ApiError::conflict("duplicate request id"));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(log) = self.node.log(&id) {
+            log.event("creating", reason::CREATED, "");
+        }
+        match self.node.create(&id, &spec, &resources, &image).await {
+            Ok(pid) => {
+                let started = now_rfc3339();
+                self.store
+                    .transition(
+                        &id,
+                        SandboxState::Running,
+                        reason::READY,
+                        &started,
+                        Transition {
+                            pid: Some(pid),
+                            started_at: Some(&started),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                if let Some(log) = self.node.log(&id) {
+                    log.event("running", reason::READY, "");
+                }
+                Ok((self.info(self.get(&id).await?, false), true))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                let now = now_rfc3339();
+                self.store
+                    .transition(
+                        &id,
+                        SandboxState::Failed,
+                        reason::CREATE_FAILED,
+                        &now,
+                        Transition {
+                            finished_at: Some(&now),
+                            message: &message,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                Err(match node_error(e) {
+                    ApiError {
+                        code: warren_core::ErrorCode::Internal,
+                        message,
+                        ..
+                    } => {
+                        ApiError::internal(format!("sandbox {id} could not be created: {message}"))
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+
+    pub async fn list(
+        &self,
+        states: &[SandboxState],
+        selector: &Selector,
+    ) -> Result<Vec<SandboxInfo>, ApiError> {
+        let rows = self.store.list(states).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|r| selector.matches(r.labels()))
+            .map(|r| self.info(r, false))
+            .collect())
+    }
+
+    /// Destroys a sandbox for `why`; an already final sandbox is left as is.
+    pub async fn destroy(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
+        let row = self.get(id).await?;
+        if row.state.is_final() {
+            return Ok(row);
+        }
+        let now = now_rfc3339();
+        self.store
+            .transition(id, SandboxState::Stopping, why, &now, Transition::default())
+            .await?;
+        let log = self.node.log(id);
+        if let Err(e) = self.node.destroy(id).await {
+            let message = e.to_string();
+            self.store
+                .transition(
+                    id,
+                    SandboxState::Failed,
+                    why,
+                    &now_rfc3339(),
+                    Transition {
+                        message: &message,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            return Err(ApiError::internal(format!("destroy {id}: {message}")));
+        }
+        let done = now_rfc3339();
+        self.store
+            .transition(
+                id,
+                SandboxState::Destroyed,
+                why,
+                &done,
+                Transition {
+                    finished_at: Some(&done),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        if let Some(log) = log {
+            log.event("destroyed", why, "");
+        }
+        self.get(id).await
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>, ApiError> {
+        req.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let row = self.get(id).await?;
+        if row.state != SandboxState::Running {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; exec needs a running sandbox",
+                row.state
+            )));
+        }
+        self.node.exec(id, req).await.map_err(node_error)
+    }
+
+    /// Applies the reclaim policy when the main process ends or init dies.
+    pub async fn handle_node_events(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<NodeEvent>) {
+        while let Some(ev) = rx.recv().await {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.on_node_event(ev).await {
+                    tracing::warn!(error = %e, "handling node event");
+                }
+            });
+        }
+    }
+
+    async fn on_node_event(&self, ev: NodeEvent) -> Result<(), ApiError> {
+        let (id, failed, code, why) = match &ev {
+            NodeEvent::MainExited {
+                id,
+                exit,
+                oom_killed,
+            } => {
+                let why = if *oom_killed && exit.signal == Some(9) {
+                    reason::OOM_KILLED
+                } else {
+                    reason::MAIN_EXITED
+                };
+                (
+                    id.clone(),
+                    exit.code != 0 || *oom_killed,
+                    Some(exit.code),
+                    why,
+                )
+            }
+            NodeEvent::InitDied { id, oom_killed } => (
+                id.clone(),
+                true,
+                None,
+                if *oom_killed {
+                    reason::OOM_KILLED
+                } else {
+                    reason::INIT_DIED
+                },
+            ),
+        };
+        if let Some(code) = code {
+            self.store.set_exit_code(&id, code).await?;
+        }
+        let row = self.get(&id).await?;
+        if row.state != SandboxState::Running {
+            return Ok(());
+        }
+        let keep = match row.spec.reclaim {
+            ReclaimPolicy::Keep => true,
+            ReclaimPolicy::KeepOnFailure => failed,
+            ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
+        };
+        if keep && matches!(ev, NodeEvent::MainExited { .. }) {
+            let now = now_rfc3339();
+            self.store
+                .transition(&id, SandboxState::Kept, why, &now, Transition::default())
+                .await?;
+            if let Some(log) = self.node.log(&id) {
+                log.event("kept", why, "");
+            }
+            return Ok(());
+        }
+        self.destroy(&id, why).await.map(|_| ())
+    }
+}
+
+impl Control {
+    /// At start-up: sandboxes recorded as live whose processes this node does
+    /// not hold are torn down and marked `lost`; sandbox directories and
+    /// cgroups without a record are swept.
+    pub async fn recover(&self) -> Result<(), ApiError> {
+        let live: Vec<SandboxState> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect();
+        let rows = self.store.list(&live).await?;
+        for row in &rows {
+            if self.node.is_live(&row.id) {
+                continue;
+            }
+            let message = match self.node.destroy(&row.id).await {
+                Ok(()) => "the daemon restarted; the sandbox's remains were removed".to_string(),
+                Err(e) => format!("the daemon restarted; cleanup failed: {e}"),
+            };
+            let now = now_rfc3339();
+            self.store
+                .transition(
+                    &row.id,
+                    SandboxState::Lost,
+                    reason::NODE_LOST,
+                    &now,
+                    Transition {
+                        finished_at: Some(&now),
+                        message: &message,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+        }
+        let known: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+        for id in self.node.sweep_orphans(&known).await {
+            tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
+        }
+        Ok(())
+    }
+
+    /// Clean stop: every live sandbox is destroyed with reason `shutdown`.
+    pub async fn shutdown(&self) {
+        let live: Vec<SandboxState> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| s.is_live())
+            .collect();
+        let Ok(rows) = self.store.list(&live).await else {
+            return;
+        };
+        let all = rows.iter().map(|r| self.destroy(&r.id, reason::SHUTDOWN));
+        for r in futures_util::future::join_all(all).await {
+            if let Err(e) = r {
+                tracing::warn!(error = %e.message, "destroy at shutdown");
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The control plane's state: sandboxes and their events, in SQLite (WAL,
+//! `synchronous=FULL`). A state change is committed together with its event
+//! before the API acknowledges it.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt record {0}: {1}")]
+    Corrupt(String, String),
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: SandboxState,
+    pub reason: String,
+    pub spec: SandboxSpec,
+    pub resources: ResolvedResources,
+    pub node: String,
+    pub image_digest: String,
+    pub pid: Option<i32>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+}
+
+/// Fields a transition may set besides state and reason.
+#[derive(Debug, Default, Clone)]
+pub struct Transition<'a> {
+    pub pid: Option<i32>,
+    pub started_at: Option<&'a str>,
+    pub finished_at: Option<&'a str>,
+    pub exit_code: Option<i32>,
+    pub message: &'a str,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+impl Store {
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub async fn insert(
+        &self,
+        row: &SandboxRow,
+        request_id: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&row.id)
+        .bind(row.state.as_str())
+        .bind(&row.reason)
+        .bind(json(&row.spec))
+        .bind(json(&row.resources))
+        .bind(&row.node)
+        .bind(&row.image_digest)
+        .bind(request_id)
+        .bind(&row.created_at)
+        .execute(&mut *tx)
+        .await?;
+        insert_event(
+            &mut tx,
+            &row.created_at,
+            &row.id,
+            Some(row.state),
+            &row.reason,
+            "",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn transition(
+        &self,
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        time: &str,
+        t: Transition<'_>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE sandboxes SET state = ?, reason = ?,
+                pid = COALESCE(?, pid),
+                started_at = COALESCE(?, started_at),
+                finished_at = COALESCE(?, finished_at),
+                exit_code = COALESCE(?, exit_code)
+             WHERE id = ?",
+        )
+        .bind(state.as_str())
+        .bind(reason)
+        .bind(t.pid)
+        .bind(t.started_at)
+        .bind(t.finished_at)
+        .bind(t.exit_code)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        insert_event(&mut tx, time, id, Some(state), reason, t.message).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET exit_code = ? WHERE id = ?")
+            .bind(code)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let row = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    pub async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let row = sqlx::query("SELECT * FROM sandboxes WHERE request_id = ?")
+            .bind(request_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    pub async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let row = decode(r)?;
+            if states.is_empty() || states.contains(&row.state) {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn events(
+        &self,
+        sandbox_id: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let rows =
+            match sandbox_id {
+                Some(id) => sqlx::query(
+                    "SELECT * FROM events WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                )
+                .bind(id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?,
+                None => {
+                    sqlx::query("SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?")
+                        .bind(after)
+                        .bind(limit)
+                        .fetch_all(&self.pool)
+                        .await?
+                }
+            };
+        rows.iter()
+            .map(|r| {
+                let state: Option<String> = r.try_get("state")?;
+                Ok(Event {
+                    seq: r.try_get("seq")?,
+                    time: r.try_get("time")?,
+                    sandbox_id: r.try_get("sandbox_id")?,
+                    kind: r.try_get("type")?,
+                    state: state.and_then(|s| SandboxState::from_str(&s).ok()),
+                    reason: r.try_get("reason")?,
+                    message: r.try_get("message")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+}
+
+async fn insert_event(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    time: &str,
+    id: &str,
+    state: Option<SandboxState>,
+    reason: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'state', ?, ?, ?)")
+        .bind(time)
+        .bind(id)
+        .bind(state.map(|s| s.as_str()))
+        .bind(reason)
+        .bind(message)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+fn decode(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
+    let id: String = r.try_get("id")?;
+    let corrupt = |what: &str, e: String| StoreError::Corrupt(id.clone(), format!("{what}: {e}"));
+    let state: String = r.try_get("state")?;
+    let spec: String = r.try_get("spec")?;
+    let resources: String = r.try_get("resources")?;
+    Ok(SandboxRow {
+        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e))?,
+        reason: r.try_get("reason")?,
+        spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.to_string()))?,
+        resources: serde_json::from_str(&resources)
+            .map_err(|e| corrupt("resources", e.to_string()))?,
+        node: r.try_get("node")?,
+        image_digest: r.try_get("image_digest")?,
+        pid: r.try_get("pid")?,
+        created_at: r.try_get("created_at")?,
+        started_at: r.try_get("started_at")?,
+        finished_at: r.try_get("finished_at")?,
+        exit_code: r.try_get("exit_code")?,
+        id,
+    })
+}
+
+impl SandboxRow {
+    pub fn labels(&self) -> &Labels {
+        &self.spec.labels
+    }
+}

@@ -1,0 +1,39 @@
+//! Warren's image store: imports OCI image-layout and docker-archive tars,
+//! verifies every blob and layer against its digest, unpacks each layer once
+//! per ChainID into an overlayfs-ready directory (whiteouts converted, unsafe
+//! entries refused) and keeps one JSON record per image name.
+//!
+//! The API is synchronous; async callers run it in `spawn_blocking`.
+//! Unpacking needs root (whiteouts are device nodes, opaque directories use
+//! `trusted.*` xattrs).
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use warren_image::ImageStore;
+//!
+//! let store = ImageStore::open(Path::new("/var/lib/warren/images"))?;
+//! let image = store.import_archive(Path::new("python.tar"), "python:3.12")?;
+//! // Topmost layer first, ready for `lowerdir=` (joined with ':').
+//! let lowers = store.lower_dirs(&store.resolve("python:3.12")?)?;
+//! assert_eq!(lowers.len(), image.layers.len());
+//! # Ok::<(), warren_image::ImageError>(())
+//! ```
+
+mod archive;
+mod compress;
+mod confine;
+mod digest;
+mod error;
+mod fsutil;
+mod layout;
+mod record;
+mod reference;
+mod snapshot;
+mod store;
+mod time;
+mod unpack;
+mod whiteout;
+
+pub use error::{ErrorKind, ImageError};
+pub use record::{ImageConfig, ImageRecord, LayerRecord};
+pub use store::ImageStore;

@@ -1,0 +1,8 @@
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+pub fn now_rfc3339() -> String {
+    OffsetDateTime::now_utc()
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}

@@ -1,0 +1,176 @@
+//! Runs one exec and turns it into the event stream of the API: `start`,
+//! `stdout`/`stderr` chunks, `keepalive`, `exit`. Output is forwarded as it
+//! arrives (no line buffering) and, for the main process, copied to the log.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use warren_core::ExecEvent;
+use warren_runtime::{exec, ExecOutcome, ExecSpec};
+
+use crate::logs::SandboxLog;
+use crate::NodeError;
+
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// After the exec's process exits, background children may still hold its
+/// stdout; read what is already there, then stop waiting for them.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+pub struct ExecJob {
+    pub socket: PathBuf,
+    pub spec: ExecSpec,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    pub exec_id: String,
+    /// Where output is copied (main process and logged execs).
+    pub log: Option<Arc<SandboxLog>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+}
+
+/// Starts the exec; returns an error (and sends nothing) if it could not be
+/// started at all, e.g. the sandbox's init is gone.
+pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitInfo, NodeError> {
+    let started = Instant::now();
+    let running = match exec::start(&job.socket, &job.spec, job.stdin.take()).await? {
+        Ok(r) => r,
+        Err((message, code)) => {
+            // Like a shell: 127 for "not found", 126 for "cannot execute".
+            let _ = tx
+                .send(ExecEvent::Start {
+                    exec_id: job.exec_id.clone(),
+                    pid: 0,
+                })
+                .await;
+            let _ = tx
+                .send(ExecEvent::output(true, format!("{message}\n").as_bytes()))
+                .await;
+            if let Some(log) = &job.log {
+                log.output("stderr", &job.exec_id, format!("{message}\n").as_bytes());
+            }
+            let exit = ExitInfo {
+                code,
+                signal: None,
+                timed_out: false,
+            };
+            let _ = tx.send(exit_event(exit, started)).await;
+            return Ok(exit);
+        }
+    };
+    let exec::RunningExec {
+        pid,
+        mut stdout,
+        mut stderr,
+        exit,
+        mut signal,
+    } = running;
+    if tx
+        .send(ExecEvent::Start {
+            exec_id: job.exec_id.clone(),
+            pid,
+        })
+        .await
+        .is_err()
+    {
+        return Err(NodeError::ClientGone);
+    }
+    let exit_fut = exit.wait();
+    tokio::pin!(exit_fut);
+    let deadline = job.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out = false;
+    let (mut out_open, mut err_open) = (true, true);
+    let mut outcome = None;
+    let mut drain_until: Option<tokio::time::Instant> = None;
+    let mut buf_out = vec![0u8; 64 * 1024];
+    let mut buf_err = vec![0u8; 64 * 1024];
+    let mut keepalive =
+        tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
+    loop {
+        if outcome.is_some() && (!out_open && !err_open) {
+            break;
+        }
+        let timer = drain_until.or(if timed_out { None } else { deadline });
+        tokio::select! {
+            n = stdout.read(&mut buf_out), if out_open => match n {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => forward(&tx, &job, false, &buf_out[..n]).await?,
+            },
+            n = stderr.read(&mut buf_err), if err_open => match n {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => forward(&tx, &job, true, &buf_err[..n]).await?,
+            },
+            r = &mut exit_fut, if outcome.is_none() => {
+                outcome = Some(r?);
+                drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+            },
+            _ = sleep_until_opt(timer) => {
+                if drain_until.is_some() {
+                    break;
+                }
+                timed_out = true;
+                signal.send(libc::SIGKILL).await?;
+            },
+            _ = keepalive.tick() => {
+                if tx.send(ExecEvent::Keepalive).await.is_err() {
+                    return Err(NodeError::ClientGone);
+                }
+            },
+        }
+    }
+    let Some(ExecOutcome::Exited { code, signal: sig }) = outcome else {
+        return Err(NodeError::Internal(
+            "exec ended without an exit report".into(),
+        ));
+    };
+    let exit = ExitInfo {
+        code,
+        signal: sig,
+        timed_out,
+    };
+    let _ = tx.send(exit_event(exit, started)).await;
+    Ok(exit)
+}
+
+async fn forward(
+    tx: &mpsc::Sender<ExecEvent>,
+    job: &ExecJob,
+    stderr: bool,
+    bytes: &[u8],
+) -> Result<(), NodeError> {
+    if let Some(log) = &job.log {
+        log.output(
+            if stderr { "stderr" } else { "stdout" },
+            &job.exec_id,
+            bytes,
+        );
+    }
+    // For the main process nobody may be listening; output still goes to the log.
+    if tx.send(ExecEvent::output(stderr, bytes)).await.is_err() && !job.spec.main {
+        return Err(NodeError::ClientGone);
+    }
+    Ok(())
+}
+
+fn exit_event(exit: ExitInfo, started: Instant) -> ExecEvent {
+    ExecEvent::Exit {
+        code: exit.code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+async fn sleep_until_opt(t: Option<tokio::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,388 @@
+//! Warren's node agent: everything that happens on one host. It owns the
+//! image store and the runtime, supervises live sandboxes (their main process,
+//! init, logs) and reports what happens to them as [`NodeEvent`]s. The control
+//! plane drives it only through this API, in `warren up` and in a cluster.
+
+pub mod clock;
+pub mod exec_stream;
+pub mod logs;
+mod monitor;
+pub mod user;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use warren_core::{ExecEvent, ExecRequest, ResolvedResources, SandboxSpec, Usage};
+use warren_image::{ImageRecord, ImageStore};
+use warren_runtime::{files, CreateRequest, ExecSpec, Runtime, RuntimeConfig, RuntimeError};
+
+pub use exec_stream::ExitInfo;
+use logs::SandboxLog;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("sandbox {0} is not running on this node")]
+    NotRunning(String),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Image(#[from] warren_image::ImageError),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the client went away")]
+    ClientGone,
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What the node tells the control plane about its sandboxes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeEvent {
+    MainExited {
+        id: String,
+        exit: ExitInfo,
+        oom_killed: bool,
+    },
+    InitDied {
+        id: String,
+        oom_killed: bool,
+    },
+}
+
+pub struct NodeConfig {
+    pub home: PathBuf,
+    pub name: String,
+    pub spawner_exe: PathBuf,
+    pub spawner_args: Vec<String>,
+    pub spawners: usize,
+}
+
+struct Live {
+    pid: i32,
+    socket: PathBuf,
+    cgroup_path: String,
+    env: BTreeMap<String, String>,
+    cwd: String,
+    user: String,
+    image_digest: String,
+    log: Arc<SandboxLog>,
+    destroying: AtomicBool,
+}
+
+pub struct Node {
+    name: String,
+    home: PathBuf,
+    runtime: Runtime,
+    images: Arc<ImageStore>,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    events: mpsc::UnboundedSender<NodeEvent>,
+    exec_seq: AtomicU64,
+}
+
+impl Node {
+    pub fn start(
+        cfg: NodeConfig,
+    ) -> Result<(Arc<Node>, mpsc::UnboundedReceiver<NodeEvent>), NodeError> {
+        for d in ["logs", "images"] {
+            std::fs::create_dir_all(cfg.home.join(d))
+                .map_err(|e| NodeError::Internal(format!("create {d} dir: {e}")))?;
+        }
+        // Sandbox inits are re-parented to us rather than to the host's init,
+        // so the monitor can reap them and read their exit status.
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        let images = Arc::new(ImageStore::open(&cfg.home.join("images"))?);
+        let runtime = Runtime::new(RuntimeConfig {
+            home: cfg.home.clone(),
+            spawner_exe: cfg.spawner_exe,
+            spawner_args: cfg.spawner_args,
+            spawners: cfg.spawners,
+            cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
+        })?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node = Arc::new(Node {
+            name: cfg.name,
+            home: cfg.home,
+            runtime,
+            images,
+            live: Mutex::new(HashMap::new()),
+            events: tx,
+            exec_seq: AtomicU64::new(0),
+        });
+        Ok((node, rx))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn images(&self) -> Arc<ImageStore> {
+        self.images.clone()
+    }
+
+    pub fn log_path(&self, id: &str) -> PathBuf {
+        self.home.join("logs").join(format!("{id}.jsonl"))
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Live>, NodeError> {
+        self.live
+            .lock()
+            .map_err(|_| NodeError::Internal("node state lock poisoned".into()))?
+            .get(id)
+            .cloned()
+            .ok_or_else(|| NodeError::NotRunning(id.to_string()))
+    }
+
+    pub fn is_live(&self, id: &str) -> bool {
+        self.get(id).is_ok()
+    }
+
+    /// Image digests used by live sandboxes (they must not be removed).
+    pub fn images_in_use(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .map(|m| m.values().map(|l| l.image_digest.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    pub async fn resolve_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
+        let images = self.images.clone();
+        let r = reference.to_string();
+        Ok(tokio::task::spawn_blocking(move || images.resolve(&r))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??)
+    }
+
+    /// Creates a sandbox and, if the spec names one, starts its main process.
+    /// Returns once an exec into it would succeed.
+    pub async fn create(
+        self: &Arc<Self>,
+        id: &str,
+        spec: &SandboxSpec,
+        resources: &ResolvedResources,
+        image: &ImageRecord,
+    ) -> Result<i32, NodeError> {
+        let lower_dirs = {
+            let images = self.images.clone();
+            let image = image.clone();
+            tokio::task::spawn_blocking(move || images.lower_dirs(&image))
+                .await
+                .map_err(|e| NodeError::Internal(e.to_string()))??
+        };
+        let log = Arc::new(
+            SandboxLog::open(&self.home.join("logs"), id)
+                .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
+        );
+        let handle = self
+            .runtime
+            .create(CreateRequest {
+                id: id.to_string(),
+                lower_dirs,
+                resources: resources.clone(),
+            })
+            .await?;
+        let env =
+            warren_core::spec::sandbox_env(&image.config.env, resources.cpu_millis, &spec.env);
+        let cwd = spec
+            .cwd
+            .clone()
+            .or_else(|| Some(image.config.working_dir.clone()).filter(|w| w.starts_with('/')))
+            .unwrap_or_else(|| "/".into());
+        let user = spec
+            .user
+            .clone()
+            .unwrap_or_else(|| image.config.user.clone());
+        let live = Arc::new(Live {
+            pid: handle.pid,
+            socket: handle.socket.clone(),
+            cgroup_path: handle.cgroup_path.clone(),
+            env,
+            cwd,
+            user,
+            image_digest: image.digest.clone(),
+            log,
+            destroying: AtomicBool::new(false),
+        });
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(id.to_string(), live.clone());
+        }
+        monitor::watch_init(self.clone(), id.to_string(), handle.pid);
+        if let Some(cmd) = &spec.cmd {
+            let req = ExecRequest {
+                cmd: cmd.clone(),
+                ..Default::default()
+            };
+            let job = match self.exec_job(id, &live, &req, true) {
+                Ok(job) => job,
+                Err(e) => {
+                    let _ = self.destroy(id).await;
+                    return Err(e);
+                }
+            };
+            let node = self.clone();
+            let id = id.to_string();
+            tokio::spawn(async move {
+                // Nobody consumes the main process's events here; output goes
+                // to the log, which `warren logs` and `warren run` follow.
+                let (tx, mut rx) = mpsc::channel(64);
+                tokio::spawn(async move { while rx.recv().await.is_some() {} });
+                let result = exec_stream::run(job, tx).await;
+                let oom_killed = node.oom_kills(&id) > 0;
+                if let Ok(exit) = result {
+                    let _ = node.events.send(NodeEvent::MainExited {
+                        id,
+                        exit,
+                        oom_killed,
+                    });
+                }
+            });
+        }
+        Ok(handle.pid)
+    }
+
+    fn exec_job(
+        &self,
+        id: &str,
+        live: &Live,
+        req: &ExecRequest,
+        main: bool,
+    ) -> Result<exec_stream::ExecJob, NodeError> {
+        let stdin = req
+            .validate()
+            .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let mut env = live.env.clone();
+        env.extend(req.env.clone());
+        let root = files::open_root(live.pid)?;
+        let user_spec = req.user.clone().unwrap_or_else(|| live.user.clone());
+        let user = user::resolve(&root, &user_spec).map_err(NodeError::BadRequest)?;
+        let seq = self.exec_seq.fetch_add(1, Ordering::Relaxed);
+        Ok(exec_stream::ExecJob {
+            socket: live.socket.clone(),
+            spec: ExecSpec {
+                argv: req.cmd.clone(),
+                env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                cwd: req.cwd.clone().unwrap_or_else(|| live.cwd.clone()),
+                uid: user.uid,
+                gid: user.gid,
+                groups: vec![],
+                main,
+            },
+            stdin,
+            timeout: req.timeout.map(|t| t.0),
+            exec_id: if main {
+                "main".into()
+            } else {
+                format!("ex-{id}-{seq}")
+            },
+            log: main.then(|| live.log.clone()),
+        })
+    }
+
+    /// Starts an exec; its events arrive on the returned channel. Dropping
+    /// the receiver kills the exec's process tree.
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>, NodeError> {
+        let live = self.get(id)?;
+        if live.destroying.load(Ordering::Acquire) {
+            return Err(NodeError::NotRunning(id.to_string()));
+        }
+        let job = self.exec_job(id, &live, req, false)?;
+        let (tx, rx) = mpsc::channel(64);
+        // Surface "cannot start" errors synchronously so the API can answer 409.
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (inner_tx, mut inner_rx) = mpsc::channel::<ExecEvent>(64);
+            let fwd = tokio::spawn(async move {
+                let mut first = Some(started_tx);
+                while let Some(ev) = inner_rx.recv().await {
+                    if let Some(s) = first.take() {
+                        let _ = s.send(Ok(()));
+                    }
+                    if tx.send(ev).await.is_err() {
+                        break;
+                    }
+                }
+                first
+            });
+            let result = exec_stream::run(job, inner_tx).await;
+            if let (Err(e), Ok(Some(s))) = (result, fwd.await) {
+                let _ = s.send(Err(e));
+            }
+        });
+        match started_rx.await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(NodeError::Internal("exec task ended early".into())),
+        }
+    }
+
+    /// Kills and removes everything of the sandbox. Idempotent.
+    pub async fn destroy(&self, id: &str) -> Result<(), NodeError> {
+        if let Ok(live) = self.get(id) {
+            live.destroying.store(true, Ordering::Release);
+        }
+        self.runtime.destroy(id).await?;
+        if let Ok(mut m) = self.live.lock() {
+            m.remove(id);
+        }
+        Ok(())
+    }
+
+    pub fn log(&self, id: &str) -> Option<Arc<SandboxLog>> {
+        self.get(id).ok().map(|l| l.log.clone())
+    }
+
+    pub fn usage(&self, id: &str) -> Option<Usage> {
+        let live = self.get(id).ok()?;
+        warren_runtime::cgroups::usage(&live.cgroup_path).ok()
+    }
+
+    pub fn oom_kills(&self, id: &str) -> u64 {
+        self.get(id)
+            .map(|l| warren_runtime::cgroups::oom_kills(&l.cgroup_path))
+            .unwrap_or(0)
+    }
+
+    /// The sandbox's root directory, for the confined file API.
+    pub fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
+        let live = self.get(id)?;
+        Ok(files::open_root(live.pid)?)
+    }
+
+    /// Sandbox directories and cgroups on this host that `known` does not
+    /// list: left behind by a crash. Removes them.
+    pub async fn sweep_orphans(&self, known: &[String]) -> Vec<String> {
+        let mut swept = Vec::new();
+        for id in self.runtime.list_sandbox_dirs() {
+            if !known.contains(&id) && !self.is_live(&id) && self.runtime.destroy(&id).await.is_ok()
+            {
+                swept.push(id);
+            }
+        }
+        swept
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    fn init_died(&self, id: &str) {
+        let Ok(live) = self.get(id) else { return };
+        if live.destroying.load(Ordering::Acquire) {
+            return;
+        }
+        let oom_killed = warren_runtime::cgroups::oom_kills(&live.cgroup_path) > 0;
+        let _ = self.events.send(NodeEvent::InitDied {
+            id: id.to_string(),
+            oom_killed,
+        });
+    }
+}

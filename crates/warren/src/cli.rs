@@ -1,0 +1,194 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "warren",
+    version,
+    about = "Isolated, disposable sandboxes for agent and RL training"
+)]
+pub struct Cli {
+    /// Warren API URL (client commands).
+    #[arg(
+        long,
+        env = "WARREN_URL",
+        default_value = "http://127.0.0.1:7070",
+        global = true
+    )]
+    pub url: String,
+    /// API token; defaults to the token file under --home.
+    #[arg(long, env = "WARREN_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Warren's state directory.
+    #[arg(
+        long,
+        env = "WARREN_HOME",
+        default_value = "/var/lib/warren",
+        global = true
+    )]
+    pub home: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run control plane, node agent and SQLite store in one process.
+    Up(UpArgs),
+    /// Manage images.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Create a sandbox and print its id once it is ready.
+    Create(CreateArgs),
+    /// Run a command as a sandbox's main process, stream its output, exit with its code.
+    Run {
+        #[command(flatten)]
+        create: CreateArgs,
+        /// Remove the sandbox when the command ends.
+        #[arg(long)]
+        rm: bool,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Run a command in a running sandbox.
+    Exec(ExecArgs),
+    /// Copy files: `warren cp LOCAL ID:PATH` or `warren cp ID:PATH LOCAL`.
+    Cp { src: String, dst: String },
+    /// List sandboxes.
+    Ps {
+        #[arg(long)]
+        label: Vec<String>,
+        #[arg(long)]
+        state: Option<String>,
+        /// Include destroyed, failed and lost sandboxes.
+        #[arg(long, short)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a sandbox as JSON: spec, state, node, usage, events.
+    Inspect { id: String },
+    /// Print a sandbox's JSON-lines log.
+    Logs {
+        id: String,
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Destroy sandboxes by id or label selector.
+    Rm {
+        ids: Vec<String>,
+        #[arg(long)]
+        label: Vec<String>,
+    },
+    /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
+    Bench(BenchArgs),
+    #[command(hide = true)]
+    Spawner,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Spawner processes (parallel sandbox creations); default: one per core.
+    #[arg(long)]
+    pub spawners: Option<usize>,
+}
+
+#[derive(Subcommand)]
+pub enum ImageCmd {
+    /// Import an OCI image-layout tar or a docker-archive tar.
+    Import {
+        file: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List images.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image.
+    Rm { reference: String },
+}
+
+#[derive(Args, Clone)]
+pub struct CreateArgs {
+    #[arg(long)]
+    pub image: String,
+    /// CPU cores (0.5) or millicores (500m).
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Memory hard limit (256M, 1G); no swap.
+    #[arg(long)]
+    pub memory: Option<String>,
+    #[arg(long)]
+    pub pids: Option<u32>,
+    #[arg(long)]
+    pub disk: Option<String>,
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    #[arg(long = "label", short = 'l')]
+    pub labels: Vec<String>,
+    #[arg(long)]
+    pub ttl: Option<String>,
+    #[arg(long)]
+    pub lease: Option<String>,
+    #[arg(long)]
+    pub profile: Option<String>,
+    #[arg(long)]
+    pub network: Option<String>,
+    #[arg(long)]
+    pub allow: Vec<String>,
+    #[arg(long)]
+    pub reclaim: Option<String>,
+    #[arg(long)]
+    pub cwd: Option<String>,
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Idempotency key: a repeated create with the same id returns the first sandbox.
+    #[arg(long)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    pub id: String,
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub cwd: Option<String>,
+    #[arg(long)]
+    pub timeout: Option<String>,
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Send this process's stdin to the command.
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long)]
+    pub image: String,
+    /// Iterations per measurement.
+    #[arg(long, default_value_t = 200)]
+    pub iterations: usize,
+    /// Concurrency levels for the full cycle.
+    #[arg(long, default_value = "1,8")]
+    pub concurrency: String,
+    /// Idle sandboxes to hold at once for the memory check (0 to skip).
+    #[arg(long, default_value_t = 200)]
+    pub idle: usize,
+    /// PID of the daemon, to report its RSS growth during the idle check.
+    #[arg(long)]
+    pub daemon_pid: Option<u32>,
+    #[arg(long)]
+    pub json: bool,
+}

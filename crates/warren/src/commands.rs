@@ -1,0 +1,464 @@
+//! The client commands.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use reqwest::Method;
+use warren_core::spec::{ByteSize, Cpu, Dur, NetworkMode, NetworkSpec, ReclaimPolicy};
+use warren_core::{
+    labels, quantity, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState,
+};
+
+use crate::cli::{Cli, Command, CreateArgs, ExecArgs, ImageCmd};
+use crate::client::{Client, LineStream};
+
+mod bench;
+
+pub async fn run(cli: Cli) -> Result<i32> {
+    let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
+    match cli.command {
+        Command::Up(args) => crate::up::run(&cli.home, args).await,
+        Command::Spawner => unreachable!("dispatched before the runtime starts"),
+        Command::Image(cmd) => image(&client()?, cmd).await,
+        Command::Create(args) => {
+            let info = client()?.create(&spec_from(&args, None)?).await?;
+            println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Run { create, rm, cmd } => run_main(&client()?, &create, cmd, rm).await,
+        Command::Exec(args) => exec(&client()?, args).await,
+        Command::Cp { src, dst } => cp(&client()?, &src, &dst).await,
+        Command::Ps {
+            label,
+            state,
+            all,
+            json,
+        } => ps(&client()?, &label, state, all, json).await,
+        Command::Inspect { id } => {
+            let info = client()?.get(&id).await?;
+            println!("{}", serde_json::to_string_pretty(&info)?);
+            Ok(0)
+        }
+        Command::Logs { id, follow } => logs(&client()?, &id, follow).await,
+        Command::Rm { ids, label } => rm(&client()?, ids, label).await,
+        Command::Bench(args) => bench::run(&client()?, args).await,
+    }
+}
+
+fn parse_env(pairs: &[String]) -> Result<BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("--env {p:?}: write it as KEY=VALUE"))
+        })
+        .collect()
+}
+
+pub fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<SandboxSpec> {
+    let labels = a
+        .labels
+        .iter()
+        .map(|l| labels::parse_pair(l).map_err(anyhow::Error::from))
+        .collect::<Result<_>>()?;
+    let network = match a.network.as_deref() {
+        None | Some("none") => NetworkMode::None,
+        Some("allowlist") => NetworkMode::Allowlist,
+        Some(other) => bail!("--network {other:?}: use none or allowlist"),
+    };
+    let reclaim = match a.reclaim.as_deref() {
+        None | Some("destroy") => ReclaimPolicy::Destroy,
+        Some("delay") => ReclaimPolicy::Delay,
+        Some("keep") => ReclaimPolicy::Keep,
+        Some("keep_on_failure") => ReclaimPolicy::KeepOnFailure,
+        Some(other) => bail!("--reclaim {other:?}: use destroy, delay, keep or keep_on_failure"),
+    };
+    let size = |s: &Option<String>| -> Result<Option<ByteSize>> {
+        s.as_deref()
+            .map(|v| quantity::parse_size(v).map(ByteSize))
+            .transpose()
+            .map_err(Into::into)
+    };
+    let dur = |s: &Option<String>| -> Result<Option<Dur>> {
+        s.as_deref()
+            .map(|v| quantity::parse_duration(v).map(Dur))
+            .transpose()
+            .map_err(Into::into)
+    };
+    Ok(SandboxSpec {
+        image: a.image.clone(),
+        cpu: a
+            .cpu
+            .as_deref()
+            .map(|c| quantity::parse_cpu(c).map(Cpu))
+            .transpose()?,
+        memory: size(&a.memory)?,
+        pids: a.pids,
+        disk: size(&a.disk)?,
+        gpus: a.gpus,
+        env: parse_env(&a.env)?,
+        labels,
+        ttl: dur(&a.ttl)?,
+        lease: dur(&a.lease)?,
+        profile: a.profile.clone(),
+        network: NetworkSpec {
+            mode: network,
+            allow: a.allow.clone(),
+        },
+        reclaim,
+        cmd,
+        cwd: a.cwd.clone(),
+        user: a.user.clone(),
+        request_id: a.request_id.clone(),
+    })
+}
+
+async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
+    match cmd {
+        ImageCmd::Import { file, name } => {
+            let f = tokio::fs::File::open(&file)
+                .await
+                .with_context(|| format!("open {}", file.display()))?;
+            let size = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+            eprintln!("importing {} ({} bytes) as {name}...", file.display(), size);
+            let body = reqwest::Body::wrap_stream(tokio_util_stream(f));
+            let rec: serde_json::Value = client
+                .json(
+                    client
+                        .request(Method::POST, "/v1/images/import")
+                        .query(&[("name", &name)])
+                        .body(body),
+                )
+                .await?;
+            println!(
+                "{} {}",
+                rec["name"].as_str().unwrap_or(&name),
+                rec["digest"].as_str().unwrap_or("")
+            );
+        }
+        ImageCmd::Ls { json } => {
+            let list: Vec<serde_json::Value> = client
+                .json(client.request(Method::GET, "/v1/images"))
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<40} {:<20} {:>8} {:>12}",
+                    "NAME", "DIGEST", "LAYERS", "SIZE"
+                );
+                for i in list {
+                    let digest = i["digest"].as_str().unwrap_or("");
+                    println!(
+                        "{:<40} {:<20} {:>8} {:>12}",
+                        i["name"].as_str().unwrap_or(""),
+                        digest.get(..19).unwrap_or(digest),
+                        i["layers"].as_array().map_or(0, |l| l.len()),
+                        quantity::format_size(i["size"].as_u64().unwrap_or(0)),
+                    );
+                }
+            }
+        }
+        ImageCmd::Rm { reference } => {
+            let _: serde_json::Value = client
+                .json(client.request(Method::DELETE, &format!("/v1/images/{reference}")))
+                .await?;
+            println!("{reference}");
+        }
+    }
+    Ok(0)
+}
+
+fn tokio_util_stream(
+    f: tokio::fs::File,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(f, |mut f| async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        match f.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(bytes::Bytes::from(buf)), f))
+            }
+            Err(e) => Some((Err(e), f)),
+        }
+    })
+}
+
+fn write_output(ev: &ExecEvent) {
+    let Some(bytes) = ev.output_bytes() else {
+        return;
+    };
+    let res = match ev {
+        ExecEvent::Stderr { .. } => std::io::stderr().write_all(&bytes),
+        _ => std::io::stdout()
+            .write_all(&bytes)
+            .and_then(|_| std::io::stdout().flush()),
+    };
+    let _ = res;
+}
+
+fn exit_code(ev: &ExecEvent) -> i32 {
+    match ev {
+        ExecEvent::Exit {
+            code, timed_out, ..
+        } => {
+            if *timed_out {
+                eprintln!("warren: command timed out and was killed");
+            }
+            *code
+        }
+        _ => 1,
+    }
+}
+
+async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
+    let stdin = if a.stdin {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading stdin")?;
+        Some(base64::engine::general_purpose::STANDARD.encode(buf))
+    } else {
+        None
+    };
+    let req = ExecRequest {
+        cmd: a.cmd,
+        env: parse_env(&a.env)?,
+        cwd: a.cwd,
+        stdin,
+        timeout: a
+            .timeout
+            .as_deref()
+            .map(|t| quantity::parse_duration(t).map(Dur))
+            .transpose()?,
+        user: a.user,
+    };
+    let exit = client.exec(&a.id, &req, write_output).await?;
+    Ok(exit_code(&exit))
+}
+
+/// `warren run`: the command is the sandbox's main process; its output is
+/// followed through the sandbox log until the sandbox ends.
+async fn run_main(client: &Client, a: &CreateArgs, cmd: Vec<String>, rm: bool) -> Result<i32> {
+    let info = client.create(&spec_from(a, Some(cmd))?).await?;
+    let id = info.id.clone();
+    let result = follow_log(client, &id, true).await;
+    let info = client.get(&id).await?;
+    if rm && !info.state.is_final() {
+        client.delete(&id).await?;
+    }
+    result?;
+    Ok(info
+        .exit_code
+        .unwrap_or(if info.state == SandboxState::Destroyed {
+            0
+        } else {
+            1
+        }))
+}
+
+/// Streams a sandbox log; with `output_only` prints the main process's
+/// output as raw bytes instead of JSON lines.
+async fn follow_log(client: &Client, id: &str, output_only: bool) -> Result<()> {
+    let resp = client
+        .send(
+            client
+                .request(Method::GET, &format!("/v1/sandboxes/{id}/logs"))
+                .query(&[("follow", "true")]),
+        )
+        .await?;
+    let mut lines = LineStream::new(resp);
+    while let Some(line) = lines.next_line().await? {
+        if !output_only {
+            std::io::stdout().write_all(&line)?;
+            std::io::stdout().write_all(b"\n")?;
+            continue;
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let bytes = match (v["text"].as_str(), v["data"].as_str()) {
+            (Some(t), _) => t.as_bytes().to_vec(),
+            (None, Some(d)) => base64::engine::general_purpose::STANDARD
+                .decode(d)
+                .unwrap_or_default(),
+            _ => continue,
+        };
+        match v["kind"].as_str() {
+            Some("stdout") => {
+                std::io::stdout().write_all(&bytes)?;
+                std::io::stdout().flush()?;
+            }
+            Some("stderr") => std::io::stderr().write_all(&bytes)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn logs(client: &Client, id: &str, follow: bool) -> Result<i32> {
+    if follow {
+        follow_log(client, id, false).await?;
+    } else {
+        let text = client
+            .send(client.request(Method::GET, &format!("/v1/sandboxes/{id}/logs")))
+            .await?
+            .bytes()
+            .await?;
+        std::io::stdout().write_all(&text)?;
+    }
+    Ok(0)
+}
+
+fn split_remote(s: &str) -> Option<(&str, &str)> {
+    let (id, path) = s.split_once(':')?;
+    (id.starts_with("sbx-") && path.starts_with('/')).then_some((id, path))
+}
+
+async fn cp(client: &Client, src: &str, dst: &str) -> Result<i32> {
+    match (split_remote(src), split_remote(dst)) {
+        (None, Some((id, path))) => {
+            let meta = std::fs::metadata(src)
+                .with_context(|| format!("{src}: no such local file or directory"))?;
+            let url = format!("/v1/sandboxes/{id}/files");
+            let req = if meta.is_dir() {
+                let mut builder = tar::Builder::new(Vec::new());
+                builder.follow_symlinks(false);
+                builder
+                    .append_dir_all(".", src)
+                    .with_context(|| format!("packing {src}"))?;
+                let data = builder.into_inner()?;
+                client
+                    .request(Method::PUT, &url)
+                    .query(&[("path", path)])
+                    .header("content-type", "application/x-tar")
+                    .body(data)
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = format!("{:o}", meta.permissions().mode() & 0o777);
+                let data = tokio::fs::read(src)
+                    .await
+                    .with_context(|| format!("reading {src}"))?;
+                client
+                    .request(Method::PUT, &url)
+                    .query(&[("path", path), ("mode", &mode)])
+                    .body(data)
+            };
+            client.send(req).await?;
+        }
+        (Some((id, path)), None) => {
+            let resp = client
+                .send(
+                    client
+                        .request(Method::GET, &format!("/v1/sandboxes/{id}/files"))
+                        .query(&[("path", path)]),
+                )
+                .await?;
+            let is_tar = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                == Some("application/x-tar");
+            let data = resp.bytes().await?;
+            if is_tar {
+                std::fs::create_dir_all(dst).with_context(|| format!("creating {dst}"))?;
+                tar::Archive::new(&data[..])
+                    .unpack(dst)
+                    .with_context(|| format!("unpacking into {dst}"))?;
+            } else {
+                let target = if std::path::Path::new(dst).is_dir() {
+                    std::path::Path::new(dst)
+                        .join(std::path::Path::new(path).file_name().unwrap_or_default())
+                } else {
+                    dst.into()
+                };
+                std::fs::write(&target, &data)
+                    .with_context(|| format!("writing {}", target.display()))?;
+            }
+        }
+        _ => bail!("one side of `warren cp` must be ID:/absolute/path and the other a local path"),
+    }
+    Ok(0)
+}
+
+async fn ps(
+    client: &Client,
+    label: &[String],
+    state: Option<String>,
+    all: bool,
+    json: bool,
+) -> Result<i32> {
+    let mut q: Vec<(&str, String)> = Vec::new();
+    if !label.is_empty() {
+        q.push(("label", label.join(",")));
+    }
+    if let Some(s) = state {
+        q.push(("state", s));
+    }
+    if all {
+        q.push(("all", "true".into()));
+    }
+    let list: Vec<SandboxInfo> = client
+        .json(client.request(Method::GET, "/v1/sandboxes").query(&q))
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<18} {:<10} {:<24} {:<14} {:<22} LABELS",
+        "ID", "STATE", "IMAGE", "REASON", "CREATED"
+    );
+    for s in list {
+        let labels: Vec<String> = s
+            .spec
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "{:<18} {:<10} {:<24} {:<14} {:<22} {}",
+            s.id,
+            s.state.as_str(),
+            s.spec.image,
+            s.reason,
+            s.created_at.get(..19).unwrap_or(&s.created_at),
+            labels.join(",")
+        );
+    }
+    Ok(0)
+}
+
+async fn rm(client: &Client, ids: Vec<String>, label: Vec<String>) -> Result<i32> {
+    if ids.is_empty() && label.is_empty() {
+        bail!("give sandbox ids or --label K=V");
+    }
+    let mut failed = 0;
+    for id in ids {
+        match client.delete(&id).await {
+            Ok(info) => println!("{} {}", info.id, info.state),
+            Err(e) => {
+                eprintln!("{id}: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if !label.is_empty() {
+        let list: Vec<SandboxInfo> = client
+            .json(
+                client
+                    .request(Method::DELETE, "/v1/sandboxes")
+                    .query(&[("label", label.join(","))]),
+            )
+            .await?;
+        for info in list {
+            println!("{} {}", info.id, info.state);
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}

@@ -1,0 +1,43 @@
+//! `warren`: the daemon (`up`, `spawner`) and the client commands.
+
+mod cli;
+mod client;
+mod commands;
+mod up;
+
+use clap::Parser;
+
+fn main() {
+    let args = cli::Cli::parse();
+    // The spawner must stay single-threaded: dispatch it before any runtime
+    // or logging thread exists.
+    if let cli::Command::Spawner = args.command {
+        // A synchronous writer: no logging thread in the spawner.
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        warren_runtime::spawner::main();
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(async {
+        match commands::run(args).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                1
+            }
+        }
+    });
+    // Streams may still be open in background tasks; exit with the code now.
+    std::process::exit(code)
+}

@@ -1,0 +1,64 @@
+//! `warren up`: control plane, node agent and SQLite store in one process.
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use warren_control::UpConfig;
+
+use crate::cli::UpArgs;
+
+pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let exe = std::env::current_exe().context("locating the warren binary for the spawner")?;
+    let spawners = args.spawners.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    });
+    let cfg = UpConfig {
+        home: home.to_path_buf(),
+        listen: args.listen,
+        spawner_exe: exe,
+        spawner_args: vec!["spawner".into()],
+        spawners,
+    };
+    let (up, router) = warren_control::start(&cfg)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listen on {} (is another warren up running?)", cfg.listen))?;
+    eprintln!(
+        "warren up: listening on http://{} (home {}, token in {})",
+        cfg.listen,
+        home.display(),
+        home.join("token").display()
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server")?;
+    eprintln!("warren up: stopping; destroying live sandboxes");
+    up.control.shutdown().await;
+    eprintln!("warren up: stopped");
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {},
+        _ = term.recv() => {},
+    }
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what Warren needs on a fresh Debian machine (run as root). Idempotent.
+set -euo pipefail
+need=()
+have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables; do
+    have "$p" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+    echo "cargo is missing: install Rust (https://rustup.rs) first" >&2
+    exit 1
+fi
+python3 -c "import pytest, httpx" 2>/dev/null || python3 -m pip install -q pytest httpx

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit tests, then the integration tests that run
+# `warren up` as root against the real kernel. Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "run the tests as root: they create namespaces, cgroups and mounts" >&2; exit 1; }
+scripts/install-deps.sh
+cargo build --workspace --all-targets
+cargo test --workspace
+python3 -m pytest -q tests "$@"

@@ -39,6 +39,12 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         home.display(),
         home.join("token").display()
     );
+    // Exec streams are many small writes; without TCP_NODELAY each one can
+    // wait for a delayed ACK (~40 ms).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await

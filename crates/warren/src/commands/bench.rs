@@ -1,5 +1,150 @@
-use crate::{cli::BenchArgs, client::Client};
-use anyhow::Result;
-pub async fn run(_c: &Client, _a: BenchArgs) -> Result<i32> {
-    anyhow::bail!("todo")
+//! `warren bench`: create→ready, exec round trip, destroy and the full
+//! create+exec+destroy cycle through the HTTP API, plus an idle-density check.
+//! Prints p50/p99 and throughput; scripts/bench.sh runs it beside runc, bwrap
+//! and podman and writes the ratios.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use warren_core::{ExecRequest, SandboxSpec};
+
+use crate::cli::BenchArgs;
+use crate::client::Client;
+
+#[derive(Default)]
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v: Vec<f64> = self.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
+        v[idx.min(v.len() - 1)]
+    }
+    fn summary(&self, name: &str, wall: Option<Duration>) -> serde_json::Value {
+        let per_sec = wall.map(|w| self.0.len() as f64 / w.as_secs_f64());
+        json!({ "name": name, "n": self.0.len(), "p50_ms": self.pct(50.0), "p99_ms": self.pct(99.0), "per_sec": per_sec })
+    }
+}
+
+fn spec(image: &str) -> SandboxSpec {
+    SandboxSpec { image: image.to_string(), ..Default::default() }
+}
+
+fn true_cmd() -> ExecRequest {
+    ExecRequest { cmd: vec!["true".into()], ..Default::default() }
+}
+
+async fn exec_ok(client: &Client, id: &str) -> Result<()> {
+    let exit = client.exec(id, &true_cmd(), |_| {}).await?;
+    match exit {
+        warren_core::ExecEvent::Exit { code: 0, .. } => Ok(()),
+        other => anyhow::bail!("exec of `true` ended with {other:?}"),
+    }
+}
+
+async fn cycle(client: &Client, image: &str) -> Result<Duration> {
+    let t = Instant::now();
+    let info = client.create(&spec(image)).await?;
+    exec_ok(client, &info.id).await?;
+    client.delete(&info.id).await?;
+    Ok(t.elapsed())
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
+    let n = args.iterations.max(1);
+    let mut results = Vec::new();
+    // Warm up caches and connections.
+    for _ in 0..5 {
+        cycle(client, &args.image).await?;
+    }
+
+    let (mut create, mut destroy) = (Samples::default(), Samples::default());
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        ids.push(client.create(&spec(&args.image)).await?.id);
+        create.0.push(t.elapsed());
+    }
+    let mut exec = Samples::default();
+    let target = ids.first().cloned().context("no sandbox created")?;
+    for _ in 0..n {
+        let t = Instant::now();
+        exec_ok(client, &target).await?;
+        exec.0.push(t.elapsed());
+    }
+    for id in &ids {
+        let t = Instant::now();
+        client.delete(id).await?;
+        destroy.0.push(t.elapsed());
+    }
+    results.push(create.summary("create_to_ready", None));
+    results.push(exec.summary("exec_true_round_trip", None));
+    results.push(destroy.summary("destroy", None));
+
+    for conc in args.concurrency.split(',').filter_map(|c| c.trim().parse::<usize>().ok()) {
+        let sem = Arc::new(Semaphore::new(conc));
+        let t = Instant::now();
+        let mut tasks = Vec::with_capacity(n);
+        for _ in 0..n {
+            let permit = sem.clone().acquire_owned().await?;
+            let (client, image) = (client.clone(), args.image.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = cycle(&client, &image).await;
+                drop(permit);
+                r
+            }));
+        }
+        let mut s = Samples::default();
+        for task in tasks {
+            s.0.push(task.await??);
+        }
+        results.push(s.summary(&format!("cycle_c{conc}"), Some(t.elapsed())));
+    }
+
+    if args.idle > 0 {
+        let before = args.daemon_pid.and_then(rss_kib);
+        let mut idle = Vec::with_capacity(args.idle);
+        let t = Instant::now();
+        for _ in 0..args.idle {
+            idle.push(client.create(&spec(&args.image)).await?.id);
+        }
+        let created_in = t.elapsed();
+        let after = args.daemon_pid.and_then(rss_kib);
+        // Every idle sandbox must still be usable.
+        for id in &idle {
+            exec_ok(client, id).await?;
+        }
+        for id in &idle {
+            client.delete(id).await?;
+        }
+        results.push(json!({
+            "name": "idle_sandboxes",
+            "n": args.idle,
+            "create_all_s": created_in.as_secs_f64(),
+            "daemon_rss_before_mib": before.map(|k| k as f64 / 1024.0),
+            "daemon_rss_after_mib": after.map(|k| k as f64 / 1024.0),
+            "daemon_rss_growth_mib": before.zip(after).map(|(b, a)| (a as f64 - b as f64) / 1024.0),
+        }));
+    }
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        for r in &results {
+            println!("{r}");
+        }
+    }
+    Ok(0)
 }

@@ -1,0 +1,161 @@
+"""Integration-test harness: one `warren up` per test session, as root,
+against the real kernel, with its own home and port."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WARREN = Path(os.environ.get("WARREN_BIN", ROOT / "target" / "debug" / "warren"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Warren:
+    def __init__(self, home: Path, port: int):
+        self.home = home
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = None
+        self.log = None
+
+    def start(self):
+        self.log = open(self.home.parent / f"warren-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}"],
+            stdout=self.log,
+            stderr=self.log,
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"warren up exited with {self.proc.returncode}")
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("warren up did not become healthy")
+        self.token = (self.home / "token").read_text().strip()
+        self.http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
+        )
+
+    def stop(self, sig=signal.SIGINT):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def env(self):
+        return {**os.environ, "WARREN_URL": self.url, "WARREN_HOME": str(self.home)}
+
+    def cli(self, *args, input=None, check=True, timeout=60):
+        """Runs the warren CLI against this daemon; returns CompletedProcess (bytes)."""
+        p = subprocess.run(
+            [str(WARREN), *args], env=self.env(), input=input, capture_output=True, timeout=timeout
+        )
+        if check and p.returncode != 0:
+            raise AssertionError(
+                f"warren {' '.join(args)} failed ({p.returncode}): {p.stderr.decode(errors='replace')}"
+            )
+        return p
+
+    def create(self, **spec):
+        spec.setdefault("image", "busybox:latest")
+        r = self.http.post("/v1/sandboxes", json=spec)
+        assert r.status_code in (200, 201), r.text
+        return r.json()
+
+    def client(self):
+        """A fresh authenticated httpx client (for use from another thread)."""
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
+        )
+
+    def exec(self, sid, cmd, client=None, **kw):
+        """POST exec; returns (exit_event, stdout bytes, stderr bytes, all events).
+        On a non-200 answer returns (response, None, None, None); when the stream
+        ends without an exit event, exit_event is None."""
+        import base64
+
+        body = {"cmd": cmd, **kw}
+        out, err, events = b"", b"", []
+        http = client or self.http
+        with http.stream("POST", f"/v1/sandboxes/{sid}/exec", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                return r, None, None, None
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                ev = json.loads(line)
+                events.append(ev)
+                if ev["type"] == "stdout":
+                    out += base64.b64decode(ev["data"])
+                elif ev["type"] == "stderr":
+                    err += base64.b64decode(ev["data"])
+        exit_ev = next((e for e in events if e["type"] == "exit"), None)
+        return exit_ev, out, err, events
+
+    def destroy(self, sid):
+        return self.http.delete(f"/v1/sandboxes/{sid}")
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    d = tmp_path_factory.mktemp("images")
+    oci = d / "busybox-oci.tar"
+    subprocess.run([str(ROOT / "scripts" / "make-busybox-image.sh"), str(oci)], check=True, capture_output=True)
+    docker = d / "busybox-docker.tar"
+    subprocess.run(
+        ["skopeo", "copy", "-q", f"oci-archive:{oci}:latest", f"docker-archive:{docker}:busybox:docker"],
+        check=True,
+        capture_output=True,
+    )
+    return {"oci": oci, "docker": docker, "dir": d}
+
+
+@pytest.fixture(scope="session")
+def warren(images):
+    base = Path(tempfile.mkdtemp(prefix="warren-test-"))
+    w = Warren(base / "home", free_port())
+    w.home.mkdir()
+    w.start()
+    w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+    yield w
+    w.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def sandbox(warren):
+    """A fresh running sandbox, destroyed afterwards."""
+    created = []
+
+    def make(**spec):
+        info = warren.create(**spec)
+        created.append(info["id"])
+        return info
+
+    yield make
+    for sid in created:
+        warren.destroy(sid)

@@ -1,0 +1,284 @@
+"""Shared helpers for the integration tests (host-side checks, image building,
+tar building). Imported by the test modules; pytest puts tests/ on sys.path."""
+
+import glob
+import io
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_V2 = not (CGROUP_ROOT / "memory").is_dir()
+
+
+def uniq(prefix="t"):
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def sh(warren, sid, script, **kw):
+    """Runs `sh -c script` in a sandbox; returns (exit_event, stdout str, stderr str)."""
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", script], **kw)
+    assert isinstance(ev, dict), f"exec did not stream an exit event: {describe(ev)}"
+    return ev, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def sh_ok(warren, sid, script, **kw):
+    ev, out, err = sh(warren, sid, script, **kw)
+    assert ev["code"] == 0, f"{script!r} exited {ev}: stdout={out!r} stderr={err!r}"
+    return out
+
+
+def describe(ev):
+    if ev is None:
+        return "stream ended without an exit event"
+    if hasattr(ev, "status_code"):
+        return f"HTTP {ev.status_code}: {ev.text}"
+    return repr(ev)
+
+
+def wait_until(pred, timeout=10.0, interval=0.05, what="condition"):
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def error_body(resp):
+    """Checks the error shape {"error": {"code", "message"}} and returns the inner object."""
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"].get("code"), str) and body["error"]["code"], body
+    assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
+    return body["error"]
+
+
+# ---------------------------------------------------------------- cgroups
+
+
+def cgroup_dirs(sid):
+    """Every cgroup directory of a sandbox (v1: one per controller; v2: one)."""
+    return sorted(
+        set(glob.glob(f"{CGROUP_ROOT}/*/warren/{sid}") + glob.glob(f"{CGROUP_ROOT}/warren/{sid}"))
+    )
+
+
+def cgroup_read(sid, controller, name):
+    """Reads a cgroup file of the sandbox: /sys/fs/cgroup/<controller>/warren/<id>/<name>
+    on v1, /sys/fs/cgroup/warren/<id>/<name> on v2."""
+    d = CGROUP_ROOT / "warren" / sid if CGROUP_V2 else CGROUP_ROOT / controller / "warren" / sid
+    return (d / name).read_text()
+
+
+def cgroup_stat(sid, controller, name):
+    out = {}
+    for line in cgroup_read(sid, controller, name).splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def cpu_usage_ns(sid):
+    if CGROUP_V2:
+        return cgroup_stat(sid, "cpu", "cpu.stat")["usage_usec"] * 1000
+    return int(cgroup_read(sid, "cpuacct", "cpuacct.usage"))
+
+
+# ---------------------------------------------------------------- host processes
+
+
+def sandbox_host_pids(sid):
+    """Host pids of processes whose cgroup path names the sandbox."""
+    pat = re.compile(rf"/warren/{re.escape(sid)}(/|$)", re.M)
+    pids = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            text = Path(d, "cgroup").read_text()
+        except OSError:
+            continue
+        if pat.search(text):
+            pids.append(int(d.rsplit("/", 1)[1]))
+    return sorted(pids)
+
+
+def proc_state(pid):
+    """The state letter of /proc/<pid>/stat (R, S, Z, ...), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def proc_ppid(pid):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def sandbox_init_host_pid(sid):
+    """Host pid of the sandbox's PID 1: the process of the sandbox whose parent
+    is outside the sandbox."""
+    pids = sandbox_host_pids(sid)
+    roots = [p for p in pids if proc_ppid(p) not in pids]
+    assert len(roots) == 1, f"expected one root process for {sid}, got {roots} of {pids}"
+    return roots[0]
+
+
+def daemon_family(warren):
+    """The daemon's pid and its direct children (spawners)."""
+    pid = warren.proc.pid
+    fam = [pid]
+    for d in glob.glob("/proc/[0-9]*"):
+        p = int(d.rsplit("/", 1)[1])
+        if proc_ppid(p) == pid:
+            fam.append(p)
+    return fam
+
+
+def host_traces(warren, sid):
+    """Everything a sandbox leaves on the host, as a list of descriptions:
+    mounts (in this and the daemon's mount namespaces), its directories under
+    <home>, cgroup directories and processes."""
+    left = []
+    seen_ns = set()
+    for pid in ["self", *daemon_family(warren)]:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in seen_ns:
+                continue
+            seen_ns.add(ns)
+            mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        except OSError:
+            continue
+        left += [f"mount ({ns}): {line}" for line in mounts if sid in line]
+    for d in (warren.home / "sandboxes" / sid, warren.home / "run" / sid):
+        if os.path.lexists(d):
+            left.append(f"path: {d}")
+    left += [f"cgroup: {d}" for d in cgroup_dirs(sid)]
+    left += [
+        f"process: {p} {Path(f'/proc/{p}/cmdline').read_bytes()!r}"
+        for p in sandbox_host_pids(sid)
+        if os.path.exists(f"/proc/{p}")
+    ]
+    return left
+
+
+# ---------------------------------------------------------------- tar and images
+
+
+def make_tar(entries):
+    """entries: list of (name, kind, data_or_target, mode); kind in file/dir/symlink."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for name, kind, data, mode in entries:
+            ti = tarfile.TarInfo(name)
+            ti.mode = mode
+            ti.mtime = int(time.time())
+            if kind == "file":
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+            elif kind == "dir":
+                ti.type = tarfile.DIRTYPE
+                t.addfile(ti)
+            elif kind == "symlink":
+                ti.type = tarfile.SYMTYPE
+                ti.linkname = data
+                t.addfile(ti)
+    return buf.getvalue()
+
+
+def read_tar(data):
+    """{normalised name: (kind, bytes or link target, mode)} of a tar archive."""
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        for m in t.getmembers():
+            name = m.name
+            while name.startswith("./"):
+                name = name[2:]
+            name = name.rstrip("/")
+            if name in ("", "."):
+                continue
+            if m.isfile():
+                out[name] = ("file", t.extractfile(m).read(), m.mode & 0o7777)
+            elif m.isdir():
+                out[name] = ("dir", None, m.mode & 0o7777)
+            elif m.issym():
+                out[name] = ("symlink", m.linkname, None)
+    return out
+
+
+def run(*cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, **kw)
+
+
+class ImageBuilder:
+    """Builds OCI image-layout tars from the busybox OCI tar with umoci:
+    each `layer(fn)` unpacks the current tag, calls fn(rootfs Path), and
+    repacks it as a new tag (one more layer, with whiteouts for deletions)."""
+
+    def __init__(self, base_tar, workdir):
+        self.dir = Path(workdir)
+        self.layout = self.dir / "oci"
+        self.layout.mkdir(parents=True)
+        run("tar", "-C", self.layout, "-xf", base_tar)
+        self.tag = "latest"
+        self.n = 0
+
+    def layer(self, fn):
+        self.n += 1
+        bundle = self.dir / f"bundle{self.n}"
+        new_tag = f"l{self.n}"
+        run("umoci", "unpack", "--image", f"{self.layout}:{self.tag}", bundle)
+        fn(bundle / "rootfs")
+        # repack writes the new layer into the current tag; tag it and move on.
+        run("umoci", "repack", "--image", f"{self.layout}:{new_tag}", bundle)
+        shutil.rmtree(bundle)
+        self.tag = new_tag
+        return self
+
+    def layer_blobs(self):
+        """Paths of the layer blobs of the current tag, bottom first."""
+        import json
+
+        index = json.loads((self.layout / "index.json").read_text())
+        desc = next(
+            m
+            for m in index["manifests"]
+            if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == self.tag
+        )
+        blob = lambda d: self.layout / "blobs" / d.split(":", 1)[0] / d.split(":", 1)[1]
+        manifest = json.loads(blob(desc["digest"]).read_text())
+        return [blob(l["digest"]) for l in manifest["layers"]]
+
+    def tar(self, out):
+        run("umoci", "gc", "--layout", self.layout)
+        run("tar", "-C", self.layout, "-cf", out, ".")
+        return Path(out)
+
+
+def flip_bytes(path, count=4):
+    """Corrupts a blob in place (keeps its size)."""
+    data = bytearray(Path(path).read_bytes())
+    mid = len(data) // 2
+    for i in range(count):
+        data[mid + i] ^= 0xFF
+    os.chmod(path, 0o644)
+    Path(path).write_bytes(bytes(data))
+
+
+def image_names(warren):
+    r = warren.http.get("/v1/images")
+    assert r.status_code == 200, r.text
+    return sorted((i["name"], i["digest"]) for i in r.json())

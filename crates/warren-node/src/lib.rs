@@ -92,8 +92,9 @@ impl Node {
             std::fs::create_dir_all(cfg.home.join(d))
                 .map_err(|e| NodeError::Internal(format!("create {d} dir: {e}")))?;
         }
-        // Sandbox inits are re-parented to us rather than to the host's init,
-        // so the monitor can reap them and read their exit status.
+        // Sandbox inits are the spawners' children; if a spawner dies they are
+        // re-parented to us rather than to the host's init, and the monitor
+        // reaps them.
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         let images = Arc::new(ImageStore::open(&cfg.home.join("images"))?);
@@ -326,10 +327,11 @@ impl Node {
 
     /// Kills and removes everything of the sandbox. Idempotent.
     pub async fn destroy(&self, id: &str) -> Result<(), NodeError> {
-        if let Ok(live) = self.get(id) {
+        let pid = self.get(id).ok().map(|live| {
             live.destroying.store(true, Ordering::Release);
-        }
-        self.runtime.destroy(id).await?;
+            live.pid
+        });
+        self.runtime.destroy(id, pid).await?;
         if let Ok(mut m) = self.live.lock() {
             m.remove(id);
         }
@@ -362,7 +364,7 @@ impl Node {
     pub async fn sweep_orphans(&self, known: &[String]) -> Vec<String> {
         let mut swept = Vec::new();
         for id in self.runtime.list_sandbox_dirs() {
-            if !known.contains(&id) && !self.is_live(&id) && self.runtime.destroy(&id).await.is_ok()
+            if !known.contains(&id) && !self.is_live(&id) && self.runtime.destroy(&id, None).await.is_ok()
             {
                 swept.push(id);
             }

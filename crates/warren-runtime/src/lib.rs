@@ -163,11 +163,12 @@ impl Runtime {
 
     /// Kills every process, removes cgroups, mounts and directories. Safe to
     /// call on a half-created or already destroyed sandbox.
-    pub async fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+    /// `init_pid`, when known, lets destroy kill the whole PID namespace at
+    /// once instead of freezing and signalling every process.
+    pub async fn destroy(&self, id: &str, init_pid: Option<i32>) -> Result<(), RuntimeError> {
         let state = self.state_root().join(id);
         let cgroup_path = self.cgroup_path(id);
-        let id_owned = id.to_string();
-        tokio::task::spawn_blocking(move || remove_container(&id_owned, &state, &cgroup_path))
+        tokio::task::spawn_blocking(move || remove_container(init_pid, &state, &cgroup_path))
             .await
             .map_err(|e| RuntimeError::Destroy(format!("destroy task: {e}")))??;
         self.cleanup_dirs(&self.handle(id, 0)).await
@@ -236,20 +237,37 @@ fn nofile_limit() -> u64 {
     }
 }
 
-fn remove_container(id: &str, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
-    if state.exists() {
-        match libcontainer::container::Container::load(state.to_path_buf()) {
-            Ok(mut c) => {
-                c.delete(true)
-                    .map_err(|e| RuntimeError::Destroy(format!("delete {id}: {e}")))?;
-            }
-            Err(_) => {
-                let _ = std::fs::remove_dir_all(state);
-            }
-        }
+fn remove_container(init_pid: Option<i32>, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
+    if let Some(pid) = init_pid {
+        kill_init(pid, cgroup_path);
     }
-    // The state may be gone (crash between steps) while the cgroup is not.
-    cgroups::kill_and_remove(cgroup_path)
+    // Stragglers (or a sandbox whose init we could not identify) are killed
+    // through the cgroup, which is then removed.
+    cgroups::kill_and_remove(cgroup_path)?;
+    match std::fs::remove_dir_all(state) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::Destroy(format!("remove {}: {e}", state.display()))),
+    }
+}
+
+/// SIGKILLs a sandbox's init, which makes the kernel kill every process of
+/// its PID namespace, and waits until they are gone. The pid is checked to
+/// still belong to the sandbox's cgroup, so a recycled pid is never hit.
+fn kill_init(pid: i32, cgroup_path: &str) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let Some(p) = Pid::from_raw(pid) else { return };
+    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else { return };
+    let ours = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|c| c.lines().any(|l| l.ends_with(cgroup_path)))
+        .unwrap_or(false);
+    if !ours || pidfd_send_signal(&fd, Signal::KILL).is_err() {
+        return;
+    }
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let timeout = rustix::time::Timespec { tv_sec: 5, tv_nsec: 0 };
+    let _ = poll(&mut fds, Some(&timeout));
 }
 
 pub mod cgroups;

@@ -34,6 +34,13 @@ pub fn main() -> ! {
         unsafe { libc::dup2(null.as_raw_fd(), 0) };
     }
     loop {
+        // Sandbox inits are our children (libcontainer clones them with
+        // CLONE_PARENT); reap the ones that died while we wait for work. The
+        // daemon learns of their death through a pidfd, not from us.
+        while !readable_within(&sock, 100) {
+            reap_children();
+        }
+        reap_children();
         let request = match proto::recv::<SpawnerRequest>(&sock) {
             Ok((r, _)) => r,
             Err(_) => std::process::exit(0),
@@ -51,6 +58,21 @@ pub fn main() -> ! {
         };
         if proto::send(&sock, &reply, &[]).is_err() {
             std::process::exit(0);
+        }
+    }
+}
+
+fn readable_within(sock: &UnixStream, ms: u16) -> bool {
+    use std::os::fd::AsFd;
+    let mut fds = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)), Ok(n) if n > 0)
+}
+
+fn reap_children() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    while let Ok(status) = waitpid(nix::unistd::Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if matches!(status, WaitStatus::StillAlive) {
+            break;
         }
     }
 }

@@ -1,0 +1,161 @@
+"""POST /v1/sandboxes/{id}/exec: exit codes, streams, stdin, env, timeouts, concurrency."""
+
+import base64
+import threading
+import time
+
+import pytest
+
+from helpers import error_body, sh, sh_ok
+
+ALL_BYTES = bytes(range(256))
+
+
+@pytest.fixture(scope="module")
+def box(warren):
+    """One sandbox shared by the read-only exec tests of this module."""
+    info = warren.create()
+    yield info["id"]
+    warren.destroy(info["id"])
+
+
+@pytest.mark.parametrize("cmd,code", [(["true"], 0), (["sh", "-c", "exit 3"], 3), (["false"], 1)])
+def test_exit_codes(warren, box, cmd, code):
+    ev, out, err, events = warren.exec(box, cmd)
+    assert ev["code"] == code, (ev, err)
+    assert ev["timed_out"] is False
+    assert events[0]["type"] == "start" and isinstance(events[0]["pid"], int)
+    assert events[-1] is ev  # exit is the last event
+
+
+def test_unknown_program_is_127(warren, box):
+    ev, out, err, _ = warren.exec(box, ["no-such-program-xyz", "arg"])
+    assert ev["code"] == 127, ev
+    assert b"no-such-program-xyz" in err
+
+
+def test_killed_by_signal_is_128_plus_n(warren, box):
+    ev, _, _, _ = warren.exec(box, ["sh", "-c", "kill -TERM $$"])
+    assert ev["code"] == 128 + 15 and ev.get("signal") == 15, ev
+
+
+def test_stdout_stderr_separated(warren, box):
+    ev, out, err, events = warren.exec(box, ["sh", "-c", "echo out1; echo err1 >&2; echo out2; echo err2 >&2"])
+    assert ev["code"] == 0
+    assert out == b"out1\nout2\n"
+    assert err == b"err1\nerr2\n"
+    for e in events:
+        if e["type"] in ("stdout", "stderr"):
+            base64.b64decode(e["data"], validate=True)
+
+
+def test_binary_output_all_byte_values(warren, box):
+    r = warren.http.put(f"/v1/sandboxes/{box}/files", params={"path": "/tmp/allbytes.bin"}, content=ALL_BYTES * 3)
+    assert r.status_code in (200, 201, 204), r.text
+    ev, out, err, _ = warren.exec(box, ["sh", "-c", "cat /tmp/allbytes.bin; cat /tmp/allbytes.bin >&2"])
+    assert ev["code"] == 0
+    assert out == ALL_BYTES * 3
+    assert err == ALL_BYTES * 3
+    # printf with octal escapes produces every byte value too.
+    fmt = "".join(f"\\{i:03o}" for i in range(256))
+    ev, out, _, _ = warren.exec(box, ["printf", fmt])
+    assert ev["code"] == 0 and out == ALL_BYTES
+
+
+def test_large_output(warren, box):
+    ev, out, _, _ = warren.exec(box, ["sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"])
+    assert ev["code"] == 0
+    assert len(out) == 5_000_000 and out == b"x" * 5_000_000
+
+
+def test_stdin(warren, box):
+    data = ALL_BYTES * 1000
+    ev, out, _, _ = warren.exec(box, ["cat"], stdin=base64.b64encode(data).decode())
+    assert ev["code"] == 0 and out == data
+    ev, out, _, _ = warren.exec(box, ["wc", "-l"], stdin=base64.b64encode(b"a\nb\nc\n").decode())
+    assert out.strip() == b"3"
+    # Without stdin the command sees EOF at once.
+    ev, out, _, _ = warren.exec(box, ["cat"], timeout="10s")
+    assert ev["code"] == 0 and not ev["timed_out"] and out == b""
+
+
+def test_env_and_cwd(warren, box):
+    ev, out, err, _ = warren.exec(
+        box, ["sh", "-c", 'echo "$FOO|$EMPTY|$(pwd)"'], env={"FOO": "bar baz", "EMPTY": ""}, cwd="/tmp"
+    )
+    assert ev["code"] == 0, err
+    assert out == b"bar baz||/tmp\n"
+    ev, out, _, _ = warren.exec(box, ["pwd"], cwd="/etc")
+    assert out == b"/etc\n"
+
+
+def test_timeout_kills_whole_tree(warren, sandbox):
+    sid = sandbox()["id"]
+    t0 = time.monotonic()
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", "sleep 100 & sleep 100"], timeout="1s")
+    elapsed = time.monotonic() - t0
+    assert ev["timed_out"] is True, ev
+    assert ev["code"] == 137, ev
+    assert elapsed < 15, elapsed
+    ps = sh_ok(warren, sid, "ps")
+    assert "sleep" not in ps, ps
+
+
+def test_concurrent_execs(warren, box):
+    n = 16
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        with warren.client() as c:
+            barrier.wait()
+            results[i] = warren.exec(
+                box, ["sh", "-c", f'echo start-{i}; sleep 0.5; echo "end-$X" >&2; exit {i}'], client=c, env={"X": str(i)}
+            )
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    elapsed = time.monotonic() - t0
+    pids = set()
+    for i, res in enumerate(results):
+        assert res is not None, f"exec {i} did not finish"
+        ev, out, err, events = res
+        assert isinstance(ev, dict), ev
+        assert ev["code"] == i
+        assert out == f"start-{i}\n".encode()
+        assert err == f"end-{i}\n".encode()
+        pids.add(events[0]["pid"])
+    assert len(pids) == n
+    # They ran side by side, not one after another (16 x 0.5 s = 8 s).
+    assert elapsed < 6, elapsed
+
+
+def test_exec_as_user(warren, box):
+    ev, out, err, _ = warren.exec(
+        box,
+        ["sh", "-c", "id -u; id -g; grep CapEff /proc/self/status | tr -d '\t '; touch /root/x 2>/dev/null || echo denied"],
+        user="1000",
+    )
+    assert ev["code"] == 0, err
+    lines = out.decode().split()
+    assert lines == ["1000", "1000", "CapEff:0000000000000000", "denied"], out
+    ev, out, _, _ = warren.exec(box, ["id", "-u"])
+    assert out == b"0\n"
+
+
+def test_exec_into_destroyed_sandbox_is_409(warren):
+    sid = warren.create()["id"]
+    assert warren.destroy(sid).status_code == 200
+    r, _, _, _ = warren.exec(sid, ["true"])
+    assert r.status_code == 409, r.text
+    assert "destroyed" in error_body(r)["message"]
+
+
+def test_exec_into_unknown_sandbox_is_404(warren):
+    r, _, _, _ = warren.exec("sbx-000000000000", ["true"])
+    assert r.status_code == 404
+    error_body(r)

@@ -121,20 +121,22 @@ def test_exec_bad_requests(warren, sandbox):
 
 def test_files_bad_requests(warren, sandbox):
     sid = sandbox()["id"]
+
+    def put(params, content, headers=None):
+        # Each rejected upload on its own connection (see
+        # test_files.py::test_rejected_upload_keeps_connection_usable).
+        with warren.client() as c:
+            return c.put(f"/v1/sandboxes/{sid}/files", params=params, content=content, headers=headers)
+
     tar = make_tar([("../../../escape", "file", b"x", 0o644)])
-    r = warren.http.put(
-        f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/t"}, content=tar, headers={"content-type": "application/x-tar"}
-    )
+    r = put({"path": "/tmp/t"}, tar, {"content-type": "application/x-tar"})
     assert r.status_code == 400, r.text
     assert error_body(r)["code"] == "bad_request"
-    r = warren.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x", "mode": "rwx"}, content=b"x")
+    r = put({"path": "/tmp/x", "mode": "rwx"}, b"x")
     assert r.status_code == 400, r.text
-    r = warren.http.put(f"/v1/sandboxes/{sid}/files", content=b"x")
+    r = put({}, b"x")
     assert r.status_code == 400, r.text
-    r = warren.http.put(
-        f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/g"}, content=b"not a tar at all" * 64,
-        headers={"content-type": "application/x-tar"},
-    )
+    r = put({"path": "/tmp/g"}, b"not a tar at all" * 64, {"content-type": "application/x-tar"})
     assert r.status_code == 400, r.text
 
 

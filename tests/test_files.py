@@ -16,7 +16,11 @@ def put(warren, sid, path, data, mode=None, headers=None):
     params = {"path": path}
     if mode:
         params["mode"] = mode
-    return warren.http.put(f"/v1/sandboxes/{sid}/files", params=params, content=data, headers=headers)
+    # A fresh connection per upload: a rejected upload can leave a keep-alive
+    # connection dead (see test_rejected_upload_keeps_connection_usable), and
+    # that must not break the shared client the other checks use.
+    with warren.client() as c:
+        return c.put(f"/v1/sandboxes/{sid}/files", params=params, content=data, headers=headers)
 
 
 def get(warren, sid, path):
@@ -330,3 +334,27 @@ def test_files_of_destroyed_sandbox_are_409(warren):
     assert r.status_code == 409, r.text
     r = put(warren, sid, "/tmp/x", b"x")
     assert r.status_code == 409, r.text
+
+
+@pytest.mark.xfail(
+    reason="BUG: when PUT /files is rejected before its body is read (e.g. 400 for a bad path), "
+    "the server closes the keep-alive connection without sending 'Connection: close', so the "
+    "client's next request on that connection fails with 'Server disconnected without sending a response'",
+    strict=True,
+)
+def test_rejected_upload_keeps_connection_usable(warren, sandbox):
+    import httpx
+
+    sid = sandbox()["id"]
+    body = b"x" * 100_000
+    failures = []
+    with warren.client() as c:
+        for i in range(100):
+            r = c.put(f"/v1/sandboxes/{sid}/files", params={"path": f"../bad/{i}"}, content=body)
+            assert r.status_code == 400, r.text
+            try:
+                r = c.get(f"/v1/sandboxes/{sid}")
+                assert r.status_code == 200
+            except httpx.TransportError as e:
+                failures.append(f"{i}: {e!r}")
+    assert failures == [], f"{len(failures)}/100 follow-up requests failed, e.g. {failures[:3]}"

@@ -10,7 +10,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| "info,libcgroups=error,libcontainer=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();

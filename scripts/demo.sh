@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Warren's main job on the embedded default: `warren up` (control plane, node
+# agent and SQLite in one process), a small image, and a demo batch of
+# sandboxes. Run as root on Debian: installs what it needs, builds, starts.
+#   scripts/demo.sh [BATCH_SIZE]        (WARREN_HOME defaults to /var/lib/warren)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-16}
+[ "$(id -u)" = 0 ] || { echo "run as root: sandboxes need namespaces, cgroups and mounts" >&2; exit 1; }
+scripts/install-deps.sh
+echo "== building warren (release)"
+cargo build --release -p warren
+bin=$PWD/target/release/warren
+export WARREN_HOME=${WARREN_HOME:-/var/lib/warren}
+export WARREN_URL=${WARREN_URL:-http://127.0.0.1:7070}
+mkdir -p "$WARREN_HOME"
+echo "== starting warren up (home $WARREN_HOME, $WARREN_URL)"
+"$bin" up --home "$WARREN_HOME" --listen "${WARREN_URL#http://}" 2>>"$WARREN_HOME/warren-up.log" &
+pid=$!
+trap 'kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+img=$(mktemp /tmp/warren-busybox.XXXXXX.tar)
+scripts/make-busybox-image.sh "$img" >/dev/null
+echo "== importing a busybox-static image"
+"$bin" image import "$img" --name busybox:latest
+rm -f "$img"
+echo "== demo batch: $n sandboxes (cpu 0.25, memory 64M, pids 64), one task each"
+start=$(date +%s%N)
+ids=()
+for i in $(seq "$n"); do
+    id=$("$bin" create --image busybox:latest --cpu 0.25 --memory 64M --pids 64 \
+        --label task=demo --label run=$$ --env TASK_INDEX="$i")
+    ids+=("$id")
+    printf '\r  created %d/%d' "$i" "$n"
+done
+echo
+ready=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "  $n sandboxes ready in ${ready} ms"
+tasks=()
+for id in "${ids[@]}"; do
+    "$bin" exec "$id" -- sh -c 'echo "task $TASK_INDEX on $(hostname): $(seq 1 200000 | tail -1) counted, OMP_NUM_THREADS=$OMP_NUM_THREADS, sees $(ps | wc -l) processes"' &
+    tasks+=($!)
+done
+wait "${tasks[@]}"
+echo "== isolation check in one sandbox"
+"$bin" exec "${ids[0]}" -- sh -c 'mount -t tmpfs x /mnt 2>&1 || true; unshare -n true 2>&1 || true; ip -o link | cut -d: -f2'
+echo "== tearing the batch down (warren rm --label run=$$)"
+"$bin" rm --label run=$$ | wc -l | xargs echo "  destroyed:"
+left=$(ls "$WARREN_HOME/sandboxes" 2>/dev/null | wc -l)
+echo "  sandbox directories left on the host: $left"
+"$bin" ps --all --label run=$$ | head -5
+echo
+echo "warren up is running at $WARREN_URL (token: $WARREN_HOME/token). Try:"
+echo "  $bin run --image busybox:latest --rm -- sh -c 'echo hello from a sandbox'"
+echo "Press Ctrl-C to stop it."
+wait $pid

@@ -1,0 +1,63 @@
+"""The environment inside a sandbox: image PATH, spec env, thread hygiene, hostname."""
+
+import pytest
+
+from helpers import sh_ok, wait_until
+
+THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "RAYON_NUM_THREADS", "GOMAXPROCS"]
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def env_of(warren, sid, **kw):
+    out = sh_ok(warren, sid, "env", **kw)
+    return dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+
+
+def test_env_from_image_spec_and_cpu(warren, sandbox):
+    sid = sandbox(cpu=1.5, env={"FOO": "bar", "WITH_SPACE": "a b"})["id"]
+    env = env_of(warren, sid)
+    assert env["PATH"] == IMAGE_PATH
+    assert env["FOO"] == "bar" and env["WITH_SPACE"] == "a b"
+    for var in THREAD_VARS:
+        assert env.get(var) == "2", (var, env)
+    # Exec env adds to and overrides the sandbox env for that command only.
+    env = env_of(warren, sid, env={"FOO": "exec", "EXTRA": "1"})
+    assert env["FOO"] == "exec" and env["EXTRA"] == "1" and env["OMP_NUM_THREADS"] == "2"
+    assert "EXTRA" not in env_of(warren, sid)
+
+
+@pytest.mark.parametrize("cpu,want", [(0.2, "1"), ("500m", "1"), (1, "1"), (2.01, "3")])
+def test_thread_count_rounds_up(warren, sandbox, cpu, want):
+    sid = sandbox(cpu=cpu)["id"]
+    env = env_of(warren, sid)
+    assert [env.get(v) for v in THREAD_VARS] == [want] * len(THREAD_VARS), env
+
+
+def test_spec_env_wins_over_derived(warren, sandbox):
+    sid = sandbox(cpu=1.5, env={"OMP_NUM_THREADS": "7", "PATH": "/bin"})["id"]
+    env = env_of(warren, sid)
+    assert env["OMP_NUM_THREADS"] == "7"
+    assert env["MKL_NUM_THREADS"] == "2"
+    assert env["PATH"] == "/bin"
+
+
+def test_hostname_is_sandbox_id(warren, sandbox):
+    sid = sandbox()["id"]
+    out = sh_ok(warren, sid, "hostname; cat /proc/sys/kernel/hostname; uname -n")
+    assert out.split() == [sid, sid, sid]
+
+
+def test_main_process_env_and_exit_code(warren):
+    """cmd in the spec runs as the main process with the same environment."""
+    info = warren.create(cmd=["sh", "-c", "echo $OMP_NUM_THREADS $FOO $(hostname); exit 6"], cpu=1.5, env={"FOO": "main"})
+    sid = info["id"]
+    final = wait_until(
+        lambda: (lambda i: i if i["state"] in ("destroyed", "failed", "kept") else None)(
+            warren.http.get(f"/v1/sandboxes/{sid}").json()
+        ),
+        timeout=15,
+        what="main process to end",
+    )
+    assert final["exit_code"] == 6, final
+    logs = warren.http.get(f"/v1/sandboxes/{sid}/logs").text
+    assert f"2 main {sid}" in logs, logs

@@ -21,7 +21,6 @@ pub const MAX_CPU_MILLIS: u64 = 1024 * 1000;
 pub const DEFAULT_CPU_MILLIS: u64 = 1000;
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
 pub const DEFAULT_PIDS: u32 = 1024;
-pub const DEFAULT_DISK: u64 = 10 << 30;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 
 /// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
@@ -191,6 +190,7 @@ pub struct ResolvedResources {
     pub cpu_millis: u64,
     pub memory: u64,
     pub pids: u32,
+    /// Bytes of the sandbox's own file system; 0 = no limit of its own.
     pub disk: u64,
     pub gpus: u32,
 }
@@ -282,8 +282,8 @@ impl SandboxSpec {
         if memory < MIN_MEMORY {
             return Err(SpecError::MemoryTooSmall(memory));
         }
-        let disk = self.disk.map_or(DEFAULT_DISK, |d| d.0);
-        if disk < MIN_DISK {
+        let disk = self.disk.map_or(0, |d| d.0);
+        if self.disk.is_some() && disk < MIN_DISK {
             return Err(SpecError::DiskTooSmall(disk));
         }
         let pids = self.pids.unwrap_or(DEFAULT_PIDS);

@@ -7,6 +7,7 @@
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.
 
+pub mod disk;
 pub mod exec;
 pub mod files;
 pub mod init;
@@ -178,6 +179,7 @@ impl Runtime {
         let dir = handle.dir.clone();
         tokio::task::spawn_blocking(move || {
             rootfs::unmount(&dir.join("rootfs"))?;
+            disk::remove(&dir)?;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -210,11 +212,13 @@ fn prepare(
     let dir = &handle.dir;
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
-    for sub in ["upper", "work", "rootfs"] {
-        std::fs::create_dir(dir.join(sub)).map_err(RuntimeError::io("create sandbox dirs"))?;
+    // With a disk limit, upper and work live on the sandbox's own file system.
+    let base = if resources.disk > 0 { disk::create(dir, resources.disk)? } else { dir.clone() };
+    for sub in [base.join("upper"), base.join("work"), dir.join("rootfs")] {
+        std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
     let rootfs = dir.join("rootfs");
-    rootfs::mount_overlay(lower, &dir.join("upper"), &dir.join("work"), &rootfs)?;
+    rootfs::mount_overlay(lower, &base.join("upper"), &base.join("work"), &rootfs)?;
     let config = oci::config(&oci::ConfigInput {
         id: &handle.id,
         rootfs: &rootfs,

@@ -310,6 +310,11 @@ impl Control {
             ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
         };
         if keep && matches!(ev, NodeEvent::MainExited { .. }) {
+            // Processes the main one left behind stop where they are; the
+            // filesystem stays for `inspect`, `cp` and `logs`.
+            if let Err(e) = self.node.freeze(&id, true).await {
+                tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox");
+            }
             let now = now_rfc3339();
             self.store
                 .transition(&id, SandboxState::Kept, why, &now, Transition::default())

@@ -338,6 +338,16 @@ impl Node {
         Ok(())
     }
 
+    /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.
+    pub async fn freeze(&self, id: &str, frozen: bool) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        let path = live.cgroup_path.clone();
+        tokio::task::spawn_blocking(move || warren_runtime::cgroups::freeze(&path, frozen))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??;
+        Ok(())
+    }
+
     pub fn log(&self, id: &str) -> Option<Arc<SandboxLog>> {
         self.get(id).ok().map(|l| l.log.clone())
     }

@@ -242,6 +242,10 @@ fn nofile_limit() -> u64 {
 }
 
 fn remove_container(init_pid: Option<i32>, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
+    // Frozen processes (a kept or paused sandbox) cannot act on SIGKILL.
+    if cgroups::exists(cgroup_path) {
+        let _ = cgroups::freeze(cgroup_path, false);
+    }
     if let Some(pid) = init_pid {
         kill_init(pid, cgroup_path);
     }

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run the tests as root: they create namespaces, cgroups and mounts" >&2; exit 1; }
 scripts/install-deps.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 cargo test --workspace
 python3 -m pytest -q tests "$@"

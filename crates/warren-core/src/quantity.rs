@@ -56,7 +56,7 @@ pub fn format_size(bytes: u64) -> String {
         ("M", 1 << 20),
         ("K", 1 << 10),
     ] {
-        if bytes >= mult && bytes % mult == 0 {
+        if bytes >= mult && bytes.is_multiple_of(mult) {
             return format!("{}{}", bytes / mult, unit);
         }
     }
@@ -90,7 +90,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
             "d" => value * 86400.0,
             _ => return Err(err()),
         };
-        if !secs.is_finite() || secs < 0.0 || secs > 1e12 {
+        if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
             return Err(err());
         }
         total += Duration::from_secs_f64(secs);
@@ -101,11 +101,11 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
 
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 3_600_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -121,7 +121,7 @@ pub fn parse_cpu(input: &str) -> Result<u64, QuantityError> {
     } else {
         s.parse::<f64>().map_err(|_| err())? * 1000.0
     };
-    if !millis.is_finite() || millis < 0.0 || millis > 1e9 {
+    if !millis.is_finite() || !(0.0..=1e9).contains(&millis) {
         return Err(err());
     }
     Ok(millis.round() as u64)

@@ -67,7 +67,7 @@ impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match NumOrText::deserialize(d)? {
             NumOrText::Int(n) => Ok(Dur(Duration::from_secs(n))),
-            NumOrText::Float(f) if f.is_finite() && f >= 0.0 && f < 1e12 => {
+            NumOrText::Float(f) if f.is_finite() && (0.0..1e12).contains(&f) => {
                 Ok(Dur(Duration::from_secs_f64(f)))
             }
             NumOrText::Float(f) => Err(QuantityError::Duration(f.to_string())),

@@ -374,7 +374,9 @@ impl Node {
     pub async fn sweep_orphans(&self, known: &[String]) -> Vec<String> {
         let mut swept = Vec::new();
         for id in self.runtime.list_sandbox_dirs() {
-            if !known.contains(&id) && !self.is_live(&id) && self.runtime.destroy(&id, None).await.is_ok()
+            if !known.contains(&id)
+                && !self.is_live(&id)
+                && self.runtime.destroy(&id, None).await.is_ok()
             {
                 swept.push(id);
             }

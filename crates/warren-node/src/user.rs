@@ -61,7 +61,7 @@ fn read_small(root: &OwnedFd, path: &str) -> String {
     text
 }
 
-fn lookup<'a>(db: &'a str, pred: impl Fn(&[&str]) -> bool) -> Option<Vec<&'a str>> {
+fn lookup(db: &str, pred: impl Fn(&[&str]) -> bool) -> Option<Vec<&str>> {
     db.lines()
         .map(|l| l.split(':').collect::<Vec<_>>())
         .find(|f| f.len() >= 4 && pred(f))

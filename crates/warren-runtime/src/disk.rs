@@ -18,13 +18,17 @@ pub fn create(dir: &Path, bytes: u64) -> Result<PathBuf, RuntimeError> {
     let mnt = dir.join("fs");
     std::fs::create_dir(&mnt).map_err(RuntimeError::io("create disk mount point"))?;
     let file = std::fs::File::create(&img).map_err(RuntimeError::io("create disk image"))?;
-    file.set_len(bytes).map_err(RuntimeError::io("size disk image"))?;
+    file.set_len(bytes)
+        .map_err(RuntimeError::io("size disk image"))?;
     drop(file);
     run(Command::new("mkfs.ext4")
         .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
         .arg(&img))?;
-    run(Command::new("mount").args(["-o", "loop,nodev,nosuid"]).arg(&img).arg(&mnt))?;
+    run(Command::new("mount")
+        .args(["-o", "loop,nodev,nosuid"])
+        .arg(&img)
+        .arg(&mnt))?;
     Ok(mnt)
 }
 
@@ -37,7 +41,10 @@ pub fn remove(dir: &Path) -> Result<(), RuntimeError> {
     }
     match umount2(&mnt, MntFlags::MNT_DETACH) {
         Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
-        Err(e) => Err(RuntimeError::Destroy(format!("unmount {}: {e}", mnt.display()))),
+        Err(e) => Err(RuntimeError::Destroy(format!(
+            "unmount {}: {e}",
+            mnt.display()
+        ))),
     }
 }
 

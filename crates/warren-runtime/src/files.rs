@@ -212,9 +212,9 @@ fn add_dir(
         b.append_data(&mut h, &rel, std::io::empty())
             .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
     }
-    let mut entries = rustix::fs::Dir::read_from(&readable).map_err(ferr)?;
+    let entries = rustix::fs::Dir::read_from(&readable).map_err(ferr)?;
     let mut names = Vec::new();
-    while let Some(ent) = entries.next() {
+    for ent in entries {
         let ent = ent.map_err(ferr)?;
         let name = ent.file_name().to_bytes();
         if name != b"." && name != b".." {

@@ -213,7 +213,11 @@ fn prepare(
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
     // With a disk limit, upper and work live on the sandbox's own file system.
-    let base = if resources.disk > 0 { disk::create(dir, resources.disk)? } else { dir.clone() };
+    let base = if resources.disk > 0 {
+        disk::create(dir, resources.disk)?
+    } else {
+        dir.clone()
+    };
     for sub in [base.join("upper"), base.join("work"), dir.join("rootfs")] {
         std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
@@ -241,7 +245,11 @@ fn nofile_limit() -> u64 {
     }
 }
 
-fn remove_container(init_pid: Option<i32>, state: &Path, cgroup_path: &str) -> Result<(), RuntimeError> {
+fn remove_container(
+    init_pid: Option<i32>,
+    state: &Path,
+    cgroup_path: &str,
+) -> Result<(), RuntimeError> {
     // Frozen processes (a kept or paused sandbox) cannot act on SIGKILL.
     if cgroups::exists(cgroup_path) {
         let _ = cgroups::freeze(cgroup_path, false);
@@ -255,7 +263,10 @@ fn remove_container(init_pid: Option<i32>, state: &Path, cgroup_path: &str) -> R
     match std::fs::remove_dir_all(state) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(RuntimeError::Destroy(format!("remove {}: {e}", state.display()))),
+        Err(e) => Err(RuntimeError::Destroy(format!(
+            "remove {}: {e}",
+            state.display()
+        ))),
     }
 }
 
@@ -266,7 +277,9 @@ fn kill_init(pid: i32, cgroup_path: &str) {
     use rustix::event::{poll, PollFd, PollFlags};
     use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
     let Some(p) = Pid::from_raw(pid) else { return };
-    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else { return };
+    let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
+        return;
+    };
     let ours = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|c| c.lines().any(|l| l.ends_with(cgroup_path)))
         .unwrap_or(false);
@@ -274,7 +287,10 @@ fn kill_init(pid: i32, cgroup_path: &str) {
         return;
     }
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = rustix::time::Timespec { tv_sec: 5, tv_nsec: 0 };
+    let timeout = rustix::time::Timespec {
+        tv_sec: 5,
+        tv_nsec: 0,
+    };
     let _ = poll(&mut fds, Some(&timeout));
 }
 

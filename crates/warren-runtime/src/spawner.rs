@@ -64,7 +64,10 @@ pub fn main() -> ! {
 
 fn readable_within(sock: &UnixStream, ms: u16) -> bool {
     use std::os::fd::AsFd;
-    let mut fds = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
+    let mut fds = [nix::poll::PollFd::new(
+        sock.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)), Ok(n) if n > 0)
 }
 

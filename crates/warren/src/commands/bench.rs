@@ -34,11 +34,17 @@ impl Samples {
 }
 
 fn spec(image: &str) -> SandboxSpec {
-    SandboxSpec { image: image.to_string(), ..Default::default() }
+    SandboxSpec {
+        image: image.to_string(),
+        ..Default::default()
+    }
 }
 
 fn true_cmd() -> ExecRequest {
-    ExecRequest { cmd: vec!["true".into()], ..Default::default() }
+    ExecRequest {
+        cmd: vec!["true".into()],
+        ..Default::default()
+    }
 }
 
 async fn exec_ok(client: &Client, id: &str) -> Result<()> {
@@ -59,7 +65,10 @@ async fn cycle(client: &Client, image: &str) -> Result<Duration> {
 
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
@@ -93,7 +102,11 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
     results.push(exec.summary("exec_true_round_trip", None));
     results.push(destroy.summary("destroy", None));
 
-    for conc in args.concurrency.split(',').filter_map(|c| c.trim().parse::<usize>().ok()) {
+    for conc in args
+        .concurrency
+        .split(',')
+        .filter_map(|c| c.trim().parse::<usize>().ok())
+    {
         let sem = Arc::new(Semaphore::new(conc));
         let t = Instant::now();
         let mut tasks = Vec::with_capacity(n);

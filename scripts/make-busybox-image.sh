@@ -32,10 +32,11 @@ nogroup:x:65534:
 GR
 chown 1000:1000 "$root/home/user"
 echo "warren-busybox" > "$root/etc/hostname"
+umoci repack --image "$work/oci:$tag" "$work/bundle" >/dev/null
+# After repack: repack rewrites the config from the bundle's saved copy.
 umoci config --image "$work/oci:$tag" \
     --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --config.cmd /bin/sh --config.workingdir /
-umoci repack --image "$work/oci:$tag" "$work/bundle" >/dev/null
 umoci gc --layout "$work/oci"
 tar -C "$work/oci" -cf "$out" .
 echo "$out"

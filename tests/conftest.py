@@ -142,8 +142,11 @@ def warren(images):
     w.start()
     w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
     yield w
+    crashed = w.proc.poll()
     w.stop()
+    log = (base / f"warren-{w.port}.log").read_bytes()[-4000:].decode(errors="replace")
     shutil.rmtree(base, ignore_errors=True)
+    assert crashed is None, f"warren up died during the session (exit {crashed}); log tail:\n{log}"
 
 
 @pytest.fixture

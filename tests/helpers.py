@@ -248,6 +248,12 @@ class ImageBuilder:
         self.tag = new_tag
         return self
 
+    def config(self, *args):
+        """Runs `umoci config` on the current tag (e.g. "--config.env", "K=V");
+        the result replaces the tag."""
+        run("umoci", "config", "--image", f"{self.layout}:{self.tag}", *args)
+        return self
+
     def layer_blobs(self):
         """Paths of the layer blobs of the current tag, bottom first."""
         import json

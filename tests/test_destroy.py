@@ -13,8 +13,6 @@ from helpers import (
     wait_until,
 )
 
-import pytest
-
 
 def busy_sandbox(warren, *create_args):
     """A CLI-created sandbox with files written and a background process left behind."""
@@ -44,6 +42,11 @@ def test_rm_leaves_nothing_on_host(warren):
     info = warren.http.get(f"/v1/sandboxes/{sid}").json()
     assert info["state"] == "destroyed" and info["reason"] == "user_deleted"
     assert [e["state"] for e in info["events"]][-1] == "destroyed"
+    events = warren.http.get("/v1/events", params={"sandbox": sid}).json()
+    assert events and all(e["sandbox_id"] == sid for e in events)
+    states = [e["state"] for e in events if e["type"] == "state"]
+    assert states[0] == "creating" and "running" in states and states[-1] == "destroyed", states
+    assert events[-1]["reason"] == "user_deleted"
     # Not listed as live any more; still listed with --all.
     live = [s["id"] for s in warren.http.get("/v1/sandboxes").json()]
     every = [s["id"] for s in warren.http.get("/v1/sandboxes", params={"all": "true"}).json()]
@@ -54,12 +57,8 @@ def test_rm_leaves_nothing_on_host(warren):
     assert host_traces(warren, sid) == []
 
 
-@pytest.mark.xfail(
-    reason="BUG: the spawner never reaps the sandbox's init after destroy; it stays a zombie "
-    "(state Z, parent = spawner) for the daemon's lifetime, one per destroyed sandbox",
-    strict=True,
-)
 def test_destroy_reaps_init_process(warren):
+    """The sandbox's init is reaped too: no zombie per destroyed sandbox."""
     sid = warren.create()["id"]
     init = sandbox_init_host_pid(sid)
     assert proc_state(init) in ("S", "R")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from helpers import sh_ok, wait_until
+from helpers import ImageBuilder, sh_ok, uniq, wait_until
 
 THREAD_VARS = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "RAYON_NUM_THREADS", "GOMAXPROCS"]
+# The PATH make-busybox-image.sh asks for (and Warren's default when an image sets none).
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -61,3 +62,27 @@ def test_main_process_env_and_exit_code(warren):
     assert final["exit_code"] == 6, final
     logs = warren.http.get(f"/v1/sandboxes/{sid}/logs").text
     assert f"2 main {sid}" in logs, logs
+
+
+def test_image_config_env_and_workdir(warren, images, tmp_path):
+    """The image's own ENV (PATH included) and WorkingDir reach execs; the spec env wins."""
+    b = ImageBuilder(images["oci"], tmp_path / "build")
+    b.layer(lambda root: (root / "opt" / "tools").mkdir(parents=True))
+    b.config(
+        "--config.env", "PATH=/opt/tools:/bin",
+        "--config.env", "IMAGE_VAR=from-image",
+        "--config.env", "OVERRIDDEN=image",
+        "--config.workingdir", "/opt/tools",
+    )
+    name = uniq("envimg") + ":" + b.tag
+    warren.cli("image", "import", str(b.tar(tmp_path / "env.tar")), "--name", name)
+    sid = warren.create(image=name, env={"OVERRIDDEN": "spec"})["id"]
+    try:
+        env = env_of(warren, sid)
+        assert env["PATH"] == "/opt/tools:/bin"
+        assert env["IMAGE_VAR"] == "from-image"
+        assert env["OVERRIDDEN"] == "spec"
+        assert sh_ok(warren, sid, "pwd") == "/opt/tools\n"
+    finally:
+        warren.destroy(sid)
+        warren.cli("image", "rm", name)

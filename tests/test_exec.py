@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers import error_body, sh, sh_ok
+from helpers import error_body, sh_ok
 
 ALL_BYTES = bytes(range(256))
 

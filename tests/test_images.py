@@ -146,12 +146,6 @@ def test_corrupted_blob_is_refused(warren, images, tmp_path):
     warren.cli("image", "rm", name)
 
 
-@pytest.mark.xfail(
-    reason="BUG (or design to confirm): import skips reading an archive's layer blob when a blob "
-    "with that digest is already in the content store, so an archive with a corrupted copy of a "
-    "known layer (e.g. busybox's) is accepted with 201",
-    strict=True,
-)
 def test_corrupted_copy_of_known_layer_is_refused(warren, images, tmp_path):
     layout = tmp_path / "oci"
     layout.mkdir()

@@ -116,7 +116,25 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .merge(api)
         .layer(DefaultBodyLimit::max(8 << 30))
+        .layer(middleware::from_fn(close_after_unread_body))
         .with_state(state)
+}
+
+/// An error answered before the request body was read leaves that body in
+/// the connection; say `Connection: close` so clients do not reuse it.
+async fn close_after_unread_body(req: Request, next: Next) -> Response {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v != "0");
+    let mut resp = next.run(req).await;
+    if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 async fn auth(State(st): St, req: Request, next: Next) -> Response {

@@ -349,6 +349,22 @@ impl ImageStore {
         if let Some(hex) = layer.digest.as_deref().and_then(sha256_hex) {
             let existing = self.blob_dir().join(hex);
             if existing.is_file() {
+                // The store already has this blob, but the archive's copy must
+                // still match its digest: a corrupt archive is refused even
+                // when we would not need its bytes.
+                let mut reader = src.open_member(&layer.member)?;
+                let (digest, _) = copy_hashed(&mut reader, &mut io::sink()).map_err(|e| {
+                    ImageError::InvalidArchive(format!(
+                        "{what}: reading the blob failed ({e:?}); the archive is truncated, re-export it"
+                    ))
+                })?;
+                if layer.digest.as_deref() != Some(digest.as_str()) {
+                    return Err(ImageError::DigestMismatch {
+                        what: format!("{what}: the blob's sha256"),
+                        expected: layer.digest.clone().unwrap_or_default(),
+                        actual: digest,
+                    });
+                }
                 let (size, compression) = blob_facts(&existing)?;
                 return Ok(StagedLayer {
                     path: existing,

@@ -63,19 +63,15 @@ pub enum Entry {
     Dir(OwnedFd),
 }
 
-/// Opens a path for reading: a regular file or a directory.
+/// Opens a path for reading: a regular file or a directory. Symlinks,
+/// including a final one, are followed inside the sandbox's root.
 pub fn open_read(root: &OwnedFd, path: &str) -> Result<Entry, RuntimeError> {
     let fd = open_in(
         root,
         path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
         0,
-    )
-    .or_else(|e| match e {
-        // The last component is a symlink: follow it, still inside the root.
-        RuntimeError::Files(_) => open_in(root, path, OFlags::RDONLY | OFlags::NONBLOCK, 0),
-        e => Err(e),
-    })?;
+    )?;
     let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
         rustix::fs::FileType::RegularFile => Ok(Entry::File(File::from(fd), st.st_size as u64)),
@@ -165,6 +161,9 @@ pub fn write_file(
         )),
         e => RuntimeError::Files(format!("{path}: {e}")),
     })?;
+    // The mode given wins over the daemon's umask and over an existing file's mode.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777))
+        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
     let mut file = File::from(fd);
     let n =
         std::io::copy(data, &mut file).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;

@@ -112,23 +112,28 @@ impl Control {
             finished_at: None,
             exit_code: None,
         };
-        match self.store.insert(&row, spec.request_id.as_deref()).await {
-            Ok(()) => {}
+        // Recording and creating run side by side: a crash in between leaves
+        // either a record without a sandbox (marked lost at restart) or a
+        // sandbox without a record (swept at restart).
+        let (inserted, created) = tokio::join!(
+            self.store.insert(&row, spec.request_id.as_deref()),
+            self.node.create(&id, &spec, &resources, &image)
+        );
+        if let Err(e) = inserted {
+            if created.is_ok() {
+                let _ = self.node.destroy(&id).await;
+            }
             // A concurrent create with the same request id won the race.
-            Err(StoreError::Db(sqlx::Error::Database(e))) if e.is_unique_violation() => {
-                if let Some(rid) = &spec.request_id {
+            if let (StoreError::Db(sqlx::Error::Database(db)), Some(rid)) = (&e, &spec.request_id) {
+                if db.is_unique_violation() {
                     if let Some(existing) = self.store.by_request_id(rid).await? {
                         return Ok((self.info(existing, false), false));
                     }
                 }
-                return Err(ApiError::conflict("duplicate request id"));
             }
-            Err(e) => return Err(e.into()),
+            return Err(e.into());
         }
-        if let Some(log) = self.node.log(&id) {
-            log.event("creating", reason::CREATED, "");
-        }
-        match self.node.create(&id, &spec, &resources, &image).await {
+        match created {
             Ok(pid) => {
                 let started = now_rfc3339();
                 self.store

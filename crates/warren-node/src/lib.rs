@@ -179,6 +179,7 @@ impl Node {
             SandboxLog::open(&self.home.join("logs"), id)
                 .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
         );
+        log.event("creating", warren_core::state::reason::CREATED, "");
         let handle = self
             .runtime
             .create(CreateRequest {

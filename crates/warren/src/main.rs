@@ -22,6 +22,12 @@ fn main() {
             .init();
         warren_runtime::spawner::main();
     }
+    if !matches!(args.command, cli::Command::Up(_)) {
+        // A client command piped into `head` should end quietly, like any
+        // Unix tool, instead of panicking on a broken pipe.
+        // SAFETY: setting a signal disposition to SIG_DFL before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from pathlib import Path
 
 from helpers import (
     host_traces,
@@ -27,7 +28,12 @@ def assert_all_kinds_present(warren, sid):
     """Positive control for host_traces: each kind of trace exists while the sandbox lives."""
     traces = host_traces(warren, sid)
     kinds = {t.split(":", 1)[0].split(" ")[0] for t in traces}
-    assert {"mount", "path", "cgroup", "process"} <= kinds, traces
+    assert {"path", "cgroup", "process"} <= kinds, traces
+    # The sandbox's root is mounted only inside its own mount namespace: the
+    # host's, the daemon's and the spawners' tables never carry it.
+    assert "mount" not in kinds, traces
+    init = sandbox_init_host_pid(sid)
+    assert sid in Path(f"/proc/{init}/mountinfo").read_text()
     assert any(f"sandboxes/{sid}" in t for t in traces if t.startswith("path"))
     assert any(f"run/{sid}" in t for t in traces if t.startswith("path"))
     assert len(sandbox_host_pids(sid)) >= 3  # init + two sleeps

@@ -134,9 +134,8 @@ impl Runtime {
         let handle = self.handle(&req.id, 0);
         let prepared = {
             let handle = handle.clone();
-            let lower = req.lower_dirs.clone();
             let resources = req.resources.clone();
-            tokio::task::spawn_blocking(move || prepare(&handle, &lower, &resources))
+            tokio::task::spawn_blocking(move || prepare(&handle, &resources))
                 .await
                 .map_err(|e| RuntimeError::Create(format!("prepare task: {e}")))?
         };
@@ -146,12 +145,14 @@ impl Runtime {
         }
         let created = self
             .pool
-            .create(
-                &req.id,
-                handle.dir.clone(),
-                self.state_root(),
-                handle.socket.clone(),
-            )
+            .create(proto::SpawnerRequest::Create {
+                id: req.id.clone(),
+                bundle: handle.dir.clone(),
+                state_root: self.state_root(),
+                socket: handle.socket.clone(),
+                lower: req.lower_dirs.clone(),
+                disk: req.resources.disk,
+            })
             .await;
         match created {
             Ok(pid) => Ok(SandboxHandle { pid, ..handle }),
@@ -178,8 +179,9 @@ impl Runtime {
     async fn cleanup_dirs(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         let dir = handle.dir.clone();
         tokio::task::spawn_blocking(move || {
-            rootfs::unmount(&dir.join("rootfs"))?;
-            disk::remove(&dir)?;
+            // Nothing is mounted in the host's namespace any more; this only
+            // matters for sandboxes created by an older Warren.
+            unmount_root(&dir)?;
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -204,25 +206,14 @@ impl Runtime {
     }
 }
 
-fn prepare(
-    handle: &SandboxHandle,
-    lower: &[PathBuf],
-    resources: &ResolvedResources,
-) -> Result<(), RuntimeError> {
+/// Lays out the sandbox directory and its OCI config. The file systems
+/// themselves are mounted by the spawner, in its own mount namespace.
+fn prepare(handle: &SandboxHandle, resources: &ResolvedResources) -> Result<(), RuntimeError> {
     let dir = &handle.dir;
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
-    // With a disk limit, upper and work live on the sandbox's own file system.
-    let base = if resources.disk > 0 {
-        disk::create(dir, resources.disk)?
-    } else {
-        dir.clone()
-    };
-    for sub in [base.join("upper"), base.join("work"), dir.join("rootfs")] {
-        std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
-    }
     let rootfs = dir.join("rootfs");
-    rootfs::mount_overlay(lower, &base.join("upper"), &base.join("work"), &rootfs)?;
+    std::fs::create_dir(&rootfs).map_err(RuntimeError::io("create sandbox dirs"))?;
     let config = oci::config(&oci::ConfigInput {
         id: &handle.id,
         rootfs: &rootfs,
@@ -235,6 +226,25 @@ fn prepare(
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
     Ok(())
+}
+
+/// Mounts the sandbox's root: its own disk when it has a limit, then the
+/// overlay of image layers and a fresh upper directory. Called by the
+/// spawner in its private mount namespace, right before the clone.
+pub(crate) fn mount_root(dir: &Path, lower: &[PathBuf], disk_bytes: u64) -> Result<(), RuntimeError> {
+    // With a disk limit, upper and work live on the sandbox's own file system.
+    let base = if disk_bytes > 0 { disk::create(dir, disk_bytes)? } else { dir.to_path_buf() };
+    for sub in [base.join("upper"), base.join("work")] {
+        std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
+    }
+    rootfs::mount_overlay(lower, &base.join("upper"), &base.join("work"), &dir.join("rootfs"))
+}
+
+/// Detaches the mounts `mount_root` made from the calling namespace; the
+/// sandbox's own namespace keeps its copies until its last process exits.
+pub(crate) fn unmount_root(dir: &Path) -> Result<(), RuntimeError> {
+    rootfs::unmount(&dir.join("rootfs"))?;
+    disk::remove(dir)
 }
 
 fn nofile_limit() -> u64 {

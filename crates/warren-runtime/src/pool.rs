@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
+use crate::proto::SpawnerRequest;
 use crate::spawner::SpawnerClient;
 use crate::RuntimeError;
 
@@ -30,20 +31,14 @@ impl SpawnerPool {
         })
     }
 
-    pub async fn create(
-        &self,
-        id: &str,
-        bundle: PathBuf,
-        state_root: PathBuf,
-        socket: PathBuf,
-    ) -> Result<i32, RuntimeError> {
+    pub async fn create(&self, request: SpawnerRequest) -> Result<i32, RuntimeError> {
         let _permit = self
             .permits
             .acquire()
             .await
             .map_err(|_| RuntimeError::Create("spawner pool closed".into()))?;
         let idle = self.idle.clone();
-        let (exe, args, id) = (self.exe.clone(), self.args.clone(), id.to_string());
+        let (exe, args) = (self.exe.clone(), self.args.clone());
         tokio::task::spawn_blocking(move || {
             let taken = idle
                 .lock()
@@ -59,7 +54,7 @@ impl SpawnerPool {
                 }
                 None => SpawnerClient::start(&exe, &args)?,
             };
-            let result = client.create(&id, bundle, state_root, socket);
+            let result = client.create(&request);
             // A spawner that broke mid-request is replaced on next use.
             if let Ok(mut idle) = idle.lock() {
                 idle.push(client);

@@ -6,6 +6,7 @@
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::de::DeserializeOwned;
@@ -195,9 +196,14 @@ pub enum InitReply {
 pub enum SpawnerRequest {
     Create {
         id: String,
-        bundle: std::path::PathBuf,
-        state_root: std::path::PathBuf,
-        socket: std::path::PathBuf,
+        /// The sandbox directory: config.json, rootfs/, init.sock.
+        bundle: PathBuf,
+        state_root: PathBuf,
+        socket: PathBuf,
+        /// Image layer directories, topmost first.
+        lower: Vec<PathBuf>,
+        /// Size of the sandbox's own disk; 0 = none.
+        disk: u64,
     },
 }
 

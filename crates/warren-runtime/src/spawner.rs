@@ -29,6 +29,14 @@ pub fn main() -> ! {
     }
     // SAFETY: `high` is a fresh descriptor owned by nobody else.
     let sock = unsafe { UnixStream::from_raw_fd(high) };
+    // A private mount namespace: sandbox roots are mounted here only long
+    // enough to be cloned into each sandbox's own namespace, so the host's
+    // mount table (which every new mount namespace copies) does not grow
+    // with the number of live sandboxes.
+    if let Err(e) = private_mount_namespace() {
+        eprintln!("warren spawner: {e}");
+        std::process::exit(2);
+    }
     if let Ok(null) = File::open("/dev/null") {
         // SAFETY: replaces stdin with /dev/null; nothing else holds fd 0.
         unsafe { libc::dup2(null.as_raw_fd(), 0) };
@@ -51,7 +59,9 @@ pub fn main() -> ! {
                 bundle,
                 state_root,
                 socket,
-            } => match create(&id, &bundle, &state_root, &socket) {
+                lower,
+                disk,
+            } => match create(&id, &bundle, &state_root, &socket, &lower, disk) {
                 Ok(pid) => SpawnerReply::Created { pid },
                 Err(e) => SpawnerReply::Error { message: e },
             },
@@ -80,7 +90,30 @@ fn reap_children() {
     }
 }
 
-fn create(id: &str, bundle: &Path, state_root: &Path, socket: &Path) -> Result<i32, String> {
+fn private_mount_namespace() -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| format!("unshare mount namespace: {e}"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|e| format!("make mounts private: {e}"))
+}
+
+fn create(
+    id: &str,
+    bundle: &Path,
+    state_root: &Path,
+    socket: &Path,
+    lower: &[PathBuf],
+    disk: u64,
+) -> Result<i32, String> {
+    crate::mount_root(bundle, lower, disk).map_err(|e| e.to_string())?;
+    let result = create_mounted(id, bundle, state_root, socket);
+    // The sandbox's namespace holds its own copy of these mounts now.
+    let unmounted = crate::unmount_root(bundle).map_err(|e| e.to_string());
+    result.and_then(|pid| unmounted.map(|()| pid))
+}
+
+fn create_mounted(id: &str, bundle: &Path, state_root: &Path, socket: &Path) -> Result<i32, String> {
     let _ = std::fs::remove_file(socket);
     let listener =
         UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
@@ -172,20 +205,8 @@ impl SpawnerClient {
     }
 
     /// Blocking; call from a blocking thread.
-    pub fn create(
-        &mut self,
-        id: &str,
-        bundle: PathBuf,
-        state_root: PathBuf,
-        socket: PathBuf,
-    ) -> Result<i32, RuntimeError> {
-        let req = SpawnerRequest::Create {
-            id: id.to_string(),
-            bundle,
-            state_root,
-            socket,
-        };
-        proto::send(&self.sock, &req, &[])?;
+    pub fn create(&mut self, req: &SpawnerRequest) -> Result<i32, RuntimeError> {
+        proto::send(&self.sock, req, &[])?;
         match proto::recv::<SpawnerReply>(&self.sock)?.0 {
             SpawnerReply::Created { pid } => Ok(pid),
             SpawnerReply::Error { message } => Err(RuntimeError::Create(message)),

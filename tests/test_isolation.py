@@ -236,3 +236,28 @@ def test_cpu_hog_is_throttled(warren, sandbox):
     # The API reports the same counter.
     usage = warren.http.get(f"/v1/sandboxes/{sid}").json()["usage"]
     assert used0 + used <= usage["cpu_usage_ns"] <= cpu_usage_ns(sid), usage
+
+
+def test_disk_limit_stops_writes_and_is_released(warren, sandbox):
+    """--disk gives the sandbox its own file system: writes stop at the limit,
+    the host's disk is untouched, and destroy releases the loop device."""
+    info = sandbox(disk="32M")
+    sid = info["id"]
+    ex, out, err, _ = warren.exec(
+        sid, ["sh", "-c", "dd if=/dev/zero of=/big bs=1M count=100; echo rc=$?; ls -l /big"]
+    )
+    text = (out + err).decode()
+    assert "No space left on device" in text, text
+    listing = next(line for line in out.decode().splitlines() if line.endswith("/big"))
+    size = int(listing.split()[4])
+    assert 16 << 20 <= size <= 32 << 20, text
+    img = warren.home / "sandboxes" / sid / "disk.img"
+    assert img.exists()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert str(img) in loops
+    assert warren.destroy(sid).status_code == 200
+    deadline = time.time() + 5
+    while str(img) in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout:
+        assert time.time() < deadline, "loop device still attached after destroy"
+        time.sleep(0.05)
+    assert not img.exists()

@@ -90,6 +90,14 @@ fn reap_children() {
     }
 }
 
+/// The message without the "create failed" prefix the daemon adds again.
+fn plain(e: RuntimeError) -> String {
+    match e {
+        RuntimeError::Create(m) => m,
+        other => other.to_string(),
+    }
+}
+
 fn private_mount_namespace() -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
@@ -106,10 +114,10 @@ fn create(
     lower: &[PathBuf],
     disk: u64,
 ) -> Result<i32, String> {
-    crate::mount_root(bundle, lower, disk).map_err(|e| e.to_string())?;
+    crate::mount_root(bundle, lower, disk).map_err(plain)?;
     let result = create_mounted(id, bundle, state_root, socket);
     // The sandbox's namespace holds its own copy of these mounts now.
-    let unmounted = crate::unmount_root(bundle).map_err(|e| e.to_string());
+    let unmounted = crate::unmount_root(bundle).map_err(plain);
     result.and_then(|pid| unmounted.map(|()| pid))
 }
 
@@ -199,6 +207,8 @@ impl SpawnerClient {
             .stderr(Stdio::inherit())
             .env_clear()
             .envs(std::env::vars().filter(|(k, _)| k == "WARREN_LOG"))
+            // mkfs.ext4 and mount for disk limits.
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .spawn()
             .map_err(RuntimeError::io("start spawner"))?;
         Ok(SpawnerClient { child, sock: ours })

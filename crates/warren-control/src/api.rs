@@ -70,7 +70,7 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    paths(create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
     components(schemas(SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
@@ -101,6 +101,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(get_sandbox).delete(delete_sandbox),
         )
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/heartbeat", post(heartbeat))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
         .route("/v1/sandboxes/{id}/logs", get(logs))
         .route("/v1/events", get(events))
@@ -221,8 +225,66 @@ async fn list_sandboxes(
     Ok(Json(st.control.list(&states, &selector).await?))
 }
 
+/// Renew the sandbox's lease (any other call on the sandbox renews it too).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/heartbeat", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+async fn heartbeat(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.get(&id).await?;
+    st.control.node.renew_lease(&id);
+    Ok(Json(st.control.info(row, false)))
+}
+
+/// Freeze every process of a running sandbox (cgroup freezer).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    st.control.node.renew_lease(&id);
+    let row = st.control.set_paused(&id, true).await?;
+    Ok(Json(st.control.info(row, false)))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    st.control.node.renew_lease(&id);
+    let row = st.control.set_paused(&id, false).await?;
+    Ok(Json(st.control.info(row, false)))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+struct TtlBody {
+    /// The sandbox may live this long from now, e.g. "30m".
+    #[schema(value_type = String)]
+    ttl: warren_core::spec::Dur,
+}
+
+/// Set the sandbox's remaining lifetime (extend or shorten its TTL).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ttl", request_body = TtlBody, responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+async fn set_ttl(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<SandboxInfo>> {
+    let req: TtlBody = parse_json(&body)?;
+    if req.ttl.0.is_zero() {
+        return Err(ApiError::bad_request("ttl must be greater than zero").into());
+    }
+    let row = st.control.get(&id).await?;
+    if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} is {}; only a running or paused sandbox has a TTL to change",
+            row.state
+        ))
+        .into());
+    }
+    st.control
+        .node
+        .set_ttl(&id, req.ttl.0)
+        .map_err(node_error)?;
+    st.control.node.renew_lease(&id);
+    Ok(Json(st.control.info(row, false)))
+}
+
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    st.control.node.renew_lease(&id);
     let row = st.control.get(&id).await?;
     let mut info = st.control.info(row, true);
     info.events = st
@@ -272,6 +334,7 @@ async fn delete_sandboxes(
     responses((status = 200, body = ExecEvent, content_type = "application/x-ndjson"), (status = 409, body = ErrorBody)))]
 async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let req: ExecRequest = parse_json(&body)?;
+    st.control.node.renew_lease(&id);
     let rx = st.control.exec(&id, &req).await?;
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|ev| {
         let mut line = serde_json::to_vec(&ev).unwrap_or_default();
@@ -300,6 +363,7 @@ fn file_state_ok(state: SandboxState) -> bool {
 
 async fn sandbox_root(st: &AppState, id: &str) -> Result<std::os::fd::OwnedFd, ApiError> {
     let row = st.control.get(id).await?;
+    st.control.node.renew_lease(id);
     if !file_state_ok(row.state) {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is {}; files need a running or kept sandbox",

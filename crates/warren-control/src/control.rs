@@ -57,7 +57,14 @@ impl Control {
         } else {
             None
         };
+        let remaining = if row.state.is_live() {
+            self.node.remaining(&row.id)
+        } else {
+            None
+        };
         SandboxInfo {
+            ttl_remaining_ms: remaining.map(|r| r.0),
+            lease_remaining_ms: remaining.and_then(|r| r.1),
             id: row.id,
             state: row.state,
             reason: row.reason,
@@ -273,53 +280,56 @@ impl Control {
     }
 
     async fn on_node_event(&self, ev: NodeEvent) -> Result<(), ApiError> {
-        let (id, failed, code, why) = match &ev {
+        // (sandbox, counts as a failure for keep_on_failure, why, may be kept)
+        let (id, failed, why, keepable) = match &ev {
             NodeEvent::MainExited {
                 id,
                 exit,
                 oom_killed,
             } => {
+                self.store.set_exit_code(id, exit.code).await?;
                 let why = if *oom_killed && exit.signal == Some(9) {
                     reason::OOM_KILLED
                 } else {
                     reason::MAIN_EXITED
                 };
-                (
-                    id.clone(),
-                    exit.code != 0 || *oom_killed,
-                    Some(exit.code),
-                    why,
-                )
+                (id.clone(), exit.code != 0 || *oom_killed, why, true)
             }
-            NodeEvent::InitDied { id, oom_killed } => (
-                id.clone(),
-                true,
-                None,
-                if *oom_killed {
+            NodeEvent::Expired { id, reason } => (id.clone(), false, *reason, true),
+            NodeEvent::InitDied { id, oom_killed } => {
+                let why = if *oom_killed {
                     reason::OOM_KILLED
                 } else {
                     reason::INIT_DIED
-                },
-            ),
+                };
+                (id.clone(), true, why, false)
+            }
         };
-        if let Some(code) = code {
-            self.store.set_exit_code(&id, code).await?;
-        }
         let row = self.get(&id).await?;
-        if row.state != SandboxState::Running {
-            return Ok(());
+        match row.state {
+            SandboxState::Running | SandboxState::Paused => {}
+            // A kept sandbox's own expiry ends it.
+            SandboxState::Kept if matches!(ev, NodeEvent::Expired { .. }) => {
+                return self.destroy(&id, reason::KEEP_EXPIRED).await.map(|_| ());
+            }
+            SandboxState::Kept if matches!(ev, NodeEvent::InitDied { .. }) => {
+                return self.destroy(&id, why).await.map(|_| ());
+            }
+            _ => return Ok(()),
         }
-        let keep = match row.spec.reclaim {
-            ReclaimPolicy::Keep => true,
-            ReclaimPolicy::KeepOnFailure => failed,
-            ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
-        };
-        if keep && matches!(ev, NodeEvent::MainExited { .. }) {
+        let keep = keepable
+            && match row.spec.reclaim {
+                ReclaimPolicy::Keep => true,
+                ReclaimPolicy::KeepOnFailure => failed,
+                ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
+            };
+        if keep {
             // Processes the main one left behind stop where they are; the
-            // filesystem stays for `inspect`, `cp` and `logs`.
+            // filesystem stays for `inspect`, `cp` and `logs` until keep_for ends.
             if let Err(e) = self.node.freeze(&id, true).await {
                 tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox");
             }
+            self.node.restart_lifetime(&id, row.spec.keep_for());
             let now = now_rfc3339();
             self.store
                 .transition(&id, SandboxState::Kept, why, &now, Transition::default())
@@ -330,6 +340,35 @@ impl Control {
             return Ok(());
         }
         self.destroy(&id, why).await.map(|_| ())
+    }
+
+    /// Pauses (freezes) or resumes a running sandbox.
+    pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
+        let row = self.get(id).await?;
+        let (from, to, why) = if paused {
+            (SandboxState::Running, SandboxState::Paused, reason::PAUSED)
+        } else {
+            (SandboxState::Paused, SandboxState::Running, reason::RESUMED)
+        };
+        if row.state == to {
+            return Ok(row);
+        }
+        if row.state != from {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; only a {} sandbox can be {}",
+                row.state,
+                from,
+                if paused { "paused" } else { "resumed" }
+            )));
+        }
+        self.node.freeze(id, paused).await.map_err(node_error)?;
+        self.store
+            .transition(id, to, why, &now_rfc3339(), Transition::default())
+            .await?;
+        if let Some(log) = self.node.log(id) {
+            log.event(to.as_str(), why, "");
+        }
+        self.get(id).await
     }
 }
 

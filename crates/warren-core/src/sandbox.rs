@@ -28,6 +28,12 @@ pub struct SandboxInfo {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Time left before the TTL (or a kept sandbox's keep_for) ends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_remaining_ms: Option<u64>,
+    /// Time left before the lease ends it without a heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_remaining_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
 }

@@ -22,6 +22,7 @@ pub const DEFAULT_CPU_MILLIS: u64 = 1000;
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
 pub const DEFAULT_PIDS: u32 = 1024;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(3600);
 
 /// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
@@ -171,6 +172,9 @@ pub struct SandboxSpec {
     pub network: NetworkSpec,
     #[serde(default)]
     pub reclaim: ReclaimPolicy,
+    /// How long a kept sandbox is held before it is destroyed (default 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_for: Option<Dur>,
     /// The main process. Without it the sandbox idles until deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmd: Option<Vec<String>>,
@@ -336,6 +340,10 @@ impl SandboxSpec {
 
     pub fn ttl(&self) -> Duration {
         self.ttl.map_or(DEFAULT_TTL, |t| t.0)
+    }
+
+    pub fn keep_for(&self) -> Duration {
+        self.keep_for.map_or(DEFAULT_KEEP_FOR, |t| t.0)
     }
 }
 

@@ -95,6 +95,9 @@ pub mod reason {
     pub const USER_DELETED: &str = "user_deleted";
     pub const TTL_EXPIRED: &str = "ttl_expired";
     pub const LEASE_EXPIRED: &str = "lease_expired";
+    pub const KEEP_EXPIRED: &str = "keep_expired";
+    pub const PAUSED: &str = "paused";
+    pub const RESUMED: &str = "resumed";
     pub const OOM_KILLED: &str = "oom_killed";
     pub const INIT_DIED: &str = "init_died";
     pub const CREATE_FAILED: &str = "create_failed";

@@ -5,6 +5,7 @@
 
 pub mod clock;
 pub mod exec_stream;
+pub mod lifetime;
 pub mod logs;
 mod monitor;
 pub mod user;
@@ -48,6 +49,11 @@ pub enum NodeEvent {
         exit: ExitInfo,
         oom_killed: bool,
     },
+    /// The TTL or the lease ran out (`reason` says which).
+    Expired {
+        id: String,
+        reason: &'static str,
+    },
     InitDied {
         id: String,
         oom_killed: bool,
@@ -72,6 +78,7 @@ struct Live {
     image_digest: String,
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
+    lifetime: Mutex<lifetime::Lifetime>,
 }
 
 pub struct Node {
@@ -115,6 +122,7 @@ impl Node {
             events: tx,
             exec_seq: AtomicU64::new(0),
         });
+        tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         Ok((node, rx))
     }
 
@@ -209,6 +217,7 @@ impl Node {
             image_digest: image.digest.clone(),
             log,
             destroying: AtomicBool::new(false),
+            lifetime: Mutex::new(lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0))),
         });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.to_string(), live.clone());
@@ -339,6 +348,45 @@ impl Node {
         Ok(())
     }
 
+    /// Renews the sandbox's lease (heartbeat, or any API call on it).
+    pub fn renew_lease(&self, id: &str) {
+        if let Ok(live) = self.get(id) {
+            if let Ok(mut l) = live.lifetime.lock() {
+                l.renew();
+            }
+        }
+    }
+
+    /// Lets the sandbox live `ttl` from now.
+    pub fn set_ttl(&self, id: &str, ttl: std::time::Duration) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        let mut l = live
+            .lifetime
+            .lock()
+            .map_err(|_| NodeError::Internal("lifetime lock".into()))?;
+        l.set_ttl(ttl);
+        Ok(())
+    }
+
+    /// Starts a new lifetime without lease (a kept sandbox's own expiry).
+    pub fn restart_lifetime(&self, id: &str, ttl: std::time::Duration) {
+        if let Ok(live) = self.get(id) {
+            if let Ok(mut l) = live.lifetime.lock() {
+                l.restart(ttl);
+            }
+        }
+    }
+
+    /// Remaining TTL and lease, in milliseconds.
+    pub fn remaining(&self, id: &str) -> Option<(u64, Option<u64>)> {
+        let live = self.get(id).ok()?;
+        let l = live.lifetime.lock().ok()?;
+        Some((
+            l.ttl_remaining().as_millis() as u64,
+            l.lease_remaining().map(|d| d.as_millis() as u64),
+        ))
+    }
+
     /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.
     pub async fn freeze(&self, id: &str, frozen: bool) -> Result<(), NodeError> {
         let live = self.get(id)?;
@@ -399,5 +447,30 @@ impl Node {
             id: id.to_string(),
             oom_killed,
         });
+    }
+}
+
+/// Checks every live sandbox's TTL and lease on the monotonic clock and
+/// reports the ones that ran out. Runs until the node is dropped.
+async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
+    const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(node) = node.upgrade() else { return };
+        let now = tokio::time::Instant::now();
+        let expired: Vec<(String, &'static str)> = match node.live.lock() {
+            Ok(live) => live
+                .iter()
+                .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
+                .filter_map(|(id, l)| {
+                    let why = l.lifetime.lock().ok()?.take_expiry(now)?;
+                    Some((id.clone(), why))
+                })
+                .collect(),
+            Err(_) => continue,
+        };
+        for (id, reason) in expired {
+            let _ = node.events.send(NodeEvent::Expired { id, reason });
+        }
     }
 }

@@ -231,13 +231,26 @@ fn prepare(handle: &SandboxHandle, resources: &ResolvedResources) -> Result<(), 
 /// Mounts the sandbox's root: its own disk when it has a limit, then the
 /// overlay of image layers and a fresh upper directory. Called by the
 /// spawner in its private mount namespace, right before the clone.
-pub(crate) fn mount_root(dir: &Path, lower: &[PathBuf], disk_bytes: u64) -> Result<(), RuntimeError> {
+pub(crate) fn mount_root(
+    dir: &Path,
+    lower: &[PathBuf],
+    disk_bytes: u64,
+) -> Result<(), RuntimeError> {
     // With a disk limit, upper and work live on the sandbox's own file system.
-    let base = if disk_bytes > 0 { disk::create(dir, disk_bytes)? } else { dir.to_path_buf() };
+    let base = if disk_bytes > 0 {
+        disk::create(dir, disk_bytes)?
+    } else {
+        dir.to_path_buf()
+    };
     for sub in [base.join("upper"), base.join("work")] {
         std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
-    rootfs::mount_overlay(lower, &base.join("upper"), &base.join("work"), &dir.join("rootfs"))
+    rootfs::mount_overlay(
+        lower,
+        &base.join("upper"),
+        &base.join("work"),
+        &dir.join("rootfs"),
+    )
 }
 
 /// Detaches the mounts `mount_root` made from the calling namespace; the

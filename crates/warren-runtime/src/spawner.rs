@@ -102,8 +102,14 @@ fn private_mount_namespace() -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("unshare mount namespace: {e}"))?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|e| format!("make mounts private: {e}"))
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make mounts private: {e}"))
 }
 
 fn create(
@@ -121,7 +127,12 @@ fn create(
     result.and_then(|pid| unmounted.map(|()| pid))
 }
 
-fn create_mounted(id: &str, bundle: &Path, state_root: &Path, socket: &Path) -> Result<i32, String> {
+fn create_mounted(
+    id: &str,
+    bundle: &Path,
+    state_root: &Path,
+    socket: &Path,
+) -> Result<i32, String> {
     let _ = std::fs::remove_file(socket);
     let listener =
         UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
@@ -208,7 +219,10 @@ impl SpawnerClient {
             .env_clear()
             .envs(std::env::vars().filter(|(k, _)| k == "WARREN_LOG"))
             // mkfs.ext4 and mount for disk limits.
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
             .spawn()
             .map_err(RuntimeError::io("start spawner"))?;
         Ok(SpawnerClient { child, sock: ours })

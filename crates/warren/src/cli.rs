@@ -82,6 +82,14 @@ pub enum Command {
         #[arg(long)]
         label: Vec<String>,
     },
+    /// Freeze every process of a running sandbox.
+    Pause { id: String },
+    /// Thaw a paused sandbox.
+    Resume { id: String },
+    /// Renew a sandbox's lease.
+    Heartbeat { id: String },
+    /// Let a sandbox live TTL from now (e.g. 30m).
+    Ttl { id: String, ttl: String },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
     #[command(hide = true)]
@@ -146,6 +154,9 @@ pub struct CreateArgs {
     pub allow: Vec<String>,
     #[arg(long)]
     pub reclaim: Option<String>,
+    /// How long a kept sandbox is held (keep, keep_on_failure), e.g. 2h.
+    #[arg(long)]
+    pub keep_for: Option<String>,
     #[arg(long)]
     pub cwd: Option<String>,
     #[arg(long)]

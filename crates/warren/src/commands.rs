@@ -44,6 +44,19 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Logs { id, follow } => logs(&client()?, &id, follow).await,
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
+        Command::Pause { id } => lifecycle(&client()?, &id, "pause", None).await,
+        Command::Resume { id } => lifecycle(&client()?, &id, "resume", None).await,
+        Command::Heartbeat { id } => lifecycle(&client()?, &id, "heartbeat", None).await,
+        Command::Ttl { id, ttl } => {
+            quantity::parse_duration(&ttl)?;
+            lifecycle(
+                &client()?,
+                &id,
+                "ttl",
+                Some(serde_json::json!({ "ttl": ttl })),
+            )
+            .await
+        }
     }
 }
 
@@ -109,6 +122,7 @@ pub fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<SandboxSpec
             allow: a.allow.clone(),
         },
         reclaim,
+        keep_for: dur(&a.keep_for)?,
         cmd,
         cwd: a.cwd.clone(),
         user: a.user.clone(),
@@ -461,4 +475,19 @@ async fn rm(client: &Client, ids: Vec<String>, label: Vec<String>) -> Result<i32
         }
     }
     Ok(if failed > 0 { 1 } else { 0 })
+}
+
+async fn lifecycle(
+    client: &Client,
+    id: &str,
+    action: &str,
+    body: Option<serde_json::Value>,
+) -> Result<i32> {
+    let mut req = client.request(Method::POST, &format!("/v1/sandboxes/{id}/{action}"));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let info: SandboxInfo = client.json(req).await?;
+    println!("{} {}", info.id, info.state);
+    Ok(0)
 }

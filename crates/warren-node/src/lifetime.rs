@@ -1,0 +1,96 @@
+//! A sandbox's lifetime: its maximum age (TTL) and an optional heartbeat
+//! lease. Both run on the monotonic clock, so stepping the wall clock neither
+//! kills a sandbox early nor keeps one alive, and the node enforces them on
+//! its own, whether or not a control plane is reachable.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use warren_core::state::reason;
+
+#[derive(Debug, Clone)]
+pub struct Lifetime {
+    ttl_at: Instant,
+    lease: Option<Duration>,
+    lease_at: Option<Instant>,
+    /// Set once an expiry has been reported, so it is reported once.
+    fired: bool,
+}
+
+impl Lifetime {
+    pub fn new(ttl: Duration, lease: Option<Duration>) -> Lifetime {
+        let now = Instant::now();
+        Lifetime {
+            ttl_at: now + ttl,
+            lease,
+            lease_at: lease.map(|l| now + l),
+            fired: false,
+        }
+    }
+
+    /// A heartbeat (or any API call on the sandbox) renews the lease.
+    pub fn renew(&mut self) {
+        if let Some(lease) = self.lease {
+            self.lease_at = Some(Instant::now() + lease);
+        }
+    }
+
+    /// The sandbox may live `ttl` from now.
+    pub fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl_at = Instant::now() + ttl;
+        self.fired = false;
+    }
+
+    /// A fresh lifetime with no lease, e.g. for a kept sandbox's expiry.
+    pub fn restart(&mut self, ttl: Duration) {
+        *self = Lifetime::new(ttl, None);
+    }
+
+    pub fn ttl_remaining(&self) -> Duration {
+        self.ttl_at.saturating_duration_since(Instant::now())
+    }
+
+    pub fn lease_remaining(&self) -> Option<Duration> {
+        self.lease_at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// The reason this lifetime is over, the first time it is asked after it ended.
+    pub fn take_expiry(&mut self, now: Instant) -> Option<&'static str> {
+        if self.fired {
+            return None;
+        }
+        let why = if now >= self.ttl_at {
+            reason::TTL_EXPIRED
+        } else if self.lease_at.is_some_and(|at| now >= at) {
+            reason::LEASE_EXPIRED
+        } else {
+            return None;
+        };
+        self.fired = true;
+        Some(why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn ttl_and_lease_fire_once_and_renew_postpones() {
+        let mut l = Lifetime::new(Duration::from_secs(10), Some(Duration::from_secs(3)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(l.take_expiry(Instant::now()), None);
+        l.renew();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(l.take_expiry(Instant::now()), None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(l.take_expiry(Instant::now()), Some(reason::LEASE_EXPIRED));
+        assert_eq!(l.take_expiry(Instant::now()), None);
+        let mut t = Lifetime::new(Duration::from_secs(5), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(t.take_expiry(Instant::now()), Some(reason::TTL_EXPIRED));
+        t.set_ttl(Duration::from_secs(1));
+        assert_eq!(t.take_expiry(Instant::now()), None);
+    }
+}

@@ -1,0 +1,136 @@
+"""Lifetime and reclaim: TTLs and leases enforced by the node on the
+monotonic clock, pause/resume through the freezer, keep policies."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+
+def state(warren, sid):
+    return warren.http.get(f"/v1/sandboxes/{sid}").json()
+
+
+def wait_final(warren, sid, timeout):
+    """Polls without touching the lease (GET renews it), via the list endpoint."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = warren.http.get("/v1/sandboxes", params={"all": "true"}).json()
+        row = next(r for r in rows if r["id"] == sid)
+        if row["state"] in ("destroyed", "kept", "failed", "lost"):
+            return row, time.time()
+        time.sleep(0.05)
+    raise AssertionError(f"{sid} still {row['state']} after {timeout}s")
+
+
+def freezer_state(sid):
+    for p in (Path(f"/sys/fs/cgroup/freezer/warren/{sid}/freezer.state"),):
+        if p.exists():
+            return p.read_text().strip()
+    p = Path(f"/sys/fs/cgroup/warren/{sid}/cgroup.freeze")
+    return {"1": "FROZEN", "0": "THAWED"}[p.read_text().strip()]
+
+
+def test_ttl_expires_on_time_and_not_before(warren):
+    t0 = time.time()
+    sid = warren.create(ttl="2s")["id"]
+    time.sleep(1.5)
+    assert state(warren, sid)["state"] == "running"
+    row, t_end = wait_final(warren, sid, 6)
+    assert row["state"] == "destroyed" and row["reason"] == "ttl_expired"
+    assert 2.0 <= t_end - t0 <= 4.0, t_end - t0
+
+
+def test_lease_renewed_by_heartbeat_then_expires(warren):
+    sid = warren.create(lease="1500ms")["id"]
+    for _ in range(4):
+        time.sleep(0.7)
+        r = warren.http.post(f"/v1/sandboxes/{sid}/heartbeat")
+        assert r.status_code == 200 and r.json()["state"] == "running"
+        assert 0 < r.json()["lease_remaining_ms"] <= 1500
+    t_last = time.time()
+    row, t_end = wait_final(warren, sid, 6)
+    assert row["state"] == "destroyed" and row["reason"] == "lease_expired"
+    assert 1.5 <= t_end - t_last <= 3.5, t_end - t_last
+
+
+def test_any_call_renews_the_lease(warren):
+    sid = warren.create(lease="1500ms")["id"]
+    for _ in range(4):
+        time.sleep(0.7)
+        ex, out, _, _ = warren.exec(sid, ["true"])
+        assert ex["code"] == 0
+    assert state(warren, sid)["state"] == "running"
+    warren.destroy(sid)
+
+
+def test_ttl_can_be_extended_and_shortened(warren):
+    sid = warren.create(ttl="2s")["id"]
+    r = warren.http.post(f"/v1/sandboxes/{sid}/ttl", json={"ttl": "30s"})
+    assert r.status_code == 200 and r.json()["ttl_remaining_ms"] > 20_000
+    time.sleep(2.5)
+    assert state(warren, sid)["state"] == "running"
+    assert warren.http.post(f"/v1/sandboxes/{sid}/ttl", json={"ttl": "0s"}).status_code == 400
+    warren.http.post(f"/v1/sandboxes/{sid}/ttl", json={"ttl": "1s"})
+    row, _ = wait_final(warren, sid, 5)
+    assert row["reason"] == "ttl_expired"
+    r = warren.http.post(f"/v1/sandboxes/{sid}/ttl", json={"ttl": "1m"})
+    assert r.status_code == 409
+
+
+def test_pause_freezes_and_resume_thaws(warren, sandbox):
+    sid = sandbox()["id"]
+    warren.exec(sid, ["sh", "-c", "while true; do echo x >> /tmp/ticks; sleep 0.05; done >/dev/null 2>&1 &"])
+    r = warren.http.post(f"/v1/sandboxes/{sid}/pause")
+    assert r.status_code == 200 and r.json()["state"] == "paused"
+    assert freezer_state(sid) == "FROZEN"
+    size = len(warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/ticks"}).content)
+    time.sleep(0.5)
+    assert len(warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/ticks"}).content) == size
+    r, _, _, _ = warren.exec(sid, ["true"])
+    assert r.status_code == 409
+    assert warren.http.post(f"/v1/sandboxes/{sid}/pause").json()["state"] == "paused"
+    r = warren.http.post(f"/v1/sandboxes/{sid}/resume")
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert freezer_state(sid) == "THAWED"
+    ex, _, _, _ = warren.exec(sid, ["true"])
+    assert ex["code"] == 0
+    assert warren.http.post(f"/v1/sandboxes/{sid}/resume").json()["state"] == "running"
+
+
+def test_paused_sandbox_destroys_cleanly(warren):
+    sid = warren.create()["id"]
+    warren.exec(sid, ["sh", "-c", "sleep 1000 &"])
+    warren.http.post(f"/v1/sandboxes/{sid}/pause")
+    r = warren.destroy(sid)
+    assert r.status_code == 200 and r.json()["state"] == "destroyed"
+    assert not (warren.home / "sandboxes" / sid).exists()
+
+
+def test_keep_freezes_keeps_files_then_expires(warren):
+    info = warren.create(cmd=["sh", "-c", "echo kept > /tmp/result; sleep 1000 & exit 1"], reclaim="keep", keep_for="2s")
+    sid = info["id"]
+    row, t_kept = wait_final(warren, sid, 10)
+    assert row["state"] == "kept" and row["reason"] == "main_exited" and row["exit_code"] == 1
+    assert freezer_state(sid) == "FROZEN"
+    r = warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/result"})
+    assert r.status_code == 200 and r.content == b"kept\n"
+    r, _, _, _ = warren.exec(sid, ["true"])
+    assert r.status_code == 409
+    deadline = time.time() + 6
+    while state(warren, sid)["state"] == "kept":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    final = state(warren, sid)
+    assert final["state"] == "destroyed" and final["reason"] == "keep_expired"
+    assert time.time() - t_kept >= 1.5
+    assert not (warren.home / "sandboxes" / sid).exists()
+
+
+@pytest.mark.parametrize("code,expected", [(0, "destroyed"), (3, "kept")])
+def test_keep_on_failure(warren, code, expected):
+    sid = warren.create(cmd=["sh", "-c", f"exit {code}"], reclaim="keep_on_failure")["id"]
+    row, _ = wait_final(warren, sid, 10)
+    assert row["state"] == expected and row["exit_code"] == code
+    if expected == "kept":
+        assert warren.destroy(sid).json()["state"] == "destroyed"

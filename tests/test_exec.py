@@ -161,3 +161,13 @@ def test_exec_into_unknown_sandbox_is_404(warren):
     r, _, _, _ = warren.exec("sbx-000000000000", ["true"])
     assert r.status_code == 404
     error_body(r)
+
+
+def test_exec_gets_default_signal_dispositions(warren, sandbox):
+    """No signal is ignored in an exec (SIGPIPE especially: `yes | head` must end)."""
+    sid = sandbox()["id"]
+    ex, out, err, _ = warren.exec(sid, ["sh", "-c", "grep SigIgn /proc/self/status; yes | head -n 2"], timeout="10s")
+    assert ex["code"] == 0 and not ex["timed_out"], (out, err)
+    lines = out.decode().split()
+    assert lines[:2] == ["SigIgn:", "0000000000000000"], out
+    assert lines[2:] == ["y", "y"]

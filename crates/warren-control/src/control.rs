@@ -118,6 +118,7 @@ impl Control {
             started_at: None,
             finished_at: None,
             exit_code: None,
+            expires_boot_ms: None,
         };
         // Recording and creating run side by side: a crash in between leaves
         // either a record without a sandbox (marked lost at restart) or a
@@ -152,6 +153,7 @@ impl Control {
                         Transition {
                             pid: Some(pid),
                             started_at: Some(&started),
+                            expires_boot_ms: self.node.expires_boot_ms(&id),
                             ..Default::default()
                         },
                     )
@@ -331,8 +333,12 @@ impl Control {
             }
             self.node.restart_lifetime(&id, row.spec.keep_for());
             let now = now_rfc3339();
+            let t = Transition {
+                expires_boot_ms: self.node.expires_boot_ms(&id),
+                ..Default::default()
+            };
             self.store
-                .transition(&id, SandboxState::Kept, why, &now, Transition::default())
+                .transition(&id, SandboxState::Kept, why, &now, t)
                 .await?;
             if let Some(log) = self.node.log(&id) {
                 log.event("kept", why, "");
@@ -377,39 +383,92 @@ impl Control {
     /// not hold are torn down and marked `lost`; sandbox directories and
     /// cgroups without a record are swept.
     pub async fn recover(&self) -> Result<(), ApiError> {
-        let live: Vec<SandboxState> = SandboxState::ALL
+        let open: Vec<SandboxState> = SandboxState::ALL
             .into_iter()
             .filter(|s| !s.is_final())
             .collect();
-        let rows = self.store.list(&live).await?;
+        let rows = self.store.list(&open).await?;
         for row in &rows {
-            if self.node.is_live(&row.id) {
-                continue;
+            if let Err(e) = self.recover_one(row).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
             }
-            let message = match self.node.destroy(&row.id).await {
-                Ok(()) => "the daemon restarted; the sandbox's remains were removed".to_string(),
-                Err(e) => format!("the daemon restarted; cleanup failed: {e}"),
-            };
-            let now = now_rfc3339();
-            self.store
-                .transition(
-                    &row.id,
-                    SandboxState::Lost,
-                    reason::NODE_LOST,
-                    &now,
-                    Transition {
-                        finished_at: Some(&now),
-                        message: &message,
-                        ..Default::default()
-                    },
-                )
-                .await?;
         }
         let known: Vec<String> = rows.into_iter().map(|r| r.id).collect();
         for id in self.node.sweep_orphans(&known).await {
             tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
         }
         Ok(())
+    }
+
+    /// One sandbox at start-up: an interrupted create or destroy is finished
+    /// (the sandbox is removed); a live one is adopted; one whose processes
+    /// are gone is cleaned up and marked `lost`.
+    async fn recover_one(&self, row: &SandboxRow) -> Result<(), ApiError> {
+        let now = now_rfc3339();
+        let done = |message: &'static str| Transition {
+            finished_at: Some(&now),
+            message,
+            ..Default::default()
+        };
+        match row.state {
+            SandboxState::Queued | SandboxState::Creating => {
+                let _ = self.node.destroy(&row.id).await;
+                let t = done("the daemon stopped while creating it; its remains were removed");
+                self.store
+                    .transition(
+                        &row.id,
+                        SandboxState::Failed,
+                        reason::CREATE_FAILED,
+                        &now,
+                        t,
+                    )
+                    .await?;
+                return Ok(());
+            }
+            SandboxState::Stopping => {
+                self.node.destroy(&row.id).await.map_err(node_error)?;
+                let t = done("destroy finished after a daemon restart");
+                self.store
+                    .transition(&row.id, SandboxState::Destroyed, &row.reason, &now, t)
+                    .await?;
+                return Ok(());
+            }
+            _ => {}
+        }
+        let adopted = match (row.pid, self.node.resolve_image(&row.image_digest).await) {
+            (Some(pid), Ok(image)) => {
+                let remaining = row.expires_boot_ms.map_or(row.spec.ttl(), |at| {
+                    std::time::Duration::from_millis(
+                        (at - warren_node::lifetime::boot_ms()).max(0) as u64
+                    )
+                });
+                self.node
+                    .adopt(&row.id, pid, &row.spec, &row.resources, &image, remaining)
+                    .await
+            }
+            (None, _) => Err(NodeError::NotRunning(row.id.clone())),
+            (_, Err(e)) => Err(e),
+        };
+        match adopted {
+            Ok(()) => {
+                // Paused and kept sandboxes are still frozen by the freezer.
+                tracing::info!(sandbox = %row.id, "adopted after restart");
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.node.destroy(&row.id).await;
+                let message = format!("its processes were gone after a daemon restart ({e})");
+                let t = Transition {
+                    finished_at: Some(&now),
+                    message: &message,
+                    ..Default::default()
+                };
+                self.store
+                    .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// Clean stop: every live sandbox is destroyed with reason `shutdown`.

@@ -33,6 +33,7 @@ pub struct SandboxRow {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub exit_code: Option<i32>,
+    pub expires_boot_ms: Option<i64>,
 }
 
 /// Fields a transition may set besides state and reason.
@@ -42,6 +43,7 @@ pub struct Transition<'a> {
     pub started_at: Option<&'a str>,
     pub finished_at: Option<&'a str>,
     pub exit_code: Option<i32>,
+    pub expires_boot_ms: Option<i64>,
     pub message: &'a str,
 }
 
@@ -115,7 +117,8 @@ impl Store {
                 pid = COALESCE(?, pid),
                 started_at = COALESCE(?, started_at),
                 finished_at = COALESCE(?, finished_at),
-                exit_code = COALESCE(?, exit_code)
+                exit_code = COALESCE(?, exit_code),
+                expires_boot_ms = COALESCE(?, expires_boot_ms)
              WHERE id = ?",
         )
         .bind(state.as_str())
@@ -124,11 +127,21 @@ impl Store {
         .bind(t.started_at)
         .bind(t.finished_at)
         .bind(t.exit_code)
+        .bind(t.expires_boot_ms)
         .bind(id)
         .execute(&mut *tx)
         .await?;
         insert_event(&mut tx, time, id, Some(state), reason, t.message).await?;
         tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn set_expiry(&self, id: &str, expires_boot_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET expires_boot_ms = ? WHERE id = ?")
+            .bind(expires_boot_ms)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -255,6 +268,7 @@ fn decode(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         started_at: r.try_get("started_at")?,
         finished_at: r.try_get("finished_at")?,
         exit_code: r.try_get("exit_code")?,
+        expires_boot_ms: r.try_get("expires_boot_ms")?,
         id,
     })
 }

@@ -67,11 +67,27 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
     };
     let exec::RunningExec {
         pid,
-        mut stdout,
-        mut stderr,
+        stdout,
+        stderr,
         exit,
-        mut signal,
+        signal,
     } = running;
+    pump(&job, pid, stdout, stderr, exit, Some(signal), tx, started).await
+}
+
+/// Streams an exec's output and exit (after `start`, or after re-attaching
+/// to a main process). Timeouts need a way to signal, hence `signal`.
+#[allow(clippy::too_many_arguments)]
+pub async fn pump(
+    job: &ExecJob,
+    pid: i32,
+    mut stdout: tokio::net::unix::pipe::Receiver,
+    mut stderr: tokio::net::unix::pipe::Receiver,
+    exit: warren_runtime::ExitWait,
+    mut signal: Option<warren_runtime::ExecSignal>,
+    tx: mpsc::Sender<ExecEvent>,
+    started: Instant,
+) -> Result<ExitInfo, NodeError> {
     if tx
         .send(ExecEvent::Start {
             exec_id: job.exec_id.clone(),
@@ -84,7 +100,10 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
     }
     let exit_fut = exit.wait();
     tokio::pin!(exit_fut);
-    let deadline = job.timeout.map(|t| tokio::time::Instant::now() + t);
+    let deadline = job
+        .timeout
+        .filter(|_| signal.is_some())
+        .map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
     let (mut out_open, mut err_open) = (true, true);
     let mut outcome = None;
@@ -101,11 +120,11 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
         tokio::select! {
             n = stdout.read(&mut buf_out), if out_open => match n {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => forward(&tx, &job, false, &buf_out[..n]).await?,
+                Ok(n) => forward(&tx, job, false, &buf_out[..n]).await?,
             },
             n = stderr.read(&mut buf_err), if err_open => match n {
                 Ok(0) | Err(_) => err_open = false,
-                Ok(n) => forward(&tx, &job, true, &buf_err[..n]).await?,
+                Ok(n) => forward(&tx, job, true, &buf_err[..n]).await?,
             },
             r = &mut exit_fut, if outcome.is_none() => {
                 outcome = Some(r?);
@@ -116,7 +135,9 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
                     break;
                 }
                 timed_out = true;
-                signal.send(libc::SIGKILL).await?;
+                if let Some(signal) = signal.as_mut() {
+                    signal.send(libc::SIGKILL).await?;
+                }
             },
             _ = keepalive.tick() => {
                 if tx.send(ExecEvent::Keepalive).await.is_err() {

@@ -196,6 +196,95 @@ impl Node {
                 resources: resources.clone(),
             })
             .await?;
+        let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        let live = self.register(id, handle.pid, spec, resources, image, log, lifetime);
+        if let Some(cmd) = &spec.cmd {
+            let job = match self.exec_job(id, &live, &main_request(cmd), true) {
+                Ok(job) => job,
+                Err(e) => {
+                    let _ = self.destroy(id).await;
+                    return Err(e);
+                }
+            };
+            self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
+        }
+        Ok(handle.pid)
+    }
+
+    /// Takes over a sandbox that outlived a daemon restart: its init must
+    /// still be alive and in the sandbox's cgroup. Re-attaches to its main
+    /// process, whose output the init held while no daemon was reading.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn adopt(
+        self: &Arc<Self>,
+        id: &str,
+        pid: i32,
+        spec: &SandboxSpec,
+        resources: &ResolvedResources,
+        image: &ImageRecord,
+        ttl_remaining: std::time::Duration,
+    ) -> Result<(), NodeError> {
+        let cgroup_path = self.runtime.cgroup_path(id);
+        if !warren_runtime::owns_pid(pid, &cgroup_path) {
+            return Err(NodeError::NotRunning(id.to_string()));
+        }
+        let log = Arc::new(
+            SandboxLog::open(&self.home.join("logs"), id)
+                .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
+        );
+        log.event(
+            "running",
+            "adopted",
+            "the daemon restarted and took the sandbox over",
+        );
+        let lifetime = lifetime::Lifetime::new(ttl_remaining, spec.lease.map(|l| l.0));
+        let live = self.register(id, pid, spec, resources, image, log, lifetime);
+        if spec.cmd.is_none() {
+            return Ok(());
+        }
+        match warren_runtime::exec::attach_main(&live.socket).await? {
+            warren_runtime::exec::MainAttach::Running {
+                pid: main_pid,
+                stdout,
+                stderr,
+                exit,
+            } => {
+                let cmd = spec.cmd.clone().unwrap_or_default();
+                let job = self.exec_job(id, &live, &main_request(&cmd), true)?;
+                self.supervise_main(id, async move |tx| {
+                    let started = std::time::Instant::now();
+                    exec_stream::pump(&job, main_pid, stdout, stderr, exit, None, tx, started).await
+                });
+            }
+            warren_runtime::exec::MainAttach::Exited { code, signal } => {
+                let exit = ExitInfo {
+                    code,
+                    signal,
+                    timed_out: false,
+                };
+                let oom_killed = self.oom_kills(id) > 0;
+                let _ = self.events.send(NodeEvent::MainExited {
+                    id: id.to_string(),
+                    exit,
+                    oom_killed,
+                });
+            }
+            warren_runtime::exec::MainAttach::NoMain => {}
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register(
+        self: &Arc<Self>,
+        id: &str,
+        pid: i32,
+        spec: &SandboxSpec,
+        resources: &ResolvedResources,
+        image: &ImageRecord,
+        log: Arc<SandboxLog>,
+        lifetime: lifetime::Lifetime,
+    ) -> Arc<Live> {
         let env =
             warren_core::spec::sandbox_env(&image.config.env, resources.cpu_millis, &spec.env);
         let cwd = spec
@@ -207,53 +296,56 @@ impl Node {
             .user
             .clone()
             .unwrap_or_else(|| image.config.user.clone());
+        let handle = self.runtime.handle(id, pid);
         let live = Arc::new(Live {
-            pid: handle.pid,
-            socket: handle.socket.clone(),
-            cgroup_path: handle.cgroup_path.clone(),
+            pid,
+            socket: handle.socket,
+            cgroup_path: handle.cgroup_path,
             env,
             cwd,
             user,
             image_digest: image.digest.clone(),
             log,
             destroying: AtomicBool::new(false),
-            lifetime: Mutex::new(lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0))),
+            lifetime: Mutex::new(lifetime),
         });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.to_string(), live.clone());
         }
-        monitor::watch_init(self.clone(), id.to_string(), handle.pid);
-        if let Some(cmd) = &spec.cmd {
-            let req = ExecRequest {
-                cmd: cmd.clone(),
-                ..Default::default()
-            };
-            let job = match self.exec_job(id, &live, &req, true) {
-                Ok(job) => job,
-                Err(e) => {
-                    let _ = self.destroy(id).await;
-                    return Err(e);
-                }
-            };
-            let node = self.clone();
-            let id = id.to_string();
-            tokio::spawn(async move {
-                // Nobody consumes the main process's events here; output goes
-                // to the log, which `warren logs` and `warren run` follow.
-                let (tx, mut rx) = mpsc::channel(64);
-                tokio::spawn(async move { while rx.recv().await.is_some() {} });
-                let result = exec_stream::run(job, tx).await;
+        monitor::watch_init(self.clone(), id.to_string(), pid);
+        live
+    }
+
+    /// Runs the main process's event pump and reports its exit. Nobody
+    /// consumes its events here: output goes to the log, which `warren logs`
+    /// and `warren run` follow.
+    fn supervise_main<F, Fut>(self: &Arc<Self>, id: &str, pump: F)
+    where
+        F: FnOnce(mpsc::Sender<ExecEvent>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<ExitInfo, NodeError>> + Send,
+    {
+        let node = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let (tx, mut rx) = mpsc::channel(64);
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            if let Ok(exit) = pump(tx).await {
                 let oom_killed = node.oom_kills(&id) > 0;
-                if let Ok(exit) = result {
-                    let _ = node.events.send(NodeEvent::MainExited {
-                        id,
-                        exit,
-                        oom_killed,
-                    });
-                }
-            });
-        }
-        Ok(handle.pid)
+                let _ = node.events.send(NodeEvent::MainExited {
+                    id,
+                    exit,
+                    oom_killed,
+                });
+            }
+        });
+    }
+
+    /// The lifetime's end on CLOCK_BOOTTIME (ms), which keeps counting
+    /// across daemon restarts and ignores wall-clock steps.
+    pub fn expires_boot_ms(&self, id: &str) -> Option<i64> {
+        let live = self.get(id).ok()?;
+        let l = live.lifetime.lock().ok()?;
+        Some(lifetime::boot_ms() + l.ttl_remaining().as_millis() as i64)
     }
 
     fn exec_job(
@@ -418,11 +510,11 @@ impl Node {
         Ok(files::open_root(live.pid)?)
     }
 
-    /// Sandbox directories and cgroups on this host that `known` does not
-    /// list: left behind by a crash. Removes them.
+    /// Sandbox directories, cgroups and runtime state on this host that
+    /// `known` does not list: left behind by a crash. Removes them.
     pub async fn sweep_orphans(&self, known: &[String]) -> Vec<String> {
         let mut swept = Vec::new();
-        for id in self.runtime.list_sandbox_dirs() {
+        for id in self.runtime.list_host_sandboxes() {
             if !known.contains(&id)
                 && !self.is_live(&id)
                 && self.runtime.destroy(&id, None).await.is_ok()
@@ -447,6 +539,13 @@ impl Node {
             id: id.to_string(),
             oom_killed,
         });
+    }
+}
+
+fn main_request(cmd: &[String]) -> ExecRequest {
+    ExecRequest {
+        cmd: cmd.to_vec(),
+        ..Default::default()
     }
 }
 

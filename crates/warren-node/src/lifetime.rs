@@ -8,6 +8,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use warren_core::state::reason;
 
+/// Milliseconds on CLOCK_BOOTTIME: monotonic, counts suspend, shared by
+/// every process on the host, so a restarted daemon can resume deadlines.
+pub fn boot_ms() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    t.tv_sec * 1000 + t.tv_nsec / 1_000_000
+}
+
 #[derive(Debug, Clone)]
 pub struct Lifetime {
     ttl_at: Instant,

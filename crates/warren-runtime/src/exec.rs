@@ -38,11 +38,12 @@ pub async fn start(
             socket.display()
         ))
     })?;
-    proto::send(
-        &conn,
-        &InitRequest::Exec(spec.clone()),
-        &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-    )?;
+    let mut fds = vec![in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+    if spec.main {
+        // Init keeps these so the main process survives a daemon restart.
+        fds.extend([out_r.as_raw_fd(), err_r.as_raw_fd()]);
+    }
+    proto::send(&conn, &InitRequest::Exec(spec.clone()), &fds)?;
     drop((in_r, out_w, err_w));
     conn.set_nonblocking(true)
         .map_err(RuntimeError::io("socket"))?;
@@ -55,7 +56,10 @@ pub async fn start(
                 pid,
                 stdout: receiver(out_r)?,
                 stderr: receiver(err_r)?,
-                exit: ExitWait { reader },
+                exit: ExitWait {
+                    reader,
+                    _writer: None,
+                },
                 signal: ExecSignal { writer },
             }))
         }
@@ -86,6 +90,9 @@ fn feed_stdin(w: OwnedFd, data: Option<Vec<u8>>) -> Result<(), RuntimeError> {
 /// Reads the exit report of one exec.
 pub struct ExitWait {
     reader: tokio::net::unix::OwnedReadHalf,
+    /// Dropping a write half shuts the socket down for writing, which init
+    /// reads as "the daemon went away"; an attached main keeps it open.
+    _writer: Option<tokio::net::unix::OwnedWriteHalf>,
 }
 
 impl ExitWait {
@@ -117,10 +124,55 @@ impl ExecSignal {
     }
 }
 
-/// Asks init about the main process (after a daemon restart, for instance).
-pub fn main_status(socket: &Path) -> Result<InitReply, RuntimeError> {
+/// What re-attaching to a sandbox's main process found.
+pub enum MainAttach {
+    Running {
+        pid: i32,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+        exit: ExitWait,
+    },
+    Exited {
+        code: i32,
+        signal: Option<i32>,
+    },
+    /// The sandbox has no main process.
+    NoMain,
+}
+
+/// Re-attaches to the main process after a daemon restart.
+pub async fn attach_main(socket: &Path) -> Result<MainAttach, RuntimeError> {
     let conn = UnixStream::connect(socket)
-        .map_err(|e| RuntimeError::Exec(format!("init not reachable: {e}")))?;
-    proto::send(&conn, &InitRequest::MainStatus, &[])?;
-    Ok(proto::recv::<InitReply>(&conn)?.0)
+        .map_err(|e| RuntimeError::Exec(format!("sandbox init is not reachable: {e}")))?;
+    proto::send(&conn, &InitRequest::AttachMain, &[])?;
+    let (reply, mut fds) = proto::recv::<InitReply>(&conn)?;
+    match reply {
+        InitReply::Main { pid: Some(pid), .. } if fds.len() == 2 => {
+            let stderr = receiver(fds.remove(1))?;
+            let stdout = receiver(fds.remove(0))?;
+            conn.set_nonblocking(true)
+                .map_err(RuntimeError::io("socket"))?;
+            let control =
+                tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
+            let (reader, writer) = control.into_split();
+            let exit = ExitWait {
+                reader,
+                _writer: Some(writer),
+            };
+            Ok(MainAttach::Running {
+                pid,
+                stdout,
+                stderr,
+                exit,
+            })
+        }
+        InitReply::Main {
+            exit: Some((code, signal)),
+            ..
+        } => Ok(MainAttach::Exited { code, signal }),
+        InitReply::Main { .. } => Ok(MainAttach::NoMain),
+        other => Err(RuntimeError::Exec(format!(
+            "unexpected reply from init: {other:?}"
+        ))),
+    }
 }

@@ -67,6 +67,8 @@ struct Init {
     execs: HashMap<i32, Exec>,
     main_pid: Option<i32>,
     main_exit: Option<(i32, Option<i32>)>,
+    /// Read ends of the main process's stdout and stderr (see proto).
+    main_output: Vec<OwnedFd>,
 }
 
 fn run() -> Result<(), Errno> {
@@ -94,6 +96,7 @@ fn run() -> Result<(), Errno> {
         execs: HashMap::new(),
         main_pid: None,
         main_exit: None,
+        main_output: Vec::new(),
     };
     init.serve()
 }
@@ -178,6 +181,7 @@ impl Init {
         };
         if exec.main {
             self.main_exit = Some((code, signal));
+            self.main_output.clear();
         }
         if let Some(conn) = exec.conn {
             let _ = proto::send(&conn, &InitReply::Exited { code, signal }, &[]);
@@ -224,25 +228,44 @@ impl Init {
             let _ = conn.set_read_timeout(None);
             match request {
                 Ok((InitRequest::Exec(spec), fds)) => self.start_exec(conn, spec, fds),
-                Ok((InitRequest::MainStatus, _)) => {
-                    let reply = InitReply::Main {
-                        pid: self.main_pid.filter(|_| self.main_exit.is_none()),
-                        exit: self.main_exit,
-                    };
-                    let _ = proto::send(&conn, &reply, &[]);
-                }
+                Ok((InitRequest::AttachMain, _)) => self.attach_main(conn),
                 Ok((InitRequest::Signal { .. }, _)) | Err(_) => {}
             }
         }
     }
 
-    fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, fds: Vec<OwnedFd>) {
+    fn attach_main(&mut self, conn: UnixStream) {
+        let running = self.main_pid.filter(|_| self.main_exit.is_none());
+        let reply = InitReply::Main {
+            pid: running,
+            exit: self.main_exit,
+        };
+        let fds: Vec<RawFd> = if running.is_some() {
+            self.main_output.iter().map(|f| f.as_raw_fd()).collect()
+        } else {
+            vec![]
+        };
+        if proto::send(&conn, &reply, &fds).is_err() {
+            return;
+        }
+        if let Some(exec) = running.and_then(|pid| self.execs.get_mut(&pid)) {
+            exec.conn = Some(conn);
+        }
+    }
+
+    fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
+        let readers = if spec.main && fds.len() == 5 {
+            fds.split_off(3)
+        } else {
+            vec![]
+        };
         match spawn(&spec, &fds) {
             Ok(pid) => {
                 drop(fds);
                 if spec.main {
                     self.main_pid = Some(pid);
                     self.main_exit = None;
+                    self.main_output = readers;
                 }
                 let _ = proto::send(&conn, &InitReply::Started { pid }, &[]);
                 self.execs.insert(
@@ -343,6 +366,39 @@ fn child(
     env: &[CString],
     cwd: &CString,
 ) -> Errno {
+    // The spawner is a Rust program, which ignores SIGPIPE; ignored
+    // dispositions survive execve, so restore the defaults a program expects.
+    // Real-time signals included: the C library's internal ones (32, 33)
+    // arrive ignored too, and its signal() refuses to touch them, so this
+    // uses the raw system call with the kernel's sigaction layout.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signo in 1..=64 {
+        if signo != libc::SIGKILL && signo != libc::SIGSTOP {
+            // SAFETY: rt_sigaction reads the struct we own and installs no
+            // handler; numbers the kernel rejects just fail.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signo,
+                    &default as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8usize,
+                )
+            };
+        }
+    }
     let _ = SigSet::all().thread_unblock();
     // Own session and process group: the whole tree of this exec can be
     // signalled at once (timeouts, cancellation).

@@ -196,14 +196,40 @@ impl Runtime {
     }
 
     /// Ids of sandboxes that have a directory on this host.
-    pub fn list_sandbox_dirs(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(self.cfg.home.join("sandboxes")) else {
-            return vec![];
-        };
-        rd.filter_map(|e| e.ok())
+    /// Sandbox ids that have a directory, a cgroup or libcontainer state on
+    /// this host. Only names shaped like Warren's ids count, so look-alike
+    /// entries that are not ours are never touched.
+    pub fn list_host_sandboxes(&self) -> Vec<String> {
+        let mut places = vec![self.cfg.home.join("sandboxes"), self.state_root()];
+        let root = Path::new("/sys/fs/cgroup");
+        places.push(root.join(&self.cfg.cgroup_parent));
+        if let Ok(rd) = std::fs::read_dir(root) {
+            places.extend(
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.path().join(&self.cfg.cgroup_parent)),
+            );
+        }
+        let mut ids: Vec<String> = places
+            .iter()
+            .filter_map(|p| std::fs::read_dir(p).ok())
+            .flat_map(|rd| rd.filter_map(|e| e.ok()))
             .filter_map(|e| e.file_name().into_string().ok())
-            .collect()
+            .filter(|name| is_sandbox_id(name))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
     }
+}
+
+/// `sbx-` followed by 12 lowercase letters or digits.
+pub fn is_sandbox_id(name: &str) -> bool {
+    name.strip_prefix("sbx-").is_some_and(|rest| {
+        rest.len() == 12
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    })
 }
 
 /// Lays out the sandbox directory and its OCI config. The file systems
@@ -291,6 +317,14 @@ fn remove_container(
             state.display()
         ))),
     }
+}
+
+/// Whether `pid` is a live process in the sandbox cgroup `cgroup_path`, so a
+/// recycled pid is never mistaken for a sandbox's init.
+pub fn owns_pid(pid: i32, cgroup_path: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|c| c.lines().any(|l| l.ends_with(cgroup_path)))
+        .unwrap_or(false)
 }
 
 /// SIGKILLs a sandbox's init, which makes the kernel kill every process of

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 /// Frames are small control messages; anything bigger is a bug or an attack.
 pub const MAX_FRAME: usize = 1 << 20;
-const MAX_FDS: usize = 4;
+const MAX_FDS: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {
@@ -141,7 +141,10 @@ pub async fn send_async<T: Serialize>(
 }
 
 /// What the daemon asks a sandbox's init to do. The stdio descriptors of an
-/// `Exec` (stdin, stdout, stderr, in that order) ride along with the frame.
+/// `Exec` (stdin, stdout, stderr, in that order) ride along with the frame;
+/// a main process's also carries copies of the stdout and stderr read ends,
+/// which init holds so the main process outlives a daemon restart (its
+/// writes block instead of failing) and hands back on `AttachMain`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum InitRequest {
@@ -150,8 +153,10 @@ pub enum InitRequest {
     Signal {
         signal: i32,
     },
-    /// Report the main process's status (used after a daemon restart).
-    MainStatus,
+    /// Re-attach to the main process after a daemon restart: the reply is
+    /// `Main`, carrying the read ends of its stdout and stderr while it runs,
+    /// and `Exited` follows on the same connection when it ends.
+    AttachMain,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -70,7 +70,7 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    paths(nodes, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
     components(schemas(SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
@@ -108,6 +108,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
         .route("/v1/sandboxes/{id}/logs", get(logs))
         .route("/v1/events", get(events))
+        .route("/v1/nodes", get(nodes))
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
         .route(
@@ -174,17 +175,30 @@ async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
-/// Create a sandbox; answers once it is ready for exec.
-#[utoipa::path(post, path = "/v1/sandboxes", request_body = SandboxSpec,
+#[derive(Deserialize)]
+struct CreateQuery {
+    /// `false`: answer 202 at once when the create has to queue for capacity.
+    wait: Option<bool>,
+}
+
+/// Create a sandbox; answers once it is ready for exec (waiting in the
+/// node's FIFO queue first when it does not fit yet).
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = SandboxSpec, params(("wait" = Option<bool>, Query)),
     responses((status = 201, body = SandboxInfo), (status = 200, body = SandboxInfo, description = "request_id replay"),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn create_sandbox(State(st): St, body: Bytes) -> ApiResult<Response> {
+              (status = 202, body = SandboxInfo, description = "queued (wait=false)"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry")))]
+async fn create_sandbox(
+    State(st): St,
+    Query(q): Query<CreateQuery>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let spec: SandboxSpec = parse_json(&body)?;
-    let (info, created) = st.control.create(spec).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let (info, created) = st.control.create(spec, q.wait.unwrap_or(true)).await?;
+    let status = match (created, info.state) {
+        (true, SandboxState::Queued) => StatusCode::ACCEPTED,
+        (true, _) => StatusCode::CREATED,
+        (false, _) => StatusCode::OK,
     };
     Ok((status, Json(info)).into_response())
 }
@@ -522,6 +536,27 @@ fn async_stream(
             }
         }
     })
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct NodeInfo {
+    name: String,
+    allocatable: warren_node::admission::Need,
+    allocated: warren_node::admission::Need,
+    queued: usize,
+}
+
+/// Nodes with their allocatable and allocated capacity and queue length.
+#[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeInfo])))]
+async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
+    let node = &st.control.node;
+    let (allocatable, allocated, queued) = node.capacity();
+    Json(vec![NodeInfo {
+        name: node.name().to_string(),
+        allocatable,
+        allocated,
+        queued,
+    }])
 }
 
 #[derive(Deserialize)]

@@ -10,6 +10,7 @@ use warren_core::state::reason;
 use warren_core::{
     ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
 };
+use warren_node::admission::{Admit, AdmitError};
 use warren_node::clock::now_rfc3339;
 use warren_node::{Node, NodeError, NodeEvent};
 
@@ -57,12 +58,18 @@ impl Control {
         } else {
             None
         };
+        let queue_position = if row.state == SandboxState::Queued {
+            self.node.queue_position(&row.id)
+        } else {
+            None
+        };
         let remaining = if row.state.is_live() {
             self.node.remaining(&row.id)
         } else {
             None
         };
         SandboxInfo {
+            queue_position,
             ttl_remaining_ms: remaining.map(|r| r.0),
             lease_remaining_ms: remaining.and_then(|r| r.1),
             id: row.id,
@@ -89,7 +96,14 @@ impl Control {
         })
     }
 
-    pub async fn create(&self, spec: SandboxSpec) -> Result<(SandboxInfo, bool), ApiError> {
+    /// Validates, admits (or queues) and creates a sandbox. The work runs in
+    /// its own task, so a client that disconnects cannot leave a sandbox
+    /// half made. With `wait == false` a queued create answers at once.
+    pub async fn create(
+        self: &Arc<Self>,
+        spec: SandboxSpec,
+        wait: bool,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -104,80 +118,169 @@ impl Control {
             .await
             .map_err(node_error)?;
         let id = new_id();
-        let now = now_rfc3339();
+        let admit = self.node.admit(&id, &resources).map_err(|e| match e {
+            AdmitError::QueueFull(_) => ApiError {
+                code: warren_core::ErrorCode::TooManyRequests,
+                message: e.to_string(),
+                retry_after_ms: Some(1000),
+            },
+            AdmitError::NeverFits { .. } => ApiError::bad_request(e.to_string()),
+        })?;
+        let queued = matches!(admit, Admit::Queued { .. });
         let row = SandboxRow {
             id: id.clone(),
-            state: SandboxState::Creating,
-            reason: reason::CREATED.into(),
+            state: if queued {
+                SandboxState::Queued
+            } else {
+                SandboxState::Creating
+            },
+            reason: if queued {
+                reason::QUEUED.into()
+            } else {
+                reason::CREATED.into()
+            },
             spec: spec.clone(),
             resources: resources.clone(),
             node: self.node.name().to_string(),
             image_digest: image.digest.clone(),
             pid: None,
-            created_at: now.clone(),
+            created_at: now_rfc3339(),
             started_at: None,
             finished_at: None,
             exit_code: None,
             expires_boot_ms: None,
         };
-        // Recording and creating run side by side: a crash in between leaves
-        // either a record without a sandbox (marked lost at restart) or a
-        // sandbox without a record (swept at restart).
+        let this = self.clone();
+        let task = match admit {
+            Admit::Now => tokio::spawn(async move { this.create_admitted(row, image).await }),
+            Admit::Queued { ready, .. } => {
+                // The queued record is what a client polls; it must exist first.
+                if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
+                    self.node.release(&id);
+                    return self.insert_failed(e, &spec).await;
+                }
+                let task = tokio::spawn(async move {
+                    if ready.await.is_err() {
+                        return Err(ApiError::conflict(format!(
+                            "sandbox {} was deleted while it waited for capacity",
+                            row.id
+                        )));
+                    }
+                    this.start_queued(row, image).await
+                });
+                if !wait {
+                    return Ok((self.info(self.get(&id).await?, false), true));
+                }
+                task
+            }
+        };
+        task.await
+            .map_err(|e| ApiError::internal(format!("create task: {e}")))?
+    }
+
+    async fn insert_failed(
+        &self,
+        e: StoreError,
+        spec: &SandboxSpec,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        // A concurrent create with the same request id won the race.
+        if let (StoreError::Db(sqlx::Error::Database(db)), Some(rid)) = (&e, &spec.request_id) {
+            if db.is_unique_violation() {
+                if let Some(existing) = self.store.by_request_id(rid).await? {
+                    return Ok((self.info(existing, false), false));
+                }
+            }
+        }
+        Err(e.into())
+    }
+
+    /// Capacity is reserved: record and create side by side. A crash in
+    /// between leaves either a record without a sandbox (marked failed at
+    /// restart) or a sandbox without a record (swept at restart).
+    async fn create_admitted(
+        &self,
+        row: SandboxRow,
+        image: warren_image::ImageRecord,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let id = row.id.clone();
         let (inserted, created) = tokio::join!(
-            self.store.insert(&row, spec.request_id.as_deref()),
-            self.node.create(&id, &spec, &resources, &image)
+            self.store.insert(&row, row.spec.request_id.as_deref()),
+            self.node.create(&id, &row.spec, &row.resources, &image)
         );
         if let Err(e) = inserted {
             if created.is_ok() {
                 let _ = self.node.destroy(&id).await;
             }
-            // A concurrent create with the same request id won the race.
-            if let (StoreError::Db(sqlx::Error::Database(db)), Some(rid)) = (&e, &spec.request_id) {
-                if db.is_unique_violation() {
-                    if let Some(existing) = self.store.by_request_id(rid).await? {
-                        return Ok((self.info(existing, false), false));
-                    }
-                }
-            }
-            return Err(e.into());
+            self.node.release(&id);
+            return self.insert_failed(e, &row.spec).await;
         }
+        self.finish_create(&id, created).await
+    }
+
+    /// A queued create whose turn has come.
+    async fn start_queued(
+        &self,
+        row: SandboxRow,
+        image: warren_image::ImageRecord,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let id = row.id.clone();
+        // Deleted while it waited, after the capacity was granted?
+        if self.get(&id).await?.state != SandboxState::Queued {
+            self.node.release(&id);
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} was deleted while it waited for capacity"
+            )));
+        }
+        let now = now_rfc3339();
+        self.store
+            .transition(
+                &id,
+                SandboxState::Creating,
+                reason::ADMITTED,
+                &now,
+                Transition::default(),
+            )
+            .await?;
+        let created = self
+            .node
+            .create(&id, &row.spec, &row.resources, &image)
+            .await;
+        self.finish_create(&id, created).await
+    }
+
+    async fn finish_create(
+        &self,
+        id: &str,
+        created: Result<i32, NodeError>,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
             Ok(pid) => {
                 let started = now_rfc3339();
+                let t = Transition {
+                    pid: Some(pid),
+                    started_at: Some(&started),
+                    expires_boot_ms: self.node.expires_boot_ms(id),
+                    ..Default::default()
+                };
                 self.store
-                    .transition(
-                        &id,
-                        SandboxState::Running,
-                        reason::READY,
-                        &started,
-                        Transition {
-                            pid: Some(pid),
-                            started_at: Some(&started),
-                            expires_boot_ms: self.node.expires_boot_ms(&id),
-                            ..Default::default()
-                        },
-                    )
+                    .transition(id, SandboxState::Running, reason::READY, &started, t)
                     .await?;
-                if let Some(log) = self.node.log(&id) {
+                if let Some(log) = self.node.log(id) {
                     log.event("running", reason::READY, "");
                 }
-                Ok((self.info(self.get(&id).await?, false), true))
+                Ok((self.info(self.get(id).await?, false), true))
             }
             Err(e) => {
+                self.node.release(id);
                 let message = e.to_string();
                 let now = now_rfc3339();
+                let t = Transition {
+                    finished_at: Some(&now),
+                    message: &message,
+                    ..Default::default()
+                };
                 self.store
-                    .transition(
-                        &id,
-                        SandboxState::Failed,
-                        reason::CREATE_FAILED,
-                        &now,
-                        Transition {
-                            finished_at: Some(&now),
-                            message: &message,
-                            ..Default::default()
-                        },
-                    )
+                    .transition(id, SandboxState::Failed, reason::CREATE_FAILED, &now, t)
                     .await?;
                 Err(match node_error(e) {
                     ApiError {
@@ -211,6 +314,19 @@ impl Control {
         let row = self.get(id).await?;
         if row.state.is_final() {
             return Ok(row);
+        }
+        if row.state == SandboxState::Queued {
+            // Nothing exists on the host yet: leave the queue and finish.
+            self.node.release(id);
+            let now = now_rfc3339();
+            let t = Transition {
+                finished_at: Some(&now),
+                ..Default::default()
+            };
+            self.store
+                .transition(id, SandboxState::Destroyed, why, &now, t)
+                .await?;
+            return self.get(id).await;
         }
         let now = now_rfc3339();
         self.store

@@ -18,6 +18,7 @@ pub struct UpConfig {
     pub spawner_exe: PathBuf,
     pub spawner_args: Vec<String>,
     pub spawners: usize,
+    pub capacity: warren_node::CapacityConfig,
 }
 
 /// Reads the API token from `<home>/token`, creating it (mode 0600) first.
@@ -65,6 +66,7 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         spawner_exe: cfg.spawner_exe.clone(),
         spawner_args: cfg.spawner_args.clone(),
         spawners: cfg.spawners,
+        capacity: cfg.capacity.clone(),
     })
     .map_err(|e| format!("node agent: {e}"))?;
     let control = Arc::new(control::Control { store, node });

@@ -28,6 +28,9 @@ pub struct SandboxInfo {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// 1-based place in the node's FIFO queue while `queued`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<usize>,
     /// Time left before the TTL (or a kept sandbox's keep_for) ends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_remaining_ms: Option<u64>,

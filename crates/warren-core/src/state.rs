@@ -90,6 +90,8 @@ impl FromStr for SandboxState {
 /// do not break old clients.
 pub mod reason {
     pub const CREATED: &str = "created";
+    pub const QUEUED: &str = "queued";
+    pub const ADMITTED: &str = "admitted";
     pub const READY: &str = "ready";
     pub const MAIN_EXITED: &str = "main_exited";
     pub const USER_DELETED: &str = "user_deleted";

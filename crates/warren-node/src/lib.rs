@@ -3,6 +3,7 @@
 //! init, logs) and reports what happens to them as [`NodeEvent`]s. The control
 //! plane drives it only through this API, in `warren up` and in a cluster.
 
+pub mod admission;
 pub mod clock;
 pub mod exec_stream;
 pub mod lifetime;
@@ -66,6 +67,39 @@ pub struct NodeConfig {
     pub spawner_exe: PathBuf,
     pub spawner_args: Vec<String>,
     pub spawners: usize,
+    pub capacity: CapacityConfig,
+}
+
+/// How much of the host the node lends to sandboxes.
+#[derive(Debug, Clone)]
+pub struct CapacityConfig {
+    /// CPU is compressible (each sandbox is capped by its quota), so the sum
+    /// of sandbox CPU limits may exceed the cores by this factor.
+    pub cpu_overcommit: f64,
+    /// Kept back for the system and Warren itself.
+    pub reserve_cpu_millis: u64,
+    pub reserve_memory: u64,
+    pub max_sandboxes: u32,
+    /// Creates that may wait for capacity; beyond this they get 429.
+    pub queue_limit: usize,
+    /// Sandboxes initialising at once (the node's start queue).
+    pub max_initializing: usize,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        CapacityConfig {
+            cpu_overcommit: 8.0,
+            reserve_cpu_millis: 250,
+            reserve_memory: 512 << 20,
+            max_sandboxes: 4096,
+            queue_limit: 1024,
+            max_initializing: 8 * cores,
+        }
+    }
 }
 
 struct Live {
@@ -83,6 +117,8 @@ struct Live {
 
 pub struct Node {
     name: String,
+    admission: admission::Admission,
+    initializing: tokio::sync::Semaphore,
     home: PathBuf,
     runtime: Runtime,
     images: Arc<ImageStore>,
@@ -113,7 +149,19 @@ impl Node {
             cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
         })?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let cap = &cfg.capacity;
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1) as f64;
+        let total = admission::Need {
+            cpu_millis: ((cores * 1000.0 * cap.cpu_overcommit) as u64)
+                .saturating_sub(cap.reserve_cpu_millis),
+            memory: host_memory().saturating_sub(cap.reserve_memory),
+            slots: cap.max_sandboxes,
+        };
         let node = Arc::new(Node {
+            admission: admission::Admission::new(total, cap.queue_limit),
+            initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
             home: cfg.home,
             runtime,
@@ -188,6 +236,11 @@ impl Node {
                 .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
         );
         log.event("creating", warren_core::state::reason::CREATED, "");
+        let permit = self
+            .initializing
+            .acquire()
+            .await
+            .map_err(|_| NodeError::Internal("node is shutting down".into()))?;
         let handle = self
             .runtime
             .create(CreateRequest {
@@ -196,6 +249,7 @@ impl Node {
                 resources: resources.clone(),
             })
             .await?;
+        drop(permit);
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let live = self.register(id, handle.pid, spec, resources, image, log, lifetime);
         if let Some(cmd) = &spec.cmd {
@@ -238,6 +292,7 @@ impl Node {
             "the daemon restarted and took the sandbox over",
         );
         let lifetime = lifetime::Lifetime::new(ttl_remaining, spec.lease.map(|l| l.0));
+        self.admission.hold(id, need_of(resources));
         let live = self.register(id, pid, spec, resources, image, log, lifetime);
         if spec.cmd.is_none() {
             return Ok(());
@@ -437,7 +492,35 @@ impl Node {
         if let Ok(mut m) = self.live.lock() {
             m.remove(id);
         }
+        self.admission.release(id);
         Ok(())
+    }
+
+    /// Reserves capacity for a sandbox, or queues it (FIFO) until some frees.
+    pub fn admit(
+        &self,
+        id: &str,
+        resources: &ResolvedResources,
+    ) -> Result<admission::Admit, admission::AdmitError> {
+        self.admission.admit(id, need_of(resources))
+    }
+
+    /// Gives back a reservation (or a queue place) that will not be used.
+    pub fn release(&self, id: &str) {
+        self.admission.release(id);
+    }
+
+    pub fn queue_position(&self, id: &str) -> Option<usize> {
+        self.admission.position(id)
+    }
+
+    /// Allocatable capacity, what is allocated, and the queue length.
+    pub fn capacity(&self) -> (admission::Need, admission::Need, usize) {
+        (
+            self.admission.total(),
+            self.admission.used(),
+            self.admission.queued(),
+        )
     }
 
     /// Renews the sandbox's lease (heartbeat, or any API call on it).
@@ -540,6 +623,25 @@ impl Node {
             oom_killed,
         });
     }
+}
+
+pub fn need_of(r: &ResolvedResources) -> admission::Need {
+    admission::Need {
+        cpu_millis: r.cpu_millis,
+        memory: r.memory,
+        slots: 1,
+    }
+}
+
+fn host_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 fn main_request(cmd: &[String]) -> ExecRequest {

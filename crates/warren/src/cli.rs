@@ -103,6 +103,24 @@ pub struct UpArgs {
     /// Spawner processes (parallel sandbox creations); default: one per core.
     #[arg(long)]
     pub spawners: Option<usize>,
+    /// Sum of sandbox CPU limits allowed per core (CPU is compressible).
+    #[arg(long, default_value_t = 8.0)]
+    pub cpu_overcommit: f64,
+    /// CPU kept back for the system and Warren (cores or millicores).
+    #[arg(long, default_value = "250m")]
+    pub reserve_cpu: String,
+    /// Memory kept back for the system and Warren.
+    #[arg(long, default_value = "512M")]
+    pub reserve_memory: String,
+    /// Most sandboxes alive at once.
+    #[arg(long, default_value_t = 4096)]
+    pub max_sandboxes: u32,
+    /// Creates that may wait for capacity; more get 429 with a retry hint.
+    #[arg(long, default_value_t = 1024)]
+    pub queue_limit: usize,
+    /// Sandboxes initialising at once; default 8 per core.
+    #[arg(long)]
+    pub max_initializing: Option<usize>,
 }
 
 #[derive(Subcommand)]

@@ -20,12 +20,22 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .map(|n| n.get())
             .unwrap_or(2)
     });
+    let defaults = warren_node::CapacityConfig::default();
+    let capacity = warren_node::CapacityConfig {
+        cpu_overcommit: args.cpu_overcommit,
+        reserve_cpu_millis: warren_core::quantity::parse_cpu(&args.reserve_cpu)?,
+        reserve_memory: warren_core::quantity::parse_size(&args.reserve_memory)?,
+        max_sandboxes: args.max_sandboxes,
+        queue_limit: args.queue_limit,
+        max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
+    };
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen: args.listen,
         spawner_exe: exe,
         spawner_args: vec!["spawner".into()],
         spawners,
+        capacity,
     };
     let (up, router) = warren_control::start(&cfg)
         .await

@@ -25,7 +25,8 @@ def free_port() -> int:
 
 
 class Warren:
-    def __init__(self, home: Path, port: int):
+    def __init__(self, home: Path, port: int, extra_args=()):
+        self.extra_args = list(extra_args)
         self.home = home
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -35,7 +36,7 @@ class Warren:
     def start(self):
         self.log = open(self.home.parent / f"warren-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}"],
+            [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
             stdout=self.log,
             stderr=self.log,
         )

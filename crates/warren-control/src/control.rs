@@ -268,7 +268,15 @@ impl Control {
                 if let Some(log) = self.node.log(id) {
                     log.event("running", reason::READY, "");
                 }
-                Ok((self.info(self.get(id).await?, false), true))
+                let row = self.get(id).await?;
+                if let Err(e) = self.node.start_main(id, &row.spec) {
+                    let message = e.to_string();
+                    let _ = self.destroy(id, reason::CREATE_FAILED).await;
+                    return Err(ApiError::internal(format!(
+                        "sandbox {id}: main process: {message}"
+                    )));
+                }
+                Ok((self.info(row, false), true))
             }
             Err(e) => {
                 self.node.release(id);

@@ -252,17 +252,25 @@ impl Node {
         drop(permit);
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let live = self.register(id, handle.pid, spec, resources, image, log, lifetime);
+        // Resolve the main process's user now, so a bad one fails the create.
         if let Some(cmd) = &spec.cmd {
-            let job = match self.exec_job(id, &live, &main_request(cmd), true) {
-                Ok(job) => job,
-                Err(e) => {
-                    let _ = self.destroy(id).await;
-                    return Err(e);
-                }
-            };
-            self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
+            if let Err(e) = self.exec_job(id, &live, &main_request(cmd), true) {
+                let _ = self.destroy(id).await;
+                return Err(e);
+            }
         }
         Ok(handle.pid)
+    }
+
+    /// Starts the spec's main process, if it has one. The control plane
+    /// calls this once the sandbox is recorded as running, so the main
+    /// process's exit is never reported for a sandbox still `creating`.
+    pub fn start_main(self: &Arc<Self>, id: &str, spec: &SandboxSpec) -> Result<(), NodeError> {
+        let Some(cmd) = &spec.cmd else { return Ok(()) };
+        let live = self.get(id)?;
+        let job = self.exec_job(id, &live, &main_request(cmd), true)?;
+        self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
+        Ok(())
     }
 
     /// Takes over a sandbox that outlived a daemon restart: its init must

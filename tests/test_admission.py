@@ -1,0 +1,156 @@
+"""Admission on a node: capacity, a strict FIFO queue with visible
+positions that starts the head the moment capacity frees, a queue bound
+answered with 429 and a retry hint, and a 500-create burst without deadlock."""
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Warren, free_port
+
+
+def small_node(images, *args):
+    base = Path(tempfile.mkdtemp(prefix="warren-admission-"))
+    w = Warren(base / "home", free_port(), extra_args=args)
+    w.home.mkdir()
+    w.start()
+    w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+    return w, base
+
+
+@pytest.fixture
+def two_slots(images):
+    w, base = small_node(images, "--max-sandboxes", "2", "--queue-limit", "3")
+    yield w
+    w.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def get(w, sid):
+    return w.http.get(f"/v1/sandboxes/{sid}").json()
+
+
+def wait_state(w, sid, want, timeout=10):
+    deadline = time.time() + timeout
+    while (s := get(w, sid))["state"] != want:
+        assert time.time() < deadline, f"{sid} is {s['state']}, wanted {want}"
+        time.sleep(0.02)
+    return s
+
+
+def test_fifo_queue_starts_on_free(two_slots):
+    w = two_slots
+    a, b = w.create()["id"], w.create()["id"]
+    node = w.http.get("/v1/nodes").json()[0]
+    assert node["allocated"]["slots"] == 2 and node["queued"] == 0
+    queued = []
+    for _ in range(2):
+        r = w.http.post("/v1/sandboxes", params={"wait": "false"}, json={"image": "busybox:latest"})
+        assert r.status_code == 202, r.text
+        assert r.json()["state"] == "queued"
+        queued.append(r.json()["id"])
+    c, d = queued
+    assert get(w, c)["queue_position"] == 1 and get(w, d)["queue_position"] == 2
+    assert w.http.get("/v1/nodes").json()[0]["queued"] == 2
+    w.destroy(a)
+    s = wait_state(w, c, "running")
+    assert [e["reason"] for e in s["events"]][:3] == ["queued", "admitted", "ready"]
+    assert get(w, d)["state"] == "queued" and get(w, d)["queue_position"] == 1
+    ex, _, _, _ = w.exec(c, ["true"])
+    assert ex["code"] == 0
+    w.destroy(b)
+    wait_state(w, d, "running")
+    for sid in (c, d):
+        w.destroy(sid)
+    assert w.http.get("/v1/nodes").json()[0]["allocated"]["slots"] == 0
+
+
+def test_queue_bound_answers_429_with_retry_hint(two_slots):
+    w = two_slots
+    live = [w.create()["id"] for _ in range(2)]
+    queued = [
+        w.http.post("/v1/sandboxes", params={"wait": "false"}, json={"image": "busybox:latest"}).json()["id"]
+        for _ in range(3)
+    ]
+    r = w.http.post("/v1/sandboxes", params={"wait": "false"}, json={"image": "busybox:latest"})
+    assert r.status_code == 429, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    body = r.json()["error"]
+    assert body["code"] == "too_many_requests" and body["retry_after_ms"] > 0 and "queue" in body["message"]
+    # Deleting a queued create frees its place and changes nothing else.
+    gone = w.destroy(queued[1]).json()
+    assert gone["state"] == "destroyed"
+    assert get(w, queued[2])["queue_position"] == 2
+    r = w.http.post("/v1/sandboxes", params={"wait": "false"}, json={"image": "busybox:latest"})
+    assert r.status_code == 202
+    queued.append(r.json()["id"])
+    for sid in live + queued:
+        w.destroy(sid)
+
+
+def test_request_that_can_never_fit_is_refused(two_slots):
+    r = two_slots.http.post("/v1/sandboxes", json={"image": "busybox:latest", "memory": "100000G"})
+    assert r.status_code == 400 and "can ever allocate" in r.json()["error"]["message"]
+
+
+def test_waiting_create_answers_when_started(two_slots):
+    w = two_slots
+    a, b = w.create()["id"], w.create()["id"]
+
+    async def waiting_create():
+        async with httpx.AsyncClient(base_url=w.url, headers=w.http.headers, timeout=30) as c:
+            return await c.post("/v1/sandboxes", json={"image": "busybox:latest"})
+
+    async def scenario():
+        task = asyncio.create_task(waiting_create())
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        w.destroy(a)
+        return await task
+
+    r = asyncio.run(scenario())
+    assert r.status_code == 201 and r.json()["state"] == "running"
+    w.destroy(b)
+    w.destroy(r.json()["id"])
+
+
+def test_burst_of_500_creates_completes_without_deadlock(images):
+    w, base = small_node(images, "--max-sandboxes", "16", "--queue-limit", "64")
+    try:
+        spec = {"image": "busybox:latest", "cpu": 0.05, "memory": "32M", "cmd": ["true"]}
+
+        async def one(c):
+            r = await c.post("/v1/sandboxes", json=spec)
+            return r.status_code, r.headers.get("retry-after"), r.json()
+
+        async def burst():
+            limits = httpx.Limits(max_connections=500, max_keepalive_connections=500)
+            async with httpx.AsyncClient(base_url=w.url, headers=w.http.headers, timeout=120, limits=limits) as c:
+                return await asyncio.gather(*(one(c) for _ in range(500)))
+
+        t = time.time()
+        results = asyncio.run(burst())
+        took = time.time() - t
+        codes = [r[0] for r in results]
+        assert set(codes) <= {201, 429}, {c for c in codes if c not in (201, 429)}
+        assert codes.count(201) >= 16 + 64
+        for code, retry, body in results:
+            if code == 429:
+                assert retry and body["error"]["retry_after_ms"] > 0
+        assert took < 120
+        # Every created sandbox ran `true` and was reclaimed; nothing is held.
+        deadline = time.time() + 30
+        while w.http.get("/v1/nodes").json()[0]["allocated"]["slots"] > 0:
+            assert time.time() < deadline, w.http.get("/v1/nodes").json()
+            time.sleep(0.1)
+        assert w.http.get("/v1/sandboxes").json() == []
+        assert list((w.home / "sandboxes").iterdir()) == []
+        assert httpx.get(w.url + "/healthz").status_code == 200
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)

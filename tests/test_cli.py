@@ -95,7 +95,7 @@ def test_logs_of_run_are_json_lines(warren):
     out = warren.cli("logs", sid).stdout.decode()
     records = [json.loads(l) for l in out.splitlines() if l.strip()]
     assert records, out
-    assert all(r["sandbox_id"] == sid and "time" in r and r["kind"] in ("stdout", "stderr", "event") for r in records)
+    assert all(r["sandbox_id"] == sid and "time" in r and r["kind"] in ("stdout", "stderr", "event", "summary") for r in records)
     text = lambda kind: "".join(r.get("text", "") for r in records if r["kind"] == kind)
     assert text("stdout") == "line1\nline2\n"
     assert text("stderr") == "err1\n"

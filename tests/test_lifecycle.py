@@ -118,7 +118,7 @@ def test_keep_freezes_keeps_files_then_expires(warren):
     r, _, _, _ = warren.exec(sid, ["true"])
     assert r.status_code == 409
     deadline = time.time() + 6
-    while state(warren, sid)["state"] == "kept":
+    while state(warren, sid)["state"] in ("kept", "stopping"):
         assert time.time() < deadline
         time.sleep(0.05)
     final = state(warren, sid)

@@ -17,7 +17,8 @@ use tokio::io::AsyncBufReadExt;
 use utoipa::OpenApi;
 use warren_core::state::reason;
 use warren_core::{
-    ApiError, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
+    ApiError, BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
+    SandboxState, Selector,
 };
 use warren_image::{ImageError, ImageRecord};
 use warren_runtime::files;
@@ -70,8 +71,8 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(nodes, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
-    components(schemas(SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    paths(nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    components(schemas(BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -109,6 +110,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/logs", get(logs))
         .route("/v1/events", get(events))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/batches", post(create_batch).get(list_batches))
+        .route("/v1/batches/{id}", get(get_batch).delete(delete_batch))
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
         .route(
@@ -371,7 +374,7 @@ struct FileQuery {
 fn file_state_ok(state: SandboxState) -> bool {
     matches!(
         state,
-        SandboxState::Running | SandboxState::Paused | SandboxState::Kept
+        SandboxState::Running | SandboxState::Paused | SandboxState::Kept | SandboxState::Stopping
     )
 }
 
@@ -521,7 +524,13 @@ fn async_stream(
                         let over = control
                             .get(&id)
                             .await
-                            .map(|r| !r.state.is_live() || r.state == SandboxState::Kept)
+                            .map(|r| {
+                                !r.state.is_live()
+                                    || matches!(
+                                        r.state,
+                                        SandboxState::Kept | SandboxState::Stopping
+                                    )
+                            })
                             .unwrap_or(true);
                         if over {
                             finishing = true;
@@ -559,30 +568,143 @@ async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
     }])
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct EventQuery {
     sandbox: Option<String>,
+    /// Label selector over the sandboxes whose events to show.
+    label: Option<String>,
+    batch: Option<String>,
+    /// Event reason (e.g. `ttl_expired`) or state (e.g. `destroyed`).
+    #[serde(rename = "type")]
+    kind: Option<String>,
     after: Option<i64>,
     limit: Option<i64>,
+    /// Keep the NDJSON stream open and send new events as they happen.
+    follow: Option<bool>,
 }
 
-#[utoipa::path(get, path = "/v1/events", params(("sandbox" = Option<String>, Query), ("after" = Option<i64>, Query), ("limit" = Option<i64>, Query)),
-    responses((status = 200, body = [warren_core::Event])))]
-async fn events(
-    State(st): St,
-    Query(q): Query<EventQuery>,
-) -> ApiResult<Json<Vec<warren_core::Event>>> {
-    let evs = st
-        .control
+impl EventQuery {
+    fn selector(&self) -> Result<Selector, ApiError> {
+        let mut sel = Selector::parse(self.label.as_deref().unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(b) = &self.batch {
+            sel.0.push(warren_core::labels::Requirement::Equals(
+                warren_core::batch::BATCH_LABEL.into(),
+                b.clone(),
+            ));
+        }
+        Ok(sel)
+    }
+}
+
+/// Events after `after` that pass the filters, and the last sequence seen.
+async fn filtered_events(
+    control: &Control,
+    q: &EventQuery,
+    sel: &Selector,
+    after: i64,
+) -> Result<(Vec<warren_core::Event>, i64), ApiError> {
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
+    let evs = control
         .store
-        .events(
-            q.sandbox.as_deref(),
-            q.after.unwrap_or(0),
-            q.limit.unwrap_or(1000).clamp(1, 10_000),
+        .events(q.sandbox.as_deref(), after, limit)
+        .await?;
+    let last = evs.last().map_or(after, |e| e.seq);
+    let members: Option<std::collections::HashSet<String>> = if sel.is_empty() {
+        None
+    } else {
+        Some(
+            control
+                .list(&[], sel)
+                .await?
+                .into_iter()
+                .map(|s| s.id)
+                .collect(),
         )
-        .await
-        .map_err(ApiError::from)?;
-    Ok(Json(evs))
+    };
+    let kept = evs
+        .into_iter()
+        .filter(|e| members.as_ref().is_none_or(|m| m.contains(&e.sandbox_id)))
+        .filter(|e| {
+            q.kind.as_deref().is_none_or(|k| {
+                e.reason == k || e.kind == k || e.state.is_some_and(|s| s.as_str() == k)
+            })
+        })
+        .collect();
+    Ok((kept, last))
+}
+
+/// The event stream: state changes with reasons, filterable by sandbox,
+/// label selector, batch and type; `follow=true` streams NDJSON.
+#[utoipa::path(get, path = "/v1/events", params(("sandbox" = Option<String>, Query), ("label" = Option<String>, Query),
+    ("batch" = Option<String>, Query), ("type" = Option<String>, Query), ("after" = Option<i64>, Query),
+    ("limit" = Option<i64>, Query), ("follow" = Option<bool>, Query)),
+    responses((status = 200, body = [warren_core::Event])))]
+async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiResult<Response> {
+    let sel = q.selector()?;
+    let after = q.after.unwrap_or(0);
+    if !q.follow.unwrap_or(false) {
+        let (evs, _) = filtered_events(&st.control, &q, &sel, after).await?;
+        return Ok(Json(evs).into_response());
+    }
+    let control = st.control.clone();
+    let stream = futures_util::stream::unfold(
+        (after, Vec::<warren_core::Event>::new()),
+        move |(mut seq, mut pending)| {
+            let (control, q, sel) = (control.clone(), q.clone(), sel.clone());
+            async move {
+                loop {
+                    if let Some(ev) = pending.pop() {
+                        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+                        line.push(b'\n');
+                        return Some((Ok::<_, std::io::Error>(Bytes::from(line)), (seq, pending)));
+                    }
+                    match filtered_events(&control, &q, &sel, seq).await {
+                        Ok((evs, last)) => {
+                            seq = last;
+                            pending = evs.into_iter().rev().collect();
+                            if pending.is_empty() {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                        Err(_) => return None,
+                    }
+                }
+            }
+        },
+    );
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Create a batch of sandboxes from one spec; answers at once (202) while
+/// the sandboxes are submitted; poll `GET /v1/batches/{id}` for progress.
+#[utoipa::path(post, path = "/v1/batches", request_body = BatchRequest,
+    responses((status = 202, body = BatchInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn create_batch(State(st): St, body: Bytes) -> ApiResult<Response> {
+    let req: BatchRequest = parse_json(&body)?;
+    let info = st.control.create_batch(req).await?;
+    Ok((StatusCode::ACCEPTED, Json(info)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/batches", responses((status = 200, body = [BatchInfo])))]
+async fn list_batches(State(st): St) -> ApiResult<Json<Vec<BatchInfo>>> {
+    Ok(Json(st.control.list_batches().await?))
+}
+
+/// Counts per state, summed usage and failures of a batch.
+#[utoipa::path(get, path = "/v1/batches/{id}", responses((status = 200, body = BatchInfo), (status = 404, body = ErrorBody)))]
+async fn get_batch(State(st): St, Path(id): Path<String>) -> ApiResult<Json<BatchInfo>> {
+    Ok(Json(st.control.batch_info(&id).await?))
+}
+
+/// Destroy every sandbox of the batch.
+#[utoipa::path(delete, path = "/v1/batches/{id}", responses((status = 200, body = BatchInfo), (status = 404, body = ErrorBody)))]
+async fn delete_batch(State(st): St, Path(id): Path<String>) -> ApiResult<Json<BatchInfo>> {
+    Ok(Json(st.control.delete_batch(&id).await?))
 }
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]

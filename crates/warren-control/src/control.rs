@@ -42,13 +42,18 @@ pub fn node_error(e: NodeError) -> ApiError {
     }
 }
 
-fn new_id() -> String {
+/// `<prefix>-` and 12 random lowercase letters or digits.
+pub fn new_id_with(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut rng = rand::rng();
     let suffix: String = (0..12)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect();
-    format!("sbx-{suffix}")
+    format!("{prefix}-{suffix}")
+}
+
+fn new_id() -> String {
+    new_id_with("sbx")
 }
 
 impl Control {
@@ -441,7 +446,30 @@ impl Control {
             SandboxState::Kept if matches!(ev, NodeEvent::InitDied { .. }) => {
                 return self.destroy(&id, why).await.map(|_| ());
             }
+            // A delayed destroy's grace period is over.
+            SandboxState::Stopping if matches!(ev, NodeEvent::Expired { .. }) => {
+                return self.destroy(&id, &row.reason).await.map(|_| ());
+            }
             _ => return Ok(()),
+        }
+        if keepable && row.spec.reclaim == ReclaimPolicy::Delay {
+            // Grace period: frozen, files and logs readable, then destroyed.
+            if let Err(e) = self.node.freeze(&id, true).await {
+                tracing::warn!(sandbox = %id, error = %e, "freezing a delayed sandbox");
+            }
+            self.node.restart_lifetime(&id, row.spec.delay_for());
+            let now = now_rfc3339();
+            let t = Transition {
+                expires_boot_ms: self.node.expires_boot_ms(&id),
+                ..Default::default()
+            };
+            self.store
+                .transition(&id, SandboxState::Stopping, why, &now, t)
+                .await?;
+            if let Some(log) = self.node.log(&id) {
+                log.event("stopping", why, "destroyed after the grace period");
+            }
+            return Ok(());
         }
         let keep = keepable
             && match row.spec.reclaim {

@@ -3,6 +3,7 @@
 //! (`warren up`).
 
 pub mod api;
+pub mod batch;
 pub mod control;
 pub mod store;
 

@@ -278,3 +278,72 @@ impl SandboxRow {
         &self.spec.labels
     }
 }
+
+#[derive(Debug, Clone)]
+pub struct BatchRow {
+    pub id: String,
+    pub count: u32,
+    pub spec: SandboxSpec,
+    pub labels: Labels,
+    pub created_at: String,
+    pub deleted_at: Option<String>,
+}
+
+impl Store {
+    pub async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO batches (id, count, spec, labels, created_at) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&b.id)
+        .bind(b.count)
+        .bind(json(&b.spec))
+        .bind(json(&b.labels))
+        .bind(&b.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE batches SET deleted_at = COALESCE(deleted_at, ?) WHERE id = ?")
+            .bind(time)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError> {
+        let rows = match id {
+            Some(id) => {
+                sqlx::query("SELECT * FROM batches WHERE id = ?")
+                    .bind(id)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT * FROM batches ORDER BY created_at, id")
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get("id")?;
+                let spec: String = r.try_get("spec")?;
+                let labels: String = r.try_get("labels")?;
+                let count: i64 = r.try_get("count")?;
+                Ok(BatchRow {
+                    spec: serde_json::from_str(&spec)
+                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+                    labels: serde_json::from_str(&labels)
+                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+                    count: count as u32,
+                    created_at: r.try_get("created_at")?,
+                    deleted_at: r.try_get("deleted_at")?,
+                    id,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,5 +1,6 @@
 //! Warren's plain types, shared by every other crate. Nothing here performs I/O.
 
+pub mod batch;
 pub mod error;
 pub mod event;
 pub mod exec;
@@ -9,6 +10,7 @@ pub mod sandbox;
 pub mod spec;
 pub mod state;
 
+pub use batch::{BatchInfo, BatchRequest};
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use event::Event;
 pub use exec::{ExecEvent, ExecRequest};

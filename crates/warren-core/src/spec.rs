@@ -23,6 +23,7 @@ pub const DEFAULT_MEMORY: u64 = 512 << 20;
 pub const DEFAULT_PIDS: u32 = 1024;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(3600);
+pub const DEFAULT_DELAY: Duration = Duration::from_secs(30);
 
 /// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
@@ -172,7 +173,8 @@ pub struct SandboxSpec {
     pub network: NetworkSpec,
     #[serde(default)]
     pub reclaim: ReclaimPolicy,
-    /// How long a kept sandbox is held before it is destroyed (default 1h).
+    /// How long a kept sandbox is held before it is destroyed (default 1h),
+    /// or the grace period of the `delay` policy (default 30s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_for: Option<Dur>,
     /// The main process. Without it the sandbox idles until deleted.
@@ -344,6 +346,11 @@ impl SandboxSpec {
 
     pub fn keep_for(&self) -> Duration {
         self.keep_for.map_or(DEFAULT_KEEP_FOR, |t| t.0)
+    }
+
+    /// Grace period of the `delay` policy: `keep_for`, or 30 s.
+    pub fn delay_for(&self) -> Duration {
+        self.keep_for.map_or(DEFAULT_DELAY, |t| t.0)
     }
 }
 

@@ -445,7 +445,7 @@ impl Node {
             } else {
                 format!("ex-{id}-{seq}")
             },
-            log: main.then(|| live.log.clone()),
+            log: Some(live.log.clone()),
         })
     }
 
@@ -494,6 +494,11 @@ impl Node {
     pub async fn destroy(&self, id: &str) -> Result<(), NodeError> {
         let pid = self.get(id).ok().map(|live| {
             live.destroying.store(true, Ordering::Release);
+            // The resource summary, read while the cgroup still exists.
+            if let Ok(usage) = warren_runtime::cgroups::usage(&live.cgroup_path) {
+                live.log
+                    .record("summary", serde_json::json!({ "usage": usage }));
+            }
             live.pid
         });
         self.runtime.destroy(id, pid).await?;

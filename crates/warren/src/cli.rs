@@ -82,6 +82,23 @@ pub enum Command {
         #[arg(long)]
         label: Vec<String>,
     },
+    /// Batches: N sandboxes from one spec.
+    #[command(subcommand)]
+    Batch(BatchCmd),
+    /// Show the event stream (state changes with reasons).
+    Events {
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[arg(long)]
+        label: Vec<String>,
+        #[arg(long)]
+        batch: Option<String>,
+        /// Reason or state, e.g. ttl_expired or destroyed.
+        #[arg(long = "type")]
+        kind: Option<String>,
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Freeze every process of a running sandbox.
     Pause { id: String },
     /// Thaw a paused sandbox.
@@ -138,6 +155,30 @@ pub enum ImageCmd {
     },
     /// Remove an image.
     Rm { reference: String },
+}
+
+#[derive(Subcommand)]
+pub enum BatchCmd {
+    /// Create COUNT sandboxes from one spec; prints progress, then the batch id.
+    Create {
+        #[arg(long)]
+        count: u32,
+        /// Batch label, e.g. task=swe (added to every sandbox's labels).
+        #[arg(long = "batch-label")]
+        batch_labels: Vec<String>,
+        #[command(flatten)]
+        create: Box<CreateArgs>,
+        /// Main command for every sandbox.
+        #[arg(last = true)]
+        cmd: Vec<String>,
+    },
+    Ls,
+    Inspect {
+        id: String,
+    },
+    Rm {
+        id: String,
+    },
 }
 
 #[derive(Args, Clone)]

@@ -11,7 +11,7 @@ use warren_core::{
     labels, quantity, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState,
 };
 
-use crate::cli::{Cli, Command, CreateArgs, ExecArgs, ImageCmd};
+use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd};
 use crate::client::{Client, LineStream};
 
 mod bench;
@@ -44,6 +44,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Logs { id, follow } => logs(&client()?, &id, follow).await,
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
+        Command::Batch(cmd) => batch(&client()?, cmd).await,
+        Command::Events {
+            sandbox,
+            label,
+            batch,
+            kind,
+            follow,
+        } => events(&client()?, sandbox, label, batch, kind, follow).await,
         Command::Pause { id } => lifecycle(&client()?, &id, "pause", None).await,
         Command::Resume { id } => lifecycle(&client()?, &id, "resume", None).await,
         Command::Heartbeat { id } => lifecycle(&client()?, &id, "heartbeat", None).await,
@@ -489,5 +497,135 @@ async fn lifecycle(
     }
     let info: SandboxInfo = client.json(req).await?;
     println!("{} {}", info.id, info.state);
+    Ok(0)
+}
+
+async fn batch(client: &Client, cmd: BatchCmd) -> Result<i32> {
+    match cmd {
+        BatchCmd::Create {
+            count,
+            batch_labels,
+            create,
+            cmd,
+        } => {
+            let labels: std::collections::BTreeMap<String, String> = batch_labels
+                .iter()
+                .map(|l| labels::parse_pair(l).map_err(anyhow::Error::from))
+                .collect::<Result<_>>()?;
+            let spec = spec_from(&create, (!cmd.is_empty()).then_some(cmd))?;
+            let req = warren_core::BatchRequest {
+                count,
+                spec,
+                labels,
+            };
+            let info: warren_core::BatchInfo = client
+                .json(client.request(Method::POST, "/v1/batches").json(&req))
+                .await?;
+            let id = info.id.clone();
+            let start = std::time::Instant::now();
+            loop {
+                let b: warren_core::BatchInfo = client
+                    .json(client.request(Method::GET, &format!("/v1/batches/{id}")))
+                    .await?;
+                let creating = b.states.get("creating").copied().unwrap_or(0)
+                    + b.states.get("queued").copied().unwrap_or(0);
+                let states: Vec<String> =
+                    b.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                eprint!(
+                    "\r  {id}: submitted {}/{} ({})   ",
+                    b.submitted,
+                    b.count,
+                    states.join(", ")
+                );
+                if b.submitted >= b.count && creating == 0 {
+                    eprintln!(
+                        "\n  done in {:.2} s, {} failed",
+                        start.elapsed().as_secs_f64(),
+                        b.failures.len()
+                    );
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            println!("{id}");
+        }
+        BatchCmd::Ls => {
+            let list: Vec<warren_core::BatchInfo> = client
+                .json(client.request(Method::GET, "/v1/batches"))
+                .await?;
+            println!(
+                "{:<18} {:>6} {:>9} {:>8} {:<22} STATES",
+                "ID", "COUNT", "SUBMITTED", "FAILED", "CREATED"
+            );
+            for b in list {
+                let states: Vec<String> =
+                    b.states.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!(
+                    "{:<18} {:>6} {:>9} {:>8} {:<22} {}",
+                    b.id,
+                    b.count,
+                    b.submitted,
+                    b.failures.len(),
+                    b.created_at.get(..19).unwrap_or(&b.created_at),
+                    states.join(",")
+                );
+            }
+        }
+        BatchCmd::Inspect { id } => {
+            let b: serde_json::Value = client
+                .json(client.request(Method::GET, &format!("/v1/batches/{id}")))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&b)?);
+        }
+        BatchCmd::Rm { id } => {
+            let b: warren_core::BatchInfo = client
+                .json(client.request(Method::DELETE, &format!("/v1/batches/{id}")))
+                .await?;
+            println!("{} deleted ({} sandboxes)", b.id, b.submitted);
+        }
+    }
+    Ok(0)
+}
+
+async fn events(
+    client: &Client,
+    sandbox: Option<String>,
+    label: Vec<String>,
+    batch: Option<String>,
+    kind: Option<String>,
+    follow: bool,
+) -> Result<i32> {
+    let mut q: Vec<(&str, String)> = Vec::new();
+    if let Some(s) = sandbox {
+        q.push(("sandbox", s));
+    }
+    if !label.is_empty() {
+        q.push(("label", label.join(",")));
+    }
+    if let Some(b) = batch {
+        q.push(("batch", b));
+    }
+    if let Some(k) = kind {
+        q.push(("type", k));
+    }
+    if follow {
+        q.push(("follow", "true".into()));
+        let resp = client
+            .send(client.request(Method::GET, "/v1/events").query(&q))
+            .await?;
+        let mut lines = LineStream::new(resp);
+        while let Some(line) = lines.next_line().await? {
+            std::io::stdout().write_all(&line)?;
+            std::io::stdout().write_all(b"\n")?;
+            std::io::stdout().flush()?;
+        }
+    } else {
+        let evs: Vec<serde_json::Value> = client
+            .json(client.request(Method::GET, "/v1/events").query(&q))
+            .await?;
+        for e in evs {
+            println!("{e}");
+        }
+    }
     Ok(0)
 }

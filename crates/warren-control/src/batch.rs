@@ -1,0 +1,179 @@
+//! Batches: a first-class group of sandboxes made from one spec. Members
+//! carry the `warren.dev/batch` label; status, usage and deletion all go
+//! through that label, so a batch is never out of step with its sandboxes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use warren_core::batch::{BatchFailure, BATCH_LABEL, MAX_BATCH};
+use warren_core::labels::{self, Requirement};
+use warren_core::state::reason;
+use warren_core::{ApiError, BatchInfo, BatchRequest, ErrorCode, SandboxState, Selector, Usage};
+use warren_node::clock::now_rfc3339;
+
+use crate::control::{new_id_with, Control};
+use crate::store::BatchRow;
+
+/// Creates of one batch in flight at once; the node's own start queue
+/// bounds the real work further.
+const BATCH_PARALLELISM: usize = 16;
+
+impl Control {
+    pub async fn create_batch(self: &Arc<Self>, req: BatchRequest) -> Result<BatchInfo, ApiError> {
+        if req.count == 0 || req.count > MAX_BATCH {
+            return Err(ApiError::bad_request(format!(
+                "count must be between 1 and {MAX_BATCH}"
+            )));
+        }
+        labels::validate(&req.labels).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if req.labels.contains_key(BATCH_LABEL) || req.spec.labels.contains_key(BATCH_LABEL) {
+            return Err(ApiError::bad_request(format!(
+                "the label {BATCH_LABEL} is set by Warren"
+            )));
+        }
+        if req.spec.request_id.is_some() {
+            return Err(ApiError::bad_request(
+                "request_id is per sandbox; leave it out of a batch spec",
+            ));
+        }
+        req.spec
+            .resolve()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.node
+            .resolve_image(&req.spec.image)
+            .await
+            .map_err(crate::control::node_error)?;
+        let row = BatchRow {
+            id: new_id_with("bat"),
+            count: req.count,
+            spec: req.spec,
+            labels: req.labels,
+            created_at: now_rfc3339(),
+            deleted_at: None,
+        };
+        self.store.insert_batch(&row).await?;
+        tokio::spawn(self.clone().fill_batch(row.clone()));
+        self.batch_info(&row.id).await
+    }
+
+    /// Submits the batch's sandboxes; a full node queue is waited out.
+    async fn fill_batch(self: Arc<Self>, batch: BatchRow) {
+        let mut spec = batch.spec.clone();
+        spec.labels.extend(batch.labels.clone());
+        spec.labels.insert(BATCH_LABEL.into(), batch.id.clone());
+        let permits = Arc::new(Semaphore::new(BATCH_PARALLELISM));
+        let mut tasks = Vec::with_capacity(batch.count as usize);
+        for _ in 0..batch.count {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            if self.batch_deleted(&batch.id).await {
+                break;
+            }
+            let (this, spec) = (self.clone(), spec.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match this.create(spec.clone(), false).await {
+                        Err(e) if e.code == ErrorCode::TooManyRequests => {
+                            let wait = e.retry_after_ms.unwrap_or(1000);
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                        }
+                        // Failed creates are recorded as failed sandboxes.
+                        _ => break,
+                    }
+                }
+                drop(permit);
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    async fn batch_deleted(&self, id: &str) -> bool {
+        matches!(self.store.batches(Some(id)).await.as_deref(), Ok([b]) if b.deleted_at.is_some())
+    }
+
+    fn batch_selector(id: &str) -> Selector {
+        Selector(vec![Requirement::Equals(BATCH_LABEL.into(), id.into())])
+    }
+
+    pub async fn batch_info(&self, id: &str) -> Result<BatchInfo, ApiError> {
+        let batch = self.store.batches(Some(id)).await?.pop().ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no batch with id {id:?}; list them with `warren batch ls`"
+            ))
+        })?;
+        let members = self.list(&[], &Self::batch_selector(id)).await?;
+        let mut states = BTreeMap::new();
+        let mut usage = Usage::default();
+        let mut failures = Vec::new();
+        for m in &members {
+            *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
+            if m.state.is_live() {
+                if let Some(u) = self.node.usage(&m.id) {
+                    usage.cpu_usage_ns += u.cpu_usage_ns;
+                    usage.memory_bytes += u.memory_bytes;
+                    usage.memory_peak_bytes += u.memory_peak_bytes;
+                    usage.pids += u.pids;
+                    usage.oom_kills += u.oom_kills;
+                }
+            }
+            let failed = matches!(m.state, SandboxState::Failed | SandboxState::Lost)
+                || m.reason == reason::OOM_KILLED
+                || m.reason == reason::INIT_DIED
+                || m.exit_code.is_some_and(|c| c != 0);
+            if failed {
+                failures.push(BatchFailure {
+                    sandbox_id: m.id.clone(),
+                    state: m.state,
+                    reason: m.reason.clone(),
+                    exit_code: m.exit_code,
+                });
+            }
+        }
+        Ok(BatchInfo {
+            id: batch.id,
+            count: batch.count,
+            labels: batch.labels,
+            spec: batch.spec,
+            created_at: batch.created_at,
+            deleted_at: batch.deleted_at,
+            submitted: members.len() as u32,
+            states,
+            usage,
+            failures,
+        })
+    }
+
+    pub async fn list_batches(&self) -> Result<Vec<BatchInfo>, ApiError> {
+        let mut out = Vec::new();
+        for b in self.store.batches(None).await? {
+            out.push(self.batch_info(&b.id).await?);
+        }
+        Ok(out)
+    }
+
+    /// Stops submitting and destroys every sandbox of the batch.
+    pub async fn delete_batch(&self, id: &str) -> Result<BatchInfo, ApiError> {
+        self.batch_info(id).await?;
+        self.store.delete_batch(id, &now_rfc3339()).await?;
+        let open: Vec<SandboxState> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect();
+        // Members submitted while we delete are caught by a second pass.
+        for _ in 0..2 {
+            let members = self.list(&open, &Self::batch_selector(id)).await?;
+            let deletes = members
+                .iter()
+                .map(|m| self.destroy(&m.id, reason::USER_DELETED));
+            for r in futures_util::future::join_all(deletes).await {
+                r?;
+            }
+        }
+        self.batch_info(id).await
+    }
+}

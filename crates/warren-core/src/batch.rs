@@ -1,0 +1,54 @@
+//! Batches: N sandboxes from one spec, watched and deleted together.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::labels::Labels;
+use crate::sandbox::Usage;
+use crate::spec::SandboxSpec;
+use crate::state::SandboxState;
+
+/// Every sandbox of a batch carries this label with the batch id.
+pub const BATCH_LABEL: &str = "warren.dev/batch";
+pub const MAX_BATCH: u32 = 100_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    pub count: u32,
+    pub spec: SandboxSpec,
+    /// Batch labels (task, code version, dataset version, ...), added to
+    /// every sandbox's own labels.
+    #[serde(default)]
+    pub labels: Labels,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BatchFailure {
+    pub sandbox_id: String,
+    pub state: SandboxState,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BatchInfo {
+    pub id: String,
+    pub count: u32,
+    pub labels: Labels,
+    pub spec: SandboxSpec,
+    pub created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<String>,
+    /// Sandboxes submitted so far (any state).
+    pub submitted: u32,
+    /// Sandboxes per state.
+    pub states: BTreeMap<String, u32>,
+    /// Usage summed over the batch's live sandboxes.
+    pub usage: Usage,
+    /// Sandboxes that failed: create errors, lost, OOM kills, non-zero exits.
+    pub failures: Vec<BatchFailure>,
+}

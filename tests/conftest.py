@@ -25,8 +25,9 @@ def free_port() -> int:
 
 
 class Warren:
-    def __init__(self, home: Path, port: int, extra_args=()):
+    def __init__(self, home: Path, port: int, extra_args=(), extra_env=None):
         self.extra_args = list(extra_args)
+        self.extra_env = dict(extra_env or {})
         self.home = home
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -39,6 +40,7 @@ class Warren:
             [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
             stdout=self.log,
             stderr=self.log,
+            env={**os.environ, **self.extra_env},
         )
         deadline = time.time() + 20
         while time.time() < deadline:

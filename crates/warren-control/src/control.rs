@@ -219,6 +219,7 @@ impl Control {
             self.node.release(&id);
             return self.insert_failed(e, &row.spec).await;
         }
+        warren_runtime::crashpoint::hit("create:recorded");
         self.finish_create(&id, created).await
     }
 
@@ -345,6 +346,7 @@ impl Control {
         self.store
             .transition(id, SandboxState::Stopping, why, &now, Transition::default())
             .await?;
+        warren_runtime::crashpoint::hit("destroy:stopping");
         let log = self.node.log(id);
         if let Err(e) = self.node.destroy(id).await {
             let message = e.to_string();

@@ -7,6 +7,7 @@
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.
 
+pub mod crashpoint;
 pub mod disk;
 pub mod exec;
 pub mod files;
@@ -143,6 +144,7 @@ impl Runtime {
             let _ = self.cleanup_dirs(&handle).await;
             return Err(e);
         }
+        crashpoint::hit("create:prepared");
         let created = self
             .pool
             .create(proto::SpawnerRequest::Create {
@@ -155,7 +157,10 @@ impl Runtime {
             })
             .await;
         match created {
-            Ok(pid) => Ok(SandboxHandle { pid, ..handle }),
+            Ok(pid) => {
+                crashpoint::hit("create:spawned");
+                Ok(SandboxHandle { pid, ..handle })
+            }
             Err(e) => {
                 let _ = self.cleanup_dirs(&handle).await;
                 Err(e)
@@ -305,10 +310,12 @@ fn remove_container(
     }
     if let Some(pid) = init_pid {
         kill_init(pid, cgroup_path);
+        crashpoint::hit("destroy:killed");
     }
     // Stragglers (or a sandbox whose init we could not identify) are killed
     // through the cgroup, which is then removed.
     cgroups::kill_and_remove(cgroup_path)?;
+    crashpoint::hit("destroy:cgroups");
     match std::fs::remove_dir_all(state) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

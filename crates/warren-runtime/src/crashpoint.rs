@@ -1,0 +1,16 @@
+//! Crash injection for the recovery tests: when `WARREN_CRASH_AT` names a
+//! point, the process aborts there, as a power cut or `kill -9` would. The
+//! variable is read once; unset (always, in production) it costs one load.
+
+use std::sync::OnceLock;
+
+pub fn hit(point: &str) {
+    static TARGET: OnceLock<Option<String>> = OnceLock::new();
+    let target = TARGET.get_or_init(|| std::env::var("WARREN_CRASH_AT").ok());
+    if target.as_deref() == Some(point) {
+        eprintln!("warren: crash injected at {point}");
+        // No core file in the working directory of whoever runs the tests.
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+        std::process::abort();
+    }
+}

@@ -1,0 +1,92 @@
+"""A crash (abort, as kill -9 or a power cut would) injected at each step of
+create and destroy leaves, after a restart, either a complete sandbox or
+nothing at all on the host."""
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Warren, free_port
+from helpers import host_traces
+
+CREATE_POINTS = ["create:prepared", "create:spawned", "create:recorded"]
+DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups"]
+
+
+@pytest.fixture
+def crashing(images):
+    made = []
+
+    def make(point):
+        base = Path(tempfile.mkdtemp(prefix="warren-crash-"))
+        w = Warren(base / "home", free_port(), extra_env={"WARREN_CRASH_AT": point})
+        w.home.mkdir()
+        w.start()
+        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+        made.append((w, base))
+        return w
+
+    yield make
+    for w, base in made:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def restart_clean(w):
+    assert w.proc.wait(timeout=10) != 0, "the daemon should have aborted"
+    w.extra_env = {}
+    w.start()
+
+
+def host_sandbox_ids(w):
+    ids = {p.name for p in (w.home / "sandboxes").iterdir()}
+    ids |= {p.name for p in (w.home / "run").iterdir()}
+    for ctrl in Path("/sys/fs/cgroup").iterdir():
+        d = ctrl / "warren"
+        if d.is_dir():
+            ids |= {p.name for p in d.iterdir() if p.is_dir() and p.name.startswith("sbx-")}
+    return ids
+
+
+@pytest.mark.parametrize("point", CREATE_POINTS)
+def test_crash_during_create_leaves_all_or_nothing(crashing, point):
+    w = crashing(point)
+    before = host_sandbox_ids(w)
+    with pytest.raises(httpx.HTTPError):
+        w.http.post("/v1/sandboxes", json={"image": "busybox:latest", "cpu": 0.1, "memory": "32M"})
+    restart_clean(w)
+    rows = w.http.get("/v1/sandboxes", params={"all": "true"}).json()
+    for row in rows:
+        if row["state"] == "running":
+            ex, _, _, _ = w.exec(row["id"], ["true"])
+            assert ex["code"] == 0
+            w.destroy(row["id"])
+        else:
+            assert row["state"] in ("failed", "lost"), row
+        assert host_traces(w, row["id"]) == []
+    # Nothing without a record either: the sweep removed it.
+    assert host_sandbox_ids(w) - before == set()
+    # The node is usable and its capacity was given back.
+    sid = w.create(cpu=0.1, memory="32M")["id"]
+    w.destroy(sid)
+    assert w.http.get("/v1/nodes").json()[0]["allocated"]["slots"] == 0
+
+
+@pytest.mark.parametrize("point", DESTROY_POINTS)
+def test_crash_during_destroy_finishes_on_restart(crashing, point):
+    w = crashing(point)
+    sid = w.create(cpu=0.1, memory="32M")["id"]
+    w.exec(sid, ["sh", "-c", "sleep 1000 &"])
+    with pytest.raises(httpx.HTTPError):
+        w.destroy(sid)
+    restart_clean(w)
+    deadline = time.time() + 10
+    while (s := w.http.get(f"/v1/sandboxes/{sid}").json())["state"] not in ("destroyed", "lost"):
+        assert time.time() < deadline, s
+        time.sleep(0.05)
+    assert s["state"] == "destroyed" and s["reason"] == "user_deleted", s
+    assert host_traces(w, sid) == []

@@ -162,3 +162,34 @@ def test_delay_policy_grace_then_destroy(warren):
         time.sleep(0.05)
     assert s["state"] == "destroyed" and s["reason"] == "main_exited"
     assert host_traces(warren, sid) == []
+
+
+def test_log_retention_removes_old_logs_of_finished_sandboxes(images):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from conftest import Warren, free_port
+
+    base = Path(tempfile.mkdtemp(prefix="warren-retention-"))
+    w = Warren(base / "home", free_port(), extra_args=["--log-retention", "1s"])
+    w.home.mkdir()
+    w.start()
+    try:
+        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+        done = w.create(cpu=0.1, memory="32M")["id"]
+        live = w.create(cpu=0.1, memory="32M")["id"]
+        w.destroy(done)
+        assert w.http.get(f"/v1/sandboxes/{done}/logs").status_code == 200
+        deadline = time.time() + 8
+        while (w.home / "logs" / f"{done}.jsonl").exists():
+            assert time.time() < deadline
+            time.sleep(0.1)
+        assert w.http.get(f"/v1/sandboxes/{done}/logs").status_code == 404
+        # A live sandbox's log stays however old it is.
+        time.sleep(1.5)
+        assert (w.home / "logs" / f"{live}.jsonl").exists()
+        w.destroy(live)
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)

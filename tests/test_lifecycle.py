@@ -134,3 +134,32 @@ def test_keep_on_failure(warren, code, expected):
     assert row["state"] == expected and row["exit_code"] == code
     if expected == "kept":
         assert warren.destroy(sid).json()["state"] == "destroyed"
+
+
+def test_wall_clock_steps_change_neither_ttl_nor_lease(warren):
+    """TTL and lease run on the monotonic clock: stepping the wall clock an
+    hour forward (then back) neither expires nor extends anything."""
+    offset = time.time() - time.monotonic()
+    try:
+        time.clock_settime(time.CLOCK_REALTIME, time.time())
+    except PermissionError:
+        pytest.skip("cannot set the wall clock here (no CAP_SYS_TIME)")
+    ttl_sid = warren.create(ttl="3s")["id"]
+    lease_sid = warren.create(lease="2s")["id"]
+    t0 = time.monotonic()
+    try:
+        time.clock_settime(time.CLOCK_REALTIME, time.monotonic() + offset + 3600)
+        time.sleep(1.0)
+        assert state(warren, ttl_sid)["state"] == "running"
+        assert warren.http.post(f"/v1/sandboxes/{lease_sid}/heartbeat").json()["state"] == "running"
+        time.clock_settime(time.CLOCK_REALTIME, time.monotonic() + offset - 3600)
+        time.sleep(0.5)
+        assert state(warren, ttl_sid)["state"] == "running"
+    finally:
+        time.clock_settime(time.CLOCK_REALTIME, time.monotonic() + offset)
+    for sid, why in ((ttl_sid, "ttl_expired"), (lease_sid, "lease_expired")):
+        # wait_final polls the list, which (unlike GET of the sandbox) does
+        # not renew the lease.
+        row, _ = wait_final(warren, sid, 8)
+        assert row["state"] == "destroyed" and row["reason"] == why, row
+    assert 3.0 <= time.monotonic() - t0 <= 5.5

@@ -84,6 +84,8 @@ pub struct CapacityConfig {
     pub queue_limit: usize,
     /// Sandboxes initialising at once (the node's start queue).
     pub max_initializing: usize,
+    /// How long the log of a finished sandbox is kept.
+    pub log_retention: std::time::Duration,
 }
 
 impl Default for CapacityConfig {
@@ -98,6 +100,7 @@ impl Default for CapacityConfig {
             max_sandboxes: 4096,
             queue_limit: 1024,
             max_initializing: 8 * cores,
+            log_retention: std::time::Duration::from_secs(7 * 86400),
         }
     }
 }
@@ -171,6 +174,10 @@ impl Node {
             exec_seq: AtomicU64::new(0),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
+        tokio::spawn(expire_logs(
+            Arc::downgrade(&node),
+            cfg.capacity.log_retention,
+        ));
         Ok((node, rx))
     }
 
@@ -655,6 +662,47 @@ fn host_memory() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// Removes the logs of sandboxes that are gone and were last written
+/// longer ago than `retention`.
+async fn expire_logs(node: std::sync::Weak<Node>, retention: std::time::Duration) {
+    let tick = (retention / 2).clamp(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(60),
+    );
+    loop {
+        let Some(n) = node.upgrade() else { return };
+        let dir = n.home.join("logs");
+        let live: Vec<String> = n
+            .live
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        drop(n);
+        let _ = tokio::task::spawn_blocking(move || {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                return;
+            };
+            for entry in rd.filter_map(|e| e.ok()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(id) = name.strip_suffix(".jsonl") else {
+                    continue;
+                };
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > retention);
+                if old && !live.iter().any(|l| l == id) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        })
+        .await;
+        tokio::time::sleep(tick).await;
+    }
 }
 
 fn main_request(cmd: &[String]) -> ExecRequest {

@@ -138,6 +138,9 @@ pub struct UpArgs {
     /// Sandboxes initialising at once; default 8 per core.
     #[arg(long)]
     pub max_initializing: Option<usize>,
+    /// How long the log of a finished sandbox is kept (e.g. 7d, 12h).
+    #[arg(long, default_value = "7d")]
+    pub log_retention: String,
 }
 
 #[derive(Subcommand)]

@@ -28,6 +28,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         max_sandboxes: args.max_sandboxes,
         queue_limit: args.queue_limit,
         max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
+        log_retention: warren_core::quantity::parse_duration(&args.log_retention)?,
     };
     let cfg = UpConfig {
         home: home.to_path_buf(),

@@ -163,3 +163,53 @@ def test_wall_clock_steps_change_neither_ttl_nor_lease(warren):
         row, _ = wait_final(warren, sid, 8)
         assert row["state"] == "destroyed" and row["reason"] == why, row
     assert 3.0 <= time.monotonic() - t0 <= 5.5
+
+
+def test_request_id_makes_create_idempotent(warren):
+    import concurrent.futures
+
+    first = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "request_id": "rid-once"})
+    again = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "request_id": "rid-once"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    spec = {"image": "busybox:latest", "request_id": "rid-race", "labels": {"rid": "race"}}
+
+    def post(_):
+        with warren.client() as c:
+            return c.post("/v1/sandboxes", json=spec)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        rs = list(pool.map(post, range(6)))
+    assert {r.status_code for r in rs} <= {200, 201}
+    assert len({r.json()["id"] for r in rs}) == 1
+    live = warren.http.get("/v1/sandboxes", params={"label": "rid=race"}).json()
+    assert len(live) == 1
+    assert not [p for p in (warren.home / "sandboxes").iterdir() if p.name not in {s["id"] for s in warren.http.get("/v1/sandboxes").json()}]
+    warren.destroy(first.json()["id"])
+    warren.destroy(live[0]["id"])
+
+
+def test_keep_on_failure_keeps_an_oom_killed_sandbox(warren):
+    sid = warren.create(
+        memory="32M",
+        reclaim="keep_on_failure",
+        cmd=["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"],
+    )["id"]
+    row, _ = wait_final(warren, sid, 20)
+    assert row["state"] == "kept" and row["reason"] == "oom_killed", row
+    assert row["exit_code"] == 137
+    assert warren.destroy(sid).json()["state"] == "destroyed"
+
+
+def test_logs_by_label(warren):
+    a = warren.create(labels={"logsel": "yes"}, cmd=["sh", "-c", "echo from-a"])["id"]
+    b = warren.create(labels={"logsel": "yes"}, cmd=["sh", "-c", "echo from-b"])["id"]
+    c = warren.create(labels={"logsel": "no"}, cmd=["sh", "-c", "echo from-c"])["id"]
+    for sid in (a, b, c):
+        wait_final(warren, sid, 10)
+    import json as _json
+
+    lines = [_json.loads(l) for l in warren.http.get("/v1/logs", params={"label": "logsel=yes"}).text.splitlines()]
+    assert {l["sandbox_id"] for l in lines} == {a, b}
+    assert sorted(l["text"] for l in lines if l["kind"] == "stdout") == ["from-a\n", "from-b\n"]
+    assert warren.http.get("/v1/logs").status_code == 400

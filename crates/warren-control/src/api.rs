@@ -71,7 +71,7 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    paths(logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
     components(schemas(BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
@@ -109,6 +109,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
         .route("/v1/sandboxes/{id}/logs", get(logs))
         .route("/v1/events", get(events))
+        .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
         .route("/v1/batches", post(create_batch).get(list_batches))
         .route("/v1/batches/{id}", get(get_batch).delete(delete_batch))
@@ -566,6 +567,38 @@ async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
         allocated,
         queued,
     }])
+}
+
+#[derive(Deserialize)]
+struct LabelQuery {
+    label: Option<String>,
+}
+
+/// The logs of every sandbox (live or finished) matching a label selector,
+/// one after another in creation order; every line names its sandbox.
+#[utoipa::path(get, path = "/v1/logs", params(("label" = String, Query)),
+    responses((status = 200, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody)))]
+async fn logs_by_label(State(st): St, Query(q): Query<LabelQuery>) -> ApiResult<Response> {
+    let label = q.label.unwrap_or_default();
+    if label.trim().is_empty() {
+        return Err(ApiError::bad_request("give a label selector, e.g. ?label=task=swe").into());
+    }
+    let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let paths: Vec<std::path::PathBuf> = st
+        .control
+        .list(&[], &sel)
+        .await?
+        .iter()
+        .map(|s| st.control.node.log_path(&s.id))
+        .collect();
+    let stream = futures_util::stream::iter(paths)
+        .then(|p| async move { tokio::fs::read(p).await.unwrap_or_default() })
+        .map(|bytes| Ok::<_, std::io::Error>(Bytes::from(bytes)));
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 #[derive(Deserialize, Clone)]

@@ -70,9 +70,13 @@ pub enum Command {
     },
     /// Show a sandbox as JSON: spec, state, node, usage, events.
     Inspect { id: String },
-    /// Print a sandbox's JSON-lines log.
+    /// Print a sandbox's JSON-lines log (or, with --label, those of every
+    /// matching sandbox).
     Logs {
-        id: String,
+        #[arg(required_unless_present = "label")]
+        id: Option<String>,
+        #[arg(long, conflicts_with = "id")]
+        label: Vec<String>,
         #[arg(long, short)]
         follow: bool,
     },

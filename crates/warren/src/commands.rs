@@ -41,7 +41,26 @@ pub async fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&info)?);
             Ok(0)
         }
-        Command::Logs { id, follow } => logs(&client()?, &id, follow).await,
+        Command::Logs {
+            id: Some(id),
+            follow,
+            ..
+        } => logs(&client()?, &id, follow).await,
+        Command::Logs {
+            id: None, label, ..
+        } => {
+            let c = client()?;
+            let text = c
+                .send(
+                    c.request(Method::GET, "/v1/logs")
+                        .query(&[("label", label.join(","))]),
+                )
+                .await?
+                .bytes()
+                .await?;
+            std::io::stdout().write_all(&text)?;
+            Ok(0)
+        }
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::Batch(cmd) => batch(&client()?, cmd).await,

@@ -15,4 +15,4 @@ if ! command -v cargo >/dev/null; then
     echo "cargo is missing: install Rust (https://rustup.rs) first" >&2
     exit 1
 fi
-python3 -c "import pytest, httpx" 2>/dev/null || python3 -m pip install -q pytest httpx
+python3 -c "import pytest, httpx, prometheus_client" 2>/dev/null || python3 -m pip install -q pytest httpx prometheus-client

@@ -71,7 +71,7 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
     components(schemas(BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
@@ -111,6 +111,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/events", get(events))
         .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/profiles", get(list_profiles))
+        .route("/v1/profiles/export", get(export_profiles))
+        .route("/v1/profiles/import", post(import_profiles))
+        .route("/v1/profiles/{name}", get(get_profile))
+        .route("/v1/profiles/{name}/reset", post(reset_profile))
         .route("/v1/batches", post(create_batch).get(list_batches))
         .route("/v1/batches/{id}", get(get_batch).delete(delete_batch))
         .route("/v1/images", get(list_images))
@@ -120,6 +125,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             axum::routing::delete(delete_image),
         )
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
@@ -173,6 +179,12 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiErro
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// Prometheus metrics (text format).
+async fn metrics(State(st): St) -> Response {
+    let text = st.control.metrics.render(&st.control).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
@@ -353,7 +365,12 @@ async fn delete_sandboxes(
 async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let req: ExecRequest = parse_json(&body)?;
     st.control.node.renew_lease(&id);
+    let started = std::time::Instant::now();
     let rx = st.control.exec(&id, &req).await?;
+    st.control
+        .metrics
+        .exec_start_seconds
+        .observe(started.elapsed().as_secs_f64());
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|ev| {
         let mut line = serde_json::to_vec(&ev).unwrap_or_default();
         line.push(b'\n');
@@ -567,6 +584,85 @@ async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
         allocated,
         queued,
     }])
+}
+
+/// Every resource profile with its current request and anomaly flag.
+#[utoipa::path(get, path = "/v1/profiles", responses((status = 200, body = [warren_core::profile::Profile])))]
+async fn list_profiles(State(st): St) -> ApiResult<Json<Vec<warren_core::profile::Profile>>> {
+    Ok(Json(
+        st.control.store.profiles().await.map_err(ApiError::from)?,
+    ))
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct ProfileDetail {
+    profile: warren_core::profile::Profile,
+    /// peak × margin over the window of recent runs.
+    recommendation: Option<warren_core::profile::Request>,
+    runs: Vec<warren_core::profile::Run>,
+}
+
+#[utoipa::path(get, path = "/v1/profiles/{name}", responses((status = 200, body = ProfileDetail), (status = 404, body = ErrorBody)))]
+async fn get_profile(State(st): St, Path(name): Path<String>) -> ApiResult<Json<ProfileDetail>> {
+    let store = &st.control.store;
+    let profile = store
+        .profile(&name)
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no profile named {name:?}; see `warren profile ls`"
+            ))
+        })?;
+    let policy = st.control.policy();
+    let runs = store
+        .runs(&name, policy.window)
+        .await
+        .map_err(ApiError::from)?;
+    let recommendation = warren_core::profile::recommend(&runs, &policy);
+    Ok(Json(ProfileDetail {
+        profile,
+        recommendation,
+        runs,
+    }))
+}
+
+/// Forget a profile's runs and anomaly; it restarts from its original request.
+#[utoipa::path(post, path = "/v1/profiles/{name}/reset", responses((status = 200, body = warren_core::profile::Profile), (status = 404, body = ErrorBody)))]
+async fn reset_profile(
+    State(st): St,
+    Path(name): Path<String>,
+) -> ApiResult<Json<warren_core::profile::Profile>> {
+    Ok(Json(st.control.reset_profile(&name).await?))
+}
+
+/// The profile table as TOML, to edit by hand and load again.
+#[utoipa::path(get, path = "/v1/profiles/export", responses((status = 200, content_type = "application/toml")))]
+async fn export_profiles(State(st): St) -> ApiResult<Response> {
+    let profiles = st.control.store.profiles().await.map_err(ApiError::from)?;
+    let text = crate::profiles::table::export(&profiles).map_err(ApiError::internal)?;
+    Ok(([(header::CONTENT_TYPE, "application/toml")], text).into_response())
+}
+
+/// Load a TOML profile table; listed profiles are replaced.
+#[utoipa::path(post, path = "/v1/profiles/import", request_body(content = String, content_type = "application/toml"),
+    responses((status = 200, body = [warren_core::profile::Profile]), (status = 400, body = ErrorBody)))]
+async fn import_profiles(
+    State(st): St,
+    body: Bytes,
+) -> ApiResult<Json<Vec<warren_core::profile::Profile>>> {
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad_request("the profile table must be UTF-8 TOML"))?;
+    let profiles = crate::profiles::table::import(text).map_err(ApiError::bad_request)?;
+    let now = warren_node::clock::now_rfc3339();
+    for p in &profiles {
+        st.control
+            .store
+            .put_profile(p, &now)
+            .await
+            .map_err(ApiError::from)?;
+    }
+    Ok(Json(profiles))
 }
 
 #[derive(Deserialize)]

@@ -19,6 +19,7 @@ use crate::store::{SandboxRow, Store, StoreError, Transition};
 pub struct Control {
     pub store: Store,
     pub node: Arc<Node>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl From<StoreError> for ApiError {
@@ -106,9 +107,11 @@ impl Control {
     /// half made. With `wait == false` a queued create answers at once.
     pub async fn create(
         self: &Arc<Self>,
-        spec: SandboxSpec,
+        mut spec: SandboxSpec,
         wait: bool,
     ) -> Result<(SandboxInfo, bool), ApiError> {
+        let started = std::time::Instant::now();
+        self.apply_profile(&mut spec).await?;
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -164,8 +167,13 @@ impl Control {
                     self.node.release(&id);
                     return self.insert_failed(e, &spec).await;
                 }
+                let queued_at = std::time::Instant::now();
                 let task = tokio::spawn(async move {
-                    if ready.await.is_err() {
+                    let waited = ready.await;
+                    this.metrics
+                        .queue_wait_seconds
+                        .observe(queued_at.elapsed().as_secs_f64());
+                    if waited.is_err() {
                         return Err(ApiError::conflict(format!(
                             "sandbox {} was deleted while it waited for capacity",
                             row.id
@@ -179,8 +187,15 @@ impl Control {
                 task
             }
         };
-        task.await
-            .map_err(|e| ApiError::internal(format!("create task: {e}")))?
+        let result = task
+            .await
+            .map_err(|e| ApiError::internal(format!("create task: {e}")))?;
+        if result.is_ok() {
+            self.metrics
+                .create_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        result
     }
 
     async fn insert_failed(
@@ -348,21 +363,31 @@ impl Control {
             .await?;
         warren_runtime::crashpoint::hit("destroy:stopping");
         let log = self.node.log(id);
-        if let Err(e) = self.node.destroy(id).await {
-            let message = e.to_string();
-            self.store
-                .transition(
-                    id,
-                    SandboxState::Failed,
-                    why,
-                    &now_rfc3339(),
-                    Transition {
-                        message: &message,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            return Err(ApiError::internal(format!("destroy {id}: {message}")));
+        let usage = match self.node.destroy(id).await {
+            Ok(usage) => usage,
+            Err(e) => {
+                let message = e.to_string();
+                self.store
+                    .transition(
+                        id,
+                        SandboxState::Failed,
+                        why,
+                        &now_rfc3339(),
+                        Transition {
+                            message: &message,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                return Err(ApiError::internal(format!("destroy {id}: {message}")));
+            }
+        };
+        // Recorded before the sandbox shows as destroyed, so whoever sees
+        // it destroyed also sees its run in the profile.
+        if let Some(u) = &usage {
+            if let Err(e) = self.record_run(&row, u, why == reason::OOM_KILLED).await {
+                tracing::warn!(sandbox = %id, error = %e.message, "recording a profile run");
+            }
         }
         let done = now_rfc3339();
         self.store
@@ -429,6 +454,18 @@ impl Control {
                 (id.clone(), exit.code != 0 || *oom_killed, why, true)
             }
             NodeEvent::Expired { id, reason } => (id.clone(), false, *reason, true),
+            NodeEvent::CpuSaturated { busy } => {
+                let message = format!(
+                    "node CPU {:.0}% busy for over {}s",
+                    busy * 100.0,
+                    warren_node::SATURATION_AFTER.as_secs()
+                );
+                tracing::warn!("{message}");
+                self.store
+                    .node_event("node_cpu_saturated", &message, &now_rfc3339())
+                    .await?;
+                return Ok(());
+            }
             NodeEvent::InitDied { id, oom_killed } => {
                 let why = if *oom_killed {
                     reason::OOM_KILLED
@@ -459,6 +496,9 @@ impl Control {
             if let Err(e) = self.node.freeze(&id, true).await {
                 tracing::warn!(sandbox = %id, error = %e, "freezing a delayed sandbox");
             }
+            if let Some(u) = self.node.usage(&id) {
+                let _ = self.record_run(&row, &u, why == reason::OOM_KILLED).await;
+            }
             self.node.restart_lifetime(&id, row.spec.delay_for());
             let now = now_rfc3339();
             let t = Transition {
@@ -484,6 +524,9 @@ impl Control {
             // filesystem stays for `inspect`, `cp` and `logs` until keep_for ends.
             if let Err(e) = self.node.freeze(&id, true).await {
                 tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox");
+            }
+            if let Some(u) = self.node.usage(&id) {
+                let _ = self.record_run(&row, &u, why == reason::OOM_KILLED).await;
             }
             self.node.restart_lifetime(&id, row.spec.keep_for());
             let now = now_rfc3339();

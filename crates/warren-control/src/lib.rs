@@ -5,6 +5,8 @@
 pub mod api;
 pub mod batch;
 pub mod control;
+pub mod metrics;
+pub mod profiles;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -19,7 +21,7 @@ pub struct UpConfig {
     pub spawner_exe: PathBuf,
     pub spawner_args: Vec<String>,
     pub spawners: usize,
-    pub capacity: warren_node::CapacityConfig,
+    pub settings: warren_node::NodeSettings,
 }
 
 /// Reads the API token from `<home>/token`, creating it (mode 0600) first.
@@ -67,10 +69,14 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         spawner_exe: cfg.spawner_exe.clone(),
         spawner_args: cfg.spawner_args.clone(),
         spawners: cfg.spawners,
-        capacity: cfg.capacity.clone(),
+        settings: cfg.settings.clone(),
     })
     .map_err(|e| format!("node agent: {e}"))?;
-    let control = Arc::new(control::Control { store, node });
+    let control = Arc::new(control::Control {
+        store,
+        node,
+        metrics: metrics::Metrics::new(),
+    });
     control
         .recover()
         .await

@@ -347,3 +347,142 @@ impl Store {
             .collect()
     }
 }
+
+impl Store {
+    pub async fn profile(
+        &self,
+        name: &str,
+    ) -> Result<Option<warren_core::profile::Profile>, StoreError> {
+        let row = sqlx::query("SELECT body FROM profiles WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let body: String = r.try_get("body")?;
+            serde_json::from_str(&body)
+                .map_err(|e| StoreError::Corrupt(name.to_string(), e.to_string()))
+        })
+        .transpose()
+    }
+
+    pub async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError> {
+        let rows = sqlx::query("SELECT name, body FROM profiles ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let name: String = r.try_get("name")?;
+                let body: String = r.try_get("body")?;
+                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(name, e.to_string()))
+            })
+            .collect()
+    }
+
+    pub async fn put_profile(
+        &self,
+        p: &warren_core::profile::Profile,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO profiles (name, body, updated_at) VALUES (?, ?, ?)
+             ON CONFLICT(name) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+        )
+        .bind(&p.name)
+        .bind(json(p))
+        .bind(time)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records a finished run once per sandbox; false if it was already there.
+    pub async fn add_run(
+        &self,
+        profile: &str,
+        sandbox_id: &str,
+        run: &warren_core::profile::Run,
+        time: &str,
+    ) -> Result<bool, StoreError> {
+        let r = sqlx::query(
+            "INSERT OR IGNORE INTO profile_runs (profile, sandbox_id, body, finished_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(profile)
+        .bind(sandbox_id)
+        .bind(json(run))
+        .bind(time)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The newest `limit` runs of a profile, oldest first.
+    pub async fn runs(
+        &self,
+        profile: &str,
+        limit: usize,
+    ) -> Result<Vec<warren_core::profile::Run>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT body FROM profile_runs WHERE profile = ? ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(profile)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut runs = rows
+            .iter()
+            .map(|r| {
+                let body: String = r.try_get("body")?;
+                serde_json::from_str(&body)
+                    .map_err(|e| StoreError::Corrupt(profile.to_string(), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        runs.reverse();
+        Ok(runs)
+    }
+
+    pub async fn delete_runs(&self, profile: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM profile_runs WHERE profile = ?")
+            .bind(profile)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// A profile-level event (type `profile`), attached to the sandbox whose
+    /// run triggered it.
+    pub async fn profile_event(
+        &self,
+        sandbox_id: &str,
+        profile: &str,
+        message: &str,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'profile', NULL, 'profile_anomalous', ?)")
+            .bind(time)
+            .bind(sandbox_id)
+            .bind(format!("profile {profile}: {message}"))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// A node-level event (type `node`); its sandbox id is empty.
+    pub async fn node_event(
+        &self,
+        reason: &str,
+        message: &str,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, '', 'node', NULL, ?, ?)")
+            .bind(time)
+            .bind(reason)
+            .bind(message)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

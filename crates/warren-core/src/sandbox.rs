@@ -43,9 +43,27 @@ pub struct SandboxInfo {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
+    /// CPU time used so far.
     pub cpu_usage_ns: u64,
     pub memory_bytes: u64,
     pub memory_peak_bytes: u64,
     pub pids: u64,
     pub oom_kills: u64,
+    /// Mean and peak CPU rate over the sampler's readings (millicores).
+    #[serde(default)]
+    pub cpu_millis_mean: u64,
+    #[serde(default)]
+    pub cpu_millis_peak: u64,
+    /// CFS periods, and those in which the sandbox hit its quota.
+    #[serde(default)]
+    pub cpu_periods: u64,
+    #[serde(default)]
+    pub cpu_throttled_periods: u64,
+    /// Bytes written to the sandbox's own layer (its disk use).
+    #[serde(default)]
+    pub disk_bytes: u64,
+    #[serde(default)]
+    pub samples: u64,
+    #[serde(default)]
+    pub runtime_ms: u64,
 }

@@ -9,6 +9,7 @@ pub mod exec_stream;
 pub mod lifetime;
 pub mod logs;
 mod monitor;
+pub mod sampler;
 pub mod user;
 
 use std::collections::{BTreeMap, HashMap};
@@ -55,6 +56,11 @@ pub enum NodeEvent {
         id: String,
         reason: &'static str,
     },
+    /// The node's CPU stayed above the saturation threshold (85%) for
+    /// `SATURATION_AFTER`; reported once per episode.
+    CpuSaturated {
+        busy: f64,
+    },
     InitDied {
         id: String,
         oom_killed: bool,
@@ -67,12 +73,12 @@ pub struct NodeConfig {
     pub spawner_exe: PathBuf,
     pub spawner_args: Vec<String>,
     pub spawners: usize,
-    pub capacity: CapacityConfig,
+    pub settings: NodeSettings,
 }
 
 /// How much of the host the node lends to sandboxes.
 #[derive(Debug, Clone)]
-pub struct CapacityConfig {
+pub struct NodeSettings {
     /// CPU is compressible (each sandbox is capped by its quota), so the sum
     /// of sandbox CPU limits may exceed the cores by this factor.
     pub cpu_overcommit: f64,
@@ -86,14 +92,16 @@ pub struct CapacityConfig {
     pub max_initializing: usize,
     /// How long the log of a finished sandbox is kept.
     pub log_retention: std::time::Duration,
+    /// How often every sandbox's cgroup is sampled.
+    pub sample_interval: std::time::Duration,
 }
 
-impl Default for CapacityConfig {
+impl Default for NodeSettings {
     fn default() -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        CapacityConfig {
+        NodeSettings {
             cpu_overcommit: 8.0,
             reserve_cpu_millis: 250,
             reserve_memory: 512 << 20,
@@ -101,6 +109,7 @@ impl Default for CapacityConfig {
             queue_limit: 1024,
             max_initializing: 8 * cores,
             log_retention: std::time::Duration::from_secs(7 * 86400),
+            sample_interval: sampler::DEFAULT_INTERVAL,
         }
     }
 }
@@ -116,9 +125,11 @@ struct Live {
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
     lifetime: Mutex<lifetime::Lifetime>,
+    usage: Mutex<sampler::UsageTracker>,
 }
 
 pub struct Node {
+    cpu: Mutex<CpuBusy>,
     name: String,
     admission: admission::Admission,
     initializing: tokio::sync::Semaphore,
@@ -152,7 +163,7 @@ impl Node {
             cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
         })?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let cap = &cfg.capacity;
+        let cap = &cfg.settings;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1) as f64;
@@ -163,6 +174,7 @@ impl Node {
             slots: cap.max_sandboxes,
         };
         let node = Arc::new(Node {
+            cpu: Mutex::new(CpuBusy::default()),
             admission: admission::Admission::new(total, cap.queue_limit),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
@@ -174,9 +186,13 @@ impl Node {
             exec_seq: AtomicU64::new(0),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
+        tokio::spawn(sample_usage(
+            Arc::downgrade(&node),
+            cfg.settings.sample_interval,
+        ));
         tokio::spawn(expire_logs(
             Arc::downgrade(&node),
-            cfg.capacity.log_retention,
+            cfg.settings.log_retention,
         ));
         Ok((node, rx))
     }
@@ -378,6 +394,7 @@ impl Node {
             log,
             destroying: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),
+            usage: Mutex::new(sampler::UsageTracker::new()),
         });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.to_string(), live.clone());
@@ -498,13 +515,18 @@ impl Node {
     }
 
     /// Kills and removes everything of the sandbox. Idempotent.
-    pub async fn destroy(&self, id: &str) -> Result<(), NodeError> {
+    /// Returns the sandbox's final usage when it was live here.
+    pub async fn destroy(&self, id: &str) -> Result<Option<Usage>, NodeError> {
+        let mut last_usage = None;
         let pid = self.get(id).ok().map(|live| {
             live.destroying.store(true, Ordering::Release);
             // The resource summary, read while the cgroup still exists.
-            if let Ok(usage) = warren_runtime::cgroups::usage(&live.cgroup_path) {
+            self.sample_one(id, &live, true);
+            if let Ok(u) = live.usage.lock() {
+                let usage = u.usage();
                 live.log
                     .record("summary", serde_json::json!({ "usage": usage }));
+                last_usage = Some(usage);
             }
             live.pid
         });
@@ -513,7 +535,7 @@ impl Node {
             m.remove(id);
         }
         self.admission.release(id);
-        Ok(())
+        Ok(last_usage)
     }
 
     /// Reserves capacity for a sandbox, or queues it (FIFO) until some frees.
@@ -596,9 +618,21 @@ impl Node {
         self.get(id).ok().map(|l| l.log.clone())
     }
 
+    /// Usage as sampled, refreshed with a reading taken now.
     pub fn usage(&self, id: &str) -> Option<Usage> {
         let live = self.get(id).ok()?;
-        warren_runtime::cgroups::usage(&live.cgroup_path).ok()
+        self.sample_one(id, &live, false);
+        live.usage.lock().ok().map(|u| u.usage())
+    }
+
+    fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
+        let Ok(sample) = warren_runtime::cgroups::sample(&live.cgroup_path) else {
+            return;
+        };
+        let Ok(mut u) = live.usage.lock() else { return };
+        let disk = (with_disk && u.wants_disk())
+            .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
+        u.add(std::time::Instant::now(), sample, disk);
     }
 
     pub fn oom_kills(&self, id: &str) -> u64 {
@@ -662,6 +696,85 @@ fn host_memory() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// The node's CPU busy share between samples, from /proc/stat.
+#[derive(Debug, Default)]
+struct CpuBusy {
+    last: Option<(u64, u64)>,
+    busy: f64,
+    high_since: Option<std::time::Instant>,
+    reported: bool,
+}
+
+pub const SATURATION: f64 = 0.85;
+pub const SATURATION_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn proc_stat_cpu() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total, idle))
+}
+
+impl Node {
+    /// Share of the node's CPU time spent busy over the last sample interval.
+    pub fn cpu_busy(&self) -> f64 {
+        self.cpu.lock().map(|c| c.busy).unwrap_or(0.0)
+    }
+
+    fn sample_cpu(&self) {
+        let Some((total, idle)) = proc_stat_cpu() else {
+            return;
+        };
+        let Ok(mut c) = self.cpu.lock() else { return };
+        if let Some((t0, i0)) = c.last {
+            let dt = total.saturating_sub(t0);
+            if dt > 0 {
+                c.busy = 1.0 - idle.saturating_sub(i0) as f64 / dt as f64;
+            }
+        }
+        c.last = Some((total, idle));
+        if c.busy > SATURATION {
+            let since = *c.high_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= SATURATION_AFTER && !c.reported {
+                c.reported = true;
+                let _ = self.events.send(NodeEvent::CpuSaturated { busy: c.busy });
+            }
+        } else {
+            c.high_since = None;
+            c.reported = false;
+        }
+    }
+}
+
+/// Samples every live sandbox's cgroup once per `interval`.
+async fn sample_usage(node: std::sync::Weak<Node>, interval: std::time::Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(n) = node.upgrade() else { return };
+        let live: Vec<(String, Arc<Live>)> = n
+            .live
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let _ = tokio::task::spawn_blocking(move || {
+            n.sample_cpu();
+            for (id, l) in &live {
+                if !l.destroying.load(Ordering::Acquire) {
+                    n.sample_one(id, l, true);
+                }
+            }
+        })
+        .await;
+    }
 }
 
 /// Removes the logs of sandboxes that are gone and were last written

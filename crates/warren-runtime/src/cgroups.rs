@@ -67,39 +67,74 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
         .map_err(|e| RuntimeError::Destroy(format!("remove cgroup {cgroup_path}: {e}")))
 }
 
-pub fn usage(cgroup_path: &str) -> Result<Usage, RuntimeError> {
-    let s = manager(cgroup_path)?
-        .stats()
-        .map_err(|e| RuntimeError::Files(format!("cgroup stats {cgroup_path}: {e}")))?;
-    Ok(Usage {
-        cpu_usage_ns: s.cpu.usage.usage_total,
-        memory_bytes: s.memory.memory.usage,
-        memory_peak_bytes: s.memory.memory.max_usage,
-        pids: s.pids.current,
-        oom_kills: oom_kills(cgroup_path),
+/// One cheap reading of a sandbox's cgroup: a handful of small files,
+/// not libcgroups' full stats, so a node can sample every sandbox each second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sample {
+    pub cpu_usage_ns: u64,
+    pub cpu_periods: u64,
+    pub cpu_throttled_periods: u64,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub pids: u64,
+    pub oom_kills: u64,
+}
+
+fn read_u64(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `key value` lines (cpu.stat, memory.events, memory.oom_control).
+fn read_keyed(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+pub fn sample(cgroup_path: &str) -> Result<Sample, RuntimeError> {
+    let rel = cgroup_path.trim_start_matches('/');
+    let v2 = format!("/sys/fs/cgroup/{rel}");
+    if std::path::Path::new(&format!("{v2}/cgroup.controllers")).exists() {
+        return Ok(Sample {
+            cpu_usage_ns: read_keyed(&format!("{v2}/cpu.stat"), "usage_usec").unwrap_or(0) * 1000,
+            cpu_periods: read_keyed(&format!("{v2}/cpu.stat"), "nr_periods").unwrap_or(0),
+            cpu_throttled_periods: read_keyed(&format!("{v2}/cpu.stat"), "nr_throttled")
+                .unwrap_or(0),
+            memory_bytes: read_u64(&format!("{v2}/memory.current")).unwrap_or(0),
+            memory_peak_bytes: read_u64(&format!("{v2}/memory.peak")).unwrap_or(0),
+            pids: read_u64(&format!("{v2}/pids.current")).unwrap_or(0),
+            oom_kills: read_keyed(&format!("{v2}/memory.events"), "oom_kill").unwrap_or(0),
+        });
+    }
+    let v1 = |ctrl: &str, file: &str| format!("/sys/fs/cgroup/{ctrl}/{rel}/{file}");
+    let cpu_ns = read_u64(&v1("cpuacct", "cpuacct.usage"))
+        .ok_or_else(|| RuntimeError::NotFound(format!("no cgroup {cgroup_path}")))?;
+    Ok(Sample {
+        cpu_usage_ns: cpu_ns,
+        cpu_periods: read_keyed(&v1("cpu", "cpu.stat"), "nr_periods").unwrap_or(0),
+        cpu_throttled_periods: read_keyed(&v1("cpu", "cpu.stat"), "nr_throttled").unwrap_or(0),
+        memory_bytes: read_u64(&v1("memory", "memory.usage_in_bytes")).unwrap_or(0),
+        memory_peak_bytes: read_u64(&v1("memory", "memory.max_usage_in_bytes")).unwrap_or(0),
+        pids: read_u64(&v1("pids", "pids.current")).unwrap_or(0),
+        oom_kills: read_keyed(&v1("memory", "memory.oom_control"), "oom_kill").unwrap_or(0),
     })
 }
 
-/// OOM kills recorded for the cgroup: `oom_kill` in v1 `memory.oom_control`
-/// or in v2 `memory.events`.
+pub fn usage(cgroup_path: &str) -> Result<Usage, RuntimeError> {
+    let s = sample(cgroup_path)?;
+    Ok(Usage {
+        cpu_usage_ns: s.cpu_usage_ns,
+        memory_bytes: s.memory_bytes,
+        memory_peak_bytes: s.memory_peak_bytes,
+        pids: s.pids,
+        oom_kills: s.oom_kills,
+        ..Default::default()
+    })
+}
+
+/// OOM kills recorded for the cgroup.
 pub fn oom_kills(cgroup_path: &str) -> u64 {
-    let rel = cgroup_path.trim_start_matches('/');
-    let candidates = [
-        format!("/sys/fs/cgroup/memory/{rel}/memory.oom_control"),
-        format!("/sys/fs/cgroup/{rel}/memory.events"),
-    ];
-    for c in candidates {
-        if let Ok(text) = std::fs::read_to_string(&c) {
-            return text
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("oom_kill ")
-                        .and_then(|v| v.trim().parse().ok())
-                })
-                .unwrap_or(0);
-        }
-    }
-    0
+    sample(cgroup_path).map(|s| s.oom_kills).unwrap_or(0)
 }
 
 pub fn freeze(cgroup_path: &str, frozen: bool) -> Result<(), RuntimeError> {

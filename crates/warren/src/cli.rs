@@ -86,6 +86,9 @@ pub enum Command {
         #[arg(long)]
         label: Vec<String>,
     },
+    /// Resource profiles: learned requests per task.
+    #[command(subcommand)]
+    Profile(ProfileCmd),
     /// Batches: N sandboxes from one spec.
     #[command(subcommand)]
     Batch(BatchCmd),
@@ -145,6 +148,9 @@ pub struct UpArgs {
     /// How long the log of a finished sandbox is kept (e.g. 7d, 12h).
     #[arg(long, default_value = "7d")]
     pub log_retention: String,
+    /// How often every sandbox's cgroup is sampled.
+    #[arg(long, default_value = "1s")]
+    pub sample_interval: String,
 }
 
 #[derive(Subcommand)]
@@ -162,6 +168,24 @@ pub enum ImageCmd {
     },
     /// Remove an image.
     Rm { reference: String },
+}
+
+#[derive(Subcommand)]
+pub enum ProfileCmd {
+    Ls,
+    Show {
+        name: String,
+    },
+    /// Print the profile table as TOML.
+    Export,
+    /// Load a TOML profile table (as written by export).
+    Import {
+        file: PathBuf,
+    },
+    /// Forget a profile's runs and anomaly flag.
+    Reset {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]

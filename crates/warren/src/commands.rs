@@ -11,7 +11,7 @@ use warren_core::{
     labels, quantity, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState,
 };
 
-use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd};
+use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd, ProfileCmd};
 use crate::client::{Client, LineStream};
 
 mod bench;
@@ -64,6 +64,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::Batch(cmd) => batch(&client()?, cmd).await,
+        Command::Profile(cmd) => profile(&client()?, cmd).await,
         Command::Events {
             sandbox,
             label,
@@ -644,6 +645,76 @@ async fn events(
             .await?;
         for e in evs {
             println!("{e}");
+        }
+    }
+    Ok(0)
+}
+
+async fn profile(client: &Client, cmd: ProfileCmd) -> Result<i32> {
+    use warren_core::profile::Profile;
+    match cmd {
+        ProfileCmd::Ls => {
+            let list: Vec<Profile> = client
+                .json(client.request(Method::GET, "/v1/profiles"))
+                .await?;
+            println!(
+                "{:<24} {:>8} {:>10} {:>13} {:>15} {:>6}  FLAG",
+                "PROFILE", "CPU", "MEMORY", "ORIGINAL CPU", "ORIGINAL MEMORY", "RUNS"
+            );
+            for p in list {
+                println!(
+                    "{:<24} {:>8.2} {:>10} {:>13.2} {:>15} {:>6}  {}",
+                    p.name,
+                    p.current.cpu_millis as f64 / 1000.0,
+                    quantity::format_size(p.current.memory),
+                    p.original.cpu_millis as f64 / 1000.0,
+                    quantity::format_size(p.original.memory),
+                    p.runs,
+                    if p.anomalous {
+                        format!("ANOMALOUS: {}", p.anomaly)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        ProfileCmd::Show { name } => {
+            let v: serde_json::Value = client
+                .json(client.request(Method::GET, &format!("/v1/profiles/{name}")))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        ProfileCmd::Export => {
+            let text = client
+                .send(client.request(Method::GET, "/v1/profiles/export"))
+                .await?
+                .text()
+                .await?;
+            print!("{text}");
+        }
+        ProfileCmd::Import { file } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let list: Vec<Profile> = client
+                .json(
+                    client
+                        .request(Method::POST, "/v1/profiles/import")
+                        .header("content-type", "application/toml")
+                        .body(text),
+                )
+                .await?;
+            println!("imported {} profiles", list.len());
+        }
+        ProfileCmd::Reset { name } => {
+            let p: Profile = client
+                .json(client.request(Method::POST, &format!("/v1/profiles/{name}/reset")))
+                .await?;
+            println!(
+                "{} reset to cpu {} memory {}",
+                p.name,
+                p.current.cpu_millis as f64 / 1000.0,
+                quantity::format_size(p.current.memory)
+            );
         }
     }
     Ok(0)

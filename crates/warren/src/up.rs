@@ -20,8 +20,8 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .map(|n| n.get())
             .unwrap_or(2)
     });
-    let defaults = warren_node::CapacityConfig::default();
-    let capacity = warren_node::CapacityConfig {
+    let defaults = warren_node::NodeSettings::default();
+    let settings = warren_node::NodeSettings {
         cpu_overcommit: args.cpu_overcommit,
         reserve_cpu_millis: warren_core::quantity::parse_cpu(&args.reserve_cpu)?,
         reserve_memory: warren_core::quantity::parse_size(&args.reserve_memory)?,
@@ -29,6 +29,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         queue_limit: args.queue_limit,
         max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
         log_retention: warren_core::quantity::parse_duration(&args.log_retention)?,
+        sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
     };
     let cfg = UpConfig {
         home: home.to_path_buf(),
@@ -36,7 +37,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         spawner_exe: exe,
         spawner_args: vec!["spawner".into()],
         spawners,
-        capacity,
+        settings,
     };
     let (up, router) = warren_control::start(&cfg)
         .await

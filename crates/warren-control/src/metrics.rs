@@ -1,0 +1,198 @@
+//! `GET /metrics` in the Prometheus text format. Latency histograms are
+//! recorded as things happen; everything that is state (capacity, counts,
+//! per-sandbox usage, profiles) is read fresh at each scrape, so the series
+//! of a destroyed sandbox disappear with it.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use warren_core::SandboxState;
+
+use crate::control::Control;
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub create_seconds: Histogram,
+    pub exec_start_seconds: Histogram,
+    pub queue_wait_seconds: Histogram,
+    allocatable: Family<Labels, FloatGauge>,
+    allocated: Family<Labels, FloatGauge>,
+    sandboxes: Family<Labels, Gauge>,
+    queue_length: Gauge,
+    profile_request: Family<Labels, FloatGauge>,
+    profile_anomalous: Family<Labels, Gauge>,
+    sandbox_cpu: Family<Labels, FloatGauge>,
+    sandbox_memory: Family<Labels, Gauge>,
+    sandbox_throttled: Family<Labels, Gauge>,
+    cpu_busy: FloatGauge,
+}
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("warren");
+        let latency = || Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        let m = Metrics {
+            create_seconds: latency(),
+            exec_start_seconds: latency(),
+            queue_wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 22)),
+            allocatable: Family::default(),
+            allocated: Family::default(),
+            sandboxes: Family::default(),
+            queue_length: Gauge::default(),
+            profile_request: Family::default(),
+            profile_anomalous: Family::default(),
+            sandbox_cpu: Family::default(),
+            sandbox_memory: Family::default(),
+            sandbox_throttled: Family::default(),
+            cpu_busy: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "sandbox_create_seconds",
+            "Create to ready, through the API",
+            m.create_seconds.clone(),
+        );
+        registry.register(
+            "exec_start_seconds",
+            "Exec request to the process running",
+            m.exec_start_seconds.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time creates spent in the node's FIFO queue",
+            m.queue_wait_seconds.clone(),
+        );
+        registry.register(
+            "node_allocatable",
+            "Allocatable capacity (cpu in cores, memory in bytes, slots)",
+            m.allocatable.clone(),
+        );
+        registry.register(
+            "node_allocated",
+            "Capacity held by live and kept sandboxes",
+            m.allocated.clone(),
+        );
+        registry.register("sandboxes", "Sandboxes by state", m.sandboxes.clone());
+        registry.register(
+            "queue_length",
+            "Creates waiting for capacity",
+            m.queue_length.clone(),
+        );
+        registry.register(
+            "profile_request",
+            "A profile's current request (cpu in cores, memory in bytes)",
+            m.profile_request.clone(),
+        );
+        registry.register(
+            "profile_anomalous",
+            "1 when a profile hit its growth cap",
+            m.profile_anomalous.clone(),
+        );
+        registry.register(
+            "sandbox_cpu_cores",
+            "Mean CPU rate of a live sandbox",
+            m.sandbox_cpu.clone(),
+        );
+        registry.register(
+            "sandbox_memory_bytes",
+            "Memory in use by a live sandbox",
+            m.sandbox_memory.clone(),
+        );
+        registry.register(
+            "sandbox_cpu_throttled_periods",
+            "CFS periods in which a live sandbox hit its quota",
+            m.sandbox_throttled.clone(),
+        );
+        registry.register(
+            "node_cpu_busy_ratio",
+            "Share of the node's CPU time spent busy (saturation signal)",
+            m.cpu_busy.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    pub async fn render(&self, control: &Control) -> String {
+        let node = &control.node;
+        let (total, used, queued) = node.capacity();
+        for (fam, need) in [(&self.allocatable, total), (&self.allocated, used)] {
+            fam.get_or_create(&l(&[("resource", "cpu")]))
+                .set(need.cpu_millis as f64 / 1000.0);
+            fam.get_or_create(&l(&[("resource", "memory")]))
+                .set(need.memory as f64);
+            fam.get_or_create(&l(&[("resource", "slots")]))
+                .set(need.slots as f64);
+        }
+        self.queue_length.set(queued as i64);
+        self.cpu_busy.set(node.cpu_busy());
+        self.sandboxes.clear();
+        self.sandbox_cpu.clear();
+        self.sandbox_memory.clear();
+        self.sandbox_throttled.clear();
+        if let Ok(rows) = control.store.list(&[]).await {
+            for st in SandboxState::ALL {
+                self.sandboxes
+                    .get_or_create(&l(&[("state", st.as_str())]))
+                    .set(0);
+            }
+            for r in &rows {
+                self.sandboxes
+                    .get_or_create(&l(&[("state", r.state.as_str())]))
+                    .inc();
+                if r.state.is_live() {
+                    if let Some(u) = node.usage(&r.id) {
+                        let labels = l(&[("sandbox", &r.id)]);
+                        self.sandbox_cpu
+                            .get_or_create(&labels)
+                            .set(u.cpu_millis_mean as f64 / 1000.0);
+                        self.sandbox_memory
+                            .get_or_create(&labels)
+                            .set(u.memory_bytes as i64);
+                        self.sandbox_throttled
+                            .get_or_create(&labels)
+                            .set(u.cpu_throttled_periods as i64);
+                    }
+                }
+            }
+        }
+        self.profile_request.clear();
+        self.profile_anomalous.clear();
+        if let Ok(profiles) = control.store.profiles().await {
+            for p in profiles {
+                self.profile_request
+                    .get_or_create(&l(&[("profile", &p.name), ("resource", "cpu")]))
+                    .set(p.current.cpu_millis as f64 / 1000.0);
+                self.profile_request
+                    .get_or_create(&l(&[("profile", &p.name), ("resource", "memory")]))
+                    .set(p.current.memory as f64);
+                self.profile_anomalous
+                    .get_or_create(&l(&[("profile", &p.name)]))
+                    .set(p.anomalous as i64);
+            }
+        }
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,181 @@
+//! Requests that learn: finished sandboxes feed their task's profile, and a
+//! create that names a profile without sizes gets its current request.
+
+use warren_core::profile::{Policy, Profile, Request, Run};
+use warren_core::{ApiError, SandboxSpec, Usage};
+use warren_node::clock::now_rfc3339;
+
+use crate::control::Control;
+use crate::store::SandboxRow;
+
+/// The profile a spec belongs to: its `profile` field, else its `task` label.
+pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
+    spec.profile
+        .clone()
+        .or_else(|| spec.labels.get("task").cloned())
+        .filter(|n| !n.is_empty())
+}
+
+impl Control {
+    pub fn policy(&self) -> Policy {
+        Policy::default()
+    }
+
+    /// Fills the sizes a spec leaves out from its profile, if it has one.
+    pub async fn apply_profile(&self, spec: &mut SandboxSpec) -> Result<(), ApiError> {
+        let Some(name) = profile_name(spec) else {
+            return Ok(());
+        };
+        let Some(p) = self.store.profile(&name).await? else {
+            return Ok(());
+        };
+        if spec.cpu.is_none() {
+            spec.cpu = Some(warren_core::spec::Cpu(p.current.cpu_millis));
+        }
+        if spec.memory.is_none() {
+            spec.memory = Some(warren_core::spec::ByteSize(p.current.memory));
+        }
+        Ok(())
+    }
+
+    /// Records a finished sandbox in its profile (once) and lets the profile
+    /// learn from it.
+    pub async fn record_run(
+        &self,
+        row: &SandboxRow,
+        usage: &Usage,
+        oom_killed: bool,
+    ) -> Result<(), ApiError> {
+        let Some(name) = profile_name(&row.spec) else {
+            return Ok(());
+        };
+        let run = Run {
+            cpu_millis_peak: usage.cpu_millis_peak.max(usage.cpu_millis_mean),
+            memory_peak: usage.memory_peak_bytes,
+            runtime_ms: usage.runtime_ms,
+            oom_killed: oom_killed || usage.oom_kills > 0,
+            throttled_ratio: if usage.cpu_periods > 0 {
+                usage.cpu_throttled_periods as f64 / usage.cpu_periods as f64
+            } else {
+                0.0
+            },
+            requested: Request {
+                cpu_millis: row.resources.cpu_millis,
+                memory: row.resources.memory,
+            },
+        };
+        let now = now_rfc3339();
+        if !self.store.add_run(&name, &row.id, &run, &now).await? {
+            return Ok(());
+        }
+        let policy = self.policy();
+        let mut profile = self
+            .store
+            .profile(&name)
+            .await?
+            .unwrap_or_else(|| Profile::new(&name, run.requested));
+        let window = self.store.runs(&name, policy.window).await?;
+        if profile.learn(&window, &policy) {
+            tracing::warn!(profile = %name, anomaly = %profile.anomaly, "profile flagged anomalous");
+            self.store
+                .profile_event(&row.id, &name, &profile.anomaly, &now)
+                .await?;
+        }
+        self.store.put_profile(&profile, &now).await?;
+        Ok(())
+    }
+
+    pub async fn reset_profile(&self, name: &str) -> Result<Profile, ApiError> {
+        let p = self.store.profile(name).await?.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no profile named {name:?}; see `warren profile ls`"
+            ))
+        })?;
+        let fresh = Profile::new(name, p.original);
+        self.store.delete_runs(name).await?;
+        self.store.put_profile(&fresh, &now_rfc3339()).await?;
+        Ok(fresh)
+    }
+}
+
+/// The baseline table as TOML: `[profiles.NAME]` with `cpu` (cores),
+/// `memory` ("4G"), `original_cpu`, `original_memory` and `anomalous`.
+pub mod table {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+    use warren_core::profile::{Profile, Request};
+    use warren_core::quantity;
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        cpu: f64,
+        memory: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_cpu: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_memory: Option<String>,
+        #[serde(default)]
+        anomalous: bool,
+    }
+
+    #[derive(Serialize, Deserialize, Default)]
+    struct Table {
+        #[serde(default)]
+        profiles: BTreeMap<String, Entry>,
+    }
+
+    fn cores(millis: u64) -> f64 {
+        millis as f64 / 1000.0
+    }
+
+    pub fn export(profiles: &[Profile]) -> Result<String, String> {
+        let mut t = Table::default();
+        for p in profiles {
+            t.profiles.insert(
+                p.name.clone(),
+                Entry {
+                    cpu: cores(p.current.cpu_millis),
+                    memory: quantity::format_size(p.current.memory),
+                    original_cpu: Some(cores(p.original.cpu_millis)),
+                    original_memory: Some(quantity::format_size(p.original.memory)),
+                    anomalous: p.anomalous,
+                },
+            );
+        }
+        toml::to_string_pretty(&t).map_err(|e| e.to_string())
+    }
+
+    pub fn import(text: &str) -> Result<Vec<Profile>, String> {
+        let t: Table = toml::from_str(text).map_err(|e| format!("invalid profile table: {e}"))?;
+        let parse = |name: &str, cpu: f64, mem: &str| -> Result<Request, String> {
+            if !(cpu > 0.0 && cpu.is_finite()) {
+                return Err(format!(
+                    "profile {name}: cpu must be a positive number of cores"
+                ));
+            }
+            let memory = quantity::parse_size(mem).map_err(|e| format!("profile {name}: {e}"))?;
+            Ok(Request {
+                cpu_millis: (cpu * 1000.0).round() as u64,
+                memory,
+            })
+        };
+        let mut out = Vec::new();
+        for (name, e) in t.profiles {
+            warren_core::labels::validate_value("profile", &name).map_err(|e| e.to_string())?;
+            let current = parse(&name, e.cpu, &e.memory)?;
+            let original = match (e.original_cpu, e.original_memory.as_deref()) {
+                (Some(c), Some(m)) => parse(&name, c, m)?,
+                _ => current,
+            };
+            let mut p = Profile::new(&name, original);
+            p.current = current;
+            p.anomalous = e.anomalous;
+            if p.anomalous {
+                p.anomaly = "imported as anomalous".into();
+            }
+            out.push(p);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,221 @@
+//! Resource profiles: what finished sandboxes of one task actually used, and
+//! the request later sandboxes of that task get. Pure logic, shared by the
+//! control plane and the `warren simulate` replay, so both learn the same way.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A CPU and memory request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Request {
+    pub cpu_millis: u64,
+    pub memory: u64,
+}
+
+/// One finished sandbox, as the sampler saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Run {
+    pub cpu_millis_peak: u64,
+    pub memory_peak: u64,
+    pub runtime_ms: u64,
+    pub oom_killed: bool,
+    /// Share of CFS periods in which the sandbox hit its quota.
+    pub throttled_ratio: f64,
+    pub requested: Request,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Policy {
+    /// Recommendation = peak × margin.
+    pub margin: f64,
+    /// Runs considered.
+    pub window: usize,
+    /// A request shrinks when the recommendation is below this share of it.
+    pub shrink_below: f64,
+    /// A run counts as CPU-starved above this throttled share.
+    pub throttle_threshold: f64,
+    /// Growth factor after an OOM kill or starvation.
+    pub grow_by: f64,
+    /// Requests never exceed this multiple of the original request.
+    pub max_growth: f64,
+    pub cpu_step_millis: u64,
+    pub memory_step: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            margin: 1.5,
+            window: 20,
+            shrink_below: 0.7,
+            throttle_threshold: 0.2,
+            grow_by: 1.5,
+            max_growth: 2.0,
+            cpu_step_millis: 50,
+            memory_step: 16 << 20,
+        }
+    }
+}
+
+fn round_up(v: f64, step: u64) -> u64 {
+    let step = step.max(1);
+    ((v / step as f64).ceil() as u64).max(1) * step
+}
+
+/// `peak × margin` over the runs, rounded up to the policy's steps.
+pub fn recommend(runs: &[Run], policy: &Policy) -> Option<Request> {
+    if runs.is_empty() {
+        return None;
+    }
+    let cpu = runs.iter().map(|r| r.cpu_millis_peak).max().unwrap_or(0) as f64;
+    let mem = runs.iter().map(|r| r.memory_peak).max().unwrap_or(0) as f64;
+    Some(Request {
+        cpu_millis: round_up(cpu * policy.margin, policy.cpu_step_millis),
+        memory: round_up(mem * policy.margin, policy.memory_step).max(crate::spec::MIN_MEMORY),
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Profile {
+    pub name: String,
+    /// The request the profile started from (or was imported with); growth
+    /// is capped at `max_growth` times this.
+    pub original: Request,
+    /// What a create that names the profile without sizes gets now.
+    pub current: Request,
+    /// Set when growth hit the cap; the profile stops adjusting until reset.
+    pub anomalous: bool,
+    #[serde(default)]
+    pub anomaly: String,
+    #[serde(default)]
+    pub runs: u64,
+}
+
+impl Profile {
+    pub fn new(name: &str, original: Request) -> Profile {
+        Profile {
+            name: name.into(),
+            original,
+            current: original,
+            anomalous: false,
+            anomaly: String::new(),
+            runs: 0,
+        }
+    }
+
+    /// Learns from the newest run (`window` ends with it). Returns whether
+    /// the profile became anomalous just now.
+    pub fn learn(&mut self, window: &[Run], policy: &Policy) -> bool {
+        self.runs += 1;
+        if self.anomalous {
+            return false;
+        }
+        let (Some(last), Some(rec)) = (window.last(), recommend(window, policy)) else {
+            return false;
+        };
+        let oom = last.oom_killed;
+        let throttled = last.throttled_ratio > policy.throttle_threshold;
+        let adjust = |current: u64, rec: u64, grow: bool| -> u64 {
+            if grow {
+                rec.max((current as f64 * policy.grow_by).round() as u64)
+            } else if (rec as f64) < current as f64 * policy.shrink_below || rec > current {
+                rec
+            } else {
+                current
+            }
+        };
+        let mut next = Request {
+            cpu_millis: adjust(self.current.cpu_millis, rec.cpu_millis, throttled),
+            memory: adjust(self.current.memory, rec.memory, oom),
+        };
+        let cap = |orig: u64| (orig as f64 * policy.max_growth).round() as u64;
+        let mut why = Vec::new();
+        if next.cpu_millis > cap(self.original.cpu_millis) {
+            next.cpu_millis = cap(self.original.cpu_millis);
+            why.push(format!(
+                "cpu would exceed {}× the original request",
+                policy.max_growth
+            ));
+        }
+        if next.memory > cap(self.original.memory) {
+            next.memory = cap(self.original.memory);
+            why.push(format!(
+                "memory would exceed {}× the original request",
+                policy.max_growth
+            ));
+        }
+        self.current = next;
+        if why.is_empty() {
+            return false;
+        }
+        self.anomalous = true;
+        self.anomaly = why.join("; ");
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn run(cpu: u64, mem_mib: u64, oom: bool, req: Request) -> Run {
+        Run {
+            cpu_millis_peak: cpu,
+            memory_peak: mem_mib * MIB,
+            runtime_ms: 1000,
+            oom_killed: oom,
+            throttled_ratio: 0.0,
+            requested: req,
+        }
+    }
+
+    #[test]
+    fn recommendation_is_peak_times_margin_rounded() {
+        let req = Request {
+            cpu_millis: 4000,
+            memory: 8192 * MIB,
+        };
+        // The seed's example: peaks of 2 cores and 3.2 GB give 3 cores and 4.8 GB.
+        let runs = [run(2000, 1800, false, req), run(1900, 3277, false, req)];
+        let rec = recommend(&runs, &Policy::default()).expect("runs");
+        assert_eq!(rec.cpu_millis, 3000);
+        assert_eq!(rec.memory, 4928 * MIB);
+    }
+
+    #[test]
+    fn shrinks_when_well_below_and_grows_after_oom_up_to_the_cap() {
+        let p = Policy::default();
+        let orig = Request {
+            cpu_millis: 1000,
+            memory: 512 * MIB,
+        };
+        let mut prof = Profile::new("t", orig);
+        let mut window = vec![run(200, 100, false, orig)];
+        prof.learn(&window, &p);
+        assert_eq!(
+            prof.current,
+            Request {
+                cpu_millis: 300,
+                memory: 160 * MIB
+            }
+        );
+        // An OOM kill at the shrunk size grows memory by 1.5×.
+        window.push(run(200, 160, true, prof.current));
+        prof.learn(&window, &p);
+        assert_eq!(prof.current.memory, 240 * MIB);
+        assert!(!prof.anomalous);
+        // Repeated OOMs hit the 2× cap and flag the profile.
+        for _ in 0..6 {
+            window.push(run(200, prof.current.memory / MIB, true, prof.current));
+            prof.learn(&window, &p);
+        }
+        assert!(prof.anomalous, "{prof:?}");
+        assert_eq!(prof.current.memory, 1024 * MIB);
+        let before = prof.current;
+        window.push(run(10, 10, false, before));
+        prof.learn(&window, &p);
+        assert_eq!(prof.current, before, "an anomalous profile stops adjusting");
+    }
+}

@@ -1,0 +1,143 @@
+//! Usage sampling: every sandbox's cgroup is read once per interval; rates
+//! and peaks accumulate in the sandbox's record (inspect shows them), the
+//! log gets the summary at the end, and profiles learn from it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use warren_core::Usage;
+use warren_runtime::cgroups::Sample;
+
+/// Disk use is a directory walk, so it is read every this many samples.
+const DISK_EVERY: u64 = 10;
+
+#[derive(Debug)]
+pub struct UsageTracker {
+    started: Instant,
+    last: Option<(Instant, Sample)>,
+    samples: u64,
+    cpu_rate_sum: f64,
+    cpu_peak_millis: u64,
+    memory_peak: u64,
+    disk_bytes: u64,
+}
+
+impl UsageTracker {
+    pub fn new() -> UsageTracker {
+        UsageTracker {
+            started: Instant::now(),
+            last: None,
+            samples: 0,
+            cpu_rate_sum: 0.0,
+            cpu_peak_millis: 0,
+            memory_peak: 0,
+            disk_bytes: 0,
+        }
+    }
+
+    /// Adds one reading; the CPU rate is measured between readings.
+    pub fn add(&mut self, at: Instant, s: Sample, disk: Option<u64>) {
+        if let Some((t, prev)) = self.last {
+            let dt = at.duration_since(t).as_secs_f64();
+            if dt > 0.0 {
+                let used = s.cpu_usage_ns.saturating_sub(prev.cpu_usage_ns) as f64;
+                let millis = used / 1e6 / dt;
+                self.cpu_rate_sum += millis;
+                self.cpu_peak_millis = self.cpu_peak_millis.max(millis.round() as u64);
+                self.samples += 1;
+            }
+        }
+        self.memory_peak = self
+            .memory_peak
+            .max(s.memory_peak_bytes)
+            .max(s.memory_bytes);
+        if let Some(d) = disk {
+            self.disk_bytes = d;
+        }
+        self.last = Some((at, s));
+    }
+
+    pub fn wants_disk(&self) -> bool {
+        self.samples.is_multiple_of(DISK_EVERY)
+    }
+
+    pub fn usage(&self) -> Usage {
+        let s = self.last.map(|(_, s)| s).unwrap_or_default();
+        Usage {
+            cpu_usage_ns: s.cpu_usage_ns,
+            memory_bytes: s.memory_bytes,
+            memory_peak_bytes: self.memory_peak.max(s.memory_peak_bytes),
+            pids: s.pids,
+            oom_kills: s.oom_kills,
+            cpu_millis_mean: if self.samples > 0 {
+                (self.cpu_rate_sum / self.samples as f64).round() as u64
+            } else {
+                0
+            },
+            cpu_millis_peak: self.cpu_peak_millis,
+            cpu_periods: s.cpu_periods,
+            cpu_throttled_periods: s.cpu_throttled_periods,
+            disk_bytes: self.disk_bytes,
+            samples: self.samples,
+            runtime_ms: self.started.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+impl Default for UsageTracker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Bytes used by the sandbox's writable layer: the allocated blocks of its
+/// own disk image when it has one, else a walk of its upper directory.
+pub fn disk_bytes(sandbox_dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let img = sandbox_dir.join("disk.img");
+    if let Ok(m) = std::fs::metadata(&img) {
+        return m.blocks() * 512;
+    }
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = vec![sandbox_dir.join("upper")];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
+}
+
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_peaks() {
+        let mut t = UsageTracker::new();
+        let t0 = Instant::now();
+        let s = |cpu_ms: u64, mem: u64| Sample {
+            cpu_usage_ns: cpu_ms * 1_000_000,
+            memory_bytes: mem,
+            ..Default::default()
+        };
+        t.add(t0, s(0, 10), None);
+        t.add(t0 + Duration::from_secs(1), s(1000, 30), None);
+        t.add(t0 + Duration::from_secs(2), s(1500, 20), None);
+        let u = t.usage();
+        assert_eq!(u.cpu_millis_peak, 1000);
+        assert_eq!(u.cpu_millis_mean, 750);
+        assert_eq!(u.memory_peak_bytes, 30);
+        assert_eq!(u.samples, 2);
+    }
+}

@@ -20,6 +20,9 @@ pub struct Control {
     pub store: Store,
     pub node: Arc<Node>,
     pub metrics: crate::metrics::Metrics,
+    /// Profile updates are read-modify-write; runs finishing together must
+    /// not lose each other's update.
+    pub profile_lock: tokio::sync::Mutex<()>,
 }
 
 impl From<StoreError> for ApiError {

@@ -76,6 +76,7 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         store,
         node,
         metrics: metrics::Metrics::new(),
+        profile_lock: tokio::sync::Mutex::new(()),
     });
     control
         .recover()

@@ -65,6 +65,7 @@ impl Control {
             },
         };
         let now = now_rfc3339();
+        let _serial = self.profile_lock.lock().await;
         if !self.store.add_run(&name, &row.id, &run, &now).await? {
             return Ok(());
         }
@@ -91,6 +92,7 @@ impl Control {
                 "no profile named {name:?}; see `warren profile ls`"
             ))
         })?;
+        let _serial = self.profile_lock.lock().await;
         let fresh = Profile::new(name, p.original);
         self.store.delete_runs(name).await?;
         self.store.put_profile(&fresh, &now_rfc3339()).await?;

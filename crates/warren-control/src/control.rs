@@ -23,6 +23,8 @@ pub struct Control {
     /// Profile updates are read-modify-write; runs finishing together must
     /// not lose each other's update.
     pub profile_lock: tokio::sync::Mutex<()>,
+    /// How profiles learn (margins, window, growth cap).
+    pub policy: warren_core::profile::Policy,
 }
 
 impl From<StoreError> for ApiError {

@@ -22,6 +22,7 @@ pub struct UpConfig {
     pub spawner_args: Vec<String>,
     pub spawners: usize,
     pub settings: warren_node::NodeSettings,
+    pub policy: warren_core::profile::Policy,
 }
 
 /// Reads the API token from `<home>/token`, creating it (mode 0600) first.
@@ -77,6 +78,7 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         node,
         metrics: metrics::Metrics::new(),
         profile_lock: tokio::sync::Mutex::new(()),
+        policy: cfg.policy.clone(),
     });
     control
         .recover()

@@ -18,7 +18,7 @@ pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
 
 impl Control {
     pub fn policy(&self) -> Policy {
-        Policy::default()
+        self.policy.clone()
     }
 
     /// Fills the sizes a spec leaves out from its profile, if it has one.

@@ -26,8 +26,11 @@ pub struct Run {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Policy {
-    /// Recommendation = peak × margin.
-    pub margin: f64,
+    /// Recommendation = peak × margin, per resource. CPU is compressible
+    /// (too little means throttling, which grows the request again), memory
+    /// is not (too little means an OOM kill).
+    pub cpu_margin: f64,
+    pub memory_margin: f64,
     /// Runs considered.
     pub window: usize,
     /// A request shrinks when the recommendation is below this share of it.
@@ -45,7 +48,8 @@ pub struct Policy {
 impl Default for Policy {
     fn default() -> Self {
         Policy {
-            margin: 1.5,
+            cpu_margin: 1.5,
+            memory_margin: 1.5,
             window: 20,
             shrink_below: 0.7,
             throttle_threshold: 0.2,
@@ -70,8 +74,9 @@ pub fn recommend(runs: &[Run], policy: &Policy) -> Option<Request> {
     let cpu = runs.iter().map(|r| r.cpu_millis_peak).max().unwrap_or(0) as f64;
     let mem = runs.iter().map(|r| r.memory_peak).max().unwrap_or(0) as f64;
     Some(Request {
-        cpu_millis: round_up(cpu * policy.margin, policy.cpu_step_millis),
-        memory: round_up(mem * policy.margin, policy.memory_step).max(crate::spec::MIN_MEMORY),
+        cpu_millis: round_up(cpu * policy.cpu_margin, policy.cpu_step_millis),
+        memory: round_up(mem * policy.memory_margin, policy.memory_step)
+            .max(crate::spec::MIN_MEMORY),
     })
 }
 

@@ -116,6 +116,9 @@ pub enum Command {
     Ttl { id: String, ttl: String },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
+    /// Replay a synthetic training workload against simulated nodes with
+    /// fixed, learned and oracle requests (see docs/benchmarks.md).
+    Simulate(SimulateArgs),
     #[command(hide = true)]
     Spawner,
 }
@@ -151,6 +154,11 @@ pub struct UpArgs {
     /// How often every sandbox's cgroup is sampled.
     #[arg(long, default_value = "1s")]
     pub sample_interval: String,
+    /// Profile recommendations are peak × margin, per resource.
+    #[arg(long, default_value_t = 1.5)]
+    pub cpu_margin: f64,
+    #[arg(long, default_value_t = 1.5)]
+    pub memory_margin: f64,
 }
 
 #[derive(Subcommand)]
@@ -292,4 +300,23 @@ pub struct BenchArgs {
     pub daemon_pid: Option<u32>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    #[arg(long, default_value_t = 5000)]
+    pub sandboxes: usize,
+    #[arg(long, default_value_t = 200)]
+    pub tasks: usize,
+    #[arg(long, default_value_t = 64)]
+    pub node_cores: u64,
+    #[arg(long, default_value_t = 256)]
+    pub node_memory_gib: u64,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Profile margins: recommendation = peak × margin.
+    #[arg(long, default_value_t = 1.5)]
+    pub cpu_margin: f64,
+    #[arg(long, default_value_t = 1.5)]
+    pub memory_margin: f64,
 }

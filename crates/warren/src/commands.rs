@@ -15,6 +15,7 @@ use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd, Profile
 use crate::client::{Client, LineStream};
 
 mod bench;
+mod simulate;
 
 pub async fn run(cli: Cli) -> Result<i32> {
     let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
@@ -63,6 +64,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
+        Command::Simulate(args) => simulate::run(args),
         Command::Batch(cmd) => batch(&client()?, cmd).await,
         Command::Profile(cmd) => profile(&client()?, cmd).await,
         Command::Events {

@@ -20,6 +20,14 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .map(|n| n.get())
             .unwrap_or(2)
     });
+    for (name, m) in [
+        ("--cpu-margin", args.cpu_margin),
+        ("--memory-margin", args.memory_margin),
+    ] {
+        if !(1.0..=10.0).contains(&m) {
+            anyhow::bail!("{name} {m}: a margin is a factor between 1 and 10 (requests below the observed peak would starve or OOM)");
+        }
+    }
     let defaults = warren_node::NodeSettings::default();
     let settings = warren_node::NodeSettings {
         cpu_overcommit: args.cpu_overcommit,
@@ -38,6 +46,11 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         spawner_args: vec!["spawner".into()],
         spawners,
         settings,
+        policy: warren_core::profile::Policy {
+            cpu_margin: args.cpu_margin,
+            memory_margin: args.memory_margin,
+            ..Default::default()
+        },
     };
     let (up, router) = warren_control::start(&cfg)
         .await

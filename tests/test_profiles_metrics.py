@@ -163,3 +163,31 @@ def test_metrics_parse_and_hold_the_series(warren, sandbox):
     text = warren.http.get("/metrics").text
     assert f'sandbox="{sid}"' not in text
     assert warren.http.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_batch_retries_an_oom_killed_member_once_with_a_grown_request(warren):
+    task = f"retry-{int(time.time() * 1000) % 100000}"
+    hog = "x=$(head -c 40000000 /dev/zero | tr '\\0' a); echo ok"
+    bid = warren.http.post("/v1/batches", json={
+        "count": 1,
+        "retry_on_oom": True,
+        "spec": {"image": "busybox:latest", "cpu": 0.2, "memory": "32M", "cmd": ["sh", "-c", hog]},
+        "labels": {"task": task},
+    }).json()["id"]
+    deadline = time.time() + 40
+    while True:
+        ms = warren.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={bid}", "all": "true"}).json()
+        if len(ms) == 2 and all(m["state"] == "destroyed" for m in ms):
+            break
+        assert time.time() < deadline, ms
+        time.sleep(0.2)
+    first = next(m for m in ms if "warren.dev/retry-of" not in m["spec"]["labels"])
+    retry = next(m for m in ms if "warren.dev/retry-of" in m["spec"]["labels"])
+    assert first["reason"] == "oom_killed"
+    assert retry["spec"]["labels"]["warren.dev/retry-of"] == first["id"]
+    # The profile grew after the OOM kill; the retry got the grown request.
+    assert retry["resources"]["memory"] == 48 * MIB, retry["resources"]
+    assert retry["reason"] in ("main_exited", "oom_killed")
+    # Never a second retry.
+    time.sleep(1)
+    assert len(warren.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={bid}", "all": "true"}).json()) == 2

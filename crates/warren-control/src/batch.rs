@@ -52,6 +52,7 @@ impl Control {
             labels: req.labels,
             created_at: now_rfc3339(),
             deleted_at: None,
+            retry_on_oom: req.retry_on_oom,
         };
         self.store.insert_batch(&row).await?;
         tokio::spawn(self.clone().fill_batch(row.clone()));
@@ -141,11 +142,62 @@ impl Control {
             spec: batch.spec,
             created_at: batch.created_at,
             deleted_at: batch.deleted_at,
+            retry_on_oom: batch.retry_on_oom,
             submitted: members.len() as u32,
             states,
             usage,
             failures,
         })
+    }
+
+    /// A batch member that was OOM-killed is created once more, with the
+    /// grown request of its profile (or 1.5× its memory, at most 2× the
+    /// batch's request, when it has no profile).
+    pub async fn retry_if_oom(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
+        if why != reason::OOM_KILLED
+            || row
+                .spec
+                .labels
+                .contains_key(warren_core::batch::RETRY_LABEL)
+        {
+            return;
+        }
+        let Some(bid) = row.spec.labels.get(BATCH_LABEL) else {
+            return;
+        };
+        let Ok(Some(batch)) = self.store.batches(Some(bid)).await.map(|mut b| b.pop()) else {
+            return;
+        };
+        if !batch.retry_on_oom || batch.deleted_at.is_some() {
+            return;
+        }
+        let mut spec = row.spec.clone();
+        spec.labels
+            .insert(warren_core::batch::RETRY_LABEL.into(), row.id.clone());
+        let has_profile = match crate::profiles::profile_name(&spec) {
+            Some(name) => matches!(self.store.profile(&name).await, Ok(Some(_))),
+            None => false,
+        };
+        if has_profile {
+            spec.cpu = None;
+            spec.memory = None;
+        } else {
+            let grown = (row.resources.memory as f64 * 1.5) as u64;
+            let cap = batch.spec.memory.map_or(row.resources.memory, |m| m.0) * 2;
+            spec.memory = Some(warren_core::spec::ByteSize(grown.min(cap)));
+        }
+        let this = self.clone();
+        let retry_of = row.id.clone();
+        tokio::spawn(async move {
+            match this.create(spec, false).await {
+                Ok((s, _)) => {
+                    tracing::info!(sandbox = %s.id, %retry_of, "retrying an OOM-killed batch member")
+                }
+                Err(e) => {
+                    tracing::warn!(%retry_of, error = %e.message, "retrying an OOM-killed batch member")
+                }
+            }
+        });
     }
 
     pub async fn list_batches(&self) -> Result<Vec<BatchInfo>, ApiError> {

@@ -442,7 +442,7 @@ impl Control {
         }
     }
 
-    async fn on_node_event(&self, ev: NodeEvent) -> Result<(), ApiError> {
+    async fn on_node_event(self: &Arc<Self>, ev: NodeEvent) -> Result<(), ApiError> {
         // (sandbox, counts as a failure for keep_on_failure, why, may be kept)
         let (id, failed, why, keepable) = match &ev {
             NodeEvent::MainExited {
@@ -545,9 +545,12 @@ impl Control {
             if let Some(log) = self.node.log(&id) {
                 log.event("kept", why, "");
             }
+            self.retry_if_oom(&row, why).await;
             return Ok(());
         }
-        self.destroy(&id, why).await.map(|_| ())
+        self.destroy(&id, why).await?;
+        self.retry_if_oom(&row, why).await;
+        Ok(())
     }
 
     /// Pauses (freezes) or resumes a running sandbox.

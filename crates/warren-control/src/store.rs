@@ -287,18 +287,20 @@ pub struct BatchRow {
     pub labels: Labels,
     pub created_at: String,
     pub deleted_at: Option<String>,
+    pub retry_on_oom: bool,
 }
 
 impl Store {
     pub async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO batches (id, count, spec, labels, created_at) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom) VALUES (?, ?, ?, ?, ?, ?)",
         )
         .bind(&b.id)
         .bind(b.count)
         .bind(json(&b.spec))
         .bind(json(&b.labels))
         .bind(&b.created_at)
+        .bind(b.retry_on_oom)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -341,6 +343,7 @@ impl Store {
                     count: count as u32,
                     created_at: r.try_get("created_at")?,
                     deleted_at: r.try_get("deleted_at")?,
+                    retry_on_oom: r.try_get("retry_on_oom")?,
                     id,
                 })
             })

@@ -13,6 +13,9 @@ use crate::state::SandboxState;
 /// Every sandbox of a batch carries this label with the batch id.
 pub const BATCH_LABEL: &str = "warren.dev/batch";
 pub const MAX_BATCH: u32 = 100_000;
+/// A sandbox created to retry an OOM-killed batch member carries this label
+/// with the member's id (and is not retried again).
+pub const RETRY_LABEL: &str = "warren.dev/retry-of";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +26,9 @@ pub struct BatchRequest {
     /// every sandbox's own labels.
     #[serde(default)]
     pub labels: Labels,
+    /// Retry a member that was OOM-killed, once, with the grown request.
+    #[serde(default)]
+    pub retry_on_oom: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -43,7 +49,9 @@ pub struct BatchInfo {
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted_at: Option<String>,
-    /// Sandboxes submitted so far (any state).
+    #[serde(default)]
+    pub retry_on_oom: bool,
+    /// Sandboxes submitted so far (any state), retries included.
     pub submitted: u32,
     /// Sandboxes per state.
     pub states: BTreeMap<String, u32>,

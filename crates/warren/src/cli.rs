@@ -205,6 +205,9 @@ pub enum BatchCmd {
         /// Batch label, e.g. task=swe (added to every sandbox's labels).
         #[arg(long = "batch-label")]
         batch_labels: Vec<String>,
+        /// Retry an OOM-killed sandbox once with the grown request.
+        #[arg(long)]
+        retry_on_oom: bool,
         #[command(flatten)]
         create: Box<CreateArgs>,
         /// Main command for every sandbox.

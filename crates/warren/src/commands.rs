@@ -527,6 +527,7 @@ async fn batch(client: &Client, cmd: BatchCmd) -> Result<i32> {
         BatchCmd::Create {
             count,
             batch_labels,
+            retry_on_oom,
             create,
             cmd,
         } => {
@@ -539,6 +540,7 @@ async fn batch(client: &Client, cmd: BatchCmd) -> Result<i32> {
                 count,
                 spec,
                 labels,
+                retry_on_oom,
             };
             let info: warren_core::BatchInfo = client
                 .json(client.request(Method::POST, "/v1/batches").json(&req))

@@ -123,3 +123,20 @@ def test_image_ls_table(warren):
     table = warren.cli("image", "ls").stdout.decode()
     assert table.splitlines()[0].split()[:2] == ["NAME", "DIGEST"]
     assert any(l.startswith("busybox:latest ") for l in table.splitlines())
+
+
+def test_doctor_reports_the_host():
+    import subprocess
+
+    from conftest import WARREN
+
+    p = subprocess.run([str(WARREN), "doctor", "--json"], capture_output=True, timeout=30)
+    checks = {c["name"]: c for c in json.loads(p.stdout)}
+    assert {"kernel", "privileges", "cgroups", "overlayfs", "seccomp", "user namespaces", "disk limits", "openat2"} <= set(checks)
+    for c in checks.values():
+        assert c["status"] in ("ok", "degraded", "missing") and c["meaning"]
+    # This test host runs every other test, so nothing it needs is missing.
+    assert p.returncode == 0, checks
+    assert checks["cgroups"]["status"] == "ok" and checks["seccomp"]["status"] == "ok"
+    text = subprocess.run([str(WARREN), "doctor"], capture_output=True, timeout=30).stdout.decode()
+    assert "Warren can run sandboxes here" in text

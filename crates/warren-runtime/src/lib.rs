@@ -11,6 +11,7 @@ pub mod crashpoint;
 pub mod disk;
 pub mod exec;
 pub mod files;
+pub mod host;
 pub mod init;
 pub mod netns;
 pub mod oci;

@@ -116,6 +116,12 @@ pub enum Command {
     Ttl { id: String, ttl: String },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
+    /// Check this host: kernel features, cgroups, overlayfs, seccomp, user
+    /// namespaces, disk limits; say what Warren can and cannot guarantee.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Replay a synthetic training workload against simulated nodes with
     /// fixed, learned and oracle requests (see docs/benchmarks.md).
     Simulate(SimulateArgs),

@@ -15,6 +15,7 @@ use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd, Profile
 use crate::client::{Client, LineStream};
 
 mod bench;
+mod doctor;
 mod simulate;
 
 pub async fn run(cli: Cli) -> Result<i32> {
@@ -65,6 +66,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
+        Command::Doctor { json } => doctor::run(json),
         Command::Batch(cmd) => batch(&client()?, cmd).await,
         Command::Profile(cmd) => profile(&client()?, cmd).await,
         Command::Events {

@@ -1,0 +1,260 @@
+//! What this host can do for Warren: the checks behind `warren doctor`.
+//! Each check says what it found and what it means for the guarantees.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    /// Works with a reduced guarantee.
+    Degraded,
+    /// Warren cannot run sandboxes (or this guarantee) here.
+    Missing,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub found: String,
+    /// What this means for Warren's guarantees.
+    pub meaning: String,
+}
+
+fn check(
+    name: &'static str,
+    status: Status,
+    found: impl Into<String>,
+    meaning: impl Into<String>,
+) -> Check {
+    Check {
+        name,
+        status,
+        found: found.into(),
+        meaning: meaning.into(),
+    }
+}
+
+fn kernel_version() -> (String, (u32, u32)) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let v = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (release, v)
+}
+
+fn filesystems() -> String {
+    std::fs::read_to_string("/proc/filesystems").unwrap_or_default()
+}
+
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn probe() -> Vec<Check> {
+    let mut out = Vec::new();
+    let (release, (major, minor)) = kernel_version();
+    out.push(if (major, minor) >= (5, 9) {
+        check(
+            "kernel",
+            Status::Ok,
+            release,
+            "pidfd, openat2 and close_range are available",
+        )
+    } else {
+        check(
+            "kernel",
+            Status::Missing,
+            release,
+            "Warren needs Linux 5.9 or newer (pidfd_open, openat2, close_range)",
+        )
+    });
+
+    let root = nix::unistd::geteuid().is_root();
+    let caps = effective_caps();
+    let sys_admin = caps & (1 << 21) != 0;
+    out.push(if root && sys_admin {
+        check(
+            "privileges",
+            Status::Ok,
+            "root with CAP_SYS_ADMIN",
+            "namespaces, mounts and cgroups can be set up",
+        )
+    } else {
+        check(
+            "privileges",
+            Status::Missing,
+            format!("euid root: {root}, CAP_SYS_ADMIN: {sys_admin}"),
+            "run `warren up` as root",
+        )
+    });
+    out.push(if caps & (1 << 24) != 0 {
+        check("rlimits", Status::Ok, "CAP_SYS_RESOURCE", "sandboxes get 65536 open files")
+    } else {
+        check("rlimits", Status::Degraded, "no CAP_SYS_RESOURCE", "sandboxes get the daemon's own hard limit on open files; raise it before starting Warren")
+    });
+
+    match libcgroups::common::get_cgroup_setup() {
+        Ok(setup) => {
+            let (status, meaning) = match setup {
+                libcgroups::common::CgroupSetup::Unified => {
+                    let ctrls = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+                        .unwrap_or_default();
+                    let missing: Vec<&str> = ["cpu", "memory", "pids"]
+                        .into_iter()
+                        .filter(|c| !ctrls.split_whitespace().any(|x| x == *c))
+                        .collect();
+                    if missing.is_empty() {
+                        (
+                            Status::Ok,
+                            "cgroup v2: cpu, memory, pids limits and the freezer are enforced"
+                                .to_string(),
+                        )
+                    } else {
+                        (
+                            Status::Missing,
+                            format!(
+                                "cgroup v2 lacks the {} controller(s): limits cannot be enforced",
+                                missing.join(", ")
+                            ),
+                        )
+                    }
+                }
+                _ => {
+                    let missing: Vec<&str> =
+                        ["cpu", "cpuacct", "memory", "pids", "freezer", "devices"]
+                            .into_iter()
+                            .filter(|c| !Path::new("/sys/fs/cgroup").join(c).is_dir())
+                            .collect();
+                    if missing.is_empty() {
+                        (Status::Ok, "cgroup v1: cpu, memory, pids, device limits and the freezer are enforced".to_string())
+                    } else {
+                        (
+                            Status::Missing,
+                            format!(
+                                "cgroup v1 lacks {}: limits cannot be enforced",
+                                missing.join(", ")
+                            ),
+                        )
+                    }
+                }
+            };
+            out.push(check("cgroups", status, format!("{setup:?}"), meaning));
+        }
+        Err(e) => out.push(check(
+            "cgroups",
+            Status::Missing,
+            e.to_string(),
+            "no cgroup hierarchy: no limits, no freezer",
+        )),
+    }
+
+    let fs = filesystems();
+    out.push(if fs.contains("overlay") {
+        check(
+            "overlayfs",
+            Status::Ok,
+            "available",
+            "sandbox roots share cached image layers",
+        )
+    } else {
+        check(
+            "overlayfs",
+            Status::Missing,
+            "not in /proc/filesystems",
+            "sandbox roots cannot be made",
+        )
+    });
+
+    let seccomp = std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.contains("Seccomp:"))
+        .unwrap_or(false);
+    out.push(if seccomp {
+        check(
+            "seccomp",
+            Status::Ok,
+            "filter mode supported; libseccomp linked",
+            "the syscall allowlist is enforced, non-native ABIs refused",
+        )
+    } else {
+        check(
+            "seccomp",
+            Status::Missing,
+            "no seccomp in this kernel",
+            "untrusted code reaches every syscall: do not run untrusted code here",
+        )
+    });
+
+    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    out.push(if userns > 0 {
+        check(
+            "user namespaces",
+            Status::Degraded,
+            format!("available (max {userns})"),
+            "the kernel allows them, but Warren does not use them yet: root in a sandbox is uid 0 on the host, held in by capabilities, seccomp and namespaces",
+        )
+    } else {
+        check("user namespaces", Status::Degraded, "disabled", "root in a sandbox is uid 0 on the host, held in by capabilities, seccomp and namespaces")
+    });
+
+    let loop_dev = Path::new("/dev/loop-control").exists();
+    let mkfs = ["/sbin/mkfs.ext4", "/usr/sbin/mkfs.ext4"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    out.push(match loop_dev && mkfs && fs.contains("ext4") {
+        true => check(
+            "disk limits",
+            Status::Ok,
+            "loop devices, mkfs.ext4, ext4",
+            "`disk` gives a sandbox its own file system of that size (bytes and inodes bounded); without `disk` a sandbox shares the node's disk",
+        ),
+        false => check(
+            "disk limits",
+            Status::Degraded,
+            format!("loop-control: {loop_dev}, mkfs.ext4: {mkfs}"),
+            "`disk` cannot be enforced: install e2fsprogs and load the loop driver",
+        ),
+    });
+
+    let openat2 = rustix::fs::openat2(
+        rustix::fs::CWD,
+        "/",
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        rustix::fs::ResolveFlags::IN_ROOT,
+    )
+    .is_ok();
+    out.push(if openat2 {
+        check(
+            "openat2",
+            Status::Ok,
+            "RESOLVE_IN_ROOT works",
+            "the file API cannot be led out of a sandbox by `..` or symlinks",
+        )
+    } else {
+        check(
+            "openat2",
+            Status::Missing,
+            "not available",
+            "the file API cannot confine paths",
+        )
+    });
+    out
+}

@@ -1,6 +1,7 @@
 """Integration-test harness: one `warren up` per test session, as root,
 against the real kernel, with its own home and port."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -121,6 +122,22 @@ class Warren:
 
     def destroy(self, sid):
         return self.http.delete(f"/v1/sandboxes/{sid}")
+
+
+@contextlib.contextmanager
+def own_daemon(images, args=(), env=None):
+    """A `warren up` of a test's own (to crash, restart or configure), with
+    busybox:latest imported; stopped and removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="warren-own-"))
+    w = Warren(base / "home", free_port(), extra_args=args, extra_env=env)
+    w.home.mkdir()
+    w.start()
+    try:
+        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+        yield w
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,32 +3,18 @@ positions that starts the head the moment capacity frees, a queue bound
 answered with 429 and a retry hint, and a 500-create burst without deadlock."""
 
 import asyncio
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import Warren, free_port
-
-
-def small_node(images, *args):
-    base = Path(tempfile.mkdtemp(prefix="warren-admission-"))
-    w = Warren(base / "home", free_port(), extra_args=args)
-    w.home.mkdir()
-    w.start()
-    w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
-    return w, base
+from conftest import own_daemon
 
 
 @pytest.fixture
 def two_slots(images):
-    w, base = small_node(images, "--max-sandboxes", "2", "--queue-limit", "3")
-    yield w
-    w.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    with own_daemon(images, ["--max-sandboxes", "2", "--queue-limit", "3"]) as w:
+        yield w
 
 
 def get(w, sid):
@@ -120,8 +106,7 @@ def test_waiting_create_answers_when_started(two_slots):
 
 
 def test_burst_of_500_creates_completes_without_deadlock(images):
-    w, base = small_node(images, "--max-sandboxes", "16", "--queue-limit", "64")
-    try:
+    with own_daemon(images, ["--max-sandboxes", "16", "--queue-limit", "64"]) as w:
         spec = {"image": "busybox:latest", "cpu": 0.05, "memory": "32M", "cmd": ["true"]}
 
         async def one(c):
@@ -151,6 +136,3 @@ def test_burst_of_500_creates_completes_without_deadlock(images):
         assert w.http.get("/v1/sandboxes").json() == []
         assert list((w.home / "sandboxes").iterdir()) == []
         assert httpx.get(w.url + "/healthz").status_code == 200
-    finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)

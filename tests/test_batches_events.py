@@ -165,18 +165,9 @@ def test_delay_policy_grace_then_destroy(warren):
 
 
 def test_log_retention_removes_old_logs_of_finished_sandboxes(images):
-    import shutil
-    import tempfile
-    from pathlib import Path
+    from conftest import own_daemon
 
-    from conftest import Warren, free_port
-
-    base = Path(tempfile.mkdtemp(prefix="warren-retention-"))
-    w = Warren(base / "home", free_port(), extra_args=["--log-retention", "1s"])
-    w.home.mkdir()
-    w.start()
-    try:
-        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+    with own_daemon(images, ["--log-retention", "1s"]) as w:
         done = w.create(cpu=0.1, memory="32M")["id"]
         live = w.create(cpu=0.1, memory="32M")["id"]
         w.destroy(done)
@@ -190,6 +181,3 @@ def test_log_retention_removes_old_logs_of_finished_sandboxes(images):
         time.sleep(1.5)
         assert (w.home / "logs" / f"{live}.jsonl").exists()
         w.destroy(live)
-    finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)

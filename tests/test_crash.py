@@ -2,15 +2,14 @@
 create and destroy leaves, after a restart, either a complete sandbox or
 nothing at all on the host."""
 
-import shutil
-import tempfile
+import contextlib
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import Warren, free_port
+from conftest import own_daemon
 from helpers import host_traces
 
 CREATE_POINTS = ["create:prepared", "create:spawned", "create:recorded"]
@@ -19,21 +18,8 @@ DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups"]
 
 @pytest.fixture
 def crashing(images):
-    made = []
-
-    def make(point):
-        base = Path(tempfile.mkdtemp(prefix="warren-crash-"))
-        w = Warren(base / "home", free_port(), extra_env={"WARREN_CRASH_AT": point})
-        w.home.mkdir()
-        w.start()
-        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
-        made.append((w, base))
-        return w
-
-    yield make
-    for w, base in made:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        yield lambda point: stack.enter_context(own_daemon(images, env={"WARREN_CRASH_AT": point}))
 
 
 def restart_clean(w):

@@ -5,7 +5,6 @@ import os
 import secrets
 from pathlib import Path
 
-import pytest
 
 from helpers import error_body, make_tar, read_tar, sh, sh_ok, uniq
 

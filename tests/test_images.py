@@ -6,7 +6,6 @@ import secrets
 import shutil
 import subprocess
 
-import pytest
 
 from helpers import ImageBuilder, error_body, flip_bytes, image_names, run, sh_ok, uniq
 

@@ -1,14 +1,12 @@
 """Usage sampling, profiles that learn, the baseline table, and /metrics."""
 
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Warren, free_port
+from conftest import own_daemon
 
 MIB = 1 << 20
 
@@ -115,12 +113,7 @@ def test_profile_table_round_trips(warren):
 
 
 def test_shrinking_frees_capacity_for_queued_work(images):
-    base = Path(tempfile.mkdtemp(prefix="warren-shrink-"))
-    w = Warren(base / "home", free_port(), extra_args=["--max-sandboxes", "3"])
-    w.home.mkdir()
-    w.start()
-    try:
-        w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
+    with own_daemon(images, ["--max-sandboxes", "3"]) as w:
         total_mem = w.http.get("/v1/nodes").json()[0]["allocatable"]["memory"]
         big = (total_mem // 2 // MIB + 1) * MIB  # two do not fit at once
         w.http.post("/v1/profiles/import", content=f'[profiles.shrink]\ncpu = 0.1\nmemory = "{big}"\n')
@@ -139,9 +132,6 @@ def test_shrinking_frees_capacity_for_queued_work(images):
             sids.append(r.json()["id"])
         for sid in sids:
             w.destroy(sid)
-    finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_metrics_parse_and_hold_the_series(warren, sandbox):

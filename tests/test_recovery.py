@@ -7,26 +7,19 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Warren, free_port
+from conftest import own_daemon
 from helpers import host_traces, sandbox_init_host_pid
 
 
 @pytest.fixture
 def own_warren(images):
-    base = Path(tempfile.mkdtemp(prefix="warren-recovery-"))
-    w = Warren(base / "home", free_port())
-    w.home.mkdir()
-    w.start()
-    w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
-    yield w
-    w.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    with own_daemon(images) as w:
+        yield w
 
 
 def crash(w):

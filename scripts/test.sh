@@ -8,5 +8,7 @@ scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
+# The escape suite's probe runs inside sandboxes: a static binary.
+cargo rustc -q -p warren-probe --release -- -C target-feature=+crt-static
 cargo test --workspace
 python3 -m pytest -q tests "$@"

@@ -127,3 +127,14 @@ def test_orphans_swept_and_lookalikes_left_alone(own_warren):
         foreign_cg.rmdir()
         foreign_cg.parent.rmdir()
         shutil.rmtree(lookalike_dir, ignore_errors=True)
+
+
+def test_restart_never_sweeps_another_homes_sandboxes(warren, own_warren):
+    """Every Warren home on a host shares the cgroup parent; a restart sweeps
+    only what lives in its own home."""
+    theirs = warren.create(cpu=0.1, memory="32M")["id"]
+    crash(own_warren)
+    restart(own_warren)
+    ex, _, _, _ = warren.exec(theirs, ["true"])
+    assert ex["code"] == 0
+    warren.destroy(theirs)

@@ -202,19 +202,13 @@ impl Runtime {
     }
 
     /// Ids of sandboxes that have a directory on this host.
-    /// Sandbox ids that have a directory, a cgroup or libcontainer state on
-    /// this host. Only names shaped like Warren's ids count, so look-alike
-    /// entries that are not ours are never touched.
+    /// Sandbox ids that have a directory or libcontainer state in this home.
+    /// Only names shaped like Warren's ids count, so look-alike entries are
+    /// never touched. Cgroups are not listed on their own: the cgroup parent
+    /// is shared by every Warren home on the host, and a sandbox's cgroup
+    /// never outlives its directory (made before it, removed after it).
     pub fn list_host_sandboxes(&self) -> Vec<String> {
-        let mut places = vec![self.cfg.home.join("sandboxes"), self.state_root()];
-        let root = Path::new("/sys/fs/cgroup");
-        places.push(root.join(&self.cfg.cgroup_parent));
-        if let Ok(rd) = std::fs::read_dir(root) {
-            places.extend(
-                rd.filter_map(|e| e.ok())
-                    .map(|e| e.path().join(&self.cfg.cgroup_parent)),
-            );
-        }
+        let places = [self.cfg.home.join("sandboxes"), self.state_root()];
         let mut ids: Vec<String> = places
             .iter()
             .filter_map(|p| std::fs::read_dir(p).ok())

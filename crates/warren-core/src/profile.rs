@@ -33,8 +33,6 @@ pub struct Policy {
     pub memory_margin: f64,
     /// Runs considered.
     pub window: usize,
-    /// A request shrinks when the recommendation is below this share of it.
-    pub shrink_below: f64,
     /// A run counts as CPU-starved above this throttled share.
     pub throttle_threshold: f64,
     /// Growth factor after an OOM kill or starvation.
@@ -51,7 +49,6 @@ impl Default for Policy {
             cpu_margin: 1.5,
             memory_margin: 1.5,
             window: 20,
-            shrink_below: 0.7,
             throttle_threshold: 0.2,
             grow_by: 1.5,
             max_growth: 2.0,
@@ -118,20 +115,29 @@ impl Profile {
         let (Some(last), Some(rec)) = (window.last(), recommend(window, policy)) else {
             return false;
         };
-        let oom = last.oom_killed;
-        let throttled = last.throttled_ratio > policy.throttle_threshold;
-        let adjust = |current: u64, rec: u64, grow: bool| -> u64 {
-            if grow {
-                rec.max((current as f64 * policy.grow_by).round() as u64)
-            } else if (rec as f64) < current as f64 * policy.shrink_below || rec > current {
-                rec
-            } else {
-                current
+        // Growth answers a run made at the current request; a run made at an
+        // older, smaller request (runs finishing after a change) is stale:
+        // it keeps the request where it is rather than growing it again.
+        let fresh_mem = last.requested.memory >= self.current.memory;
+        let fresh_cpu = last.requested.cpu_millis >= self.current.cpu_millis;
+        let starved_mem = last.oom_killed;
+        let starved_cpu = last.throttled_ratio > policy.throttle_threshold;
+        let adjust = |current: u64, rec: u64, starved: bool, fresh: bool| -> u64 {
+            match (starved, fresh) {
+                (true, true) => rec.max((current as f64 * policy.grow_by).round() as u64),
+                (true, false) => rec.max(current),
+                // Otherwise the request follows the recommendation, down or up.
+                (false, _) => rec,
             }
         };
         let mut next = Request {
-            cpu_millis: adjust(self.current.cpu_millis, rec.cpu_millis, throttled),
-            memory: adjust(self.current.memory, rec.memory, oom),
+            cpu_millis: adjust(
+                self.current.cpu_millis,
+                rec.cpu_millis,
+                starved_cpu,
+                fresh_cpu,
+            ),
+            memory: adjust(self.current.memory, rec.memory, starved_mem, fresh_mem),
         };
         let cap = |orig: u64| (orig as f64 * policy.max_growth).round() as u64;
         let mut why = Vec::new();

@@ -83,3 +83,51 @@ def test_sandboxes_cannot_see_each_other(warren, sandbox, probe_image):
     ex, out, _, _ = warren.exec(a, ["sh", "-c", "ps -o args; cat /tmp/secret 2>&1; ipcs 2>&1 | wc -l"])
     text = out.decode()
     assert "sleep 1000" not in text and "secret-b" not in text
+
+
+@pytest.mark.parametrize("links", [
+    {"proc": "/etc", "dev": "/var/tmp", "sys": "/root"},
+    {"proc": "../../../../proc", "dev": "../../../../dev"},
+])
+def test_hostile_image_with_symlinked_system_dirs(warren, images, tmp_path, links):
+    """An image whose /proc, /dev or /sys are symlinks to host-looking paths
+    (the runc CVE-2023-27561 / 2025-31133 / 2025-52565 class): creation is
+    refused as bad input (or the mounts land inside the sandbox); the host is
+    untouched."""
+    import os
+    import uuid
+
+    b = ImageBuilder(images["oci"], tmp_path / "build")
+
+    def plant(root):
+        for name, target in links.items():
+            d = root / name
+            if d.is_symlink() or d.is_file():
+                d.unlink()
+            elif d.exists():
+                shutil.rmtree(d)
+            os.symlink(target, d)
+
+    b.layer(plant)
+    tar = b.tar(tmp_path / "hostile.tar")
+    name = f"hostile-{uuid.uuid4().hex[:8]}:{b.tag}"
+    warren.cli("image", "import", str(tar), "--name", name)
+    watched = ["/etc", "/var/tmp", "/root", "/proc", "/dev"]
+    before = {d: sorted(os.listdir(d)) for d in watched if d not in ("/proc",)}
+    r = warren.http.post("/v1/sandboxes", json={"image": name})
+    if r.status_code == 201:
+        sid = r.json()["id"]
+        ex, out, _, _ = warren.exec(sid, ["sh", "-c", "touch /proc/x /dev/x /sys/x 2>/dev/null; ls /proc | head -3"])
+        assert ex["code"] == 0
+        warren.destroy(sid)
+    else:
+        # Refused as bad input, before anything is recorded or made.
+        assert r.status_code == 400, r.text
+        assert "symlink" in r.json()["error"]["message"] and "rebuild the image" in r.json()["error"]["message"]
+        assert not [s for s in warren.http.get("/v1/sandboxes", params={"all": "true"}).json() if s["spec"]["image"] == name]
+        leftover = [p for p in (warren.home / "sandboxes").iterdir() if p.name not in
+                    {s["id"] for s in warren.http.get("/v1/sandboxes").json()}]
+        assert leftover == []
+    after = {d: sorted(os.listdir(d)) for d in watched if d not in ("/proc",)}
+    assert after == before
+    assert not os.path.exists("/dev/x") and not os.path.exists("/etc/x") and not os.path.exists("/root/x")

@@ -43,6 +43,7 @@ pub fn node_error(e: NodeError) -> ApiError {
         NodeError::Conflict(m) => ApiError::conflict(m),
         NodeError::Runtime(R::NotFound(m)) => ApiError::not_found(m),
         NodeError::Runtime(R::BadPath(m)) => ApiError::bad_request(format!("invalid path {m}")),
+        NodeError::Runtime(R::BadImage(m)) => ApiError::bad_request(m),
         NodeError::Image(e) => crate::api::image_error(e),
         other => ApiError::internal(other.to_string()),
     }
@@ -130,6 +131,7 @@ impl Control {
             .resolve_image(&spec.image)
             .await
             .map_err(node_error)?;
+        self.node.check_image(&image).await.map_err(node_error)?;
         let id = new_id();
         let admit = self.node.admit(&id, &resources).map_err(|e| match e {
             AdmitError::QueueFull(_) => ApiError {

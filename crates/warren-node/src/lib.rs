@@ -130,6 +130,7 @@ struct Live {
 
 pub struct Node {
     cpu: Mutex<CpuBusy>,
+    checked_images: Mutex<std::collections::HashSet<String>>,
     name: String,
     admission: admission::Admission,
     initializing: tokio::sync::Semaphore,
@@ -175,6 +176,7 @@ impl Node {
         };
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
+            checked_images: Mutex::new(std::collections::HashSet::new()),
             admission: admission::Admission::new(total, cap.queue_limit),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
@@ -236,6 +238,31 @@ impl Node {
         Ok(tokio::task::spawn_blocking(move || images.resolve(&r))
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))??)
+    }
+
+    /// Refuses images a sandbox cannot safely be made from (see
+    /// `warren_runtime::check_system_dirs`), before anything is recorded.
+    pub async fn check_image(&self, image: &ImageRecord) -> Result<(), NodeError> {
+        // Layers are immutable: an image that passed once passes again.
+        if self
+            .checked_images
+            .lock()
+            .is_ok_and(|c| c.contains(&image.digest))
+        {
+            return Ok(());
+        }
+        let images = self.images.clone();
+        let record = image.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), NodeError> {
+            let lower = images.lower_dirs(&record)?;
+            Ok(warren_runtime::check_system_dirs(&lower)?)
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()))??;
+        if let Ok(mut c) = self.checked_images.lock() {
+            c.insert(image.digest.clone());
+        }
+        Ok(())
     }
 
     /// Creates a sandbox and, if the spec names one, starts its main process.

@@ -40,6 +40,9 @@ pub enum RuntimeError {
     NotFound(String),
     #[error("invalid path {0}")]
     BadPath(String),
+    /// The image cannot be run safely as it is.
+    #[error("{0}")]
+    BadImage(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -220,6 +223,29 @@ impl Runtime {
         ids.dedup();
         ids
     }
+}
+
+/// Refuses images whose /proc, /dev or /sys is a symlink: the runtime mounts
+/// over those paths, and a link could aim the mount at the host (the runc
+/// CVE-2023-27561 / 2025-31133 class). The topmost layer that has the entry
+/// decides, as in the merged overlay.
+pub fn check_system_dirs(lower: &[PathBuf]) -> Result<(), RuntimeError> {
+    for name in ["proc", "dev", "sys"] {
+        for layer in lower {
+            let Ok(meta) = std::fs::symlink_metadata(layer.join(name)) else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(layer.join(name)).unwrap_or_default();
+                return Err(RuntimeError::BadImage(format!(
+                    "the image's /{name} is a symlink (to {}); /proc, /dev and /sys must be directories or absent: rebuild the image",
+                    target.display()
+                )));
+            }
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// `sbx-` followed by 12 lowercase letters or digits.

@@ -131,3 +131,31 @@ def test_hostile_image_with_symlinked_system_dirs(warren, images, tmp_path, link
     after = {d: sorted(os.listdir(d)) for d in watched if d not in ("/proc",)}
     assert after == before
     assert not os.path.exists("/dev/x") and not os.path.exists("/etc/x") and not os.path.exists("/root/x")
+
+
+def test_shm_fill_is_bounded(warren, sandbox):
+    """Check 19: a /dev/shm fill stops at the tmpfs size; the daemon lives."""
+    sid = sandbox(memory="256M")["id"]
+    ex, out, err, _ = warren.exec(
+        sid, ["sh", "-c", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; ls -l /dev/shm/fill"]
+    )
+    text = out.decode()
+    assert "No space left on device" in text, text
+    size = int(text.strip().splitlines()[-1].split()[4])
+    assert size <= 64 << 20, size
+    assert warren.http.get("/healthz").status_code == 200
+
+
+def test_inode_fill_is_bounded_by_the_disk_limit(warren, sandbox):
+    """Check 20: millions of empty files stop at the sandbox's own file system."""
+    sid = sandbox(disk="16M")["id"]
+    ex, out, err, _ = warren.exec(
+        sid,
+        ["sh", "-c", "mkdir /f; i=0; while touch /f/$i 2>/dev/null; do i=$((i+1)); done; echo $i; touch /f/x"],
+        timeout="120s",
+    )
+    lines = (out + err).decode().split("\n")
+    created = int(lines[0])
+    assert 100 < created < 100_000, created
+    assert "No space left on device" in (out + err).decode()
+    assert warren.http.get("/healthz").status_code == 200

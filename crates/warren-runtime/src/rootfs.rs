@@ -55,13 +55,3 @@ pub fn unmount(target: &Path) -> Result<(), RuntimeError> {
         ))),
     }
 }
-
-/// Whether `path` is a mount point according to /proc/self/mountinfo.
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.display().to_string();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
-}

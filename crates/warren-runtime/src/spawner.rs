@@ -5,7 +5,7 @@
 //! it starts `warren spawner` with a socket on stdin and sends requests.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -239,10 +239,6 @@ impl SpawnerClient {
 
     pub fn is_alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
-    }
-
-    pub fn raw_fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
     }
 }
 

@@ -498,60 +498,66 @@ impl Control {
             }
             _ => return Ok(()),
         }
-        if keepable && row.spec.reclaim == ReclaimPolicy::Delay {
+        let keep = match row.spec.reclaim {
+            ReclaimPolicy::Keep => true,
+            ReclaimPolicy::KeepOnFailure => failed,
+            ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
+        };
+        match (keepable, row.spec.reclaim) {
             // Grace period: frozen, files and logs readable, then destroyed.
-            if let Err(e) = self.node.freeze(&id, true).await {
-                tracing::warn!(sandbox = %id, error = %e, "freezing a delayed sandbox");
+            (true, ReclaimPolicy::Delay) => {
+                let note = "destroyed after the grace period";
+                self.hold(
+                    &row,
+                    SandboxState::Stopping,
+                    why,
+                    row.spec.delay_for(),
+                    note,
+                )
+                .await?
             }
-            if let Some(u) = self.node.usage(&id) {
-                let _ = self.record_run(&row, &u, why == reason::OOM_KILLED).await;
-            }
-            self.node.restart_lifetime(&id, row.spec.delay_for());
-            let now = now_rfc3339();
-            let t = Transition {
-                expires_boot_ms: self.node.expires_boot_ms(&id),
-                ..Default::default()
-            };
-            self.store
-                .transition(&id, SandboxState::Stopping, why, &now, t)
-                .await?;
-            if let Some(log) = self.node.log(&id) {
-                log.event("stopping", why, "destroyed after the grace period");
-            }
-            return Ok(());
-        }
-        let keep = keepable
-            && match row.spec.reclaim {
-                ReclaimPolicy::Keep => true,
-                ReclaimPolicy::KeepOnFailure => failed,
-                ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
-            };
-        if keep {
             // Processes the main one left behind stop where they are; the
             // filesystem stays for `inspect`, `cp` and `logs` until keep_for ends.
-            if let Err(e) = self.node.freeze(&id, true).await {
-                tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox");
+            (true, _) if keep => {
+                self.hold(&row, SandboxState::Kept, why, row.spec.keep_for(), "")
+                    .await?
             }
-            if let Some(u) = self.node.usage(&id) {
-                let _ = self.record_run(&row, &u, why == reason::OOM_KILLED).await;
+            _ => {
+                self.destroy(&id, why).await?;
             }
-            self.node.restart_lifetime(&id, row.spec.keep_for());
-            let now = now_rfc3339();
-            let t = Transition {
-                expires_boot_ms: self.node.expires_boot_ms(&id),
-                ..Default::default()
-            };
-            self.store
-                .transition(&id, SandboxState::Kept, why, &now, t)
-                .await?;
-            if let Some(log) = self.node.log(&id) {
-                log.event("kept", why, "");
-            }
-            self.retry_if_oom(&row, why).await;
-            return Ok(());
         }
-        self.destroy(&id, why).await?;
         self.retry_if_oom(&row, why).await;
+        Ok(())
+    }
+
+    /// Freezes a finished sandbox and holds it in `state` for `hold_for`
+    /// (its run is recorded for its profile first).
+    async fn hold(
+        &self,
+        row: &SandboxRow,
+        state: SandboxState,
+        why: &str,
+        hold_for: std::time::Duration,
+        note: &str,
+    ) -> Result<(), ApiError> {
+        let id = &row.id;
+        if let Err(e) = self.node.freeze(id, true).await {
+            tracing::warn!(sandbox = %id, error = %e, "freezing a finished sandbox");
+        }
+        if let Some(u) = self.node.usage(id) {
+            let _ = self.record_run(row, &u, why == reason::OOM_KILLED).await;
+        }
+        self.node.restart_lifetime(id, hold_for);
+        let t = Transition {
+            expires_boot_ms: self.node.expires_boot_ms(id),
+            ..Default::default()
+        };
+        self.store
+            .transition(id, state, why, &now_rfc3339(), t)
+            .await?;
+        if let Some(log) = self.node.log(id) {
+            log.event(state.as_str(), why, note);
+        }
         Ok(())
     }
 

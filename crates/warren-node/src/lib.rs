@@ -207,6 +207,13 @@ impl Node {
         self.images.clone()
     }
 
+    /// The sandbox's JSON-lines log, opened for appending.
+    fn open_log(&self, id: &str) -> Result<Arc<SandboxLog>, NodeError> {
+        SandboxLog::open(&self.home.join("logs"), id)
+            .map(Arc::new)
+            .map_err(|e| NodeError::Internal(format!("open log: {e}")))
+    }
+
     pub fn log_path(&self, id: &str) -> PathBuf {
         self.home.join("logs").join(format!("{id}.jsonl"))
     }
@@ -281,10 +288,7 @@ impl Node {
                 .await
                 .map_err(|e| NodeError::Internal(e.to_string()))??
         };
-        let log = Arc::new(
-            SandboxLog::open(&self.home.join("logs"), id)
-                .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
-        );
+        let log = self.open_log(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
         let permit = self
             .initializing
@@ -340,10 +344,7 @@ impl Node {
         if !warren_runtime::owns_pid(pid, &cgroup_path) {
             return Err(NodeError::NotRunning(id.to_string()));
         }
-        let log = Arc::new(
-            SandboxLog::open(&self.home.join("logs"), id)
-                .map_err(|e| NodeError::Internal(format!("open log: {e}")))?,
-        );
+        let log = self.open_log(id)?;
         log.event(
             "running",
             "adopted",

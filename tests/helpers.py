@@ -128,11 +128,20 @@ def proc_ppid(pid):
 
 
 def sandbox_init_host_pid(sid):
-    """Host pid of the sandbox's PID 1: the process of the sandbox whose parent
-    is outside the sandbox."""
+    """Host pid of the sandbox's PID 1: the process of the sandbox whose pid
+    in its own namespace (the last NSpid field) is 1. (Parentage is not
+    reliable: a process that is exiting may be momentarily reparented.)"""
     pids = sandbox_host_pids(sid)
-    roots = [p for p in pids if proc_ppid(p) not in pids]
-    assert len(roots) == 1, f"expected one root process for {sid}, got {roots} of {pids}"
+    roots = []
+    for p in pids:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((l.split()[1:] for l in status.splitlines() if l.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == "1":
+            roots.append(p)
+    assert len(roots) == 1, f"expected one PID 1 for {sid}, got {roots} of {pids}"
     return roots[0]
 
 

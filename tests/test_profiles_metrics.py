@@ -181,3 +181,43 @@ def test_batch_retries_an_oom_killed_member_once_with_a_grown_request(warren):
     # Never a second retry.
     time.sleep(1)
     assert len(warren.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={bid}", "all": "true"}).json()) == 2
+
+
+def _simulate(*args):
+    import subprocess
+
+    from conftest import WARREN
+
+    out = subprocess.run(
+        [str(WARREN), "simulate", "--sandboxes", "2000", "--tasks", "80", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in ("fixed", "learned", "oracle"):
+            rows[cells[0]] = {
+                "per_node": float(cells[1]),
+                "oom_rate": float(cells[3].rstrip("%")),
+                "flagged": float(cells[4].split("(")[1].rstrip("%)")),
+            }
+    return rows
+
+
+def test_simulation_meets_the_right_sizing_target_at_node_defaults():
+    rows = _simulate()
+    fixed, learned, oracle = rows["fixed"], rows["learned"], rows["oracle"]
+    assert learned["per_node"] >= 1.5 * fixed["per_node"], rows
+    assert learned["oom_rate"] < 0.5, rows
+    assert learned["flagged"] < 2.0, rows
+    assert oracle["per_node"] >= learned["per_node"], rows
+
+
+def test_simulation_follows_the_margin():
+    # Without CPU overcommit CPU binds, so a lower CPU margin packs more.
+    wide = _simulate("--cpu-overcommit", "1")["learned"]["per_node"]
+    narrow = _simulate("--cpu-overcommit", "1", "--cpu-margin", "1.25")["learned"]["per_node"]
+    assert narrow > wide * 1.1, (wide, narrow)

@@ -96,6 +96,19 @@ pub struct NodeSettings {
     pub sample_interval: std::time::Duration,
 }
 
+impl NodeSettings {
+    /// What the admission queue may hand out on a host of this size. The
+    /// `warren simulate` replay uses the same computation.
+    pub fn allocatable(&self, host_cpu_millis: u64, host_memory: u64) -> admission::Need {
+        admission::Need {
+            cpu_millis: ((host_cpu_millis as f64 * self.cpu_overcommit) as u64)
+                .saturating_sub(self.reserve_cpu_millis),
+            memory: host_memory.saturating_sub(self.reserve_memory),
+            slots: self.max_sandboxes,
+        }
+    }
+}
+
 impl Default for NodeSettings {
     fn default() -> Self {
         let cores = std::thread::available_parallelism()
@@ -167,13 +180,8 @@ impl Node {
         let cap = &cfg.settings;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1) as f64;
-        let total = admission::Need {
-            cpu_millis: ((cores * 1000.0 * cap.cpu_overcommit) as u64)
-                .saturating_sub(cap.reserve_cpu_millis),
-            memory: host_memory().saturating_sub(cap.reserve_memory),
-            slots: cap.max_sandboxes,
-        };
+            .unwrap_or(1) as u64;
+        let total = cap.allocatable(cores * 1000, host_memory());
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),

@@ -328,4 +328,8 @@ pub struct SimulateArgs {
     pub cpu_margin: f64,
     #[arg(long, default_value_t = 1.5)]
     pub memory_margin: f64,
+    /// Sum of sandbox CPU limits allowed per core, as `warren up
+    /// --cpu-overcommit` (same default); 1 makes CPU requests binding.
+    #[arg(long, default_value_t = 8.0)]
+    pub cpu_overcommit: f64,
 }

@@ -53,6 +53,7 @@ enum Mode {
 
 struct Outcome {
     mean_concurrency: f64,
+    cpu_demand: f64,
     ooms: usize,
     flagged: usize,
     cpu_slack: Vec<f64>,
@@ -107,11 +108,13 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
         memory_margin: args.memory_margin,
         ..Policy::default()
     };
-    let node = Need {
-        cpu_millis: args.node_cores * 1000,
-        memory: args.node_memory_gib << 30,
-        slots: u32::MAX,
+    // The node's own capacity rule (overcommit and reserves), as `warren up`.
+    let settings = warren_node::NodeSettings {
+        cpu_overcommit: args.cpu_overcommit,
+        max_sandboxes: u32::MAX,
+        ..Default::default()
     };
+    let node = settings.allocatable(args.node_cores * 1000, args.node_memory_gib << 30);
     let admission = Admission::new(node, usize::MAX);
     let mut profiles: Vec<Profile> = (0..tasks)
         .map(|i| Profile::new(&format!("task-{i}"), fixed))
@@ -120,9 +123,13 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
     // Concurrency is averaged while work is still queued, i.e. while the
     // node is full: that is how many sandboxes fit on it.
     let (mut clock, mut full_area, mut full_time, mut ooms) = (0.0f64, 0.0f64, 0.0f64, 0usize);
+    // Sum of the running sandboxes' CPU peaks over the cores, while full:
+    // above 1 the peaks would contend if they all came at once.
+    let mut demand_area = 0.0f64;
     let mut running: Vec<(f64, String, usize, Request)> = Vec::new();
     let mut out = Outcome {
         mean_concurrency: 0.0,
+        cpu_demand: 0.0,
         ooms: 0,
         flagged: 0,
         cpu_slack: vec![],
@@ -167,7 +174,13 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
             break;
         };
         if next < runs.len() {
+            let peaks: u64 = running
+                .iter()
+                .map(|s| runs[s.2].cpu_peak_millis)
+                .sum::<u64>()
+                + runs[idx].cpu_peak_millis;
             full_area += concurrent * (end - clock);
+            demand_area += peaks as f64 / (args.node_cores * 1000) as f64 * (end - clock);
             full_time += end - clock;
         }
         let r = &runs[idx];
@@ -212,6 +225,11 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
     } else {
         0.0
     };
+    out.cpu_demand = if full_time > 0.0 {
+        demand_area / full_time
+    } else {
+        0.0
+    };
     out.ooms = ooms;
     out.flagged = profiles.iter().filter(|p| p.anomalous).count();
     out
@@ -228,19 +246,20 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 pub fn run(args: SimulateArgs) -> Result<i32> {
     let (tasks, runs) = workload(&args);
     println!(
-        "workload: {} sandboxes of {} tasks (seed {}), node {} cores / {} GiB; fixed request 4 cores / 8 GiB; \
-         learned margins cpu {} memory {}",
+        "workload: {} sandboxes of {} tasks (seed {}), node {} cores / {} GiB, CPU overcommit {}; \
+         fixed request 4 cores / 8 GiB; learned margins cpu {} memory {}",
         runs.len(),
         tasks.len(),
         args.seed,
         args.node_cores,
         args.node_memory_gib,
+        args.cpu_overcommit,
         args.cpu_margin,
         args.memory_margin
     );
     println!();
-    println!("| policy | sandboxes per node (mean concurrent) | vs fixed | OOM rate | profiles flagged | cpu slack p50 / p90 (cores) | memory slack p50 / p90 (GiB) | relative cpu slack p50 | relative memory slack p50 |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| policy | sandboxes per node (mean concurrent) | vs fixed | OOM rate | profiles flagged | cpu slack p50 / p90 (cores) | memory slack p50 / p90 (GiB) | relative cpu slack p50 | relative memory slack p50 | CPU peaks / cores |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut fixed_conc = 0.0;
     for (name, mode) in [
         ("fixed", Mode::Fixed),
@@ -252,7 +271,7 @@ pub fn run(args: SimulateArgs) -> Result<i32> {
             fixed_conc = o.mean_concurrency;
         }
         println!(
-            "| {name} | {:.1} | {:.2}x | {:.2}% | {} of {} ({:.1}%) | {:.2} / {:.2} | {:.2} / {:.2} | {:.0}% | {:.0}% |",
+            "| {name} | {:.1} | {:.2}x | {:.2}% | {} of {} ({:.1}%) | {:.2} / {:.2} | {:.2} / {:.2} | {:.0}% | {:.0}% | {:.2} |",
             o.mean_concurrency,
             o.mean_concurrency / fixed_conc.max(f64::MIN_POSITIVE),
             100.0 * o.ooms as f64 / runs.len() as f64,
@@ -265,6 +284,7 @@ pub fn run(args: SimulateArgs) -> Result<i32> {
             pct(&mut o.mem_slack, 90.0),
             100.0 * pct(&mut o.cpu_rel, 50.0),
             100.0 * pct(&mut o.mem_rel, 50.0),
+            o.cpu_demand,
         );
     }
     Ok(0)

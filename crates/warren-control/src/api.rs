@@ -59,20 +59,26 @@ type ApiResult<T> = Result<T, Failure>;
 pub fn image_error(e: ImageError) -> ApiError {
     use warren_image::ErrorKind;
     match e.kind() {
+        ErrorKind::NotFound if matches!(e, ImageError::RemoteNotFound(_)) => {
+            ApiError::not_found(e.to_string())
+        }
         ErrorKind::NotFound => ApiError::not_found(format!(
             "{e}; import it with `warren image import FILE.tar --name NAME:TAG` (see `warren image ls`)"
         )),
         ErrorKind::Invalid => ApiError::bad_request(e.to_string()),
         ErrorKind::Conflict => ApiError::conflict(e.to_string()),
         ErrorKind::Internal => ApiError::internal(e.to_string()),
+        ErrorKind::Upstream => {
+            ApiError::new(warren_core::ErrorCode::BadGateway, e.to_string())
+        }
     }
 }
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, delete_image, healthz),
-    components(schemas(BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, delete_image, healthz),
+    components(schemas(PullRequest, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -120,6 +126,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/batches/{id}", get(get_batch).delete(delete_batch))
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
+        .route("/v1/images/pull", post(pull_image))
         .route(
             "/v1/images/{*reference}",
             axum::routing::delete(delete_image),
@@ -889,6 +896,81 @@ async fn import_image(
     .await;
     let _ = tokio::fs::remove_file(&tmp).await;
     Ok((StatusCode::CREATED, Json(result?)).into_response())
+}
+
+/// Body of `POST /v1/images/pull`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// `host[:port]/repository[:tag|@sha256:digest]`.
+    pub reference: String,
+}
+
+#[derive(Deserialize)]
+struct PullQuery {
+    #[serde(default)]
+    progress: bool,
+}
+
+/// Pull an image from an OCI registry. The tag is resolved to a digest at
+/// the registry; only what the store lacks is downloaded, every blob and
+/// layer verified. With `progress=true` the answer is an NDJSON stream of
+/// pull events (`resolved`, `manifest`, `progress`, `layer`, `done`) that
+/// ends with `{"type":"image","image":{..}}` or `{"type":"error","error":{..}}`.
+#[utoipa::path(post, path = "/v1/images/pull", request_body = PullRequest,
+    params(("progress" = Option<bool>, Query)),
+    responses((status = 200, description = "the image record (or the NDJSON stream)"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)))]
+async fn pull_image(
+    State(st): St,
+    Query(q): Query<PullQuery>,
+    Json(req): Json<PullRequest>,
+) -> ApiResult<Response> {
+    if warren_image::registry_host(&req.reference).is_none() {
+        return Err(ApiError::bad_request(format!(
+            "{:?} names no registry; pull takes host[:port]/repository[:tag|@sha256:digest], e.g. \
+             registry.example.com/team/app:v1 (local archives are imported with `warren image import`)",
+            req.reference
+        ))
+        .into());
+    }
+    let node = st.control.node.clone();
+    if !q.progress {
+        let record = node
+            .pull_image(&req.reference, None)
+            .await
+            .map_err(node_error)?;
+        return Ok(Json(record).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    let events = tx.clone();
+    let progress: warren_image::Progress = Arc::new(move |e| {
+        if let Ok(v) = serde_json::to_value(&e) {
+            let _ = events.send(v);
+        }
+    });
+    // The pull runs to its end even if the client goes away, so the store
+    // never keeps a half-finished pull's pins or files.
+    tokio::spawn(async move {
+        let last = match node.pull_image(&req.reference, Some(progress)).await {
+            Ok(image) => serde_json::json!({"type": "image", "image": image}),
+            Err(e) => {
+                let e = node_error(e);
+                serde_json::json!({"type": "error", "error": e.body().error})
+            }
+        };
+        let _ = tx.send(last);
+    });
+    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|v| {
+        let mut line = serde_json::to_vec(&v).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::io::Error>(Bytes::from(line))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 #[utoipa::path(delete, path = "/v1/images/{reference}", responses((status = 200, description = "removed"), (status = 409, body = ErrorBody)))]

@@ -41,8 +41,10 @@ impl Control {
         req.spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // A registry image is pulled once here, so the batch's creates find
+        // it cached (each still checks the tag's digest).
         self.node
-            .resolve_image(&req.spec.image)
+            .image_for_create(&req.spec.image)
             .await
             .map_err(crate::control::node_error)?;
         let row = BatchRow {

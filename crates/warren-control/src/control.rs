@@ -128,7 +128,7 @@ impl Control {
         }
         let image = self
             .node
-            .resolve_image(&spec.image)
+            .image_for_create(&spec.image)
             .await
             .map_err(node_error)?;
         self.node.check_image(&image).await.map_err(node_error)?;

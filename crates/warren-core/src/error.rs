@@ -13,6 +13,9 @@ pub enum ErrorCode {
     TooManyRequests,
     NoCapacity,
     Internal,
+    /// An upstream service we depend on (an image registry) failed or could
+    /// not be reached.
+    BadGateway,
 }
 
 impl ErrorCode {
@@ -25,6 +28,7 @@ impl ErrorCode {
             ErrorCode::TooManyRequests => 429,
             ErrorCode::NoCapacity => 503,
             ErrorCode::Internal => 500,
+            ErrorCode::BadGateway => 502,
         }
     }
 }

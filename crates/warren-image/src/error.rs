@@ -16,6 +16,8 @@ pub enum ErrorKind {
     Conflict,
     /// The host failed us (disk full, permissions, corrupt store): HTTP 500.
     Internal,
+    /// A registry failed or could not be reached: HTTP 502.
+    Upstream,
 }
 
 impl ErrorKind {
@@ -26,6 +28,7 @@ impl ErrorKind {
             ErrorKind::Invalid => 400,
             ErrorKind::Conflict => 409,
             ErrorKind::Internal => 500,
+            ErrorKind::Upstream => 502,
         }
     }
 }
@@ -38,6 +41,11 @@ pub enum ImageError {
     #[error("{0}")]
     NotFound(String),
 
+    /// The registry has no such repository, tag or blob; the string is the
+    /// full message.
+    #[error("{0}")]
+    RemoteNotFound(String),
+
     /// An image name or reference that cannot be parsed.
     #[error("invalid image reference {reference:?}: {reason}")]
     InvalidReference { reference: String, reason: String },
@@ -47,9 +55,25 @@ pub enum ImageError {
     #[error("invalid image archive: {0}")]
     InvalidArchive(String),
 
+    /// A registry image whose manifest or config is malformed or not a
+    /// container image for this platform.
+    #[error("invalid image: {0}")]
+    InvalidImage(String),
+
     /// A blob, layer or config does not hash to the digest that names it.
     #[error("{what}: expected {expected}, got {actual}; the archive is corrupt or was modified after export, re-export it")]
     DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+
+    /// Content from a registry does not hash to the digest that names it.
+    #[error(
+        "{what}: expected {expected}, got {actual}; the registry's copy is corrupt or was \
+             tampered with, nothing was stored: push the image again"
+    )]
+    RemoteDigestMismatch {
         what: String,
         expected: String,
         actual: String,
@@ -63,6 +87,21 @@ pub enum ImageError {
     /// The request conflicts with the store's state.
     #[error("{0}")]
     Conflict(String),
+
+    /// `registries.toml` cannot be read or says something unusable. The
+    /// message never quotes the file's text, which holds credentials.
+    #[error("registry configuration {path}: {message}")]
+    RegistryConfig { path: String, message: String },
+
+    /// The registry refused our credentials (or we sent none and it wants
+    /// some). The string is the full message.
+    #[error("{0}")]
+    RegistryAuth(String),
+
+    /// The registry answered with an error, sent something malformed, or
+    /// could not be reached. The string is the full message.
+    #[error("{0}")]
+    Registry(String),
 
     /// A host I/O error; `context` says what we were doing and on which path.
     #[error("{context}: {source}")]
@@ -85,11 +124,17 @@ impl ImageError {
     /// Classifies the error for status-code mapping.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ImageError::NotFound(_) => ErrorKind::NotFound,
+            ImageError::NotFound(_) | ImageError::RemoteNotFound(_) => ErrorKind::NotFound,
             ImageError::InvalidReference { .. }
             | ImageError::InvalidArchive(_)
+            | ImageError::InvalidImage(_)
             | ImageError::DigestMismatch { .. }
-            | ImageError::UnsafeLayer(_) => ErrorKind::Invalid,
+            | ImageError::UnsafeLayer(_)
+            | ImageError::RegistryConfig { .. }
+            | ImageError::RegistryAuth(_) => ErrorKind::Invalid,
+            ImageError::Registry(_) | ImageError::RemoteDigestMismatch { .. } => {
+                ErrorKind::Upstream
+            }
             ImageError::Conflict(_) => ErrorKind::Conflict,
             ImageError::Io { .. } | ImageError::CorruptStore { .. } => ErrorKind::Internal,
         }

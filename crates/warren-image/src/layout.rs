@@ -137,7 +137,7 @@ fn resolve_oci(src: &SourceArchive, name: &str) -> Result<ResolvedImage, ImageEr
             size: Some(desc.size()),
         });
     }
-    check_layer_count(&config_parsed, layers.len(), &config_digest, src)?;
+    check_layer_count(&config_parsed, layers.len(), &config_digest, src.display())?;
 
     Ok(ResolvedImage {
         format: Format::OciLayout,
@@ -346,7 +346,7 @@ fn resolve_docker(src: &SourceArchive, name: &str) -> Result<ResolvedImage, Imag
             size: None,
         });
     }
-    check_layer_count(&config_parsed, layers.len(), &config_digest, src)?;
+    check_layer_count(&config_parsed, layers.len(), &config_digest, src.display())?;
 
     Ok(ResolvedImage {
         format: Format::DockerArchive,
@@ -424,23 +424,44 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Parses and checks an image config. `origin` names where it came from
+/// (an archive, a registry reference) in messages.
+pub(crate) fn parse_config_from(
+    bytes: &[u8],
+    digest: &str,
+    origin: &str,
+) -> Result<ImageConfiguration, ImageError> {
+    let config: ImageConfiguration = serde_json::from_slice(bytes).map_err(|e| {
+        ImageError::InvalidArchive(format!("{origin}: image config {digest} is not valid: {e}"))
+    })?;
+    check_config(config, digest, origin)
+}
+
 fn parse_config(
     bytes: &[u8],
     digest: &str,
     src: &SourceArchive,
 ) -> Result<ImageConfiguration, ImageError> {
     let config: ImageConfiguration = parse_json(bytes, &format!("image config {digest}"), src)?;
+    check_config(config, digest, src.display())
+}
+
+fn check_config(
+    config: ImageConfiguration,
+    digest: &str,
+    origin: &str,
+) -> Result<ImageConfiguration, ImageError> {
     let os = config.os().to_string();
     if os != "linux" {
         return Err(ImageError::InvalidArchive(format!(
             "{}: image config {digest} is for os {os:?}; only linux images can run here",
-            src.display()
+            origin
         )));
     }
     let arch = config.architecture().to_string();
     if arch != host_arch() {
         tracing::warn!(
-            archive = src.display(),
+            origin,
             config = digest,
             "image is for architecture {arch}, this host is {}; its binaries may not run",
             host_arch()
@@ -450,7 +471,7 @@ fn parse_config(
     if rootfs.typ() != "layers" {
         return Err(ImageError::InvalidArchive(format!(
             "{}: image config {digest} has rootfs.type {:?}, expected \"layers\"",
-            src.display(),
+            origin,
             rootfs.typ()
         )));
     }
@@ -459,25 +480,25 @@ fn parse_config(
             return Err(ImageError::InvalidArchive(format!(
                 "{}: image config {digest} lists diffID {diff_id:?}; only sha256 digests \
                  are supported",
-                src.display()
+                origin
             )));
         }
     }
     Ok(config)
 }
 
-fn check_layer_count(
+pub(crate) fn check_layer_count(
     config: &ImageConfiguration,
     layers: usize,
     config_digest: &str,
-    src: &SourceArchive,
+    origin: &str,
 ) -> Result<(), ImageError> {
     let diff_ids = config.rootfs().diff_ids().len();
     if diff_ids != layers {
         return Err(ImageError::InvalidArchive(format!(
             "{}: the manifest lists {layers} layers but image config {config_digest} lists \
              {diff_ids} diffIDs; the archive is inconsistent, re-export it",
-            src.display()
+            origin
         )));
     }
     Ok(())

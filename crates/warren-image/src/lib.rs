@@ -1,4 +1,5 @@
 //! Warren's image store: imports OCI image-layout and docker-archive tars,
+//! pulls from OCI Distribution registries (see [`Puller`]),
 //! verifies every blob and layer against its digest, unpacks each layer once
 //! per ChainID into an overlayfs-ready directory (whiteouts converted, unsafe
 //! entries refused) and keeps one JSON record per image name.
@@ -26,8 +27,10 @@ mod digest;
 mod error;
 mod fsutil;
 mod layout;
+mod pull;
 mod record;
 mod reference;
+mod registry;
 mod snapshot;
 mod store;
 mod time;
@@ -35,5 +38,7 @@ mod unpack;
 mod whiteout;
 
 pub use error::{ErrorKind, ImageError};
+pub use pull::{install_tls_provider, Progress, PullEvent, Puller};
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
-pub use store::ImageStore;
+pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
+pub use store::{ImageStore, Pin};

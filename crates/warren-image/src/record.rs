@@ -20,6 +20,10 @@ pub struct ImageRecord {
     /// Base layer first, as in the manifest.
     pub layers: Vec<LayerRecord>,
     pub config: ImageConfig,
+    /// For an image pulled through a manifest list (a multi-platform tag),
+    /// the list's digest: what the tag resolves to at the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_digest: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

@@ -34,10 +34,19 @@ pub(crate) fn normalize_name(name: &str) -> Result<String, ImageError> {
     if name.len() > MAX_NAME_LEN {
         return Err(bad("the name is longer than 255 bytes"));
     }
-    if name.contains('@') {
-        return Err(bad(
-            "digest references (repo@sha256:...) cannot name an image; use repo:tag",
-        ));
+    if let Some((repo, digest)) = name.split_once('@') {
+        // A pulled `registry/repo@sha256:<hex>` is stored under that name;
+        // anything shorter than a full digest would not pin the content.
+        if crate::digest::sha256_hex(digest).is_none() {
+            return Err(bad(
+                "a digest reference needs repo@sha256:<64 lowercase hex digits>; use repo:tag \
+                 or the full digest",
+            ));
+        }
+        // `repo:tag@digest` means the digest: the tag is only a hint.
+        let repo = normalize_name(repo)?;
+        let repo = repo.rsplit_once(':').map_or(repo.as_str(), |(r, _)| r);
+        return Ok(format!("{repo}@{digest}"));
     }
     if let Some(c) = name
         .chars()
@@ -137,6 +146,15 @@ mod tests {
             normalize_name("localhost:5000/app:v1").unwrap(),
             "localhost:5000/app:v1"
         );
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            normalize_name(&format!("localhost:5000/app@sha256:{hex}")).unwrap(),
+            format!("localhost:5000/app@sha256:{hex}")
+        );
+        assert_eq!(
+            normalize_name(&format!("localhost:5000/app:v1@sha256:{hex}")).unwrap(),
+            format!("localhost:5000/app@sha256:{hex}")
+        );
     }
 
     #[test]
@@ -145,6 +163,8 @@ mod tests {
             "",
             "a b",
             "repo@sha256:abc",
+            "repo@sha512:abc",
+            "@sha256:0000000000000000000000000000000000000000000000000000000000000000",
             "repo:",
             "repo:-x",
             ":tag",

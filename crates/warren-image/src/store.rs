@@ -13,14 +13,14 @@
 //! exclude them (a `RwLock`: imports read, GC writes), so GC never deletes
 //! a snapshot or blob that an import in flight is about to reference.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use oci_spec::image::{DescriptorBuilder, ImageManifestBuilder, MediaType};
+use oci_spec::image::{DescriptorBuilder, ImageConfiguration, ImageManifestBuilder, MediaType};
 
 use crate::archive::SourceArchive;
 use crate::compress::{self, Compression};
@@ -40,6 +40,11 @@ pub struct ImageStore {
     root: PathBuf,
     snapshots: Snapshots,
     gc_lock: RwLock<()>,
+    /// Blobs (`blob:<hex>`) and snapshots (`chain:<id>`) that garbage
+    /// collection must keep although no record names them: content of a
+    /// pull in flight, and images live sandboxes run after their name moved
+    /// on to a new digest. Counted, since several holders can share a key.
+    pins: Mutex<HashMap<String, usize>>,
     /// Held for the store's lifetime: the flock lives as long as the fd.
     _lock_file: File,
 }
@@ -52,6 +57,69 @@ struct StagedLayer {
     compression: Compression,
     /// Already in `content/`, nothing to move.
     in_content: bool,
+    /// Check the blob against its diffID even when the layer's snapshot
+    /// already exists: its bytes were never matched to that diffID.
+    check_diff_id: bool,
+}
+
+/// Everything the last phases of an import or pull need: the verified
+/// config and manifest, and the layer blobs, staged or in the content store.
+struct Assembled<'a> {
+    name: &'a str,
+    /// Where the image came from, for messages: an archive path or a
+    /// registry reference.
+    origin: &'a str,
+    staged: Vec<StagedLayer>,
+    config_digest: String,
+    config_bytes: Vec<u8>,
+    config: ImageConfiguration,
+    /// None for a docker-archive: a canonical OCI manifest is synthesised.
+    manifest: Option<(String, Vec<u8>)>,
+    index_digest: Option<String>,
+}
+
+/// An image whose blobs a pull has put in the content store (verified
+/// against their digests); see [`ImageStore::commit_pulled`].
+pub(crate) struct PulledImage {
+    pub name: String,
+    pub origin: String,
+    pub manifest_digest: String,
+    pub manifest_bytes: Vec<u8>,
+    pub config_digest: String,
+    pub config_bytes: Vec<u8>,
+    pub config: ImageConfiguration,
+    /// Layer blob digests, base first, and whether this pull downloaded
+    /// each (rather than finding it in the store).
+    pub layers: Vec<(String, bool)>,
+    pub index_digest: Option<String>,
+}
+
+/// Keeps content from garbage collection while it lives.
+pub struct Pin {
+    store: Arc<ImageStore>,
+    keys: Vec<String>,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut pins = self.store.pins.lock().unwrap_or_else(|p| p.into_inner());
+        for key in &self.keys {
+            if let Some(n) = pins.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    pins.remove(key);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn blob_key(hex: &str) -> String {
+    format!("blob:{hex}")
+}
+
+fn chain_key(chain_id: &str) -> String {
+    format!("chain:{chain_id}")
 }
 
 /// Scratch directory of one import, removed however the import ends.
@@ -128,6 +196,7 @@ impl ImageStore {
             root,
             snapshots,
             gc_lock: RwLock::new(()),
+            pins: Mutex::new(HashMap::new()),
             _lock_file: lock_file,
         };
         store.collect_garbage();
@@ -236,8 +305,6 @@ impl ImageStore {
     ) -> Result<(ImageRecord, bool), ImageError> {
         let src = SourceArchive::open(archive, scratch)?;
         let image = layout::resolve(&src, name)?;
-        let diff_ids = image.config_parsed.rootfs().diff_ids().clone();
-        let chains = chain_ids(&diff_ids);
         let count = image.layers.len();
 
         // Phase 1: copy and verify every layer blob before unpacking any, so
@@ -258,21 +325,55 @@ impl ImageStore {
             )?);
         }
 
-        // Phase 2: unpack each layer once per ChainID.
+        let (config_digest, config_bytes) = (image.config.digest, image.config.bytes);
+        let manifest = match (image.format, image.manifest) {
+            (Format::OciLayout, Some(m)) => Some((m.digest, m.bytes)),
+            _ => None,
+        };
+        self.assemble(
+            Assembled {
+                name,
+                origin: src.display(),
+                staged,
+                config_digest,
+                config_bytes,
+                config: image.config_parsed,
+                manifest,
+                index_digest: None,
+            },
+            dirty,
+        )
+    }
+
+    /// Phases 2 and 3 of an import or pull: unpack each layer once per
+    /// ChainID (checking its diffID), commit the blobs, then write the
+    /// record. The bool says whether the record replaced another digest.
+    fn assemble(
+        &self,
+        a: Assembled<'_>,
+        dirty: &mut bool,
+    ) -> Result<(ImageRecord, bool), ImageError> {
+        let Assembled {
+            name,
+            origin,
+            staged,
+            config_digest,
+            config_bytes,
+            config,
+            manifest,
+            index_digest,
+        } = a;
+        let diff_ids = config.rootfs().diff_ids().clone();
+        let chains = chain_ids(&diff_ids);
+        let count = staged.len();
         let mut layers = Vec::with_capacity(count);
         for (i, blob) in staged.iter().enumerate() {
             let (diff_id, chain_id) = (&diff_ids[i], &chains[i]);
-            let what = format!(
-                "layer {}/{count} ({}) of {}",
-                i + 1,
-                blob.digest,
-                src.display()
-            );
+            let what = format!("layer {}/{count} ({}) of {origin}", i + 1, blob.digest);
             let mismatch = |actual: String| ImageError::DigestMismatch {
                 what: format!(
                     "{what}: its diffID (sha256 of the uncompressed tar) does not match \
-                     rootfs.diff_ids[{i}] of image config {}",
-                    image.config.digest
+                     rootfs.diff_ids[{i}] of image config {config_digest}"
                 ),
                 expected: diff_id.clone(),
                 actual,
@@ -289,9 +390,9 @@ impl ImageStore {
                         Ok(stats.size)
                     })?;
             *dirty |= built;
-            if !built && !blob.in_content {
+            if !built && blob.check_diff_id {
                 // The snapshot came from another image; still make sure this
-                // archive's blob really is that layer before storing it.
+                // blob really is that layer before recording it as such.
                 let actual = diff_id_of(&blob.path, &what)?;
                 if &actual != diff_id {
                     return Err(mismatch(actual));
@@ -307,9 +408,9 @@ impl ImageStore {
         }
 
         // Phase 3: commit blobs, then the record that references them.
-        let (manifest_digest, manifest_bytes) = match (image.format, image.manifest) {
-            (Format::OciLayout, Some(m)) => (m.digest, m.bytes),
-            _ => synthesize_manifest(&image.config.digest, image.config.bytes.len(), &staged)?,
+        let (manifest_digest, manifest_bytes) = match manifest {
+            Some(m) => m,
+            None => synthesize_manifest(&config_digest, config_bytes.len(), &staged)?,
         };
         *dirty = true;
         for blob in &staged {
@@ -317,26 +418,182 @@ impl ImageStore {
                 self.commit_staged(blob)?;
             }
         }
-        self.put_blob(&image.config.digest, &image.config.bytes)?;
+        self.put_blob(&config_digest, &config_bytes)?;
         self.put_blob(&manifest_digest, &manifest_bytes)?;
         fsync_dir(&self.blob_dir())?;
 
         let record = ImageRecord {
             name: name.to_string(),
             digest: manifest_digest,
-            config_digest: image.config.digest.clone(),
+            config_digest: config_digest.clone(),
             size: layers.iter().map(|l| l.size).sum(),
             created: crate::time::now_rfc3339(),
             layers,
-            config: ImageConfig::from_oci(&image.config_parsed),
+            config: ImageConfig::from_oci(&config),
+            index_digest,
         };
-        let previous = self.read_record(name).ok().flatten();
-        let bytes = serde_json::to_vec_pretty(&record)
-            .map_err(|e| ImageError::io("encoding image record", io::Error::other(e)))?;
-        write_atomic(&self.record_path(name), &bytes, &self.tmp_dir())?;
-        let replaced = previous.is_some_and(|p| p.digest != record.digest);
-        tracing::info!(name, digest = %record.digest, layers = record.layers.len(), "image imported");
+        let replaced = self.write_record(&record)?;
+        tracing::info!(name, digest = %record.digest, layers = record.layers.len(), "image stored");
         Ok((record, replaced))
+    }
+
+    /// Writes `record` under its name; true when that replaced a record of
+    /// another digest (whose content may now be garbage).
+    fn write_record(&self, record: &ImageRecord) -> Result<bool, ImageError> {
+        let previous = self.read_record(&record.name).ok().flatten();
+        let bytes = serde_json::to_vec_pretty(record)
+            .map_err(|e| ImageError::io("encoding image record", io::Error::other(e)))?;
+        write_atomic(&self.record_path(&record.name), &bytes, &self.tmp_dir())?;
+        Ok(previous.is_some_and(|p| p.digest != record.digest))
+    }
+
+    /// Records a pulled image whose blobs are in the content store:
+    /// unpacks (and diffID-checks) its layers and writes the record. On
+    /// failure, blobs and snapshots only it brought are collected.
+    pub(crate) fn commit_pulled(&self, image: PulledImage) -> Result<ImageRecord, ImageError> {
+        let name = normalize_name(&image.name)?;
+        let mut dirty = false;
+        let result = {
+            let _pulling = self.read_lock();
+            let mut staged = Vec::with_capacity(image.layers.len());
+            let mut ok = Ok(());
+            for (digest, downloaded) in &image.layers {
+                let Some(hex) = sha256_hex(digest) else {
+                    ok = Err(ImageError::Registry(format!(
+                        "{}: layer digest {digest:?} is not a sha256 digest",
+                        image.origin
+                    )));
+                    break;
+                };
+                let path = self.blob_dir().join(hex);
+                match blob_facts(&path) {
+                    Ok((size, compression)) => staged.push(StagedLayer {
+                        path,
+                        digest: digest.clone(),
+                        size,
+                        compression,
+                        in_content: true,
+                        check_diff_id: *downloaded,
+                    }),
+                    Err(e) => {
+                        ok = Err(e);
+                        break;
+                    }
+                }
+            }
+            ok.and_then(|()| {
+                self.assemble(
+                    Assembled {
+                        name: &name,
+                        origin: &image.origin,
+                        staged,
+                        config_digest: image.config_digest,
+                        config_bytes: image.config_bytes,
+                        config: image.config,
+                        manifest: Some((image.manifest_digest, image.manifest_bytes)),
+                        index_digest: image.index_digest,
+                    },
+                    &mut dirty,
+                )
+            })
+        };
+        match &result {
+            Ok((_, true)) => self.collect_garbage(),
+            Err(_) if dirty => self.collect_garbage(),
+            _ => {}
+        }
+        result.map(|(record, _)| record)
+    }
+
+    /// When the store already holds the image `digest` names (a manifest
+    /// digest, or the manifest list it was chosen from) with every layer
+    /// unpacked, records it under `name` too and returns it: a pull that
+    /// needs no download.
+    pub(crate) fn tag_existing(
+        &self,
+        name: &str,
+        digest: &str,
+    ) -> Result<Option<ImageRecord>, ImageError> {
+        let name = normalize_name(name)?;
+        let replaced = {
+            let _pulling = self.read_lock();
+            if let Some(current) = self.read_record(&name)? {
+                let same =
+                    current.digest == digest || current.index_digest.as_deref() == Some(digest);
+                if same && self.lower_dirs(&current).is_ok() {
+                    return Ok(Some(current));
+                }
+            }
+            let found = self.load_records(false)?.into_iter().find(|r| {
+                (r.digest == digest || r.index_digest.as_deref() == Some(digest))
+                    && self.lower_dirs(r).is_ok()
+            });
+            let Some(mut record) = found else {
+                return Ok(None);
+            };
+            record.name = name;
+            record.created = crate::time::now_rfc3339();
+            let replaced = self.write_record(&record)?;
+            (record, replaced)
+        };
+        if replaced.1 {
+            self.collect_garbage();
+        }
+        Ok(Some(replaced.0))
+    }
+
+    /// Keeps `record`'s layers and blobs from garbage collection while the
+    /// returned pin lives, even once no name refers to that digest.
+    pub fn pin_image(self: &Arc<Self>, record: &ImageRecord) -> Pin {
+        let mut keys: Vec<String> = record
+            .layers
+            .iter()
+            .map(|l| chain_key(&l.chain_id))
+            .collect();
+        for d in record
+            .layers
+            .iter()
+            .map(|l| &l.digest)
+            .chain([&record.digest, &record.config_digest])
+        {
+            if let Some(hex) = sha256_hex(d) {
+                keys.push(blob_key(hex));
+            }
+        }
+        self.pin_keys(keys)
+    }
+
+    /// Pins keys (see `pins`). Taken under the GC lock, so a collection
+    /// either finished before (and the caller sees what it removed) or
+    /// starts after and sees the pin.
+    pub(crate) fn pin_keys(self: &Arc<Self>, keys: Vec<String>) -> Pin {
+        let _no_gc = self.read_lock();
+        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        for key in &keys {
+            *pins.entry(key.clone()).or_insert(0) += 1;
+        }
+        drop(pins);
+        Pin {
+            store: self.clone(),
+            keys,
+        }
+    }
+
+    pub(crate) fn has_blob(&self, hex: &str) -> bool {
+        self.blob_dir().join(hex).is_file()
+    }
+
+    pub(crate) fn blob_path(&self, hex: &str) -> PathBuf {
+        self.blob_dir().join(hex)
+    }
+
+    /// Moves a verified download into the content store. The caller has
+    /// pinned it, or GC could remove it before a record names it.
+    pub(crate) fn commit_blob(&self, from: &Path, hex: &str) -> Result<(), ImageError> {
+        let dest = self.blob_dir().join(hex);
+        fs::rename(from, &dest)
+            .ctx(|| format!("moving {} to {}", from.display(), dest.display()))?;
+        fsync_dir(&self.blob_dir())
     }
 
     fn stage_layer(
@@ -372,6 +629,7 @@ impl ImageStore {
                     size,
                     compression,
                     in_content: true,
+                    check_diff_id: false,
                 });
             }
         }
@@ -415,6 +673,7 @@ impl ImageStore {
             size,
             compression,
             in_content: false,
+            check_diff_id: true,
         })
     }
 
@@ -530,7 +789,8 @@ impl ImageStore {
         Ok(records)
     }
 
-    fn collect_garbage(&self) {
+    /// Removes blobs and snapshots that no record and no pin refers to.
+    pub fn collect_garbage(&self) {
         let _exclusive = self.write_lock();
         if let Err(e) = self.gc_locked() {
             tracing::warn!(error = %e, "garbage collection failed; it is retried at the next open or removal");
@@ -541,6 +801,13 @@ impl ImageStore {
     /// exclusive lock.
     fn gc_locked(&self) -> Result<(), ImageError> {
         let records = self.load_records(true)?;
+        let pinned: HashSet<String> = self
+            .pins
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         let mut chains = HashSet::new();
         let mut blobs = HashSet::new();
         for r in &records {
@@ -557,7 +824,9 @@ impl ImageStore {
             }
         }
         for snapshot in self.snapshots.all() {
-            if !chains.contains(&snapshot.meta.chain_id) {
+            if !chains.contains(&snapshot.meta.chain_id)
+                && !pinned.contains(&chain_key(&snapshot.meta.chain_id))
+            {
                 tracing::info!(chain = %snapshot.meta.chain_id, id = snapshot.id, "removing unreferenced snapshot");
                 self.snapshots.remove(&snapshot.meta.chain_id)?;
             }
@@ -566,7 +835,7 @@ impl ImageStore {
         for entry in fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
             let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !blobs.contains(&name) {
+            if !blobs.contains(&name) && !pinned.contains(&blob_key(&name)) {
                 let path = entry.path();
                 remove_path(&path)
                     .ctx(|| format!("removing unreferenced blob {}", path.display()))?;
@@ -591,7 +860,7 @@ impl ImageStore {
         self.root.join("images")
     }
 
-    fn tmp_dir(&self) -> PathBuf {
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
         self.root.join("tmp")
     }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use warren_core::{ExecEvent, ExecRequest, ResolvedResources, SandboxSpec, Usage};
-use warren_image::{ImageRecord, ImageStore};
+use warren_image::{ImageRecord, ImageStore, Pin, Progress, Puller};
 use warren_runtime::{files, CreateRequest, ExecSpec, Runtime, RuntimeConfig, RuntimeError};
 
 pub use exec_stream::ExitInfo;
@@ -66,6 +66,10 @@ pub enum NodeEvent {
         oom_killed: bool,
     },
 }
+
+/// Blob downloads running at once on a node, across all pulls: enough to
+/// fill a link from a nearby registry without starving sandboxes' traffic.
+const MAX_DOWNLOADS: usize = 6;
 
 pub struct NodeConfig {
     pub home: PathBuf,
@@ -135,6 +139,9 @@ struct Live {
     cwd: String,
     user: String,
     image_digest: String,
+    /// Keeps the image's layers while the sandbox runs, even when its name
+    /// is pulled anew and points at another digest.
+    _image_pin: Pin,
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
     lifetime: Mutex<lifetime::Lifetime>,
@@ -150,6 +157,7 @@ pub struct Node {
     home: PathBuf,
     runtime: Runtime,
     images: Arc<ImageStore>,
+    puller: Puller,
     live: Mutex<HashMap<String, Arc<Live>>>,
     events: mpsc::UnboundedSender<NodeEvent>,
     exec_seq: AtomicU64,
@@ -182,6 +190,7 @@ impl Node {
             .map(|n| n.get())
             .unwrap_or(1) as u64;
         let total = cap.allocatable(cores * 1000, host_memory());
+        let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
@@ -190,6 +199,12 @@ impl Node {
             name: cfg.name,
             home: cfg.home,
             runtime,
+            puller: Puller::new(
+                images.clone(),
+                registries,
+                MAX_DOWNLOADS,
+                (cores as usize).div_ceil(2),
+            ),
             images,
             live: Mutex::new(HashMap::new()),
             events: tx,
@@ -253,6 +268,28 @@ impl Node {
         Ok(tokio::task::spawn_blocking(move || images.resolve(&r))
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))??)
+    }
+
+    /// Pulls `reference` (`host[:port]/repo[:tag|@digest]`) from its
+    /// registry: resolves it to a digest there and downloads what the
+    /// store lacks.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        progress: Option<Progress>,
+    ) -> Result<ImageRecord, NodeError> {
+        Ok(self.puller.pull(reference, progress).await?)
+    }
+
+    /// The image a new sandbox runs: a registry reference is resolved at
+    /// the registry every time (a tag may have moved) and pulled when the
+    /// store lacks that digest; anything else names an image in the store.
+    pub async fn image_for_create(&self, reference: &str) -> Result<ImageRecord, NodeError> {
+        if warren_image::registry_host(reference).is_some() {
+            self.pull_image(reference, None).await
+        } else {
+            self.resolve_image(reference).await
+        }
     }
 
     /// Refuses images a sandbox cannot safely be made from (see
@@ -427,6 +464,7 @@ impl Node {
             cwd,
             user,
             image_digest: image.digest.clone(),
+            _image_pin: self.images.pin_image(image),
             log,
             destroying: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),

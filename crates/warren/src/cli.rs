@@ -175,6 +175,18 @@ pub enum ImageCmd {
         #[arg(long)]
         name: String,
     },
+    /// Pull an image from an OCI registry (host[:port]/repo[:tag|@sha256:digest]).
+    /// Credentials and plain-HTTP registries are configured in
+    /// <home>/registries.toml on the node.
+    Pull {
+        reference: String,
+        /// No progress lines on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print the image record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List images.
     Ls {
         #[arg(long)]

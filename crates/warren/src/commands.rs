@@ -185,6 +185,22 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 rec["digest"].as_str().unwrap_or("")
             );
         }
+        ImageCmd::Pull {
+            reference,
+            quiet,
+            json,
+        } => {
+            let image = pull(client, &reference, quiet).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&image)?);
+            } else {
+                println!(
+                    "{} {}",
+                    image["name"].as_str().unwrap_or(&reference),
+                    image["digest"].as_str().unwrap_or("")
+                );
+            }
+        }
         ImageCmd::Ls { json } => {
             let list: Vec<serde_json::Value> = client
                 .json(client.request(Method::GET, "/v1/images"))
@@ -216,6 +232,96 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Runs a pull with progress, printing a line per step to stderr; returns
+/// the image record.
+async fn pull(client: &Client, reference: &str, quiet: bool) -> Result<serde_json::Value> {
+    let resp = client
+        .send(
+            client
+                .request(Method::POST, "/v1/images/pull")
+                .query(&[("progress", "true")])
+                .json(&serde_json::json!({ "reference": reference })),
+        )
+        .await?;
+    let mut lines = LineStream::new(resp);
+    let started = std::time::Instant::now();
+    let mut layers = 0u64;
+    while let Some(line) = lines.next_line().await? {
+        let ev: serde_json::Value =
+            serde_json::from_slice(&line).context("decoding a pull event")?;
+        let short = |d: &serde_json::Value| {
+            let d = d.as_str().unwrap_or("");
+            d.get(..19).unwrap_or(d).to_string()
+        };
+        match ev["type"].as_str().unwrap_or("") {
+            "image" => return Ok(ev["image"].clone()),
+            "error" => bail!(
+                "{}",
+                ev["error"]["message"].as_str().unwrap_or("the pull failed")
+            ),
+            _ if quiet => {}
+            "resolved" => eprintln!(
+                "{} resolves to {}",
+                ev["reference"].as_str().unwrap_or(reference),
+                ev["digest"].as_str().unwrap_or("")
+            ),
+            "manifest" => {
+                layers = ev["layers"].as_u64().unwrap_or(0);
+                let total = ev["bytes"].as_u64().unwrap_or(0);
+                eprintln!(
+                    "manifest {}: {layers} layers, {}",
+                    short(&ev["digest"]),
+                    human(total)
+                );
+            }
+            "progress" => eprintln!(
+                "  layer {}/{layers} {}: {} / {}",
+                ev["layer"].as_u64().unwrap_or(0) + 1,
+                short(&ev["digest"]),
+                human(ev["bytes"].as_u64().unwrap_or(0)),
+                human(ev["size"].as_u64().unwrap_or(0)),
+            ),
+            "layer" => eprintln!(
+                "  layer {}/{layers} {}: {} ({})",
+                ev["layer"].as_u64().unwrap_or(0) + 1,
+                short(&ev["digest"]),
+                if ev["downloaded"].as_bool().unwrap_or(false) {
+                    "downloaded"
+                } else {
+                    "already present"
+                },
+                human(ev["size"].as_u64().unwrap_or(0)),
+            ),
+            "done" => eprintln!(
+                "pulled {} in {:.2}s{}",
+                ev["name"].as_str().unwrap_or(reference),
+                started.elapsed().as_secs_f64(),
+                if ev["cached"].as_bool().unwrap_or(false) {
+                    " (already in the store)"
+                } else {
+                    ""
+                }
+            ),
+            _ => {}
+        }
+    }
+    bail!("the pull stream ended early (did the Warren daemon stop?)")
+}
+
+/// Bytes for progress lines: 1.0 MiB style, one decimal.
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
 }
 
 fn tokio_util_stream(

@@ -28,6 +28,7 @@ fn main() {
         // SAFETY: setting a signal disposition to SIG_DFL before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+    warren_image::install_tls_provider();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

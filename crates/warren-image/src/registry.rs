@@ -1,0 +1,360 @@
+//! Which registries we talk to and how: credentials and plain-HTTP
+//! permission from `registries.toml`, which references name a registry, and
+//! the translation of registry failures into messages a user can act on.
+//!
+//! ```toml
+//! [registry."registry.example.com"]
+//! username = "ci"
+//! password = "secret"
+//!
+//! [registry."127.0.0.1:5000"]
+//! insecure = true          # plain HTTP; refused unless listed like this
+//!
+//! [registry."ghcr.io"]
+//! token = "..."            # sent as a bearer token
+//! ```
+//!
+//! Credentials never reach a log line or an error message: the entry's
+//! `Debug` redacts them and parse errors report a position, not the text.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use serde::Deserialize;
+
+use crate::error::ImageError;
+
+/// The file under the warren home that configures registries.
+pub const CONFIG_FILE: &str = "registries.toml";
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    registry: BTreeMap<String, RegistryEntry>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RegistryEntry {
+    username: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+    #[serde(default)]
+    insecure: bool,
+}
+
+impl fmt::Debug for RegistryEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryEntry")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+/// The parsed `registries.toml`; an absent file means anonymous HTTPS
+/// everywhere.
+#[derive(Debug, Default)]
+pub struct RegistryConfig {
+    path: PathBuf,
+    registries: BTreeMap<String, RegistryEntry>,
+}
+
+impl RegistryConfig {
+    /// Reads `path`. It is read at every pull, so edits apply without a
+    /// restart.
+    pub fn load(path: &Path) -> Result<RegistryConfig, ImageError> {
+        let bad = |message: String| ImageError::RegistryConfig {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(RegistryConfig {
+                    path: path.to_path_buf(),
+                    registries: BTreeMap::new(),
+                })
+            }
+            Err(e) => return Err(bad(format!("cannot read it: {e}"))),
+        };
+        let parsed: ConfigFile = toml::from_str(&text).map_err(|e| {
+            // toml's Display quotes the offending line, which may be a
+            // password; say where instead.
+            let line = e.span().map(|s| {
+                text.as_bytes()[..s.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            });
+            bad(format!(
+                "{}{}; see docs/configuration.md for the format",
+                e.message(),
+                line.map(|l| format!(" (line {l})")).unwrap_or_default()
+            ))
+        })?;
+        for (host, entry) in &parsed.registry {
+            if host.is_empty() || host.contains('/') {
+                return Err(bad(format!(
+                    "[registry.{host:?}]: the key must be a registry host[:port], e.g. \
+                     \"registry.example.com\" or \"127.0.0.1:5000\""
+                )));
+            }
+            match (&entry.username, &entry.password, &entry.token) {
+                (Some(_), Some(_), None) | (None, None, None) | (None, None, Some(_)) => {}
+                (Some(_), None, _) | (None, Some(_), _) => {
+                    return Err(bad(format!(
+                        "[registry.{host:?}]: username and password go together; set both"
+                    )))
+                }
+                (Some(_), Some(_), Some(_)) => {
+                    return Err(bad(format!(
+                        "[registry.{host:?}]: set either username and password or token, not both"
+                    )))
+                }
+            }
+        }
+        Ok(RegistryConfig {
+            path: path.to_path_buf(),
+            registries: parsed.registry,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether `host` may be spoken to over plain HTTP.
+    pub fn is_insecure(&self, host: &str) -> bool {
+        self.registries.get(host).is_some_and(|e| e.insecure)
+    }
+
+    /// Hosts listed as insecure.
+    pub fn insecure_hosts(&self) -> Vec<String> {
+        self.registries
+            .iter()
+            .filter(|(_, e)| e.insecure)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    /// The credentials configured for `host`, anonymous when none are.
+    pub fn auth(&self, host: &str) -> RegistryAuth {
+        match self.registries.get(host) {
+            Some(RegistryEntry {
+                username: Some(u),
+                password: Some(p),
+                ..
+            }) => RegistryAuth::Basic(u.clone(), p.clone()),
+            Some(RegistryEntry { token: Some(t), .. }) => RegistryAuth::Bearer(t.clone()),
+            _ => RegistryAuth::Anonymous,
+        }
+    }
+
+    pub fn has_credentials(&self, host: &str) -> bool {
+        !matches!(self.auth(host), RegistryAuth::Anonymous)
+    }
+}
+
+/// The registry host a reference names, if it names one: the first path
+/// component when it looks like a host (has a dot or a port, or is
+/// `localhost`), as Docker decides. `busybox:latest` and `team/app` are
+/// local names; `127.0.0.1:5000/app` and `ghcr.io/o/app` are registry
+/// references.
+pub fn registry_host(reference: &str) -> Option<&str> {
+    let (first, rest) = reference.split_once('/')?;
+    if rest.is_empty() {
+        return None;
+    }
+    (first == "localhost" || first.contains('.') || first.contains(':')).then_some(first)
+}
+
+/// Turns an oci-client failure into a message that says what went wrong
+/// and what to do. `what` names the request ("manifest of X", "layer Y").
+pub(crate) fn describe(
+    e: OciDistributionError,
+    host: &str,
+    what: &str,
+    config: &RegistryConfig,
+) -> ImageError {
+    use OciDistributionError as E;
+    let cfg = config.path().display();
+    match e {
+        E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => {
+            if config.has_credentials(host) {
+                ImageError::RegistryAuth(format!(
+                    "registry {host} refused the credentials configured for it in {cfg} while \
+                     fetching {what}; check the username and password (or token) there"
+                ))
+            } else {
+                ImageError::RegistryAuth(format!(
+                    "registry {host} requires authentication for {what}; add \
+                     [registry.\"{host}\"] with username and password (or token) to {cfg}"
+                ))
+            }
+        }
+        E::RegistryError { envelope, .. } => {
+            use oci_client::errors::OciErrorCode as C;
+            let codes = || envelope.errors.iter().map(|e| &e.code);
+            let unknown = codes().any(|c| {
+                matches!(
+                    c,
+                    C::ManifestUnknown | C::NameUnknown | C::BlobUnknown | C::NotFound
+                )
+            });
+            let denied = codes().any(|c| matches!(c, C::Denied | C::Unauthorized));
+            let text: Vec<String> = envelope
+                .errors
+                .iter()
+                .map(|e| format!("{:?}: {}", e.code, e.message))
+                .collect();
+            let text = text.join("; ");
+            if denied {
+                ImageError::RegistryAuth(format!(
+                    "registry {host} denied access to {what} ({text}); check the credentials \
+                     for it in {cfg}"
+                ))
+            } else if unknown {
+                ImageError::RemoteNotFound(format!(
+                    "registry {host} has no {what} ({text}); check the repository and tag"
+                ))
+            } else {
+                ImageError::Registry(format!("registry {host} refused {what}: {text}"))
+            }
+        }
+        E::ServerError { code: 404, .. } | E::ImageManifestNotFoundError(_) => {
+            ImageError::RemoteNotFound(format!(
+                "registry {host} has no {what}; check the repository and tag"
+            ))
+        }
+        E::ServerError { code, message, .. } => {
+            let message: String = message.chars().take(300).collect();
+            ImageError::Registry(format!(
+                "registry {host} answered HTTP {code} for {what}: {message}"
+            ))
+        }
+        E::DigestError(d) => ImageError::RemoteDigestMismatch {
+            what: format!("{what} from registry {host}"),
+            expected: match &d {
+                oci_client::errors::DigestError::VerificationError { expected, .. } => {
+                    expected.clone()
+                }
+                other => other.to_string(),
+            },
+            actual: match &d {
+                oci_client::errors::DigestError::VerificationError { actual, .. } => actual.clone(),
+                _ => "unknown".into(),
+            },
+        },
+        E::RequestError(r) => {
+            let chain = error_chain(&r);
+            if config.is_insecure(host) {
+                ImageError::Registry(format!(
+                    "cannot reach registry {host} over plain HTTP for {what}: {chain}"
+                ))
+            } else {
+                ImageError::Registry(format!(
+                    "cannot reach registry {host} over HTTPS for {what}: {chain}; if {host} \
+                     serves plain HTTP, allow it with [registry.\"{host}\"] insecure = true in {cfg}"
+                ))
+            }
+        }
+        other => ImageError::Registry(format!("registry {host}, {what}: {other}")),
+    }
+}
+
+/// `e: cause: cause…`, since reqwest's own Display hides the root cause
+/// ("error sending request") that tells TLS from refused connections.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join(CONFIG_FILE);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn registry_references_are_told_from_local_names() {
+        assert_eq!(
+            registry_host("127.0.0.1:5000/app:v1"),
+            Some("127.0.0.1:5000")
+        );
+        assert_eq!(registry_host("ghcr.io/o/app"), Some("ghcr.io"));
+        assert_eq!(registry_host("localhost/app"), Some("localhost"));
+        assert_eq!(registry_host("busybox:latest"), None);
+        assert_eq!(registry_host("team/app:v1"), None);
+        assert_eq!(registry_host("sha256:abc"), None);
+        assert_eq!(registry_host("host.io/"), None);
+    }
+
+    #[test]
+    fn missing_file_means_anonymous_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = RegistryConfig::load(&dir.path().join(CONFIG_FILE)).unwrap();
+        assert!(!c.is_insecure("127.0.0.1:5000"));
+        assert_eq!(c.auth("x.io"), RegistryAuth::Anonymous);
+    }
+
+    #[test]
+    fn entries_give_auth_and_insecure() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "[registry.\"127.0.0.1:5000\"]\ninsecure = true\nusername = \"u\"\npassword = \"p\"\n\
+             [registry.\"ghcr.io\"]\ntoken = \"t\"\n",
+        );
+        let c = RegistryConfig::load(&p).unwrap();
+        assert!(c.is_insecure("127.0.0.1:5000"));
+        assert!(!c.is_insecure("ghcr.io"));
+        assert_eq!(
+            c.auth("127.0.0.1:5000"),
+            RegistryAuth::Basic("u".into(), "p".into())
+        );
+        assert_eq!(c.auth("ghcr.io"), RegistryAuth::Bearer("t".into()));
+        assert_eq!(c.insecure_hosts(), vec!["127.0.0.1:5000".to_string()]);
+        assert!(!format!("{c:?}").contains("\"p\""));
+    }
+
+    #[test]
+    fn bad_files_are_refused_without_quoting_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, expect) in [
+            ("[registry.\"h\"]\nusername = \"u\"\n", "go together"),
+            (
+                "[registry.\"h\"]\nusername = \"u\"\npassword = \"p\"\ntoken = \"t\"\n",
+                "not both",
+            ),
+            ("[registry.\"a/b\"]\ninsecure = true\n", "host[:port]"),
+            ("[registry.\"h\"]\npasword = \"hunter2\"\n", "line 2"),
+            ("[registry.\"h\"]\npassword = hunter2\n", "line 2"),
+        ] {
+            let p = write(dir.path(), text);
+            let msg = RegistryConfig::load(&p).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{text:?}: {msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,416 @@
+"""Pulls from a real OCI registry: Debian's docker-registry (CNCF
+distribution) on loopback, images built with umoci and pushed with skopeo."""
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import free_port
+from helpers import ImageBuilder, flip_bytes, run, uniq
+
+REGISTRY_BIN = "/usr/bin/docker-registry"
+
+pytestmark = pytest.mark.skipif(
+    not Path(REGISTRY_BIN).exists(), reason="docker-registry is not installed (scripts/install-deps.sh)"
+)
+
+
+class Registry:
+    """One docker-registry process on 127.0.0.1 with filesystem storage in a
+    temp dir; `users` turns on htpasswd basic auth."""
+
+    def __init__(self, users=None):
+        self.dir = Path(tempfile.mkdtemp(prefix="warren-registry-"))
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.storage = self.dir / "data"
+        self.log_path = self.dir / "registry.log"
+        auth = ""
+        if users:
+            # The registry only accepts bcrypt entries (htpasswd -B).
+            lines = [
+                subprocess.run(["htpasswd", "-Bbn", u, p], check=True, capture_output=True, text=True).stdout.strip()
+                for u, p in users.items()
+            ]
+            (self.dir / "htpasswd").write_text("\n".join(lines) + "\n")
+            auth = f"auth:\n  htpasswd:\n    realm: warren-test\n    path: {self.dir / 'htpasswd'}\n"
+        (self.dir / "config.yml").write_text(
+            "version: 0.1\nlog:\n  level: info\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.storage}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n" + auth
+        )
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [REGISTRY_BIN, "serve", str(self.dir / "config.yml")], stdout=self.log, stderr=self.log
+        )
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"docker-registry did not start: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def push(self, layout, tag, ref, creds=None, zstd=False):
+        """Copies layout:tag to this registry as ref (repo:tag); returns the
+        manifest digest the registry stored."""
+        args = ["skopeo", "copy", "-q", "--dest-tls-verify=false"]
+        if creds:
+            args += ["--dest-creds", creds]
+        if zstd:
+            args += ["--dest-compress-format", "zstd"]
+        digest_file = self.dir / f"digest-{uniq()}"
+        args += ["--digestfile", str(digest_file), f"oci:{layout}:{tag}", f"docker://{self.host}/{ref}"]
+        run(*args)
+        return digest_file.read_text().strip()
+
+    def manifest(self, ref_digest, repo):
+        r = httpx.get(
+            f"http://{self.host}/v2/{repo}/manifests/{ref_digest}",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        )
+        r.raise_for_status()
+        return r.json()
+
+    def blob_data(self, digest):
+        hexd = digest.split(":", 1)[1]
+        return self.storage / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
+
+    def blob_gets(self, repo, digest):
+        """How many times the blob was fetched (access log lines)."""
+        text = self.log_path.read_text(errors="replace")
+        needle = f'"GET /v2/{repo}/blobs/{digest} '
+        return text.count(needle)
+
+
+@pytest.fixture
+def registry():
+    started = []
+
+    def make(users=None):
+        r = Registry(users)
+        started.append(r)
+        return r
+
+    yield make
+    for r in started:
+        r.stop()
+
+
+def configure(warren, text):
+    """Writes the daemon's registries.toml (read at every pull)."""
+    (warren.home / "registries.toml").write_text(text)
+
+
+def insecure(*regs):
+    return "".join(f'[registry."{r.host}"]\ninsecure = true\n' for r in regs)
+
+
+@pytest.fixture
+def builder(images, tmp_path):
+    return lambda: ImageBuilder(images["oci"], tmp_path / uniq("img"))
+
+
+def multi_layer(builder, marker):
+    """busybox + a layer adding files + a layer deleting one (whiteout) and
+    replacing a directory's contents (opaque)."""
+
+    def add(root):
+        (root / "app").mkdir()
+        (root / "app" / "marker").write_text(marker)
+        (root / "app" / "gone").write_text("to be deleted")
+        (root / "data").mkdir()
+        (root / "data" / "old").write_text("old")
+        (root / "app" / "blob").write_bytes(os.urandom(256 * 1024))
+
+    def change(root):
+        (root / "app" / "gone").unlink()
+        shutil.rmtree(root / "data")
+        (root / "data").mkdir()
+        (root / "data" / "new").write_text("new")
+
+    return builder().layer(add).layer(change)
+
+
+def store_state(warren):
+    """What the image store holds: blobs, snapshots, records, scratch."""
+    root = warren.home / "images"
+    listing = lambda d: sorted(p.name for p in (root / d).iterdir())
+    return {d: listing(d) for d in ("content/sha256", "snapshots", "images", "tmp")}
+
+
+def assert_nothing_added(before, after):
+    """A failed pull may collect older garbage, but adds nothing and leaves
+    the image records as they were."""
+    for k in before:
+        assert set(after[k]) <= set(before[k]), (k, set(after[k]) - set(before[k]))
+    assert after["images"] == before["images"]
+    assert after["tmp"] == []
+
+
+def pull(warren, ref, check=True):
+    return warren.cli("image", "pull", ref, check=check, timeout=120)
+
+
+def sh(warren, sid, script):
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", script])
+    assert ev and ev["code"] == 0, (ev, err)
+    return out.decode()
+
+
+def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    marker = uniq("m")
+    b = multi_layer(builder, marker)
+    repo = uniq("app")
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+
+    p = pull(warren, f"{reg.host}/{repo}:v1")
+    name, got = p.stdout.decode().split()
+    assert (name, got) == (f"{reg.host}/{repo}:v1", digest)
+    progress = p.stderr.decode()
+    assert "3 layers" in progress and "downloaded" in progress, progress
+
+    info = sandbox(image=f"{reg.host}/{repo}:v1")
+    assert info["image_digest"] == digest
+    assert sh(warren, info["id"], "cat /app/marker") == marker
+    # The whiteout and the opaque directory took effect.
+    assert sh(warren, info["id"], "ls -a /app /data").split() == [
+        "/app:", ".", "..", "blob", "marker", "/data:", ".", "..", "new"
+    ]
+    inspected = json.loads(warren.cli("inspect", info["id"]).stdout)
+    assert inspected["image_digest"] == digest
+
+    # By digest: no tag involved, same content, no new download.
+    gets = reg.blob_gets(repo, reg.manifest(digest, repo)["layers"][-1]["digest"])
+    p = pull(warren, f"{reg.host}/{repo}@{digest}")
+    assert p.stdout.decode().split() == [f"{reg.host}/{repo}@{digest}", digest]
+    assert "already in the store" in p.stderr.decode()
+    assert reg.blob_gets(repo, reg.manifest(digest, repo)["layers"][-1]["digest"]) == gets
+    info = sandbox(image=f"{reg.host}/{repo}@{digest}")
+    assert info["image_digest"] == digest
+    names = [i["name"] for i in warren.http.get("/v1/images").json()]
+    assert f"{reg.host}/{repo}:v1" in names and f"{reg.host}/{repo}@{digest}" in names
+
+
+def test_zstd_layers_are_pulled_and_unpacked(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    marker = uniq("z")
+    b = multi_layer(builder, marker)
+    repo = uniq("zst")
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1", zstd=True)
+    types = {l["mediaType"] for l in reg.manifest(digest, repo)["layers"]}
+    assert types == {"application/vnd.oci.image.layer.v1.tar+zstd"}, types
+
+    pull(warren, f"{reg.host}/{repo}:v1")
+    info = sandbox(image=f"{reg.host}/{repo}:v1")
+    assert info["image_digest"] == digest
+    assert sh(warren, info["id"], "cat /app/marker; ls /data") == marker + "new\n"
+
+
+def test_a_moved_tag_is_seen_by_the_next_create(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("moving")
+    first = builder().layer(lambda r: (r / "version").write_text("one"))
+    d1 = reg.push(first.layout, first.tag, f"{repo}:live")
+    a = sandbox(image=f"{reg.host}/{repo}:live")
+    assert a["image_digest"] == d1
+
+    second = builder().layer(lambda r: (r / "version").write_text("two"))
+    d2 = reg.push(second.layout, second.tag, f"{repo}:live")
+    assert d2 != d1
+    # No explicit pull: create resolves the tag at the registry itself.
+    b = sandbox(image=f"{reg.host}/{repo}:live")
+    assert b["image_digest"] == d2
+    assert sh(warren, b["id"], "cat /version") == "two"
+    # The older sandbox keeps its layers although its tag moved on.
+    assert sh(warren, a["id"], "cat /version") == "one"
+    record = next(i for i in warren.http.get("/v1/images").json() if i["name"] == f"{reg.host}/{repo}:live")
+    assert record["digest"] == d2
+
+
+def test_a_tampered_blob_is_refused_and_nothing_is_kept(warren, registry, builder):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("bad")
+    b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(512 * 1024)))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    layer = reg.manifest(digest, repo)["layers"][-1]["digest"]
+    flip_bytes(reg.blob_data(layer))
+
+    before = store_state(warren)
+    p = pull(warren, f"{reg.host}/{repo}:v1", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert layer in err and "tampered" in err, err
+    assert_nothing_added(before, store_state(warren))
+
+    r = warren.http.post("/v1/sandboxes", json={"image": f"{reg.host}/{repo}:v1"})
+    assert r.status_code == 502, r.text
+    assert "tampered" in r.json()["error"]["message"]
+    assert_nothing_added(before, store_state(warren))
+    assert not any(s["spec"]["image"] == f"{reg.host}/{repo}:v1" for s in warren.http.get("/v1/sandboxes").json())
+
+
+def set_diff_id(layout, tag, index, diff_id):
+    """Rewrites the tag's config so rootfs.diff_ids[index] is diff_id, with
+    consistent digests (the manifest and config still verify)."""
+    layout = Path(layout)
+    blob = lambda d: layout / "blobs" / "sha256" / d.split(":", 1)[1]
+
+    def put(data):
+        d = "sha256:" + hashlib.sha256(data).hexdigest()
+        blob(d).write_bytes(data)
+        return d, len(data)
+
+    idx = json.loads((layout / "index.json").read_text())
+    entry = next(m for m in idx["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+    manifest = json.loads(blob(entry["digest"]).read_text())
+    config = json.loads(blob(manifest["config"]["digest"]).read_text())
+    config["rootfs"]["diff_ids"][index] = diff_id
+    manifest["config"]["digest"], manifest["config"]["size"] = put(json.dumps(config).encode())
+    entry["digest"], entry["size"] = put(json.dumps(manifest).encode())
+    (layout / "index.json").write_text(json.dumps(idx))
+
+
+def test_a_wrong_diff_id_is_refused_and_nothing_is_kept(warren, registry, builder):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("diffid")
+    b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(64 * 1024)))
+    set_diff_id(b.layout, b.tag, -1, "sha256:" + "0" * 64)
+    reg.push(b.layout, b.tag, f"{repo}:v1")
+
+    before = store_state(warren)
+    p = pull(warren, f"{reg.host}/{repo}:v1", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert "diffID" in err and "sha256:" + "0" * 64 in err, err
+    assert_nothing_added(before, store_state(warren))
+
+
+def test_concurrent_creates_download_each_layer_once(warren, registry, builder):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("shared")
+    b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(2 << 20)))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    manifest = reg.manifest(digest, repo)
+    ref = f"{reg.host}/{repo}:v1"
+
+    results, ids = [], []
+    barrier = threading.Barrier(8)
+
+    def create():
+        with warren.client() as c:
+            barrier.wait()
+            r = c.post("/v1/sandboxes", json={"image": ref})
+            results.append(r)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert all(r.status_code in (200, 201) for r in results), [r.text for r in results]
+        ids = [r.json()["id"] for r in results]
+        assert {r.json()["image_digest"] for r in results} == {digest}
+        # The config and the new layer were fetched once for all eight; the
+        # base layer was already in the store (busybox) and not at all.
+        for blob in [manifest["config"], manifest["layers"][-1]]:
+            assert reg.blob_gets(repo, blob["digest"]) == 1, blob
+        assert reg.blob_gets(repo, manifest["layers"][0]["digest"]) == 0
+    finally:
+        for r in results:
+            if r.status_code in (200, 201):
+                warren.destroy(r.json()["id"])
+
+
+def test_registry_credentials(warren, registry, builder):
+    reg = registry(users={"ci": "right-horse"})
+    repo = uniq("private")
+    b = builder()
+    reg.push(b.layout, b.tag, f"{repo}:v1", creds="ci:right-horse")
+    ref = f"{reg.host}/{repo}:v1"
+
+    configure(warren, insecure(reg))
+    p = pull(warren, ref, check=False)
+    assert p.returncode != 0
+    err = p.stderr.decode()
+    assert "requires authentication" in err and "registries.toml" in err, err
+
+    configure(warren, insecure(reg) + 'username = "ci"\npassword = "wrong-battery"\n')
+    p = pull(warren, ref, check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert "refused the credentials" in err, err
+    assert "wrong-battery" not in err
+
+    configure(warren, insecure(reg) + 'username = "ci"\npassword = "right-horse"\n')
+    p = pull(warren, ref)
+    assert p.stdout.decode().startswith(ref)
+    log = (warren.home.parent / f"warren-{warren.port}.log").read_text(errors="replace")
+    assert "right-horse" not in log and "wrong-battery" not in log
+
+
+def test_plain_http_needs_the_registry_listed_insecure(warren, registry, builder):
+    reg = registry()
+    repo = uniq("plain")
+    b = builder()
+    reg.push(b.layout, b.tag, f"{repo}:v1")
+    configure(warren, "")
+    before = store_state(warren)
+    p = pull(warren, f"{reg.host}/{repo}:v1", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert "HTTPS" in err and f'[registry."{reg.host}"] insecure = true' in err, err
+    assert_nothing_added(before, store_state(warren))
+
+
+def test_bad_references_and_missing_images_change_nothing(warren, registry):
+    reg = registry()
+    configure(warren, insecure(reg))
+    before = store_state(warren)
+    for ref, expect in [
+        ("busybox-nonexistent", "names no registry"),
+        (f"{reg.host}/Upper:v1", "invalid image reference"),
+        (f"{reg.host}/app@sha256:abc", "digest reference"),
+        (f"{reg.host}/{uniq('missing')}:v1", "has no manifest"),
+    ]:
+        p = pull(warren, ref, check=False)
+        assert p.returncode != 0, ref
+        assert expect in p.stderr.decode(), (ref, p.stderr.decode())
+    r = warren.http.post("/v1/sandboxes", json={"image": f"{reg.host}/{uniq('missing')}:v1"})
+    assert r.status_code == 404, r.text
+    assert "check the repository and tag" in r.json()["error"]["message"]
+    configure(warren, '[registry."x"]\nusername = "only"\n')
+    p = pull(warren, f"{reg.host}/app:v1", check=False)
+    assert "username and password go together" in p.stderr.decode()
+    assert_nothing_added(before, store_state(warren))

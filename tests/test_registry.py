@@ -194,6 +194,9 @@ def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbo
     assert (name, got) == (f"{reg.host}/{repo}:v1", digest)
     progress = p.stderr.decode()
     assert "3 layers" in progress and "downloaded" in progress, progress
+    events = warren.http.get("/v1/events", params={"type": "image_pulled"}).json()
+    mine = [e for e in events if e["message"].startswith(f"{reg.host}/{repo}:v1 is {digest}")]
+    assert len(mine) == 1 and "downloaded 2 layers" in mine[0]["message"], events
 
     info = sandbox(image=f"{reg.host}/{repo}:v1")
     assert info["image_digest"] == digest
@@ -270,6 +273,8 @@ def test_a_tampered_blob_is_refused_and_nothing_is_kept(warren, registry, builde
     assert p.returncode != 0
     assert layer in err and "tampered" in err, err
     assert_nothing_added(before, store_state(warren))
+    failed = warren.http.get("/v1/events", params={"type": "image_pull_failed"}).json()
+    assert any(e["message"].startswith(f"{reg.host}/{repo}:v1: ") and layer in e["message"] for e in failed)
 
     r = warren.http.post("/v1/sandboxes", json={"image": f"{reg.host}/{repo}:v1"})
     assert r.status_code == 502, r.text

@@ -473,6 +473,12 @@ impl Control {
                     .await?;
                 return Ok(());
             }
+            NodeEvent::ImagePull { reason, message } => {
+                self.store
+                    .node_event(reason, message, &now_rfc3339())
+                    .await?;
+                return Ok(());
+            }
             NodeEvent::InitDied { id, oom_killed } => {
                 let why = if *oom_killed {
                     reason::OOM_KILLED

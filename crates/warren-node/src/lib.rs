@@ -65,6 +65,13 @@ pub enum NodeEvent {
         id: String,
         oom_killed: bool,
     },
+    /// A registry pull ended (explicit, or for a create); `message` says
+    /// what it fetched (`reason` `image_pulled`) or why it failed
+    /// (`image_pull_failed`).
+    ImagePull {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// Blob downloads running at once on a node, across all pulls: enough to
@@ -278,7 +285,53 @@ impl Node {
         reference: &str,
         progress: Option<Progress>,
     ) -> Result<ImageRecord, NodeError> {
-        Ok(self.puller.pull(reference, progress).await?)
+        // (layers downloaded, bytes downloaded, answered from the store), for
+        // the event at the end.
+        let fetched = Arc::new(Mutex::new((0usize, 0u64, false)));
+        let counter = fetched.clone();
+        let tap: Progress = Arc::new(move |e: warren_image::PullEvent| {
+            if let Ok(mut f) = counter.lock() {
+                match &e {
+                    warren_image::PullEvent::Layer {
+                        size,
+                        downloaded: true,
+                        ..
+                    } => {
+                        f.0 += 1;
+                        f.1 += size;
+                    }
+                    warren_image::PullEvent::Done { cached, .. } => f.2 = *cached,
+                    _ => {}
+                }
+            }
+            if let Some(p) = &progress {
+                p(e)
+            }
+        });
+        let started = std::time::Instant::now();
+        let result = self.puller.pull(reference, Some(tap)).await;
+        let (layers, bytes, cached) = fetched.lock().map(|f| *f).unwrap_or_default();
+        let event = match &result {
+            // Every create re-resolves its tag; one that found the digest in
+            // the store is not news (the sandbox records the digest).
+            Ok(_) if cached => return result.map_err(NodeError::from),
+            Ok(image) => NodeEvent::ImagePull {
+                reason: "image_pulled",
+                message: format!(
+                    "{reference} is {} ({} layers); downloaded {layers} layers, {bytes} bytes \
+                     in {:.3}s",
+                    image.digest,
+                    image.layers.len(),
+                    started.elapsed().as_secs_f64()
+                ),
+            },
+            Err(e) => NodeEvent::ImagePull {
+                reason: "image_pull_failed",
+                message: format!("{reference}: {e}"),
+            },
+        };
+        let _ = self.events.send(event);
+        Ok(result?)
     }
 
     /// The image a new sandbox runs: a registry reference is resolved at

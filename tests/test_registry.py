@@ -419,3 +419,67 @@ def test_bad_references_and_missing_images_change_nothing(warren, registry):
     p = pull(warren, f"{reg.host}/app:v1", check=False)
     assert "username and password go together" in p.stderr.decode()
     assert_nothing_added(before, store_state(warren))
+
+
+def test_prewarm_pulls_ahead_and_refuses_unknown_nodes(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("warm")
+    b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(256 * 1024)))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    manifest = reg.manifest(digest, repo)
+    ref = f"{reg.host}/{repo}:v1"
+
+    before = store_state(warren)
+    r = warren.http.post("/v1/images/prewarm", json={"reference": ref, "nodes": ["no-such-node"]})
+    assert r.status_code == 400 and "unknown node" in r.json()["error"]["message"], r.text
+    assert store_state(warren) == before
+
+    node = warren.http.get("/v1/nodes").json()[0]["name"]
+    out = warren.cli("image", "prewarm", ref, "--nodes", node).stdout.decode().split()
+    assert out == [node, ref, digest]
+    assert reg.blob_gets(repo, manifest["layers"][-1]["digest"]) == 1
+    # The create finds everything in place: no blob fetched again.
+    info = sandbox(image=ref)
+    assert info["image_digest"] == digest
+    assert reg.blob_gets(repo, manifest["layers"][-1]["digest"]) == 1
+
+
+def test_commit_turns_changes_into_a_layer(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    marker = uniq("c")
+    b = multi_layer(builder, marker)
+    repo = uniq("base")
+    base_digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    src = sandbox(image=f"{reg.host}/{repo}:v1")
+    sh(
+        warren,
+        src["id"],
+        "echo task > /app/task && rm /app/marker && rm -r /data && mkdir /data && echo fresh > /data/only"
+        " && ln -s /app/task /app/link && mkdir -p /srv/deep/er && echo x > /srv/deep/er/f",
+    )
+    name = uniq("task") + ":v1"
+    started = time.monotonic()
+    p = warren.cli("commit", src["id"], name)
+    elapsed = time.monotonic() - started
+    out_name, digest = p.stdout.decode().split()
+    assert out_name == name and digest != base_digest
+    assert elapsed < 5, elapsed
+    record = next(i for i in warren.http.get("/v1/images").json() if i["name"] == name)
+    assert len(record["layers"]) == 4
+    # The source keeps running after the freeze for the commit.
+    assert sh(warren, src["id"], "cat /app/task") == "task\n"
+
+    dst = sandbox(image=name)
+    assert dst["image_digest"] == digest
+    listing = sh(warren, dst["id"], "cat /app/task /app/link /data/only /srv/deep/er/f; ls -a /app /data")
+    assert listing.split() == [
+        "task", "task", "fresh", "x", "/app:", ".", "..", "blob", "link", "task", "/data:", ".", "..", "only"
+    ], listing
+
+    r = warren.http.post(f"/v1/sandboxes/{src['id']}/commit", json={"name": "Bad Name"})
+    assert r.status_code == 400, r.text
+    warren.destroy(src["id"])
+    r = warren.http.post(f"/v1/sandboxes/{src['id']}/commit", json={"name": name})
+    assert r.status_code == 409, r.text

@@ -77,8 +77,8 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, delete_image, healthz),
-    components(schemas(PullRequest, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, prewarm_image, commit_sandbox, delete_image, healthz),
+    components(schemas(PullRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -112,6 +112,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/v1/sandboxes/{id}/commit", post(commit_sandbox))
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
         .route("/v1/sandboxes/{id}/logs", get(logs))
         .route("/v1/events", get(events))
@@ -127,6 +128,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
         .route("/v1/images/pull", post(pull_image))
+        .route("/v1/images/prewarm", post(prewarm_image))
         .route(
             "/v1/images/{*reference}",
             axum::routing::delete(delete_image),
@@ -971,6 +973,109 @@ async fn pull_image(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// Body of `POST /v1/sandboxes/{id}/commit`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitRequest {
+    /// `repo[:tag]` (a registry reference if it is to be pushed).
+    pub name: String,
+}
+
+/// Turn the sandbox's filesystem changes into a new layer on top of its
+/// image, stored as image `name` (201 with the image record). A running
+/// sandbox is frozen while the layer is written.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commit", request_body = CommitRequest,
+    responses((status = 201, description = "the new image record"), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn commit_sandbox(
+    State(st): St,
+    Path(id): Path<String>,
+    Json(req): Json<CommitRequest>,
+) -> ApiResult<Response> {
+    let row = st.control.get(&id).await?;
+    let freeze = match row.state {
+        SandboxState::Running => true,
+        SandboxState::Paused | SandboxState::Kept => false,
+        other => {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {other:?}; only a running, paused or kept sandbox can be committed"
+            ))
+            .into())
+        }
+    };
+    st.control.node.renew_lease(&id);
+    let image = st
+        .control
+        .node
+        .commit(&id, &req.name, freeze)
+        .await
+        .map_err(node_error)?;
+    Ok((StatusCode::CREATED, Json(image)).into_response())
+}
+
+/// Body of `POST /v1/images/prewarm`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrewarmRequest {
+    /// `host[:port]/repository[:tag|@sha256:digest]`.
+    pub reference: String,
+    /// Node names (see `GET /v1/nodes`); all nodes when absent or empty.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PrewarmNode {
+    pub node: String,
+    pub digest: String,
+    pub layers: usize,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PrewarmResult {
+    pub reference: String,
+    pub nodes: Vec<PrewarmNode>,
+}
+
+/// Pull an image onto nodes ahead of the sandboxes that will use it, so
+/// their creates find every layer unpacked. Answers once every named node
+/// holds the digest the reference names now.
+#[utoipa::path(post, path = "/v1/images/prewarm", request_body = PrewarmRequest,
+    responses((status = 200, body = PrewarmResult), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)))]
+async fn prewarm_image(
+    State(st): St,
+    Json(req): Json<PrewarmRequest>,
+) -> ApiResult<Json<PrewarmResult>> {
+    let node = st.control.node.clone();
+    if let Some(unknown) = req.nodes.iter().find(|n| n.as_str() != node.name()) {
+        return Err(ApiError::bad_request(format!(
+            "unknown node {unknown:?}; this cluster has {:?} (see `GET /v1/nodes`), nothing was pulled",
+            node.name()
+        ))
+        .into());
+    }
+    if warren_image::registry_host(&req.reference).is_none() {
+        return Err(ApiError::bad_request(format!(
+            "{:?} names no registry; prewarm takes host[:port]/repository[:tag|@sha256:digest]",
+            req.reference
+        ))
+        .into());
+    }
+    let image = node
+        .pull_image(&req.reference, None)
+        .await
+        .map_err(node_error)?;
+    Ok(Json(PrewarmResult {
+        reference: req.reference,
+        nodes: vec![PrewarmNode {
+            node: node.name().to_string(),
+            digest: image.digest,
+            layers: image.layers.len(),
+        }],
+    }))
 }
 
 #[utoipa::path(delete, path = "/v1/images/{reference}", responses((status = 200, description = "removed"), (status = 409, body = ErrorBody)))]

@@ -21,6 +21,7 @@
 //! ```
 
 mod archive;
+mod commit;
 mod compress;
 mod confine;
 mod digest;

@@ -149,6 +149,8 @@ struct Live {
     /// Keeps the image's layers while the sandbox runs, even when its name
     /// is pulled anew and points at another digest.
     _image_pin: Pin,
+    /// The image it runs (a commit adds a layer on top of it).
+    image: ImageRecord,
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
     lifetime: Mutex<lifetime::Lifetime>,
@@ -518,6 +520,7 @@ impl Node {
             user,
             image_digest: image.digest.clone(),
             _image_pin: self.images.pin_image(image),
+            image: image.clone(),
             log,
             destroying: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),
@@ -729,6 +732,41 @@ impl Node {
             l.ttl_remaining().as_millis() as u64,
             l.lease_remaining().map(|d| d.as_millis() as u64),
         ))
+    }
+
+    /// Records the sandbox's filesystem changes as a new layer on top of its
+    /// image, under `name`. With `freeze`, its processes are frozen while
+    /// the layer is written (so files are not caught half-changed) and
+    /// thawed after; a paused or kept sandbox is already frozen.
+    pub async fn commit(
+        &self,
+        id: &str,
+        name: &str,
+        freeze: bool,
+    ) -> Result<ImageRecord, NodeError> {
+        let live = self.get(id)?;
+        let upper = self.runtime.upper_dir(id).ok_or_else(|| {
+            NodeError::BadRequest(format!(
+                "sandbox {id} has a disk limit; its changes live on its own file system, \
+                 which commit cannot read yet: create the sandbox without --disk to commit it"
+            ))
+        })?;
+        if freeze {
+            self.freeze(id, true).await?;
+        }
+        let images = self.images.clone();
+        let base = live.image.clone();
+        let (name, comment) = (name.to_string(), format!("warren commit {id}"));
+        let result = tokio::task::spawn_blocking(move || {
+            images.commit_changes(&base, &upper, &name, &comment)
+        })
+        .await;
+        if freeze {
+            if let Err(e) = self.freeze(id, false).await {
+                tracing::warn!(id, error = %e, "could not thaw the sandbox after commit");
+            }
+        }
+        Ok(result.map_err(|e| NodeError::Internal(e.to_string()))??)
     }
 
     /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.

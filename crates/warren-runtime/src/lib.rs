@@ -115,6 +115,18 @@ impl Runtime {
         self.cfg.home.join("sandboxes").join(id)
     }
 
+    /// The overlay upper directory (the sandbox's filesystem changes) as the
+    /// daemon sees it. None for a sandbox with a disk limit: its upper
+    /// directory is on a file system mounted only in the spawner's mount
+    /// namespace.
+    pub fn upper_dir(&self, id: &str) -> Option<PathBuf> {
+        let dir = self.sandbox_dir(id);
+        if dir.join("disk.img").exists() {
+            return None;
+        }
+        Some(dir.join("upper")).filter(|u| u.is_dir())
+    }
+
     fn state_root(&self) -> PathBuf {
         self.cfg.home.join("run")
     }

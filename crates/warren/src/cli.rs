@@ -70,6 +70,13 @@ pub enum Command {
     },
     /// Show a sandbox as JSON: spec, state, node, usage, events.
     Inspect { id: String },
+    /// Store a sandbox's filesystem changes as a new image: one layer on top
+    /// of the image it runs (push it with `warren image push`).
+    Commit {
+        id: String,
+        /// Name of the new image, repo[:tag].
+        name: String,
+    },
     /// Print a sandbox's JSON-lines log (or, with --label, those of every
     /// matching sandbox).
     Logs {
@@ -186,6 +193,14 @@ pub enum ImageCmd {
         /// Print the image record as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Pull an image onto nodes before a batch needs it; answers once every
+    /// node holds the digest the reference names now.
+    Prewarm {
+        reference: String,
+        /// Node names, comma-separated (default: all nodes).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
     },
     /// List images.
     Ls {

@@ -38,6 +38,21 @@ pub async fn run(cli: Cli) -> Result<i32> {
             all,
             json,
         } => ps(&client()?, &label, state, all, json).await,
+        Command::Commit { id, name } => {
+            let c = client()?;
+            let rec: serde_json::Value = c
+                .json(
+                    c.request(Method::POST, &format!("/v1/sandboxes/{id}/commit"))
+                        .json(&serde_json::json!({ "name": name })),
+                )
+                .await?;
+            println!(
+                "{} {}",
+                rec["name"].as_str().unwrap_or(&name),
+                rec["digest"].as_str().unwrap_or("")
+            );
+            Ok(0)
+        }
         Command::Inspect { id } => {
             let info = client()?.get(&id).await?;
             println!("{}", serde_json::to_string_pretty(&info)?);
@@ -198,6 +213,23 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
                     "{} {}",
                     image["name"].as_str().unwrap_or(&reference),
                     image["digest"].as_str().unwrap_or("")
+                );
+            }
+        }
+        ImageCmd::Prewarm { reference, nodes } => {
+            let res: serde_json::Value = client
+                .json(
+                    client
+                        .request(Method::POST, "/v1/images/prewarm")
+                        .json(&serde_json::json!({ "reference": reference, "nodes": nodes })),
+                )
+                .await?;
+            for n in res["nodes"].as_array().into_iter().flatten() {
+                println!(
+                    "{} {} {}",
+                    n["node"].as_str().unwrap_or(""),
+                    reference,
+                    n["digest"].as_str().unwrap_or("")
                 );
             }
         }

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Pull of a multi-layer image from a local registry: `warren image pull`
+# (download, verify, unpack every layer) against `skopeo copy` of the same
+# image to a local directory (download and verify only), in the same run.
+#
+#   scripts/bench-pull.sh [RUNS] [MB_PER_LAYER]
+#
+# Needs root, docker-registry, skopeo, umoci, hyperfine (scripts/install-deps.sh)
+# and a release build (built here). Prints a markdown table.
+set -euo pipefail
+runs=${1:-5}
+mb=${2:-16}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cargo build --release -q -p warren --manifest-path "$root/Cargo.toml"
+warren=$root/target/release/warren
+
+work=$(mktemp -d /tmp/warren-bench-pull.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 200); do curl -s -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1" >&2; exit 1; }
+
+# The registry, plain HTTP on loopback.
+reg_port=$(port)
+cat >"$work/registry.yml" <<EOF
+version: 0.1
+log: {level: error, accesslog: {disabled: true}}
+storage: {filesystem: {rootdirectory: $work/registry}}
+http: {addr: 127.0.0.1:$reg_port}
+EOF
+docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$reg_port/v2/"
+
+# busybox plus four layers: two of random bytes (gzip cannot shrink them) and
+# two of text (it can), MB_PER_LAYER each.
+"$root/scripts/make-busybox-image.sh" "$work/busybox.tar" >/dev/null
+mkdir "$work/oci" && tar -C "$work/oci" -xf "$work/busybox.tar"
+tag=latest
+for i in 1 2 3 4; do
+    umoci unpack --image "$work/oci:$tag" "$work/bundle" >/dev/null
+    if [ $((i % 2)) -eq 1 ]; then
+        head -c $((mb << 20)) /dev/urandom >"$work/bundle/rootfs/random-$i"
+    else
+        head -c $((mb << 19)) /dev/urandom | od -An -tx1 | head -c $((mb << 20)) >"$work/bundle/rootfs/text-$i"
+    fi
+    umoci repack --image "$work/oci:l$i" "$work/bundle" >/dev/null
+    rm -rf "$work/bundle"
+    tag=l$i
+done
+ref=127.0.0.1:$reg_port/bench:v1
+skopeo copy -q --dest-tls-verify=false "oci:$work/oci:$tag" "docker://$ref"
+compressed=$(skopeo inspect --raw --tls-verify=false "docker://$ref" | python3 -c 'import json,sys; print(sum(l["size"] for l in json.load(sys.stdin)["layers"]))')
+
+# Warren with its own home.
+api_port=$(port)
+mkdir "$work/home"
+printf '[registry."127.0.0.1:%s"]\ninsecure = true\n' "$reg_port" >"$work/home/registries.toml"
+"$warren" up --home "$work/home" --listen "127.0.0.1:$api_port" >"$work/warren.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$api_port/healthz"
+export WARREN_URL=http://127.0.0.1:$api_port WARREN_HOME=$work/home
+
+hyperfine --style none --runs "$runs" --warmup 1 --export-json "$work/times.json" \
+    --prepare "$warren image rm $ref >/dev/null 2>&1 || true" \
+    -n "warren image pull" "$warren image pull -q $ref" \
+    --prepare "rm -rf $work/skopeo-dir" \
+    -n "skopeo copy to dir:" "skopeo copy -q --src-tls-verify=false docker://$ref dir:$work/skopeo-dir" \
+    >/dev/null
+
+python3 - "$work/times.json" "$compressed" "$mb" "$runs" <<'EOF'
+import json, statistics, sys
+results = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
+mb, runs = sys.argv[3], sys.argv[4]
+print(f"image: busybox + 4 layers of {mb} MiB (2 random, 2 text), {int(sys.argv[2]) / 2**20:.1f} MiB compressed; {runs} runs each")
+print()
+print("| command | median s | min s | max s | vs skopeo |")
+print("|---|---:|---:|---:|---:|")
+base = statistics.median(results["skopeo copy to dir:"]["times"])
+for name in ("warren image pull", "skopeo copy to dir:"):
+    t = results[name]["times"]
+    print(f"| {name} | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} | {statistics.median(t) / base:.2f}x |")
+EOF

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from conftest import free_port
-from helpers import ImageBuilder, flip_bytes, run, uniq
+from helpers import ImageBuilder, flip_bytes, run, uniq, wait_until
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
@@ -171,6 +171,17 @@ def assert_nothing_added(before, after):
     assert after["tmp"] == []
 
 
+def node_events(warren, reason):
+    """Every event with this reason (the log is paged from its start)."""
+    out, after = [], 0
+    while True:
+        page = warren.http.get("/v1/events", params={"after": after, "limit": 10000}).json()
+        if not page:
+            return out
+        out += [e for e in page if e["reason"] == reason]
+        after = page[-1]["seq"]
+
+
 def pull(warren, ref, check=True):
     return warren.cli("image", "pull", ref, check=check, timeout=120)
 
@@ -194,9 +205,12 @@ def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbo
     assert (name, got) == (f"{reg.host}/{repo}:v1", digest)
     progress = p.stderr.decode()
     assert "3 layers" in progress and "downloaded" in progress, progress
-    events = warren.http.get("/v1/events", params={"type": "image_pulled"}).json()
-    mine = [e for e in events if e["message"].startswith(f"{reg.host}/{repo}:v1 is {digest}")]
-    assert len(mine) == 1 and "downloaded 2 layers" in mine[0]["message"], events
+    # The node reports the pull to the event log just after answering.
+    mine = lambda: [
+        e for e in node_events(warren, "image_pulled") if e["message"].startswith(f"{reg.host}/{repo}:v1 is {digest}")
+    ]
+    wait_until(lambda: mine(), what="the image_pulled event")
+    assert len(mine()) == 1 and "downloaded 2 layers" in mine()[0]["message"], mine()
 
     info = sandbox(image=f"{reg.host}/{repo}:v1")
     assert info["image_digest"] == digest
@@ -273,8 +287,13 @@ def test_a_tampered_blob_is_refused_and_nothing_is_kept(warren, registry, builde
     assert p.returncode != 0
     assert layer in err and "tampered" in err, err
     assert_nothing_added(before, store_state(warren))
-    failed = warren.http.get("/v1/events", params={"type": "image_pull_failed"}).json()
-    assert any(e["message"].startswith(f"{reg.host}/{repo}:v1: ") and layer in e["message"] for e in failed)
+    wait_until(
+        lambda: any(
+            e["message"].startswith(f"{reg.host}/{repo}:v1: ") and layer in e["message"]
+            for e in node_events(warren, "image_pull_failed")
+        ),
+        what="the image_pull_failed event",
+    )
 
     r = warren.http.post("/v1/sandboxes", json={"image": f"{reg.host}/{repo}:v1"})
     assert r.status_code == 502, r.text
@@ -483,3 +502,61 @@ def test_commit_turns_changes_into_a_layer(warren, registry, builder, sandbox):
     warren.destroy(src["id"])
     r = warren.http.post(f"/v1/sandboxes/{src['id']}/commit", json={"name": name})
     assert r.status_code == 409, r.text
+
+
+@contextlib.contextmanager
+def fresh_daemon():
+    """A `warren up` with an empty image store."""
+    from conftest import Warren
+
+    base = Path(tempfile.mkdtemp(prefix="warren-fresh-"))
+    w = Warren(base / "home", free_port())
+    w.home.mkdir()
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_commit_push_pull_on_a_clean_store_gives_the_same_files(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("base")
+    b = multi_layer(builder, uniq("m"))
+    reg.push(b.layout, b.tag, f"{repo}:v1")
+    src = sandbox(image=f"{reg.host}/{repo}:v1")
+    sh(warren, src["id"], "echo pushed > /app/task && rm /app/marker && rm -r /data && mkdir /data && touch /data/x")
+    # Same repository as the base, so the registry already has its layers.
+    task = f"{reg.host}/{repo}:{uniq('task')}"
+    name, digest = warren.cli("commit", src["id"], task).stdout.decode().split()
+    assert name == task
+
+    p = warren.cli("image", "push", task)
+    assert p.stdout.decode().split() == [task, digest]
+    assert "uploaded 2 blobs" in p.stderr.decode()  # the new layer and config; the base was there
+    # Pushing again uploads nothing.
+    assert "uploaded 0 blobs" in warren.cli("image", "push", task).stderr.decode()
+    # --from pushes a stored image under another name.
+    other = f"{reg.host}/{uniq('copy')}:v2"
+    assert warren.cli("image", "push", other, "--from", task).stdout.decode().split() == [other, digest]
+
+    r = warren.http.post("/v1/images/push", json={"reference": "no-registry:v1", "source": task})
+    assert r.status_code == 400 and "names no registry" in r.json()["error"]["message"]
+    r = warren.http.post("/v1/images/push", json={"reference": f"{reg.host}/x:v1", "source": "nonexistent:v9"})
+    assert r.status_code == 404, r.text
+
+    expected = sh(warren, src["id"], "cd / && find app data -exec ls -ld {} + | awk '{print $1, $NF}'; cat app/task")
+    with fresh_daemon() as clean:
+        configure(clean, insecure(reg))
+        assert clean.http.get("/v1/images").json() == []
+        out = pull(clean, task).stdout.decode().split()
+        assert out == [task, digest]
+        info = clean.create(image=task)
+        try:
+            got = sh(clean, info["id"], "cd / && find app data -exec ls -ld {} + | awk '{print $1, $NF}'; cat app/task")
+            assert got == expected
+            assert "pushed" in got and "marker" not in got and "old" not in got
+        finally:
+            clean.destroy(info["id"])

@@ -77,8 +77,8 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, prewarm_image, commit_sandbox, delete_image, healthz),
-    components(schemas(PullRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, push_image, prewarm_image, commit_sandbox, delete_image, healthz),
+    components(schemas(PullRequest, PushRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -128,6 +128,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
         .route("/v1/images/pull", post(pull_image))
+        .route("/v1/images/push", post(push_image))
         .route("/v1/images/prewarm", post(prewarm_image))
         .route(
             "/v1/images/{*reference}",
@@ -973,6 +974,46 @@ async fn pull_image(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// Body of `POST /v1/images/push`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PushRequest {
+    /// Where to push: `host[:port]/repository:tag`.
+    pub reference: String,
+    /// The stored image to push (name or digest); `reference` when absent.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+/// Push a stored image to a registry: the blobs it lacks, then the
+/// manifest as stored (the digest does not change). Answers
+/// `{"image": record, "uploaded": blobs uploaded}`.
+#[utoipa::path(post, path = "/v1/images/push", request_body = PushRequest,
+    responses((status = 200, description = "pushed"), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)))]
+async fn push_image(
+    State(st): St,
+    Json(req): Json<PushRequest>,
+) -> ApiResult<Json<serde_json::Value>> {
+    if warren_image::registry_host(&req.reference).is_none() {
+        return Err(ApiError::bad_request(format!(
+            "{:?} names no registry; push takes host[:port]/repository:tag (use --from to push \
+             a local image under that name)",
+            req.reference
+        ))
+        .into());
+    }
+    let (image, uploaded) = st
+        .control
+        .node
+        .push_image(&req.reference, req.source.as_deref())
+        .await
+        .map_err(node_error)?;
+    Ok(Json(
+        serde_json::json!({"image": image, "uploaded": uploaded}),
+    ))
 }
 
 /// Body of `POST /v1/sandboxes/{id}/commit`.

@@ -29,6 +29,7 @@ mod error;
 mod fsutil;
 mod layout;
 mod pull;
+mod push;
 mod record;
 mod reference;
 mod registry;

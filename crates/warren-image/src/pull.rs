@@ -112,19 +112,20 @@ impl Drop for TmpFile {
     }
 }
 
-/// The registry a pull talks to, with what it needs for every request.
-struct Session {
-    client: Client,
-    host: String,
-    repo: OciReference,
-    auth: RegistryAuth,
-    config: RegistryConfig,
+/// The registry a pull (or push) talks to, with what it needs for every
+/// request.
+pub(crate) struct Session {
+    pub client: Client,
+    pub host: String,
+    pub repo: OciReference,
+    pub auth: RegistryAuth,
+    pub config: RegistryConfig,
     /// The reference as the user wrote it, normalised, for messages.
-    origin: String,
+    pub origin: String,
 }
 
 impl Session {
-    fn fail(
+    pub(crate) fn fail(
         &self,
         what: &str,
     ) -> impl FnOnce(oci_client::errors::OciDistributionError) -> ImageError + '_ {
@@ -255,6 +256,25 @@ impl Puller {
                 Err(remote(e))
             }
         }
+    }
+
+    /// Pushes the stored image `source` (default: the image named
+    /// `reference`) to `reference` at its registry, uploading the blobs the
+    /// registry lacks, then the manifest as stored (so the digest stays the
+    /// same). Returns the image record and how many blobs were uploaded.
+    pub async fn push(
+        &self,
+        reference: &str,
+        source: Option<&str>,
+    ) -> Result<(ImageRecord, usize), ImageError> {
+        let session = self.session(reference)?;
+        let store = self.store.clone();
+        let from = source.unwrap_or(reference).to_string();
+        let record = blocking(move || store.resolve(&from)).await?;
+        let pin = self.store.pin_image(&record);
+        let uploaded = crate::push::push(&self.store, &session, &record).await?;
+        drop(pin);
+        Ok((record, uploaded))
     }
 
     fn session(&self, reference: &str) -> Result<Session, ImageError> {
@@ -444,15 +464,9 @@ impl Puller {
                 actual,
             });
         }
-        let media = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| {
-                v.get("mediaType")
-                    .and_then(|m| m.as_str())
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
-        if media.contains("manifest.v1+") {
+        let doc = serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default();
+        let media = doc["mediaType"].as_str().unwrap_or_default().to_string();
+        if is_schema1(&doc) {
             return Err(ImageError::InvalidImage(format!(
                 "{}: manifest {digest} is a Docker schema 1 manifest, which is not supported; \
                  push the image again with a current tool",
@@ -624,6 +638,13 @@ pub fn install_tls_provider() {
     });
 }
 
+/// Docker's schema 1 manifests (signed or not): no config, no diffIDs.
+fn is_schema1(doc: &serde_json::Value) -> bool {
+    let media = doc["mediaType"].as_str().unwrap_or_default();
+    media.starts_with("application/vnd.docker.distribution.manifest.v1+")
+        || doc["schemaVersion"].as_u64() == Some(1)
+}
+
 fn is_index(media: &str, bytes: &[u8]) -> bool {
     if media == OCI_INDEX || media == DOCKER_LIST {
         return true;
@@ -720,6 +741,22 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<'_, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schema1_is_told_from_oci_v1_manifests() {
+        let v = |j: serde_json::Value| is_schema1(&j);
+        assert!(v(serde_json::json!({"schemaVersion": 1})));
+        assert!(v(serde_json::json!({
+            "schemaVersion": 1,
+            "mediaType": "application/vnd.docker.distribution.manifest.v1+prettyjws"
+        })));
+        assert!(!v(
+            serde_json::json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST})
+        ));
+        assert!(!v(
+            serde_json::json!({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST})
+        ));
+    }
 
     #[test]
     fn index_detection() {

@@ -336,6 +336,17 @@ impl Node {
         Ok(result?)
     }
 
+    /// Pushes a stored image (`source`, default the image named
+    /// `reference`) to `reference` at its registry. Returns the image and
+    /// the number of blobs uploaded.
+    pub async fn push_image(
+        &self,
+        reference: &str,
+        source: Option<&str>,
+    ) -> Result<(ImageRecord, usize), NodeError> {
+        Ok(self.puller.push(reference, source).await?)
+    }
+
     /// The image a new sandbox runs: a registry reference is resolved at
     /// the registry every time (a tag may have moved) and pulled when the
     /// store lacks that digest; anything else names an image in the store.

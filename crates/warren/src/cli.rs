@@ -194,6 +194,14 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Push a stored image to a registry (host[:port]/repo:tag).
+    Push {
+        reference: String,
+        /// The stored image to push under REFERENCE (default: the image
+        /// named REFERENCE).
+        #[arg(long)]
+        from: Option<String>,
+    },
     /// Pull an image onto nodes before a batch needs it; answers once every
     /// node holds the digest the reference names now.
     Prewarm {

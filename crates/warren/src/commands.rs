@@ -216,6 +216,23 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 );
             }
         }
+        ImageCmd::Push { reference, from } => {
+            let res: serde_json::Value = client
+                .json(
+                    client
+                        .request(Method::POST, "/v1/images/push")
+                        .json(&serde_json::json!({ "reference": reference, "source": from })),
+                )
+                .await?;
+            eprintln!(
+                "uploaded {} blobs (the registry had the rest)",
+                res["uploaded"].as_u64().unwrap_or(0)
+            );
+            println!(
+                "{reference} {}",
+                res["image"]["digest"].as_str().unwrap_or("")
+            );
+        }
         ImageCmd::Prewarm { reference, nodes } => {
             let res: serde_json::Value = client
                 .json(

@@ -560,3 +560,39 @@ def test_commit_push_pull_on_a_clean_store_gives_the_same_files(warren, registry
             assert "pushed" in got and "marker" not in got and "old" not in got
         finally:
             clean.destroy(info["id"])
+
+
+def test_gc_meets_a_budget_without_touching_images_in_use(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    refs, layers = [], []
+    for i in range(2):
+        repo = uniq(f"gc{i}")
+        b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(1 << 20)))
+        digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+        refs.append(f"{reg.host}/{repo}:v1")
+        layers.append(reg.manifest(digest, repo)["layers"][-1]["digest"])
+        pull(warren, refs[-1])
+    used = sandbox(image=refs[0])
+    content = warren.home / "images" / "content" / "sha256"
+    assert all((content / l.split(":")[1]).exists() for l in layers)
+
+    r = warren.http.post("/v1/images/gc", json={"budget": "lots"})
+    assert r.status_code == 400, r.text
+    r = warren.http.post("/v1/images/gc", json={})
+    assert r.status_code == 200 and r.json()["removed"] == [], r.text
+
+    p = warren.cli("image", "gc", "--budget", "1")
+    report = json.loads(p.stdout)
+    names = {i["name"] for i in warren.http.get("/v1/images").json()}
+    # The unused registry image went; the one a sandbox runs and the
+    # imported busybox (nowhere to pull it back from) stayed.
+    assert refs[1] in report["removed"] and refs[0] not in report["removed"], report
+    assert refs[1] not in names and refs[0] in names and "busybox:latest" in names
+    assert not (content / layers[1].split(":")[1]).exists()
+    assert (content / layers[0].split(":")[1]).exists()
+    assert report["used_after"] < report["used_before"]
+    assert sh(warren, used["id"], "ls -la /payload | wc -l") == "1\n"
+    # Gone from the store, not from the registry: a create pulls it back.
+    again = sandbox(image=refs[1])
+    assert sh(warren, again["id"], "test -f /payload && echo ok") == "ok\n"

@@ -77,8 +77,8 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, push_image, prewarm_image, commit_sandbox, delete_image, healthz),
-    components(schemas(PullRequest, PushRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, delete_image, healthz),
+    components(schemas(PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -129,6 +129,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/images/import", post(import_image))
         .route("/v1/images/pull", post(pull_image))
         .route("/v1/images/push", post(push_image))
+        .route("/v1/images/gc", post(gc_images))
         .route("/v1/images/prewarm", post(prewarm_image))
         .route(
             "/v1/images/{*reference}",
@@ -974,6 +975,43 @@ async fn pull_image(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// Body of `POST /v1/images/gc`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// Most bytes the image store may hold, e.g. "20G"; without it only
+    /// unreferenced content is collected.
+    #[serde(default)]
+    pub budget: Option<String>,
+}
+
+/// Collect unreferenced image content; with a budget, also remove registry
+/// images (oldest first) until the store fits it. Images live sandboxes
+/// run and imported images are never removed. Answers
+/// `{"removed": [names], "used_before": bytes, "used_after": bytes}`.
+#[utoipa::path(post, path = "/v1/images/gc", request_body = GcRequest,
+    responses((status = 200, description = "what was removed"), (status = 400, body = ErrorBody)))]
+async fn gc_images(
+    State(st): St,
+    Json(req): Json<GcRequest>,
+) -> ApiResult<Json<warren_image::PruneReport>> {
+    let budget = req
+        .budget
+        .as_deref()
+        .map(warren_core::quantity::parse_size)
+        .transpose()
+        .map_err(|e| {
+            ApiError::bad_request(format!("budget: {e}; use a size such as 500M or 20G"))
+        })?;
+    let report = st
+        .control
+        .node
+        .prune_images(budget)
+        .await
+        .map_err(node_error)?;
+    Ok(Json(report))
 }
 
 /// Body of `POST /v1/images/push`.

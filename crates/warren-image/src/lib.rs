@@ -43,4 +43,4 @@ pub use error::{ErrorKind, ImageError};
 pub use pull::{install_tls_provider, Progress, PullEvent, Puller};
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
 pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
-pub use store::{ImageStore, Pin};
+pub use store::{ImageStore, Pin, PruneReport};

@@ -110,6 +110,15 @@ pub(crate) struct DerivedImage {
     pub manifest_bytes: Vec<u8>,
 }
 
+/// What [`ImageStore::prune`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PruneReport {
+    /// Image names removed to meet the budget, oldest first.
+    pub removed: Vec<String>,
+    pub used_before: u64,
+    pub used_after: u64,
+}
+
 /// Keeps content from garbage collection while it lives.
 pub struct Pin {
     store: Arc<ImageStore>,
@@ -881,6 +890,70 @@ impl ImageStore {
         }
         records.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(records)
+    }
+
+    /// Bytes the store holds: blob files plus the regular-file bytes of the
+    /// unpacked layers.
+    pub fn disk_usage(&self) -> Result<u64, ImageError> {
+        let dir = self.blob_dir();
+        let mut total = 0;
+        for entry in fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+            let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
+            total += entry.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+        Ok(total
+            + self
+                .snapshots
+                .all()
+                .iter()
+                .map(|s| s.meta.size)
+                .sum::<u64>())
+    }
+
+    /// Collects unreferenced content, then, while the store holds more than
+    /// `budget` bytes, removes registry images (they can be pulled again)
+    /// oldest first; images that live sandboxes run and imported images
+    /// (no registry to pull them back from) are never removed.
+    pub fn prune(&self, budget: Option<u64>) -> Result<PruneReport, ImageError> {
+        let _exclusive = self.write_lock();
+        let used_before = self.disk_usage()?;
+        self.gc_locked()?;
+        let mut removed = Vec::new();
+        if let Some(budget) = budget {
+            let pinned: HashSet<String> = self
+                .pins
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            let mut candidates: Vec<ImageRecord> = self
+                .load_records(true)?
+                .into_iter()
+                .filter(|r| crate::registry::registry_host(&r.name).is_some())
+                .filter(|r| {
+                    sha256_hex(&r.digest).is_some_and(|hex| !pinned.contains(&blob_key(hex)))
+                })
+                .collect();
+            candidates.sort_by(|a, b| a.created.cmp(&b.created));
+            for record in candidates {
+                if self.disk_usage()? <= budget {
+                    break;
+                }
+                let path = self.record_path(&record.name);
+                fs::remove_file(&path)
+                    .ctx(|| format!("removing image record {}", path.display()))?;
+                fsync_dir(&self.images_dir())?;
+                self.gc_locked()?;
+                tracing::info!(name = %record.name, digest = %record.digest, "image pruned to meet the disk budget");
+                removed.push(record.name);
+            }
+        }
+        Ok(PruneReport {
+            removed,
+            used_before,
+            used_after: self.disk_usage()?,
+        })
     }
 
     /// Removes blobs and snapshots that no record and no pin refers to.

@@ -347,6 +347,18 @@ impl Node {
         Ok(self.puller.push(reference, source).await?)
     }
 
+    /// Collects unreferenced image content and, with a budget, removes
+    /// registry images no live sandbox uses until the store fits it.
+    pub async fn prune_images(
+        &self,
+        budget: Option<u64>,
+    ) -> Result<warren_image::PruneReport, NodeError> {
+        let images = self.images.clone();
+        Ok(tokio::task::spawn_blocking(move || images.prune(budget))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??)
+    }
+
     /// The image a new sandbox runs: a registry reference is resolved at
     /// the registry every time (a tag may have moved) and pulled when the
     /// store lacks that digest; anything else names an image in the store.

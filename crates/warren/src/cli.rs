@@ -194,6 +194,14 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Collect unreferenced image content; with --budget, also remove
+    /// registry images no sandbox uses (oldest first) until the store fits.
+    /// Prints a JSON report.
+    Gc {
+        /// Most bytes the image store may hold, e.g. 20G.
+        #[arg(long)]
+        budget: Option<String>,
+    },
     /// Push a stored image to a registry (host[:port]/repo:tag).
     Push {
         reference: String,

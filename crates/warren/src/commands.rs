@@ -216,6 +216,16 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 );
             }
         }
+        ImageCmd::Gc { budget } => {
+            let res: serde_json::Value = client
+                .json(
+                    client
+                        .request(Method::POST, "/v1/images/gc")
+                        .json(&serde_json::json!({ "budget": budget })),
+                )
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&res)?);
+        }
         ImageCmd::Push { reference, from } => {
             let res: serde_json::Value = client
                 .json(

@@ -2,6 +2,7 @@
 # Pull of a multi-layer image from a local registry: `warren image pull`
 # (download, verify, unpack every layer) against `skopeo copy` of the same
 # image to a local directory (download and verify only), in the same run.
+# Then `warren commit` of a sandbox that wrote 10 MiB of random bytes.
 #
 #   scripts/bench-pull.sh [RUNS] [MB_PER_LAYER]
 #
@@ -75,7 +76,16 @@ hyperfine --style none --runs "$runs" --warmup 1 --export-json "$work/times.json
     -n "skopeo copy to dir:" "skopeo copy -q --src-tls-verify=false docker://$ref dir:$work/skopeo-dir" \
     >/dev/null
 
-python3 - "$work/times.json" "$compressed" "$mb" "$runs" <<'EOF'
+# Commit: a sandbox from the pulled image writes 10 MiB; each run commits
+# it anew (tar, gzip, diffID, unpack into a snapshot, record).
+"$warren" image pull -q "$ref" >/dev/null
+sbx=$("$warren" create --image "$ref" --ttl 10m)
+"$warren" exec "$sbx" -- sh -c 'head -c 10485760 /dev/urandom > /change.bin'
+hyperfine --style none --runs "$runs" --warmup 1 --export-json "$work/commit.json" \
+    -n "warren commit (10 MiB change)" "$warren commit $sbx bench/task:v1" >/dev/null
+"$warren" rm "$sbx" >/dev/null
+
+python3 - "$work/times.json" "$compressed" "$mb" "$runs" "$work/commit.json" <<'EOF'
 import json, statistics, sys
 results = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
 mb, runs = sys.argv[3], sys.argv[4]
@@ -87,4 +97,9 @@ base = statistics.median(results["skopeo copy to dir:"]["times"])
 for name in ("warren image pull", "skopeo copy to dir:"):
     t = results[name]["times"]
     print(f"| {name} | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} | {statistics.median(t) / base:.2f}x |")
+t = json.load(open(sys.argv[5]))["results"][0]["times"]
+print()
+print("| command | median s | min s | max s |")
+print("|---|---:|---:|---:|")
+print(f"| warren commit (10 MiB change) | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} |")
 EOF

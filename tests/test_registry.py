@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -596,3 +597,28 @@ def test_gc_meets_a_budget_without_touching_images_in_use(warren, registry, buil
     # Gone from the store, not from the registry: a create pulls it back.
     again = sandbox(image=refs[1])
     assert sh(warren, again["id"], "test -f /payload && echo ok") == "ok\n"
+
+
+def test_a_sandbox_on_a_moved_tag_survives_a_restart(images, registry, builder):
+    from conftest import own_daemon
+
+    reg = registry()
+    repo = uniq("restart")
+    with own_daemon(images) as w:
+        configure(w, insecure(reg))
+        first = builder().layer(lambda r: (r / "version").write_text("one"))
+        d1 = reg.push(first.layout, first.tag, f"{repo}:live")
+        a = w.create(image=f"{reg.host}/{repo}:live")["id"]
+        second = builder().layer(lambda r: (r / "version").write_text("two"))
+        d2 = reg.push(second.layout, second.tag, f"{repo}:live")
+        pull(w, f"{reg.host}/{repo}:live")
+        names = {i["name"]: i["digest"] for i in w.http.get("/v1/images").json()}
+        # The tag names the new digest; the old image stays reachable by
+        # digest while a sandbox runs it.
+        assert names[f"{reg.host}/{repo}:live"] == d2
+        assert names[f"{reg.host}/{repo}@{d1}"] == d1
+        w.stop(signal.SIGKILL)
+        w.start()
+        assert w.http.get(f"/v1/sandboxes/{a}").json()["state"] == "running"
+        assert sh(w, a, "cat /version") == "one"
+        w.destroy(a)

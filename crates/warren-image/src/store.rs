@@ -469,7 +469,36 @@ impl ImageStore {
         let bytes = serde_json::to_vec_pretty(record)
             .map_err(|e| ImageError::io("encoding image record", io::Error::other(e)))?;
         write_atomic(&self.record_path(&record.name), &bytes, &self.tmp_dir())?;
-        Ok(previous.is_some_and(|p| p.digest != record.digest))
+        let Some(previous) = previous.filter(|p| p.digest != record.digest) else {
+            return Ok(false);
+        };
+        // A sandbox still runs the image the name named until now: keep it
+        // reachable as repo@digest, so a restart (whose pins start empty)
+        // neither collects its layers nor fails to adopt the sandbox.
+        if self.is_pinned(&previous.digest) && !previous.name.contains('@') {
+            let repo = previous
+                .name
+                .rsplit_once(':')
+                .map_or(previous.name.as_str(), |(repo, _)| repo);
+            let kept = ImageRecord {
+                name: format!("{repo}@{}", previous.digest),
+                ..previous.clone()
+            };
+            let bytes = serde_json::to_vec_pretty(&kept)
+                .map_err(|e| ImageError::io("encoding image record", io::Error::other(e)))?;
+            write_atomic(&self.record_path(&kept.name), &bytes, &self.tmp_dir())?;
+            tracing::info!(name = %kept.name, "image still in use kept under its digest");
+        }
+        Ok(true)
+    }
+
+    fn is_pinned(&self, digest: &str) -> bool {
+        sha256_hex(digest).is_some_and(|hex| {
+            self.pins
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&blob_key(hex))
+        })
     }
 
     /// Records a pulled image whose blobs are in the content store:
@@ -930,7 +959,11 @@ impl ImageStore {
             let mut candidates: Vec<ImageRecord> = self
                 .load_records(true)?
                 .into_iter()
-                .filter(|r| crate::registry::registry_host(&r.name).is_some())
+                // Registry images can be pulled again; `repo@digest` records
+                // are retired names kept for a sandbox that has since ended.
+                .filter(|r| {
+                    crate::registry::registry_host(&r.name).is_some() || r.name.contains('@')
+                })
                 .filter(|r| {
                     sha256_hex(&r.digest).is_some_and(|hex| !pinned.contains(&blob_key(hex)))
                 })

@@ -3,7 +3,7 @@
 set -euo pipefail
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd; do
+for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd mmdebstrap; do
     have "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -99,6 +99,10 @@ pub struct Puller {
     unpacks: Arc<Semaphore>,
     /// One async mutex per blob digest being fetched.
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The client built for the current `registries.toml` (by fingerprint):
+    /// reusing it keeps connections and tokens, which every create's tag
+    /// resolution would otherwise pay for again.
+    client: Mutex<Option<(String, Client)>>,
 }
 
 /// A download in `tmp/`, removed unless it was committed.
@@ -160,6 +164,7 @@ impl Puller {
             downloads: Semaphore::new(max_downloads.max(1)),
             unpacks: Arc::new(Semaphore::new(max_unpacks.max(1))),
             fetching: Mutex::new(HashMap::new()),
+            client: Mutex::new(None),
         }
     }
 
@@ -295,14 +300,26 @@ impl Puller {
             .parse()
             .map_err(|e| bad(format!("not a registry reference: {e}")))?;
         let config = RegistryConfig::load(&self.config_path)?;
-        install_tls_provider();
-        let client = Client::new(ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(config.insecure_hosts()),
-            connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: Some(Duration::from_secs(120)),
-            user_agent: concat!("warren/", env!("CARGO_PKG_VERSION")),
-            ..Default::default()
-        });
+        let client = {
+            let mut cached = lock(&self.client);
+            match cached.as_ref() {
+                Some((fingerprint, client)) if fingerprint == config.fingerprint() => {
+                    client.clone()
+                }
+                _ => {
+                    install_tls_provider();
+                    let client = Client::new(ClientConfig {
+                        protocol: ClientProtocol::HttpsExcept(config.insecure_hosts()),
+                        connect_timeout: Some(Duration::from_secs(10)),
+                        read_timeout: Some(Duration::from_secs(120)),
+                        user_agent: concat!("warren/", env!("CARGO_PKG_VERSION")),
+                        ..Default::default()
+                    });
+                    *cached = Some((config.fingerprint().to_string(), client.clone()));
+                    client
+                }
+            }
+        };
         Ok(Session {
             client,
             host: host.to_string(),

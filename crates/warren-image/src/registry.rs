@@ -64,6 +64,9 @@ impl fmt::Debug for RegistryEntry {
 pub struct RegistryConfig {
     path: PathBuf,
     registries: BTreeMap<String, RegistryEntry>,
+    /// sha256 of the file's text: whether a client built for an earlier
+    /// read (its connections, tokens, credentials) may be reused.
+    fingerprint: String,
 }
 
 impl RegistryConfig {
@@ -80,6 +83,7 @@ impl RegistryConfig {
                 return Ok(RegistryConfig {
                     path: path.to_path_buf(),
                     registries: BTreeMap::new(),
+                    fingerprint: String::new(),
                 })
             }
             Err(e) => return Err(bad(format!("cannot read it: {e}"))),
@@ -124,7 +128,12 @@ impl RegistryConfig {
         Ok(RegistryConfig {
             path: path.to_path_buf(),
             registries: parsed.registry,
+            fingerprint: crate::digest::sha256_digest(text.as_bytes()),
         })
+    }
+
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     pub fn path(&self) -> &Path {

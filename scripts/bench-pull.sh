@@ -2,7 +2,10 @@
 # Pull of a multi-layer image from a local registry: `warren image pull`
 # (download, verify, unpack every layer) against `skopeo copy` of the same
 # image to a local directory (download and verify only), in the same run.
-# Then `warren commit` of a sandbox that wrote 10 MiB of random bytes.
+# Then `warren commit` of a sandbox that wrote 10 MiB of random bytes, and
+# create latency (`warren bench`) from a small and a 300 MiB image, both
+# pulled, both named by registry reference (so every create asks the
+# registry for the tag's digest).
 #
 #   scripts/bench-pull.sh [RUNS] [MB_PER_LAYER]
 #
@@ -85,7 +88,34 @@ hyperfine --style none --runs "$runs" --warmup 1 --export-json "$work/commit.jso
     -n "warren commit (10 MiB change)" "$warren commit $sbx bench/task:v1" >/dev/null
 "$warren" rm "$sbx" >/dev/null
 
-python3 - "$work/times.json" "$compressed" "$mb" "$runs" "$work/commit.json" <<'EOF'
+# Create latency against image size: busybox + 4 MiB, and busybox + 2 x 150 MiB.
+build_sized() { # NAME MIB...
+    local name=$1 t=latest n=0
+    shift
+    rm -rf "$work/$name" && mkdir "$work/$name" && tar -C "$work/$name" -xf "$work/busybox.tar"
+    for size in "$@"; do
+        n=$((n + 1))
+        umoci unpack --image "$work/$name:$t" "$work/bundle" >/dev/null
+        head -c $((size << 20)) /dev/urandom >"$work/bundle/rootfs/blob-$n"
+        umoci repack --image "$work/$name:s$n" "$work/bundle" >/dev/null
+        rm -rf "$work/bundle"
+        t=s$n
+    done
+    skopeo copy -q --dest-tls-verify=false "oci:$work/$name:$t" "docker://127.0.0.1:$reg_port/$name:v1"
+    "$warren" image pull -q "127.0.0.1:$reg_port/$name:v1" >/dev/null
+}
+build_sized small 4
+build_sized large 150 150
+# The small image once more by digest: no registry round trip per create.
+small_digest=$("$warren" image pull -q "127.0.0.1:$reg_port/small:v1" | awk '{print $2}')
+for name in small large "small@$small_digest"; do
+    ref=127.0.0.1:$reg_port/$name
+    [[ $name == *@* ]] || ref=$ref:v1
+    "$warren" bench --image "$ref" --iterations 10 --concurrency 1 --idle 0 --json \
+        >"$work/create-${name%%@*}$([[ $name == *@* ]] && echo -digest).json"
+done
+
+python3 - "$work/times.json" "$compressed" "$mb" "$runs" "$work/commit.json" "$work" <<'EOF'
 import json, statistics, sys
 results = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
 mb, runs = sys.argv[3], sys.argv[4]
@@ -102,4 +132,16 @@ print()
 print("| command | median s | min s | max s |")
 print("|---|---:|---:|---:|")
 print(f"| warren commit (10 MiB change) | {statistics.median(t):.3f} | {min(t):.3f} | {max(t):.3f} |")
+print()
+print("| image | create_to_ready n | p50 ms | p99 ms |")
+print("|---|---:|---:|---:|")
+for name, label in (
+    ("small", "busybox + 4 MiB, by tag"),
+    ("large", "busybox + 2 x 150 MiB, by tag"),
+    ("small-digest", "busybox + 4 MiB, by digest (no registry round trip)"),
+):
+    rows = json.load(open(f"{sys.argv[6]}/create-{name}.json"))
+    rows = rows["results"] if isinstance(rows, dict) else rows
+    c = next(r for r in rows if r["name"] == "create_to_ready")
+    print(f"| {label} | {c['n']} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} |")
 EOF

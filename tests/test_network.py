@@ -42,7 +42,7 @@ def http_server(addr, rec, family=socket.AF_INET):
             pass
 
         def do_GET(self):
-            rec.add((self.client_address[0], self.headers.get("Host"), self.path))
+            rec.add((self.client_address[0], self.headers.get("Host"), self.path, self.client_address[1]))
             if self.path.startswith("/big"):
                 n = int(self.path.split("=")[1])
                 self.send_response(200)
@@ -194,7 +194,7 @@ def test_allowed_host_works_through_the_proxy_settings(net, allow_sbx):
     assert out.strip() == "http_proxy=http://127.0.0.1:3128"
     code, out, err = sh(w, allow_sbx, f"wget -q -O - http://web.test:{net['http']}/hello")
     assert (code, out) == (0, "web:hello\n"), err
-    assert ("127.0.0.1", f"web.test:{net['http']}", "/hello") in net["web"].hits
+    assert [h[1] for h in net["web"].hits if h[2] == "/hello"] == [f"web.test:{net['http']}"]
     lines = net_log(w, allow_sbx)
     assert any(l["decision"] == "allow" and l["host"] == "web.test" and l["via"] == "http" for l in lines), lines
 
@@ -231,7 +231,7 @@ def test_refusal_names_the_rule_and_is_logged(net):
     )["id"]
     try:
         req = f"GET http://web.test:{net['http']}/ HTTP/1.1\\r\\nHost: web.test\\r\\nConnection: close\\r\\n\\r\\n"
-        code, out, _ = sh(w, sid, f"printf '{req}' | nc -w 3 127.0.0.1 3128")
+        code, out, _ = sh(w, sid, f"(printf '{req}'; sleep 1) | nc -w 3 127.0.0.1 3128")
         head = out.lower()
         assert head.startswith("http/1.1 403"), out
         assert f"x-warren-rule: web.test:{net['http']}" in head, out
@@ -240,6 +240,40 @@ def test_refusal_names_the_rule_and_is_logged(net):
         assert deny and deny[-1]["rule"] == f"web.test:{net['http']}"
     finally:
         w.destroy(sid)
+
+
+def test_plain_http_reuses_upstream_connections(net, allow_sbx):
+    w = net["w"]
+    code, out, err = sh(w, allow_sbx, f"for i in 1 2 3; do wget -q -O - http://web.test:{net['http']}/reuse; done")
+    assert out == "web:reuse\n" * 3, err
+    ports = {h[3] for h in net["web"].hits if h[2] == "/reuse"}
+    assert len(ports) == 1, f"three requests used upstream connections from ports {ports}"
+
+
+def test_address_rules_reach_a_data_plane_directly(net):
+    w = net["w"]
+    sid = w.create(network={"mode": "allowlist", "allow": [f"{WEB}/32:{net['http']}"]})["id"]
+    try:
+        # Through the proxy settings, and by dialling the address directly.
+        code, out, err = sh(w, sid, f"wget -q -O - http://{WEB}:{net['http']}/dp1 && wget -Y off -q -O - http://{WEB}:{net['http']}/dp2")
+        assert (code, out) == (0, "web:dp1\nweb:dp2\n"), err
+        # The rule covers that address only, and names are not implied.
+        code, out, _ = sh(w, sid, f"wget -q -S -O - http://{EVIL}:{net['http']}/ 2>&1; wget -q -S -O - http://web.test:{net['http']}/ 2>&1")
+        assert out.count("403") >= 2, out
+    finally:
+        w.destroy(sid)
+
+
+def test_node_default_allowlist_is_merged(images, net):
+    args = ["--net-resolve", f"web.test={WEB}", "--net-default-allow", f"web.test:{net['http']}"]
+    with own_daemon(images, args=args) as w:
+        sid = w.create(network={"mode": "allowlist"})["id"]
+        code, out, err = sh(w, sid, f"wget -q -O - http://web.test:{net['http']}/default")
+        assert (code, out) == (0, "web:default\n"), err
+        # A sandbox's deny rule wins over the node's default.
+        sid2 = w.create(network={"mode": "allowlist", "deny": [f"web.test:{net['http']}"]})["id"]
+        code, out, _ = sh(w, sid2, f"wget -q -S -O - http://web.test:{net['http']}/ 2>&1")
+        assert code != 0 and "403" in out
 
 
 def test_transparent_path_decides_by_host_and_sni(net, allow_sbx):
@@ -256,11 +290,11 @@ def test_transparent_path_decides_by_host_and_sni(net, allow_sbx):
         assert r.status_code in (200, 201, 204), r.text
     before = len(net["evil"].hits)
     # Spoofed destination: SNI web.test sent to evil's address lands at web.
-    code, out, _ = sh(w, allow_sbx, f"nc -w 3 {EVIL} {net['tls']} < /tmp/hello-web")
+    code, out, _ = sh(w, allow_sbx, f"(cat /tmp/hello-web; sleep 1) | nc -w 3 {EVIL} {net['tls']}")
     assert out == "web-tls\n"
     # SNI of an unlisted host, and no SNI at all: refused.
     for name in ("evil", "none"):
-        code, out, _ = sh(w, allow_sbx, f"nc -w 3 {WEB} {net['tls']} < /tmp/hello-{name}")
+        code, out, _ = sh(w, allow_sbx, f"(cat /tmp/hello-{name}; sleep 1) | nc -w 3 {WEB} {net['tls']}")
         assert out == "", name
     assert len(net["evil"].hits) == before
     reasons = [l.get("reason", "") for l in net_log(w, allow_sbx) if l["decision"] == "deny"]

@@ -91,6 +91,7 @@ impl Control {
             spec: row.spec,
             resources: row.resources,
             node: row.node,
+            pid: row.pid.filter(|_| row.state.is_live()),
             image_digest: row.image_digest,
             created_at: row.created_at,
             started_at: row.started_at,

@@ -325,7 +325,9 @@ impl SandboxNet {
         Some(ip)
     }
 
-    /// Counts a new connection or request against the rate limits.
+    /// Counts a new connection from the sandbox (to the explicit proxy or a
+    /// transparent listener) against the rate limits. Requests on a kept-alive
+    /// connection are not new connections; the byte budget covers them.
     pub(crate) fn rate_ok(&self) -> Result<(), Refusal> {
         if !self.conn_rate.try_take() {
             return Err(Refusal {
@@ -396,7 +398,6 @@ impl SandboxNet {
                 rule: verdict.rule,
             });
         }
-        self.rate_ok()?;
         let over = |what: &str| Refusal {
             status: 429,
             reason: format!("{what} connections are all in use"),

@@ -16,6 +16,7 @@ use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use warren_core::network::{normalize_host, Target};
 
@@ -47,6 +48,14 @@ pub(crate) fn serve(net: Arc<SandboxNet>, listener: tokio::net::TcpListener) {
             };
             let net = net.clone();
             tokio::spawn(async move {
+                if let Err(r) = net.rate_ok() {
+                    net.log(serde_json::json!({
+                        "decision": "deny", "via": "proxy", "reason": r.reason, "rule": r.rule, "status": r.status,
+                    }));
+                    let mut stream = stream;
+                    let _ = stream.write_all(&refusal_bytes(&r)).await;
+                    return;
+                }
                 let cancel = net.cancel.clone();
                 let svc = hyper::service::service_fn(move |req| handle(net.clone(), req));
                 let conn = hyper::server::conn::http1::Builder::new()
@@ -81,6 +90,27 @@ fn refuse(r: &Refusal) -> Response<Body> {
         h.insert("x-warren-rule", rule);
     }
     resp
+}
+
+/// A refusal written straight to a connection that is never served.
+pub(crate) fn refusal_bytes(r: &Refusal) -> Vec<u8> {
+    let reason: String = r
+        .reason
+        .chars()
+        .filter(|c| c.is_ascii() && !c.is_control())
+        .collect();
+    let status = match r.status {
+        429 => "429 Too Many Requests",
+        400 => "400 Bad Request",
+        502 => "502 Bad Gateway",
+        _ => "403 Forbidden",
+    };
+    format!(
+        "HTTP/1.1 {status}\r\nX-Warren-Proxy-Error: {reason}\r\nX-Warren-Rule: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reason}\n",
+        r.rule.as_deref().unwrap_or(""),
+        reason.len() + 1
+    )
+    .into_bytes()
 }
 
 fn full(s: String) -> Body {
@@ -175,14 +205,6 @@ async fn forward(
             reason: verdict.reason,
             rule: verdict.rule,
         }));
-    }
-    if let Err(r) = net.rate_ok() {
-        line["decision"] = "deny".into();
-        line["reason"] = r.reason.clone().into();
-        line["rule"] = r.rule.clone().into();
-        line["status"] = r.status.into();
-        net.log(line);
-        return Ok(refuse(&r));
     }
     net.log(line);
     for h in [

@@ -49,6 +49,14 @@ async fn handle(net: Arc<SandboxNet>, port: u16, mut client: TcpStream) {
         return;
     };
     let mut head = Vec::new();
+    if let Err(r) = net.rate_ok() {
+        net.log(serde_json::json!({
+            "decision": "deny", "via": "transparent", "dialled": dialled.to_string(),
+            "port": port, "reason": r.reason, "rule": r.rule, "status": r.status,
+        }));
+        // The protocol is unknown before sniffing; a reset is the answer.
+        return refuse(client, &r, Kind::Other).await;
+    }
     let (target, kind) = match decide(&net, dialled, port, &mut client, &mut head).await {
         Ok(t) => t,
         Err((refusal, kind)) => {
@@ -129,27 +137,10 @@ async fn decide(
 /// HTTP clients get a 403/429 they can read; anything else is reset.
 async fn refuse(mut client: TcpStream, r: &Refusal, kind: Kind) {
     if let Kind::Http = kind {
-        let reason: String = r
-            .reason
-            .chars()
-            .filter(|c| c.is_ascii() && !c.is_control())
-            .collect();
-        let rule = r.rule.as_deref().unwrap_or("");
-        let status = if r.status == 429 {
-            "429 Too Many Requests"
-        } else {
-            "403 Forbidden"
-        };
-        let resp = format!(
-            "HTTP/1.1 {status}\r\nX-Warren-Proxy-Error: {reason}\r\nX-Warren-Rule: {rule}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reason}\n",
-            reason.len() + 1
-        );
-        let _ = client.write_all(resp.as_bytes()).await;
+        let _ = client.write_all(&crate::explicit::refusal_bytes(r)).await;
         let _ = client.shutdown().await;
         return;
     }
-    // A zero linger makes the close a reset: the client sees "connection
-    // reset" at once instead of a clean end of stream.
     let _ = nix::sys::socket::setsockopt(
         &client,
         nix::sys::socket::sockopt::Linger,

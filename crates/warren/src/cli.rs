@@ -134,6 +134,10 @@ pub enum Command {
     },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
+    /// Measure what network mode `allowlist` costs: create latency, proxy
+    /// latency and tunnel throughput, many live policies (run as root on
+    /// the node; see docs/benchmarks.md).
+    BenchNet(BenchNetArgs),
     /// Check this host: kernel features, cgroups, overlayfs, seccomp, user
     /// namespaces, disk limits; say what Warren can and cannot guarantee.
     Doctor {
@@ -348,6 +352,26 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 200)]
     pub idle: usize,
     /// PID of the daemon, to report its RSS growth during the idle check.
+    #[arg(long)]
+    pub daemon_pid: Option<u32>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchNetArgs {
+    #[arg(long)]
+    pub image: String,
+    /// Iterations per latency measurement.
+    #[arg(long, default_value_t = 100)]
+    pub iterations: usize,
+    /// MiB sent through the CONNECT tunnel (and directly, for comparison).
+    #[arg(long, default_value_t = 2048)]
+    pub tunnel_mib: u64,
+    /// Sandboxes with live policies held at once (0 to skip).
+    #[arg(long, default_value_t = 500)]
+    pub sandboxes: usize,
+    /// PID of the daemon, to report its RSS with the live policies.
     #[arg(long)]
     pub daemon_pid: Option<u32>,
     #[arg(long)]

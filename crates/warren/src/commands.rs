@@ -15,6 +15,7 @@ use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd, Profile
 use crate::client::{Client, LineStream};
 
 mod bench;
+mod bench_net;
 mod doctor;
 mod port_forward;
 mod simulate;
@@ -66,6 +67,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
+        Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
         Command::Doctor { json } => doctor::run(json),
         Command::Batch(cmd) => batch(&client()?, cmd).await,

@@ -305,7 +305,7 @@ impl tower_service::Service<Uri> for Connector {
             Ok(Upstream {
                 io: TokioIo::new(opened.stream),
                 _guard: opened.guard,
-                cancel: opened.cancel,
+                revoked: Box::pin(opened.cancel.cancelled_owned()),
             })
         })
     }
@@ -327,7 +327,15 @@ impl std::error::Error for Refused {}
 pub(crate) struct Upstream {
     io: TokioIo<TcpStream>,
     _guard: ConnGuard,
-    cancel: tokio_util::sync::CancellationToken,
+    /// Polled with every read and write, so a revocation wakes an idle
+    /// pooled connection and fails it at once.
+    revoked: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl Upstream {
+    fn is_revoked(&mut self, cx: &mut Context<'_>) -> bool {
+        self.revoked.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl Connection for Upstream {
@@ -342,7 +350,7 @@ impl hyper::rt::Read for Upstream {
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.cancel.is_cancelled() {
+        if self.is_revoked(cx) {
             return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)
@@ -355,7 +363,7 @@ impl hyper::rt::Write for Upstream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.cancel.is_cancelled() {
+        if self.is_revoked(cx) {
             return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
         }
         Pin::new(&mut self.io).poll_write(cx, buf)

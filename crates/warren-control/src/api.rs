@@ -30,7 +30,7 @@ pub struct AppState {
     pub token: String,
 }
 
-type St = State<Arc<AppState>>;
+pub(crate) type St = State<Arc<AppState>>;
 
 pub struct Failure(pub ApiError);
 
@@ -54,7 +54,7 @@ impl IntoResponse for Failure {
     }
 }
 
-type ApiResult<T> = Result<T, Failure>;
+pub(crate) type ApiResult<T> = Result<T, Failure>;
 
 pub fn image_error(e: ImageError) -> ApiError {
     use warren_image::ErrorKind;
@@ -77,7 +77,7 @@ pub fn image_error(e: ImageError) -> ApiError {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, events, list_images, import_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, delete_image, healthz),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, crate::net_api::set_network, crate::net_api::port_connect, crate::net_api::port_http, events, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
     components(schemas(PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
     modifiers(&BearerAuth)
 )]
@@ -115,6 +115,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/commit", post(commit_sandbox))
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
         .route("/v1/sandboxes/{id}/logs", get(logs))
+        .merge(crate::net_api::routes())
         .route("/v1/events", get(events))
         .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
@@ -182,7 +183,7 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }

@@ -45,6 +45,7 @@ pub fn node_error(e: NodeError) -> ApiError {
         NodeError::Runtime(R::BadPath(m)) => ApiError::bad_request(format!("invalid path {m}")),
         NodeError::Runtime(R::BadImage(m)) => ApiError::bad_request(m),
         NodeError::Image(e) => crate::api::image_error(e),
+        NodeError::Net(warren_net::NetError::Rule(e)) => ApiError::bad_request(e.to_string()),
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -90,6 +91,7 @@ impl Control {
             spec: row.spec,
             resources: row.resources,
             node: row.node,
+            pid: row.pid.filter(|_| row.state.is_live()),
             image_digest: row.image_digest,
             created_at: row.created_at,
             started_at: row.started_at,
@@ -568,6 +570,56 @@ impl Control {
     }
 
     /// Pauses (freezes) or resumes a running sandbox.
+    /// Replaces a running sandbox's egress rules: recorded first (so a
+    /// restart restores them), then applied, which closes the connections
+    /// the new rules no longer allow. Returns them as `host:port`.
+    pub async fn set_network(
+        &self,
+        id: &str,
+        allow: Vec<String>,
+        deny: Vec<String>,
+    ) -> Result<(SandboxRow, Vec<String>), ApiError> {
+        let row = self.get(id).await?;
+        if row.spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} has network mode '{}'; the mode is fixed at create, and only an 'allowlist' sandbox has rules to change",
+                serde_json::to_value(row.spec.network.mode).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+            )));
+        }
+        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; only a running or paused sandbox has rules to change",
+                row.state
+            )));
+        }
+        let mut spec = row.spec.clone();
+        spec.network.allow = allow;
+        spec.network.deny = deny;
+        spec.network
+            .validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.node.check_network(&spec.network).map_err(node_error)?;
+        let message = format!(
+            "allow {:?} deny {:?}",
+            spec.network.allow, spec.network.deny
+        );
+        self.store
+            .set_spec(
+                id,
+                &spec,
+                &now_rfc3339(),
+                "network_policy_changed",
+                &message,
+            )
+            .await?;
+        let closed = self
+            .node
+            .update_network(id, &spec.network)
+            .await
+            .map_err(node_error)?;
+        Ok((self.get(id).await?, closed))
+    }
+
     pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
         let row = self.get(id).await?;
         let (from, to, why) = if paused {

@@ -6,6 +6,7 @@ pub mod api;
 pub mod batch;
 pub mod control;
 pub mod metrics;
+mod net_api;
 pub mod profiles;
 pub mod store;
 

@@ -145,6 +145,27 @@ impl Store {
         Ok(())
     }
 
+    /// Replaces a sandbox's recorded spec (its network policy changed), with
+    /// an event saying why, in one transaction.
+    pub async fn set_spec(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        time: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE sandboxes SET spec = ? WHERE id = ?")
+            .bind(json(spec))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        insert_event(&mut tx, time, id, None, reason, message).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
         sqlx::query("UPDATE sandboxes SET exit_code = ? WHERE id = ?")
             .bind(code)

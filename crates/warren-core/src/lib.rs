@@ -5,6 +5,7 @@ pub mod error;
 pub mod event;
 pub mod exec;
 pub mod labels;
+pub mod network;
 pub mod profile;
 pub mod quantity;
 pub mod sandbox;

@@ -16,6 +16,10 @@ pub struct SandboxInfo {
     pub spec: SandboxSpec,
     pub resources: ResolvedResources,
     pub node: String,
+    /// Host PID of the sandbox's init while it is live (for host tools such
+    /// as `nsenter`; the sandbox itself sees PID 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
     /// Manifest digest of the image it runs.
     pub image_digest: String,
     pub created_at: String,

@@ -117,8 +117,29 @@ pub enum NetworkMode {
 pub struct NetworkSpec {
     #[serde(default)]
     pub mode: NetworkMode,
+    /// `HOST:PORT` rules: exact names, `*.suffix` wildcards, IPv4
+    /// addresses or CIDRs (`10.0.0.0/8:5000`).
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Rules that win over `allow` (and over the node's defaults).
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl NetworkSpec {
+    /// Checks the rules' shape and the mode they need.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        match self.mode {
+            NetworkMode::None if !self.allow.is_empty() || !self.deny.is_empty() => {
+                Err(SpecError::AllowWithoutAllowlist)
+            }
+            NetworkMode::None => Ok(()),
+            NetworkMode::Allowlist => {
+                crate::network::Policy::parse(&self.allow, &self.deny, &[])?;
+                Ok(())
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -233,9 +254,9 @@ pub enum SpecError {
     NulArg(String),
     #[error("cwd must be an absolute path inside the sandbox, got {0:?}")]
     Cwd(String),
-    #[error("network mode 'allowlist' is not available on this node yet; use mode 'none'")]
-    NetworkUnsupported,
-    #[error("allow rules need network mode 'allowlist'")]
+    #[error(transparent)]
+    NetworkRule(#[from] crate::network::RuleError),
+    #[error("allow and deny rules need network mode 'allowlist'")]
     AllowWithoutAllowlist,
     #[error("ttl must be greater than zero")]
     ZeroTtl,
@@ -308,13 +329,7 @@ impl SandboxSpec {
         if let Some(cwd) = &self.cwd {
             validate_cwd(cwd)?;
         }
-        match self.network.mode {
-            NetworkMode::None if !self.network.allow.is_empty() => {
-                return Err(SpecError::AllowWithoutAllowlist)
-            }
-            NetworkMode::None => {}
-            NetworkMode::Allowlist => return Err(SpecError::NetworkUnsupported),
-        }
+        self.network.validate()?;
         if self.ttl.is_some_and(|t| t.0.is_zero()) {
             return Err(SpecError::ZeroTtl);
         }

@@ -33,6 +33,8 @@ pub enum NodeError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Image(#[from] warren_image::ImageError),
+    #[error(transparent)]
+    Net(#[from] warren_net::NetError),
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -105,6 +107,8 @@ pub struct NodeSettings {
     pub log_retention: std::time::Duration,
     /// How often every sandbox's cgroup is sampled.
     pub sample_interval: std::time::Duration,
+    /// The egress proxy: global allowlist, fixed name resolution, limits.
+    pub egress: warren_net::Settings,
 }
 
 impl NodeSettings {
@@ -134,6 +138,7 @@ impl Default for NodeSettings {
             max_initializing: 8 * cores,
             log_retention: std::time::Duration::from_secs(7 * 86400),
             sample_interval: sampler::DEFAULT_INTERVAL,
+            egress: warren_net::Settings::default(),
         }
     }
 }
@@ -170,6 +175,7 @@ pub struct Node {
     live: Mutex<HashMap<String, Arc<Live>>>,
     events: mpsc::UnboundedSender<NodeEvent>,
     exec_seq: AtomicU64,
+    egress: Arc<warren_net::Egress>,
 }
 
 impl Node {
@@ -218,6 +224,7 @@ impl Node {
             live: Mutex::new(HashMap::new()),
             events: tx,
             exec_seq: AtomicU64::new(0),
+            egress: warren_net::Egress::new(cap.egress.clone()),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         tokio::spawn(sample_usage(
@@ -427,6 +434,10 @@ impl Node {
             })
             .await?;
         drop(permit);
+        if let Err(e) = self.attach_network(id, handle.pid, spec, &log).await {
+            let _ = self.runtime.destroy(id, Some(handle.pid)).await;
+            return Err(e);
+        }
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let live = self.register(id, handle.pid, spec, resources, image, log, lifetime);
         // Resolve the main process's user now, so a bad one fails the create.
@@ -448,6 +459,62 @@ impl Node {
         let job = self.exec_job(id, &live, &main_request(cmd), true)?;
         self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
         Ok(())
+    }
+
+    /// Gives an `allowlist` sandbox its proxy, DNS stub and transparent
+    /// listeners; `none` needs nothing (its namespace has only loopback).
+    async fn attach_network(
+        &self,
+        id: &str,
+        pid: i32,
+        spec: &SandboxSpec,
+        log: &Arc<SandboxLog>,
+    ) -> Result<(), NodeError> {
+        if spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
+            return Ok(());
+        }
+        let log = log.clone();
+        let sink: warren_net::LogFn = Arc::new(move |line| log.record("net", line));
+        self.egress
+            .attach(id, pid, &spec.network.allow, &spec.network.deny, sink)
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces a running sandbox's network rules; returns the connections
+    /// the change closed.
+    pub async fn update_network(
+        &self,
+        id: &str,
+        network: &warren_core::spec::NetworkSpec,
+    ) -> Result<Vec<String>, NodeError> {
+        self.get(id)?;
+        Ok(self
+            .egress
+            .update(id, &network.allow, &network.deny)
+            .await?)
+    }
+
+    /// Checks rules against the node's global defaults.
+    pub fn check_network(&self, network: &warren_core::spec::NetworkSpec) -> Result<(), NodeError> {
+        if network.mode == warren_core::spec::NetworkMode::Allowlist {
+            self.egress.parse(&network.allow, &network.deny)?;
+        }
+        Ok(())
+    }
+
+    /// Inbound: a connection to `port` on the sandbox's loopback.
+    pub async fn connect_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> Result<tokio::net::TcpStream, NodeError> {
+        let live = self.get(id)?;
+        warren_net::connect_in(live.pid, port).await.map_err(|e| {
+            NodeError::Conflict(format!(
+                "nothing accepts connections on port {port} in sandbox {id}: {e}"
+            ))
+        })
     }
 
     /// Takes over a sandbox that outlived a daemon restart: its init must
@@ -473,6 +540,11 @@ impl Node {
             "adopted",
             "the daemon restarted and took the sandbox over",
         );
+        // The old daemon's proxy sockets died with it, so egress has failed
+        // closed since; new ones restore it with the recorded policy.
+        if let Err(e) = self.attach_network(id, pid, spec, &log).await {
+            log.event("running", "network_unavailable", &e.to_string());
+        }
         let lifetime = lifetime::Lifetime::new(ttl_remaining, spec.lease.map(|l| l.0));
         self.admission.hold(id, need_of(resources));
         let live = self.register(id, pid, spec, resources, image, log, lifetime);
@@ -522,8 +594,13 @@ impl Node {
         log: Arc<SandboxLog>,
         lifetime: lifetime::Lifetime,
     ) -> Arc<Live> {
-        let env =
+        let mut env =
             warren_core::spec::sandbox_env(&image.config.env, resources.cpu_millis, &spec.env);
+        if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
+            for (k, v) in warren_net::proxy_env() {
+                env.entry(k).or_insert(v);
+            }
+        }
         let cwd = spec
             .cwd
             .clone()
@@ -683,6 +760,7 @@ impl Node {
             }
             live.pid
         });
+        self.egress.detach(id);
         self.runtime.destroy(id, pid).await?;
         if let Ok(mut m) = self.live.lock() {
             m.remove(id);

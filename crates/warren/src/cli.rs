@@ -121,8 +121,30 @@ pub enum Command {
     Heartbeat { id: String },
     /// Let a sandbox live TTL from now (e.g. 30m).
     Ttl { id: String, ttl: String },
+    /// Replace an `allowlist` sandbox's egress rules; connections the new
+    /// rules do not allow are closed.
+    Network {
+        id: String,
+        #[arg(long)]
+        allow: Vec<String>,
+        #[arg(long)]
+        deny: Vec<String>,
+    },
+    /// Forward a local TCP port to a port inside a sandbox (LOCAL:REMOTE,
+    /// or just PORT for both).
+    PortForward {
+        id: String,
+        ports: String,
+        /// Local address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        address: std::net::IpAddr,
+    },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
+    /// Measure what network mode `allowlist` costs: create latency, proxy
+    /// latency and tunnel throughput, many live policies (run as root on
+    /// the node; see docs/benchmarks.md).
+    BenchNet(BenchNetArgs),
     /// Check this host: kernel features, cgroups, overlayfs, seccomp, user
     /// namespaces, disk limits; say what Warren can and cannot guarantee.
     Doctor {
@@ -167,6 +189,26 @@ pub struct UpArgs {
     /// How often every sandbox's cgroup is sampled.
     #[arg(long, default_value = "1s")]
     pub sample_interval: String,
+    /// Allow rule merged into every `allowlist` sandbox (object storage, log
+    /// service, model registry), e.g. `logs.internal:443`. Repeatable.
+    #[arg(long = "net-default-allow", value_name = "HOST:PORT")]
+    pub net_default_allow: Vec<String>,
+    /// Resolve NAME to fixed addresses in the egress proxy instead of DNS
+    /// (like curl --resolve), e.g. `data.internal=10.0.0.5`. Repeatable.
+    #[arg(long = "net-resolve", value_name = "NAME=IP[,IP]")]
+    pub net_resolve: Vec<String>,
+    /// Per sandbox: new egress connections (and plain-HTTP requests) per second.
+    #[arg(long, default_value_t = 100.0)]
+    pub net_conn_rate: f64,
+    /// Per sandbox: egress connections open at once.
+    #[arg(long, default_value_t = 512)]
+    pub net_max_conns: usize,
+    /// Per sandbox: egress bytes per second, both ways (e.g. 10M); unlimited if unset.
+    #[arg(long)]
+    pub net_bandwidth: Option<String>,
+    /// Whole node: egress connections open at once.
+    #[arg(long, default_value_t = 16384)]
+    pub net_node_max_conns: usize,
     /// Profile recommendations are peak × margin, per resource.
     #[arg(long, default_value_t = 1.5)]
     pub cpu_margin: f64,
@@ -300,8 +342,13 @@ pub struct CreateArgs {
     pub profile: Option<String>,
     #[arg(long)]
     pub network: Option<String>,
+    /// Egress rule HOST:PORT (name, *.suffix, IPv4 or CIDR); implies
+    /// `--network allowlist`. Repeatable.
     #[arg(long)]
     pub allow: Vec<String>,
+    /// Rule that wins over the allow rules. Repeatable.
+    #[arg(long)]
+    pub deny: Vec<String>,
     #[arg(long)]
     pub reclaim: Option<String>,
     /// How long a kept sandbox is held (keep, keep_on_failure), e.g. 2h.
@@ -348,6 +395,26 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 200)]
     pub idle: usize,
     /// PID of the daemon, to report its RSS growth during the idle check.
+    #[arg(long)]
+    pub daemon_pid: Option<u32>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchNetArgs {
+    #[arg(long)]
+    pub image: String,
+    /// Iterations per latency measurement.
+    #[arg(long, default_value_t = 100)]
+    pub iterations: usize,
+    /// MiB sent through the CONNECT tunnel (and directly, for comparison).
+    #[arg(long, default_value_t = 2048)]
+    pub tunnel_mib: u64,
+    /// Sandboxes with live policies held at once (0 to skip).
+    #[arg(long, default_value_t = 500)]
+    pub sandboxes: usize,
+    /// PID of the daemon, to report its RSS with the live policies.
     #[arg(long)]
     pub daemon_pid: Option<u32>,
     #[arg(long)]

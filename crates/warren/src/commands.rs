@@ -15,7 +15,9 @@ use crate::cli::{BatchCmd, Cli, Command, CreateArgs, ExecArgs, ImageCmd, Profile
 use crate::client::{Client, LineStream};
 
 mod bench;
+mod bench_net;
 mod doctor;
+mod port_forward;
 mod simulate;
 
 pub async fn run(cli: Cli) -> Result<i32> {
@@ -80,6 +82,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Rm { ids, label } => rm(&client()?, ids, label).await,
         Command::Bench(args) => bench::run(&client()?, args).await,
+        Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
         Command::Doctor { json } => doctor::run(json),
         Command::Batch(cmd) => batch(&client()?, cmd).await,
@@ -104,6 +107,20 @@ pub async fn run(cli: Cli) -> Result<i32> {
             )
             .await
         }
+        Command::Network { id, allow, deny } => {
+            let c = client()?;
+            let change: serde_json::Value = c
+                .json(
+                    c.request(Method::PATCH, &format!("/v1/sandboxes/{id}/network"))
+                        .json(&serde_json::json!({ "allow": allow, "deny": deny })),
+                )
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&change)?);
+            Ok(0)
+        }
+        Command::PortForward { id, ports, address } => {
+            port_forward::run(&client()?, &id, &ports, address).await
+        }
     }
 }
 
@@ -125,6 +142,7 @@ pub fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<SandboxSpec
         .map(|l| labels::parse_pair(l).map_err(anyhow::Error::from))
         .collect::<Result<_>>()?;
     let network = match a.network.as_deref() {
+        None if !a.allow.is_empty() || !a.deny.is_empty() => NetworkMode::Allowlist,
         None | Some("none") => NetworkMode::None,
         Some("allowlist") => NetworkMode::Allowlist,
         Some(other) => bail!("--network {other:?}: use none or allowlist"),
@@ -167,6 +185,7 @@ pub fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<SandboxSpec
         network: NetworkSpec {
             mode: network,
             allow: a.allow.clone(),
+            deny: a.deny.clone(),
         },
         reclaim,
         keep_for: dur(&a.keep_for)?,

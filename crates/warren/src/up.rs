@@ -38,6 +38,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
         log_retention: warren_core::quantity::parse_duration(&args.log_retention)?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
+        egress: egress_settings(&args)?,
     };
     let cfg = UpConfig {
         home: home.to_path_buf(),
@@ -92,4 +93,46 @@ async fn shutdown_signal() {
         _ = int.recv() => {},
         _ = term.recv() => {},
     }
+}
+
+fn egress_settings(args: &UpArgs) -> Result<warren_net::Settings> {
+    let mut resolve = std::collections::HashMap::new();
+    for entry in &args.net_resolve {
+        let (name, ips) = entry.split_once('=').with_context(|| {
+            format!("--net-resolve {entry:?}: write NAME=IP[,IP], e.g. data.internal=10.0.0.5")
+        })?;
+        let name = match warren_core::network::normalize_host(name) {
+            Ok(warren_core::network::Target::Name(n)) => n,
+            _ => anyhow::bail!("--net-resolve {entry:?}: {name:?} is not a host name"),
+        };
+        let ips = ips
+            .split(',')
+            .map(|ip| {
+                ip.trim().parse::<std::net::IpAddr>().with_context(|| {
+                    format!("--net-resolve {entry:?}: {ip:?} is not an IP address")
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        resolve.insert(name, ips);
+    }
+    warren_core::network::Policy::parse(&args.net_default_allow, &[], &[])
+        .map_err(|e| anyhow::anyhow!("--net-default-allow: {e}"))?;
+    let bytes_per_sec = args
+        .net_bandwidth
+        .as_deref()
+        .map(warren_core::quantity::parse_size)
+        .transpose()
+        .context("--net-bandwidth")?;
+    Ok(warren_net::Settings {
+        defaults: args.net_default_allow.clone(),
+        resolve,
+        sandbox: warren_net::Limits {
+            conn_rate: args.net_conn_rate,
+            conn_burst: (args.net_conn_rate * 2.0).max(1.0),
+            max_conns: args.net_max_conns,
+            bytes_per_sec,
+        },
+        node_max_conns: args.net_node_max_conns,
+        ..Default::default()
+    })
 }

@@ -15,10 +15,10 @@ use crate::cli::BenchArgs;
 use crate::client::Client;
 
 #[derive(Default)]
-struct Samples(Vec<Duration>);
+pub(crate) struct Samples(pub(crate) Vec<Duration>);
 
 impl Samples {
-    fn pct(&self, p: f64) -> f64 {
+    pub(crate) fn pct(&self, p: f64) -> f64 {
         let mut v: Vec<f64> = self.0.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
         if v.is_empty() {
             return 0.0;
@@ -27,7 +27,7 @@ impl Samples {
         let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
         v[idx.min(v.len() - 1)]
     }
-    fn summary(&self, name: &str, wall: Option<Duration>) -> serde_json::Value {
+    pub(crate) fn summary(&self, name: &str, wall: Option<Duration>) -> serde_json::Value {
         let per_sec = wall.map(|w| self.0.len() as f64 / w.as_secs_f64());
         json!({ "name": name, "n": self.0.len(), "p50_ms": self.pct(50.0), "p99_ms": self.pct(99.0), "per_sec": per_sec })
     }
@@ -63,7 +63,7 @@ async fn cycle(client: &Client, image: &str) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

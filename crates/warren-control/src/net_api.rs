@@ -1,0 +1,180 @@
+//! Network routes: changing an `allowlist` sandbox's rules at runtime, and
+//! inbound access to a TCP port inside a sandbox (a raw tunnel for
+//! `warren port-forward`, and an HTTP route for servers the trainer calls).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, patch, post};
+use axum::{Json, Router};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use warren_core::{ApiError, SandboxInfo};
+
+use crate::api::{parse_json, ApiResult, AppState, St};
+use crate::control::node_error;
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/network", patch(set_network))
+        .route("/v1/sandboxes/{id}/ports/{port}", post(port_connect))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(port_http_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(port_http))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NetworkRules {
+    /// `HOST:PORT` rules (names, `*.suffix`, IPv4 addresses, CIDRs).
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct NetworkChange {
+    sandbox: SandboxInfo,
+    /// Live connections the new rules no longer allow, now closed.
+    closed: Vec<String>,
+}
+
+/// Replace an `allowlist` sandbox's rules. Applied atomically; live
+/// connections the new rules do not allow are closed.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}/network", request_body = NetworkRules,
+    responses((status = 200, body = NetworkChange), (status = 400, body = warren_core::ErrorBody), (status = 409, body = warren_core::ErrorBody)))]
+pub(crate) async fn set_network(
+    State(st): St,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<NetworkChange>> {
+    let rules: NetworkRules = parse_json(&body)?;
+    st.control.node.renew_lease(&id);
+    let (row, closed) = st.control.set_network(&id, rules.allow, rules.deny).await?;
+    Ok(Json(NetworkChange {
+        sandbox: st.control.info(row, false),
+        closed,
+    }))
+}
+
+fn port_of(raw: &str) -> Result<u16, ApiError> {
+    raw.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+        ApiError::bad_request(format!("port {raw:?} must be a number from 1 to 65535"))
+    })
+}
+
+/// A raw TCP tunnel to a port on the sandbox's loopback: send
+/// `Connection: Upgrade` and `Upgrade: tcp`; after `101 Switching
+/// Protocols` the connection carries the port's bytes both ways.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ports/{port}",
+    responses((status = 101, description = "tunnel open"), (status = 409, body = warren_core::ErrorBody)))]
+pub(crate) async fn port_connect(
+    State(st): St,
+    Path((id, port)): Path<(String, String)>,
+    mut req: Request,
+) -> ApiResult<Response> {
+    let port = port_of(&port)?;
+    let wants_tcp = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"));
+    if !wants_tcp {
+        return Err(ApiError::bad_request(
+            "send 'Connection: Upgrade' and 'Upgrade: tcp' to open a tunnel, or use /v1/sandboxes/{id}/ports/{port}/PATH for HTTP",
+        )
+        .into());
+    }
+    st.control.get(&id).await?;
+    st.control.node.renew_lease(&id);
+    let upstream = st
+        .control
+        .node
+        .connect_port(&id, port)
+        .await
+        .map_err(node_error)?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        if let Ok(up) = on_upgrade.await {
+            let mut up = TokioIo::new(up);
+            let mut upstream = upstream;
+            let _ = tokio::io::copy_bidirectional(&mut up, &mut upstream).await;
+        }
+    });
+    let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    resp.headers_mut()
+        .insert(header::UPGRADE, HeaderValue::from_static("tcp"));
+    Ok(resp)
+}
+
+async fn port_http_root(
+    st: St,
+    Path((id, port)): Path<(String, String)>,
+    req: Request,
+) -> ApiResult<Response> {
+    proxy_http(st, id, port, String::new(), req).await
+}
+
+/// Any HTTP request, forwarded to `PATH` on the sandbox's port (on its
+/// loopback); the response streams back.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}/{path}",
+    responses((status = 200, description = "the sandbox server's response"), (status = 409, body = warren_core::ErrorBody)))]
+pub(crate) async fn port_http(
+    st: St,
+    Path((id, port, path)): Path<(String, String, String)>,
+    req: Request,
+) -> ApiResult<Response> {
+    proxy_http(st, id, port, path, req).await
+}
+
+async fn proxy_http(
+    State(st): St,
+    id: String,
+    port: String,
+    path: String,
+    req: Request,
+) -> ApiResult<Response> {
+    let port = port_of(&port)?;
+    st.control.get(&id).await?;
+    st.control.node.renew_lease(&id);
+    let upstream = st
+        .control
+        .node
+        .connect_port(&id, port)
+        .await
+        .map_err(node_error)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
+        .await
+        .map_err(|e| {
+            ApiError::conflict(format!(
+                "port {port} in sandbox {id} does not speak HTTP: {e}"
+            ))
+        })?;
+    tokio::spawn(conn);
+    let mut sender = sender;
+    let (mut parts, body) = req.into_parts();
+    let query = parts
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    parts.uri = format!("/{path}{query}")
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("path {path:?}: {e}")))?;
+    // The trainer's token is for Warren, not for the sandbox.
+    parts.headers.remove(header::AUTHORIZATION);
+    parts
+        .headers
+        .insert(header::HOST, HeaderValue::from_static("localhost"));
+    let resp = sender
+        .send_request(axum::http::Request::from_parts(parts, body))
+        .await
+        .map_err(|e| ApiError::conflict(format!("port {port} in sandbox {id}: {e}")))?;
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(parts, Body::new(body)))
+}

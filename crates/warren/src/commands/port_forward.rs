@@ -1,0 +1,65 @@
+//! `warren port-forward ID LOCAL:REMOTE`: listens locally and carries each
+//! connection to the sandbox's port through an API tunnel (`Upgrade: tcp`),
+//! so it works wherever the API is reachable, with the API's token.
+
+use anyhow::{bail, Context, Result};
+use reqwest::{header, Method, StatusCode};
+
+use crate::client::Client;
+
+fn parse_ports(spec: &str) -> Result<(u16, u16)> {
+    let port = |p: &str| -> Result<u16> {
+        p.parse::<u16>().ok().filter(|p| *p != 0).with_context(|| {
+            format!(
+                "port-forward {spec:?}: {p:?} is not a port (1-65535); write LOCAL:REMOTE or PORT"
+            )
+        })
+    };
+    match spec.split_once(':') {
+        Some((l, r)) => Ok((port(l)?, port(r)?)),
+        None => Ok((port(spec)?, port(spec)?)),
+    }
+}
+
+pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAddr) -> Result<i32> {
+    let (local, remote) = parse_ports(spec)?;
+    // Fail now, not at the first connection, if the sandbox is not there.
+    client.get(id).await?;
+    let listener = tokio::net::TcpListener::bind((address, local))
+        .await
+        .with_context(|| format!("listen on {address}:{local}"))?;
+    let bound = listener.local_addr()?;
+    eprintln!("forwarding {bound} -> sandbox {id} port {remote} (Ctrl-C to stop)");
+    loop {
+        let (mut conn, peer) = listener.accept().await?;
+        let client = client.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            match tunnel(&client, &id, remote).await {
+                Ok(mut up) => {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+                Err(e) => eprintln!("{peer}: {e:#}"),
+            }
+        });
+    }
+}
+
+async fn tunnel(client: &Client, id: &str, port: u16) -> Result<reqwest::Upgraded> {
+    let resp = client
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/ports/{port}"))
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, "tcp")
+        .send()
+        .await
+        .context("cannot reach Warren")?;
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        match serde_json::from_str::<warren_core::ErrorBody>(&text) {
+            Ok(b) => bail!("{} ({status})", b.error.message),
+            Err(_) => bail!("{status}: {text}"),
+        }
+    }
+    resp.upgrade().await.context("opening the tunnel")
+}

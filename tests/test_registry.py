@@ -30,7 +30,7 @@ class Registry:
     """One docker-registry process on 127.0.0.1 with filesystem storage in a
     temp dir; `users` turns on htpasswd basic auth."""
 
-    def __init__(self, users=None):
+    def __init__(self, users=None, tls=False):
         self.dir = Path(tempfile.mkdtemp(prefix="warren-registry-"))
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -45,11 +45,26 @@ class Registry:
             ]
             (self.dir / "htpasswd").write_text("\n".join(lines) + "\n")
             auth = f"auth:\n  htpasswd:\n    realm: warren-test\n    path: {self.dir / 'htpasswd'}\n"
+        tls_conf = ""
+        self.ca = None
+        if tls:
+            # A private CA and a server certificate for 127.0.0.1 signed by it.
+            d = self.dir
+            run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=warren-test-ca",
+                "-keyout", d / "ca.key", "-out", d / "ca.pem")
+            run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                "-keyout", d / "server.key", "-out", d / "server.csr")
+            (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+            run("openssl", "x509", "-req", "-in", d / "server.csr", "-CA", d / "ca.pem", "-CAkey", d / "ca.key",
+                "-CAcreateserial", "-days", "1", "-extfile", d / "ext", "-out", d / "server.pem")
+            self.ca = d / "ca.pem"
+            tls_conf = f"  tls:\n    certificate: {d / 'server.pem'}\n    key: {d / 'server.key'}\n"
         (self.dir / "config.yml").write_text(
             "version: 0.1\nlog:\n  level: info\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.storage}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n" + auth
+            f"http:\n  addr: {self.host}\n" + tls_conf + auth
         )
+        scheme = "https" if tls else "http"
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [REGISTRY_BIN, "serve", str(self.dir / "config.yml")], stdout=self.log, stderr=self.log
@@ -57,7 +72,7 @@ class Registry:
         deadline = time.time() + 15
         while time.time() < deadline:
             try:
-                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
+                if httpx.get(f"{scheme}://{self.host}/v2/", timeout=1, verify=False).status_code in (200, 401):
                     return
             except httpx.HTTPError:
                 pass
@@ -90,7 +105,8 @@ class Registry:
 
     def manifest(self, ref_digest, repo):
         r = httpx.get(
-            f"http://{self.host}/v2/{repo}/manifests/{ref_digest}",
+            f"{'https' if self.ca else 'http'}://{self.host}/v2/{repo}/manifests/{ref_digest}",
+            verify=False,
             headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
         )
         r.raise_for_status()
@@ -111,8 +127,8 @@ class Registry:
 def registry():
     started = []
 
-    def make(users=None):
-        r = Registry(users)
+    def make(users=None, tls=False):
+        r = Registry(users, tls)
         started.append(r)
         return r
 
@@ -670,3 +686,26 @@ def test_a_debian_userland_with_python_runs_from_the_registry(warren, registry, 
     )
     assert ev and ev["code"] == 0, (ev, err)
     assert out.decode().startswith('"3.')
+
+
+def test_https_registry_with_a_private_ca(warren, registry, builder, sandbox):
+    reg = registry(tls=True)
+    repo = uniq("tls")
+    b = builder().layer(lambda r: (r / "over-tls").write_text("yes"))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    ref = f"{reg.host}/{repo}:v1"
+
+    configure(warren, "")
+    p = pull(warren, ref, check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert "not trusted" in err and "ca_file" in err, err
+
+    configure(warren, f'[registry."{reg.host}"]\nca_file = "{reg.dir / "missing.pem"}"\n')
+    p = pull(warren, ref, check=False)
+    assert p.returncode != 0 and "cannot read ca_file" in p.stderr.decode(), p.stderr.decode()
+
+    configure(warren, f'[registry."{reg.host}"]\nca_file = "{reg.ca}"\n')
+    assert pull(warren, ref).stdout.decode().split() == [ref, digest]
+    info = sandbox(image=ref)
+    assert sh(warren, info["id"], "cat /over-tls") == "yes"

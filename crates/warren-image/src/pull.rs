@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference as OciReference};
@@ -300,22 +300,39 @@ impl Puller {
             .parse()
             .map_err(|e| bad(format!("not a registry reference: {e}")))?;
         let config = RegistryConfig::load(&self.config_path)?;
+        // The CA files are part of what the client was built from.
+        let pems = config.ca_certificates()?;
+        let fingerprint = format!("{} {}", config.fingerprint(), sha256_digest(&pems.concat()));
         let client = {
             let mut cached = lock(&self.client);
             match cached.as_ref() {
-                Some((fingerprint, client)) if fingerprint == config.fingerprint() => {
-                    client.clone()
-                }
+                Some((built_from, client)) if *built_from == fingerprint => client.clone(),
                 _ => {
                     install_tls_provider();
-                    let client = Client::new(ClientConfig {
+                    let roots = pems
+                        .into_iter()
+                        .map(|data| Certificate {
+                            encoding: CertificateEncoding::Pem,
+                            data,
+                        })
+                        .collect();
+                    // Client::new would fall back to a default client (plain
+                    // HTTPS, no extra roots) on a bad certificate; say so.
+                    let client = Client::try_from(ClientConfig {
                         protocol: ClientProtocol::HttpsExcept(config.insecure_hosts()),
+                        extra_root_certificates: roots,
                         connect_timeout: Some(Duration::from_secs(10)),
                         read_timeout: Some(Duration::from_secs(120)),
                         user_agent: concat!("warren/", env!("CARGO_PKG_VERSION")),
                         ..Default::default()
-                    });
-                    *cached = Some((config.fingerprint().to_string(), client.clone()));
+                    })
+                    .map_err(|e| ImageError::RegistryConfig {
+                        path: config.path().display().to_string(),
+                        message: format!(
+                            "cannot build a registry client ({e}); check the ca_file entries"
+                        ),
+                    })?;
+                    *cached = Some((fingerprint, client.clone()));
                     client
                 }
             }

@@ -12,6 +12,9 @@
 //!
 //! [registry."ghcr.io"]
 //! token = "..."            # sent as a bearer token
+//!
+//! [registry."registry.internal:5443"]
+//! ca_file = "/etc/warren/internal-ca.pem"   # trusted besides the system roots
 //! ```
 //!
 //! Credentials never reach a log line or an error message: the entry's
@@ -45,6 +48,8 @@ struct RegistryEntry {
     token: Option<String>,
     #[serde(default)]
     insecure: bool,
+    /// PEM file of CA certificates to trust for this registry's HTTPS.
+    ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for RegistryEntry {
@@ -54,6 +59,7 @@ impl fmt::Debug for RegistryEntry {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("insecure", &self.insecure)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -152,6 +158,26 @@ impl RegistryConfig {
             .filter(|(_, e)| e.insecure)
             .map(|(h, _)| h.clone())
             .collect()
+    }
+
+    /// The PEM contents of every configured `ca_file`. oci-client trusts
+    /// extra roots per client, not per registry, so all of them are added;
+    /// a CA still only vouches for the names it signed.
+    pub(crate) fn ca_certificates(&self) -> Result<Vec<Vec<u8>>, ImageError> {
+        let mut out = Vec::new();
+        for (host, entry) in &self.registries {
+            if let Some(file) = &entry.ca_file {
+                let pem = std::fs::read(file).map_err(|e| ImageError::RegistryConfig {
+                    path: self.path.display().to_string(),
+                    message: format!(
+                        "[registry.{host:?}]: cannot read ca_file {}: {e}",
+                        file.display()
+                    ),
+                })?;
+                out.push(pem);
+            }
+        }
+        Ok(out)
     }
 
     /// The credentials configured for `host`, anonymous when none are.
@@ -264,7 +290,16 @@ pub(crate) fn describe(
         },
         E::RequestError(r) => {
             let chain = error_chain(&r);
-            if config.is_insecure(host) {
+            let untrusted = ["certificate", "UnknownIssuer", "CaUsedAsEndEntity"]
+                .iter()
+                .any(|w| chain.contains(w));
+            if untrusted && !config.is_insecure(host) {
+                ImageError::Registry(format!(
+                    "registry {host}'s TLS certificate is not trusted ({chain}) while fetching \
+                     {what}; if it is signed by a private CA, add ca_file = \"/path/to/ca.pem\" \
+                     to [registry.\"{host}\"] in {cfg}"
+                ))
+            } else if config.is_insecure(host) {
                 ImageError::Registry(format!(
                     "cannot reach registry {host} over plain HTTP for {what}: {chain}"
                 ))

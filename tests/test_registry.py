@@ -709,3 +709,36 @@ def test_https_registry_with_a_private_ca(warren, registry, builder, sandbox):
     assert pull(warren, ref).stdout.decode().split() == [ref, digest]
     info = sandbox(image=ref)
     assert sh(warren, info["id"], "cat /over-tls") == "yes"
+
+
+def test_image_budget_prunes_after_pulls(images, registry, builder):
+    from conftest import own_daemon
+
+    reg = registry()
+    with own_daemon(images, args=["--image-budget", "1"]) as w:
+        configure(w, insecure(reg))
+        refs = []
+        for i in range(2):
+            repo = uniq(f"budget{i}")
+            b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(1 << 20)))
+            reg.push(b.layout, b.tag, f"{repo}:v1")
+            refs.append(f"{reg.host}/{repo}:v1")
+        pull(w, refs[0])
+        busy = w.create(image=refs[0])["id"]
+        pull(w, refs[1])
+        names = lambda: {i["name"] for i in w.http.get("/v1/images").json()}
+        # Over budget: nothing can go (one image in use, the other just
+        # pulled, busybox imported).
+        time.sleep(0.5)
+        assert {refs[0], refs[1], "busybox:latest"} <= names()
+        w.destroy(busy)
+        repo = uniq("budget2")
+        b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(1 << 20)))
+        reg.push(b.layout, b.tag, f"{repo}:v1")
+        pull(w, f"{reg.host}/{repo}:v1")
+        # The third pull pruned both older registry images, not itself and
+        # not the imported busybox.
+        wait_until(lambda: refs[0] not in names() and refs[1] not in names(), what="pruning")
+        assert {f"{reg.host}/{repo}:v1", "busybox:latest"} <= names()
+        pruned = wait_until(lambda: node_events(w, "images_pruned"), what="the images_pruned event")
+        assert refs[0] in pruned[-1]["message"] and refs[1] in pruned[-1]["message"], pruned

@@ -109,6 +109,10 @@ pub struct NodeSettings {
     pub sample_interval: std::time::Duration,
     /// The egress proxy: global allowlist, fixed name resolution, limits.
     pub egress: warren_net::Settings,
+    /// Most bytes the image store may hold; after a pull that downloaded
+    /// something, registry images no sandbox uses are removed (oldest
+    /// first) until it fits. None: only unreferenced content is collected.
+    pub image_budget: Option<u64>,
 }
 
 impl NodeSettings {
@@ -139,6 +143,7 @@ impl Default for NodeSettings {
             log_retention: std::time::Duration::from_secs(7 * 86400),
             sample_interval: sampler::DEFAULT_INTERVAL,
             egress: warren_net::Settings::default(),
+            image_budget: None,
         }
     }
 }
@@ -172,6 +177,7 @@ pub struct Node {
     runtime: Runtime,
     images: Arc<ImageStore>,
     puller: Puller,
+    image_budget: Option<u64>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     events: mpsc::UnboundedSender<NodeEvent>,
     exec_seq: AtomicU64,
@@ -220,6 +226,7 @@ impl Node {
                 MAX_DOWNLOADS,
                 (cores as usize).div_ceil(2),
             ),
+            image_budget: cfg.settings.image_budget,
             images,
             live: Mutex::new(HashMap::new()),
             events: tx,
@@ -340,7 +347,41 @@ impl Node {
             },
         };
         let _ = self.events.send(event);
+        if let (Some(budget), Ok(image)) = (self.image_budget, &result) {
+            if layers > 0 {
+                self.enforce_image_budget(budget, image);
+            }
+        }
         Ok(result?)
+    }
+
+    /// Prunes the store to `budget` in the background: the pull that grew it
+    /// has its answer already, and its image is kept (it is about to be
+    /// used).
+    fn enforce_image_budget(&self, budget: u64, pulled: &ImageRecord) {
+        let images = self.images.clone();
+        let events = self.events.clone();
+        let keep = self.images.pin_image(pulled);
+        tokio::task::spawn_blocking(move || {
+            let _keep = keep;
+            match images.prune(Some(budget)) {
+                Ok(report) if !report.removed.is_empty() => {
+                    let _ = events.send(NodeEvent::ImagePull {
+                    reason: "images_pruned",
+                    message: format!(
+                        "image store over its budget of {budget} bytes: removed {} ({} -> {} bytes)",
+                        report.removed.join(", "),
+                        report.used_before,
+                        report.used_after
+                    ),
+                });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not prune the image store to its budget")
+                }
+            }
+        });
     }
 
     /// Pushes a stored image (`source`, default the image named

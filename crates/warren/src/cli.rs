@@ -186,6 +186,11 @@ pub struct UpArgs {
     /// How long the log of a finished sandbox is kept (e.g. 7d, 12h).
     #[arg(long, default_value = "7d")]
     pub log_retention: String,
+    /// Most bytes the image store may hold (e.g. 50G): after each pull,
+    /// registry images no sandbox uses are removed, oldest first, until it
+    /// fits. Imported images are never removed.
+    #[arg(long)]
+    pub image_budget: Option<String>,
     /// How often every sandbox's cgroup is sampled.
     #[arg(long, default_value = "1s")]
     pub sample_interval: String,

@@ -39,6 +39,11 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         log_retention: warren_core::quantity::parse_duration(&args.log_retention)?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
         egress: egress_settings(&args)?,
+        image_budget: args
+            .image_budget
+            .as_deref()
+            .map(warren_core::quantity::parse_size)
+            .transpose()?,
     };
     let cfg = UpConfig {
         home: home.to_path_buf(),

@@ -742,3 +742,27 @@ def test_image_budget_prunes_after_pulls(images, registry, builder):
         assert {f"{reg.host}/{repo}:v1", "busybox:latest"} <= names()
         pruned = wait_until(lambda: node_events(w, "images_pruned"), what="the images_pruned event")
         assert refs[0] in pruned[-1]["message"] and refs[1] in pruned[-1]["message"], pruned
+
+
+def test_cli_create_shows_pull_progress_only_when_downloading(warren, registry, builder):
+    reg = registry()
+    configure(warren, insecure(reg))
+    repo = uniq("cli")
+    b = builder().layer(lambda r: (r / "payload").write_bytes(os.urandom(256 * 1024)))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    ref = f"{reg.host}/{repo}:v1"
+    ids = []
+    try:
+        p = warren.cli("create", "--image", ref)
+        ids.append(p.stdout.decode().strip())
+        err = p.stderr.decode()
+        assert "downloaded" in err and f"pulled {ref}" in err, err
+        p = warren.cli("create", "--image", ref)
+        ids.append(p.stdout.decode().strip())
+        assert p.stderr.decode() == ""
+        assert {warren.http.get(f"/v1/sandboxes/{i}").json()["image_digest"] for i in ids} == {digest}
+        p = warren.cli("create", "--image", f"{reg.host}/{uniq('nope')}:v1", check=False)
+        assert p.returncode != 0 and "has no manifest" in p.stderr.decode()
+    finally:
+        for i in ids:
+            warren.destroy(i)

@@ -27,7 +27,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Spawner => unreachable!("dispatched before the runtime starts"),
         Command::Image(cmd) => image(&client()?, cmd).await,
         Command::Create(args) => {
-            let info = client()?.create(&spec_from(&args, None)?).await?;
+            let c = client()?;
+            pull_for_create(&c, &args.image).await?;
+            let info = c.create(&spec_from(&args, None)?).await?;
             println!("{}", info.id);
             Ok(0)
         }
@@ -224,7 +226,12 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
             quiet,
             json,
         } => {
-            let image = pull(client, &reference, quiet).await?;
+            let output = if quiet {
+                PullOutput::Quiet
+            } else {
+                PullOutput::All
+            };
+            let image = pull(client, &reference, output).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&image)?);
             } else {
@@ -312,9 +319,18 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
     Ok(0)
 }
 
+/// What a pull prints on stderr.
+#[derive(Clone, Copy, PartialEq)]
+enum PullOutput {
+    Quiet,
+    All,
+    /// Only when something is downloaded (the implicit pull of a create).
+    Downloads,
+}
+
 /// Runs a pull with progress, printing a line per step to stderr; returns
 /// the image record.
-async fn pull(client: &Client, reference: &str, quiet: bool) -> Result<serde_json::Value> {
+async fn pull(client: &Client, reference: &str, output: PullOutput) -> Result<serde_json::Value> {
     let resp = client
         .send(
             client
@@ -339,7 +355,9 @@ async fn pull(client: &Client, reference: &str, quiet: bool) -> Result<serde_jso
                 "{}",
                 ev["error"]["message"].as_str().unwrap_or("the pull failed")
             ),
-            _ if quiet => {}
+            _ if output == PullOutput::Quiet => {}
+            "resolved" | "done"
+                if output == PullOutput::Downloads && ev["cached"].as_bool() != Some(false) => {}
             "resolved" => eprintln!(
                 "{} resolves to {}",
                 ev["reference"].as_str().unwrap_or(reference),
@@ -474,7 +492,17 @@ async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
 
 /// `warren run`: the command is the sandbox's main process; its output is
 /// followed through the sandbox log until the sandbox ends.
+/// A registry image is pulled with progress before the create (which
+/// would pull it silently); nothing is printed when it is already stored.
+async fn pull_for_create(client: &Client, image: &str) -> Result<()> {
+    if warren_image::registry_host(image).is_some() {
+        pull(client, image, PullOutput::Downloads).await?;
+    }
+    Ok(())
+}
+
 async fn run_main(client: &Client, a: &CreateArgs, cmd: Vec<String>, rm: bool) -> Result<i32> {
+    pull_for_create(client, &a.image).await?;
     let info = client.create(&spec_from(a, Some(cmd))?).await?;
     let id = info.id.clone();
     let result = follow_log(client, &id, true).await;

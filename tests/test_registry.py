@@ -251,6 +251,44 @@ def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbo
     assert f"{reg.host}/{repo}:v1" in names and f"{reg.host}/{repo}@{digest}" in names
 
 
+def recompress_zstd(layout, tag, index):
+    """Rewrites layer `index` of the tag as zstd (same diffID), updating the
+    manifest and index digests: an image with gzip and zstd layers mixed."""
+    layout = Path(layout)
+    blob = lambda d: layout / "blobs" / "sha256" / d.split(":", 1)[1]
+
+    def put(data):
+        d = "sha256:" + hashlib.sha256(data).hexdigest()
+        blob(d).write_bytes(data)
+        return d, len(data)
+
+    idx = json.loads((layout / "index.json").read_text())
+    entry = next(m for m in idx["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
+    manifest = json.loads(blob(entry["digest"]).read_text())
+    layer = manifest["layers"][index]
+    raw = subprocess.run(["gzip", "-dc", blob(layer["digest"])], check=True, capture_output=True).stdout
+    packed = subprocess.run(["zstd", "-q", "-c", "-"], input=raw, check=True, capture_output=True).stdout
+    layer["digest"], layer["size"] = put(packed)
+    layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd"
+    entry["digest"], entry["size"] = put(json.dumps(manifest).encode())
+    (layout / "index.json").write_text(json.dumps(idx))
+
+
+def test_mixed_gzip_and_zstd_layers(warren, registry, builder, sandbox):
+    reg = registry()
+    configure(warren, insecure(reg))
+    marker = uniq("mixed")
+    b = multi_layer(builder, marker)
+    recompress_zstd(b.layout, b.tag, 1)
+    repo = uniq("mix")
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    types = [l["mediaType"] for l in reg.manifest(digest, repo)["layers"]]
+    assert types[1].endswith("+zstd") and types[0].endswith("+gzip") and types[2].endswith("+gzip"), types
+    pull(warren, f"{reg.host}/{repo}:v1")
+    info = sandbox(image=f"{reg.host}/{repo}:v1")
+    assert sh(warren, info["id"], "cat /app/marker; ls /data") == marker + "new\n"
+
+
 def test_zstd_layers_are_pulled_and_unpacked(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -766,3 +804,79 @@ def test_cli_create_shows_pull_progress_only_when_downloading(warren, registry, 
     finally:
         for i in ids:
             warren.destroy(i)
+
+
+@contextlib.contextmanager
+def bearer_gate(backend, token):
+    """A loopback front for `backend` (host:port) that answers 401 with a
+    Bearer challenge unless a request carries `Authorization: Bearer token`,
+    as registries behind a token service do."""
+    import http.client
+    import http.server
+
+    class Gate(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def relay(self):
+            if self.path.startswith("/token"):
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if self.headers.get("Authorization") != f"Bearer {token}":
+                body = b'{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}'
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://{host}/token",service="gate"')
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            conn = http.client.HTTPConnection(backend)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")}
+            conn.request(self.command, self.path, body=self.rfile.read(length) if length else None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            self.send_response(resp.status)
+            for k, v in resp.getheaders():
+                if k.lower() not in ("transfer-encoding", "connection"):
+                    self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_HEAD = relay
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    host = f"127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield host
+    finally:
+        server.shutdown()
+
+
+def test_bearer_token_credentials(warren, registry, builder, sandbox):
+    reg = registry()
+    repo = uniq("bearer")
+    b = builder().layer(lambda r: (r / "who").write_text("token holder"))
+    digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+    with bearer_gate(reg.host, "s3cret-token") as gate:
+        ref = f"{gate}/{repo}:v1"
+        configure(warren, f'[registry."{gate}"]\ninsecure = true\n')
+        p = pull(warren, ref, check=False)
+        assert p.returncode != 0 and "requires authentication" in p.stderr.decode(), p.stderr.decode()
+        configure(warren, f'[registry."{gate}"]\ninsecure = true\ntoken = "wrong-token"\n')
+        p = pull(warren, ref, check=False)
+        err = p.stderr.decode()
+        assert p.returncode != 0 and "refused the credentials" in err and "wrong-token" not in err, err
+        configure(warren, f'[registry."{gate}"]\ninsecure = true\ntoken = "s3cret-token"\n')
+        assert pull(warren, ref).stdout.decode().split() == [ref, digest]
+        info = sandbox(image=ref)
+        assert sh(warren, info["id"], "cat /who") == "token holder"
+    log = (warren.home.parent / f"warren-{warren.port}.log").read_text(errors="replace")
+    assert "s3cret-token" not in log and "wrong-token" not in log

@@ -126,6 +126,9 @@ pub(crate) struct Session {
     pub config: RegistryConfig,
     /// The reference as the user wrote it, normalised, for messages.
     pub origin: String,
+    /// Whether this pull put a blob in the content store (which a failure
+    /// must then collect).
+    pub stored: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -251,13 +254,17 @@ impl Puller {
             }
             Err(e) => {
                 // Verified blobs this pull stored are referenced by nothing
-                // now that its pins are gone; drop them.
-                let store = self.store.clone();
-                let _ = blocking(move || {
-                    store.collect_garbage();
-                    Ok(())
-                })
-                .await;
+                // now that its pins are gone; drop them. (A pull that failed
+                // before storing anything, say on a bad tag, skips the
+                // collection and its exclusive lock.)
+                if session.stored.load(std::sync::atomic::Ordering::Relaxed) {
+                    let store = self.store.clone();
+                    let _ = blocking(move || {
+                        store.collect_garbage();
+                        Ok(())
+                    })
+                    .await;
+                }
                 Err(remote(e))
             }
         }
@@ -344,6 +351,7 @@ impl Puller {
             repo,
             config,
             origin,
+            stored: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -629,6 +637,7 @@ impl Puller {
         let (from, hex_owned) = (path.clone(), hex.to_string());
         blocking(move || store.commit_blob(&from, &hex_owned)).await?;
         tmp.0 = None;
+        s.stored.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

@@ -593,9 +593,13 @@ def test_commit_push_pull_on_a_clean_store_gives_the_same_files(warren, registry
     assert "uploaded 2 blobs" in p.stderr.decode()  # the new layer and config; the base was there
     # Pushing again uploads nothing.
     assert "uploaded 0 blobs" in warren.cli("image", "push", task).stderr.decode()
-    # --from pushes a stored image under another name.
+    # --from pushes a stored image under another name; to another
+    # repository of the same registry, every blob is mounted from the one
+    # the image came from instead of uploaded.
     other = f"{reg.host}/{uniq('copy')}:v2"
-    assert warren.cli("image", "push", other, "--from", task).stdout.decode().split() == [other, digest]
+    p = warren.cli("image", "push", other, "--from", task)
+    assert p.stdout.decode().split() == [other, digest]
+    assert "uploaded 0 blobs, mounted 5" in p.stderr.decode(), p.stderr.decode()
 
     r = warren.http.post("/v1/images/push", json={"reference": "no-registry:v1", "source": task})
     assert r.status_code == 400 and "names no registry" in r.json()["error"]["message"]

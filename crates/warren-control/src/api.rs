@@ -1027,8 +1027,9 @@ pub struct PushRequest {
 }
 
 /// Push a stored image to a registry: the blobs it lacks, then the
-/// manifest as stored (the digest does not change). Answers
-/// `{"image": record, "uploaded": blobs uploaded}`.
+/// manifest as stored (the digest does not change). Blobs the image's
+/// source repository on the same registry holds are mounted, not uploaded.
+/// Answers `{"image": record, "uploaded": N, "mounted": M}`.
 #[utoipa::path(post, path = "/v1/images/push", request_body = PushRequest,
     responses((status = 200, description = "pushed"), (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)))]
@@ -1044,14 +1045,14 @@ async fn push_image(
         ))
         .into());
     }
-    let (image, uploaded) = st
+    let (image, pushed) = st
         .control
         .node
         .push_image(&req.reference, req.source.as_deref())
         .await
         .map_err(node_error)?;
     Ok(Json(
-        serde_json::json!({"image": image, "uploaded": uploaded}),
+        serde_json::json!({"image": image, "uploaded": pushed.uploaded, "mounted": pushed.mounted}),
     ))
 }
 

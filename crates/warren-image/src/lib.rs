@@ -41,6 +41,7 @@ mod whiteout;
 
 pub use error::{ErrorKind, ImageError};
 pub use pull::{install_tls_provider, Progress, PullEvent, Puller};
+pub use push::Pushed;
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
 pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
 pub use store::{ImageStore, Pin, PruneReport};

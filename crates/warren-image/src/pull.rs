@@ -278,15 +278,15 @@ impl Puller {
         &self,
         reference: &str,
         source: Option<&str>,
-    ) -> Result<(ImageRecord, usize), ImageError> {
+    ) -> Result<(ImageRecord, crate::push::Pushed), ImageError> {
         let session = self.session(reference)?;
         let store = self.store.clone();
         let from = source.unwrap_or(reference).to_string();
         let record = blocking(move || store.resolve(&from)).await?;
         let pin = self.store.pin_image(&record);
-        let uploaded = crate::push::push(&self.store, &session, &record).await?;
+        let pushed = crate::push::push(&self.store, &session, &record).await?;
         drop(pin);
-        Ok((record, uploaded))
+        Ok((record, pushed))
     }
 
     fn session(&self, reference: &str) -> Result<Session, ImageError> {
@@ -474,6 +474,7 @@ impl Puller {
                 config,
                 layers,
                 index_digest,
+                source: format!("{}/{}", s.repo.registry(), s.repo.repository()),
             },
             pin,
         ))

@@ -15,12 +15,22 @@ use crate::store::ImageStore;
 /// Upload chunk size: the registry gets one PATCH per chunk.
 const CHUNK: usize = 4 << 20;
 
-/// Returns how many blobs were uploaded (the rest were there already).
+/// What a push sent.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Pushed {
+    /// Blobs uploaded from the store.
+    pub uploaded: usize,
+    /// Blobs the registry copied from the image's source repository.
+    pub mounted: usize,
+}
+
+/// Pushes `record`; blobs the target repository has are skipped, blobs its
+/// source repository on the same registry has are mounted from there.
 pub(crate) async fn push(
     store: &ImageStore,
     s: &Session,
     record: &ImageRecord,
-) -> Result<usize, ImageError> {
+) -> Result<Pushed, ImageError> {
     let manifest = store.read_blob(&record.digest)?;
     let media_type = serde_json::from_slice::<serde_json::Value>(&manifest)
         .ok()
@@ -39,7 +49,16 @@ pub(crate) async fn push(
         .await
         .map_err(s.fail(&format!("push access to {}", s.origin)))?;
 
-    let mut uploaded = 0;
+    // Mounting needs the source on the same registry and another repository.
+    let mount_from = record
+        .source
+        .as_deref()
+        .and_then(|src| src.split_once('/'))
+        .filter(|(host, repo)| *host == s.repo.registry() && *repo != s.repo.repository())
+        .map(|(host, repo)| {
+            oci_client::Reference::with_tag(host.to_string(), repo.to_string(), "latest".into())
+        });
+    let mut pushed = Pushed::default();
     let blobs = record
         .layers
         .iter()
@@ -54,6 +73,14 @@ pub(crate) async fn push(
             .map_err(s.fail(&what))?;
         if exists {
             continue;
+        }
+        if let Some(from) = &mount_from {
+            // A registry that cannot mount answers 202 and opens an upload
+            // instead (left to expire); then the blob is uploaded.
+            if s.client.mount_blob(&s.repo, from, digest).await.is_ok() {
+                pushed.mounted += 1;
+                continue;
+            }
         }
         let path = store.blob_path(sha256_hex(digest).unwrap_or_default());
         let file = tokio::fs::File::open(&path)
@@ -79,11 +106,11 @@ pub(crate) async fn push(
             .push_blob_stream(&s.repo, chunks, digest, Some(size))
             .await
             .map_err(s.fail(&what))?;
-        uploaded += 1;
+        pushed.uploaded += 1;
     }
     s.client
         .push_manifest_raw(&s.repo, manifest, content_type)
         .await
         .map_err(s.fail(&format!("manifest {} of {}", record.digest, s.origin)))?;
-    Ok(uploaded)
+    Ok(pushed)
 }

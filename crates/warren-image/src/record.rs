@@ -24,6 +24,11 @@ pub struct ImageRecord {
     /// the list's digest: what the tag resolves to at the registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_digest: Option<String>,
+    /// `registry/repository` the layers came from (a pull's, or for a
+    /// commit its base image's): a push to another repository of that
+    /// registry mounts them from there instead of uploading them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

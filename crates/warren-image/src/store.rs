@@ -76,6 +76,7 @@ struct Assembled<'a> {
     /// None for a docker-archive: a canonical OCI manifest is synthesised.
     manifest: Option<(String, Vec<u8>)>,
     index_digest: Option<String>,
+    source: Option<String>,
 }
 
 /// An image whose blobs a pull has put in the content store (verified
@@ -92,6 +93,8 @@ pub(crate) struct PulledImage {
     /// each (rather than finding it in the store).
     pub layers: Vec<(String, bool)>,
     pub index_digest: Option<String>,
+    /// `registry/repository` it was pulled from.
+    pub source: String,
 }
 
 /// An image made of a stored image plus one new layer; see
@@ -365,6 +368,7 @@ impl ImageStore {
                 config: image.config_parsed,
                 manifest,
                 index_digest: None,
+                source: None,
             },
             dirty,
         )
@@ -387,6 +391,7 @@ impl ImageStore {
             config,
             manifest,
             index_digest,
+            source,
         } = a;
         let diff_ids = config.rootfs().diff_ids().clone();
         let chains = chain_ids(&diff_ids);
@@ -456,6 +461,7 @@ impl ImageStore {
             layers,
             config: ImageConfig::from_oci(&config),
             index_digest,
+            source,
         };
         let replaced = self.write_record(&record)?;
         tracing::info!(name, digest = %record.digest, layers = record.layers.len(), "image stored");
@@ -546,6 +552,7 @@ impl ImageStore {
                         config: image.config,
                         manifest: Some((image.manifest_digest, image.manifest_bytes)),
                         index_digest: image.index_digest,
+                        source: Some(image.source),
                     },
                     &mut dirty,
                 )
@@ -608,6 +615,7 @@ impl ImageStore {
                         config: d.config,
                         manifest: Some((d.manifest_digest, d.manifest_bytes)),
                         index_digest: None,
+                        source: d.base.source.clone(),
                     },
                     &mut dirty,
                 )

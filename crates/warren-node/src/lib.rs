@@ -386,12 +386,12 @@ impl Node {
 
     /// Pushes a stored image (`source`, default the image named
     /// `reference`) to `reference` at its registry. Returns the image and
-    /// the number of blobs uploaded.
+    /// the blobs uploaded and mounted.
     pub async fn push_image(
         &self,
         reference: &str,
         source: Option<&str>,
-    ) -> Result<(ImageRecord, usize), NodeError> {
+    ) -> Result<(ImageRecord, warren_image::Pushed), NodeError> {
         Ok(self.puller.push(reference, source).await?)
     }
 

@@ -261,8 +261,9 @@ async fn image(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 )
                 .await?;
             eprintln!(
-                "uploaded {} blobs (the registry had the rest)",
-                res["uploaded"].as_u64().unwrap_or(0)
+                "uploaded {} blobs, mounted {} from the source repository (the registry had the rest)",
+                res["uploaded"].as_u64().unwrap_or(0),
+                res["mounted"].as_u64().unwrap_or(0)
             );
             println!(
                 "{reference} {}",

@@ -130,7 +130,12 @@ pub fn config(input: &ConfigInput<'_>) -> Value {
                 "devices": device_rules(),
                 "memory": { "limit": r.memory, "swap": r.memory },
                 "cpu": { "quota": quota, "period": CPU_PERIOD_US },
-                "pids": { "limit": r.pids }
+                "pids": { "limit": r.pids },
+                // cgroup v2: an OOM kill takes the sandbox's whole process
+                // group, not one process of it. libcgroups writes `unified`
+                // only on v2; v1 has no equivalent (its OOM killer picks one
+                // process, always inside the sandbox's memory cgroup).
+                "unified": { "memory.oom.group": "1" }
             },
             "rootfsPropagation": "private",
             "maskedPaths": MASKED_PATHS,
@@ -203,6 +208,7 @@ mod tests {
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["linux"]["resources"]["unified"]["memory.oom.group"], "1");
         assert_eq!(c["hostname"], "sbx-1");
         assert_eq!(c["process"]["noNewPrivileges"], true);
     }

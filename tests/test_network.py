@@ -413,25 +413,35 @@ def test_bandwidth_is_limited(images, net):
 
 
 def test_proxy_restart_fails_closed_and_recovers(images, net):
-    args = ["--net-resolve", f"web.test={WEB}"]
+    args = ["--net-resolve", f"web.test={WEB}", "--net-resolve", f"evil.test={EVIL}"]
     with own_daemon(images, args=args) as w:
         loop = (
             f"while true; do if timeout 2 wget -q -O /dev/null http://web.test:{net['http']}/r 2>/dev/null; "
             "then echo ok; else echo fail; fi >> /tmp/probe; sleep 0.1; done"
         )
         sid = w.create(network={"mode": "allowlist", "allow": [f"web.test:{net['http']}"]}, cmd=["sh", "-c", loop])["id"]
+        # A rule added at runtime must survive the restart too.
+        patched = [f"web.test:{net['http']}", f"evil.test:{net['http']}"]
+        assert w.http.patch(f"/v1/sandboxes/{sid}/network", json={"allow": patched}).status_code == 200
         time.sleep(1.0)
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
         time.sleep(1.5)
         w.start()
-        time.sleep(1.5)
-        probe = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/probe"}).text.split()
         # ok while up, fail while the proxy was gone (closed, not open), ok again.
-        first_fail = probe.index("fail")
-        assert "ok" in probe[:first_fail]
+        deadline = time.time() + 15
+        while True:
+            probe = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/probe"}).text.split()
+            first_fail = probe.index("fail") if "fail" in probe else len(probe)
+            if "ok" in probe[first_fail:] or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert "ok" in probe[:first_fail], probe
+        assert "fail" in probe, probe
         assert "ok" in probe[first_fail:], probe
         assert w.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        code, out, err = sh(w, sid, f"wget -q -O - http://evil.test:{net['http']}/")
+        assert (code, out) == (0, "evil\n"), err
 
 
 def test_inbound_port_forward_and_http_route(net):

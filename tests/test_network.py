@@ -333,6 +333,25 @@ def test_udp_ipv6_and_icmp_do_not_leave(net, allow_sbx):
     assert code != 0
 
 
+def test_metadata_host_services_and_unlisted_ports_are_unreachable(net, allow_sbx):
+    w = net["w"]
+    # No device to add, nothing to flush: no CAP_NET_ADMIN.
+    code, out, _ = sh(w, allow_sbx, "ip -o link | grep -v ' lo:' | wc -l; ip link add d0 type dummy 2>&1; echo rc=$?")
+    assert out.splitlines()[0] == "0" and "rc=0" not in out, out
+    # Cloud metadata through the proxy, and dialled directly.
+    code, out, _ = sh(w, allow_sbx, "wget -q -S -O - http://169.254.169.254/latest/meta-data/ 2>&1")
+    assert code != 0 and "403" in out, out
+    code, _, err = sh(w, allow_sbx, "timeout 5 wget -Y off -q -O - http://169.254.169.254/latest/meta-data/")
+    assert code == 1, err
+    # DNS over TCP, DoT, SMTP, QUIC's port over TCP: no listener, refused.
+    for target in ("8.8.8.8 53", "1.1.1.1 853", "203.0.113.9 25", "203.0.113.9 443"):
+        code, out, _ = sh(w, allow_sbx, f"echo x | timeout 5 nc -w 2 {target}; echo rc=$?")
+        assert "rc=0" not in out, (target, out)
+    # The daemon's API on the host's loopback is not the sandbox's loopback.
+    code, _, _ = sh(w, allow_sbx, f"timeout 5 wget -Y off -q -O - http://127.0.0.1:{w.port}/healthz")
+    assert code == 1
+
+
 def test_policy_change_closes_live_connections(net, allow_sbx):
     w = net["w"]
     result = {}

@@ -15,4 +15,7 @@ if ! command -v cargo >/dev/null; then
     echo "cargo is missing: install Rust (https://rustup.rs) first" >&2
     exit 1
 fi
+# The fuzz targets (fuzz/, run briefly by scripts/test.sh) need nightly and cargo-fuzz.
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 python3 -c "import pytest, httpx, prometheus_client" 2>/dev/null || python3 -m pip install -q pytest httpx prometheus-client

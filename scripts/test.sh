@@ -11,4 +11,6 @@ cargo build --workspace --all-targets
 # The escape suite's probe runs inside sandboxes: a static binary.
 cargo rustc -q -p warren-probe --release -- -C target-feature=+crt-static
 cargo test --workspace
+# The fuzz targets (fuzz/): 20 s each from their hostile seeds and grown corpus.
+scripts/fuzz.sh 20
 python3 -m pytest -q tests "$@"

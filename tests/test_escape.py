@@ -3,8 +3,10 @@ tries from inside a sandbox, as root and as an unprivileged user, what an
 attacker would (security.md §a) and reports one JSON line per check."""
 
 import json
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +54,9 @@ def run_probe(warren, sid, user):
 def test_escape_suite_passes(warren, sandbox, probe_image, user):
     sid = sandbox(image=probe_image)["id"]
     ex, lines, err = run_probe(warren, sid, user)
+    report = os.environ.get("WARREN_ESCAPE_REPORT")
+    if report:  # scripts/escape_table.py turns these into docs/security.md's table
+        Path(report, f"{user}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
     checks = [l for l in lines if "check" in l]
     failed = [l for l in checks if not l["pass"]]
     assert not failed, json.dumps(failed, indent=1)
@@ -60,7 +65,7 @@ def test_escape_suite_passes(warren, sandbox, probe_image, user):
     assert ex["code"] == 0, err
     # Every numbered family of security.md §a that the probe covers is there.
     families = {c["check"].split()[0] for c in checks}
-    for fam in ("01", "02", "03", "04", "05", "06", "07", "08", "09", "13", "14", "15", "36", "37"):
+    for fam in ("01", "02", "03", "04", "05", "06", "07", "08", "09", "13", "14", "15", "36", "37", "39"):
         assert fam in families, fam
     assert len(checks) >= 70
 
@@ -159,3 +164,124 @@ def test_inode_fill_is_bounded_by_the_disk_limit(warren, sandbox):
     assert 100 < created < 100_000, created
     assert "No space left on device" in (out + err).decode()
     assert warren.http.get("/healthz").status_code == 200
+
+
+def test_file_api_symlink_swap_race_stays_inside(warren, sandbox, tmp_path):
+    """Check 17's concurrent swap (the CVE-2018-15664 class): inside the
+    sandbox a loop keeps swapping a directory with symlinks to `/` and to a
+    host path, while the host hammers GET/PUT /files and `warren cp` on paths
+    through it. No host file may ever be read, written or created."""
+    import hashlib
+    import os
+    import shutil
+    import threading
+    import time
+    import uuid
+
+    import httpx
+
+    from helpers import make_tar, sh_ok
+
+    name = f"warren-race-{uuid.uuid4().hex[:8]}"
+    host_dir = f"/tmp/{name}"
+    os.makedirs(host_dir)
+    marker = os.path.join(host_dir, "marker")
+    secret = b"HOST-MARKER-" + uuid.uuid4().hex.encode()
+    with open(marker, "wb") as f:
+        f.write(secret)
+    st = os.stat(marker)
+
+    def host_state():
+        with open(marker, "rb") as f:
+            return sorted(os.listdir(host_dir)), hashlib.sha256(f.read()).hexdigest()
+
+    before = host_state()
+    try:
+        sid = sandbox()["id"]
+        # /w/swap is in turn a real directory (holding `side` and the host
+        # marker's path) and a symlink, to / or to the host directory. An
+        # upload can recreate /w/swap while it is briefly missing; the loop
+        # clears that and carries on.
+        sh_ok(warren, sid, f"""
+            mkdir -p /w/swap{host_dir} && echo real > /w/swap/side
+            (n=0; while [ ! -e /w/stop ]; do
+                if [ $((n % 2)) = 0 ]; then t=/; else t={host_dir}; fi
+                mv -T /w/swap /w/real
+                rm -rf /w/swap; ln -s $t /w/swap
+                rm -f /w/swap; mv -T /w/real /w/swap
+                n=$((n+1)); echo $n > /w/swaps
+            done) >/dev/null 2>&1 &
+        """)
+        # Through the link to / these name the host marker's path; through
+        # the link to the host directory, /w/swap/marker does.
+        targets = [f"/w/swap{host_dir}/marker", "/w/swap/marker"]
+        dirs = [f"/w/swap{host_dir}", "/w/swap", "/w/swap/tmp"]
+        seen = {"real": 0, "other": 0, "cut": 0, "done": 0, "leaked": []}
+        stop = time.time() + 4
+
+        def request(c, method, path, **kw):
+            # A file rewritten while it streams out can end the response
+            # early (its length was announced first); that is not a leak.
+            try:
+                return c.request(method, f"/v1/sandboxes/{sid}/files", params={"path": path}, **kw)
+            except httpx.TransportError:
+                seen["cut"] += 1
+                return None
+
+        def reader():
+            with warren.client() as c:
+                while time.time() < stop:
+                    r = request(c, "GET", "/w/swap/side")
+                    if r is not None:
+                        seen["real" if r.status_code == 200 else "other"] += 1
+                    for path in targets + dirs:
+                        r = request(c, "GET", path)
+                        if r is not None and secret in r.content:
+                            seen["leaked"].append(path)
+            seen["done"] += 1
+
+        def writer():
+            with warren.client() as c:
+                i = 0
+                while time.time() < stop:
+                    i += 1
+                    for path in targets:
+                        request(c, "PUT", path, content=b"pwned\n")
+                    for d in dirs[:2]:
+                        request(c, "PUT", f"{d}/new-{i}", content=b"pwned\n")
+                        tar = make_tar([("marker", "file", b"pwned tar\n", 0o644), (f"tar-{i}", "file", b"x", 0o644)])
+                        request(c, "PUT", d, content=tar, headers={"content-type": "application/x-tar"})
+            seen["done"] += 1
+
+        src = tmp_path / "cp-src"
+        src.write_bytes(b"pwned by cp\n")
+        threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+        for t in threads:
+            t.start()
+        cps = 0
+        while time.time() < stop:
+            cps += 1
+            for path in targets:
+                warren.cli("cp", str(src), f"{sid}:{path}", check=False)
+                out = tmp_path / f"cp-out-{cps}"
+                p = warren.cli("cp", f"{sid}:{path}", str(out), check=False)
+                if p.returncode == 0 and out.is_file() and secret in out.read_bytes():
+                    seen["leaked"].append(f"cp {path}")
+            warren.cli("cp", str(src), f"{sid}:/w/swap/cp-new", check=False)
+        for t in threads:
+            t.join()
+        swaps = int(sh_ok(warren, sid, "touch /w/stop; sleep 0.3; cat /w/swaps").strip())
+
+        print("swap race:", {k: v for k, v in seen.items() if k != "leaked"}, "swaps", swaps, "cp rounds", cps)
+        assert not seen["leaked"], seen["leaked"]
+        assert host_state() == before, host_state()
+        after = os.stat(marker)
+        assert (after.st_mtime_ns, after.st_ino, after.st_nlink) == (st.st_mtime_ns, st.st_ino, st.st_nlink)
+        # The race was real: the swapper kept going and requests landed on
+        # both the real directory and the links.
+        assert seen["done"] == 2, seen  # neither thread died
+        assert swaps > 20, swaps
+        assert cps > 3, cps
+        assert seen["real"] > 0 and seen["other"] > 0, seen
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)

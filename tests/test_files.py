@@ -308,6 +308,13 @@ def test_tar_entries_escaping_are_refused(warren, sandbox):
     assert host_snapshot([f"/tmp/{name}", f"/{name}"]) == before
     ev, out, _ = sh(warren, sid, f"find / -xdev -name '{name}*'")
     assert out == "", out
+    # A refused upload takes back the directories it made (here /tmp/untar
+    # and the entries' parents), and the files it had written before the
+    # refused entry.
+    tar = make_tar([("d/e/f", "file", b"ok\n", 0o644), ("../../escape", "file", b"evil\n", 0o644)])
+    r = put(warren, sid, "/tmp/untar/deeper", tar, headers=TAR)
+    assert r.status_code == 400, r.text
+    assert sh_ok(warren, sid, "ls -d /tmp/untar 2>/dev/null; echo end") == "end\n"
 
 
 def test_files_of_destroyed_sandbox_are_409(warren):

@@ -333,6 +333,25 @@ def test_udp_ipv6_and_icmp_do_not_leave(net, allow_sbx):
     assert code != 0
 
 
+def test_metadata_host_services_and_unlisted_ports_are_unreachable(net, allow_sbx):
+    w = net["w"]
+    # No device to add, nothing to flush: no CAP_NET_ADMIN.
+    code, out, _ = sh(w, allow_sbx, "ip -o link | grep -v ' lo:' | wc -l; ip link add d0 type dummy 2>&1; echo rc=$?")
+    assert out.splitlines()[0] == "0" and "rc=0" not in out, out
+    # Cloud metadata through the proxy, and dialled directly.
+    code, out, _ = sh(w, allow_sbx, "wget -q -S -O - http://169.254.169.254/latest/meta-data/ 2>&1")
+    assert code != 0 and "403" in out, out
+    code, _, err = sh(w, allow_sbx, "timeout 5 wget -Y off -q -O - http://169.254.169.254/latest/meta-data/")
+    assert code == 1, err
+    # DNS over TCP, DoT, SMTP, QUIC's port over TCP: no listener, refused.
+    for target in ("8.8.8.8 53", "1.1.1.1 853", "203.0.113.9 25", "203.0.113.9 443"):
+        code, out, _ = sh(w, allow_sbx, f"echo x | timeout 5 nc -w 2 {target}; echo rc=$?")
+        assert "rc=0" not in out, (target, out)
+    # The daemon's API on the host's loopback is not the sandbox's loopback.
+    code, _, _ = sh(w, allow_sbx, f"timeout 5 wget -Y off -q -O - http://127.0.0.1:{w.port}/healthz")
+    assert code == 1
+
+
 def test_policy_change_closes_live_connections(net, allow_sbx):
     w = net["w"]
     result = {}
@@ -413,25 +432,35 @@ def test_bandwidth_is_limited(images, net):
 
 
 def test_proxy_restart_fails_closed_and_recovers(images, net):
-    args = ["--net-resolve", f"web.test={WEB}"]
+    args = ["--net-resolve", f"web.test={WEB}", "--net-resolve", f"evil.test={EVIL}"]
     with own_daemon(images, args=args) as w:
         loop = (
             f"while true; do if timeout 2 wget -q -O /dev/null http://web.test:{net['http']}/r 2>/dev/null; "
             "then echo ok; else echo fail; fi >> /tmp/probe; sleep 0.1; done"
         )
         sid = w.create(network={"mode": "allowlist", "allow": [f"web.test:{net['http']}"]}, cmd=["sh", "-c", loop])["id"]
+        # A rule added at runtime must survive the restart too.
+        patched = [f"web.test:{net['http']}", f"evil.test:{net['http']}"]
+        assert w.http.patch(f"/v1/sandboxes/{sid}/network", json={"allow": patched}).status_code == 200
         time.sleep(1.0)
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
         time.sleep(1.5)
         w.start()
-        time.sleep(1.5)
-        probe = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/probe"}).text.split()
         # ok while up, fail while the proxy was gone (closed, not open), ok again.
-        first_fail = probe.index("fail")
-        assert "ok" in probe[:first_fail]
+        deadline = time.time() + 15
+        while True:
+            probe = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/probe"}).text.split()
+            first_fail = probe.index("fail") if "fail" in probe else len(probe)
+            if "ok" in probe[first_fail:] or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert "ok" in probe[:first_fail], probe
+        assert "fail" in probe, probe
         assert "ok" in probe[first_fail:], probe
         assert w.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        code, out, err = sh(w, sid, f"wget -q -O - http://evil.test:{net['http']}/")
+        assert (code, out) == (0, "evil\n"), err
 
 
 def test_inbound_port_forward_and_http_route(net):

@@ -60,6 +60,18 @@ pub(crate) async fn set_network(
     }))
 }
 
+/// A connection to `port` on the sandbox's loopback; any call on a sandbox
+/// renews its lease.
+async fn open_port(st: &AppState, id: &str, port: u16) -> Result<tokio::net::TcpStream, ApiError> {
+    st.control.get(id).await?;
+    st.control.node.renew_lease(id);
+    st.control
+        .node
+        .connect_port(id, port)
+        .await
+        .map_err(node_error)
+}
+
 fn port_of(raw: &str) -> Result<u16, ApiError> {
     raw.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
         ApiError::bad_request(format!("port {raw:?} must be a number from 1 to 65535"))
@@ -88,14 +100,7 @@ pub(crate) async fn port_connect(
         )
         .into());
     }
-    st.control.get(&id).await?;
-    st.control.node.renew_lease(&id);
-    let upstream = st
-        .control
-        .node
-        .connect_port(&id, port)
-        .await
-        .map_err(node_error)?;
+    let upstream = open_port(&st, &id, port).await?;
     let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         if let Ok(up) = on_upgrade.await {
@@ -140,14 +145,7 @@ async fn proxy_http(
     req: Request,
 ) -> ApiResult<Response> {
     let port = port_of(&port)?;
-    st.control.get(&id).await?;
-    st.control.node.renew_lease(&id);
-    let upstream = st
-        .control
-        .node
-        .connect_port(&id, port)
-        .await
-        .map_err(node_error)?;
+    let upstream = open_port(&st, &id, port).await?;
     let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
         .await
         .map_err(|e| {

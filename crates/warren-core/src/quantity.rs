@@ -63,6 +63,13 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// Whole milliseconds: the finest unit `format_duration` writes, so a
+/// duration that is stored and read back stays the same.
+pub fn millis(secs: f64) -> Duration {
+    Duration::from_millis((secs * 1000.0).round() as u64)
+}
+
+/// Parses a duration, rounded to whole milliseconds.
 pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
     let err = || QuantityError::Duration(input.to_string());
     let s = input.trim();
@@ -93,7 +100,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuantityError> {
         if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
             return Err(err());
         }
-        total += Duration::from_secs_f64(secs);
+        total = total.checked_add(millis(secs)).ok_or_else(err)?;
         rest = next;
     }
     Ok(total)
@@ -155,6 +162,20 @@ mod tests {
         assert!(parse_duration("").is_err());
         assert!(parse_duration("5y").is_err());
         assert_eq!(format_duration(Duration::from_secs(600)), "10m");
+    }
+
+    // Found by the `spec` fuzz target: "5.5ms" was kept to the nanosecond
+    // but stored as "5ms", so a spec read back differed from the one
+    // accepted ("0.4ms" even turned into a zero, refused, ttl).
+    #[test]
+    fn durations_are_whole_milliseconds_and_survive_formatting() {
+        assert_eq!(parse_duration("5.5ms"), Ok(Duration::from_millis(6)));
+        assert_eq!(parse_duration("0.4ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.0005s"), Ok(Duration::from_millis(1001)));
+        for text in ["5.5ms", "1.5h", "0.25s", "1h30m250ms", "2d"] {
+            let d = parse_duration(text).unwrap();
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d), "{text}");
+        }
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl<'de> Deserialize<'de> for Dur {
         match NumOrText::deserialize(d)? {
             NumOrText::Int(n) => Ok(Dur(Duration::from_secs(n))),
             NumOrText::Float(f) if f.is_finite() && (0.0..1e12).contains(&f) => {
-                Ok(Dur(Duration::from_secs_f64(f)))
+                Ok(Dur(quantity::millis(f)))
             }
             NumOrText::Float(f) => Err(QuantityError::Duration(f.to_string())),
             NumOrText::Text(s) => quantity::parse_duration(&s).map(Dur),
@@ -455,6 +455,25 @@ mod tests {
         assert_eq!(
             spec(r#"{"image":""}"#).expect("parses").resolve(),
             Err(SpecError::MissingImage)
+        );
+    }
+
+    // Found by the `spec` fuzz target: sub-millisecond durations did not
+    // survive the spec's own serialised form.
+    #[test]
+    fn stored_spec_reads_back_the_same() {
+        for json in [
+            r#"{"image":"a","keep_for":"5.5ms","ttl":0.0004,"lease":1.0000001}"#,
+            r#"{"image":"a","ttl":"0.6ms","keep_for":0.0105}"#,
+        ] {
+            let s = spec(json).expect("parses");
+            let again = spec(&serde_json::to_string(&s).expect("serialises")).expect("reads back");
+            assert_eq!(again, s, "{json}");
+            assert_eq!(again.resolve(), s.resolve(), "{json}");
+        }
+        assert_eq!(
+            spec(r#"{"image":"a","ttl":0.0004}"#).unwrap().resolve(),
+            Err(SpecError::ZeroTtl)
         );
     }
 

@@ -45,3 +45,18 @@ pub use push::Pushed;
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
 pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
 pub use store::{ImageStore, Pin, PruneReport};
+
+/// Entry points for the fuzz targets in `fuzz/`; not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::io::Read;
+    use std::path::Path;
+
+    use crate::ImageError;
+
+    /// Applies one (gzip, zstd or plain) layer tar to the empty directory
+    /// `dest` exactly as an import does; returns the layer's diffID.
+    pub fn unpack_layer<R: Read>(blob: R, dest: &Path) -> Result<String, ImageError> {
+        crate::unpack::unpack_layer(blob, dest, "fuzzed layer").map(|s| s.diff_id)
+    }
+}

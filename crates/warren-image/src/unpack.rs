@@ -8,7 +8,7 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -21,6 +21,15 @@ use crate::confine::{self, Cleared};
 use crate::digest::HashingReader;
 use crate::error::{ImageError, IoContext};
 use crate::whiteout::{self, Whiteout};
+
+/// Largest file a layer may hold; real images never come near it.
+const MAX_FILE_SIZE: u64 = 1 << 40;
+
+/// Largest GNU sparse entry. Such an entry declares its size apart from the
+/// bytes it carries, so a few hundred bytes can announce terabytes of
+/// zeros, which tar hands over one by one: even written as holes they cost
+/// CPU time in proportion. Image builders do not write sparse entries.
+const MAX_SPARSE_SIZE: u64 = 1 << 30;
 
 pub(crate) struct LayerStats {
     /// sha256 of the decompressed tar stream.
@@ -129,6 +138,15 @@ impl Unpacker<'_> {
         use tar::EntryType as T;
         match kind {
             T::Regular | T::Continuous | T::GNUSparse => {
+                let (declared, limit) = match entry.header().as_gnu() {
+                    Some(gnu) if kind == T::GNUSparse => {
+                        (gnu.real_size().unwrap_or(u64::MAX), MAX_SPARSE_SIZE)
+                    }
+                    _ => (entry.size(), MAX_FILE_SIZE),
+                };
+                if declared > limit {
+                    return Err(self.too_big(&shown, declared, limit));
+                }
                 let dir = self.mkdir_all(parent, &shown)?;
                 self.write_file(dir, OsStr::from_bytes(base), &mut entry, &meta, &shown)
             }
@@ -312,6 +330,7 @@ impl Unpacker<'_> {
         .ctx(|| self.at(shown, "creating"))?;
         let mut file = File::from(fd);
         let mut buf = vec![0u8; 128 * 1024];
+        let mut len: u64 = 0;
         loop {
             let n = match entry.read(&mut buf) {
                 Ok(0) => break,
@@ -319,10 +338,24 @@ impl Unpacker<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(corrupt(self.what, &e)),
             };
-            file.write_all(&buf[..n])
-                .ctx(|| self.at(shown, "writing (is the disk full?)"))?;
+            // Zeros become a hole: a sparse entry's gaps (which tar hands
+            // over as zeros) and long zero runs then cost no disk.
+            if buf[..n].iter().all(|b| *b == 0) {
+                file.seek(io::SeekFrom::Current(n as i64))
+                    .ctx(|| self.at(shown, "seeking"))?;
+            } else {
+                file.write_all(&buf[..n])
+                    .ctx(|| self.at(shown, "writing (is the disk full?)"))?;
+            }
+            len += n as u64;
             self.size += n as u64;
+            if len > MAX_FILE_SIZE {
+                return Err(self.too_big(shown, len, MAX_FILE_SIZE));
+            }
         }
+        // A trailing hole has to be made explicitly.
+        file.set_len(len)
+            .ctx(|| self.at(shown, "setting the size"))?;
         self.set_attrs(file.as_fd(), meta, shown)?;
         rustix::fs::futimens(&file, &meta.times).ctx(|| self.at(shown, "setting times"))
     }
@@ -487,6 +520,15 @@ impl Unpacker<'_> {
         Ok(())
     }
 
+    fn too_big(&self, shown: &str, size: u64, limit: u64) -> ImageError {
+        ImageError::UnsafeLayer(format!(
+            "{}: entry {shown:?} is {size} bytes, over the {limit}-byte limit for one such \
+             file (sparse tar entries: 1 GiB, others: 1 TiB); the layer is malicious or \
+             broken, do not run it, or rebuild it without `tar --sparse`",
+            self.what
+        ))
+    }
+
     fn invalid(&self, shown: &str, problem: &str) -> ImageError {
         ImageError::InvalidArchive(format!(
             "{}: entry {shown:?} {problem}; the layer is malformed, rebuild the image",
@@ -572,6 +614,58 @@ mod tests {
         assert_eq!((t.tv_sec, t.tv_nsec), (-2, 750_000_000));
         assert!(parse_pax_time(b"abc").is_none());
         assert!(parse_pax_time(b"1.2x").is_none());
+    }
+
+    /// A GNU sparse entry of `real` bytes whose only data is 512 `x` at the end.
+    fn sparse_layer(real: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNUSparse);
+        h.set_path("big").unwrap();
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(512);
+        let gnu = h.as_gnu_mut().unwrap();
+        gnu.set_real_size(real);
+        gnu.sparse[0].set_offset(real - 512);
+        gnu.sparse[0].set_length(512);
+        h.set_cksum();
+        let mut out = h.as_bytes().to_vec();
+        out.extend_from_slice(&[b'x'; 512]);
+        out.extend_from_slice(&[0; 1024]);
+        out
+    }
+
+    // A 2 KB layer announcing gigabytes of zeros used to fill the node's
+    // disk with them (found by hand while fuzzing image_unpack: a 10 KB
+    // GNU tar of a 3G sparse file filled a 1G tmpfs; it is now a seed).
+    #[test]
+    fn sparse_entries_become_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let real = 64 << 20;
+        unpack_layer(&sparse_layer(real)[..], dir.path(), "sparse").unwrap();
+        let meta = std::fs::metadata(dir.path().join("big")).unwrap();
+        assert_eq!(meta.len(), real);
+        assert!(meta.blocks() * 512 < 1 << 20, "{} blocks", meta.blocks());
+        let data = std::fs::read(dir.path().join("big")).unwrap();
+        assert!(data[..data.len() - 512].iter().all(|b| *b == 0));
+        assert!(data[data.len() - 512..].iter().all(|b| *b == b'x'));
+    }
+
+    #[test]
+    fn sparse_entries_over_the_limit_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = unpack_layer(
+            &sparse_layer(MAX_SPARSE_SIZE + 4096)[..],
+            dir.path(),
+            "bomb",
+        )
+        .err()
+        .expect("refused");
+        assert!(matches!(err, ImageError::UnsafeLayer(_)), "{err}");
+        assert!(!dir.path().join("big").exists());
     }
 
     #[test]

@@ -124,6 +124,432 @@ fn x32_getpid() -> i32 {
     sys(0x4000_0000 | libc::SYS_getpid, [0; 6])
 }
 
+/// `mount(2)` with constant strings; returns errno (0 on success).
+fn mount_fs(source: &str, target: &str, fstype: &str, data: &str) -> i32 {
+    let c = |v: &str| CString::new(v).unwrap_or_default();
+    let (src, tgt, fst, dat) = (c(source), c(target), c(fstype), c(data));
+    // SAFETY: mount with C strings we own for the duration of the call.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            tgt.as_ptr(),
+            fst.as_ptr(),
+            0,
+            dat.as_ptr() as *const libc::c_void,
+        )
+    };
+    if rc < 0 {
+        errno()
+    } else {
+        0
+    }
+}
+
+/// CDK's mount-cgroup: mount a cgroup v1 hierarchy (or cgroup2) and point
+/// its release_agent at a payload, which the host kernel would run as root.
+/// Any release_agent found open is only written with its own content.
+fn cdk_mount_cgroup(r: &mut Report) {
+    let _ = fs::create_dir_all("/tmp/probe-cg");
+    let mut observed = Vec::new();
+    let mut pass = true;
+    for (fstype, data) in [("cgroup", "rdma"), ("cgroup", "memory"), ("cgroup2", "")] {
+        let e = mount_fs("cgroup", "/tmp/probe-cg", fstype, data);
+        observed.push(format!(
+            "mount {}: {}",
+            format!("{fstype} {data}").trim(),
+            errname(e)
+        ));
+        pass &= denied(e);
+        if e == 0 {
+            pass = false;
+            let agent = write_back("/tmp/probe-cg/release_agent");
+            observed.push(format!("release_agent write: {agent:?}"));
+            // SAFETY: unmounting the path we just mounted.
+            unsafe { libc::umount2(c"/tmp/probe-cg".as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    // The hierarchies the sandbox already sees must not let it set one either.
+    let mut agents: Vec<String> = vec!["/sys/fs/cgroup/release_agent".into()];
+    if let Ok(d) = fs::read_dir("/sys/fs/cgroup") {
+        for e in d.flatten() {
+            agents.push(format!("{}/release_agent", e.path().display()));
+        }
+    }
+    let mut seen = 0;
+    for path in &agents {
+        match fs::OpenOptions::new().write(true).open(path) {
+            Ok(_) => {
+                pass = false;
+                observed.push(format!("{path} opens for writing ({:?})", write_back(path)));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => seen += 1,
+        }
+    }
+    observed.push(format!(
+        "{seen} existing release_agent files, none writable"
+    ));
+    r.line(
+        "39 cdk mount-cgroup (release_agent)",
+        "mount EPERM; no writable release_agent",
+        &observed.join("; "),
+        pass,
+    );
+}
+
+/// Writes a file's own content back to it: proves it can be written
+/// without changing what the host would run.
+fn write_back(path: &str) -> std::io::Result<()> {
+    let current = fs::read(path)?;
+    let mut f = fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(if current.is_empty() { b"\n" } else { &current })
+}
+
+/// CDK's rewrite-cgroup-devices, and its kin: the sandbox's own cgroup
+/// files (device allowlist, pids and memory limits) and new cgroups must be
+/// out of its reach, or root inside lifts its own limits.
+fn cdk_rewrite_cgroup(r: &mut Report) {
+    let mut writable = Vec::new();
+    let mut refused = 0;
+    for path in [
+        "/sys/fs/cgroup/devices/devices.allow",
+        "/sys/fs/cgroup/pids/pids.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes",
+        "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+        "/sys/fs/cgroup/pids.max",
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/cpu.max",
+        "/sys/fs/cgroup/cgroup.procs",
+    ] {
+        match fs::OpenOptions::new().write(true).open(path) {
+            Ok(_) => writable.push(path.to_string()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => refused += 1,
+        }
+    }
+    let hierarchies: Vec<String> = fs::read_dir("/sys/fs/cgroup")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path().display().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    for dir in std::iter::once("/sys/fs/cgroup".to_string()).chain(hierarchies) {
+        let new = format!("{dir}/probe-cgroup");
+        if fs::create_dir(&new).is_ok() {
+            let _ = fs::remove_dir(&new);
+            writable.push(format!("mkdir {new}"));
+        }
+    }
+    r.line(
+        "39 cdk rewrite-cgroup-devices (own limits, new cgroups)",
+        "EROFS/EACCES",
+        &if writable.is_empty() {
+            format!("{refused} limit files refused, no mkdir")
+        } else {
+            format!("writable: {writable:?}")
+        },
+        writable.is_empty() && refused > 0,
+    );
+}
+
+/// CDK's mount-procfs: a fresh procfs would bypass the read-only
+/// /proc/sys and let core_pattern run a host command.
+fn cdk_mount_procfs(r: &mut Report) {
+    let _ = fs::create_dir_all("/tmp/probe-proc");
+    let e = mount_fs("proc", "/tmp/probe-proc", "proc", "");
+    let mut observed = format!("mount proc: {}", errname(e));
+    let mut pass = denied(e);
+    if e == 0 {
+        let w = fs::write(
+            "/tmp/probe-proc/sys/kernel/core_pattern",
+            b"|/probe-payload",
+        );
+        observed.push_str(&format!("; core_pattern write: {w:?}"));
+        // SAFETY: unmounting the path we just mounted.
+        unsafe { libc::umount2(c"/tmp/probe-proc".as_ptr(), libc::MNT_DETACH) };
+        pass = false;
+    }
+    r.line(
+        "39 cdk mount-procfs (core_pattern)",
+        "EPERM",
+        &observed,
+        pass,
+    );
+}
+
+/// The header of `struct file_handle` followed by an ext4/xfs-style handle
+/// (inode, generation): what the shocker exploit forges.
+#[repr(C)]
+struct ForgedHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    ino: u32,
+    generation: u32,
+}
+
+/// CDK's cap-dac-read-search ("shocker"): open_by_handle_at with a forged
+/// handle for inode 2 (the root of most host file systems) walks straight
+/// out of any mount namespace if CAP_DAC_READ_SEARCH is held.
+fn cdk_cap_dac_read_search(r: &mut Report) {
+    let cap_eff = u64::from_str_radix(&read_status("CapEff:"), 16).unwrap_or(u64::MAX);
+    // CAP_DAC_READ_SEARCH is capability 2 (linux/capability.h).
+    let has_cap = cap_eff & (1 << 2) != 0;
+    let mut observed = format!(
+        "CAP_DAC_READ_SEARCH {}",
+        if has_cap { "held" } else { "absent" }
+    );
+    let mut pass = !has_cap;
+    for path in ["/", "/etc/hostname"] {
+        let Ok(mount) = fs::File::open(path) else {
+            continue;
+        };
+        use std::os::fd::AsRawFd;
+        let mut handle = ForgedHandle {
+            handle_bytes: 8,
+            handle_type: 1,
+            ino: 2,
+            generation: 0,
+        };
+        let e = sys(
+            libc::SYS_open_by_handle_at,
+            [
+                mount.as_raw_fd() as libc::c_long,
+                &mut handle as *mut ForgedHandle as libc::c_long,
+                libc::O_RDONLY as libc::c_long,
+                0,
+                0,
+                0,
+            ],
+        );
+        observed.push_str(&format!(
+            "; open_by_handle_at(inode 2 via {path}): {}",
+            errname(e)
+        ));
+        pass &= denied(e);
+    }
+    r.line(
+        "39 cdk cap-dac-read-search (shocker)",
+        "capability absent; EPERM",
+        &observed,
+        pass,
+    );
+}
+
+/// The part of CDK's abuse-unpriv-userns (CVE-2022-0492) that runs after
+/// unshare: in a child, ask for user, mount and cgroup namespaces at once;
+/// if that worked, mount cgroupfs and set release_agent, as the exploit does.
+fn userns_chain() -> i32 {
+    // SAFETY: unshare takes flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP) } < 0
+    {
+        return 10 + errno();
+    }
+    let _ = fs::create_dir_all("/tmp/probe-ucg");
+    if mount_fs("cgroup", "/tmp/probe-ucg", "cgroup", "rdma") != 0 {
+        return 2;
+    }
+    if write_back("/tmp/probe-ucg/release_agent").is_err() {
+        return 3;
+    }
+    4
+}
+
+fn cdk_abuse_unpriv_userns(r: &mut Report) {
+    let out = in_child(userns_chain);
+    let observed = match out
+        .strip_prefix("exit ")
+        .and_then(|c| c.parse::<i32>().ok())
+    {
+        Some(c) if c >= 10 => format!("unshare: {}", errname(c - 10)),
+        Some(2) => "unshare worked; cgroup mount refused".into(),
+        Some(3) => "unshare and cgroup mount worked; release_agent refused".into(),
+        Some(4) => "release_agent written".into(),
+        _ => out.clone(),
+    };
+    let refused = observed == "unshare: EPERM" || observed == "unshare: ENOSYS";
+    r.line(
+        "39 cdk abuse-unpriv-userns",
+        "unshare EPERM",
+        &observed,
+        refused || out.starts_with("killed"),
+    );
+}
+
+/// Inode numbers the kernel gives the initial namespaces (PROC_*_INIT_INO):
+/// a sandbox showing one of these shares that namespace with the host.
+const INIT_NS: [(&str, u64); 5] = [
+    ("pid", 0xEFFF_FFFC),
+    ("ipc", 0xEFFF_FFFF),
+    ("uts", 0xEFFF_FFFE),
+    ("cgroup", 0xEFFF_FFFB),
+    ("user", 0xEFFF_FFFD),
+];
+
+fn ns_inode(name: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(format!("/proc/self/ns/{name}"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// amicontained's profile, as far as security.md §9 does not cover it
+/// already (seccomp mode and capabilities are check 09): namespaces, the
+/// LSM profile and the number of syscalls the sandbox cannot make.
+fn amicontained(r: &mut Report) {
+    let mut own = Vec::new();
+    let mut shared = Vec::new();
+    for (name, init) in INIT_NS {
+        match ns_inode(name) {
+            Some(ino) if ino == init => shared.push(name),
+            Some(_) => own.push(name),
+            None => shared.push(name),
+        }
+    }
+    // No user namespace yet (docs/security.md, residual risks): the profile
+    // pins that, so adding one shows up here as a change to review.
+    let pass = ["pid", "ipc", "uts", "cgroup"]
+        .iter()
+        .all(|n| own.contains(n));
+    r.line(
+        "39 amicontained namespaces",
+        "own: pid ipc uts cgroup; host: user (not used yet)",
+        &format!("own: {}; host: {}", own.join(" "), shared.join(" ")),
+        pass && shared == ["user"],
+    );
+    let lsm = [
+        "/proc/self/attr/apparmor/current",
+        "/proc/self/attr/current",
+    ]
+    .iter()
+    .find_map(|p| fs::read_to_string(p).ok())
+    .map(|s| s.trim_end_matches('\0').trim().to_string())
+    .unwrap_or_else(|| "none".into());
+    r.line(
+        "39 amicontained LSM profile",
+        "none or unconfined (Warren sets no LSM profile)",
+        &lsm,
+        lsm == "none" || lsm == "unconfined" || lsm.is_empty(),
+    );
+    let (blocked, names) = blocked_syscalls();
+    let must = [
+        "mount",
+        "umount2",
+        "unshare",
+        "setns",
+        "pivot_root",
+        "bpf",
+        "ptrace",
+        "keyctl",
+        "init_module",
+        "kexec_load",
+        "open_by_handle_at",
+        "perf_event_open",
+        "userfaultfd",
+    ];
+    let missing: Vec<&str> = must
+        .iter()
+        .copied()
+        .filter(|m| !names.contains(m))
+        .collect();
+    r.line(
+        "39 amicontained blocked syscalls",
+        "at least Docker's 57, including mount unshare setns bpf ptrace ...",
+        &format!("{blocked} blocked; missing from the must-list: {missing:?}"),
+        blocked >= 57 && missing.is_empty(),
+    );
+}
+
+/// Syscalls that would block or end the probing child instead of answering.
+const NOT_PROBED: [libc::c_long; 14] = [
+    libc::SYS_pause,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_ppoll,
+    libc::SYS_poll,
+    libc::SYS_rt_sigsuspend,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_fork,
+    libc::SYS_vfork,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_seccomp,
+];
+
+/// Like amicontained: every x86_64 syscall with zero arguments, each in a
+/// child of its own (with a one-second alarm), counted as blocked when it
+/// answers EPERM or the filter kills the caller.
+fn blocked_syscalls() -> (usize, Vec<&'static str>) {
+    let named: [(&str, libc::c_long); 13] = [
+        ("mount", libc::SYS_mount),
+        ("umount2", libc::SYS_umount2),
+        ("unshare", libc::SYS_unshare),
+        ("setns", libc::SYS_setns),
+        ("pivot_root", libc::SYS_pivot_root),
+        ("bpf", libc::SYS_bpf),
+        ("ptrace", libc::SYS_ptrace),
+        ("keyctl", libc::SYS_keyctl),
+        ("init_module", libc::SYS_init_module),
+        ("kexec_load", libc::SYS_kexec_load),
+        ("open_by_handle_at", libc::SYS_open_by_handle_at),
+        ("perf_event_open", libc::SYS_perf_event_open),
+        ("userfaultfd", libc::SYS_userfaultfd),
+    ];
+    let mut count = 0;
+    let mut names = Vec::new();
+    for nr in 0..=462 {
+        if NOT_PROBED.contains(&nr) {
+            continue;
+        }
+        // SAFETY: the probe is single-threaded, so the child may run any code.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: alarm and a zero-argument syscall in a throwaway child;
+            // _exit leaves without touching the parent's state.
+            unsafe {
+                libc::alarm(1);
+                let rc = libc::syscall(nr, 0, 0, 0, 0, 0, 0);
+                let code = if rc < 0 && errno() == libc::EPERM {
+                    1
+                } else {
+                    0
+                };
+                libc::_exit(code)
+            }
+        }
+        if pid < 0 {
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: waiting for the child we just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        let blocked = (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 1)
+            || (libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS);
+        if blocked {
+            count += 1;
+            if let Some((name, _)) = named.iter().find(|(_, n)| *n == nr) {
+                names.push(*name);
+            }
+        }
+    }
+    (count, names)
+}
+
+/// Known container-escape toolkits' techniques, written as our own probes
+/// (security.md §a check 39): CDK's mount-cgroup, mount-procfs,
+/// cap-dac-read-search and abuse-unpriv-userns, and amicontained's profile.
+fn toolkit_techniques(r: &mut Report) {
+    cdk_mount_cgroup(r);
+    cdk_rewrite_cgroup(r);
+    cdk_mount_procfs(r);
+    cdk_cap_dac_read_search(r);
+    cdk_abuse_unpriv_userns(r);
+    amicontained(r);
+}
+
 fn main() {
     let mut r = Report { failed: 0 };
     let root = read_status("Uid:").split_whitespace().next() == Some("0");
@@ -594,6 +1020,8 @@ fn main() {
         &errname(tty),
         tty != 0,
     );
+
+    toolkit_techniques(&mut r);
 
     println!(
         "{{\"summary\":true,\"uid\":\"{}\",\"failed\":{}}}",

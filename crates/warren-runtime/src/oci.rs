@@ -36,6 +36,10 @@ pub const MASKED_PATHS: &[&str] = &[
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
     "/sys/kernel/debug",
+    // On cgroup v1 the sandbox is not placed in the name=systemd hierarchy,
+    // so its cgroup namespace shows that hierarchy's host root: host cgroup
+    // names, and a release_agent file.
+    "/sys/fs/cgroup/systemd",
 ];
 
 pub const READONLY_PATHS: &[&str] = &[
@@ -44,6 +48,30 @@ pub const READONLY_PATHS: &[&str] = &[
     "/proc/irq",
     "/proc/sys",
     "/proc/sysrq-trigger",
+    // libcontainer 0.7 mounts each cgroup v1 hierarchy read-write whatever
+    // the /sys/fs/cgroup mount's options say, which let root in a sandbox
+    // write its own pids.max or memory limits and create cgroups. Each
+    // hierarchy is therefore bound read-only again (the tmpfs above them is
+    // one more); names a host lacks are skipped. On cgroup v2 the one mount
+    // at /sys/fs/cgroup is covered by the first entry.
+    "/sys/fs/cgroup",
+    "/sys/fs/cgroup/blkio",
+    "/sys/fs/cgroup/cpu",
+    "/sys/fs/cgroup/cpuacct",
+    "/sys/fs/cgroup/cpu,cpuacct",
+    "/sys/fs/cgroup/cpuset",
+    "/sys/fs/cgroup/devices",
+    "/sys/fs/cgroup/freezer",
+    "/sys/fs/cgroup/hugetlb",
+    "/sys/fs/cgroup/memory",
+    "/sys/fs/cgroup/misc",
+    "/sys/fs/cgroup/net_cls",
+    "/sys/fs/cgroup/net_prio",
+    "/sys/fs/cgroup/net_cls,net_prio",
+    "/sys/fs/cgroup/perf_event",
+    "/sys/fs/cgroup/pids",
+    "/sys/fs/cgroup/rdma",
+    "/sys/fs/cgroup/unified",
 ];
 
 const CPU_PERIOD_US: u64 = 100_000;
@@ -130,7 +158,12 @@ pub fn config(input: &ConfigInput<'_>) -> Value {
                 "devices": device_rules(),
                 "memory": { "limit": r.memory, "swap": r.memory },
                 "cpu": { "quota": quota, "period": CPU_PERIOD_US },
-                "pids": { "limit": r.pids }
+                "pids": { "limit": r.pids },
+                // cgroup v2: an OOM kill takes the sandbox's whole process
+                // group, not one process of it. libcgroups writes `unified`
+                // only on v2; v1 has no equivalent (its OOM killer picks one
+                // process, always inside the sandbox's memory cgroup).
+                "unified": { "memory.oom.group": "1" }
             },
             "rootfsPropagation": "private",
             "maskedPaths": MASKED_PATHS,
@@ -203,7 +236,45 @@ mod tests {
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["linux"]["resources"]["unified"]["memory.oom.group"], "1");
         assert_eq!(c["hostname"], "sbx-1");
         assert_eq!(c["process"]["noNewPrivileges"], true);
+    }
+
+    // Found by the escape suite (check 39, CDK rewrite-cgroup): root in a
+    // sandbox could raise its own pids.max through a read-write cgroup v1
+    // mount. The kernel-side proof is tests/test_escape.py.
+    #[test]
+    fn cgroup_hierarchies_are_read_only_and_systemd_masked() {
+        let r = ResolvedResources {
+            cpu_millis: 1000,
+            memory: 64 << 20,
+            pids: 64,
+            disk: 0,
+            gpus: 0,
+        };
+        let c = config(&ConfigInput {
+            id: "sbx-1",
+            rootfs: Path::new("/tmp/r"),
+            cgroup_path: "/warren/sbx-1",
+            resources: &r,
+            nofile: 1024,
+        });
+        let list = |key: &str| -> Vec<String> {
+            c["linux"][key]
+                .as_array()
+                .expect(key)
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        };
+        let ro = list("readonlyPaths");
+        for h in [
+            "", "/pids", "/memory", "/devices", "/cpu", "/cpuset", "/freezer",
+        ] {
+            let path = format!("/sys/fs/cgroup{h}");
+            assert!(ro.contains(&path), "{path} must be read-only");
+        }
+        assert!(list("maskedPaths").contains(&"/sys/fs/cgroup/systemd".to_string()));
     }
 }

@@ -152,10 +152,15 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
         }));
     }
 
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+    print_results(&results, args.json)
+}
+
+/// JSON for scripts, one line per measurement for people.
+pub(crate) fn print_results(results: &[serde_json::Value], as_json: bool) -> Result<i32> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(results)?);
     } else {
-        for r in &results {
+        for r in results {
             println!("{r}");
         }
     }

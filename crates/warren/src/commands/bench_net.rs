@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use warren_core::spec::{NetworkMode, NetworkSpec};
 use warren_core::SandboxSpec;
 
-use super::bench::{rss_kib, Samples};
+use super::bench::{print_results, rss_kib, Samples};
 use crate::cli::BenchNetArgs;
 use crate::client::Client;
 
@@ -292,12 +292,5 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
         }));
     }
 
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
-    } else {
-        for r in &results {
-            println!("{r}");
-        }
-    }
-    Ok(0)
+    print_results(&results, args.json)
 }

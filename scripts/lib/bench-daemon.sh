@@ -1,0 +1,25 @@
+# Sourced by the benchmark scripts: builds the release binary, starts a
+# `warren up` of the benchmark's own on PORT with busybox:latest imported,
+# and removes everything on exit. Sets: bin, work, home, pid, WARREN_URL,
+# WARREN_HOME.   Usage: start_bench_daemon PORT [EXTRA UP FLAGS...]
+start_bench_daemon() {
+    local port=$1
+    shift
+    scripts/install-deps.sh
+    cargo build --release -p warren
+    bin=$PWD/target/release/warren
+    work=$(mktemp -d /tmp/warren-bench.XXXXXX)
+    home=$work/home
+    trap 'stop_bench_daemon' EXIT
+    scripts/make-busybox-image.sh "$work/busybox.tar" >/dev/null
+    "$bin" up --home "$home" --listen 127.0.0.1:"$port" "$@" 2>"$work/up.log" &
+    pid=$!
+    export WARREN_URL=http://127.0.0.1:$port WARREN_HOME=$home
+    for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+    "$bin" image import "$work/busybox.tar" --name busybox:latest >/dev/null
+}
+
+stop_bench_daemon() {
+    [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+    rm -rf "$work"
+}

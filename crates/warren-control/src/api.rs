@@ -183,6 +183,24 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
+/// A streamed answer of one JSON object per line.
+fn ndjson<S, T>(items: S) -> Response
+where
+    S: futures_util::Stream<Item = T> + Send + 'static,
+    T: serde::Serialize,
+{
+    let stream = items.map(|item| {
+        let mut line = serde_json::to_vec(&item).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::io::Error>(Bytes::from(line))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
@@ -383,16 +401,7 @@ async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<R
         .metrics
         .exec_start_seconds
         .observe(started.elapsed().as_secs_f64());
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(|ev| {
-        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::io::Error>(Bytes::from(line))
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(ndjson(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
 #[derive(Deserialize)]
@@ -966,16 +975,9 @@ async fn pull_image(
         };
         let _ = tx.send(last);
     });
-    let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|v| {
-        let mut line = serde_json::to_vec(&v).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::io::Error>(Bytes::from(line))
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(ndjson(
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+    ))
 }
 
 /// Body of `POST /v1/images/gc`.

@@ -247,11 +247,21 @@ impl ImageStore {
             let _importing = self.read_lock();
             self.import_locked(archive, &name, &scratch.0, &mut dirty)
         };
+        self.after_write(result, dirty)
+    }
+
+    /// Ends an import, pull or commit: the boolean says whether it replaced
+    /// an older record (whose content may now be unreferenced). Snapshots or
+    /// blobs a failed write committed are referenced by nothing unless a
+    /// concurrent write reused them; GC sorts that out under the exclusive
+    /// lock.
+    fn after_write<T>(
+        &self,
+        result: Result<(T, bool), ImageError>,
+        dirty: bool,
+    ) -> Result<T, ImageError> {
         match &result {
             Ok((_, true)) => self.collect_garbage(),
-            // Snapshots or blobs this import committed before failing are
-            // referenced by nothing unless a concurrent import reused them;
-            // GC sorts that out under the exclusive lock.
             Err(_) if dirty => self.collect_garbage(),
             _ => {}
         }
@@ -558,12 +568,7 @@ impl ImageStore {
                 )
             })
         };
-        match &result {
-            Ok((_, true)) => self.collect_garbage(),
-            Err(_) if dirty => self.collect_garbage(),
-            _ => {}
-        }
-        result.map(|(record, _)| record)
+        self.after_write(result, dirty)
     }
 
     /// Records an image made of `base` plus one new layer (a blob in the
@@ -621,12 +626,7 @@ impl ImageStore {
                 )
             })
         };
-        match &result {
-            Ok((_, true)) => self.collect_garbage(),
-            Err(_) if dirty => self.collect_garbage(),
-            _ => {}
-        }
-        result.map(|(record, _)| record)
+        self.after_write(result, dirty)
     }
 
     /// The bytes of a blob in the content store.

@@ -20,6 +20,12 @@ start_bench_daemon() {
 }
 
 stop_bench_daemon() {
+    # Sandboxes outlive their daemon by design; an interrupted benchmark must
+    # not leave its sandboxes running once their home is gone.
+    if [ -n "${pid:-}" ] && kill -0 "$pid" 2>/dev/null; then
+        "$bin" ps --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' \
+            | xargs -r "$bin" rm >/dev/null 2>&1 || true
+    fi
     [ -n "${pid:-}" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
     rm -rf "$work"
 }

@@ -957,13 +957,7 @@ impl ImageStore {
         self.gc_locked()?;
         let mut removed = Vec::new();
         if let Some(budget) = budget {
-            let pinned: HashSet<String> = self
-                .pins
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .keys()
-                .cloned()
-                .collect();
+            let pinned: HashSet<String> = self.pinned();
             let mut candidates: Vec<ImageRecord> = self
                 .load_records(true)?
                 .into_iter()
@@ -1005,17 +999,21 @@ impl ImageStore {
         }
     }
 
-    /// Deletes snapshots and blobs no record references. Callers hold the
-    /// exclusive lock.
-    fn gc_locked(&self) -> Result<(), ImageError> {
-        let records = self.load_records(true)?;
-        let pinned: HashSet<String> = self
-            .pins
+    /// Names of images a live or kept sandbox uses.
+    fn pinned(&self) -> HashSet<String> {
+        self.pins
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Deletes snapshots and blobs no record references. Callers hold the
+    /// exclusive lock.
+    fn gc_locked(&self) -> Result<(), ImageError> {
+        let records = self.load_records(true)?;
+        let pinned: HashSet<String> = self.pinned();
         let mut chains = HashSet::new();
         let mut blobs = HashSet::new();
         for r in &records {

@@ -193,6 +193,22 @@ fn device_rules() -> Vec<Value> {
 mod tests {
     use super::*;
 
+    fn sandbox_config(cpu_millis: u64, disk: u64) -> Value {
+        config(&ConfigInput {
+            id: "sbx-1",
+            rootfs: Path::new("/tmp/r"),
+            cgroup_path: "/warren/sbx-1",
+            resources: &ResolvedResources {
+                cpu_millis,
+                memory: 64 << 20,
+                pids: 64,
+                disk,
+                gpus: 0,
+            },
+            nofile: 1024,
+        })
+    }
+
     #[test]
     fn seccomp_profile_is_an_allowlist_for_the_native_arch() {
         let p: Value = serde_json::from_str(SECCOMP_PROFILE).expect("profile parses");
@@ -220,20 +236,7 @@ mod tests {
 
     #[test]
     fn config_carries_limits() {
-        let r = ResolvedResources {
-            cpu_millis: 500,
-            memory: 64 << 20,
-            pids: 64,
-            disk: 1 << 30,
-            gpus: 0,
-        };
-        let c = config(&ConfigInput {
-            id: "sbx-1",
-            rootfs: Path::new("/tmp/r"),
-            cgroup_path: "/warren/sbx-1",
-            resources: &r,
-            nofile: 1024,
-        });
+        let c = sandbox_config(500, 1 << 30);
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
         assert_eq!(c["linux"]["resources"]["unified"]["memory.oom.group"], "1");
@@ -246,20 +249,7 @@ mod tests {
     // mount. The kernel-side proof is tests/test_escape.py.
     #[test]
     fn cgroup_hierarchies_are_read_only_and_systemd_masked() {
-        let r = ResolvedResources {
-            cpu_millis: 1000,
-            memory: 64 << 20,
-            pids: 64,
-            disk: 0,
-            gpus: 0,
-        };
-        let c = config(&ConfigInput {
-            id: "sbx-1",
-            rootfs: Path::new("/tmp/r"),
-            cgroup_path: "/warren/sbx-1",
-            resources: &r,
-            nofile: 1024,
-        });
+        let c = sandbox_config(1000, 0);
         let list = |key: &str| -> Vec<String> {
             c["linux"][key]
                 .as_array()

@@ -23,6 +23,7 @@ pub struct Control {
     /// Profile updates are read-modify-write; runs finishing together must
     /// not lose each other's update.
     pub profile_lock: tokio::sync::Mutex<()>,
+    pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
     /// How profiles learn (margins, window, growth cap).
     pub policy: warren_core::profile::Policy,
 }
@@ -349,6 +350,12 @@ impl Control {
 
     /// Destroys a sandbox for `why`; an already final sandbox is left as is.
     pub async fn destroy(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
+        let _one = self.sandbox_locks.lock(id).await;
+        self.destroy_locked(id, why).await
+    }
+
+    /// `destroy` for a caller that holds the sandbox's lock.
+    async fn destroy_locked(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
         let row = self.get(id).await?;
         if row.state.is_final() {
             return Ok(row);
@@ -490,19 +497,23 @@ impl Control {
                 (id.clone(), true, why, false)
             }
         };
+        let _one = self.sandbox_locks.lock(&id).await;
         let row = self.get(&id).await?;
         match row.state {
             SandboxState::Running | SandboxState::Paused => {}
             // A kept sandbox's own expiry ends it.
             SandboxState::Kept if matches!(ev, NodeEvent::Expired { .. }) => {
-                return self.destroy(&id, reason::KEEP_EXPIRED).await.map(|_| ());
+                return self
+                    .destroy_locked(&id, reason::KEEP_EXPIRED)
+                    .await
+                    .map(|_| ());
             }
             SandboxState::Kept if matches!(ev, NodeEvent::InitDied { .. }) => {
-                return self.destroy(&id, why).await.map(|_| ());
+                return self.destroy_locked(&id, why).await.map(|_| ());
             }
             // A delayed destroy's grace period is over.
             SandboxState::Stopping if matches!(ev, NodeEvent::Expired { .. }) => {
-                return self.destroy(&id, &row.reason).await.map(|_| ());
+                return self.destroy_locked(&id, &row.reason).await.map(|_| ());
             }
             _ => return Ok(()),
         }
@@ -531,7 +542,7 @@ impl Control {
                     .await?
             }
             _ => {
-                self.destroy(&id, why).await?;
+                self.destroy_locked(&id, why).await?;
             }
         }
         self.retry_if_oom(&row, why).await;

@@ -8,6 +8,7 @@ pub mod control;
 pub mod metrics;
 mod net_api;
 pub mod profiles;
+mod sandbox_locks;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -79,6 +80,7 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         node,
         metrics: metrics::Metrics::new(),
         profile_lock: tokio::sync::Mutex::new(()),
+        sandbox_locks: Default::default(),
         policy: cfg.policy.clone(),
     });
     control

@@ -1,6 +1,7 @@
 """Shared helpers for the integration tests (host-side checks, image building,
 tar building). Imported by the test modules; pytest puts tests/ on sys.path."""
 
+import contextlib
 import glob
 import io
 import os
@@ -159,7 +160,7 @@ def daemon_family(warren):
 def host_traces(warren, sid):
     """Everything a sandbox leaves on the host, as a list of descriptions:
     mounts (in this and the daemon's mount namespaces), its directories under
-    <home>, cgroup directories and processes."""
+    <home>, cgroup directories, its claim on a host uid range and processes."""
     left = []
     seen_ns = set()
     for pid in ["self", *daemon_family(warren)]:
@@ -176,6 +177,11 @@ def host_traces(warren, sid):
         if os.path.lexists(d):
             left.append(f"path: {d}")
     left += [f"cgroup: {d}" for d in cgroup_dirs(sid)]
+    owner = str(warren.home / "sandboxes" / sid)
+    for claim in glob.glob("/run/warren/uids/[0-9]*"):
+        with contextlib.suppress(OSError):
+            if Path(claim).read_text() == owner:
+                left.append(f"uids: {claim}")
     left += [
         f"process: {p} {Path(f'/proc/{p}/cmdline').read_bytes()!r}"
         for p in sandbox_host_pids(sid)

@@ -138,5 +138,7 @@ def test_doctor_reports_the_host():
     # This test host runs every other test, so nothing it needs is missing.
     assert p.returncode == 0, checks
     assert checks["cgroups"]["status"] == "ok" and checks["seccomp"]["status"] == "ok"
+    # The suite runs every sandbox in a user namespace over id-mapped layers.
+    assert checks["user namespaces"]["status"] == "ok", checks["user namespaces"]
     text = subprocess.run([str(WARREN), "doctor"], capture_output=True, timeout=30).stdout.decode()
     assert "Warren can run sandboxes here" in text

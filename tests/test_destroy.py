@@ -28,7 +28,7 @@ def assert_all_kinds_present(warren, sid):
     """Positive control for host_traces: each kind of trace exists while the sandbox lives."""
     traces = host_traces(warren, sid)
     kinds = {t.split(":", 1)[0].split(" ")[0] for t in traces}
-    assert {"path", "cgroup", "process"} <= kinds, traces
+    assert {"path", "cgroup", "uids", "process"} <= kinds, traces
     # The sandbox's root is mounted only inside its own mount namespace: the
     # host's, the daemon's and the spawners' tables never carry it.
     assert "mount" not in kinds, traces

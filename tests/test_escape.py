@@ -2,16 +2,18 @@
 tries from inside a sandbox, as root and as an unprivileged user, what an
 attacker would (security.md §a) and reports one JSON line per check."""
 
+import glob
 import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
-from helpers import ImageBuilder
+from helpers import ImageBuilder, sandbox_host_pids, sandbox_init_host_pid, sh_ok
 
 PROBE = ROOT / "target" / "release" / "warren-probe"
 
@@ -88,6 +90,51 @@ def test_sandboxes_cannot_see_each_other(warren, sandbox, probe_image):
     ex, out, _, _ = warren.exec(a, ["sh", "-c", "ps -o args; cat /tmp/secret 2>&1; ipcs 2>&1 | wc -l"])
     text = out.decode()
     assert "sleep 1000" not in text and "secret-b" not in text
+
+
+def host_ids(pid):
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    field = lambda name: [int(x) for x in next(l for l in status if l.startswith(name)).split()[1:]]
+    return field("Uid:"), field("Gid:")
+
+
+def test_root_inside_is_an_unprivileged_host_range_of_its_own(warren, sandbox):
+    """Check 11 from the host: each sandbox's root is a different
+    unprivileged host uid, what it writes is owned by that uid, what the
+    API writes is the sandbox root's, and the range is given back."""
+    ranges = {}
+    for _ in range(2):
+        sid = sandbox()["id"]
+        sh_ok(warren, sid, "echo mine > /made-inside")
+        warren.exec(sid, ["sh", "-c", "sleep 300 >/dev/null 2>&1 &"], user="1000")
+        pid = sandbox_init_host_pid(sid)
+        uids, gids = host_ids(pid)
+        base = uids[0]
+        assert base >= 1 << 20 and set(uids) == {base} and set(gids) == {base}, (uids, gids)
+        assert Path(f"/proc/{pid}/uid_map").read_text().split() == ["0", str(base), "65536"]
+        upper = warren.home / "sandboxes" / sid / "upper"
+        assert (upper / "made-inside").stat().st_uid == base
+        # A user inside is base + its uid on the host.
+        deadline = time.time() + 5
+        while True:
+            users = {host_ids(p)[0][0] for p in sandbox_host_pids(sid) if Path(f"/proc/{p}").exists()}
+            if base + 1000 in users or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert base + 1000 in users, (base, users)
+        # Written by the daemon (host root), seen inside as the sandbox's root.
+        warren.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/from-api/f"}, content=b"x").raise_for_status()
+        assert sh_ok(warren, sid, "stat -c '%u:%g' /from-api /from-api/f").split() == ["0:0", "0:0"]
+        assert (upper / "from-api" / "f").stat().st_uid == base
+        ranges[sid] = base
+    a, b = sorted(ranges.values())
+    assert b - a >= 65536, ranges
+    # The claim on the range goes with the sandbox.
+    claims = lambda: {Path(f).read_text() for f in glob.glob("/run/warren/uids/[0-9]*")}
+    for sid in ranges:
+        assert str(warren.home / "sandboxes" / sid) in claims()
+        warren.destroy(sid)
+        assert str(warren.home / "sandboxes" / sid) not in claims()
 
 
 @pytest.mark.parametrize("links", [

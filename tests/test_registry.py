@@ -531,7 +531,8 @@ def test_commit_turns_changes_into_a_layer(warren, registry, builder, sandbox):
         warren,
         src["id"],
         "echo task > /app/task && rm /app/marker && rm -r /data && mkdir /data && echo fresh > /data/only"
-        " && ln -s /app/task /app/link && mkdir -p /srv/deep/er && echo x > /srv/deep/er/f",
+        " && ln -s /app/task /app/link && mkdir -p /srv/deep/er && echo x > /srv/deep/er/f"
+        " && chown 1000:1001 /srv/deep/er/f",
     )
     name = uniq("task") + ":v1"
     started = time.monotonic()
@@ -551,6 +552,10 @@ def test_commit_turns_changes_into_a_layer(warren, registry, builder, sandbox):
     assert listing.split() == [
         "task", "task", "fresh", "x", "/app:", ".", "..", "blob", "link", "task", "/data:", ".", "..", "only"
     ], listing
+    # Owners are the ids the source saw, not its host range (each sandbox
+    # has its own, so a host id would be nobody in the next one).
+    owners = sh(warren, dst["id"], "stat -c '%u:%g' / /app/task /srv/deep/er/f")
+    assert owners.split() == ["0:0", "0:0", "1000:1001"], owners
 
     r = warren.http.post(f"/v1/sandboxes/{src['id']}/commit", json={"name": "Bad Name"})
     assert r.status_code == 400, r.text

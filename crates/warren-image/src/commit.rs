@@ -71,15 +71,44 @@ pub(crate) struct LayerBlob {
     pub size: u64,
 }
 
+/// How the upper directory's host owners become the layer's owners.
+#[derive(Clone, Copy, Debug)]
+pub struct Owners {
+    /// Host uid and gid of the sandbox's root when it ran in a user
+    /// namespace (its range is 65536 ids from there); None when it shared
+    /// the host's ids.
+    pub root: Option<u32>,
+}
+
+impl Owners {
+    pub const HOST: Owners = Owners { root: None };
+
+    /// The id the sandbox saw: a host id outside its range showed as the
+    /// overflow id 65534 (nobody), and is written so.
+    fn inside(&self, host: u32) -> u64 {
+        match self.root {
+            None => host.into(),
+            Some(root) => match host.checked_sub(root) {
+                Some(id) if id < 65536 => id.into(),
+                _ => 65534,
+            },
+        }
+    }
+}
+
 /// Writes `upper` as a gzip layer tar to `dest`.
-pub(crate) fn write_layer(upper: &Path, dest: &Path) -> Result<LayerBlob, ImageError> {
+pub(crate) fn write_layer(
+    upper: &Path,
+    owners: Owners,
+    dest: &Path,
+) -> Result<LayerBlob, ImageError> {
     let file = File::create_new(dest).ctx(|| format!("creating {}", dest.display()))?;
     let compressed = HashingWriter::new(io::BufWriter::new(file));
     let gz = GzEncoder::new(compressed, flate2::Compression::fast());
     let mut tar = tar::Builder::new(HashingWriter::new(gz));
     tar.mode(tar::HeaderMode::Complete);
     tar.follow_symlinks(false);
-    append_dir(&mut tar, upper, Path::new(""))?;
+    append_dir(&mut tar, upper, Path::new(""), owners)?;
     let write_err = |e: io::Error| ImageError::io(format!("writing layer {}", dest.display()), e);
     let (gz, diff_id, _) = tar.into_inner().map_err(write_err)?.finish();
     let (buffered, digest, size) = gz.finish().map_err(write_err)?.finish();
@@ -101,6 +130,7 @@ fn append_dir<W: Write>(
     tar: &mut tar::Builder<W>,
     dir: &Path,
     rel: &Path,
+    owners: Owners,
 ) -> Result<(), ImageError> {
     let mut entries: Vec<PathBuf> = fs::read_dir(dir)
         .ctx(|| format!("listing {}", dir.display()))?
@@ -120,6 +150,8 @@ fn append_dir<W: Write>(
         let ft = meta.file_type();
         let mut header = tar::Header::new_gnu();
         header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+        header.set_uid(owners.inside(meta.uid()));
+        header.set_gid(owners.inside(meta.gid()));
         if ft.is_char_device() && meta.rdev() == 0 {
             // overlayfs' whiteout: the lower file is deleted.
             let mut wh_name = std::ffi::OsString::from(".wh.");
@@ -143,7 +175,7 @@ fn append_dir<W: Write>(
                 tar.append_data(&mut opq, at.join(".wh..wh..opq"), io::empty())
                     .map_err(|e| write_err(&path, e))?;
             }
-            append_dir(tar, &path, &at)?;
+            append_dir(tar, &path, &at, owners)?;
         } else if ft.is_file() {
             let file = File::open(&path).ctx(|| format!("opening {}", path.display()))?;
             tar.append_data(&mut header, &at, file)
@@ -197,6 +229,7 @@ impl ImageStore {
         &self,
         base: &ImageRecord,
         upper: &Path,
+        owners: Owners,
         name: &str,
         comment: &str,
     ) -> Result<ImageRecord, ImageError> {
@@ -216,7 +249,7 @@ impl ImageStore {
             serde_json::from_slice(&base_manifest).map_err(|e| corrupt("the manifest", e))?;
 
         let tmp = self.tmp_dir().join(unique_name("commit-"));
-        let blob = match write_layer(upper, &tmp) {
+        let blob = match write_layer(upper, owners, &tmp) {
             Ok(b) => b,
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -311,7 +344,7 @@ mod tests {
         fs::write(upper.join("a"), b"x").unwrap();
         std::os::unix::fs::symlink("a", upper.join("l")).unwrap();
         let dest = dir.path().join("layer.tar.gz");
-        let blob = write_layer(&upper, &dest).unwrap();
+        let blob = write_layer(&upper, Owners::HOST, &dest).unwrap();
         assert_eq!(blob.size, fs::metadata(&dest).unwrap().len());
         assert_eq!(blob.digest, sha256_digest(&fs::read(&dest).unwrap()));
         let raw = {
@@ -332,7 +365,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["a", "b", "b/c", "b/c/f", "l"]);
         // Same tree, same layer.
-        let again = write_layer(&upper, &dir.path().join("again")).unwrap();
+        let again = write_layer(&upper, Owners::HOST, &dir.path().join("again")).unwrap();
         assert_eq!(again.diff_id, blob.diff_id);
     }
 

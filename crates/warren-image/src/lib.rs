@@ -39,6 +39,7 @@ mod time;
 mod unpack;
 mod whiteout;
 
+pub use commit::Owners;
 pub use error::{ErrorKind, ImageError};
 pub use pull::{install_tls_provider, Progress, PullEvent, Puller};
 pub use push::Pushed;

@@ -113,6 +113,8 @@ pub struct NodeSettings {
     /// something, registry images no sandbox uses are removed (oldest
     /// first) until it fits. None: only unreferenced content is collected.
     pub image_budget: Option<u64>,
+    /// Each sandbox in its own user namespace (see warren_runtime::userns).
+    pub userns: bool,
 }
 
 impl NodeSettings {
@@ -144,6 +146,7 @@ impl Default for NodeSettings {
             sample_interval: sampler::DEFAULT_INTERVAL,
             egress: warren_net::Settings::default(),
             image_budget: None,
+            userns: true,
         }
     }
 }
@@ -204,6 +207,7 @@ impl Node {
             spawner_args: cfg.spawner_args,
             spawners: cfg.spawners,
             cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
+            userns: cfg.settings.userns,
         })?;
         let (tx, rx) = mpsc::unbounded_channel();
         let cap = &cfg.settings;
@@ -899,8 +903,11 @@ impl Node {
         let images = self.images.clone();
         let base = live.image.clone();
         let (name, comment) = (name.to_string(), format!("warren commit {id}"));
+        let owners = warren_image::Owners {
+            root: self.runtime.id_range(id).map(|r| r.base),
+        };
         let result = tokio::task::spawn_blocking(move || {
-            images.commit_changes(&base, &upper, &name, &comment)
+            images.commit_changes(&base, &upper, owners, &name, &comment)
         })
         .await;
         if freeze {

@@ -407,16 +407,11 @@ fn amicontained(r: &mut Report) {
             None => shared.push(name),
         }
     }
-    // No user namespace yet (docs/security.md, residual risks): the profile
-    // pins that, so adding one shows up here as a change to review.
-    let pass = ["pid", "ipc", "uts", "cgroup"]
-        .iter()
-        .all(|n| own.contains(n));
     r.line(
         "39 amicontained namespaces",
-        "own: pid ipc uts cgroup; host: user (not used yet)",
+        "own: pid ipc uts cgroup user; host: none",
         &format!("own: {}; host: {}", own.join(" "), shared.join(" ")),
-        pass && shared == ["user"],
+        shared.is_empty(),
     );
     let lsm = [
         "/proc/self/attr/apparmor/current",
@@ -894,6 +889,19 @@ fn main() {
             "0000000000000000",
             &v,
             v == "0000000000000000",
+        );
+    }
+    // 11. Root inside is an unprivileged host id range.
+    for file in ["uid_map", "gid_map"] {
+        let map = fs::read_to_string(format!("/proc/self/{file}")).unwrap_or_default();
+        let fields: Vec<&str> = map.split_whitespace().collect();
+        let unprivileged = matches!(fields.as_slice(),
+            ["0", base, "65536"] if base.parse::<u64>().is_ok_and(|b| b >= 65536));
+        r.line(
+            &format!("11 {file}"),
+            "0 <host base >= 65536> 65536",
+            &fields.join(" "),
+            unprivileged,
         );
     }
     // 13. Devices.

@@ -106,7 +106,20 @@ fn split(path: &str) -> Result<(String, String), RuntimeError> {
 struct Created(Vec<(OwnedFd, OsString, bool)>);
 
 impl Created {
+    /// Records a new entry, and gives it the owner of its directory: in a
+    /// sandbox with a user namespace the daemon's uid 0 is unmapped, and
+    /// what it wrote would show as `nobody` and be unwritable to the
+    /// sandbox's root.
     fn note(&mut self, dir: &OwnedFd, name: &OsStr, is_dir: bool) {
+        if let Ok(st) = rustix::fs::fstat(dir) {
+            let _ = rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            );
+        }
         // dup fails only when the process is out of descriptors; the entry
         // is then left in place, as it was before this bookkeeping existed.
         if let Ok(fd) = dir.try_clone() {

@@ -65,7 +65,9 @@ fn effective_caps() -> u64 {
         .unwrap_or(0)
 }
 
-pub fn probe() -> Vec<Check> {
+/// The checks; `home` is Warren's home (the file system image layers and
+/// sandboxes live on).
+pub fn probe(home: &Path) -> Vec<Check> {
     let mut out = Vec::new();
     let (release, (major, minor)) = kernel_version();
     out.push(if (major, minor) >= (5, 9) {
@@ -199,19 +201,19 @@ pub fn probe() -> Vec<Check> {
         )
     });
 
-    let userns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    out.push(if userns > 0 {
-        check(
+    out.push(match crate::userns::check_idmap(home) {
+        Ok(dir) => check(
             "user namespaces",
-            Status::Degraded,
-            format!("available (max {userns})"),
-            "the kernel allows them, but Warren does not use them yet: root in a sandbox is uid 0 on the host, held in by capabilities, seccomp and namespaces",
-        )
-    } else {
-        check("user namespaces", Status::Degraded, "disabled", "root in a sandbox is uid 0 on the host, held in by capabilities, seccomp and namespaces")
+            Status::Ok,
+            format!("user namespaces and id-mapped mounts on {}", dir.display()),
+            "root in a sandbox is an unprivileged host uid range of its own; image layers are shared through id-mapped mounts",
+        ),
+        Err(e) => check(
+            "user namespaces",
+            Status::Missing,
+            e,
+            "sandboxes cannot get their own uid range here (kernel 5.19+ and a file system with id-mapped mounts are needed): `warren up --no-userns` runs them with root inside as host root, held in only by capabilities, seccomp and namespaces",
+        ),
     });
 
     let loop_dev = Path::new("/dev/loop-control").exists();

@@ -19,6 +19,7 @@ mod pool;
 pub mod proto;
 pub mod rootfs;
 pub mod spawner;
+pub mod userns;
 
 use std::path::{Path, PathBuf};
 
@@ -76,6 +77,9 @@ pub struct RuntimeConfig {
     pub spawners: usize,
     /// Parent cgroup of every sandbox, relative to each hierarchy's root.
     pub cgroup_parent: String,
+    /// Each sandbox in its own user namespace (root inside is an
+    /// unprivileged host uid range); see [`userns`].
+    pub userns: bool,
 }
 
 pub struct CreateRequest {
@@ -106,6 +110,7 @@ impl Runtime {
         for d in [cfg.home.join("sandboxes"), cfg.home.join("run")] {
             std::fs::create_dir_all(&d).map_err(RuntimeError::io("create runtime dirs"))?;
         }
+        userns::sweep(&cfg.home.join("sandboxes"));
         let pool =
             pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
         Ok(Runtime { cfg, pool })
@@ -152,14 +157,18 @@ impl Runtime {
         let prepared = {
             let handle = handle.clone();
             let resources = req.resources.clone();
-            tokio::task::spawn_blocking(move || prepare(&handle, &resources))
+            let userns = self.cfg.userns;
+            tokio::task::spawn_blocking(move || prepare(&handle, &resources, userns))
                 .await
                 .map_err(|e| RuntimeError::Create(format!("prepare task: {e}")))?
         };
-        if let Err(e) = prepared {
-            let _ = self.cleanup_dirs(&handle).await;
-            return Err(e);
-        }
+        let ids = match prepared {
+            Ok(ids) => ids,
+            Err(e) => {
+                let _ = self.cleanup_dirs(&handle).await;
+                return Err(e);
+            }
+        };
         crashpoint::hit("create:prepared");
         let created = self
             .pool
@@ -170,6 +179,7 @@ impl Runtime {
                 socket: handle.socket.clone(),
                 lower: req.lower_dirs.clone(),
                 disk: req.resources.disk,
+                id_base: ids.map(|r| r.base),
             })
             .await;
         match created {
@@ -197,20 +207,34 @@ impl Runtime {
         self.cleanup_dirs(&self.handle(id, 0)).await
     }
 
+    /// The sandbox's host id range, if it has a user namespace.
+    pub fn id_range(&self, id: &str) -> Option<userns::IdRange> {
+        userns::recorded(&self.sandbox_dir(id))
+    }
+
     async fn cleanup_dirs(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         let dir = handle.dir.clone();
+        let id = handle.id.clone();
         tokio::task::spawn_blocking(move || {
             // Nothing is mounted in the host's namespace any more; this only
             // matters for sandboxes created by an older Warren.
-            unmount_root(&dir)?;
+            unmount_root(&dir, &id)?;
+            let ids = userns::recorded(&dir);
             match std::fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(RuntimeError::Destroy(format!(
-                    "remove {}: {e}",
-                    dir.display()
-                ))),
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(RuntimeError::Destroy(format!(
+                        "remove {}: {e}",
+                        dir.display()
+                    )))
+                }
             }
+            // Given back only once nothing of the sandbox is left to own.
+            if let Some(ids) = ids {
+                userns::release(&dir, ids);
+            }
+            Ok(())
         })
         .await
         .map_err(|e| RuntimeError::Destroy(format!("cleanup task: {e}")))?
@@ -270,35 +294,61 @@ pub fn is_sandbox_id(name: &str) -> bool {
     })
 }
 
-/// Lays out the sandbox directory and its OCI config. The file systems
-/// themselves are mounted by the spawner, in its own mount namespace.
-fn prepare(handle: &SandboxHandle, resources: &ResolvedResources) -> Result<(), RuntimeError> {
+/// Where the spawner mounts sandbox roots: a tmpfs of its own (mounted over
+/// this host directory in its private mount namespace), reachable by every
+/// uid, because a sandbox's root in its user namespace must be able to walk
+/// to its rootfs and the Warren home may be private (0700).
+pub const ROOTS_DIR: &str = "/run/warren/roots";
+
+fn root_mount(id: &str) -> PathBuf {
+    Path::new(ROOTS_DIR).join(id)
+}
+
+/// Id-mapped layer mounts of a sandbox, in the spawner's namespace.
+fn lower_mounts(id: &str) -> PathBuf {
+    Path::new(ROOTS_DIR).join(format!("{id}.lower"))
+}
+
+/// Lays out the sandbox directory and its OCI config, and claims its id
+/// range. The file systems themselves are mounted by the spawner, in its
+/// own mount namespace.
+fn prepare(
+    handle: &SandboxHandle,
+    resources: &ResolvedResources,
+    userns: bool,
+) -> Result<Option<userns::IdRange>, RuntimeError> {
     let dir = &handle.dir;
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
-    let rootfs = dir.join("rootfs");
-    std::fs::create_dir(&rootfs).map_err(RuntimeError::io("create sandbox dirs"))?;
+    let ids = if userns {
+        Some(userns::allocate(dir)?)
+    } else {
+        None
+    };
     let config = oci::config(&oci::ConfigInput {
         id: &handle.id,
-        rootfs: &rootfs,
+        rootfs: &root_mount(&handle.id),
         cgroup_path: &handle.cgroup_path,
         resources,
         nofile: nofile_limit(),
+        ids,
     });
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| RuntimeError::Create(format!("serialise config: {e}")))?;
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
-    Ok(())
+    Ok(ids)
 }
 
 /// Mounts the sandbox's root: its own disk when it has a limit, then the
 /// overlay of image layers and a fresh upper directory. Called by the
 /// spawner in its private mount namespace, right before the clone.
 pub(crate) fn mount_root(
+    id: &str,
     dir: &Path,
     lower: &[PathBuf],
     disk_bytes: u64,
+    ids: Option<userns::IdRange>,
 ) -> Result<(), RuntimeError> {
     // With a disk limit, upper and work live on the sandbox's own file system.
     let base = if disk_bytes > 0 {
@@ -306,21 +356,62 @@ pub(crate) fn mount_root(
     } else {
         dir.to_path_buf()
     };
-    for sub in [base.join("upper"), base.join("work")] {
+    let (upper, work) = (base.join("upper"), base.join("work"));
+    for sub in [&upper, &work] {
         std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
-    rootfs::mount_overlay(
-        lower,
-        &base.join("upper"),
-        &base.join("work"),
-        &dir.join("rootfs"),
-    )
+    let lower = match ids {
+        Some(ids) => {
+            // The overlay's root directory is the upper directory: root in
+            // the sandbox owns it.
+            let host = Some(nix::unistd::Uid::from_raw(ids.base));
+            nix::unistd::chown(&upper, host, Some(nix::unistd::Gid::from_raw(ids.base)))
+                .map_err(RuntimeError::nix("chown the upper directory"))?;
+            idmapped_lowers(id, lower, ids)?
+        }
+        None => lower.to_vec(),
+    };
+    let root = root_mount(id);
+    std::fs::create_dir(&root).map_err(RuntimeError::io("create the root mount point"))?;
+    rootfs::mount_overlay(&lower, &upper, &work, &root)
+}
+
+/// Id-mapped read-only binds of the image layers, shown to the sandbox as
+/// owned by its own root.
+fn idmapped_lowers(
+    id: &str,
+    lower: &[PathBuf],
+    ids: userns::IdRange,
+) -> Result<Vec<PathBuf>, RuntimeError> {
+    let userns_fd = userns::namespace_fd(ids)?;
+    let mounts = lower_mounts(id);
+    std::fs::create_dir(&mounts).map_err(RuntimeError::io("create layer mount points"))?;
+    lower
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            let at = mounts.join(i.to_string());
+            std::fs::create_dir(&at).map_err(RuntimeError::io("create layer mount points"))?;
+            userns::idmapped_bind(layer, &userns_fd, &at)?;
+            Ok(at)
+        })
+        .collect()
 }
 
 /// Detaches the mounts `mount_root` made from the calling namespace; the
 /// sandbox's own namespace keeps its copies until its last process exits.
-pub(crate) fn unmount_root(dir: &Path) -> Result<(), RuntimeError> {
-    rootfs::unmount(&dir.join("rootfs"))?;
+pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
+    let root = root_mount(id);
+    rootfs::unmount(&root)?;
+    let _ = std::fs::remove_dir(&root);
+    let mounts = lower_mounts(id);
+    if let Ok(entries) = std::fs::read_dir(&mounts) {
+        for e in entries.flatten() {
+            rootfs::unmount(&e.path())?;
+            let _ = std::fs::remove_dir(e.path());
+        }
+        let _ = std::fs::remove_dir(&mounts);
+    }
     disk::remove(dir)
 }
 

@@ -105,9 +105,26 @@ pub struct ConfigInput<'a> {
     /// Open-file limit: 65536, or the daemon's hard limit when that is lower
     /// (raising it needs CAP_SYS_RESOURCE, which some hosts withhold).
     pub nofile: u64,
+    /// The sandbox's host id range: it gets a user namespace mapping it.
+    pub ids: Option<crate::userns::IdRange>,
 }
 
 pub fn config(input: &ConfigInput<'_>) -> Value {
+    let mut config = base_config(input);
+    if let Some(ids) = input.ids {
+        let map = json!([{ "containerID": 0, "hostID": ids.base, "size": crate::userns::SIZE }]);
+        let linux = &mut config["linux"];
+        if let Some(ns) = linux["namespaces"].as_array_mut() {
+            // First, so every other namespace is owned by it.
+            ns.insert(0, json!({ "type": "user" }));
+        }
+        linux["uidMappings"] = map.clone();
+        linux["gidMappings"] = map;
+    }
+    config
+}
+
+fn base_config(input: &ConfigInput<'_>) -> Value {
     let caps = CAPABILITIES;
     let r = input.resources;
     let quota = (r.cpu_millis * CPU_PERIOD_US / 1000).max(1000);
@@ -198,6 +215,7 @@ mod tests {
             id: "sbx-1",
             rootfs: Path::new("/tmp/r"),
             cgroup_path: "/warren/sbx-1",
+            ids: None,
             resources: &ResolvedResources {
                 cpu_millis,
                 memory: 64 << 20,

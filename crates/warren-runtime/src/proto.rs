@@ -201,7 +201,7 @@ pub enum InitReply {
 pub enum SpawnerRequest {
     Create {
         id: String,
-        /// The sandbox directory: config.json, rootfs/, init.sock.
+        /// The sandbox directory: config.json, upper/, init.sock.
         bundle: PathBuf,
         state_root: PathBuf,
         socket: PathBuf,
@@ -209,6 +209,9 @@ pub enum SpawnerRequest {
         lower: Vec<PathBuf>,
         /// Size of the sandbox's own disk; 0 = none.
         disk: u64,
+        /// Host uid/gid of root in the sandbox's user namespace; none when
+        /// the sandbox shares the host's ids.
+        id_base: Option<u32>,
     },
 }
 

@@ -61,7 +61,8 @@ pub fn main() -> ! {
                 socket,
                 lower,
                 disk,
-            } => match create(&id, &bundle, &state_root, &socket, &lower, disk) {
+                id_base,
+            } => match create(&id, &bundle, &state_root, &socket, &lower, disk, id_base) {
                 Ok(pid) => SpawnerReply::Created { pid },
                 Err(e) => SpawnerReply::Error { message: e },
             },
@@ -109,7 +110,19 @@ fn private_mount_namespace() -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("make mounts private: {e}"))
+    .map_err(|e| format!("make mounts private: {e}"))?;
+    // This spawner's own place for sandbox roots (see ROOTS_DIR); the host
+    // directory under it stays empty.
+    std::fs::create_dir_all(crate::ROOTS_DIR)
+        .map_err(|e| format!("create {}: {e}", crate::ROOTS_DIR))?;
+    mount(
+        Some("tmpfs"),
+        crate::ROOTS_DIR,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0755,size=1m"),
+    )
+    .map_err(|e| format!("mount a tmpfs at {}: {e}", crate::ROOTS_DIR))
 }
 
 fn create(
@@ -119,11 +132,13 @@ fn create(
     socket: &Path,
     lower: &[PathBuf],
     disk: u64,
+    id_base: Option<u32>,
 ) -> Result<i32, String> {
-    crate::mount_root(bundle, lower, disk).map_err(plain)?;
-    let result = create_mounted(id, bundle, state_root, socket);
+    let ids = id_base.map(|base| crate::userns::IdRange { base });
+    let mounted = crate::mount_root(id, bundle, lower, disk, ids).map_err(plain);
+    let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket));
     // The sandbox's namespace holds its own copy of these mounts now.
-    let unmounted = crate::unmount_root(bundle).map_err(plain);
+    let unmounted = crate::unmount_root(bundle, id).map_err(plain);
     result.and_then(|pid| unmounted.map(|()| pid))
 }
 

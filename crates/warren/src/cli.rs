@@ -194,6 +194,11 @@ pub struct UpArgs {
     /// How often every sandbox's cgroup is sampled.
     #[arg(long, default_value = "1s")]
     pub sample_interval: String,
+    /// Run sandboxes without user namespaces: root inside is then host
+    /// root, held back only by capabilities, seccomp and the other layers.
+    /// For hosts where `warren doctor` finds no id-mapped mounts.
+    #[arg(long)]
+    pub no_userns: bool,
     /// Allow rule merged into every `allowlist` sandbox (object storage, log
     /// service, model registry), e.g. `logs.internal:443`. Repeatable.
     #[arg(long = "net-default-allow", value_name = "HOST:PORT")]

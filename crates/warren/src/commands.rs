@@ -16,7 +16,7 @@ use crate::client::{Client, LineStream};
 
 mod bench;
 mod bench_net;
-mod doctor;
+pub mod doctor;
 mod port_forward;
 mod simulate;
 
@@ -86,7 +86,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
-        Command::Doctor { json } => doctor::run(json),
+        // Run by main before the async runtime starts (it forks).
+        Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
         Command::Batch(cmd) => batch(&client()?, cmd).await,
         Command::Profile(cmd) => profile(&client()?, cmd).await,
         Command::Events {

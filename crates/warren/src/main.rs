@@ -22,6 +22,14 @@ fn main() {
             .init();
         warren_runtime::spawner::main();
     }
+    // The doctor forks to try namespaces and mounts: also before any thread.
+    if let cli::Command::Doctor { json } = args.command {
+        let code = commands::doctor::run(&args.home, json).unwrap_or_else(|e| {
+            eprintln!("error: {e:#}");
+            1
+        });
+        std::process::exit(code);
+    }
     if !matches!(args.command, cli::Command::Up(_)) {
         // A client command piped into `head` should end quietly, like any
         // Unix tool, instead of panicking on a broken pipe.

@@ -44,6 +44,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .as_deref()
             .map(warren_core::quantity::parse_size)
             .transpose()?,
+        userns: !args.no_userns,
     };
     let cfg = UpConfig {
         home: home.to_path_buf(),

@@ -3,8 +3,8 @@
 use anyhow::Result;
 use warren_runtime::host::{probe, Status};
 
-pub fn run(json: bool) -> Result<i32> {
-    let checks = probe();
+pub fn run(home: &std::path::Path, json: bool) -> Result<i32> {
+    let checks = probe(home);
     if json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {

@@ -1,0 +1,389 @@
+//! User namespaces: root in a sandbox is an unprivileged host uid range of
+//! its own.
+//!
+//! Each sandbox gets 65536 host uids and gids starting at a base unique on
+//! the host (a slot file under `/run/warren/uids` claims it, whichever Warren
+//! home made the sandbox). Its user namespace maps 0..65536 inside to
+//! base..base+65536 outside, so a process that breaks out of every other
+//! layer is still a uid that owns nothing on the host and differs from every
+//! other sandbox's.
+//!
+//! Image layers stay owned by host uid 0 and are shared by every sandbox:
+//! each sandbox's overlay is built on id-mapped bind mounts of the layers
+//! (`mount_setattr(MOUNT_ATTR_IDMAP)`), which show the layers' uid 0 as the
+//! sandbox's base. Nothing is copied or chowned per sandbox except its own
+//! empty upper directory.
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::RuntimeError;
+
+/// Ids per sandbox: a full 16-bit range, what images expect (nobody is 65534).
+pub const SIZE: u32 = 65536;
+/// The first base handed out; far above any distribution's users and the
+/// ranges /etc/subuid usually delegates (100000 upwards).
+const FIRST: u32 = 1 << 30;
+/// Slots up to 2^31, so every mapped id stays a positive signed 32-bit value.
+const SLOTS: u32 = 16384;
+const SLOT_DIR: &str = "/run/warren/uids";
+/// Where a sandbox's base is recorded in its directory.
+const RECORD: &str = "uid_base";
+
+/// A sandbox's host id range: `base .. base + SIZE`, for uids and gids alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub base: u32,
+}
+
+impl IdRange {
+    /// The id inside the sandbox of host id `host`, if the range holds it.
+    pub fn inside(&self, host: u32) -> Option<u32> {
+        host.checked_sub(self.base).filter(|id| *id < SIZE)
+    }
+
+    fn slot(&self) -> u32 {
+        (self.base - FIRST) / SIZE
+    }
+}
+
+fn slot_file(slot: u32) -> PathBuf {
+    Path::new(SLOT_DIR).join(slot.to_string())
+}
+
+/// Claims a free range for the sandbox in `dir` and records it there.
+pub fn allocate(dir: &Path) -> Result<IdRange, RuntimeError> {
+    std::fs::create_dir_all(SLOT_DIR)
+        .map_err(|e| RuntimeError::Create(format!("create {SLOT_DIR}: {e}")))?;
+    // Start where the last allocation stopped (seeded from the clock so
+    // concurrent daemons do not all probe the same slots first).
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() % SLOTS)
+            .unwrap_or(0),
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let owner = dir.as_os_str().as_bytes();
+    for _ in 0..SLOTS {
+        let slot = NEXT.fetch_add(1, Ordering::Relaxed) % SLOTS;
+        let range = IdRange {
+            base: FIRST + slot * SIZE,
+        };
+        if claim(slot, owner)? || (reclaim_if_stale(slot)? && claim(slot, owner)?) {
+            std::fs::write(dir.join(RECORD), range.base.to_string())
+                .map_err(|e| RuntimeError::Create(format!("record uid range: {e}")))?;
+            return Ok(range);
+        }
+    }
+    Err(RuntimeError::Create(format!(
+        "all {SLOTS} uid ranges under {SLOT_DIR} are in use: destroy sandboxes first"
+    )))
+}
+
+/// Creates the slot file; false if someone holds it.
+fn claim(slot: u32, owner: &[u8]) -> Result<bool, RuntimeError> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(slot_file(slot))
+    {
+        Ok(mut f) => {
+            f.write_all(owner)
+                .map_err(|e| RuntimeError::Create(format!("write uid slot {slot}: {e}")))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(RuntimeError::Create(format!("claim uid slot {slot}: {e}"))),
+    }
+}
+
+/// Removes a slot whose sandbox directory no longer exists (its owner
+/// crashed between removing the directory and the slot). Serialised by a
+/// lock so two daemons never both remove and re-claim the same slot.
+fn reclaim_if_stale(slot: u32) -> Result<bool, RuntimeError> {
+    let lock = File::create(Path::new(SLOT_DIR).join(".lock"))
+        .map_err(|e| RuntimeError::Create(format!("uid slot lock: {e}")))?;
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| RuntimeError::Create(format!("uid slot lock: {e}")))?;
+    let path = slot_file(slot);
+    let mut owner = Vec::new();
+    match File::open(&path).and_then(|mut f| f.read_to_end(&mut owner)) {
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(true),
+        Err(_) => return Ok(false),
+    }
+    // An empty file is a claim being written right now.
+    if owner.is_empty() || Path::new(std::ffi::OsStr::from_bytes(&owner)).exists() {
+        return Ok(false);
+    }
+    Ok(std::fs::remove_file(&path).is_ok())
+}
+
+/// The range recorded for the sandbox in `dir`, if it has one.
+pub fn recorded(dir: &Path) -> Option<IdRange> {
+    let base: u32 = std::fs::read_to_string(dir.join(RECORD))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (base >= FIRST && (base - FIRST).is_multiple_of(SIZE) && (base - FIRST) / SIZE < SLOTS)
+        .then_some(IdRange { base })
+}
+
+/// Gives back the range of the sandbox in `dir` (read before the directory
+/// goes, released after). Only a slot that still names `dir` is removed.
+pub fn release(dir: &Path, range: IdRange) {
+    let path = slot_file(range.slot());
+    if std::fs::read(&path).is_ok_and(|owner| owner == dir.as_os_str().as_bytes()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Removes slots that name a directory under `sandboxes` that is gone:
+/// ranges a crashed daemon of this home never gave back.
+pub fn sweep(sandboxes: &Path) {
+    let Ok(entries) = std::fs::read_dir(SLOT_DIR) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(owner) = std::fs::read(e.path()) else {
+            continue;
+        };
+        let owner = PathBuf::from(std::ffi::OsString::from_vec(owner));
+        if owner.parent() == Some(sandboxes) && !owner.exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// A user namespace mapping `range` (0 inside is `range.base` outside),
+/// for id-mapped mounts. A short-lived child creates it; the returned
+/// descriptor keeps it alive after the child exits.
+pub fn namespace_fd(range: IdRange) -> Result<OwnedFd, RuntimeError> {
+    let err = |what: &str, e: std::io::Error| {
+        RuntimeError::Create(format!("user namespace: {what}: {e}"))
+    };
+    let (ready_r, ready_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err("pipe", e.into()))?;
+    let (done_r, done_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err("pipe", e.into()))?;
+    // SAFETY: the child only calls async-signal-safe functions (unshare,
+    // write, read, _exit) before it exits, so forking a multi-threaded
+    // process is sound.
+    match unsafe { nix::unistd::fork() }.map_err(|e| err("fork", e.into()))? {
+        nix::unistd::ForkResult::Child => {
+            // SAFETY: raw syscalls on descriptors this child inherited.
+            unsafe {
+                // Its copies of the parent's ends, or `done` never sees EOF.
+                libc::close(ready_r.as_raw_fd());
+                libc::close(done_w.as_raw_fd());
+                let ok: u8 = (libc::unshare(libc::CLONE_NEWUSER) == 0).into();
+                libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+                let mut b = 0u8;
+                libc::read(done_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop((ready_w, done_r));
+            let result = map_child(child.as_raw(), range, ready_r);
+            // The child exits when its end of `done` closes.
+            drop(done_w);
+            let _ = nix::sys::wait::waitpid(child, None);
+            result
+        }
+    }
+}
+
+fn map_child(pid: i32, range: IdRange, ready: OwnedFd) -> Result<OwnedFd, RuntimeError> {
+    let err = |what: &str, e: std::io::Error| {
+        RuntimeError::Create(format!("user namespace: {what}: {e}"))
+    };
+    let mut ok = [0u8];
+    File::from(ready)
+        .read_exact(&mut ok)
+        .map_err(|e| err("wait for the child", e))?;
+    if ok[0] != 1 {
+        return Err(RuntimeError::Create(
+            "user namespace: unshare(CLONE_NEWUSER) failed; see `warren doctor`".into(),
+        ));
+    }
+    let map = format!("0 {} {SIZE}\n", range.base);
+    for file in ["uid_map", "gid_map"] {
+        std::fs::write(format!("/proc/{pid}/{file}"), &map).map_err(|e| err(file, e))?;
+    }
+    File::open(format!("/proc/{pid}/ns/user"))
+        .map(OwnedFd::from)
+        .map_err(|e| err("open", e))
+}
+
+/// Binds `src` at `target` read-only, with ids mapped through `userns`.
+pub fn idmapped_bind(src: &Path, userns: &OwnedFd, target: &Path) -> Result<(), RuntimeError> {
+    use rustix::mount::{move_mount, open_tree, MoveMountFlags, OpenTreeFlags};
+    let err = |what: &str, e: std::io::Error| {
+        RuntimeError::Create(format!("id-mapped mount of {}: {what}: {e}", src.display()))
+    };
+    let tree = open_tree(
+        rustix::fs::CWD,
+        src,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| err("open_tree", e.into()))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: mount_setattr reads `attr` (size given) and an empty path
+    // relative to the tree descriptor we own.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(err("mount_setattr", std::io::Error::last_os_error()));
+    }
+    move_mount(
+        &tree,
+        "",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| err("move_mount", e.into()))
+}
+
+/// Whether sandboxes can get user namespaces with image layers stored
+/// under `dir` (or its nearest existing parent): makes a user namespace and
+/// an id-mapped mount of `dir`, in a child with a mount namespace of its own
+/// so the host sees nothing. Call it only from a single-threaded process.
+pub fn check_idmap(dir: &Path) -> Result<PathBuf, String> {
+    let dir = dir
+        .ancestors()
+        .find(|d| d.is_dir())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+    // SAFETY: called from a single-threaded process (`warren doctor` runs
+    // before any runtime thread), so the child may allocate; it reports
+    // through the pipe and exits without returning.
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            drop(r);
+            let result = (|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+                    .map_err(|e| format!("unshare a mount namespace: {e}"))?;
+                nix::mount::mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )
+                .map_err(|e| format!("private mounts: {e}"))?;
+                let ns = namespace_fd(IdRange { base: FIRST }).map_err(|e| e.to_string())?;
+                idmapped_bind(&dir, &ns, &dir).map_err(|e| e.to_string())
+            })();
+            let msg = result.err().unwrap_or_default();
+            let _ = File::from(w).write_all(msg.as_bytes());
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(0) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(w);
+            let mut msg = String::new();
+            let _ = File::from(r).read_to_string(&mut msg);
+            let _ = nix::sys::wait::waitpid(child, None);
+            if msg.is_empty() {
+                Ok(dir)
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `struct mount_attr` of linux/mount.h.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inside_maps_only_the_range() {
+        let r = IdRange { base: FIRST + SIZE };
+        assert_eq!(r.inside(FIRST + SIZE), Some(0));
+        assert_eq!(r.inside(FIRST + SIZE + 1000), Some(1000));
+        assert_eq!(r.inside(FIRST + 2 * SIZE), None);
+        assert_eq!(r.inside(0), None);
+        assert_eq!(r.slot(), 1);
+    }
+
+    fn claimed_by(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(SLOT_DIR)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| std::fs::read(p).is_ok_and(|o| o == dir.as_os_str().as_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn ranges_are_claimed_once_recorded_released_and_swept() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: claiming host uid ranges needs root");
+            return;
+        }
+        let home = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (home.path().join("sbx-a"), home.path().join("sbx-b"));
+        std::fs::create_dir(&a).expect("mkdir");
+        std::fs::create_dir(&b).expect("mkdir");
+        let ra = allocate(&a).expect("allocate");
+        let rb = allocate(&b).expect("allocate");
+        assert_ne!(ra, rb);
+        assert_eq!(recorded(&a), Some(ra));
+        assert_eq!(claimed_by(&a).len(), 1);
+        // A sandbox directory that vanished without giving its range back
+        // (a crash) is swept; a live one is not.
+        std::fs::remove_dir_all(&a).expect("rm");
+        sweep(home.path());
+        assert!(claimed_by(&a).is_empty());
+        assert_eq!(claimed_by(&b).len(), 1);
+        // Release removes only a claim that still names the directory.
+        release(&a, rb);
+        assert_eq!(claimed_by(&b).len(), 1);
+        release(&b, rb);
+        assert!(claimed_by(&b).is_empty());
+    }
+}

@@ -1003,6 +1003,25 @@ fn main() {
         &errname(e),
         e != 0,
     );
+    // 37. Information about the host: the overlay's options name the
+    // directories it was built from, which must not reveal the host's layout.
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let named: Vec<&str> = mountinfo
+        .split([' ', ','])
+        .filter_map(|opt| {
+            ["lowerdir=", "upperdir=", "workdir="]
+                .iter()
+                .find_map(|k| opt.strip_prefix(k))
+        })
+        .flat_map(|v| v.split(':'))
+        .filter(|p| !p.starts_with("/run/warren/roots/"))
+        .collect();
+    r.line(
+        "37 host paths in mountinfo",
+        "none (overlay dirs under /run/warren/roots)",
+        &if named.is_empty() { "none".to_string() } else { named.join(" ") },
+        !mountinfo.is_empty() && named.is_empty(),
+    );
     // 37. Kernel logs and debug interfaces.
     for path in [
         "/sys/kernel/debug",

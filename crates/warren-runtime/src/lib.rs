@@ -309,6 +309,13 @@ fn lower_mounts(id: &str) -> PathBuf {
     Path::new(ROOTS_DIR).join(format!("{id}.lower"))
 }
 
+/// A bind of the directory holding the sandbox's upper and work
+/// directories: the overlay is given these paths, and the sandbox reads
+/// them back in its mountinfo, so they must not name the Warren home.
+fn rw_mount(id: &str) -> PathBuf {
+    Path::new(ROOTS_DIR).join(format!("{id}.rw"))
+}
+
 /// Lays out the sandbox directory and its OCI config, and claims its id
 /// range. The file systems themselves are mounted by the spawner, in its
 /// own mount namespace.
@@ -356,10 +363,20 @@ pub(crate) fn mount_root(
     } else {
         dir.to_path_buf()
     };
-    let (upper, work) = (base.join("upper"), base.join("work"));
-    for sub in [&upper, &work] {
+    for sub in [base.join("upper"), base.join("work")] {
         std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
     }
+    let rw = rw_mount(id);
+    std::fs::create_dir(&rw).map_err(RuntimeError::io("create the upper mount point"))?;
+    nix::mount::mount(
+        Some(&base),
+        &rw,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(RuntimeError::nix("bind the upper directory"))?;
+    let (upper, work) = (rw.join("upper"), rw.join("work"));
     let lower = match ids {
         Some(ids) => {
             // The overlay's root directory is the upper directory: root in
@@ -401,9 +418,10 @@ fn idmapped_lowers(
 /// Detaches the mounts `mount_root` made from the calling namespace; the
 /// sandbox's own namespace keeps its copies until its last process exits.
 pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
-    let root = root_mount(id);
-    rootfs::unmount(&root)?;
-    let _ = std::fs::remove_dir(&root);
+    for mount in [root_mount(id), rw_mount(id)] {
+        rootfs::unmount(&mount)?;
+        let _ = std::fs::remove_dir(&mount);
+    }
     let mounts = lower_mounts(id);
     if let Ok(entries) = std::fs::read_dir(&mounts) {
         for e in entries.flatten() {

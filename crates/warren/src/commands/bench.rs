@@ -33,9 +33,14 @@ impl Samples {
     }
 }
 
+/// Small sandboxes, so that the hundreds alive at once in the density
+/// check fit the node's admission (the default request is a whole core);
+/// their size does not change how fast they start.
 fn spec(image: &str) -> SandboxSpec {
     SandboxSpec {
         image: image.to_string(),
+        cpu: Some(warren_core::spec::Cpu(50)),
+        memory: Some(warren_core::spec::ByteSize(64 << 20)),
         ..Default::default()
     }
 }

@@ -28,7 +28,7 @@ for mode in userns nouserns; do
     flags=()
     [ "$mode" = nouserns ] && flags=(--no-userns)
     mkdir -p "$work/$mode"
-    "$bin" up --home "$work/$mode" --listen 127.0.0.1:$port "${flags[@]}" 2>"$work/$mode.log" &
+    "$bin" up --home "$work/$mode" --listen 127.0.0.1:$port --cpu-overcommit 256 "${flags[@]}" 2>"$work/$mode.log" &
     pids+=($!)
     echo "http://127.0.0.1:$port" > "$work/$mode.url"
     for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done

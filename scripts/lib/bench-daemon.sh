@@ -12,7 +12,9 @@ start_bench_daemon() {
     home=$work/home
     trap 'stop_bench_daemon' EXIT
     scripts/make-busybox-image.sh "$work/busybox.tar" >/dev/null
-    "$bin" up --home "$home" --listen 127.0.0.1:"$port" "$@" 2>"$work/up.log" &
+    # Hundreds of one-core sandboxes alive at once on a few cores: admit
+    # them all (each is still capped by its own quota).
+    "$bin" up --home "$home" --listen 127.0.0.1:"$port" --cpu-overcommit 256 "$@" 2>"$work/up.log" &
     pid=$!
     export WARREN_URL=http://127.0.0.1:$port WARREN_HOME=$home
     for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done

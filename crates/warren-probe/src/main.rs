@@ -1019,8 +1019,22 @@ fn main() {
     r.line(
         "37 host paths in mountinfo",
         "none (overlay dirs under /run/warren/roots)",
-        &if named.is_empty() { "none".to_string() } else { named.join(" ") },
+        &if named.is_empty() {
+            "none".to_string()
+        } else {
+            named.join(" ")
+        },
         !mountinfo.is_empty() && named.is_empty(),
+    );
+    let cmdline = fs::read("/proc/1/cmdline").unwrap_or_default();
+    let shown = String::from_utf8_lossy(&cmdline)
+        .trim_end_matches('\0')
+        .replace('\0', " ");
+    r.line(
+        "37 /proc/1/cmdline",
+        "/.warren-init",
+        &shown,
+        shown == "/.warren-init",
     );
     // 37. Kernel logs and debug interfaces.
     for path in [

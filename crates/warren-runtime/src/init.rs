@@ -78,6 +78,7 @@ fn run() -> Result<(), Errno> {
     // Non-dumpable: no process in the sandbox can ptrace init or open its
     // /proc entries (including /proc/1/exe, the host binary).
     set_dumpable(false);
+    hide_command_line();
 
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
@@ -99,6 +100,42 @@ fn run() -> Result<(), Errno> {
         main_output: Vec::new(),
     };
     init.serve()
+}
+
+/// What the sandbox reads in /proc/1/cmdline: the OCI process args, not
+/// the spawner's command line (which names the host's Warren binary).
+const TITLE: &[u8] = b"/.warren-init";
+
+/// Overwrites this process's argument strings in place. PR_SET_MM would
+/// need CAP_SYS_RESOURCE, which hosts may withhold; the argument area is
+/// our own memory, and nothing reads the arguments after start-up.
+fn hide_command_line() {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    // Fields after the parenthesised command name; arg_start and arg_end
+    // are fields 48 and 49 (proc(5)), so 46 and 47 from here (0-based).
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let (Some(start), Some(end)) = (
+        fields.get(45).and_then(|v| v.parse::<usize>().ok()),
+        fields.get(46).and_then(|v| v.parse::<usize>().ok()),
+    ) else {
+        return;
+    };
+    if end <= start || end - start <= TITLE.len() {
+        return;
+    }
+    // SAFETY: [start, end) is this process's argv string area as the kernel
+    // reports it: mapped, writable (the initial stack) and owned by no Rust
+    // value; it is overwritten with the title and zeros, within its bounds.
+    unsafe {
+        let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+        area.fill(0);
+        area[..TITLE.len()].copy_from_slice(TITLE);
+    }
 }
 
 fn io_errno(e: std::io::Error) -> Errno {

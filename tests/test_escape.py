@@ -112,6 +112,7 @@ def test_root_inside_is_an_unprivileged_host_range_of_its_own(warren, sandbox):
         base = uids[0]
         assert base >= 1 << 20 and set(uids) == {base} and set(gids) == {base}, (uids, gids)
         assert Path(f"/proc/{pid}/uid_map").read_text().split() == ["0", str(base), "65536"]
+        assert warren.http.get(f"/v1/sandboxes/{sid}").json()["host_id_base"] == base
         upper = warren.home / "sandboxes" / sid / "upper"
         assert (upper / "made-inside").stat().st_uid == base
         # A user inside is base + its uid on the host.

@@ -66,8 +66,8 @@ fn new_id() -> String {
 }
 
 impl Control {
-    pub fn info(&self, row: SandboxRow, with_usage: bool) -> SandboxInfo {
-        let usage = if with_usage && row.state.is_live() {
+    pub fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
+        let usage = if detailed && row.state.is_live() {
             self.node.usage(&row.id)
         } else {
             None
@@ -82,7 +82,13 @@ impl Control {
         } else {
             None
         };
+        let host_id_base = if detailed && row.state.is_live() {
+            self.node.host_id_base(&row.id)
+        } else {
+            None
+        };
         SandboxInfo {
+            host_id_base,
             queue_position,
             ttl_remaining_ms: remaining.map(|r| r.0),
             lease_remaining_ms: remaining.and_then(|r| r.1),

@@ -20,6 +20,11 @@ pub struct SandboxInfo {
     /// as `nsenter`; the sandbox itself sees PID 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
+    /// Host uid and gid of root in the sandbox while it is live: its user
+    /// namespace maps ids 0–65535 to 65536 host ids from here. Absent for a
+    /// sandbox without a user namespace (`warren up --no-userns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id_base: Option<u32>,
     /// Manifest digest of the image it runs.
     pub image_digest: String,
     pub created_at: String,

@@ -88,6 +88,11 @@ pub enum ImageError {
     #[error("{0}")]
     Conflict(String),
 
+    /// Unpacking stopped to keep the node's disk from filling up (a layer
+    /// bigger than the free space, or a decompression bomb).
+    #[error("{0}")]
+    NoRoom(String),
+
     /// `registries.toml` cannot be read or says something unusable. The
     /// message never quotes the file's text, which holds credentials.
     #[error("registry configuration {path}: {message}")]
@@ -135,7 +140,7 @@ impl ImageError {
             ImageError::Registry(_) | ImageError::RemoteDigestMismatch { .. } => {
                 ErrorKind::Upstream
             }
-            ImageError::Conflict(_) => ErrorKind::Conflict,
+            ImageError::Conflict(_) | ImageError::NoRoom(_) => ErrorKind::Conflict,
             ImageError::Io { .. } | ImageError::CorruptStore { .. } => ErrorKind::Internal,
         }
     }

@@ -31,6 +31,14 @@ const MAX_FILE_SIZE: u64 = 1 << 40;
 /// CPU time in proportion. Image builders do not write sparse entries.
 const MAX_SPARSE_SIZE: u64 = 1 << 30;
 
+/// Free space unpacking never eats into, so that sandboxes, logs and the
+/// state store can still write when a layer is too big for the disk or a
+/// few megabytes of gzip decompress to terabytes.
+const DISK_RESERVE: u64 = 1 << 30;
+
+/// How often (in bytes written) free space is checked.
+const ROOM_CHECK_EVERY: u64 = 64 << 20;
+
 pub(crate) struct LayerStats {
     /// sha256 of the decompressed tar stream.
     pub diff_id: String,
@@ -53,6 +61,7 @@ pub(crate) fn unpack_layer<R: Read>(
         dest,
         what,
         size: 0,
+        unchecked: 0,
         dir_times: Vec::new(),
     };
     {
@@ -92,6 +101,8 @@ struct Unpacker<'a> {
     dest: &'a Path,
     what: &'a str,
     size: u64,
+    /// Bytes written since free space was last checked.
+    unchecked: u64,
     /// Directory times are restored last: creating children would otherwise
     /// bump them again.
     dir_times: Vec<(Vec<Vec<u8>>, Timestamps)>,
@@ -346,6 +357,11 @@ impl Unpacker<'_> {
             } else {
                 file.write_all(&buf[..n])
                     .ctx(|| self.at(shown, "writing (is the disk full?)"))?;
+                self.unchecked += n as u64;
+                if self.unchecked >= ROOM_CHECK_EVERY {
+                    self.unchecked = 0;
+                    self.check_room(&file, shown)?;
+                }
             }
             len += n as u64;
             self.size += n as u64;
@@ -520,6 +536,24 @@ impl Unpacker<'_> {
         Ok(())
     }
 
+    fn check_room(&self, file: &File, shown: &str) -> Result<(), ImageError> {
+        let st = rustix::fs::fstatvfs(file).ctx(|| self.at(shown, "checking free space"))?;
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        if free < DISK_RESERVE {
+            return Err(ImageError::NoRoom(format!(
+                "{}: unpacking stopped at entry {shown:?} after {} MiB with {} MiB left on the \
+                 node's disk, under the {} MiB kept free for sandboxes and Warren's state; free \
+                 space (`warren image gc`, `--image-budget`) or check the image: a layer this \
+                 large may be a decompression bomb",
+                self.what,
+                self.size >> 20,
+                free >> 20,
+                DISK_RESERVE >> 20
+            )));
+        }
+        Ok(())
+    }
+
     fn too_big(&self, shown: &str, size: u64, limit: u64) -> ImageError {
         ImageError::UnsafeLayer(format!(
             "{}: entry {shown:?} is {size} bytes, over the {limit}-byte limit for one such \
@@ -652,6 +686,57 @@ mod tests {
         let data = std::fs::read(dir.path().join("big")).unwrap();
         assert!(data[..data.len() - 512].iter().all(|b| *b == 0));
         assert!(data[data.len() - 512..].iter().all(|b| *b == b'x'));
+    }
+
+    /// A tmpfs of `bytes` mounted at a temporary directory while it lives.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        fn new(bytes: u64) -> Option<SmallDisk> {
+            let dir = tempfile::tempdir().ok()?;
+            let opts = format!("size={bytes}");
+            let mounted = nix::mount::mount(
+                Some("tmpfs"),
+                dir.path(),
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(opts.as_str()),
+            );
+            mounted.ok().map(|()| SmallDisk(dir))
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    #[test]
+    fn unpacking_stops_before_the_disk_fills() {
+        // 64 MiB of one file onto a disk with less than the reserve left:
+        // refused at the first check, before the disk is full.
+        let Some(disk) = SmallDisk::new(80 << 20) else {
+            eprintln!("skipped: mounting a small tmpfs needs root");
+            return;
+        };
+        let size: u64 = 70 << 20;
+        let mut h = tar::Header::new_gnu();
+        h.set_path("filler").unwrap();
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(size);
+        h.set_cksum();
+        let layer = io::Cursor::new(h.as_bytes().to_vec())
+            .chain(io::repeat(b'a').take(size))
+            .chain(io::repeat(0).take(1024));
+        let dest = disk.0.path().join("layer");
+        std::fs::create_dir(&dest).unwrap();
+        let err = unpack_layer(layer, &dest, "filler").err().expect("refused");
+        assert!(matches!(err, ImageError::NoRoom(_)), "{err}");
+        assert!(err.to_string().contains("kept free"), "{err}");
     }
 
     #[test]

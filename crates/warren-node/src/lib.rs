@@ -976,6 +976,11 @@ impl Node {
         swept
     }
 
+    /// Host id of root in the sandbox, if it has a user namespace.
+    pub fn host_id_base(&self, id: &str) -> Option<u32> {
+        self.runtime.id_range(id).map(|r| r.base)
+    }
+
     pub fn home(&self) -> &Path {
         &self.home
     }

@@ -258,7 +258,12 @@ pub fn idmapped_bind(src: &Path, userns: &OwnedFd, target: &Path) -> Result<(), 
         )
     };
     if rc != 0 {
-        return Err(err("mount_setattr", std::io::Error::last_os_error()));
+        return Err(RuntimeError::Create(format!(
+            "id-mapped mount of {}: mount_setattr: {} (this kernel or file system may lack id-mapped mounts: \
+             `warren doctor` checks; `warren up --no-userns` runs sandboxes without user namespaces)",
+            src.display(),
+            std::io::Error::last_os_error()
+        )));
     }
     move_mount(
         &tree,

@@ -485,7 +485,11 @@ async fn get_file(
         .map_err(|e| node_error(e.into()))?;
     match entry {
         files::Entry::File(f, size) => {
-            let file = tokio::fs::File::from_std(f);
+            // The sandbox may write to the file meanwhile: never send more
+            // than the length announced (a file that shrinks ends the
+            // response early, which the client sees as an incomplete body).
+            use tokio::io::AsyncReadExt;
+            let file = tokio::fs::File::from_std(f).take(size);
             let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
             Ok((
                 [

@@ -102,6 +102,22 @@ def test_timeout_kills_whole_tree(warren, sandbox):
     assert "sleep" not in ps, ps
 
 
+def test_timeout_kills_detached_processes_too(warren, sandbox):
+    """A process that leaves the exec's process group (setsid) or detaches
+    by double-forking is still part of the exec: its timeout kills it. A
+    background job of an exec that ended normally keeps running."""
+    sid = sandbox()["id"]
+    script = ("setsid sleep 1001 & (setsid sleep 1002 &); (sleep 1003 &); "
+              "setsid sh -c 'while :; do sleep 1004 & wait; done' & sleep 1005")
+    ev, _, _, _ = warren.exec(sid, ["sh", "-c", script], timeout="1s")
+    assert ev["timed_out"] is True and ev["code"] == 137, ev
+    ps = sh_ok(warren, sid, "ps -o pid,args")
+    assert not any(f"sleep {n}" in ps for n in range(1001, 1006)), ps
+    sh_ok(warren, sid, "setsid sleep 1006 >/dev/null 2>&1 &")
+    time.sleep(0.3)
+    assert "sleep 1006" in sh_ok(warren, sid, "ps -o args")
+
+
 def test_concurrent_execs(warren, box):
     n = 16
     bar = f"/tmp/barrier-{secrets.token_hex(4)}"

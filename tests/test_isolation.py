@@ -28,14 +28,16 @@ def test_ps_sees_only_own_processes(warren, sandbox):
     assert ev["code"] == 0, err
     rows = [l.split(None, 2) for l in out.decode().splitlines()[1:] if l.strip()]
     pids = sorted(int(r[0]) for r in rows)
-    # PID 1 (Warren's init) and the ps itself, nothing else.
-    assert len(pids) == 2 and pids[0] == 1, out.decode()
-    ps_row = next(r for r in rows if int(r[0]) != 1)
-    assert "ps" in ps_row[2], out.decode()
+    # PID 1 (Warren's init), the exec's shim (which keeps the exec's process
+    # tree together) and the ps itself, nothing else.
+    assert len(pids) == 3 and pids[0] == 1, out.decode()
+    by_pid = {int(r[0]): r[2] for r in rows}
+    assert "warren-shim" in by_pid[pids[1]] and "ps" in by_pid[pids[2]], out.decode()
 
     # /proc only lists the sandbox's processes too.
     listed = sh_ok(warren, sid, "ls /proc | grep -E '^[0-9]+$'").split()
-    assert "1" in listed and len(listed) <= 4, listed
+    # init, the exec's shim, sh, ls and grep.
+    assert "1" in listed and len(listed) <= 5, listed
     # Host processes cannot be signalled, and are not in /proc.
     daemon = warren.proc.pid
     ev, out, err = sh(warren, sid, f"kill -0 {daemon}; echo kill=$?; test -e /proc/{daemon}; echo proc=$?")

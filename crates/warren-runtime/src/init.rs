@@ -24,6 +24,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
+use crate::exec_tree;
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
 
 /// The descriptor number at which the spawner hands init its listening socket.
@@ -56,6 +57,8 @@ impl Executor for WarrenInit {
 }
 
 struct Exec {
+    /// The command's pid, which is also its process group.
+    pgid: i32,
     conn: Option<UnixStream>,
     main: bool,
 }
@@ -63,8 +66,10 @@ struct Exec {
 struct Init {
     listener: UnixListener,
     signals: SignalFd,
-    /// Running execs by pid (each is its own session and process group).
+    /// Running execs by the pid of their shim (see exec_tree); each command
+    /// is its own session and process group.
     execs: HashMap<i32, Exec>,
+    /// The main process's shim.
     main_pid: Option<i32>,
     main_exit: Option<(i32, Option<i32>)>,
     /// Read ends of the main process's stdout and stderr (see proto).
@@ -190,13 +195,19 @@ impl Init {
             let signo = info.ssi_signo as i32;
             if signo == libc::SIGCHLD {
                 self.reap();
-            } else if let (Some(pid), Ok(sig)) = (self.main_pid, Signal::try_from(signo)) {
-                let _ = killpg(Pid::from_raw(pid), sig);
+            } else if let (Some(pgid), Ok(sig)) = (self.main_pgid(), Signal::try_from(signo)) {
+                let _ = killpg(Pid::from_raw(pgid), sig);
             } else if signo == libc::SIGTERM || signo == libc::SIGINT {
                 // No main process: a stop request ends the sandbox.
                 std::process::exit(0);
             }
         }
+    }
+
+    fn main_pgid(&self) -> Option<i32> {
+        self.main_pid
+            .and_then(|shim| self.execs.get(&shim))
+            .map(|e| e.pgid)
     }
 
     fn reap(&mut self) {
@@ -233,18 +244,21 @@ impl Init {
             return;
         };
         match proto::recv::<InitRequest>(conn) {
-            Ok((InitRequest::Signal { signal }, _)) => {
-                if let Ok(sig) = Signal::try_from(signal) {
-                    let _ = killpg(Pid::from_raw(pid), sig);
+            Ok((InitRequest::Signal { signal }, _)) => match Signal::try_from(signal) {
+                // Killing an exec kills all it started, detached or not.
+                Ok(Signal::SIGKILL) => exec_tree::kill_tree(pid),
+                Ok(sig) => {
+                    let _ = killpg(Pid::from_raw(exec.pgid), sig);
                 }
-            }
+                Err(_) => {}
+            },
             Ok(_) => {}
             Err(_) => {
                 // The daemon went away. An ordinary exec dies with its stream;
                 // the main process outlives daemon restarts.
                 exec.conn = None;
                 if !exec.main {
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                    exec_tree::kill_tree(pid);
                 }
             }
         }
@@ -274,7 +288,7 @@ impl Init {
     fn attach_main(&mut self, conn: UnixStream) {
         let running = self.main_pid.filter(|_| self.main_exit.is_none());
         let reply = InitReply::Main {
-            pid: running,
+            pid: running.and(self.main_pgid()),
             exit: self.main_exit,
         };
         let fds: Vec<RawFd> = if running.is_some() {
@@ -297,17 +311,18 @@ impl Init {
             vec![]
         };
         match spawn(&spec, &fds) {
-            Ok(pid) => {
+            Ok(Spawned { shim, pid }) => {
                 drop(fds);
                 if spec.main {
-                    self.main_pid = Some(pid);
+                    self.main_pid = Some(shim);
                     self.main_exit = None;
                     self.main_output = readers;
                 }
                 let _ = proto::send(&conn, &InitReply::Started { pid }, &[]);
                 self.execs.insert(
-                    pid,
+                    shim,
                     Exec {
+                        pgid: pid,
                         conn: Some(conn),
                         main: spec.main,
                     },
@@ -320,9 +335,17 @@ impl Init {
     }
 }
 
-/// Forks and execs one command. Returns once execve succeeded (the error
-/// pipe closed empty) or with the reason it failed.
-fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
+struct Spawned {
+    /// The exec's shim, init's child (see exec_tree).
+    shim: i32,
+    /// The command, the shim's child.
+    pid: i32,
+}
+
+/// Forks the exec's shim, which forks and execs the command. Returns once
+/// execve succeeded (the error pipe closed empty) or with the reason it
+/// failed.
+fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<Spawned, InitReply> {
     let fail = |message: String, code: i32| InitReply::Failed { message, code };
     if fds.len() != 3 {
         return Err(fail(
@@ -357,21 +380,45 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
     let cwd = cstr(&spec.cwd)?;
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| fail(format!("pipe: {e}"), 126))?;
+    let (pid_r, pid_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}"), 126))?;
 
-    // SAFETY: init is single-threaded, so the child may run arbitrary code
-    // (including allocation) before execve.
+    // SAFETY: init is single-threaded, so the shim and the command may run
+    // arbitrary code (including allocation) before execve.
     match unsafe { fork() } {
         Err(e) => Err(fail(format!("fork failed: {e}"), 126)),
         Ok(ForkResult::Child) => {
-            drop(err_r);
-            let errno = child(spec, fds, &candidates, &argv, &env, &cwd);
-            let code = errno as i32;
-            let _ = nix::unistd::write(&err_w, &code.to_le_bytes());
-            // SAFETY: _exit is always safe; we must not run init's destructors.
-            unsafe { libc::_exit(127) }
+            drop((err_r, pid_r));
+            exec_tree::become_subreaper();
+            // SAFETY: as above; the shim is single-threaded too.
+            match unsafe { fork() } {
+                Ok(ForkResult::Child) => {
+                    drop(pid_w);
+                    let errno = child(spec, fds, &candidates, &argv, &env, &cwd);
+                    let code = errno as i32;
+                    let _ = nix::unistd::write(&err_w, &code.to_le_bytes());
+                    // SAFETY: _exit is always safe; we must not run init's destructors.
+                    unsafe { libc::_exit(127) }
+                }
+                Ok(ForkResult::Parent { child }) => {
+                    let _ = nix::unistd::write(&pid_w, &child.as_raw().to_le_bytes());
+                    // Nothing of init's (its socket, other execs' streams,
+                    // this exec's stdio) stays open in the shim.
+                    drop((err_w, pid_w));
+                    close_from(LISTEN_FD);
+                    exec_tree::shim_wait(child.as_raw())
+                }
+                // SAFETY: _exit is always safe; init reads no pid and fails the exec.
+                Err(_) => unsafe { libc::_exit(126) },
+            }
         }
-        Ok(ForkResult::Parent { child }) => {
-            drop(err_w);
+        Ok(ForkResult::Parent { child: shim }) => {
+            drop((err_w, pid_w));
+            let mut pid = [0u8; 4];
+            if std::fs::File::from(pid_r).read_exact(&mut pid).is_err() {
+                return Err(fail("fork failed in the exec's shim".into(), 126));
+            }
+            let pid = i32::from_le_bytes(pid);
             let mut buf = [0u8; 4];
             let mut reader = std::fs::File::from(err_r);
             match reader.read(&mut buf) {
@@ -382,13 +429,17 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<i32, InitReply> {
                     } else {
                         126
                     };
-                    // The child exits right away; reap() ignores unknown pids.
+                    // The child and its shim exit right away; reap()
+                    // ignores unknown pids.
                     Err(fail(
                         format!("cannot run {program:?}: {}", errno.desc()),
                         code,
                     ))
                 }
-                _ => Ok(child.as_raw()),
+                _ => Ok(Spawned {
+                    shim: shim.as_raw(),
+                    pid,
+                }),
             }
         }
     }

@@ -10,6 +10,7 @@
 pub mod crashpoint;
 pub mod disk;
 pub mod exec;
+mod exec_tree;
 pub mod files;
 pub mod host;
 pub mod init;

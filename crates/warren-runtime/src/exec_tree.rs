@@ -1,0 +1,173 @@
+//! An exec's whole process tree, kept together and killed together.
+//!
+//! Each exec runs under a shim: a child of init that makes itself a child
+//! subreaper and then forks the command. While the command runs, every
+//! process it starts stays below the shim, even one that calls `setsid()`
+//! or double-forks to detach: orphans are reparented to the nearest
+//! subreaper, the shim, not to init. Killing the exec (its timeout, a
+//! cancelled stream, a `SIGKILL` from the API) stops the whole tree and then
+//! kills it, so nothing of it keeps running. The shim reaps what it adopts
+//! and exits as the command did; what the command leaves running after it
+//! exits normally (a background job) goes on as before, under init.
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+/// Makes the calling process (the shim, right after init forked it) the
+/// subreaper of everything it forks from now on.
+pub(crate) fn become_subreaper() {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers, and
+    // PR_SET_NAME reads a NUL-terminated name we own (`ps` shows it).
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, c"warren-shim".as_ptr(), 0, 0, 0);
+    }
+}
+
+/// The shim's life after forking `command`: reap everything, and exit as
+/// the command did once it has.
+pub(crate) fn shim_wait(command: i32) -> ! {
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid.as_raw() == command => exit(code),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid.as_raw() == command => die_of(sig),
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(_) => exit(127),
+        }
+    }
+}
+
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit ends the shim without running init's destructors.
+    unsafe { libc::_exit(code) }
+}
+
+/// Ends the shim by the signal that ended the command, so init reads the
+/// same status it would have read from the command itself.
+fn die_of(sig: Signal) -> ! {
+    // SAFETY: signal() installs the default disposition (no handler code),
+    // and raise() sends the signal to this process; the shim is
+    // single-threaded and does nothing else.
+    unsafe {
+        libc::signal(sig as libc::c_int, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig as libc::c_int);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig as libc::c_int);
+    }
+    exit(128 + sig as i32)
+}
+
+/// One process as /proc shows it: pid, parent and state letter.
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    state: char,
+}
+
+fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name may hold spaces and parentheses: the fields
+            // that follow it start after its last ')'.
+            let (_, rest) = stat.rsplit_once(") ")?;
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?.chars().next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            Some(Proc { pid, ppid, state })
+        })
+        .collect()
+}
+
+/// Everything below `root` (not `root` itself).
+fn descendants(root: i32, procs: &[Proc]) -> Vec<&Proc> {
+    let mut found: Vec<&Proc> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent) {
+            frontier.push(p.pid);
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// Kills every process below the shim `shim`. They are stopped first,
+/// round after round until none is left running (a stopped process cannot
+/// fork, so the tree stops growing), and then killed at once: killed one
+/// by one, the command could die first and the shim exit, and the rest
+/// would be reparented to init and escape.
+pub(crate) fn kill_tree(shim: i32) {
+    const ROUNDS: usize = 200;
+    for _ in 0..ROUNDS {
+        let procs = processes();
+        let running: Vec<i32> = descendants(shim, &procs)
+            .into_iter()
+            .filter(|p| !matches!(p.state, 'T' | 't' | 'Z' | 'X'))
+            .map(|p| p.pid)
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        for pid in running {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    for p in descendants(shim, &processes()) {
+        let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descendants_follow_parent_links_only() {
+        let procs = [
+            Proc {
+                pid: 10,
+                ppid: 1,
+                state: 'S',
+            },
+            Proc {
+                pid: 11,
+                ppid: 10,
+                state: 'S',
+            },
+            Proc {
+                pid: 12,
+                ppid: 11,
+                state: 'R',
+            },
+            Proc {
+                pid: 13,
+                ppid: 10,
+                state: 'T',
+            },
+            Proc {
+                pid: 20,
+                ppid: 1,
+                state: 'S',
+            },
+            Proc {
+                pid: 21,
+                ppid: 20,
+                state: 'S',
+            },
+        ];
+        let mut below: Vec<i32> = descendants(10, &procs).iter().map(|p| p.pid).collect();
+        below.sort();
+        assert_eq!(below, [11, 12, 13]);
+        assert!(descendants(12, &procs).is_empty());
+    }
+}

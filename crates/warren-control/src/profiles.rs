@@ -50,7 +50,13 @@ impl Control {
             return Ok(());
         };
         let run = Run {
-            cpu_millis_peak: usage.cpu_millis_peak.max(usage.cpu_millis_mean),
+            // Never above the quota it ran under: a rate over it is a
+            // measuring artefact (a short burst within one CFS period), and
+            // a sandbox that needed more shows as throttled instead.
+            cpu_millis_peak: usage
+                .cpu_millis_peak
+                .max(usage.cpu_millis_mean)
+                .min(row.resources.cpu_millis),
             memory_peak: usage.memory_peak_bytes,
             runtime_ms: usage.runtime_ms,
             oom_killed: oom_killed || usage.oom_kills > 0,

@@ -940,13 +940,14 @@ impl Node {
     }
 
     fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
+        let at = std::time::Instant::now();
         let Ok(sample) = warren_runtime::cgroups::sample(&live.cgroup_path) else {
             return;
         };
         let Ok(mut u) = live.usage.lock() else { return };
         let disk = (with_disk && u.wants_disk())
             .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
-        u.add(std::time::Instant::now(), sample, disk);
+        u.add(at, sample, disk);
     }
 
     pub fn oom_kills(&self, id: &str) -> u64 {

@@ -11,9 +11,19 @@ use warren_runtime::cgroups::Sample;
 /// Disk use is a directory walk, so it is read every this many samples.
 const DISK_EVERY: u64 = 10;
 
+/// The shortest window a CPU rate is measured over. Over a few milliseconds
+/// a rate means nothing: CFS lets a sandbox run on several CPUs at once
+/// within one quota period, so two readings close together (the periodic
+/// sample and destroy's last one) showed a one-core sandbox using three,
+/// which profiles then learned from.
+const MIN_RATE_WINDOW: Duration = Duration::from_millis(250);
+
 #[derive(Debug)]
 pub struct UsageTracker {
     started: Instant,
+    /// The reading the next CPU rate is measured from.
+    anchor: Option<(Instant, Sample)>,
+    /// The newest reading, which `usage` reports.
     last: Option<(Instant, Sample)>,
     samples: u64,
     cpu_rate_sum: f64,
@@ -26,6 +36,7 @@ impl UsageTracker {
     pub fn new() -> UsageTracker {
         UsageTracker {
             started: Instant::now(),
+            anchor: None,
             last: None,
             samples: 0,
             cpu_rate_sum: 0.0,
@@ -35,17 +46,26 @@ impl UsageTracker {
         }
     }
 
-    /// Adds one reading; the CPU rate is measured between readings.
+    /// Adds one reading, taken at `at` (read the clock before the cgroup:
+    /// readers run concurrently, and one that finishes later may have read
+    /// earlier). A reading older than the newest is dropped. The CPU rate
+    /// is measured from the anchor once at least MIN_RATE_WINDOW has passed.
     pub fn add(&mut self, at: Instant, s: Sample, disk: Option<u64>) {
-        if let Some((t, prev)) = self.last {
-            let dt = at.duration_since(t).as_secs_f64();
-            if dt > 0.0 {
+        if self.last.is_some_and(|(t, _)| at <= t) {
+            return;
+        }
+        match self.anchor {
+            Some((t, prev)) if at.duration_since(t) >= MIN_RATE_WINDOW => {
+                let dt = at.duration_since(t).as_secs_f64();
                 let used = s.cpu_usage_ns.saturating_sub(prev.cpu_usage_ns) as f64;
                 let millis = used / 1e6 / dt;
                 self.cpu_rate_sum += millis;
                 self.cpu_peak_millis = self.cpu_peak_millis.max(millis.round() as u64);
                 self.samples += 1;
+                self.anchor = Some((at, s));
             }
+            Some(_) => {}
+            None => self.anchor = Some((at, s)),
         }
         self.memory_peak = self
             .memory_peak
@@ -139,5 +159,30 @@ mod tests {
         assert_eq!(u.cpu_millis_mean, 750);
         assert_eq!(u.memory_peak_bytes, 30);
         assert_eq!(u.samples, 2);
+    }
+
+    #[test]
+    fn close_and_out_of_order_readings_make_no_rate() {
+        let mut t = UsageTracker::new();
+        let t0 = Instant::now();
+        let s = |cpu_ms: u64| Sample {
+            cpu_usage_ns: cpu_ms * 1_000_000,
+            ..Default::default()
+        };
+        t.add(t0, s(0), None);
+        t.add(t0 + Duration::from_secs(1), s(1000), None);
+        // 20 ms of CPU in the next 10 ms (two CPUs at once within one quota
+        // period) is no 2-core peak.
+        t.add(t0 + Duration::from_millis(1010), s(1020), None);
+        assert_eq!(t.usage().cpu_millis_peak, 1000);
+        assert_eq!(t.usage().cpu_usage_ns, 1_020_000_000);
+        // A reading that was taken before the newest one is ignored.
+        t.add(t0 + Duration::from_millis(1005), s(1010), None);
+        assert_eq!(t.usage().cpu_usage_ns, 1_020_000_000);
+        // The next rate is measured from the last anchor, over 1 s.
+        t.add(t0 + Duration::from_secs(2), s(1500), None);
+        assert_eq!(t.usage().cpu_millis_peak, 1000);
+        assert_eq!(t.usage().samples, 2);
+        assert_eq!(t.usage().cpu_millis_mean, 750);
     }
 }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use warren_fuzz::{entries, outside, snapshot, strays, tar_from_script};
+use warren_fuzz::{assert_nothing_beside, entries, outside, snapshot, tar_from_script};
 use warren_runtime::files::{self, Entry};
 
 const BASE: &str = "/tmp/warren-fuzz-files";
@@ -179,18 +179,6 @@ fuzz_target!(|data: &[u8]| {
             f.before,
             "{what} changed the host tree"
         );
-        assert_eq!(
-            strays(Path::new(BASE)),
-            Vec::<String>::new(),
-            "{what} created a file beside the root"
-        );
-        let beside: Vec<_> = fs::read_dir(&f.work)
-            .map(|d| d.flatten().map(|e| e.file_name()).collect())
-            .unwrap_or_default();
-        assert_eq!(
-            beside,
-            vec![std::ffi::OsString::from("root")],
-            "{what} created a file beside the root"
-        );
+        assert_nothing_beside(Path::new(BASE), &f.work, "root", &what);
     }
 });

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use warren_fuzz::{entries, is_whiteout, outside, snapshot, strays, tar_from_script};
+use warren_fuzz::{
+    assert_nothing_beside, entries, is_whiteout, outside, snapshot, tar_from_script,
+};
 
 const BASE: &str = "/tmp/warren-fuzz-image";
 
@@ -60,19 +62,7 @@ fuzz_target!(|data: &[u8]| {
         f.before,
         "the tree outside the layer changed ({result:?})"
     );
-    assert_eq!(
-        strays(std::path::Path::new(BASE)),
-        Vec::<String>::new(),
-        "a file appeared beside the layer"
-    );
-    let beside: Vec<_> = fs::read_dir(&f.work)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert_eq!(
-        beside,
-        vec![std::ffi::OsString::from("layer")],
-        "a file appeared beside the layer"
-    );
+    assert_nothing_beside(std::path::Path::new(BASE), &f.work, "layer", "the unpack");
     for (path, meta) in entries(&layer) {
         let ft = meta.file_type();
         assert!(

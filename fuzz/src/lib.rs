@@ -210,6 +210,24 @@ pub fn strays(base: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Asserts that a run created nothing beside the tree it was given: no
+/// stray under `base`, and `work` holds only `kept` (the root or layer).
+pub fn assert_nothing_beside(base: &Path, work: &Path, kept: &str, what: &str) {
+    assert_eq!(
+        strays(base),
+        Vec::<String>::new(),
+        "{what} created a file beside the {kept}"
+    );
+    let beside: Vec<_> = fs::read_dir(work)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        beside,
+        vec![std::ffi::OsString::from(kept)],
+        "{what} created a file beside the {kept}"
+    );
+}
+
 /// Lists the tree under `dir` (not following symlinks), type and all.
 pub fn entries(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     let mut out = Vec::new();

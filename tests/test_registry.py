@@ -251,9 +251,10 @@ def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbo
     assert f"{reg.host}/{repo}:v1" in names and f"{reg.host}/{repo}@{digest}" in names
 
 
-def recompress_zstd(layout, tag, index):
-    """Rewrites layer `index` of the tag as zstd (same diffID), updating the
-    manifest and index digests: an image with gzip and zstd layers mixed."""
+def rewrite_manifest(layout, tag, edit):
+    """Rewrites the tag's manifest in an OCI layout: edit(manifest, blob, put)
+    changes it (blob(digest) is a blob's path, put(bytes) stores a blob and
+    returns its digest and size); the manifest and index digests follow."""
     layout = Path(layout)
     blob = lambda d: layout / "blobs" / "sha256" / d.split(":", 1)[1]
 
@@ -265,13 +266,22 @@ def recompress_zstd(layout, tag, index):
     idx = json.loads((layout / "index.json").read_text())
     entry = next(m for m in idx["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
     manifest = json.loads(blob(entry["digest"]).read_text())
-    layer = manifest["layers"][index]
-    raw = subprocess.run(["gzip", "-dc", blob(layer["digest"])], check=True, capture_output=True).stdout
-    packed = subprocess.run(["zstd", "-q", "-c", "-"], input=raw, check=True, capture_output=True).stdout
-    layer["digest"], layer["size"] = put(packed)
-    layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd"
+    edit(manifest, blob, put)
     entry["digest"], entry["size"] = put(json.dumps(manifest).encode())
     (layout / "index.json").write_text(json.dumps(idx))
+
+
+def recompress_zstd(layout, tag, index):
+    """Rewrites layer `index` of the tag as zstd (same diffID), updating the
+    manifest and index digests: an image with gzip and zstd layers mixed."""
+    def edit(manifest, blob, put):
+        layer = manifest["layers"][index]
+        raw = subprocess.run(["gzip", "-dc", blob(layer["digest"])], check=True, capture_output=True).stdout
+        packed = subprocess.run(["zstd", "-q", "-c", "-"], input=raw, check=True, capture_output=True).stdout
+        layer["digest"], layer["size"] = put(packed)
+        layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd"
+
+    rewrite_manifest(layout, tag, edit)
 
 
 def test_mixed_gzip_and_zstd_layers(warren, registry, builder, sandbox):
@@ -360,22 +370,12 @@ def test_a_tampered_blob_is_refused_and_nothing_is_kept(warren, registry, builde
 def set_diff_id(layout, tag, index, diff_id):
     """Rewrites the tag's config so rootfs.diff_ids[index] is diff_id, with
     consistent digests (the manifest and config still verify)."""
-    layout = Path(layout)
-    blob = lambda d: layout / "blobs" / "sha256" / d.split(":", 1)[1]
+    def edit(manifest, blob, put):
+        config = json.loads(blob(manifest["config"]["digest"]).read_text())
+        config["rootfs"]["diff_ids"][index] = diff_id
+        manifest["config"]["digest"], manifest["config"]["size"] = put(json.dumps(config).encode())
 
-    def put(data):
-        d = "sha256:" + hashlib.sha256(data).hexdigest()
-        blob(d).write_bytes(data)
-        return d, len(data)
-
-    idx = json.loads((layout / "index.json").read_text())
-    entry = next(m for m in idx["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag)
-    manifest = json.loads(blob(entry["digest"]).read_text())
-    config = json.loads(blob(manifest["config"]["digest"]).read_text())
-    config["rootfs"]["diff_ids"][index] = diff_id
-    manifest["config"]["digest"], manifest["config"]["size"] = put(json.dumps(config).encode())
-    entry["digest"], entry["size"] = put(json.dumps(manifest).encode())
-    (layout / "index.json").write_text(json.dumps(idx))
+    rewrite_manifest(layout, tag, edit)
 
 
 def test_a_wrong_diff_id_is_refused_and_nothing_is_kept(warren, registry, builder):

@@ -34,6 +34,14 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+    /// The next `u16`-length-prefixed field, as a reader of its own.
+    fn field16(&mut self) -> Option<Reader<'a>> {
+        let len = self.u16()?;
+        self.take(len).map(Reader::new)
+    }
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(n)?;
         let s = self.buf.get(self.pos..end)?;
@@ -77,18 +85,12 @@ fn tls_server_name(buf: &[u8]) -> Sniffed {
 
 /// `Some(None)`: a well-formed ClientHello without a server name.
 fn client_hello_sni(record: &[u8]) -> Option<Option<String>> {
-    let mut r = Reader {
-        buf: record,
-        pos: 0,
-    };
+    let mut r = Reader::new(record);
     if r.u8()? != 1 {
         return None; // not a ClientHello
     }
     let len = r.u24()?;
-    let mut r = Reader {
-        buf: r.take(len).unwrap_or(&record[4..]),
-        pos: 0,
-    };
+    let mut r = Reader::new(r.take(len).unwrap_or(&record[4..]));
     r.take(2 + 32)?; // version, random
     let sid = r.u8()?;
     r.take(sid)?;
@@ -99,24 +101,14 @@ fn client_hello_sni(record: &[u8]) -> Option<Option<String>> {
     if r.pos == r.buf.len() {
         return Some(None); // no extensions at all
     }
-    let ext_len = r.u16()?;
-    let mut ext = Reader {
-        buf: r.take(ext_len)?,
-        pos: 0,
-    };
+    let mut ext = r.field16()?;
     while ext.pos < ext.buf.len() {
         let kind = ext.u16()?;
-        let len = ext.u16()?;
-        let body = ext.take(len)?;
+        let mut body = ext.field16()?;
         if kind != 0 {
             continue;
         }
-        let mut sn = Reader { buf: body, pos: 0 };
-        let list_len = sn.u16()?;
-        let mut list = Reader {
-            buf: sn.take(list_len)?,
-            pos: 0,
-        };
+        let mut list = body.field16()?;
         while list.pos < list.buf.len() {
             let name_type = list.u8()?;
             let len = list.u16()?;

@@ -75,13 +75,9 @@ fn processes() -> Vec<Proc> {
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // The command name may hold spaces and parentheses: the fields
-            // that follow it start after its last ')'.
-            let (_, rest) = stat.rsplit_once(") ")?;
-            let mut fields = rest.split_whitespace();
-            let state = fields.next()?.chars().next()?;
-            let ppid = fields.next()?.parse().ok()?;
+            let stat = crate::procstat::read(&pid.to_string())?;
+            let state = stat.field(3)?.chars().next()?;
+            let ppid = stat.field(4)?.parse().ok()?;
             Some(Proc { pid, ppid, state })
         })
         .collect()

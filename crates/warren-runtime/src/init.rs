@@ -115,19 +115,12 @@ const TITLE: &[u8] = b"/.warren-init";
 /// need CAP_SYS_RESOURCE, which hosts may withhold; the argument area is
 /// our own memory, and nothing reads the arguments after start-up.
 fn hide_command_line() {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    let Some(stat) = crate::procstat::read("self") else {
         return;
     };
-    // Fields after the parenthesised command name; arg_start and arg_end
-    // are fields 48 and 49 (proc(5)), so 46 and 47 from here (0-based).
-    let Some((_, rest)) = stat.rsplit_once(") ") else {
-        return;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let (Some(start), Some(end)) = (
-        fields.get(45).and_then(|v| v.parse::<usize>().ok()),
-        fields.get(46).and_then(|v| v.parse::<usize>().ok()),
-    ) else {
+    let field = |n| stat.field(n).and_then(|v| v.parse::<usize>().ok());
+    // arg_start and arg_end.
+    let (Some(start), Some(end)) = (field(48), field(49)) else {
         return;
     };
     if end <= start || end - start <= TITLE.len() {

@@ -17,6 +17,7 @@ pub mod init;
 pub mod netns;
 pub mod oci;
 mod pool;
+mod procstat;
 pub mod proto;
 pub mod rootfs;
 pub mod spawner;

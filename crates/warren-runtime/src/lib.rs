@@ -488,10 +488,7 @@ fn kill_init(pid: i32, cgroup_path: &str) {
     let Ok(fd) = pidfd_open(p, PidfdFlags::empty()) else {
         return;
     };
-    let ours = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map(|c| c.lines().any(|l| l.ends_with(cgroup_path)))
-        .unwrap_or(false);
-    if !ours || pidfd_send_signal(&fd, Signal::KILL).is_err() {
+    if !owns_pid(pid, cgroup_path) || pidfd_send_signal(&fd, Signal::KILL).is_err() {
         return;
     }
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];

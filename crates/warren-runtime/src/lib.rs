@@ -1,8 +1,9 @@
 //! Linux isolation for Warren sandboxes.
 //!
 //! One [`Runtime`] per node. It lays out each sandbox under
-//! `<home>/sandboxes/<id>/` (overlay upper, work and merged rootfs, the OCI
-//! bundle, init's socket), asks a single-threaded spawner process to create
+//! `<home>/sandboxes/<id>/` (overlay upper and work, the OCI bundle, its uid
+//! range, init's socket; the merged root is mounted only in the spawner's
+//! namespace, under [`ROOTS_DIR`]), asks a single-threaded spawner process to create
 //! the container with youki's libcontainer, and talks to the sandbox's own
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.

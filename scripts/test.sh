@@ -11,6 +11,7 @@ cargo build --workspace --all-targets
 # The escape suite's probe runs inside sandboxes: a static binary.
 cargo rustc -q -p warren-probe --release -- -C target-feature=+crt-static
 cargo test --workspace
-# The fuzz targets (fuzz/): 20 s each from their hostile seeds and grown corpus.
-scripts/fuzz.sh 20
+# The fuzz targets (fuzz/): every committed seed, corpus input and past
+# crash, once (open-ended fuzzing is `scripts/fuzz.sh explore`, outside CI).
+scripts/fuzz.sh replay
 python3 -m pytest -q tests "$@"

@@ -13,7 +13,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
-use tokio::io::AsyncBufReadExt;
 use utoipa::OpenApi;
 use warren_core::state::reason;
 use warren_core::{
@@ -138,13 +137,30 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), ready_gate))
         .layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
         .merge(api)
-        .layer(DefaultBodyLimit::max(8 << 30))
+        // For bodies read whole (JSON); uploads and image imports stream.
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(middleware::from_fn(close_after_unread_body))
         .with_state(state)
+}
+
+/// The largest request body read into memory (a spec, an exec request with
+/// its stdin): files go through the streaming upload instead.
+pub const MAX_JSON_BODY: usize = 32 << 20;
+
+/// API calls wait until the daemon has taken over its sandboxes after a
+/// start (`/healthz` answers at once, with what recovery is doing).
+async fn ready_gate(State(st): St, req: Request, next: Next) -> Response {
+    if !st.control.lifecycle.is_ready() {
+        if let Err(e) = st.control.lifecycle.wait_ready().await {
+            return Failure(e).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// An error answered before the request body was read leaves that body in
@@ -157,6 +173,19 @@ async fn close_after_unread_body(req: Request, next: Next) -> Response {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v != "0");
     let mut resp = next.run(req).await;
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && resp.headers().get(header::CONTENT_TYPE)
+            != Some(&HeaderValue::from_static("application/json"))
+    {
+        resp = Failure(ApiError::new(
+            warren_core::ErrorCode::PayloadTooLarge,
+            format!(
+                "the request body is larger than {} MiB; send large data as a file (PUT /v1/sandboxes/{{id}}/files) instead",
+                MAX_JSON_BODY >> 20
+            ),
+        ))
+        .into_response();
+    }
     if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -183,17 +212,20 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     }
 }
 
-/// A streamed answer of one JSON object per line.
-fn ndjson<S, T>(items: S) -> Response
+/// A streamed answer of one JSON object per line; it ends when the daemon
+/// begins to stop (so a clean stop never waits on an open stream).
+fn ndjson<S, T>(st: &AppState, items: S) -> Response
 where
     S: futures_util::Stream<Item = T> + Send + 'static,
     T: serde::Serialize,
 {
-    let stream = items.map(|item| {
-        let mut line = serde_json::to_vec(&item).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::io::Error>(Bytes::from(line))
-    });
+    let stream = items
+        .take_until(st.control.lifecycle.stopped())
+        .map(|item| {
+            let mut line = serde_json::to_vec(&item).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::io::Error>(Bytes::from(line))
+        });
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
@@ -206,9 +238,10 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
+/// Alive: `ok`, or what start-up recovery is doing (API calls wait for it).
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(st): St) -> String {
+    format!("{}\n", st.control.lifecycle.status())
 }
 
 /// Prometheus metrics (text format).
@@ -401,7 +434,7 @@ async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<R
         .metrics
         .exec_start_seconds
         .observe(started.elapsed().as_secs_f64());
-    Ok(ndjson(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    Ok(ndjson(&st, tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
 #[derive(Deserialize)]
@@ -529,65 +562,39 @@ async fn logs(
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
     st.control.get(&id).await?;
-    let path = st.control.node.log_path(&id);
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| ApiError::not_found(format!("no log for sandbox {id}: {e}")))?;
-    let follow = q.follow.unwrap_or(false);
-    let control = st.control.clone();
-    let stream = async_stream(file, follow, control, id);
+    if !st.control.node.has_log(&id) {
+        return Err(ApiError::not_found(format!(
+            "no log for sandbox {id} (logs are kept for the node's --log-retention)"
+        ))
+        .into());
+    }
+    let over = q.follow.unwrap_or(false).then(|| {
+        let (control, id) = (st.control.clone(), id.clone());
+        // Over once the sandbox has ended, or is frozen for keeps.
+        Box::new(move || {
+            let (control, id) = (control.clone(), id.clone());
+            Box::pin(async move {
+                control
+                    .get(&id)
+                    .await
+                    .map(|r| {
+                        !r.state.is_live()
+                            || matches!(r.state, SandboxState::Kept | SandboxState::Stopping)
+                    })
+                    .unwrap_or(true)
+            }) as futures_util::future::BoxFuture<'static, bool>
+        }) as Box<dyn FnMut() -> futures_util::future::BoxFuture<'static, bool> + Send>
+    });
+    let stream = st
+        .control
+        .node
+        .log_stream(&id, over)
+        .take_until(st.control.lifecycle.stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
     )
         .into_response())
-}
-
-fn async_stream(
-    file: tokio::fs::File,
-    follow: bool,
-    control: Arc<Control>,
-    id: String,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    let reader = tokio::io::BufReader::new(file);
-    futures_util::stream::unfold((reader, false), move |(mut reader, mut finishing)| {
-        let control = control.clone();
-        let id = id.clone();
-        async move {
-            loop {
-                let mut line = Vec::new();
-                match reader.read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) if !follow || finishing => return None,
-                    Ok(n) if n > 0 && line.ends_with(b"\n") => {
-                        return Some((Ok(Bytes::from(line)), (reader, finishing)))
-                    }
-                    _ => {
-                        // At the end for now: stop once the sandbox is over and
-                        // everything it wrote has been read.
-                        let over = control
-                            .get(&id)
-                            .await
-                            .map(|r| {
-                                !r.state.is_live()
-                                    || matches!(
-                                        r.state,
-                                        SandboxState::Kept | SandboxState::Stopping
-                                    )
-                            })
-                            .unwrap_or(true);
-                        if over {
-                            finishing = true;
-                        } else {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        if !line.is_empty() {
-                            return Some((Ok(Bytes::from(line)), (reader, finishing)));
-                        }
-                    }
-                }
-            }
-        }
-    })
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -705,16 +712,11 @@ async fn logs_by_label(State(st): St, Query(q): Query<LabelQuery>) -> ApiResult<
         return Err(ApiError::bad_request("give a label selector, e.g. ?label=task=swe").into());
     }
     let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let paths: Vec<std::path::PathBuf> = st
-        .control
-        .list(&[], &sel)
-        .await?
-        .iter()
-        .map(|s| st.control.node.log_path(&s.id))
-        .collect();
-    let stream = futures_util::stream::iter(paths)
-        .then(|p| async move { tokio::fs::read(p).await.unwrap_or_default() })
-        .map(|bytes| Ok::<_, std::io::Error>(Bytes::from(bytes)));
+    // Streamed line by line, never a whole log in memory.
+    let node = st.control.node.clone();
+    let stream = futures_util::stream::iter(st.control.list(&[], &sel).await?)
+        .flat_map(move |s| node.log_stream(&s.id, None))
+        .take_until(st.control.lifecycle.stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),
@@ -980,6 +982,7 @@ async fn pull_image(
         let _ = tx.send(last);
     });
     Ok(ndjson(
+        &st,
         tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
     ))
 }

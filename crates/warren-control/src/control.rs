@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use rand::Rng;
 use tokio::sync::mpsc;
 use warren_core::spec::ReclaimPolicy;
@@ -26,6 +27,7 @@ pub struct Control {
     pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
     /// How profiles learn (margins, window, growth cap).
     pub policy: warren_core::profile::Policy,
+    pub lifecycle: crate::lifecycle::Lifecycle,
 }
 
 impl From<StoreError> for ApiError {
@@ -45,6 +47,11 @@ pub fn node_error(e: NodeError) -> ApiError {
         NodeError::Runtime(R::NotFound(m)) => ApiError::not_found(m),
         NodeError::Runtime(R::BadPath(m)) => ApiError::bad_request(format!("invalid path {m}")),
         NodeError::Runtime(R::BadImage(m)) => ApiError::bad_request(m),
+        NodeError::Runtime(R::Unresponsive(m)) => ApiError {
+            code: warren_core::ErrorCode::Unavailable,
+            message: m,
+            retry_after_ms: Some(1000),
+        },
         NodeError::Image(e) => crate::api::image_error(e),
         NodeError::Net(warren_net::NetError::Rule(e)) => ApiError::bad_request(e.to_string()),
         other => ApiError::internal(other.to_string()),
@@ -126,14 +133,23 @@ impl Control {
         wait: bool,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
+        self.lifecycle.refuse_if_stopping()?;
         self.apply_profile(&mut spec).await?;
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(rid) = &spec.request_id {
             if let Some(existing) = self.store.by_request_id(rid).await? {
-                return Ok((self.info(existing, false), false));
+                let settled = self.settled(existing, wait).await?;
+                return Ok((self.info(settled, false), false));
             }
+        }
+        if self.node.disk_pressure() {
+            return Err(ApiError {
+                code: warren_core::ErrorCode::NoCapacity,
+                message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
+                retry_after_ms: Some(5000),
+            });
         }
         let image = self
             .node
@@ -148,7 +164,10 @@ impl Control {
                 message: e.to_string(),
                 retry_after_ms: Some(1000),
             },
-            AdmitError::NeverFits { .. } => ApiError::bad_request(e.to_string()),
+            AdmitError::Closed => ApiError::new(warren_core::ErrorCode::Unavailable, e.to_string()),
+            AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
+                ApiError::bad_request(e.to_string())
+            }
         })?;
         let queued = matches!(admit, Admit::Queued { .. });
         let row = SandboxRow {
@@ -173,6 +192,7 @@ impl Control {
             finished_at: None,
             exit_code: None,
             expires_boot_ms: None,
+            grace: false,
         };
         let this = self.clone();
         let task = match admit {
@@ -183,20 +203,7 @@ impl Control {
                     self.node.release(&id);
                     return self.insert_failed(e, &spec).await;
                 }
-                let queued_at = std::time::Instant::now();
-                let task = tokio::spawn(async move {
-                    let waited = ready.await;
-                    this.metrics
-                        .queue_wait_seconds
-                        .observe(queued_at.elapsed().as_secs_f64());
-                    if waited.is_err() {
-                        return Err(ApiError::conflict(format!(
-                            "sandbox {} was deleted while it waited for capacity",
-                            row.id
-                        )));
-                    }
-                    this.start_queued(row, image).await
-                });
+                let task = tokio::spawn(this.wait_then_start(row, image, ready));
                 if !wait {
                     return Ok((self.info(self.get(&id).await?, false), true));
                 }
@@ -212,6 +219,46 @@ impl Control {
                 .observe(started.elapsed().as_secs_f64());
         }
         result
+    }
+
+    /// A queued create: waits for its capacity, then creates.
+    async fn wait_then_start(
+        self: Arc<Self>,
+        row: SandboxRow,
+        image: warren_image::ImageRecord,
+        ready: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let queued_at = std::time::Instant::now();
+        let waited = ready.await;
+        self.metrics
+            .queue_wait_seconds
+            .observe(queued_at.elapsed().as_secs_f64());
+        if waited.is_err() {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} left the queue before its turn (deleted, or the daemon is stopping)",
+                row.id
+            )));
+        }
+        self.start_queued(row, image).await
+    }
+
+    /// A replayed create (same request id) answers what the first one
+    /// made, once it is past `creating` (and `queued`, when the caller
+    /// waits): the first create's answer would have been no earlier.
+    async fn settled(&self, mut row: SandboxRow, wait: bool) -> Result<SandboxRow, ApiError> {
+        loop {
+            let busy =
+                row.state == SandboxState::Creating || (wait && row.state == SandboxState::Queued);
+            if !busy {
+                return Ok(row);
+            }
+            // The create holds the sandbox's lock until it is done.
+            drop(self.sandbox_locks.lock(&row.id).await);
+            if row.state == SandboxState::Queued {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            row = self.get(&row.id).await?;
+        }
     }
 
     async fn insert_failed(
@@ -239,6 +286,7 @@ impl Control {
         image: warren_image::ImageRecord,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
+        let _one = self.sandbox_locks.lock(&id).await;
         let (inserted, created) = tokio::join!(
             self.store.insert(&row, row.spec.request_id.as_deref()),
             self.node.create(&id, &row.spec, &row.resources, &image)
@@ -261,6 +309,7 @@ impl Control {
         image: warren_image::ImageRecord,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
+        let _one = self.sandbox_locks.lock(&id).await;
         // Deleted while it waited, after the capacity was granted?
         if self.get(&id).await?.state != SandboxState::Queued {
             self.node.release(&id);
@@ -380,19 +429,23 @@ impl Control {
             return self.get(id).await;
         }
         let now = now_rfc3339();
-        self.store
-            .transition(id, SandboxState::Stopping, why, &now, Transition::default())
-            .await?;
+        if row.state != SandboxState::Stopping || row.grace {
+            self.store
+                .transition(id, SandboxState::Stopping, why, &now, Transition::default())
+                .await?;
+        }
         warren_runtime::crashpoint::hit("destroy:stopping");
         let log = self.node.log(id);
         let usage = match self.node.destroy(id).await {
             Ok(usage) => usage,
             Err(e) => {
-                let message = e.to_string();
+                // It stays `stopping`: a DELETE, the reconciler and a
+                // restart all try again; nothing of it is forgotten.
+                let message = format!("destroy failed, will be retried: {e}");
                 self.store
                     .transition(
                         id,
-                        SandboxState::Failed,
+                        SandboxState::Stopping,
                         why,
                         &now_rfc3339(),
                         Transition {
@@ -401,7 +454,9 @@ impl Control {
                         },
                     )
                     .await?;
-                return Err(ApiError::internal(format!("destroy {id}: {message}")));
+                return Err(ApiError::internal(format!(
+                    "destroy {id}: {e}; the sandbox stays 'stopping' and is retried (DELETE again to retry now)"
+                )));
             }
         };
         // Recorded before the sandbox shows as destroyed, so whoever sees
@@ -448,12 +503,27 @@ impl Control {
     }
 
     /// Applies the reclaim policy when the main process ends or init dies.
+    /// A decision that could not be recorded (the store failed) is tried
+    /// again: the node reports each end once, and a TTL that fired must
+    /// still end its sandbox when the store works again.
     pub async fn handle_node_events(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<NodeEvent>) {
         while let Some(ev) = rx.recv().await {
             let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = this.on_node_event(ev).await {
-                    tracing::warn!(error = %e, "handling node event");
+                let mut wait = std::time::Duration::from_millis(200);
+                loop {
+                    match this.on_node_event(ev.clone()).await {
+                        Ok(()) => return,
+                        Err(e) if e.code != warren_core::ErrorCode::Internal => {
+                            tracing::warn!(error = %e, "handling node event");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "handling node event; retrying");
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(std::time::Duration::from_secs(30));
+                        }
+                    }
                 }
             });
         }
@@ -476,6 +546,26 @@ impl Control {
                 (id.clone(), exit.code != 0 || *oom_killed, why, true)
             }
             NodeEvent::Expired { id, reason } => (id.clone(), false, *reason, true),
+            NodeEvent::DiskExceeded {
+                id,
+                used,
+                limit,
+                node_full,
+            } => {
+                let message = if *node_full {
+                    format!(
+                        "the node's disk ran low and this sandbox wrote the most ({used} bytes)"
+                    )
+                } else {
+                    format!("its writable layer holds {used} bytes, over its disk limit of {limit}")
+                };
+                if let Some(log) = self.node.log(id) {
+                    log.event("running", reason::DISK_EXCEEDED, &message);
+                }
+                // Kept, its processes are frozen and write no more; but a
+                // node short of disk needs the space back.
+                (id.clone(), true, reason::DISK_EXCEEDED, !*node_full)
+            }
             NodeEvent::CpuSaturated { busy } => {
                 let message = format!(
                     "node CPU {:.0}% busy for over {}s",
@@ -517,8 +607,20 @@ impl Control {
             SandboxState::Kept if matches!(ev, NodeEvent::InitDied { .. }) => {
                 return self.destroy_locked(&id, why).await.map(|_| ());
             }
+            // Held sandboxes give their disk back when the node runs out.
+            SandboxState::Kept | SandboxState::Stopping
+                if matches!(
+                    ev,
+                    NodeEvent::DiskExceeded {
+                        node_full: true,
+                        ..
+                    }
+                ) =>
+            {
+                return self.destroy_locked(&id, why).await.map(|_| ());
+            }
             // A delayed destroy's grace period is over.
-            SandboxState::Stopping if matches!(ev, NodeEvent::Expired { .. }) => {
+            SandboxState::Stopping if row.grace && matches!(ev, NodeEvent::Expired { .. }) => {
                 return self.destroy_locked(&id, &row.reason).await.map(|_| ());
             }
             _ => return Ok(()),
@@ -575,6 +677,7 @@ impl Control {
         self.node.restart_lifetime(id, hold_for);
         let t = Transition {
             expires_boot_ms: self.node.expires_boot_ms(id),
+            grace: state == SandboxState::Stopping,
             ..Default::default()
         };
         self.store
@@ -586,7 +689,6 @@ impl Control {
         Ok(())
     }
 
-    /// Pauses (freezes) or resumes a running sandbox.
     /// Replaces a running sandbox's egress rules: recorded first (so a
     /// restart restores them), then applied, which closes the connections
     /// the new rules no longer allow. Returns them as `host:port`.
@@ -637,7 +739,10 @@ impl Control {
         Ok((self.get(id).await?, closed))
     }
 
+    /// Pauses (freezes) or resumes a running sandbox, under the sandbox's
+    /// lock, so a pause can never land on a sandbox being destroyed.
     pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
+        let _one = self.sandbox_locks.lock(id).await;
         let row = self.get(id).await?;
         let (from, to, why) = if paused {
             (SandboxState::Running, SandboxState::Paused, reason::PAUSED)
@@ -666,32 +771,51 @@ impl Control {
     }
 }
 
+/// Sandboxes taken over at once after a restart.
+const RECOVER_PARALLELISM: usize = 32;
+
 impl Control {
-    /// At start-up: sandboxes recorded as live whose processes this node does
-    /// not hold are torn down and marked `lost`; sandbox directories and
-    /// cgroups without a record are swept.
-    pub async fn recover(&self) -> Result<(), ApiError> {
+    /// At start-up: every open record is brought in line with the host.
+    /// Live sandboxes are adopted in whatever state they are (running,
+    /// paused, kept, in a grace period), without waiting on their
+    /// processes; interrupted creates and destroys are finished; queued
+    /// creates queue again; records whose sandbox is gone become `lost`;
+    /// sandbox directories and cgroups without a record are swept. The API
+    /// answers once this is done (`/healthz` at once).
+    pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
+        let now = now_rfc3339();
+        for id in self.store.fail_unreadable(&now).await? {
+            tracing::warn!(sandbox = %id, "its record could not be read; marked failed");
+        }
         let open: Vec<SandboxState> = SandboxState::ALL
             .into_iter()
             .filter(|s| !s.is_final())
             .collect();
         let rows = self.store.list(&open).await?;
-        for row in &rows {
-            if let Err(e) = self.recover_one(row).await {
-                tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
-            }
-        }
-        let known: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+        let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        let total = rows.len();
+        self.lifecycle.recovering(0, total);
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        futures_util::stream::iter(rows)
+            .for_each_concurrent(RECOVER_PARALLELISM, |row| {
+                let done = &done;
+                async move {
+                    if let Err(e) = self.recover_one(&row).await {
+                        tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
+                    }
+                    let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    self.lifecycle.recovering(n, total);
+                }
+            })
+            .await;
         for id in self.node.sweep_orphans(&known).await {
             tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
         }
         Ok(())
     }
 
-    /// One sandbox at start-up: an interrupted create or destroy is finished
-    /// (the sandbox is removed); a live one is adopted; one whose processes
-    /// are gone is cleaned up and marked `lost`.
-    async fn recover_one(&self, row: &SandboxRow) -> Result<(), ApiError> {
+    /// One sandbox at start-up.
+    async fn recover_one(self: &Arc<Self>, row: &SandboxRow) -> Result<(), ApiError> {
         let now = now_rfc3339();
         let done = |message: &'static str| Transition {
             finished_at: Some(&now),
@@ -699,7 +823,8 @@ impl Control {
             ..Default::default()
         };
         match row.state {
-            SandboxState::Queued | SandboxState::Creating => {
+            SandboxState::Queued => return self.requeue(row.clone()).await,
+            SandboxState::Creating => {
                 let _ = self.node.destroy(&row.id).await;
                 let t = done("the daemon stopped while creating it; its remains were removed");
                 self.store
@@ -713,7 +838,7 @@ impl Control {
                     .await?;
                 return Ok(());
             }
-            SandboxState::Stopping => {
+            SandboxState::Stopping if !row.grace => {
                 self.node.destroy(&row.id).await.map_err(node_error)?;
                 let t = done("destroy finished after a daemon restart");
                 self.store
@@ -723,6 +848,7 @@ impl Control {
             }
             _ => {}
         }
+        // Running, paused, kept, or frozen in a grace period.
         let adopted = match (row.pid, self.node.resolve_image(&row.image_digest).await) {
             (Some(pid), Ok(image)) => {
                 let remaining = row.expires_boot_ms.map_or(row.spec.ttl(), |at| {
@@ -730,17 +856,26 @@ impl Control {
                         (at - warren_node::lifetime::boot_ms()).max(0) as u64
                     )
                 });
-                self.node
-                    .adopt(&row.id, pid, &row.spec, &row.resources, &image, remaining)
-                    .await
+                let working = matches!(row.state, SandboxState::Running | SandboxState::Paused);
+                let adoption = warren_node::Adoption {
+                    pid,
+                    spec: &row.spec,
+                    resources: &row.resources,
+                    image: &image,
+                    ttl_remaining: remaining,
+                    // A kept or finishing sandbox's lifetime is its hold.
+                    lease: row.spec.lease.map(|l| l.0).filter(|_| working),
+                    frozen: row.state != SandboxState::Running,
+                    main: working,
+                };
+                self.node.adopt(&row.id, adoption).await
             }
             (None, _) => Err(NodeError::NotRunning(row.id.clone())),
             (_, Err(e)) => Err(e),
         };
         match adopted {
             Ok(()) => {
-                // Paused and kept sandboxes are still frozen by the freezer.
-                tracing::info!(sandbox = %row.id, "adopted after restart");
+                tracing::info!(sandbox = %row.id, state = %row.state, "adopted after restart");
                 Ok(())
             }
             Err(e) => {
@@ -759,20 +894,94 @@ impl Control {
         }
     }
 
-    /// Clean stop: every live sandbox is destroyed with reason `shutdown`.
-    pub async fn shutdown(&self) {
+    /// A create that was waiting for capacity when the daemon stopped: its
+    /// client was told `queued`, so it queues again (in its old order).
+    async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
+        let admitted = match self.node.resolve_image(&row.image_digest).await {
+            Ok(image) => self
+                .node
+                .admit(&row.id, &row.resources)
+                .map(|a| (a, image))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let this = self.clone();
+        match admitted {
+            Ok((Admit::Now, image)) => {
+                tokio::spawn(async move { this.start_queued(row, image).await });
+            }
+            Ok((Admit::Queued { ready, .. }, image)) => {
+                tokio::spawn(this.wait_then_start(row, image, ready));
+            }
+            Err(message) => {
+                let now = now_rfc3339();
+                let message = format!("could not queue it again after a restart: {message}");
+                let t = Transition {
+                    finished_at: Some(&now),
+                    message: &message,
+                    ..Default::default()
+                };
+                self.store
+                    .transition(
+                        &row.id,
+                        SandboxState::Failed,
+                        reason::CREATE_FAILED,
+                        &now,
+                        t,
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries destroys that failed (they stay `stopping`), until they
+    /// succeed. Runs until the daemon stops.
+    pub async fn reconcile(self: Arc<Self>) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            let Ok(rows) = self.store.list(&[SandboxState::Stopping]).await else {
+                continue;
+            };
+            for row in rows.into_iter().filter(|r| !r.grace) {
+                let _one = self.sandbox_locks.lock(&row.id).await;
+                // Finished meanwhile by whoever held the lock?
+                match self.get(&row.id).await {
+                    Ok(now) if now.state == SandboxState::Stopping && !now.grace => {}
+                    _ => continue,
+                }
+                if let Err(e) = self.destroy_locked(&row.id, &row.reason).await {
+                    tracing::warn!(sandbox = %row.id, error = %e.message, "retrying a destroy");
+                }
+            }
+        }
+    }
+
+    /// Clean stop: creates are refused and the queue is emptied (queued
+    /// creates end `destroyed`, reason `shutdown`), streams end, then every
+    /// live sandbox is destroyed, each within `grace`. What is not done by
+    /// then stays for the next start to adopt or sweep.
+    pub async fn shutdown(&self, grace: std::time::Duration) {
+        self.lifecycle.stop();
+        self.node.close_admission();
         let live: Vec<SandboxState> = SandboxState::ALL
             .into_iter()
-            .filter(|s| s.is_live())
+            .filter(|s| !s.is_final())
             .collect();
         let Ok(rows) = self.store.list(&live).await else {
             return;
         };
-        let all = rows.iter().map(|r| self.destroy(&r.id, reason::SHUTDOWN));
-        for r in futures_util::future::join_all(all).await {
-            if let Err(e) = r {
-                tracing::warn!(error = %e.message, "destroy at shutdown");
+        let all = rows.iter().map(|r| async {
+            match tokio::time::timeout(grace, self.destroy(&r.id, reason::SHUTDOWN)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(sandbox = %r.id, error = %e.message, "destroy at shutdown"),
+                Err(_) => tracing::warn!(sandbox = %r.id, "destroy at shutdown did not finish in time; the next start finishes it"),
             }
-        }
+        });
+        futures_util::future::join_all(all).await;
     }
 }

@@ -5,10 +5,12 @@
 pub mod api;
 pub mod batch;
 pub mod control;
+pub mod lifecycle;
 pub mod metrics;
 mod net_api;
 pub mod profiles;
 mod sandbox_locks;
+pub mod serve;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -82,12 +84,23 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
         profile_lock: tokio::sync::Mutex::new(()),
         sandbox_locks: Default::default(),
         policy: cfg.policy.clone(),
+        lifecycle: Default::default(),
     });
-    control
-        .recover()
-        .await
-        .map_err(|e| format!("recovery: {e}"))?;
+    // The API is served while this runs (its calls wait for it); a
+    // restart never waits on a sandbox before it answers `/healthz`.
+    let recovering = control.clone();
+    tokio::spawn(async move {
+        match recovering.recover().await {
+            Ok(()) => recovering.lifecycle.set_ready(),
+            Err(e) => {
+                // The store cannot be read: nothing can be served.
+                eprintln!("warren up: recovery failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    });
     tokio::spawn(control.clone().handle_node_events(node_events));
+    tokio::spawn(control.clone().reconcile());
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),
         token: token.clone(),

@@ -34,6 +34,8 @@ pub struct SandboxRow {
     pub finished_at: Option<String>,
     pub exit_code: Option<i32>,
     pub expires_boot_ms: Option<i64>,
+    /// `stopping` in the grace period of the `delay` policy, not destroying.
+    pub grace: bool,
 }
 
 /// Fields a transition may set besides state and reason.
@@ -44,6 +46,9 @@ pub struct Transition<'a> {
     pub finished_at: Option<&'a str>,
     pub exit_code: Option<i32>,
     pub expires_boot_ms: Option<i64>,
+    /// Whether a `stopping` sandbox waits out a grace period (false for
+    /// every other transition).
+    pub grace: bool,
     pub message: &'a str,
 }
 
@@ -118,7 +123,8 @@ impl Store {
                 started_at = COALESCE(?, started_at),
                 finished_at = COALESCE(?, finished_at),
                 exit_code = COALESCE(?, exit_code),
-                expires_boot_ms = COALESCE(?, expires_boot_ms)
+                expires_boot_ms = COALESCE(?, expires_boot_ms),
+                grace = ?
              WHERE id = ?",
         )
         .bind(state.as_str())
@@ -128,6 +134,7 @@ impl Store {
         .bind(t.finished_at)
         .bind(t.exit_code)
         .bind(t.expires_boot_ms)
+        .bind(t.grace)
         .bind(id)
         .execute(&mut *tx)
         .await?;
@@ -191,18 +198,72 @@ impl Store {
         row.map(|r| decode(&r)).transpose()
     }
 
+    /// Sandboxes in `states` (all when empty), oldest first. A record that
+    /// cannot be read is left out (and logged), so one bad row never fails
+    /// a list; `fail_unreadable` retires such rows at start-up.
     pub async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError> {
-        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = if states.is_empty() {
+            sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id")
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            let marks = vec!["?"; states.len()].join(", ");
+            let sql =
+                format!("SELECT * FROM sandboxes WHERE state IN ({marks}) ORDER BY created_at, id");
+            // Only placeholders are formatted in; the states are bound.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for s in states {
+                q = q.bind(s.as_str());
+            }
+            q.fetch_all(&self.pool).await?
+        };
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            let row = decode(r)?;
-            if states.is_empty() || states.contains(&row.state) {
-                out.push(row);
+            match decode(r) {
+                Ok(row) => out.push(row),
+                Err(e) => tracing::warn!(error = %e, "skipping an unreadable sandbox record"),
             }
         }
         Ok(out)
+    }
+
+    /// Marks every open record that cannot be read as `failed` (reason
+    /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
+    /// the node from now on, are swept as orphans.
+    pub async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'lost')",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut failed = Vec::new();
+        for r in &rows {
+            let Err(e) = decode(r) else { continue };
+            let id: String = r.try_get("id")?;
+            let mut tx = self.pool.begin().await?;
+            sqlx::query(
+                "UPDATE sandboxes SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
+            )
+            .bind(warren_core::state::reason::CORRUPT_RECORD)
+            .bind(time)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+            let message = format!("its record could not be read ({e}); its sandbox was removed");
+            let why = warren_core::state::reason::CORRUPT_RECORD;
+            insert_event(
+                &mut tx,
+                time,
+                &id,
+                Some(SandboxState::Failed),
+                why,
+                &message,
+            )
+            .await?;
+            tx.commit().await?;
+            failed.push(id);
+        }
+        Ok(failed)
     }
 
     pub async fn events(
@@ -290,6 +351,7 @@ fn decode(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         finished_at: r.try_get("finished_at")?,
         exit_code: r.try_get("exit_code")?,
         expires_boot_ms: r.try_get("expires_boot_ms")?,
+        grace: r.try_get("grace")?,
         id,
     })
 }

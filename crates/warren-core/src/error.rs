@@ -16,6 +16,11 @@ pub enum ErrorCode {
     /// An upstream service we depend on (an image registry) failed or could
     /// not be reached.
     BadGateway,
+    /// Not now: the daemon is recovering or stopping, or a sandbox's
+    /// processes did not answer in time. Retry (Retry-After says when).
+    Unavailable,
+    /// The request body is larger than this endpoint takes.
+    PayloadTooLarge,
 }
 
 impl ErrorCode {
@@ -29,6 +34,8 @@ impl ErrorCode {
             ErrorCode::NoCapacity => 503,
             ErrorCode::Internal => 500,
             ErrorCode::BadGateway => 502,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::PayloadTooLarge => 413,
         }
     }
 }

@@ -6,7 +6,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::spec::{validate_cmd, validate_cwd, validate_env, Dur, SpecError};
+use crate::spec::{validate_args_size, validate_cmd, validate_cwd, validate_env, Dur, SpecError};
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +33,7 @@ impl ExecRequest {
         if let Some(cwd) = &self.cwd {
             validate_cwd(cwd)?;
         }
+        validate_args_size(Some(&self.cmd), &self.env, self.cwd.as_deref())?;
         if self.timeout.is_some_and(|t| t.0.is_zero()) {
             return Err(ExecRequestError::ZeroTimeout);
         }

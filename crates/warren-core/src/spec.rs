@@ -24,6 +24,17 @@ pub const DEFAULT_PIDS: u32 = 1024;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(3600);
 pub const DEFAULT_DELAY: Duration = Duration::from_secs(30);
+/// The kernel's own ceiling on process ids (PID_MAX_LIMIT); a node refuses
+/// more than its process table can hold (see the node's admission).
+pub const MAX_PIDS: u32 = 1 << 22;
+/// Far above any machine; what is left is refused by the node's admission.
+pub const MAX_MEMORY: u64 = 1 << 50;
+pub const MAX_DISK: u64 = 1 << 50;
+/// Bytes of argv, environment and working directory together. A process's
+/// arguments and environment live in one page-limited area of the kernel's
+/// (ARG_MAX, 2 MiB with the usual stack limit), and they travel to the
+/// sandbox's init in one bounded frame.
+pub const MAX_ARGS_BYTES: usize = 256 << 10;
 
 /// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
@@ -68,9 +79,16 @@ impl Serialize for ByteSize {
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match NumOrText::deserialize(d)? {
-            NumOrText::Int(n) => Ok(Dur(Duration::from_secs(n))),
-            NumOrText::Float(f) if f.is_finite() && (0.0..1e12).contains(&f) => {
-                Ok(Dur(quantity::millis(f)))
+            NumOrText::Int(n) if n <= quantity::MAX_DURATION.as_secs() => {
+                Ok(Dur(Duration::from_secs(n)))
+            }
+            NumOrText::Int(n) => Err(QuantityError::DurationTooLong(format!("{n}s"))),
+            NumOrText::Float(f) if f.is_finite() && f >= 0.0 => {
+                if f > quantity::MAX_DURATION.as_secs_f64() {
+                    Err(QuantityError::DurationTooLong(format!("{f}s")))
+                } else {
+                    Ok(Dur(quantity::millis(f)))
+                }
             }
             NumOrText::Float(f) => Err(QuantityError::Duration(f.to_string())),
             NumOrText::Text(s) => quantity::parse_duration(&s).map(Dur),
@@ -238,6 +256,14 @@ pub enum SpecError {
         "pids {0} is below the floor of {MIN_PIDS}: a sandbox needs at least {MIN_PIDS} processes"
     )]
     PidsTooSmall(u32),
+    #[error("pids {0} is above the kernel's limit of {MAX_PIDS} processes: ask for fewer")]
+    PidsTooLarge(u32),
+    #[error("memory {0} bytes is above the largest request accepted (1P): ask for less")]
+    MemoryTooLarge(u64),
+    #[error("disk {0} bytes is above the largest request accepted (1P): ask for less")]
+    DiskTooLarge(u64),
+    #[error("command, environment and cwd take {0} bytes; at most {MAX_ARGS_BYTES} are accepted: pass large data as a file or on stdin")]
+    ArgsTooLarge(usize),
     #[error("gpus: this node has no GPU support yet; leave --gpus out or set it to 0")]
     Gpus,
     #[error("{0}")]
@@ -264,6 +290,29 @@ pub enum SpecError {
     ShortLease,
     #[error("request_id must be 1-128 characters of letters, digits, '-', '_', '.' or ':'")]
     RequestId,
+}
+
+/// Checks that argv, environment and working directory together stay
+/// within [`MAX_ARGS_BYTES`].
+pub fn validate_args_size(
+    cmd: Option<&[String]>,
+    env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<(), SpecError> {
+    let bytes = cmd
+        .unwrap_or_default()
+        .iter()
+        .map(|a| a.len() + 1)
+        .sum::<usize>()
+        + env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum::<usize>()
+        + cwd.map_or(0, str::len);
+    if bytes > MAX_ARGS_BYTES {
+        return Err(SpecError::ArgsTooLarge(bytes));
+    }
+    Ok(())
 }
 
 pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
@@ -309,13 +358,22 @@ impl SandboxSpec {
         if memory < MIN_MEMORY {
             return Err(SpecError::MemoryTooSmall(memory));
         }
+        if memory > MAX_MEMORY {
+            return Err(SpecError::MemoryTooLarge(memory));
+        }
         let disk = self.disk.map_or(0, |d| d.0);
         if self.disk.is_some() && disk < MIN_DISK {
             return Err(SpecError::DiskTooSmall(disk));
         }
+        if disk > MAX_DISK {
+            return Err(SpecError::DiskTooLarge(disk));
+        }
         let pids = self.pids.unwrap_or(DEFAULT_PIDS);
         if pids < MIN_PIDS {
             return Err(SpecError::PidsTooSmall(pids));
+        }
+        if pids > MAX_PIDS {
+            return Err(SpecError::PidsTooLarge(pids));
         }
         let gpus = self.gpus.unwrap_or(0);
         if gpus > 0 {
@@ -329,6 +387,7 @@ impl SandboxSpec {
         if let Some(cwd) = &self.cwd {
             validate_cwd(cwd)?;
         }
+        validate_args_size(self.cmd.as_deref(), &self.env, self.cwd.as_deref())?;
         self.network.validate()?;
         if self.ttl.is_some_and(|t| t.0.is_zero()) {
             return Err(SpecError::ZeroTtl);
@@ -456,6 +515,46 @@ mod tests {
             spec(r#"{"image":""}"#).expect("parses").resolve(),
             Err(SpecError::MissingImage)
         );
+    }
+
+    // Found by a hostile run against the release build: each of these was
+    // accepted and then broke the node (an unreadable stored spec, a panic
+    // in the create task, a cgroup write failing with a 500).
+    #[test]
+    fn counts_and_durations_have_a_ceiling() {
+        for json in [
+            r#"{"image":"a","ttl":1000000000001}"#,
+            r#"{"image":"a","ttl":18446744073709551615}"#,
+            r#"{"image":"a","lease":"400d"}"#,
+            r#"{"image":"a","keep_for":1e13}"#,
+        ] {
+            let e = spec(json).expect_err(json).to_string();
+            assert!(e.contains("365d"), "{json}: {e}");
+        }
+        let big = |field: &str, v: &str| {
+            spec(&format!(r#"{{"image":"a","{field}":{v}}}"#))
+                .expect("parses")
+                .resolve()
+        };
+        assert_eq!(
+            big("pids", "4294967295"),
+            Err(SpecError::PidsTooLarge(u32::MAX))
+        );
+        assert!(matches!(
+            big("memory", "18446744073709551615"),
+            Err(SpecError::MemoryTooLarge(_))
+        ));
+        assert!(matches!(
+            big("disk", "\"9000T\""),
+            Err(SpecError::DiskTooLarge(_))
+        ));
+        let huge = "x".repeat(MAX_ARGS_BYTES);
+        let s = SandboxSpec {
+            image: "a".into(),
+            cmd: Some(vec!["sh".into(), huge]),
+            ..Default::default()
+        };
+        assert!(matches!(s.resolve(), Err(SpecError::ArgsTooLarge(_))));
     }
 
     // Found by the `spec` fuzz target: sub-millisecond durations did not

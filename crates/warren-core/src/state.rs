@@ -105,4 +105,9 @@ pub mod reason {
     pub const CREATE_FAILED: &str = "create_failed";
     pub const NODE_LOST: &str = "node_lost";
     pub const SHUTDOWN: &str = "shutdown";
+    /// Its writable layer outgrew its disk limit, or the node's disk ran
+    /// low and it wrote the most.
+    pub const DISK_EXCEEDED: &str = "disk_exceeded";
+    /// Its stored record could not be read (see the store's recovery).
+    pub const CORRUPT_RECORD: &str = "corrupt_record";
 }

@@ -49,6 +49,10 @@ pub enum Admit {
 pub enum AdmitError {
     #[error("the node's queue is full ({0} creates waiting); retry later")]
     QueueFull(usize),
+    #[error("the node is shutting down; it starts no more sandboxes")]
+    Closed,
+    #[error("pids {pids} is more than this node's process table lends one sandbox ({max}): ask for fewer")]
+    TooManyPids { pids: u32, max: u32 },
     #[error("the request (cpu {cpu} millicores, memory {memory} bytes) exceeds what this node can ever allocate (cpu {max_cpu} millicores, memory {max_memory} bytes); ask for less")]
     NeverFits {
         cpu: u64,
@@ -65,6 +69,7 @@ struct Waiter {
 }
 
 struct State {
+    closed: bool,
     used: Need,
     held: HashMap<String, Need>,
     queue: VecDeque<Waiter>,
@@ -72,16 +77,20 @@ struct State {
 
 pub struct Admission {
     total: Need,
+    /// Most processes one sandbox may ask for (see `warren_runtime::host`).
+    max_pids: u32,
     queue_limit: usize,
     state: Mutex<State>,
 }
 
 impl Admission {
-    pub fn new(total: Need, queue_limit: usize) -> Admission {
+    pub fn new(total: Need, max_pids: u32, queue_limit: usize) -> Admission {
         Admission {
             total,
+            max_pids,
             queue_limit,
             state: Mutex::new(State {
+                closed: false,
                 used: Need::default(),
                 held: HashMap::new(),
                 queue: VecDeque::new(),
@@ -101,7 +110,13 @@ impl Admission {
         self.state.lock().map(|s| s.queue.len()).unwrap_or(0)
     }
 
-    pub fn admit(&self, id: &str, need: Need) -> Result<Admit, AdmitError> {
+    pub fn admit(&self, id: &str, need: Need, pids: u32) -> Result<Admit, AdmitError> {
+        if pids > self.max_pids {
+            return Err(AdmitError::TooManyPids {
+                pids,
+                max: self.max_pids,
+            });
+        }
         if !need.fits(&Need::default(), &self.total) {
             return Err(AdmitError::NeverFits {
                 cpu: need.cpu_millis,
@@ -111,6 +126,9 @@ impl Admission {
             });
         }
         let mut s = self.lock();
+        if s.closed {
+            return Err(AdmitError::Closed);
+        }
         if s.held.contains_key(id) {
             return Ok(Admit::Now);
         }
@@ -153,6 +171,14 @@ impl Admission {
         }
         s.queue.retain(|w| w.id != id);
         self.start_queued(&mut s);
+    }
+
+    /// Refuses every create from now on and empties the queue: each waiter
+    /// learns that its turn will not come.
+    pub fn close(&self) {
+        let mut s = self.lock();
+        s.closed = true;
+        s.queue.clear();
     }
 
     /// 1-based position of a queued create.
@@ -202,13 +228,14 @@ mod tests {
                 memory: 100,
                 slots: 10,
             },
+            u32::MAX,
             2,
         );
-        assert!(matches!(a.admit("a", need(600)), Ok(Admit::Now)));
+        assert!(matches!(a.admit("a", need(600), 8), Ok(Admit::Now)));
         let Ok(Admit::Queued {
             position: 1,
             ready: mut b,
-        }) = a.admit("b", need(600))
+        }) = a.admit("b", need(600), 8)
         else {
             panic!("b should queue first")
         };
@@ -216,12 +243,12 @@ mod tests {
         let Ok(Admit::Queued {
             position: 2,
             ready: mut c,
-        }) = a.admit("c", need(100))
+        }) = a.admit("c", need(100), 8)
         else {
             panic!("c should queue second")
         };
         assert_eq!(
-            a.admit("d", need(100)).err(),
+            a.admit("d", need(100), 8).err(),
             Some(AdmitError::QueueFull(2))
         );
         assert!(b.try_recv().is_err());
@@ -233,7 +260,7 @@ mod tests {
         a.release("b");
         assert_eq!(a.used().cpu_millis, 100);
         assert!(matches!(
-            a.admit("e", need(5000)),
+            a.admit("e", need(5000), 8),
             Err(AdmitError::NeverFits { .. })
         ));
     }

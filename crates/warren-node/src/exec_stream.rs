@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use warren_core::ExecEvent;
+use warren_runtime::exec_cgroup::ExecCgroup;
 use warren_runtime::{exec, ExecOutcome, ExecSpec};
 
 use crate::logs::SandboxLog;
@@ -18,9 +19,14 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// After the exec's process exits, background children may still hold its
 /// stdout; read what is already there, then stop waiting for them.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// After an exec is killed, how long its exit report may take before the
+/// stream ends with one of its own (init may be frozen, or gone).
+const EXIT_AFTER_KILL: Duration = Duration::from_secs(5);
 
 pub struct ExecJob {
     pub socket: PathBuf,
+    /// The sandbox's cgroup, below which the exec gets its own.
+    pub sandbox_cgroup: String,
     pub spec: ExecSpec,
     pub stdin: Option<Vec<u8>>,
     pub timeout: Option<Duration>,
@@ -40,9 +46,26 @@ pub struct ExitInfo {
 /// started at all, e.g. the sandbox's init is gone.
 pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitInfo, NodeError> {
     let started = Instant::now();
-    let running = match exec::start(&job.socket, &job.spec, job.stdin.take()).await? {
-        Ok(r) => r,
-        Err((message, code)) => {
+    let (cgroup, procs) = match ExecCgroup::create(&job.sandbox_cgroup, &job.exec_id) {
+        Ok((c, fd)) => (Some(c), Some(fd)),
+        Err(e) => {
+            tracing::warn!(exec = %job.exec_id, error = %e, "exec without a cgroup of its own");
+            (None, None)
+        }
+    };
+    let started_exec = exec::start(&job.socket, &job.spec, job.stdin.take(), procs).await;
+    let running = match started_exec {
+        Ok(Ok(r)) => r,
+        Err(e) => {
+            if let Some(c) = &cgroup {
+                c.remove();
+            }
+            return Err(e.into());
+        }
+        Ok(Err((message, code))) => {
+            if let Some(c) = &cgroup {
+                c.remove();
+            }
             // Like a shell: 127 for "not found", 126 for "cannot execute".
             let _ = tx
                 .send(ExecEvent::Start {
@@ -72,7 +95,26 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
         exit,
         signal,
     } = running;
-    pump(&job, pid, stdout, stderr, exit, Some(signal), tx, started).await
+    pump(
+        &job,
+        pid,
+        stdout,
+        stderr,
+        exit,
+        Some(signal),
+        cgroup,
+        tx,
+        started,
+    )
+    .await
+}
+
+/// Kills everything in the exec's cgroup (off the async threads: it waits
+/// for the processes to be gone).
+async fn kill_cgroup(cgroup: &Option<ExecCgroup>) {
+    if let Some(c) = cgroup.clone() {
+        let _ = tokio::task::spawn_blocking(move || c.kill(EXIT_AFTER_KILL)).await;
+    }
 }
 
 /// Streams an exec's output and exit (after `start`, or after re-attaching
@@ -81,10 +123,42 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
 pub async fn pump(
     job: &ExecJob,
     pid: i32,
+    stdout: tokio::net::unix::pipe::Receiver,
+    stderr: tokio::net::unix::pipe::Receiver,
+    exit: warren_runtime::ExitWait,
+    signal: Option<warren_runtime::ExecSignal>,
+    cgroup: Option<ExecCgroup>,
+    tx: mpsc::Sender<ExecEvent>,
+    started: Instant,
+) -> Result<ExitInfo, NodeError> {
+    let result = pump_streams(job, pid, stdout, stderr, exit, signal, &cgroup, tx, started).await;
+    match &result {
+        // The client went away: the exec dies with its stream.
+        Err(NodeError::ClientGone) if !job.spec.main => kill_cgroup(&cgroup).await,
+        // The exec's command still runs although its shim reported an
+        // exit: something in the sandbox killed the shim to leave the
+        // exec's supervision. The exec ends, and all of it with it.
+        Ok(_) if cgroup.as_ref().is_some_and(|c| c.holds_sandbox_pid(pid)) => {
+            kill_cgroup(&cgroup).await
+        }
+        _ => {}
+    }
+    if let Some(c) = &cgroup {
+        // Left in place while a background job of the exec runs.
+        c.remove();
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn pump_streams(
+    job: &ExecJob,
+    pid: i32,
     mut stdout: tokio::net::unix::pipe::Receiver,
     mut stderr: tokio::net::unix::pipe::Receiver,
     exit: warren_runtime::ExitWait,
     mut signal: Option<warren_runtime::ExecSignal>,
+    cgroup: &Option<ExecCgroup>,
     tx: mpsc::Sender<ExecEvent>,
     started: Instant,
 ) -> Result<ExitInfo, NodeError> {
@@ -135,9 +209,15 @@ pub async fn pump(
                     break;
                 }
                 timed_out = true;
+                // The cgroup catches what the sandbox detached, stopped or
+                // re-parented; init's tree walk is the fallback where an
+                // exec has no cgroup.
                 if let Some(signal) = signal.as_mut() {
-                    signal.send(libc::SIGKILL).await?;
+                    let _ = signal.send(libc::SIGKILL).await;
                 }
+                kill_cgroup(cgroup).await;
+                // Init reports the exit at once, unless it cannot run.
+                drain_until = Some(tokio::time::Instant::now() + EXIT_AFTER_KILL);
             },
             _ = keepalive.tick() => {
                 if tx.send(ExecEvent::Keepalive).await.is_err() {
@@ -146,10 +226,16 @@ pub async fn pump(
             },
         }
     }
-    let Some(ExecOutcome::Exited { code, signal: sig }) = outcome else {
-        return Err(NodeError::Internal(
-            "exec ended without an exit report".into(),
-        ));
+    let (code, sig) = match outcome {
+        Some(ExecOutcome::Exited { code, signal }) => (code, signal),
+        // Killed at its deadline, but init did not report it (the sandbox
+        // is frozen, or init is gone): what was killed died of SIGKILL.
+        None if timed_out => (128 + libc::SIGKILL, Some(libc::SIGKILL)),
+        None => {
+            return Err(NodeError::Internal(
+                "exec ended without an exit report".into(),
+            ))
+        }
     };
     let exit = ExitInfo {
         code,

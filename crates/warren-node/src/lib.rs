@@ -67,6 +67,15 @@ pub enum NodeEvent {
         id: String,
         oom_killed: bool,
     },
+    /// The sandbox's writable layer grew past its disk limit, or the node's
+    /// disk fell under its floor and this sandbox writes the most there
+    /// (`node_full`: it must go, not be kept).
+    DiskExceeded {
+        id: String,
+        used: u64,
+        limit: u64,
+        node_full: bool,
+    },
     /// A registry pull ended (explicit, or for a create); `message` says
     /// what it fetched (`reason` `image_pulled`) or why it failed
     /// (`image_pull_failed`).
@@ -75,6 +84,25 @@ pub enum NodeEvent {
         message: String,
     },
 }
+
+/// What the control plane recorded of a sandbox it asks a restarted node
+/// to take over.
+pub struct Adoption<'a> {
+    pub pid: i32,
+    pub spec: &'a SandboxSpec,
+    pub resources: &'a ResolvedResources,
+    pub image: &'a ImageRecord,
+    pub ttl_remaining: std::time::Duration,
+    pub lease: Option<std::time::Duration>,
+    /// Paused, kept, or in a grace period: its processes stay frozen.
+    pub frozen: bool,
+    /// Whether its main process's end still matters (not for a kept or
+    /// finishing sandbox, whose main process has been dealt with).
+    pub main: bool,
+}
+
+/// The disk a sandbox that names none may fill (see NodeSettings).
+pub const DEFAULT_DISK: u64 = 10 << 30;
 
 /// Blob downloads running at once on a node, across all pulls: enough to
 /// fill a link from a nearby registry without starving sandboxes' traffic.
@@ -105,6 +133,16 @@ pub struct NodeSettings {
     pub max_initializing: usize,
     /// How long the log of a finished sandbox is kept.
     pub log_retention: std::time::Duration,
+    /// Most bytes one sandbox's log keeps on disk (its newest lines).
+    pub log_max: u64,
+    /// Disk limit of a sandbox that asks for none: its writable layer is
+    /// measured every few seconds and the sandbox stopped past it
+    /// (`disk_exceeded`). 0: no limit of its own (the node floor still holds).
+    pub default_disk: u64,
+    /// Free space under the home the node keeps: below it, creates are
+    /// refused and the sandbox writing the most is stopped. None: the larger
+    /// of 1 GiB and 5% of the file system.
+    pub disk_floor: Option<u64>,
     /// How often every sandbox's cgroup is sampled.
     pub sample_interval: std::time::Duration,
     /// The egress proxy: global allowlist, fixed name resolution, limits.
@@ -143,6 +181,9 @@ impl Default for NodeSettings {
             queue_limit: 1024,
             max_initializing: 8 * cores,
             log_retention: std::time::Duration::from_secs(7 * 86400),
+            log_max: logs::DEFAULT_MAX,
+            default_disk: DEFAULT_DISK,
+            disk_floor: None,
             sample_interval: sampler::DEFAULT_INTERVAL,
             egress: warren_net::Settings::default(),
             image_budget: None,
@@ -164,10 +205,20 @@ struct Live {
     _image_pin: Pin,
     /// The image it runs (a commit adds a layer on top of it).
     image: ImageRecord,
+    main_cmd: Option<Vec<String>>,
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
+    /// Adopted while frozen with its main process running: the daemon
+    /// re-attaches to the main process's output when it is thawed (a frozen
+    /// init cannot answer).
+    main_detached: AtomicBool,
     lifetime: Mutex<lifetime::Lifetime>,
     usage: Mutex<sampler::UsageTracker>,
+    /// Bytes its writable layer may take on the node's disk; 0 = no limit
+    /// of its own (a sandbox with its own disk is bounded by its size).
+    disk_limit: u64,
+    /// A disk overrun has been reported (once per sandbox).
+    disk_reported: AtomicBool,
 }
 
 pub struct Node {
@@ -182,6 +233,11 @@ pub struct Node {
     puller: Puller,
     image_budget: Option<u64>,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    log_max: u64,
+    default_disk: u64,
+    disk_floor: Option<u64>,
+    /// Free space under the home is below the floor: no new sandboxes.
+    disk_pressure: AtomicBool,
     events: mpsc::UnboundedSender<NodeEvent>,
     exec_seq: AtomicU64,
     egress: Arc<warren_net::Egress>,
@@ -215,11 +271,24 @@ impl Node {
             .map(|n| n.get())
             .unwrap_or(1) as u64;
         let total = cap.allocatable(cores * 1000, host_memory());
+        // Host-wide tables (see warren_runtime::host_tables): warned about,
+        // not fatal, where the host does not let us set them.
+        let max_pids = warren_runtime::host_tables::pid_budget();
+        if let Err(e) =
+            warren_runtime::host_tables::cap_pids(warren_core::RESOURCE_PREFIX, max_pids)
+        {
+            tracing::warn!(error = %e, "could not cap the processes of all sandboxes together");
+        }
+        match warren_runtime::host_tables::size_file_table(total.memory) {
+            Ok(Some((old, new))) => tracing::info!(old, new, "raised fs.file-max so that sandbox memory, not the host's file table, bounds open files"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not size the host's open-file table"),
+        }
         let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
-            admission: admission::Admission::new(total, cap.queue_limit),
+            admission: admission::Admission::new(total, max_pids, cap.queue_limit),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
             home: cfg.home,
@@ -233,6 +302,10 @@ impl Node {
             image_budget: cfg.settings.image_budget,
             images,
             live: Mutex::new(HashMap::new()),
+            log_max: cfg.settings.log_max,
+            default_disk: cfg.settings.default_disk,
+            disk_floor: cfg.settings.disk_floor,
+            disk_pressure: AtomicBool::new(false),
             events: tx,
             exec_seq: AtomicU64::new(0),
             egress: warren_net::Egress::new(cap.egress.clone()),
@@ -259,13 +332,30 @@ impl Node {
 
     /// The sandbox's JSON-lines log, opened for appending.
     fn open_log(&self, id: &str) -> Result<Arc<SandboxLog>, NodeError> {
-        SandboxLog::open(&self.home.join("logs"), id)
+        SandboxLog::open(&self.home.join("logs"), id, self.log_max)
             .map(Arc::new)
             .map_err(|e| NodeError::Internal(format!("open log: {e}")))
     }
 
-    pub fn log_path(&self, id: &str) -> PathBuf {
-        self.home.join("logs").join(format!("{id}.jsonl"))
+    /// Whether the node has a log for the sandbox.
+    pub fn has_log(&self, id: &str) -> bool {
+        logs::files(&self.home.join("logs"), id)
+            .iter()
+            .any(|f| f.exists())
+    }
+
+    /// The sandbox's log as whole JSON lines, oldest first. With `over`, the
+    /// stream follows the log until `over` says the sandbox has ended.
+    pub fn log_stream(
+        &self,
+        id: &str,
+        over: Option<Box<dyn FnMut() -> futures_util::future::BoxFuture<'static, bool> + Send>>,
+    ) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+        let follow = over.map(|over| logs::Follow {
+            changes: self.log(id).map(|l| l.subscribe()),
+            over,
+        });
+        logs::stream(&self.home.join("logs"), id, follow)
     }
 
     fn get(&self, id: &str) -> Result<Arc<Live>, NodeError> {
@@ -563,22 +653,28 @@ impl Node {
     }
 
     /// Takes over a sandbox that outlived a daemon restart: its init must
-    /// still be alive and in the sandbox's cgroup. Re-attaches to its main
-    /// process, whose output the init held while no daemon was reading.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn adopt(
-        self: &Arc<Self>,
-        id: &str,
-        pid: i32,
-        spec: &SandboxSpec,
-        resources: &ResolvedResources,
-        image: &ImageRecord,
-        ttl_remaining: std::time::Duration,
-    ) -> Result<(), NodeError> {
+    /// still be alive and in the sandbox's cgroup. Nothing here waits on
+    /// the sandbox's processes: its main process's output, which init held
+    /// while no daemon was reading, is re-attached in the background, and
+    /// only once the sandbox is not frozen.
+    pub async fn adopt(self: &Arc<Self>, id: &str, a: Adoption<'_>) -> Result<(), NodeError> {
         let cgroup_path = self.runtime.cgroup_path(id);
-        if !warren_runtime::owns_pid(pid, &cgroup_path) {
+        if !warren_runtime::owns_pid(a.pid, &cgroup_path) {
             return Err(NodeError::NotRunning(id.to_string()));
         }
+        // A crash between a freeze (or thaw) and its record: the record
+        // is what a client was told, so the freezer follows it.
+        let path = cgroup_path.clone();
+        let frozen = a.frozen;
+        tokio::task::spawn_blocking(move || {
+            if warren_runtime::cgroups::is_frozen(&path) != frozen {
+                warren_runtime::cgroups::freeze(&path, frozen)
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .map_err(|e| NodeError::Internal(e.to_string()))??;
         let log = self.open_log(id)?;
         log.event(
             "running",
@@ -587,15 +683,60 @@ impl Node {
         );
         // The old daemon's proxy sockets died with it, so egress has failed
         // closed since; new ones restore it with the recorded policy.
-        if let Err(e) = self.attach_network(id, pid, spec, &log).await {
+        if let Err(e) = self.attach_network(id, a.pid, a.spec, &log).await {
             log.event("running", "network_unavailable", &e.to_string());
         }
-        let lifetime = lifetime::Lifetime::new(ttl_remaining, spec.lease.map(|l| l.0));
-        self.admission.hold(id, need_of(resources));
-        let live = self.register(id, pid, spec, resources, image, log, lifetime);
-        if spec.cmd.is_none() {
-            return Ok(());
+        let lifetime = lifetime::Lifetime::new(a.ttl_remaining, a.lease);
+        self.admission.hold(id, need_of(a.resources));
+        let live = self.register(id, a.pid, a.spec, a.resources, a.image, log, lifetime);
+        // Execs that were running died with their streams; their cgroups go.
+        warren_runtime::exec_cgroup::remove_empty(&cgroup_path);
+        if a.spec.cmd.is_some() && a.main {
+            if a.frozen {
+                live.main_detached.store(true, Ordering::Release);
+            } else {
+                self.spawn_attach_main(id);
+            }
         }
+        Ok(())
+    }
+
+    /// Re-attaches to the main process of an adopted sandbox, retrying while
+    /// its init does not answer (a busy host), until the sandbox is frozen
+    /// again (the thaw retries) or gone.
+    fn spawn_attach_main(self: &Arc<Self>, id: &str) {
+        let node = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let mut wait = std::time::Duration::from_millis(200);
+            loop {
+                let Ok(live) = node.get(&id) else { return };
+                if live.destroying.load(Ordering::Acquire) {
+                    return;
+                }
+                match node.attach_main(&id, &live).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        let path = live.cgroup_path.clone();
+                        let frozen = tokio::task::spawn_blocking(move || {
+                            warren_runtime::cgroups::is_frozen(&path)
+                        })
+                        .await
+                        .unwrap_or(false);
+                        if frozen {
+                            live.main_detached.store(true, Ordering::Release);
+                            return;
+                        }
+                        tracing::warn!(sandbox = %id, error = %e, "re-attaching to the main process; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(std::time::Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+    }
+
+    async fn attach_main(self: &Arc<Self>, id: &str, live: &Arc<Live>) -> Result<(), NodeError> {
         match warren_runtime::exec::attach_main(&live.socket).await? {
             warren_runtime::exec::MainAttach::Running {
                 pid: main_pid,
@@ -603,11 +744,16 @@ impl Node {
                 stderr,
                 exit,
             } => {
-                let cmd = spec.cmd.clone().unwrap_or_default();
-                let job = self.exec_job(id, &live, &main_request(&cmd), true)?;
+                let cmd = live.main_cmd.clone().unwrap_or_default();
+                let job = self.exec_job(id, live, &main_request(&cmd), true)?;
+                let cgroup =
+                    warren_runtime::exec_cgroup::ExecCgroup::existing(&live.cgroup_path, "main");
                 self.supervise_main(id, async move |tx| {
                     let started = std::time::Instant::now();
-                    exec_stream::pump(&job, main_pid, stdout, stderr, exit, None, tx, started).await
+                    exec_stream::pump(
+                        &job, main_pid, stdout, stderr, exit, None, cgroup, tx, started,
+                    )
+                    .await
                 });
             }
             warren_runtime::exec::MainAttach::Exited { code, signal } => {
@@ -666,10 +812,18 @@ impl Node {
             image_digest: image.digest.clone(),
             _image_pin: self.images.pin_image(image),
             image: image.clone(),
+            main_cmd: spec.cmd.clone(),
             log,
             destroying: AtomicBool::new(false),
+            main_detached: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),
             usage: Mutex::new(sampler::UsageTracker::new()),
+            disk_limit: if resources.disk > 0 {
+                0
+            } else {
+                self.default_disk
+            },
+            disk_reported: AtomicBool::new(false),
         });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.to_string(), live.clone());
@@ -728,6 +882,7 @@ impl Node {
         let seq = self.exec_seq.fetch_add(1, Ordering::Relaxed);
         Ok(exec_stream::ExecJob {
             socket: live.socket.clone(),
+            sandbox_cgroup: live.cgroup_path.clone(),
             spec: ExecSpec {
                 argv: req.cmd.clone(),
                 env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
@@ -736,6 +891,7 @@ impl Node {
                 gid: user.gid,
                 groups: vec![],
                 main,
+                cgroup: false,
             },
             stdin,
             timeout: req.timeout.map(|t| t.0),
@@ -820,7 +976,12 @@ impl Node {
         id: &str,
         resources: &ResolvedResources,
     ) -> Result<admission::Admit, admission::AdmitError> {
-        self.admission.admit(id, need_of(resources))
+        self.admission.admit(id, need_of(resources), resources.pids)
+    }
+
+    /// Refuses every further create and empties the queue (a clean stop).
+    pub fn close_admission(&self) {
+        self.admission.close();
     }
 
     /// Gives back a reservation (or a queue place) that will not be used.
@@ -885,7 +1046,7 @@ impl Node {
     /// the layer is written (so files are not caught half-changed) and
     /// thawed after; a paused or kept sandbox is already frozen.
     pub async fn commit(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         name: &str,
         freeze: bool,
@@ -919,12 +1080,15 @@ impl Node {
     }
 
     /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.
-    pub async fn freeze(&self, id: &str, frozen: bool) -> Result<(), NodeError> {
+    pub async fn freeze(self: &Arc<Self>, id: &str, frozen: bool) -> Result<(), NodeError> {
         let live = self.get(id)?;
         let path = live.cgroup_path.clone();
         tokio::task::spawn_blocking(move || warren_runtime::cgroups::freeze(&path, frozen))
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))??;
+        if !frozen && live.main_detached.swap(false, Ordering::AcqRel) {
+            self.spawn_attach_main(id);
+        }
         Ok(())
     }
 
@@ -948,6 +1112,64 @@ impl Node {
         let disk = (with_disk && u.wants_disk())
             .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
         u.add(at, sample, disk);
+        drop(u);
+        if let Some(used) = disk {
+            if live.disk_limit > 0 && used > live.disk_limit {
+                self.report_disk(id, live, used, live.disk_limit, false);
+            }
+        }
+    }
+
+    fn report_disk(&self, id: &str, live: &Live, used: u64, limit: u64, node_full: bool) {
+        if live.disk_reported.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _ = self.events.send(NodeEvent::DiskExceeded {
+            id: id.to_string(),
+            used,
+            limit,
+            node_full,
+        });
+    }
+
+    /// Whether free space under the home is below the floor (creates are
+    /// refused meanwhile).
+    pub fn disk_pressure(&self) -> bool {
+        self.disk_pressure.load(Ordering::Acquire)
+    }
+
+    /// Checks free space under the home; below the floor, measures every
+    /// sandbox's writable layer and reports the largest (one per check: its
+    /// removal may be enough).
+    fn check_disk_floor(&self, live: &[(String, Arc<Live>)]) {
+        let Ok(st) = rustix::fs::statvfs(&self.home) else {
+            return;
+        };
+        let block = st.f_frsize.max(1);
+        let free = st.f_bavail.saturating_mul(block);
+        let size = st.f_blocks.saturating_mul(block);
+        let floor = self.disk_floor.unwrap_or((size / 20).max(1 << 30));
+        let pressure = free < floor;
+        if self.disk_pressure.swap(pressure, Ordering::AcqRel) != pressure {
+            if pressure {
+                tracing::warn!(free, floor, "disk under the home is below its floor: creates refused, the largest writer is stopped");
+            } else {
+                tracing::info!(free, floor, "disk under the home is above its floor again");
+            }
+        }
+        if !pressure {
+            return;
+        }
+        let largest = live
+            .iter()
+            .filter(|(_, l)| {
+                !l.destroying.load(Ordering::Acquire) && !l.disk_reported.load(Ordering::Acquire)
+            })
+            .map(|(id, l)| (sampler::disk_bytes(&self.runtime.sandbox_dir(id)), id, l))
+            .max_by_key(|(used, _, _)| *used);
+        if let Some((used, id, l)) = largest {
+            self.report_disk(id, l, used, l.disk_limit, true);
+        }
     }
 
     pub fn oom_kills(&self, id: &str) -> u64 {
@@ -1092,6 +1314,7 @@ async fn sample_usage(node: std::sync::Weak<Node>, interval: std::time::Duration
                     n.sample_one(id, l, true);
                 }
             }
+            n.check_disk_floor(&live);
         })
         .await;
     }
@@ -1119,7 +1342,7 @@ async fn expire_logs(node: std::sync::Weak<Node>, retention: std::time::Duration
             };
             for entry in rd.filter_map(|e| e.ok()) {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(id) = name.strip_suffix(".jsonl") else {
+                let Some(id) = logs::owner(&name) else {
                     continue;
                 };
                 let old = entry

@@ -81,6 +81,11 @@ impl UsageTracker {
         self.samples.is_multiple_of(DISK_EVERY)
     }
 
+    /// The writable layer's size at its last measurement.
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
     pub fn usage(&self) -> Usage {
         let s = self.last.map(|(_, s)| s).unwrap_or_default();
         Usage {
@@ -125,12 +130,12 @@ pub fn disk_bytes(sandbox_dir: &Path) -> u64 {
             continue;
         };
         for e in rd.filter_map(|e| e.ok()) {
+            // lstat: a symlink is counted, never followed.
             let Ok(m) = e.metadata() else { continue };
             if m.is_dir() {
                 stack.push(e.path());
-            } else {
-                total += m.blocks() * 512;
             }
+            total += m.blocks() * 512;
         }
     }
     total

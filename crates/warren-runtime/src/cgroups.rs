@@ -137,6 +137,17 @@ pub fn oom_kills(cgroup_path: &str) -> u64 {
     sample(cgroup_path).map(|s| s.oom_kills).unwrap_or(0)
 }
 
+/// Whether the sandbox's cgroup is frozen (or freezing).
+pub fn is_frozen(cgroup_path: &str) -> bool {
+    let rel = cgroup_path.trim_start_matches('/');
+    let v2 = format!("/sys/fs/cgroup/{rel}/cgroup.freeze");
+    if let Ok(text) = std::fs::read_to_string(&v2) {
+        return text.trim() == "1";
+    }
+    std::fs::read_to_string(format!("/sys/fs/cgroup/freezer/{rel}/freezer.state"))
+        .is_ok_and(|s| s.trim() != "THAWED")
+}
+
 pub fn freeze(cgroup_path: &str, frozen: bool) -> Result<(), RuntimeError> {
     let state = if frozen {
         FreezerState::Frozen

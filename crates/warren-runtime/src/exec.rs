@@ -2,14 +2,45 @@
 //! sandbox's init, and the control stream that reports the exit.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use tokio::net::unix::pipe;
 
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
 use crate::RuntimeError;
+
+/// How long the daemon waits for a sandbox's init to accept a connection
+/// and answer a request. Init answers within milliseconds unless it cannot
+/// run at all: its sandbox is frozen, or the host is stalled. Nothing the
+/// daemon does waits on a sandbox longer than this.
+pub const INIT_DEADLINE: Duration = Duration::from_secs(10);
+
+async fn within<T>(
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, RuntimeError>>,
+) -> Result<T, RuntimeError> {
+    match tokio::time::timeout(INIT_DEADLINE, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(RuntimeError::Unresponsive(format!(
+            "the sandbox's init did not {what} within {}s (is the sandbox paused, or the host overloaded?)",
+            INIT_DEADLINE.as_secs()
+        ))),
+    }
+}
+
+async fn connect(socket: &Path) -> Result<tokio::net::UnixStream, RuntimeError> {
+    within("accept a connection", async {
+        tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+            RuntimeError::Exec(format!(
+                "sandbox init is not reachable at {}: {e}",
+                socket.display()
+            ))
+        })
+    })
+    .await
+}
 
 pub struct RunningExec {
     pub pid: i32,
@@ -23,33 +54,45 @@ pub enum ExecOutcome {
     Exited { code: i32, signal: Option<i32> },
 }
 
-/// Starts a command through init. `stdin` is written in full and then closed.
+/// Starts a command through init. `stdin` is written in full and then
+/// closed. `cgroup` is the exec cgroup's `cgroup.procs` (see exec_cgroup),
+/// sent along when `spec.cgroup` says so.
 pub async fn start(
     socket: &Path,
     spec: &ExecSpec,
     stdin: Option<Vec<u8>>,
+    cgroup: Option<OwnedFd>,
 ) -> Result<Result<RunningExec, (String, i32)>, RuntimeError> {
     let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
     let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
-    let conn = UnixStream::connect(socket).map_err(|e| {
-        RuntimeError::Exec(format!(
-            "sandbox init is not reachable at {}: {e}",
-            socket.display()
-        ))
-    })?;
+    let conn = connect(socket).await?;
     let mut fds = vec![in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+    let mut spec = spec.clone();
+    spec.cgroup = cgroup.is_some();
+    if let Some(c) = &cgroup {
+        fds.push(c.as_raw_fd());
+    }
     if spec.main {
         // Init keeps these so the main process survives a daemon restart.
         fds.extend([out_r.as_raw_fd(), err_r.as_raw_fd()]);
     }
-    proto::send(&conn, &InitRequest::Exec(spec.clone()), &fds)?;
-    drop((in_r, out_w, err_w));
-    conn.set_nonblocking(true)
-        .map_err(RuntimeError::io("socket"))?;
-    let control = tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
-    let (mut reader, writer) = control.into_split();
-    match proto::recv_async::<InitReply>(&mut reader).await? {
+    let request = InitRequest::Exec(spec);
+    within("take the request", async {
+        proto::send_async_fds(&conn, &request, &fds)
+            .await
+            .map_err(RuntimeError::from)
+    })
+    .await?;
+    drop((in_r, out_w, err_w, cgroup));
+    let (mut reader, writer) = conn.into_split();
+    let reply = within("start the command", async {
+        proto::recv_async::<InitReply>(&mut reader)
+            .await
+            .map_err(RuntimeError::from)
+    })
+    .await?;
+    match reply {
         InitReply::Started { pid } => {
             feed_stdin(in_w, stdin)?;
             Ok(Ok(RunningExec {
@@ -140,21 +183,21 @@ pub enum MainAttach {
     NoMain,
 }
 
-/// Re-attaches to the main process after a daemon restart.
+/// Re-attaches to the main process after a daemon restart. The sandbox
+/// must not be frozen (its init could not answer): every step has a
+/// deadline.
 pub async fn attach_main(socket: &Path) -> Result<MainAttach, RuntimeError> {
-    let conn = UnixStream::connect(socket)
-        .map_err(|e| RuntimeError::Exec(format!("sandbox init is not reachable: {e}")))?;
-    proto::send(&conn, &InitRequest::AttachMain, &[])?;
-    let (reply, mut fds) = proto::recv::<InitReply>(&conn)?;
+    let conn = connect(socket).await?;
+    let (reply, mut fds) = within("answer", async {
+        proto::send_async_fds(&conn, &InitRequest::AttachMain, &[]).await?;
+        Ok(proto::recv_async_fds::<InitReply>(&conn).await?)
+    })
+    .await?;
     match reply {
         InitReply::Main { pid: Some(pid), .. } if fds.len() == 2 => {
             let stderr = receiver(fds.remove(1))?;
             let stdout = receiver(fds.remove(0))?;
-            conn.set_nonblocking(true)
-                .map_err(RuntimeError::io("socket"))?;
-            let control =
-                tokio::net::UnixStream::from_std(conn).map_err(RuntimeError::io("socket"))?;
-            let (reader, writer) = control.into_split();
+            let (reader, writer) = conn.into_split();
             let exit = ExitWait {
                 reader,
                 _writer: Some(writer),

@@ -15,6 +15,20 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
+/// Moves the calling process (the shim, right after init forked it) into
+/// the exec's own cgroup, through the `cgroup.procs` the daemon opened (the
+/// kernel checks the opener's rights, not the sandbox's), and gives it the
+/// ordinary OOM score that init, protected by the daemon, does not have.
+/// Both happen before the command is forked, so it and everything it
+/// starts inherit them.
+pub(crate) fn enter_cgroup(cgroup: Option<&std::os::fd::OwnedFd>) {
+    if let Some(fd) = cgroup {
+        // Without it the exec is still killed by walking its tree.
+        let _ = nix::unistd::write(fd, b"0");
+    }
+    let _ = std::fs::write("/proc/self/oom_score_adj", b"0");
+}
+
 /// Makes the calling process (the shim, right after init forked it) the
 /// subreaper of everything it forks from now on.
 pub(crate) fn become_subreaper() {

@@ -298,14 +298,15 @@ impl Init {
     }
 
     fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
+        let cgroup = (spec.cgroup && fds.len() >= 4).then(|| fds.remove(3));
         let readers = if spec.main && fds.len() == 5 {
             fds.split_off(3)
         } else {
             vec![]
         };
-        match spawn(&spec, &fds) {
+        match spawn(&spec, &fds, cgroup.as_ref()) {
             Ok(Spawned { shim, pid }) => {
-                drop(fds);
+                drop((fds, cgroup));
                 if spec.main {
                     self.main_pid = Some(shim);
                     self.main_exit = None;
@@ -338,7 +339,7 @@ struct Spawned {
 /// Forks the exec's shim, which forks and execs the command. Returns once
 /// execve succeeded (the error pipe closed empty) or with the reason it
 /// failed.
-fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<Spawned, InitReply> {
+fn spawn(spec: &ExecSpec, fds: &[OwnedFd], cgroup: Option<&OwnedFd>) -> Result<Spawned, InitReply> {
     let fail = |message: String, code: i32| InitReply::Failed { message, code };
     if fds.len() != 3 {
         return Err(fail(
@@ -382,6 +383,7 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd]) -> Result<Spawned, InitReply> {
         Err(e) => Err(fail(format!("fork failed: {e}"), 126)),
         Ok(ForkResult::Child) => {
             drop((err_r, pid_r));
+            exec_tree::enter_cgroup(cgroup);
             exec_tree::become_subreaper();
             // SAFETY: as above; the shim is single-threaded too.
             match unsafe { fork() } {

@@ -11,9 +11,11 @@
 pub mod crashpoint;
 pub mod disk;
 pub mod exec;
+pub mod exec_cgroup;
 mod exec_tree;
 pub mod files;
 pub mod host;
+pub mod host_tables;
 pub mod init;
 pub mod netns;
 pub mod oci;
@@ -54,6 +56,9 @@ pub enum RuntimeError {
     },
     #[error("internal protocol error: {0}")]
     Proto(#[from] proto::ProtoError),
+    /// A sandbox process (init, a spawner) did not answer in time.
+    #[error("{0}")]
+    Unresponsive(String),
 }
 
 impl RuntimeError {
@@ -188,10 +193,13 @@ impl Runtime {
         match created {
             Ok(pid) => {
                 crashpoint::hit("create:spawned");
+                protect_init(pid);
                 Ok(SandboxHandle { pid, ..handle })
             }
             Err(e) => {
-                let _ = self.cleanup_dirs(&handle).await;
+                // The spawner may have got as far as starting init (it
+                // failed later, or stopped answering and was killed).
+                let _ = self.destroy(&req.id, None).await;
                 Err(e)
             }
         }
@@ -458,7 +466,8 @@ fn remove_container(
         crashpoint::hit("destroy:killed");
     }
     // Stragglers (or a sandbox whose init we could not identify) are killed
-    // through the cgroup, which is then removed.
+    // through the cgroup, which is then removed, exec cgroups first.
+    exec_cgroup::remove_all(cgroup_path);
     cgroups::kill_and_remove(cgroup_path)?;
     crashpoint::hit("destroy:cgroups");
     match std::fs::remove_dir_all(state) {
@@ -468,6 +477,16 @@ fn remove_container(
             "remove {}: {e}",
             state.display()
         ))),
+    }
+}
+
+/// Makes the sandbox's init the OOM killer's last choice in its cgroup: on
+/// cgroup v1 the killer picks one process, and a killed init is a dead
+/// sandbox, where a killed command is an exit code. Every exec's shim sets
+/// itself back to the ordinary score (exec_tree::enter_cgroup).
+fn protect_init(pid: i32) {
+    if let Err(e) = std::fs::write(format!("/proc/{pid}/oom_score_adj"), b"-998") {
+        tracing::warn!(pid, error = %e, "could not lower the OOM score of a sandbox's init");
     }
 }
 

@@ -131,6 +131,114 @@ pub async fn recv_async<T: DeserializeOwned>(
     Ok(serde_json::from_slice(&body)?)
 }
 
+/// Async send of one frame whose first byte carries `fds`, on a socket the
+/// daemon's runtime drives (so a peer that stops reading cannot hold a
+/// thread; callers put a deadline around it).
+pub async fn send_async_fds<T: Serialize>(
+    sock: &tokio::net::UnixStream,
+    msg: &T,
+    fds: &[RawFd],
+) -> Result<(), ProtoError> {
+    let frame = encode(msg)?;
+    let mut sent = 0;
+    if !fds.is_empty() {
+        let cmsg = [ControlMessage::ScmRights(fds)];
+        sent = loop {
+            sock.writable().await?;
+            let iov = [IoSlice::new(&frame)];
+            match sock.try_io(tokio::io::Interest::WRITABLE, || {
+                sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(std::io::Error::from)
+            }) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+    }
+    while sent < frame.len() {
+        sock.writable().await?;
+        match sock.try_write(&frame[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Async receive of one frame and the descriptors that came with it.
+pub async fn recv_async_fds<T: DeserializeOwned>(
+    sock: &tokio::net::UnixStream,
+) -> Result<(T, Vec<OwnedFd>), ProtoError> {
+    let mut header = [0u8; 4];
+    let mut fds = Vec::new();
+    let got = loop {
+        sock.readable().await?;
+        let mut iov = [IoSliceMut::new(&mut header)];
+        let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+        let received = sock.try_io(tokio::io::Interest::READABLE, || {
+            let msg = recvmsg::<()>(
+                sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut raw = Vec::new();
+            for c in msg.cmsgs().map_err(std::io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(r) = c {
+                    raw.extend(r);
+                }
+            }
+            Ok((msg.bytes, raw))
+        });
+        match received {
+            Ok((n, raw)) => {
+                for fd in raw {
+                    // SAFETY: the kernel just installed this descriptor in our
+                    // table for us; nothing else owns it.
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+                break n;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if got == 0 {
+        return Err(ProtoError::Closed);
+    }
+    let mut have = got;
+    while have < 4 {
+        have += read_some(sock, &mut header[have..]).await?;
+    }
+    let len = u32::from_le_bytes(header) as usize;
+    if len > MAX_FRAME {
+        return Err(ProtoError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    let mut have = 0;
+    while have < len {
+        have += read_some(sock, &mut body[have..]).await?;
+    }
+    Ok((serde_json::from_slice(&body)?, fds))
+}
+
+async fn read_some(sock: &tokio::net::UnixStream, buf: &mut [u8]) -> Result<usize, ProtoError> {
+    loop {
+        sock.readable().await?;
+        match sock.try_read(buf) {
+            Ok(0) => return Err(ProtoError::Closed),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 pub async fn send_async<T: Serialize>(
     sock: &mut (impl tokio::io::AsyncWrite + Unpin),
     msg: &T,
@@ -172,6 +280,12 @@ pub struct ExecSpec {
     /// The sandbox's main process: survives the connection closing.
     #[serde(default)]
     pub main: bool,
+    /// A writable `cgroup.procs` of the exec's own cgroup rides along (after
+    /// the stdio descriptors): the shim moves itself there before it forks
+    /// the command, so everything the exec starts is found and killed by
+    /// the host, whatever the sandbox does to its processes.
+    #[serde(default)]
+    pub cgroup: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -217,6 +217,11 @@ fn build_and_start(id: &str, bundle: &Path, state_root: &Path) -> Result<i32, St
     Ok(pid)
 }
 
+/// How long one create may take in a spawner. A create takes milliseconds;
+/// one with a disk limit makes a file system first (mkfs, a loop mount),
+/// which can take seconds on a busy disk.
+pub const SPAWNER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The daemon's handle on one spawner process.
 pub struct SpawnerClient {
     child: Child,
@@ -243,12 +248,33 @@ impl SpawnerClient {
         Ok(SpawnerClient { child, sock: ours })
     }
 
-    /// Blocking; call from a blocking thread.
+    /// Blocking; call from a blocking thread. A spawner that does not
+    /// answer within [`SPAWNER_DEADLINE`] is killed (the pool starts a new
+    /// one), so a wedged create never holds the daemon.
     pub fn create(&mut self, req: &SpawnerRequest) -> Result<i32, RuntimeError> {
-        proto::send(&self.sock, req, &[])?;
-        match proto::recv::<SpawnerReply>(&self.sock)?.0 {
-            SpawnerReply::Created { pid } => Ok(pid),
-            SpawnerReply::Error { message } => Err(RuntimeError::Create(message)),
+        let _ = self.sock.set_write_timeout(Some(SPAWNER_DEADLINE));
+        let _ = self.sock.set_read_timeout(Some(SPAWNER_DEADLINE));
+        let reply = proto::send(&self.sock, req, &[])
+            .and_then(|()| proto::recv::<SpawnerReply>(&self.sock));
+        match reply {
+            Ok((SpawnerReply::Created { pid }, _)) => Ok(pid),
+            Ok((SpawnerReply::Error { message }, _)) => Err(RuntimeError::Create(message)),
+            Err(proto::ProtoError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let _ = self.child.kill();
+                Err(RuntimeError::Unresponsive(format!(
+                    "the spawner did not create the sandbox within {}s; it was replaced",
+                    SPAWNER_DEADLINE.as_secs()
+                )))
+            }
+            Err(e) => {
+                let _ = self.child.kill();
+                Err(e.into())
+            }
         }
     }
 

@@ -186,6 +186,20 @@ pub struct UpArgs {
     /// How long the log of a finished sandbox is kept (e.g. 7d, 12h).
     #[arg(long, default_value = "7d")]
     pub log_retention: String,
+    /// Most bytes of log kept per sandbox (its newest lines; the log is
+    /// rotated once, at half of this).
+    #[arg(long, default_value = "64M")]
+    pub log_max: String,
+    /// Disk a sandbox created without --disk may fill (its writable layer,
+    /// measured every ~10 s; past it the sandbox is stopped with reason
+    /// disk_exceeded). 0 turns the per-sandbox limit off.
+    #[arg(long, default_value = "10G")]
+    pub default_disk: String,
+    /// Free space kept under the home: below it creates are refused and the
+    /// sandbox that wrote the most is stopped (default: the larger of 1G and
+    /// 5% of the file system).
+    #[arg(long)]
+    pub disk_floor: Option<String>,
     /// Most bytes the image store may hold (e.g. 50G): after each pull,
     /// registry images no sandbox uses are removed, oldest first, until it
     /// fits. Imported images are never removed.

@@ -36,7 +36,17 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         max_sandboxes: args.max_sandboxes,
         queue_limit: args.queue_limit,
         max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
-        log_retention: warren_core::quantity::parse_duration(&args.log_retention)?,
+        log_retention: warren_core::quantity::parse_duration(&args.log_retention)
+            .context("--log-retention")?,
+        log_max: warren_core::quantity::parse_size(&args.log_max).context("--log-max")?,
+        default_disk: warren_core::quantity::parse_size(&args.default_disk)
+            .context("--default-disk")?,
+        disk_floor: args
+            .disk_floor
+            .as_deref()
+            .map(warren_core::quantity::parse_size)
+            .transpose()
+            .context("--disk-floor")?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
         egress: egress_settings(&args)?,
         image_budget: args
@@ -59,6 +69,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             ..Default::default()
         },
     };
+    let nofile = warren_runtime::host_tables::raise_nofile();
     let (up, router) = warren_control::start(&cfg)
         .await
         .map_err(anyhow::Error::msg)?;
@@ -71,23 +82,41 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         home.display(),
         home.join("token").display()
     );
-    // Exec streams are many small writes; without TCP_NODELAY each one can
-    // wait for a delayed ACK (~40 ms).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server")?;
-    eprintln!("warren up: stopping; destroying live sandboxes");
-    up.control.shutdown().await;
+    let control = up.control.clone();
+    // The first SIGINT or SIGTERM stops cleanly; a second one stops now.
+    let stop = async move {
+        first_signal().await;
+        eprintln!(
+            "warren up: stopping (again to stop at once, leaving sandboxes for the next start)"
+        );
+        tokio::spawn(async {
+            first_signal().await;
+            eprintln!("warren up: stopped at once; the next start adopts or removes what is left");
+            std::process::exit(130);
+        });
+        // Streams end and creates are refused from here on.
+        control.lifecycle.stop();
+    };
+    warren_control::serve::serve(
+        listener,
+        router,
+        warren_control::serve::connection_limit(nofile),
+        stop,
+        SHUTDOWN_GRACE,
+    )
+    .await
+    .context("HTTP server")?;
+    eprintln!("warren up: destroying live sandboxes");
+    up.control.shutdown(SHUTDOWN_GRACE).await;
     eprintln!("warren up: stopped");
     Ok(0)
 }
 
-async fn shutdown_signal() {
+/// How long a clean stop waits for requests to finish and then for each
+/// sandbox's destroy.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+async fn first_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),

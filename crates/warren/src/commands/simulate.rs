@@ -115,7 +115,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
         ..Default::default()
     };
     let node = settings.allocatable(args.node_cores * 1000, args.node_memory_gib << 30);
-    let admission = Admission::new(node, usize::MAX);
+    let admission = Admission::new(node, u32::MAX, usize::MAX);
     let mut profiles: Vec<Profile> = (0..tasks)
         .map(|i| Profile::new(&format!("task-{i}"), fixed))
         .collect();
@@ -156,7 +156,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 memory: req.memory,
                 slots: 1,
             };
-            match admission.admit(&id, need) {
+            match admission.admit(&id, need, warren_core::spec::MIN_PIDS) {
                 Ok(Admit::Now) => {
                     running.push((clock + r.runtime_s, id, next, req));
                     next += 1;

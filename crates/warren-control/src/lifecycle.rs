@@ -1,0 +1,96 @@
+//! The daemon's own life: recovering after a start (the API waits for it,
+//! `/healthz` does not), and stopping (creates refused, streams ended).
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use warren_core::{ApiError, ErrorCode};
+
+pub struct Lifecycle {
+    /// (sandboxes recovered, sandboxes to recover, done)
+    progress: watch::Sender<(usize, usize, bool)>,
+    stopping: CancellationToken,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            progress: watch::Sender::new((0, 0, false)),
+            stopping: CancellationToken::new(),
+        }
+    }
+}
+
+/// How long an API call waits for recovery before it is told to retry.
+const READY_WAIT: Duration = Duration::from_secs(60);
+
+impl Lifecycle {
+    pub fn recovering(&self, done: usize, total: usize) {
+        self.progress.send_replace((done, total, false));
+    }
+
+    pub fn set_ready(&self) {
+        self.progress.send_modify(|p| p.2 = true);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.progress.borrow().2
+    }
+
+    /// `ok`, or what recovery is doing.
+    pub fn status(&self) -> String {
+        let (done, total, ready) = *self.progress.borrow();
+        if ready {
+            "ok".into()
+        } else {
+            format!("recovering: {done} of {total} sandboxes taken over")
+        }
+    }
+
+    /// Waits until recovery is over; an error (503) when it takes too long.
+    pub async fn wait_ready(&self) -> Result<(), ApiError> {
+        let mut rx = self.progress.subscribe();
+        let ready = tokio::time::timeout(READY_WAIT, rx.wait_for(|p| p.2))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if ready {
+            Ok(())
+        } else {
+            Err(self.unavailable(format!(
+                "the daemon is still {}; retry shortly",
+                self.status()
+            )))
+        }
+    }
+
+    /// Begins a stop: creates are refused and streams end.
+    pub fn stop(&self) {
+        self.stopping.cancel();
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.is_cancelled()
+    }
+
+    /// Completes when the daemon begins to stop.
+    pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.stopping.clone().cancelled_owned()
+    }
+
+    pub fn refuse_if_stopping(&self) -> Result<(), ApiError> {
+        if self.is_stopping() {
+            return Err(self
+                .unavailable("the daemon is shutting down; no new sandboxes are started".into()));
+        }
+        Ok(())
+    }
+
+    fn unavailable(&self, message: String) -> ApiError {
+        ApiError {
+            code: ErrorCode::Unavailable,
+            message,
+            retry_after_ms: Some(1000),
+        }
+    }
+}

@@ -26,9 +26,10 @@ def free_port() -> int:
 
 
 class Warren:
-    def __init__(self, home: Path, port: int, extra_args=(), extra_env=None):
+    def __init__(self, home: Path, port: int, extra_args=(), extra_env=None, preexec=None):
         self.extra_args = list(extra_args)
         self.extra_env = dict(extra_env or {})
+        self.preexec = preexec
         self.home = home
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -42,11 +43,15 @@ class Warren:
             stdout=self.log,
             stderr=self.log,
             env={**os.environ, **self.extra_env},
+            preexec_fn=self.preexec,
         )
         deadline = time.time() + 20
         while time.time() < deadline:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                # 200 as soon as it listens; "ok" once it has taken over
+                # its sandboxes (the API waits for that anyway).
+                r = httpx.get(self.url + "/healthz", timeout=1)
+                if r.status_code == 200 and r.text.strip() == "ok":
                     break
             except httpx.HTTPError:
                 pass
@@ -125,11 +130,11 @@ class Warren:
 
 
 @contextlib.contextmanager
-def own_daemon(images, args=(), env=None):
+def own_daemon(images, args=(), env=None, preexec=None):
     """A `warren up` of a test's own (to crash, restart or configure), with
     busybox:latest imported; stopped and removed afterwards."""
     base = Path(tempfile.mkdtemp(prefix="warren-own-"))
-    w = Warren(base / "home", free_port(), extra_args=args, extra_env=env)
+    w = Warren(base / "home", free_port(), extra_args=args, extra_env=env, preexec=preexec)
     w.home.mkdir()
     w.start()
     try:

@@ -443,6 +443,30 @@ struct FileQuery {
     mode: Option<String>,
 }
 
+/// The `path` parameter exactly as sent. Query decoding replaces bytes that
+/// are not UTF-8 with U+FFFD, which would write (or read) a different file
+/// than the one named; such a path is refused instead.
+fn exact_path(uri: &axum::http::Uri) -> Result<(), ApiError> {
+    let raw = uri.query().unwrap_or("");
+    for pair in raw.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != "path" {
+            continue;
+        }
+        let v = v.replace('+', " ");
+        if percent_encoding::percent_decode_str(&v)
+            .decode_utf8()
+            .is_err()
+        {
+            return Err(ApiError::bad_request(
+                "path is not valid UTF-8 once percent-decoded; Warren's file API takes UTF-8 paths \
+                 (for other names, upload or download the directory holding them as a tar)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn file_state_ok(state: SandboxState) -> bool {
     matches!(
         state,
@@ -470,9 +494,11 @@ async fn put_file(
     State(st): St,
     Path(id): Path<String>,
     Query(q): Query<FileQuery>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
+    exact_path(&uri)?;
     let root = sandbox_root(&st, &id).await?;
     let is_tar = headers
         .get(header::CONTENT_TYPE)
@@ -489,7 +515,7 @@ async fn put_file(
     let reader = tokio_util::io::StreamReader::new(stream);
     let mut sync_reader = tokio_util::io::SyncIoBridge::new(reader);
     let path = q.path.clone();
-    tokio::task::spawn_blocking(move || {
+    let written = tokio::task::spawn_blocking(move || {
         if is_tar {
             files::unpack_tar(&root, &path, &mut sync_reader).map(|_| ())
         } else {
@@ -497,8 +523,16 @@ async fn put_file(
         }
     })
     .await
-    .map_err(|e| ApiError::internal(e.to_string()))?
-    .map_err(|e| node_error(e.into()))?;
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    // The root stays reachable through its descriptor after a destroy, so
+    // a write can have failed in, or landed in, a sandbox that is gone.
+    if !st.control.node.is_live(&id) {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} was destroyed while the upload ran; nothing was kept"
+        ))
+        .into());
+    }
+    written.map_err(|e| node_error(e.into()))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -509,7 +543,9 @@ async fn get_file(
     State(st): St,
     Path(id): Path<String>,
     Query(q): Query<FileQuery>,
+    uri: axum::http::Uri,
 ) -> ApiResult<Response> {
+    exact_path(&uri)?;
     let root = sandbox_root(&st, &id).await?;
     let path = q.path.clone();
     let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
@@ -804,23 +840,30 @@ async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiResult<Respons
         return Ok(Json(evs).into_response());
     }
     let control = st.control.clone();
+    let written = st.control.store.subscribe_events();
     let stream = futures_util::stream::unfold(
-        (after, Vec::<warren_core::Event>::new()),
-        move |(mut seq, mut pending)| {
+        (after, Vec::<warren_core::Event>::new(), written),
+        move |(mut seq, mut pending, mut written)| {
             let (control, q, sel) = (control.clone(), q.clone(), sel.clone());
             async move {
                 loop {
                     if let Some(ev) = pending.pop() {
                         let mut line = serde_json::to_vec(&ev).unwrap_or_default();
                         line.push(b'\n');
-                        return Some((Ok::<_, std::io::Error>(Bytes::from(line)), (seq, pending)));
+                        let next = (seq, pending, written);
+                        return Some((Ok::<_, std::io::Error>(Bytes::from(line)), next));
                     }
+                    // Marked seen before reading, so a write in between
+                    // wakes the wait below.
+                    written.borrow_and_update();
                     match filtered_events(&control, &q, &sel, seq).await {
                         Ok((evs, last)) => {
                             seq = last;
                             pending = evs.into_iter().rev().collect();
                             if pending.is_empty() {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                let _ =
+                                    tokio::time::timeout(Duration::from_secs(5), written.changed())
+                                        .await;
                             }
                         }
                         Err(_) => return None,
@@ -828,7 +871,8 @@ async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiResult<Respons
                 }
             }
         },
-    );
+    )
+    .take_until(st.control.lifecycle.stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),

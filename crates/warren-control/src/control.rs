@@ -270,7 +270,8 @@ impl Control {
         if let (StoreError::Db(sqlx::Error::Database(db)), Some(rid)) = (&e, &spec.request_id) {
             if db.is_unique_violation() {
                 if let Some(existing) = self.store.by_request_id(rid).await? {
-                    return Ok((self.info(existing, false), false));
+                    let settled = self.settled(existing, true).await?;
+                    return Ok((self.info(settled, false), false));
                 }
             }
         }
@@ -690,14 +691,16 @@ impl Control {
     }
 
     /// Replaces a running sandbox's egress rules: recorded first (so a
-    /// restart restores them), then applied, which closes the connections
-    /// the new rules no longer allow. Returns them as `host:port`.
+    /// restart restores them), then applied, which cannot fail half-way: it
+    /// closes the connections the new rules no longer allow, and reports
+    /// ports that got no transparent listener.
     pub async fn set_network(
         &self,
         id: &str,
         allow: Vec<String>,
         deny: Vec<String>,
-    ) -> Result<(SandboxRow, Vec<String>), ApiError> {
+    ) -> Result<(SandboxRow, warren_net::PolicyChange), ApiError> {
+        let _one = self.sandbox_locks.lock(id).await;
         let row = self.get(id).await?;
         if row.spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
             return Err(ApiError::conflict(format!(
@@ -731,12 +734,12 @@ impl Control {
                 &message,
             )
             .await?;
-        let closed = self
+        let change = self
             .node
             .update_network(id, &spec.network)
             .await
             .map_err(node_error)?;
-        Ok((self.get(id).await?, closed))
+        Ok((self.get(id).await?, change))
     }
 
     /// Pauses (freezes) or resumes a running sandbox, under the sandbox's
@@ -795,8 +798,13 @@ impl Control {
         let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         let total = rows.len();
         self.lifecycle.recovering(0, total);
+        // Queued creates wait for what the adopted sandboxes hold, in their
+        // old order: admitted after every adoption, one by one.
+        let (queued, others): (Vec<SandboxRow>, Vec<SandboxRow>) = rows
+            .into_iter()
+            .partition(|r| r.state == SandboxState::Queued);
         let done = std::sync::atomic::AtomicUsize::new(0);
-        futures_util::stream::iter(rows)
+        futures_util::stream::iter(others)
             .for_each_concurrent(RECOVER_PARALLELISM, |row| {
                 let done = &done;
                 async move {
@@ -808,6 +816,13 @@ impl Control {
                 }
             })
             .await;
+        for row in queued {
+            if let Err(e) = self.requeue(row.clone()).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "queueing a create again");
+            }
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            self.lifecycle.recovering(n, total);
+        }
         for id in self.node.sweep_orphans(&known).await {
             tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
         }
@@ -823,7 +838,6 @@ impl Control {
             ..Default::default()
         };
         match row.state {
-            SandboxState::Queued => return self.requeue(row.clone()).await,
             SandboxState::Creating => {
                 let _ = self.node.destroy(&row.id).await;
                 let t = done("the daemon stopped while creating it; its remains were removed");

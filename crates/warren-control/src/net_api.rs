@@ -40,6 +40,11 @@ pub(crate) struct NetworkChange {
     sandbox: SandboxInfo,
     /// Live connections the new rules no longer allow, now closed.
     closed: Vec<String>,
+    /// Ports the new rules name that a server in the sandbox already
+    /// listens on: those destinations are reached through the explicit
+    /// proxy (`HTTP(S)_PROXY`) only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unlistened_ports: Vec<u16>,
 }
 
 /// Replace an `allowlist` sandbox's rules. Applied atomically; live
@@ -53,10 +58,11 @@ pub(crate) async fn set_network(
 ) -> ApiResult<Json<NetworkChange>> {
     let rules: NetworkRules = parse_json(&body)?;
     st.control.node.renew_lease(&id);
-    let (row, closed) = st.control.set_network(&id, rules.allow, rules.deny).await?;
+    let (row, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
     Ok(Json(NetworkChange {
         sandbox: st.control.info(row, false),
-        closed,
+        closed: change.closed,
+        unlistened_ports: change.unlistened,
     }))
 }
 

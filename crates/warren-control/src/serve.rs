@@ -2,26 +2,62 @@
 //! connection limit; a daemon that lends a thousand sandboxes must not be
 //! taken down by clients that open connections and send nothing. Each
 //! connection gets a deadline for its request head (which is also how long
-//! an idle keep-alive connection is kept), and the number of connections is
-//! bounded below the daemon's descriptor limit.
+//! an idle keep-alive connection is kept), the number of connections is
+//! bounded below the daemon's descriptor limit, and when the bound comes
+//! near, the oldest connections are asked to close (at once when idle,
+//! after their request otherwise), as nginx does with idle keep-alive
+//! connections when it runs short.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 /// A request head must arrive within this; an idle keep-alive connection
 /// is closed after it.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections asked to close per connection accepted while crowded.
+const EVICT_PER_ACCEPT: usize = 2;
 
 /// Connections served at once, from the daemon's descriptor limit: a
 /// quarter of it, the rest being for sandboxes (pidfds, logs, exec pipes,
 /// proxy sockets) and the store.
 pub fn connection_limit(nofile: u64) -> usize {
     (nofile / 4).clamp(64, 8192) as usize
+}
+
+/// Open connections by accept order, each with the token that asks it to
+/// close.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    conns: BTreeMap<u64, CancellationToken>,
+}
+
+impl Open {
+    fn add(&mut self) -> (u64, CancellationToken) {
+        let seq = self.next;
+        self.next += 1;
+        let token = CancellationToken::new();
+        self.conns.insert(seq, token.clone());
+        (seq, token)
+    }
+
+    /// Asks the `n` oldest connections to close.
+    fn evict_oldest(&mut self, n: usize) {
+        let oldest: Vec<u64> = self.conns.keys().take(n).copied().collect();
+        for seq in oldest {
+            if let Some(t) = self.conns.remove(&seq) {
+                t.cancel();
+            }
+        }
+    }
 }
 
 /// Serves `router` until `stop` completes, then asks every connection to
@@ -36,7 +72,8 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(max_connections));
-    let closing = tokio_util::sync::CancellationToken::new();
+    let open = Arc::new(Mutex::new(Open::default()));
+    let closing = CancellationToken::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -44,8 +81,11 @@ pub async fn serve(
         .keep_alive(true);
     tokio::pin!(stop);
     loop {
-        // At the limit, stop accepting until a connection ends; the kernel
-        // holds new ones in the listen backlog meanwhile.
+        if slots.available_permits() < max_connections / 4 {
+            if let Ok(mut o) = open.lock() {
+                o.evict_oldest(EVICT_PER_ACCEPT);
+            }
+        }
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => match s {
                 Ok(s) => s,
@@ -72,7 +112,11 @@ pub async fn serve(
         let conn = builder
             .serve_connection(TokioIo::new(tcp), service)
             .with_upgrades();
-        let closing = closing.clone();
+        let (seq, evicted) = match open.lock() {
+            Ok(mut o) => o.add(),
+            Err(_) => (u64::MAX, CancellationToken::new()),
+        };
+        let (closing, open) = (closing.clone(), open.clone());
         tokio::spawn(async move {
             tokio::pin!(conn);
             tokio::select! {
@@ -81,6 +125,13 @@ pub async fn serve(
                     conn.as_mut().graceful_shutdown();
                     let _ = conn.await;
                 }
+                _ = evicted.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            if let Ok(mut o) = open.lock() {
+                o.conns.remove(&seq);
             }
             drop(slot);
         });
@@ -91,4 +142,19 @@ pub async fn serve(
     let all = slots.acquire_many(max_connections as u32);
     let _ = tokio::time::timeout(drain, all).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_connections_are_asked_to_close_first() {
+        let mut o = Open::default();
+        let tokens: Vec<_> = (0..5).map(|_| o.add().1).collect();
+        o.evict_oldest(2);
+        let closed: Vec<bool> = tokens.iter().map(|t| t.is_cancelled()).collect();
+        assert_eq!(closed, [true, true, false, false, false]);
+        assert_eq!(o.conns.len(), 3);
+    }
 }

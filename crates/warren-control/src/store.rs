@@ -55,6 +55,9 @@ pub struct Transition<'a> {
 #[derive(Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// Bumped after every committed event, so followers wait instead of
+    /// polling.
+    events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Store {
@@ -71,7 +74,19 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+        })
+    }
+
+    /// Changes after every event written.
+    pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_written.subscribe()
+    }
+
+    fn wrote_event(&self) {
+        self.events_written.send_modify(|n| *n += 1);
     }
 
     pub async fn insert(
@@ -105,6 +120,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
+        self.wrote_event();
         Ok(())
     }
 
@@ -140,6 +156,7 @@ impl Store {
         .await?;
         insert_event(&mut tx, time, id, Some(state), reason, t.message).await?;
         tx.commit().await?;
+        self.wrote_event();
         Ok(())
     }
 
@@ -170,6 +187,7 @@ impl Store {
             .await?;
         insert_event(&mut tx, time, id, None, reason, message).await?;
         tx.commit().await?;
+        self.wrote_event();
         Ok(())
     }
 
@@ -261,6 +279,7 @@ impl Store {
             )
             .await?;
             tx.commit().await?;
+            self.wrote_event();
             failed.push(id);
         }
         Ok(failed)
@@ -551,6 +570,7 @@ impl Store {
             .bind(format!("profile {profile}: {message}"))
             .execute(&self.pool)
             .await?;
+        self.wrote_event();
         Ok(())
     }
 }
@@ -569,6 +589,7 @@ impl Store {
             .bind(message)
             .execute(&self.pool)
             .await?;
+        self.wrote_event();
         Ok(())
     }
 }

@@ -380,6 +380,11 @@ impl SandboxSpec {
             return Err(SpecError::Gpus);
         }
         labels::validate(&self.labels)?;
+        // A profile is named like a label value (it is often the `task`
+        // label), so the profile table can be exported and imported again.
+        if let Some(p) = &self.profile {
+            labels::validate_value("profile", p)?;
+        }
         validate_env(&self.env)?;
         if let Some(cmd) = &self.cmd {
             validate_cmd(cmd)?;
@@ -547,6 +552,12 @@ mod tests {
         assert!(matches!(
             big("disk", "\"9000T\""),
             Err(SpecError::DiskTooLarge(_))
+        ));
+        assert!(matches!(
+            spec(r#"{"image":"a","profile":"a b\nc"}"#)
+                .expect("parses")
+                .resolve(),
+            Err(SpecError::Label(_))
         ));
         let huge = "x".repeat(MAX_ARGS_BYTES);
         let s = SandboxSpec {

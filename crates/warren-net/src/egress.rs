@@ -216,12 +216,16 @@ impl Egress {
     /// Replaces the sandbox's rules atomically: new connections see the new
     /// policy at once, and live connections it no longer allows are closed.
     /// Returns the closed connections as `host:port`.
+    /// Replaces a sandbox's rules. The switch itself cannot fail: a port
+    /// the new rules add that cannot get a transparent listener (something
+    /// in the sandbox already listens there) is reported, and served by the
+    /// explicit proxy only, so a revocation always takes effect.
     pub async fn update(
         &self,
         id: &str,
         allow: &[String],
         deny: &[String],
-    ) -> Result<Vec<String>, NetError> {
+    ) -> Result<PolicyChange, NetError> {
         let policy = Arc::new(self.parse(allow, deny)?);
         let net = self
             .sandboxes
@@ -238,17 +242,22 @@ impl Egress {
             .map(|p| p.keys().copied().collect())
             .unwrap_or_default();
         let added: Vec<u16> = wanted.difference(&have).copied().collect();
-        let listeners = netns::run_in(net.pid, move || {
-            added
+        let attempts = netns::run_in(net.pid, move || {
+            Ok(added
                 .into_iter()
-                .map(|p| Ok((p, netns::listen(SocketAddr::from(([0, 0, 0, 0], p)))?)))
-                .collect::<std::io::Result<Vec<_>>>()
+                .map(|p| (p, netns::listen(SocketAddr::from(([0, 0, 0, 0], p)))))
+                .collect::<Vec<_>>())
         })
         .await
-        .map_err(|source| NetError::Setup {
-            id: id.to_string(),
-            source,
-        })?;
+        .unwrap_or_default();
+        let mut listeners = Vec::new();
+        let mut unlistened = Vec::new();
+        for (port, l) in attempts {
+            match l {
+                Ok(l) => listeners.push((port, l)),
+                Err(_) => unlistened.push(port),
+            }
+        }
         if let Ok(mut p) = net.policy.write() {
             *p = policy.clone();
         }
@@ -271,8 +280,10 @@ impl Egress {
             });
         }
         let closed = net.conns.revoke(&policy);
-        (net.log)(json!({ "decision": "policy", "allow": allow, "deny": deny, "closed": closed }));
-        Ok(closed)
+        (net.log)(
+            json!({ "decision": "policy", "allow": allow, "deny": deny, "closed": closed, "unlistened_ports": unlistened }),
+        );
+        Ok(PolicyChange { closed, unlistened })
     }
 
     /// Open proxied connections of a sandbox.
@@ -280,6 +291,16 @@ impl Egress {
         let m = self.sandboxes.lock().ok()?;
         m.get(id).map(|n| n.conns.count())
     }
+}
+
+/// What a rule change did besides switching the rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    /// Live connections the new rules refuse, now closed (`host:port`).
+    pub closed: Vec<String>,
+    /// Ports the new rules name that something in the sandbox already
+    /// listens on: reachable through the explicit proxy only.
+    pub unlistened: Vec<u16>,
 }
 
 /// The ports the transparent path listens on: every port a rule names,

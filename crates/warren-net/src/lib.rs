@@ -27,7 +27,7 @@ mod splice;
 mod transparent;
 mod upstream;
 
-pub use egress::{Egress, Limits, LogFn, Settings};
+pub use egress::{Egress, Limits, LogFn, PolicyChange, Settings};
 pub use netns::connect_in;
 
 /// Where the explicit proxy listens, inside every `allowlist` sandbox.

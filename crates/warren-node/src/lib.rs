@@ -616,13 +616,13 @@ impl Node {
         Ok(())
     }
 
-    /// Replaces a running sandbox's network rules; returns the connections
-    /// the change closed.
+    /// Replaces a running sandbox's network rules; says which connections
+    /// the change closed and which ports got no transparent listener.
     pub async fn update_network(
         &self,
         id: &str,
         network: &warren_core::spec::NetworkSpec,
-    ) -> Result<Vec<String>, NodeError> {
+    ) -> Result<warren_net::PolicyChange, NodeError> {
         self.get(id)?;
         Ok(self
             .egress

@@ -17,17 +17,36 @@ use nix::unistd::Pid;
 
 /// Moves the calling process (the shim, right after init forked it) into
 /// the exec's own cgroup, through the `cgroup.procs` the daemon opened (the
-/// kernel checks the opener's rights, not the sandbox's), and gives it the
-/// ordinary OOM score that init, protected by the daemon, does not have.
-/// Both happen before the command is forked, so it and everything it
-/// starts inherit them.
+/// kernel checks the opener's rights, not the sandbox's), before it forks
+/// the command: the command and everything it starts are born there.
 pub(crate) fn enter_cgroup(cgroup: Option<&std::os::fd::OwnedFd>) {
     if let Some(fd) = cgroup {
         // Without it the exec is still killed by walking its tree.
         let _ = nix::unistd::write(fd, b"0");
     }
-    let _ = std::fs::write("/proc/self/oom_score_adj", b"0");
 }
+
+/// Raises the calling process's OOM score above init's, in the command
+/// right before its execve (everything it starts inherits the score).
+///
+/// On cgroup v1 the OOM killer picks one process of the sandbox by its
+/// resident memory; memory the kernel holds for a process (open files,
+/// sockets) is not counted there, so init could be picked before the
+/// process that used the memory, and a dead init is a dead sandbox.
+/// Lowering init's score needs CAP_SYS_RESOURCE, which hosts may withhold;
+/// raising one's own needs nothing, and the sandbox cannot lower it below
+/// init's again. The process must be dumpable to own its /proc entries
+/// (init and its forks are not: they run the host's binary); execve makes
+/// it dumpable a moment later anyway, and no sandbox process can ptrace
+/// (seccomp) in between.
+pub(crate) fn raise_oom_score() {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    let _ = std::fs::write("/proc/self/oom_score_adj", EXEC_OOM_SCORE_ADJ);
+}
+
+/// What every exec's processes start with (init keeps 0).
+pub const EXEC_OOM_SCORE_ADJ: &[u8] = b"500";
 
 /// Makes the calling process (the shim, right after init forked it) the
 /// subreaper of everything it forks from now on.

@@ -248,8 +248,11 @@ fn create_regular(
 }
 
 /// Writes a regular file, replacing what was there; parents are created.
-/// If the write fails, the file (when it is new) and the parents it made
-/// are removed again.
+/// The bytes go to a hidden file in the same directory first, which then
+/// takes the name in one rename: a reader (or a crash, or a client that goes
+/// away) never sees half a file, and what was there before stays until the
+/// new content is complete. If the write fails, the parents it made are
+/// removed again.
 pub fn write_file(
     root: &OwnedFd,
     path: &str,
@@ -268,16 +271,78 @@ fn write_file_noting(
 ) -> Result<u64, RuntimeError> {
     let (parent, name) = split(path)?;
     let dir = mkdir_all_noting(root, &parent, created)?;
-    let fd = create_regular(&dir, OsStr::new(&name), mode, path, created)?;
-    // The mode given wins over the daemon's umask and over an existing file's mode.
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777))
-        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
-    let mut file = File::from(fd);
-    let n =
-        std::io::copy(data, &mut file).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
-    file.flush()
-        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
-    Ok(n)
+    let name = OsStr::new(&name);
+    // What is there now decides whether it may be replaced, and whose the
+    // new file is (an existing file keeps its owner).
+    let existing = match rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Some(st),
+        Err(rustix::io::Errno::NOENT) => None,
+        Err(e) => return Err(RuntimeError::Files(format!("{path}: {e}"))),
+    };
+    if let Some(st) = &existing {
+        match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+            rustix::fs::FileType::RegularFile => {}
+            rustix::fs::FileType::Directory => {
+                return Err(RuntimeError::BadPath(format!(
+                "{path}: is a directory; give the path of the file to write in it (e.g. {}/NAME)",
+                path.trim_end_matches('/')
+            )))
+            }
+            rustix::fs::FileType::Symlink => {
+                return Err(RuntimeError::BadPath(format!(
+                    "{path}: is a symlink; refusing to write through it"
+                )))
+            }
+            other => {
+                return Err(RuntimeError::BadPath(format!(
+                    "{path}: is a {other:?}; only regular files can be written"
+                )))
+            }
+        }
+    }
+    let temp = OsString::from(format!(".warren-upload-{:016x}", random_u64()));
+    let mut scratch = Created::default();
+    let fd = create_regular(&dir, &temp, mode, path, &mut scratch)?;
+    let written = (|| {
+        if let Some(st) = &existing {
+            let _ = rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+            );
+        }
+        // The mode given wins over the daemon's umask and the old file's mode.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777))
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let mut file = File::from(fd);
+        let n = std::io::copy(data, &mut file)
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        file.flush()
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        // The sandbox can swap a directory or a link in meanwhile: renaming
+        // replaces a link itself (never writes through it), and fails on a
+        // directory.
+        rustix::fs::renameat(&dir, &temp, &dir, name).map_err(|e| match e {
+            rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY => {
+                RuntimeError::BadPath(format!("{path}: is a directory"))
+            }
+            e => RuntimeError::Files(format!("{path}: {e}")),
+        })?;
+        Ok(n)
+    })();
+    if written.is_err() {
+        scratch.undo();
+    } else if existing.is_none() {
+        created.note(&dir, name, false);
+    }
+    written
+}
+
+/// Random bits for temporary names, from the kernel.
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    u64::from_le_bytes(b)
 }
 
 /// Streams a directory of the sandbox as a tar archive, walking by descriptor.
@@ -355,9 +420,7 @@ fn add_dir(
                 .map_err(ferr)?;
                 let file = File::from(fd);
                 let st = rustix::fs::fstat(&file).map_err(ferr)?;
-                let mut h = header(&st, tar::EntryType::Regular);
-                b.append_data(&mut h, &child_rel, file.take(st.st_size as u64))
-                    .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+                append_file(b, file, &st, &child_rel)?;
             }
             rustix::fs::FileType::Symlink => {
                 let target =
@@ -372,6 +435,24 @@ fn add_dir(
         }
     }
     Ok(())
+}
+
+/// Appends one regular file as exactly the size its header announces. The
+/// sandbox may change the file while it is read: bytes it adds are left
+/// out, and a file that shrank is padded with zeros. Short of that, the
+/// bytes of the files after it would be read as tar headers, which the
+/// sandbox could forge (names with `..`, uid 0, setuid modes).
+fn append_file(
+    b: &mut tar::Builder<&mut dyn Write>,
+    file: File,
+    st: &rustix::fs::Stat,
+    rel: &Path,
+) -> Result<(), RuntimeError> {
+    let size = st.st_size as u64;
+    let mut h = header(st, tar::EntryType::Regular);
+    let exact = file.take(size).chain(std::io::repeat(0)).take(size);
+    b.append_data(&mut h, rel, exact)
+        .map_err(|e| RuntimeError::Files(format!("tar: {e}")))
 }
 
 fn header(st: &rustix::fs::Stat, kind: tar::EntryType) -> tar::Header {
@@ -634,6 +715,82 @@ mod tests {
         assert!(write_file(&root, "/x/kept", 0o644, &mut Broken).is_err());
         assert_eq!(names(&dir.path().join("x")), ["kept"]);
         assert_eq!(names(dir.path()), ["x"]);
+    }
+
+    // Found by a hostile run: a file that shrank while a directory download
+    // read it left its header's size unfilled, and the next file's bytes
+    // (forged tar headers) became entries of the archive.
+    #[test]
+    fn a_file_that_shrinks_while_packed_keeps_its_announced_size() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shrinking = dir.path().join("a");
+        std::fs::write(&shrinking, vec![b'a'; 10_000]).expect("write");
+        // The next file holds forged tar headers, aligned as if "a" ended early.
+        // What the 100 bytes left of "a" need to reach the next 512-byte block.
+        let mut forged = tar::Builder::new(vec![0u8; 412]);
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4);
+        h.set_mode(0o4755);
+        h.set_cksum();
+        forged
+            .append_data(&mut h, "ESCAPED", &b"evil"[..])
+            .expect("tar");
+        std::fs::write(dir.path().join("b"), forged.into_inner().expect("tar")).expect("write");
+
+        let mut out: Vec<u8> = Vec::new();
+        {
+            let sink: &mut dyn Write = &mut out;
+            let mut b = tar::Builder::new(sink);
+            let file = File::open(&shrinking).expect("open");
+            let st = rustix::fs::fstat(&file).expect("fstat");
+            // The sandbox truncates it after its size was read.
+            File::options()
+                .write(true)
+                .open(&shrinking)
+                .expect("open")
+                .set_len(100)
+                .expect("truncate");
+            append_file(&mut b, file, &st, Path::new("a")).expect("append");
+            let next = File::open(dir.path().join("b")).expect("open");
+            let st = rustix::fs::fstat(&next).expect("fstat");
+            append_file(&mut b, next, &st, Path::new("b")).expect("append");
+            b.finish().expect("finish");
+        }
+        let mut archive = tar::Archive::new(&out[..]);
+        let mut got = Vec::new();
+        for e in archive.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).expect("read");
+            got.push((e.path().expect("path").display().to_string(), data.len()));
+        }
+        let b_len = std::fs::metadata(dir.path().join("b")).expect("stat").len() as usize;
+        assert_eq!(got, [("a".to_string(), 10_000), ("b".to_string(), b_len)]);
+    }
+
+    #[test]
+    fn packing_a_directory_gives_each_file_its_own_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("x"), b"xx").expect("write");
+        std::fs::write(dir.path().join("y"), b"yyy").expect("write");
+        let root = root_of(dir.path());
+        let mut out = Vec::new();
+        pack_dir(root, &mut out).expect("pack");
+        let mut archive = tar::Archive::new(&out[..]);
+        let mut got = Vec::new();
+        for e in archive.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).expect("read");
+            got.push((e.path().expect("path").display().to_string(), data));
+        }
+        assert_eq!(
+            got,
+            [
+                ("x".to_string(), b"xx".to_vec()),
+                ("y".to_string(), b"yyy".to_vec())
+            ]
+        );
     }
 
     #[test]

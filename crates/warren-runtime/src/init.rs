@@ -513,6 +513,7 @@ fn child(
     if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
         return e;
     }
+    exec_tree::raise_oom_score();
     let mut last = Errno::ENOENT;
     for path in candidates {
         match nix::unistd::execve(path, argv, env) {

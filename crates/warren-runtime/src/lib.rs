@@ -193,7 +193,6 @@ impl Runtime {
         match created {
             Ok(pid) => {
                 crashpoint::hit("create:spawned");
-                protect_init(pid);
                 Ok(SandboxHandle { pid, ..handle })
             }
             Err(e) => {
@@ -477,16 +476,6 @@ fn remove_container(
             "remove {}: {e}",
             state.display()
         ))),
-    }
-}
-
-/// Makes the sandbox's init the OOM killer's last choice in its cgroup: on
-/// cgroup v1 the killer picks one process, and a killed init is a dead
-/// sandbox, where a killed command is an exit code. Every exec's shim sets
-/// itself back to the ordinary score (exec_tree::enter_cgroup).
-fn protect_init(pid: i32) {
-    if let Err(e) = std::fs::write(format!("/proc/{pid}/oom_score_adj"), b"-998") {
-        tracing::warn!(pid, error = %e, "could not lower the OOM score of a sandbox's init");
     }
 }
 

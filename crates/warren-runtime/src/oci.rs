@@ -173,7 +173,12 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
             "cgroupsPath": input.cgroup_path,
             "resources": {
                 "devices": device_rules(),
-                "memory": { "limit": r.memory, "swap": r.memory },
+                // cgroup v1 keeps socket buffers in a counter of their own,
+                // unlimited unless set: a sandbox in network mode `none`
+                // could queue hundreds of MiB in loopback connections that
+                // its memory limit never saw. A quarter of the limit on top
+                // of it (v2 charges them to memory.current; this is ignored).
+                "memory": { "limit": r.memory, "swap": r.memory, "kernelTCP": tcp_limit(r.memory) },
                 "cpu": { "quota": quota, "period": CPU_PERIOD_US },
                 "pids": { "limit": r.pids },
                 // cgroup v2: an OOM kill takes the sandbox's whole process
@@ -188,6 +193,11 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
             "seccomp": seccomp_profile()
         }
     })
+}
+
+/// Socket buffer memory a sandbox may hold on cgroup v1 (see base_config).
+pub fn tcp_limit(memory: u64) -> u64 {
+    (memory / 4).max(4 << 20)
 }
 
 /// /dev/null, zero, full, random, urandom, tty, ptmx and pts: the devices
@@ -257,6 +267,7 @@ mod tests {
         let c = sandbox_config(500, 1 << 30);
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["linux"]["resources"]["memory"]["kernelTCP"], 16 << 20);
         assert_eq!(c["linux"]["resources"]["unified"]["memory.oom.group"], "1");
         assert_eq!(c["hostname"], "sbx-1");
         assert_eq!(c["process"]["noNewPrivileges"], true);

@@ -28,6 +28,8 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             anyhow::bail!("{name} {m}: a margin is a factor between 1 and 10 (requests below the observed peak would starve or OOM)");
         }
     }
+    // Raised first: the limits below are shares of it.
+    let nofile = warren_runtime::host_tables::raise_nofile();
     let defaults = warren_node::NodeSettings::default();
     let settings = warren_node::NodeSettings {
         cpu_overcommit: args.cpu_overcommit,
@@ -48,7 +50,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .transpose()
             .context("--disk-floor")?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
-        egress: egress_settings(&args)?,
+        egress: egress_settings(&args, nofile)?,
         image_budget: args
             .image_budget
             .as_deref()
@@ -69,7 +71,6 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             ..Default::default()
         },
     };
-    let nofile = warren_runtime::host_tables::raise_nofile();
     let (up, router) = warren_control::start(&cfg)
         .await
         .map_err(anyhow::Error::msg)?;
@@ -130,7 +131,7 @@ async fn first_signal() {
     }
 }
 
-fn egress_settings(args: &UpArgs) -> Result<warren_net::Settings> {
+fn egress_settings(args: &UpArgs, nofile: u64) -> Result<warren_net::Settings> {
     let mut resolve = std::collections::HashMap::new();
     for entry in &args.net_resolve {
         let (name, ips) = entry.split_once('=').with_context(|| {
@@ -167,7 +168,9 @@ fn egress_settings(args: &UpArgs) -> Result<warren_net::Settings> {
             max_conns: args.net_max_conns,
             bytes_per_sec,
         },
-        node_max_conns: args.net_node_max_conns,
+        // Two descriptors per proxied connection, within a quarter of the
+        // daemon's limit (the API's connections take another quarter).
+        node_max_conns: args.net_node_max_conns.min((nofile / 8).max(64) as usize),
         ..Default::default()
     })
 }

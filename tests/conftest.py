@@ -141,6 +141,12 @@ def own_daemon(images, args=(), env=None, preexec=None):
         w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
         yield w
     finally:
+        if w.proc.poll() is not None:
+            # A test that crashed the daemon and failed before restarting
+            # it: a start takes its sandboxes over, and the stop removes them.
+            w.extra_env = {}
+            with contextlib.suppress(Exception):
+                w.start()
         w.stop()
         shutil.rmtree(base, ignore_errors=True)
 

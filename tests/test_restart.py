@@ -101,7 +101,7 @@ def test_a_crash_between_pause_and_its_record_is_undone(images):
             (d[0] / "freezer.state").write_text("FROZEN")
         else:
             (Path("/sys/fs/cgroup/warren") / sid / "cgroup.freeze").write_text("1")
-        assert frozen(sid)
+        wait_until(lambda: frozen(sid), 5, what="the freeze")
         assert restart(w) < 2.0
         assert state(w, sid)["state"] == "running" and not frozen(sid)
         assert sh_ok(w, sid, "echo ok") == "ok\n"

@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::str::FromStr;
 
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +81,20 @@ impl Store {
         })
     }
 
+    /// Starts a write: `BEGIN IMMEDIATE` on a connection of its own (the
+    /// write lock is taken at once, so two writers never deadlock upgrading
+    /// a read lock, which SQLite's busy timeout does not wait out).
+    async fn begin_write(&self) -> Result<WriteTx, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            // Nothing is open on it; but a connection that fails to begin
+            // may hold state from a failure before, so it goes too.
+            drop(conn.detach());
+            return Err(e.into());
+        }
+        Ok(WriteTx { conn: Some(conn) })
+    }
+
     /// Changes after every event written.
     pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
         self.events_written.subscribe()
@@ -94,7 +109,7 @@ impl Store {
         row: &SandboxRow,
         request_id: Option<&str>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -108,10 +123,10 @@ impl Store {
         .bind(&row.image_digest)
         .bind(request_id)
         .bind(&row.created_at)
-        .execute(&mut *tx)
+        .execute(tx.conn())
         .await?;
         insert_event(
-            &mut tx,
+            tx.conn(),
             &row.created_at,
             &row.id,
             Some(row.state),
@@ -132,7 +147,7 @@ impl Store {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "UPDATE sandboxes SET state = ?, reason = ?,
                 pid = COALESCE(?, pid),
@@ -152,20 +167,22 @@ impl Store {
         .bind(t.expires_boot_ms)
         .bind(t.grace)
         .bind(id)
-        .execute(&mut *tx)
+        .execute(tx.conn())
         .await?;
-        insert_event(&mut tx, time, id, Some(state), reason, t.message).await?;
+        insert_event(tx.conn(), time, id, Some(state), reason, t.message).await?;
         tx.commit().await?;
         self.wrote_event();
         Ok(())
     }
 
     pub async fn set_expiry(&self, id: &str, expires_boot_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("UPDATE sandboxes SET expires_boot_ms = ? WHERE id = ?")
             .bind(expires_boot_ms)
             .bind(id)
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -179,24 +196,26 @@ impl Store {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query("UPDATE sandboxes SET spec = ? WHERE id = ?")
             .bind(json(spec))
             .bind(id)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
-        insert_event(&mut tx, time, id, None, reason, message).await?;
+        insert_event(tx.conn(), time, id, None, reason, message).await?;
         tx.commit().await?;
         self.wrote_event();
         Ok(())
     }
 
     pub async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("UPDATE sandboxes SET exit_code = ? WHERE id = ?")
             .bind(code)
             .bind(id)
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -258,19 +277,19 @@ impl Store {
         for r in &rows {
             let Err(e) = decode(r) else { continue };
             let id: String = r.try_get("id")?;
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin_write().await?;
             sqlx::query(
                 "UPDATE sandboxes SET state = 'failed', reason = ?, finished_at = ? WHERE id = ?",
             )
             .bind(warren_core::state::reason::CORRUPT_RECORD)
             .bind(time)
             .bind(&id)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
             let message = format!("its record could not be read ({e}); its sandbox was removed");
             let why = warren_core::state::reason::CORRUPT_RECORD;
             insert_event(
-                &mut tx,
+                tx.conn(),
                 time,
                 &id,
                 Some(SandboxState::Failed),
@@ -327,8 +346,51 @@ impl Store {
     }
 }
 
+/// One write transaction. Committed, its connection goes back to the pool;
+/// dropped or failed at any point, its connection is closed instead (SQLite
+/// rolls back what is open when it closes). A connection whose commit or
+/// rollback failed is in a state nobody can vouch for: sqlx kept such
+/// connections (with a transaction still open and the write lock held),
+/// and every later write waited on it or, worse, was answered as committed
+/// while nothing was (the store made read-only for two seconds by the
+/// fault-injection suite).
+struct WriteTx {
+    conn: Option<PoolConnection<Sqlite>>,
+}
+
+impl WriteTx {
+    fn conn(&mut self) -> &mut SqliteConnection {
+        // Always Some until commit or drop consumes it.
+        self.conn
+            .as_deref_mut()
+            .expect("write transaction already finished")
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        match sqlx::query("COMMIT").execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                drop(conn.detach());
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(conn.detach());
+        }
+    }
+}
+
 async fn insert_event(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    conn: &mut SqliteConnection,
     time: &str,
     id: &str,
     state: Option<SandboxState>,
@@ -341,7 +403,7 @@ async fn insert_event(
         .bind(state.map(|s| s.as_str()))
         .bind(reason)
         .bind(message)
-        .execute(&mut **tx)
+        .execute(conn)
         .await?;
     Ok(())
 }
@@ -394,6 +456,7 @@ pub struct BatchRow {
 
 impl Store {
     pub async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom) VALUES (?, ?, ?, ?, ?, ?)",
         )
@@ -403,17 +466,20 @@ impl Store {
         .bind(json(&b.labels))
         .bind(&b.created_at)
         .bind(b.retry_on_oom)
-        .execute(&self.pool)
+        .execute(tx.conn())
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 
     pub async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("UPDATE batches SET deleted_at = COALESCE(deleted_at, ?) WHERE id = ?")
             .bind(time)
             .bind(id)
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -488,6 +554,7 @@ impl Store {
         p: &warren_core::profile::Profile,
         time: &str,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO profiles (name, body, updated_at) VALUES (?, ?, ?)
              ON CONFLICT(name) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
@@ -495,8 +562,9 @@ impl Store {
         .bind(&p.name)
         .bind(json(p))
         .bind(time)
-        .execute(&self.pool)
+        .execute(tx.conn())
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -508,6 +576,7 @@ impl Store {
         run: &warren_core::profile::Run,
         time: &str,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
         let r = sqlx::query(
             "INSERT OR IGNORE INTO profile_runs (profile, sandbox_id, body, finished_at) VALUES (?, ?, ?, ?)",
         )
@@ -515,8 +584,9 @@ impl Store {
         .bind(sandbox_id)
         .bind(json(run))
         .bind(time)
-        .execute(&self.pool)
+        .execute(tx.conn())
         .await?;
+        tx.commit().await?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -546,10 +616,12 @@ impl Store {
     }
 
     pub async fn delete_runs(&self, profile: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("DELETE FROM profile_runs WHERE profile = ?")
             .bind(profile)
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 }
@@ -564,12 +636,14 @@ impl Store {
         message: &str,
         time: &str,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'profile', NULL, 'profile_anomalous', ?)")
             .bind(time)
             .bind(sandbox_id)
             .bind(format!("profile {profile}: {message}"))
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         self.wrote_event();
         Ok(())
     }
@@ -583,12 +657,14 @@ impl Store {
         message: &str,
         time: &str,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
         sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, '', 'node', NULL, ?, ?)")
             .bind(time)
             .bind(reason)
             .bind(message)
-            .execute(&self.pool)
+            .execute(tx.conn())
             .await?;
+        tx.commit().await?;
         self.wrote_event();
         Ok(())
     }

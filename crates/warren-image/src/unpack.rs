@@ -61,7 +61,9 @@ pub(crate) fn unpack_layer<R: Read>(
         dest,
         what,
         size: 0,
-        unchecked: 0,
+        // Checked at the first byte written: a disk already short of room
+        // must not wait 64 MiB to say so.
+        unchecked: ROOM_CHECK_EVERY,
         dir_times: Vec::new(),
     };
     {

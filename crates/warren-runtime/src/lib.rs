@@ -241,8 +241,9 @@ impl Runtime {
                 }
             }
             // Given back only once nothing of the sandbox is left to own.
-            if let Some(ids) = ids {
-                userns::release(&dir, ids);
+            match ids {
+                Some(ids) => userns::release(&dir, ids),
+                None => userns::release_unrecorded(&dir),
             }
             Ok(())
         })

@@ -149,6 +149,22 @@ pub fn release(dir: &Path, range: IdRange) {
     }
 }
 
+/// Gives back whatever range names `dir`, found by looking at every claim:
+/// for a sandbox whose record of its range is gone (a destroy that crashed
+/// while removing its directory, or a create that crashed between the
+/// claim and the record).
+pub fn release_unrecorded(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(SLOT_DIR) else {
+        return;
+    };
+    let owner = dir.as_os_str().as_bytes();
+    for e in entries.flatten() {
+        if std::fs::read(e.path()).is_ok_and(|o| o == owner) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Removes slots that name a directory under `sandboxes` that is gone:
 /// ranges a crashed daemon of this home never gave back.
 pub fn sweep(sandboxes: &Path) {

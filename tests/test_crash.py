@@ -12,7 +12,7 @@ import pytest
 from conftest import own_daemon
 from helpers import host_traces
 
-CREATE_POINTS = ["create:prepared", "create:spawned", "create:recorded"]
+CREATE_POINTS = ["create:claimed", "create:prepared", "create:spawned", "create:recorded"]
 DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups"]
 
 
@@ -56,6 +56,11 @@ def test_crash_during_create_leaves_all_or_nothing(crashing, point):
         assert host_traces(w, row["id"]) == []
     # Nothing without a record either: the sweep removed it.
     assert host_sandbox_ids(w) - before == set()
+    # No uid range is claimed for a sandbox directory of this home that is gone.
+    for claim in Path("/run/warren/uids").iterdir():
+        owner = Path(claim.read_text())
+        if owner.parent == w.home / "sandboxes":
+            assert owner.exists(), f"{claim} still claims the range of {owner}"
     # The node is usable and its capacity was given back.
     sid = w.create(cpu=0.1, memory="32M")["id"]
     w.destroy(sid)

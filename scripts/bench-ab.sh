@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What a change costs: the release build of an earlier revision (A) and of
+# the working tree (B) side by side, two `warren up`s measured by `warren
+# bench` in alternating rounds so both see the same machine load. Prints
+# Markdown for docs/benchmarks.md.
+#   Usage: scripts/bench-ab.sh REV [ITERATIONS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rev=${1:?give the revision to compare against, e.g. HEAD~3}
+n=${2:-200}
+rounds=${3:-3}
+scripts/install-deps.sh
+work=$(mktemp -d /tmp/warren-bench-ab.XXXXXX)
+pids=()
+cleanup() {
+    for side in a b; do
+        [ -x "$work/$side/warren" ] || continue
+        WARREN_URL=$(cat "$work/$side.url" 2>/dev/null || true) WARREN_HOME=$work/$side/home \
+            "$work/$side/warren" ps --json 2>/dev/null | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)]' \
+            | WARREN_URL=$(cat "$work/$side.url" 2>/dev/null || true) WARREN_HOME=$work/$side/home xargs -r "$work/$side/warren" rm >/dev/null 2>&1 || true
+    done
+    for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
+    git worktree remove --force "$work/tree" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/a" "$work/b"
+# A: the earlier revision, built in a worktree with a target directory of
+# its own (kept between runs, so a second comparison builds incrementally).
+git worktree add --detach "$work/tree" "$rev" >/dev/null
+(cd "$work/tree" && CARGO_TARGET_DIR=/var/tmp/warren-bench-ab-target cargo build --release -p warren)
+cp /var/tmp/warren-bench-ab-target/release/warren "$work/a/warren"
+cargo build --release -p warren
+cp target/release/warren "$work/b/warren"
+scripts/make-busybox-image.sh "$work/busybox.tar" >/dev/null
+port=7093
+for side in a b; do
+    mkdir -p "$work/$side/home"
+    "$work/$side/warren" up --home "$work/$side/home" --listen 127.0.0.1:$port --cpu-overcommit 256 2>"$work/$side.log" &
+    pids+=($!)
+    echo "http://127.0.0.1:$port" > "$work/$side.url"
+    for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" | grep -q ok && break; sleep 0.1; done
+    WARREN_URL=http://127.0.0.1:$port WARREN_HOME=$work/$side/home "$work/$side/warren" image import "$work/busybox.tar" --name busybox:latest >/dev/null
+    port=$((port + 1))
+done
+for r in $(seq "$rounds"); do
+    for side in a b; do
+        WARREN_URL=$(cat "$work/$side.url") WARREN_HOME=$work/$side/home \
+            "$work/$side/warren" bench --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$side.$r.json"
+    done
+done
+python3 - "$work" "$rounds" "$n" "$rev" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+work, rounds, n, rev = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def p50s(side, key):
+    vals = []
+    for r in range(1, rounds + 1):
+        for m in json.loads((work / f"{side}.{r}.json").read_text()):
+            if m["name"] == key and m.get("p50_ms") is not None:
+                vals.append(m["p50_ms"])
+    return vals
+keys = [m["name"] for m in json.loads((work / "a.1.json").read_text())]
+print(f"| measurement | {rev} p50 ms | working tree p50 ms | difference ms |")
+print("|---|---:|---:|---:|")
+for key in keys:
+    va, vb = p50s("a", key), p50s("b", key)
+    if va and vb:
+        ma, mb = statistics.median(va), statistics.median(vb)
+        print(f"| {key} | {ma:.2f} | {mb:.2f} | {mb - ma:+.2f} |")
+print()
+print(f"Median of {rounds} alternating rounds of {n} iterations each.")
+PY

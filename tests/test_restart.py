@@ -6,6 +6,7 @@ answers at once and takes each of them over as it was."""
 import json
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -169,3 +170,31 @@ def test_a_restart_with_many_sandboxes_answers_within_two_seconds(images):
         assert sum(s["state"] == "paused" for s in live) == len(ids[::5])
         for sid in ids:
             w.destroy(sid)
+
+
+def test_an_exec_cgroup_a_crash_left_frozen_does_not_wedge_the_sandbox(images):
+    """Found by the fault-injection suite: the daemon was killed while it
+    killed an exec (its cgroup frozen, not yet thawed); exec ids started
+    again from zero after the restart, a new exec reused that frozen cgroup,
+    its shim froze there, and the sandbox's init, waiting for it, stopped
+    answering every later exec."""
+    with own_daemon(images) as w:
+        sid = w.create(cpu=0.1, memory="32M")["id"]
+        streaming = threading.Thread(target=lambda: w.exec(sid, ["sleep", "1000"], client=w.client()), daemon=True)
+        streaming.start()
+        cg = wait_until(lambda: next(iter(Path("/sys/fs/cgroup/freezer/warren", sid).glob("ex-*")), None)
+                        if Path("/sys/fs/cgroup/freezer/warren").exists()
+                        else next(iter(Path("/sys/fs/cgroup/warren", sid).glob("ex-*")), None), 5, what="the exec's cgroup")
+        if (cg / "freezer.state").exists():
+            (cg / "freezer.state").write_text("FROZEN")
+        else:
+            (cg / "cgroup.freeze").write_text("1")
+        crash(w)
+        assert restart(w) < 2.0
+        t = time.time()
+        for _ in range(3):
+            assert sh_ok(w, sid, "echo ok") == "ok\n"
+        assert time.time() - t < 5
+        assert not cg.exists(), "the interrupted kill was finished and its cgroup removed"
+        w.destroy(sid)
+        assert host_traces(w, sid) == []

@@ -832,32 +832,37 @@ impl Control {
     /// One sandbox at start-up.
     async fn recover_one(self: &Arc<Self>, row: &SandboxRow) -> Result<(), ApiError> {
         let now = now_rfc3339();
-        let done = |message: &'static str| Transition {
-            finished_at: Some(&now),
-            message,
-            ..Default::default()
-        };
+        // Removing what is left of a sandbox can take seconds (processes
+        // that die slowly); it runs beside the API, under the sandbox's lock.
         match row.state {
             SandboxState::Creating => {
-                let _ = self.node.destroy(&row.id).await;
-                let t = done("the daemon stopped while creating it; its remains were removed");
-                self.store
-                    .transition(
-                        &row.id,
-                        SandboxState::Failed,
-                        reason::CREATE_FAILED,
-                        &now,
-                        t,
-                    )
-                    .await?;
+                let (this, id) = (self.clone(), row.id.clone());
+                tokio::spawn(async move {
+                    let _one = this.sandbox_locks.lock(&id).await;
+                    let _ = this.node.destroy(&id).await;
+                    let now = now_rfc3339();
+                    let t = Transition {
+                        finished_at: Some(&now),
+                        message: "the daemon stopped while creating it; its remains were removed",
+                        ..Default::default()
+                    };
+                    let failed = SandboxState::Failed;
+                    let why = reason::CREATE_FAILED;
+                    if let Err(e) = this.store.transition(&id, failed, why, &now, t).await {
+                        tracing::warn!(sandbox = %id, error = %e, "recording an interrupted create");
+                    }
+                });
                 return Ok(());
             }
             SandboxState::Stopping if !row.grace => {
-                self.node.destroy(&row.id).await.map_err(node_error)?;
-                let t = done("destroy finished after a daemon restart");
-                self.store
-                    .transition(&row.id, SandboxState::Destroyed, &row.reason, &now, t)
-                    .await?;
+                // Failures stay `stopping` and are retried (reconcile).
+                let (this, id, why) = (self.clone(), row.id.clone(), row.reason.clone());
+                tokio::spawn(async move {
+                    let _one = this.sandbox_locks.lock(&id).await;
+                    if let Err(e) = this.destroy_locked(&id, &why).await {
+                        tracing::warn!(sandbox = %id, error = %e.message, "finishing a destroy");
+                    }
+                });
                 return Ok(());
             }
             _ => {}
@@ -893,7 +898,6 @@ impl Control {
                 Ok(())
             }
             Err(e) => {
-                let _ = self.node.destroy(&row.id).await;
                 let message = format!("its processes were gone after a daemon restart ({e})");
                 let t = Transition {
                     finished_at: Some(&now),
@@ -903,6 +907,14 @@ impl Control {
                 self.store
                     .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
                     .await?;
+                // Its remains go beside the API; what a failure leaves is an
+                // orphan (its record is final) for the next start's sweep.
+                let (this, id) = (self.clone(), row.id.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = this.node.destroy(&id).await {
+                        tracing::warn!(sandbox = %id, error = %e, "removing a lost sandbox's remains");
+                    }
+                });
                 Ok(())
             }
         }

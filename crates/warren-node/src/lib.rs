@@ -307,7 +307,11 @@ impl Node {
             disk_floor: cfg.settings.disk_floor,
             disk_pressure: AtomicBool::new(false),
             events: tx,
-            exec_seq: AtomicU64::new(0),
+            // Exec ids name cgroups that can outlive a daemon (an exec left
+            // running, or one a crash interrupted while it was being
+            // killed): they must never repeat, so they count on from the
+            // boot clock, not from zero at every start.
+            exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
             egress: warren_net::Egress::new(cap.egress.clone()),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
@@ -645,11 +649,20 @@ impl Node {
         port: u16,
     ) -> Result<tokio::net::TcpStream, NodeError> {
         let live = self.get(id)?;
-        warren_net::connect_in(live.pid, port).await.map_err(|e| {
-            NodeError::Conflict(format!(
-                "nothing accepts connections on port {port} in sandbox {id}: {e}"
-            ))
-        })
+        // A frozen sandbox with a full listen backlog would hold the
+        // connect forever.
+        let connect = warren_net::connect_in(live.pid, port);
+        match tokio::time::timeout(warren_runtime::exec::INIT_DEADLINE, connect).await {
+            Ok(r) => r.map_err(|e| {
+                NodeError::Conflict(format!(
+                    "nothing accepts connections on port {port} in sandbox {id}: {e}"
+                ))
+            }),
+            Err(_) => Err(NodeError::Conflict(format!(
+                "port {port} in sandbox {id} did not accept the connection within {}s (is the sandbox paused?)",
+                warren_runtime::exec::INIT_DEADLINE.as_secs()
+            ))),
+        }
     }
 
     /// Takes over a sandbox that outlived a daemon restart: its init must
@@ -689,8 +702,13 @@ impl Node {
         let lifetime = lifetime::Lifetime::new(a.ttl_remaining, a.lease);
         self.admission.hold(id, need_of(a.resources));
         let live = self.register(id, a.pid, a.spec, a.resources, a.image, log, lifetime);
-        // Execs that were running died with their streams; their cgroups go.
-        warren_runtime::exec_cgroup::remove_empty(&cgroup_path);
+        // Execs that were running died with their streams (their cgroups
+        // go), and a kill the crash interrupted is finished.
+        let path = cgroup_path.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            warren_runtime::exec_cgroup::settle(&path);
+        })
+        .await;
         if a.spec.cmd.is_some() && a.main {
             if a.frozen {
                 live.main_detached.store(true, Ordering::Release);

@@ -64,8 +64,12 @@ pub fn owner(file_name: &str) -> Option<&str> {
 impl SandboxLog {
     pub fn open(dir: &Path, id: &str, max: u64) -> std::io::Result<SandboxLog> {
         let [_, path] = files(dir, id);
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        let size = file.metadata()?.len();
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&path)?;
+        let size = drop_torn_line(&file)?;
         Ok(SandboxLog {
             id: id.to_string(),
             path,
@@ -160,6 +164,38 @@ impl SandboxLog {
             }
         }
         self.write(line);
+    }
+}
+
+/// A daemon killed while it wrote a line can leave part of it (the kernel
+/// stops a write between pages for a fatal signal); the next line would be
+/// glued to it. The part is cut off, back to the last whole line: it is the
+/// output in flight at the crash (docs/reliability.md). Returns the size.
+fn drop_torn_line(file: &File) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let size = file.metadata()?.len();
+    if size == 0 {
+        return Ok(0);
+    }
+    let mut end = size;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.read_exact_at(chunk, start)?;
+        if end == size && chunk.last() == Some(&b'\n') {
+            return Ok(size);
+        }
+        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+            let whole = start + i as u64 + 1;
+            file.set_len(whole)?;
+            return Ok(whole);
+        }
+        if start == 0 {
+            file.set_len(0)?;
+            return Ok(0);
+        }
+        end = start;
     }
 }
 
@@ -342,6 +378,23 @@ mod tests {
             lines(dir.path(), "sbx-a").last().expect("line")["text"],
             "hello\tworld\n"
         );
+    }
+
+    // Found by the fault-injection suite: a daemon killed mid-write left half
+    // a line, and the next daemon's first line was glued to it.
+    #[test]
+    fn a_torn_last_line_is_cut_off_when_the_log_is_opened_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sbx-c.jsonl");
+        std::fs::write(&path, "{\"kind\":\"event\"}\n{\"kind\":\"stdo").expect("write");
+        let log = SandboxLog::open(dir.path(), "sbx-c", 1 << 20).expect("open");
+        log.event("running", "adopted", "");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for l in lines {
+            serde_json::from_str::<Value>(l).expect("every line is JSON");
+        }
     }
 
     #[tokio::test]

@@ -50,16 +50,11 @@ impl ExecCgroup {
     /// `cgroup.procs` for the shim to write itself into.
     pub fn create(sandbox_cgroup: &str, name: &str) -> Result<(ExecCgroup, OwnedFd), RuntimeError> {
         let dir = tracking_dir(sandbox_cgroup).join(name);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => {
-                return Err(RuntimeError::Exec(format!(
-                    "create the exec's cgroup {}: {e}",
-                    dir.display()
-                )))
-            }
-        }
+        // Never an existing one: it may hold another exec's processes, or be
+        // frozen by a kill a crash interrupted (the shim would freeze in it).
+        std::fs::create_dir(&dir).map_err(|e| {
+            RuntimeError::Exec(format!("create the exec's cgroup {}: {e}", dir.display()))
+        })?;
         let procs = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_CLOEXEC)
@@ -163,15 +158,30 @@ pub fn remove_all(sandbox_cgroup: &str) {
     }
 }
 
-/// Removes the exec cgroups of a sandbox that nothing runs in any more
-/// (after a restart: the execs that were running died with their streams).
-pub fn remove_empty(sandbox_cgroup: &str) {
+/// After a restart: finishes the kills a crash interrupted (an exec cgroup
+/// left frozen was being killed), and removes the exec cgroups nothing runs
+/// in any more (the execs that were running died with their streams).
+pub fn settle(sandbox_cgroup: &str) {
     let Ok(entries) = std::fs::read_dir(tracking_dir(sandbox_cgroup)) else {
         return;
     };
     for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            let _ = std::fs::remove_dir(e.path());
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
         }
+        let dir = e.path();
+        if self_frozen(&dir) {
+            kill_dir(&dir, Duration::from_secs(5));
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
+/// Whether the cgroup itself was asked to freeze (not only its parent).
+fn self_frozen(dir: &Path) -> bool {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
+    match read("cgroup.freeze") {
+        Ok(v) => v == "1",
+        Err(_) => read("freezer.self_freezing").is_ok_and(|v| v == "1"),
     }
 }

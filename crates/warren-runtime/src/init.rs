@@ -409,15 +409,31 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd], cgroup: Option<&OwnedFd>) -> Result<S
         }
         Ok(ForkResult::Parent { child: shim }) => {
             drop((err_w, pid_w));
+            // Init serves every exec of the sandbox: it never waits on one
+            // longer than START_DEADLINE (a shim or command that cannot run,
+            // e.g. frozen by its cgroup, is given up and killed).
+            let given_up = |what: &str| {
+                exec_tree::kill_tree(shim.as_raw());
+                let _ = nix::sys::signal::kill(shim, Signal::SIGKILL);
+                fail(
+                    format!(
+                        "the command did not {what} within {}s",
+                        START_DEADLINE.as_secs()
+                    ),
+                    126,
+                )
+            };
             let mut pid = [0u8; 4];
-            if std::fs::File::from(pid_r).read_exact(&mut pid).is_err() {
-                return Err(fail("fork failed in the exec's shim".into(), 126));
+            match read_within(pid_r, &mut pid) {
+                Some(4) => {}
+                Some(_) => return Err(fail("fork failed in the exec's shim".into(), 126)),
+                None => return Err(given_up("start")),
             }
             let pid = i32::from_le_bytes(pid);
             let mut buf = [0u8; 4];
-            let mut reader = std::fs::File::from(err_r);
-            match reader.read(&mut buf) {
-                Ok(4) => {
+            match read_within(err_r, &mut buf) {
+                None => Err(given_up("start its program")),
+                Some(4) => {
                     let errno = Errno::from_raw(i32::from_le_bytes(buf));
                     let code = if matches!(errno, Errno::ENOENT) {
                         127
@@ -431,13 +447,42 @@ fn spawn(spec: &ExecSpec, fds: &[OwnedFd], cgroup: Option<&OwnedFd>) -> Result<S
                         code,
                     ))
                 }
-                _ => Ok(Spawned {
+                Some(_) => Ok(Spawned {
                     shim: shim.as_raw(),
                     pid,
                 }),
             }
         }
     }
+}
+
+/// How long init waits for an exec's shim and command to start.
+const START_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Reads what the pipe gives until it is full or closed, for at most
+/// START_DEADLINE; None when the time ran out.
+fn read_within(fd: OwnedFd, buf: &mut [u8]) -> Option<usize> {
+    let deadline = std::time::Instant::now() + START_DEADLINE;
+    let mut file = std::fs::File::from(fd);
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => return Some(got),
+        }
+        match file.read(&mut buf[got..]) {
+            Ok(0) => return Some(got),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(got),
+        }
+    }
+    Some(got)
 }
 
 /// Runs in the forked child; returns only on failure, with the errno.

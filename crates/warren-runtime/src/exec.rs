@@ -24,7 +24,7 @@ async fn within<T>(
     match tokio::time::timeout(INIT_DEADLINE, fut).await {
         Ok(r) => r,
         Err(_) => Err(RuntimeError::Unresponsive(format!(
-            "the sandbox's init did not {what} within {}s (is the sandbox paused, or the host overloaded?)",
+            "the sandbox's init did not {what} within {}s (is the sandbox paused, starved at its own CPU or memory limit, or the host overloaded?)",
             INIT_DEADLINE.as_secs()
         ))),
     }

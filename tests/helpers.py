@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -144,6 +145,19 @@ def sandbox_init_host_pid(sid):
             roots.append(p)
     assert len(roots) == 1, f"expected one PID 1 for {sid}, got {roots} of {pids}"
     return roots[0]
+
+
+def crash(warren):
+    """kill -9 of the daemon, as a crash would."""
+    warren.proc.send_signal(signal.SIGKILL)
+    warren.proc.wait()
+
+
+def restart(warren):
+    """Starts the daemon again; returns the seconds until it answered `ok`."""
+    t = time.time()
+    warren.start()
+    return time.time() - t
 
 
 def daemon_family(warren):

@@ -13,24 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import own_daemon
-from helpers import host_traces, sandbox_init_host_pid
+from helpers import crash, host_traces, restart, sandbox_init_host_pid
 
 
 @pytest.fixture
 def own_warren(images):
     with own_daemon(images) as w:
         yield w
-
-
-def crash(w):
-    w.proc.send_signal(signal.SIGKILL)
-    w.proc.wait()
-
-
-def restart(w):
-    t = time.time()
-    w.start()
-    return time.time() - t
 
 
 def info(w, sid):

@@ -4,27 +4,15 @@ OOM, in a `delay` grace period, queued for capacity), and a restart that
 answers at once and takes each of them over as it was."""
 
 import json
-import signal
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
 from conftest import own_daemon
-from helpers import cgroup_read, host_traces, sh_ok, wait_until
+from helpers import cgroup_read, crash, host_traces, restart, sh_ok, wait_until
 
 OOM = ["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"]
-
-
-def crash(w):
-    w.proc.send_signal(signal.SIGKILL)
-    w.proc.wait()
-
-
-def restart(w):
-    t = time.time()
-    w.start()
-    return time.time() - t
 
 
 def state(w, sid):

@@ -717,6 +717,19 @@ mod tests {
         assert_eq!(names(dir.path()), ["x"]);
     }
 
+    /// (name, contents) of every entry of a tar archive.
+    fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let mut archive = tar::Archive::new(archive);
+        let mut got = Vec::new();
+        for e in archive.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).expect("read");
+            got.push((e.path().expect("path").display().to_string(), data));
+        }
+        got
+    }
+
     // Found by a hostile run: a file that shrank while a directory download
     // read it left its header's size unfilled, and the next file's bytes
     // (forged tar headers) became entries of the archive.
@@ -756,14 +769,10 @@ mod tests {
             append_file(&mut b, next, &st, Path::new("b")).expect("append");
             b.finish().expect("finish");
         }
-        let mut archive = tar::Archive::new(&out[..]);
-        let mut got = Vec::new();
-        for e in archive.entries().expect("entries") {
-            let mut e = e.expect("entry");
-            let mut data = Vec::new();
-            e.read_to_end(&mut data).expect("read");
-            got.push((e.path().expect("path").display().to_string(), data.len()));
-        }
+        let got: Vec<(String, usize)> = entries(&out)
+            .into_iter()
+            .map(|(name, data)| (name, data.len()))
+            .collect();
         let b_len = std::fs::metadata(dir.path().join("b")).expect("stat").len() as usize;
         assert_eq!(got, [("a".to_string(), 10_000), ("b".to_string(), b_len)]);
     }
@@ -776,16 +785,8 @@ mod tests {
         let root = root_of(dir.path());
         let mut out = Vec::new();
         pack_dir(root, &mut out).expect("pack");
-        let mut archive = tar::Archive::new(&out[..]);
-        let mut got = Vec::new();
-        for e in archive.entries().expect("entries") {
-            let mut e = e.expect("entry");
-            let mut data = Vec::new();
-            e.read_to_end(&mut data).expect("read");
-            got.push((e.path().expect("path").display().to_string(), data));
-        }
         assert_eq!(
-            got,
+            entries(&out),
             [
                 ("x".to_string(), b"xx".to_vec()),
                 ("y".to_string(), b"yyy".to_vec())

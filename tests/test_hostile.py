@@ -476,3 +476,27 @@ def test_a_second_signal_stops_at_once(images):
         w.start()
         # The next start finds the sandbox (adopted, or destroyed by the stop).
         assert state(w, sid)["state"] in ("running", "destroyed")
+
+
+def test_a_sandbox_thrashing_on_a_sliver_of_cpu_is_destroyed_at_once(warren):
+    """Found by the fault-injection suite: a sandbox at 0.05-0.1 of a core,
+    thrashing at its memory limit, took so long to let its processes exit
+    that removing its cgroup failed and DELETE answered 500. Its CPU quota
+    is lifted before it is killed now."""
+    hog = ["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a)"]
+    ids = [warren.create(cpu=0.05, memory="32M", cmd=hog, reclaim="keep")["id"] for _ in range(4)]
+    time.sleep(1)
+    out = {}
+
+    def delete(sid):
+        with warren.client() as c:
+            out[sid] = c.delete(f"/v1/sandboxes/{sid}")
+
+    threads = [threading.Thread(target=delete, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for sid in ids:
+        assert out[sid].status_code == 200, out[sid].text
+        assert host_traces(warren, sid) == []

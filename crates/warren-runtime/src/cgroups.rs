@@ -46,6 +46,7 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
     if !exists(cgroup_path) {
         return Ok(());
     }
+    unthrottle(cgroup_path);
     let m = manager(cgroup_path)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -63,8 +64,34 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    m.remove()
-        .map_err(|e| RuntimeError::Destroy(format!("remove cgroup {cgroup_path}: {e}")))
+    // A cgroup whose last processes are still exiting refuses rmdir for a
+    // moment (libcgroups gives up after about a third of a second).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match m.remove() {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(RuntimeError::Destroy(format!(
+                    "remove cgroup {cgroup_path}: {e}"
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Lifts the sandbox's CPU quota, when it is about to be destroyed: dying
+/// processes still need CPU time to exit, and a sandbox throttled at a
+/// fraction of a core (and busy reclaiming at its memory limit) takes
+/// seconds to empty its cgroup otherwise.
+pub fn unthrottle(cgroup_path: &str) {
+    let rel = cgroup_path.trim_start_matches('/');
+    let v2 = format!("/sys/fs/cgroup/{rel}/cpu.max");
+    if std::path::Path::new(&v2).exists() {
+        let _ = std::fs::write(v2, "max");
+    } else {
+        let _ = std::fs::write(format!("/sys/fs/cgroup/cpu/{rel}/cpu.cfs_quota_us"), "-1");
+    }
 }
 
 /// One cheap reading of a sandbox's cgroup: a handful of small files,

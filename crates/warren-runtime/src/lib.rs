@@ -457,9 +457,11 @@ fn remove_container(
     state: &Path,
     cgroup_path: &str,
 ) -> Result<(), RuntimeError> {
-    // Frozen processes (a kept or paused sandbox) cannot act on SIGKILL.
+    // Frozen processes (a kept or paused sandbox) cannot act on SIGKILL,
+    // and throttled ones take long to exit.
     if cgroups::exists(cgroup_path) {
         let _ = cgroups::freeze(cgroup_path, false);
+        cgroups::unthrottle(cgroup_path);
     }
     if let Some(pid) = init_pid {
         kill_init(pid, cgroup_path);

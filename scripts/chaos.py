@@ -346,7 +346,9 @@ class Daemon:
             t0 = time.monotonic()
             self.proc = subprocess.Popen(
                 [str(self.binary), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}",
-                 "--cpu-overcommit", "64"],
+                 "--cpu-overcommit", "64",
+                 # scripts/test.sh's second pass: the node driven over HTTP.
+                 *os.environ.get("WARREN_TEST_UP_ARGS", "").split()],
                 stdout=logf,
                 stderr=logf,
                 stdin=subprocess.DEVNULL,

@@ -15,3 +15,6 @@ cargo test --workspace
 # crash, once (open-ended fuzzing is `scripts/fuzz.sh explore`, outside CI).
 scripts/fuzz.sh replay
 python3 -m pytest -q tests "$@"
+# Again, with every daemon's control plane driving its node through the
+# node API over loopback HTTP, as a cluster's control plane does.
+WARREN_TEST_UP_ARGS="--node-transport http" python3 -m pytest -q tests "$@"

@@ -25,6 +25,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Flags every daemon of the run gets: the second pass of scripts/test.sh
+# runs the suite with the control plane driving its node over HTTP.
+UP_ARGS = os.environ.get("WARREN_TEST_UP_ARGS", "").split()
+
+
 class Warren:
     def __init__(self, home: Path, port: int, extra_args=(), extra_env=None, preexec=None):
         self.extra_args = list(extra_args)
@@ -39,7 +44,8 @@ class Warren:
     def start(self):
         self.log = open(self.home.parent / f"warren-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
-            [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
+            [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}",
+             *UP_ARGS, *self.extra_args],
             stdout=self.log,
             stderr=self.log,
             env={**os.environ, **self.extra_env},

@@ -14,13 +14,13 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use utoipa::OpenApi;
+use warren_core::image_ref::registry_host;
 use warren_core::state::reason;
 use warren_core::{
     ApiError, BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
     SandboxState, Selector,
 };
-use warren_image::{ImageError, ImageRecord};
-use warren_runtime::files;
+use warren_node_api::{FileKind, PullUpdate, WriteFile};
 
 use crate::control::{node_error, Control};
 
@@ -54,24 +54,6 @@ impl IntoResponse for Failure {
 }
 
 pub(crate) type ApiResult<T> = Result<T, Failure>;
-
-pub fn image_error(e: ImageError) -> ApiError {
-    use warren_image::ErrorKind;
-    match e.kind() {
-        ErrorKind::NotFound if matches!(e, ImageError::RemoteNotFound(_)) => {
-            ApiError::not_found(e.to_string())
-        }
-        ErrorKind::NotFound => ApiError::not_found(format!(
-            "{e}; import it with `warren image import FILE.tar --name NAME:TAG` (see `warren image ls`)"
-        )),
-        ErrorKind::Invalid => ApiError::bad_request(e.to_string()),
-        ErrorKind::Conflict => ApiError::conflict(e.to_string()),
-        ErrorKind::Internal => ApiError::internal(e.to_string()),
-        ErrorKind::Upstream => {
-            ApiError::new(warren_core::ErrorCode::BadGateway, e.to_string())
-        }
-    }
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -322,23 +304,23 @@ async fn list_sandboxes(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/heartbeat", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 async fn heartbeat(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
     let row = st.control.get(&id).await?;
-    st.control.node.renew_lease(&id);
-    Ok(Json(st.control.info(row, false)))
+    st.control.touch(&id).await;
+    Ok(Json(st.control.info(row, false).await))
 }
 
 /// Freeze every process of a running sandbox (cgroup freezer).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let row = st.control.set_paused(&id, true).await?;
-    Ok(Json(st.control.info(row, false)))
+    Ok(Json(st.control.info(row, false).await))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let row = st.control.set_paused(&id, false).await?;
-    Ok(Json(st.control.info(row, false)))
+    Ok(Json(st.control.info(row, false).await))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -370,16 +352,17 @@ async fn set_ttl(
     st.control
         .node
         .set_ttl(&id, req.ttl.0)
+        .await
         .map_err(node_error)?;
-    st.control.node.renew_lease(&id);
-    Ok(Json(st.control.info(row, false)))
+    st.control.touch(&id).await;
+    Ok(Json(st.control.info(row, false).await))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let row = st.control.get(&id).await?;
-    let mut info = st.control.info(row, true);
+    let mut info = st.control.info(row, true).await;
     info.events = st
         .control
         .store
@@ -392,7 +375,7 @@ async fn get_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<Sa
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 async fn delete_sandbox(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
     let row = st.control.destroy(&id, reason::USER_DELETED).await?;
-    Ok(Json(st.control.info(row, false)))
+    Ok(Json(st.control.info(row, false).await))
 }
 
 /// Delete every live sandbox matching a label selector (required).
@@ -417,7 +400,7 @@ async fn delete_sandboxes(
         .map(|s| st.control.destroy(&s.id, reason::USER_DELETED));
     let mut out = Vec::new();
     for r in futures_util::future::join_all(deletes).await {
-        out.push(st.control.info(r?, false));
+        out.push(st.control.info(r?, false).await);
     }
     Ok(Json(out))
 }
@@ -427,14 +410,14 @@ async fn delete_sandboxes(
     responses((status = 200, body = ExecEvent, content_type = "application/x-ndjson"), (status = 409, body = ErrorBody)))]
 async fn exec(State(st): St, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let req: ExecRequest = parse_json(&body)?;
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let started = std::time::Instant::now();
-    let rx = st.control.exec(&id, &req).await?;
+    let events = st.control.exec(&id, &req).await?;
     st.control
         .metrics
         .exec_start_seconds
         .observe(started.elapsed().as_secs_f64());
-    Ok(ndjson(&st, tokio_stream::wrappers::ReceiverStream::new(rx)))
+    Ok(ndjson(&st, events))
 }
 
 #[derive(Deserialize)]
@@ -474,16 +457,17 @@ fn file_state_ok(state: SandboxState) -> bool {
     )
 }
 
-async fn sandbox_root(st: &AppState, id: &str) -> Result<std::os::fd::OwnedFd, ApiError> {
+/// A file call may go ahead: the sandbox exists and has files now.
+async fn file_access(st: &AppState, id: &str) -> Result<(), ApiError> {
     let row = st.control.get(id).await?;
-    st.control.node.renew_lease(id);
+    st.control.touch(id).await;
     if !file_state_ok(row.state) {
         return Err(ApiError::conflict(format!(
             "sandbox {id} is {}; files need a running or kept sandbox",
             row.state
         )));
     }
-    st.control.node.root(id).map_err(node_error)
+    Ok(())
 }
 
 /// Upload a file (raw body) or a directory (body is a tar archive, sent with
@@ -499,8 +483,8 @@ async fn put_file(
     body: Body,
 ) -> ApiResult<StatusCode> {
     exact_path(&uri)?;
-    let root = sandbox_root(&st, &id).await?;
-    let is_tar = headers
+    file_access(&st, &id).await?;
+    let tar = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         == Some("application/x-tar");
@@ -509,30 +493,22 @@ async fn put_file(
             .map_err(|_| ApiError::bad_request(format!("mode {m:?} must be octal, e.g. 0644")))?,
         None => 0o644,
     };
-    let stream = body
+    let body = body
         .into_data_stream()
-        .map(|r| r.map_err(std::io::Error::other));
-    let reader = tokio_util::io::StreamReader::new(stream);
-    let mut sync_reader = tokio_util::io::SyncIoBridge::new(reader);
-    let path = q.path.clone();
-    let written = tokio::task::spawn_blocking(move || {
-        if is_tar {
-            files::unpack_tar(&root, &path, &mut sync_reader).map(|_| ())
-        } else {
-            files::write_file(&root, &path, mode, &mut sync_reader).map(|_| ())
-        }
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?;
-    // The root stays reachable through its descriptor after a destroy, so
-    // a write can have failed in, or landed in, a sandbox that is gone.
-    if !st.control.node.is_live(&id) {
-        return Err(ApiError::conflict(format!(
-            "sandbox {id} was destroyed while the upload ran; nothing was kept"
-        ))
-        .into());
-    }
-    written.map_err(|e| node_error(e.into()))?;
+        .map(|r| {
+            r.map_err(|e| warren_node_api::NodeError::invalid(format!("upload interrupted: {e}")))
+        })
+        .boxed();
+    let req = WriteFile {
+        path: q.path,
+        mode,
+        tar,
+    };
+    st.control
+        .node
+        .write_file(&id, req, body)
+        .await
+        .map_err(node_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -546,41 +522,27 @@ async fn get_file(
     uri: axum::http::Uri,
 ) -> ApiResult<Response> {
     exact_path(&uri)?;
-    let root = sandbox_root(&st, &id).await?;
-    let path = q.path.clone();
-    let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
+    file_access(&st, &id).await?;
+    let read = st
+        .control
+        .node
+        .read_file(&id, &q.path)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| node_error(e.into()))?;
-    match entry {
-        files::Entry::File(f, size) => {
-            // The sandbox may write to the file meanwhile: never send more
-            // than the length announced (a file that shrinks ends the
-            // response early, which the client sees as an incomplete body).
-            use tokio::io::AsyncReadExt;
-            let file = tokio::fs::File::from_std(f).take(size);
-            let body = Body::from_stream(tokio_util::io::ReaderStream::new(file));
-            Ok((
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (header::CONTENT_LENGTH, size.to_string()),
-                ],
-                body,
-            )
-                .into_response())
-        }
-        files::Entry::Dir(dir) => {
-            let (reader, writer) = tokio::io::duplex(256 * 1024);
-            tokio::task::spawn_blocking(move || {
-                let mut w = tokio_util::io::SyncIoBridge::new(writer);
-                if let Err(e) = files::pack_dir(dir, &mut w) {
-                    tracing::warn!(error = %e, "packing directory");
-                }
-            });
-            let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
-            Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
-        }
-    }
+        .map_err(node_error)?;
+    let body = Body::from_stream(read.body.map(|r| r.map_err(std::io::Error::other)));
+    Ok(match read.kind {
+        // Never more than the length announced (a file that shrinks ends
+        // the response early, which the client sees as an incomplete body).
+        FileKind::File { size } => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::CONTENT_LENGTH, size.to_string()),
+            ],
+            body,
+        )
+            .into_response(),
+        FileKind::Dir => ([(header::CONTENT_TYPE, "application/x-tar")], body).into_response(),
+    })
 }
 
 #[derive(Deserialize)]
@@ -598,33 +560,13 @@ async fn logs(
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
     st.control.get(&id).await?;
-    if !st.control.node.has_log(&id) {
-        return Err(ApiError::not_found(format!(
-            "no log for sandbox {id} (logs are kept for the node's --log-retention)"
-        ))
-        .into());
-    }
-    let over = q.follow.unwrap_or(false).then(|| {
-        let (control, id) = (st.control.clone(), id.clone());
-        // Over once the sandbox has ended, or is frozen for keeps.
-        Box::new(move || {
-            let (control, id) = (control.clone(), id.clone());
-            Box::pin(async move {
-                control
-                    .get(&id)
-                    .await
-                    .map(|r| {
-                        !r.state.is_live()
-                            || matches!(r.state, SandboxState::Kept | SandboxState::Stopping)
-                    })
-                    .unwrap_or(true)
-            }) as futures_util::future::BoxFuture<'static, bool>
-        }) as Box<dyn FnMut() -> futures_util::future::BoxFuture<'static, bool> + Send>
-    });
     let stream = st
         .control
         .node
-        .log_stream(&id, over)
+        .logs(&id, q.follow.unwrap_or(false))
+        .await
+        .map_err(node_error)?
+        .map(|r| r.map_err(std::io::Error::other))
         .take_until(st.control.lifecycle.stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -636,21 +578,20 @@ async fn logs(
 #[derive(serde::Serialize, utoipa::ToSchema)]
 struct NodeInfo {
     name: String,
-    allocatable: warren_node::admission::Need,
-    allocated: warren_node::admission::Need,
+    allocatable: crate::admission::Need,
+    allocated: crate::admission::Need,
     queued: usize,
 }
 
 /// Nodes with their allocatable and allocated capacity and queue length.
 #[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeInfo])))]
 async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
-    let node = &st.control.node;
-    let (allocatable, allocated, queued) = node.capacity();
+    let admission = &st.control.admission;
     Json(vec![NodeInfo {
-        name: node.name().to_string(),
-        allocatable,
-        allocated,
-        queued,
+        name: st.control.node_name.clone(),
+        allocatable: admission.total(),
+        allocated: admission.used(),
+        queued: admission.queued(),
     }])
 }
 
@@ -722,7 +663,7 @@ async fn import_profiles(
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("the profile table must be UTF-8 TOML"))?;
     let profiles = crate::profiles::table::import(text).map_err(ApiError::bad_request)?;
-    let now = warren_node::clock::now_rfc3339();
+    let now = warren_core::clock::now_rfc3339();
     for p in &profiles {
         st.control
             .store
@@ -751,7 +692,17 @@ async fn logs_by_label(State(st): St, Query(q): Query<LabelQuery>) -> ApiResult<
     // Streamed line by line, never a whole log in memory.
     let node = st.control.node.clone();
     let stream = futures_util::stream::iter(st.control.list(&[], &sel).await?)
-        .flat_map(move |s| node.log_stream(&s.id, None))
+        .then(move |s| {
+            let node = node.clone();
+            async move {
+                // A sandbox whose log has expired has no lines to give.
+                node.logs(&s.id, false)
+                    .await
+                    .unwrap_or_else(|_| futures_util::stream::empty().boxed())
+            }
+        })
+        .flatten()
+        .map(|r| r.map_err(std::io::Error::other))
         .take_until(st.control.lifecycle.stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -908,13 +859,9 @@ async fn delete_batch(State(st): St, Path(id): Path<String>) -> ApiResult<Json<B
 }
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
-async fn list_images(State(st): St) -> ApiResult<Json<Vec<ImageRecord>>> {
-    let images = st.control.node.images();
-    let list = tokio::task::spawn_blocking(move || images.list())
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(image_error)?;
-    Ok(Json(list))
+async fn list_images(State(st): St) -> ApiResult<Json<Vec<serde_json::Value>>> {
+    let list = st.control.node.image_list().await.map_err(node_error)?;
+    Ok(Json(list.into_iter().map(|i| i.record).collect()))
 }
 
 /// Import an OCI image-layout or docker-archive tar sent as the body.
@@ -929,37 +876,19 @@ async fn import_image(
         .get("name")
         .cloned()
         .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
-    let tmp_dir = st.control.node.home().join("tmp");
-    tokio::fs::create_dir_all(&tmp_dir)
+    let archive = body
+        .into_data_stream()
+        .map(|r| {
+            r.map_err(|e| warren_node_api::NodeError::invalid(format!("upload interrupted: {e}")))
+        })
+        .boxed();
+    let image = st
+        .control
+        .node
+        .image_import(&name, archive)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let tmp = tmp_dir.join(format!("upload-{}.tar", rand::random::<u64>()));
-    let result = async {
-        let mut file = tokio::fs::File::create(&tmp)
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let mut stream = body.into_data_stream();
-        use tokio::io::AsyncWriteExt;
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}")))?;
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?;
-        }
-        file.flush()
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let images = st.control.node.images();
-        let path = tmp.clone();
-        tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .map_err(image_error)
-    }
-    .await;
-    let _ = tokio::fs::remove_file(&tmp).await;
-    Ok((StatusCode::CREATED, Json(result?)).into_response())
+        .map_err(node_error)?;
+    Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
 
 /// Body of `POST /v1/images/pull`.
@@ -990,7 +919,7 @@ async fn pull_image(
     Query(q): Query<PullQuery>,
     Json(req): Json<PullRequest>,
 ) -> ApiResult<Response> {
-    if warren_image::registry_host(&req.reference).is_none() {
+    if registry_host(&req.reference).is_none() {
         return Err(ApiError::bad_request(format!(
             "{:?} names no registry; pull takes host[:port]/repository[:tag|@sha256:digest], e.g. \
              registry.example.com/team/app:v1 (local archives are imported with `warren image import`)",
@@ -998,37 +927,31 @@ async fn pull_image(
         ))
         .into());
     }
-    let node = st.control.node.clone();
+    let updates = st
+        .control
+        .node
+        .image_pull(&req.reference)
+        .await
+        .map_err(node_error)?;
     if !q.progress {
-        let record = node
-            .pull_image(&req.reference, None)
-            .await
-            .map_err(node_error)?;
-        return Ok(Json(record).into_response());
+        let last = updates
+            .filter(|u| futures_util::future::ready(!matches!(u, PullUpdate::Progress { .. })))
+            .next()
+            .await;
+        return match last {
+            Some(PullUpdate::Image { image }) => Ok(Json(image.record).into_response()),
+            Some(PullUpdate::Error { error }) => Err(node_error(error).into()),
+            _ => Err(ApiError::internal("the pull ended without an answer").into()),
+        };
     }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
-    let events = tx.clone();
-    let progress: warren_image::Progress = Arc::new(move |e| {
-        if let Ok(v) = serde_json::to_value(&e) {
-            let _ = events.send(v);
+    let lines = updates.map(|u| match u {
+        PullUpdate::Progress { event } => event,
+        PullUpdate::Image { image } => serde_json::json!({"type": "image", "image": image.record}),
+        PullUpdate::Error { error } => {
+            serde_json::json!({"type": "error", "error": node_error(error).body().error})
         }
     });
-    // The pull runs to its end even if the client goes away, so the store
-    // never keeps a half-finished pull's pins or files.
-    tokio::spawn(async move {
-        let last = match node.pull_image(&req.reference, Some(progress)).await {
-            Ok(image) => serde_json::json!({"type": "image", "image": image}),
-            Err(e) => {
-                let e = node_error(e);
-                serde_json::json!({"type": "error", "error": e.body().error})
-            }
-        };
-        let _ = tx.send(last);
-    });
-    Ok(ndjson(
-        &st,
-        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-    ))
+    Ok(ndjson(&st, lines))
 }
 
 /// Body of `POST /v1/images/gc`.
@@ -1050,7 +973,7 @@ pub struct GcRequest {
 async fn gc_images(
     State(st): St,
     Json(req): Json<GcRequest>,
-) -> ApiResult<Json<warren_image::PruneReport>> {
+) -> ApiResult<Json<warren_node_api::GcReport>> {
     let budget = req
         .budget
         .as_deref()
@@ -1059,12 +982,7 @@ async fn gc_images(
         .map_err(|e| {
             ApiError::bad_request(format!("budget: {e}; use a size such as 500M or 20G"))
         })?;
-    let report = st
-        .control
-        .node
-        .prune_images(budget)
-        .await
-        .map_err(node_error)?;
+    let report = st.control.node.image_gc(budget).await.map_err(node_error)?;
     Ok(Json(report))
 }
 
@@ -1090,7 +1008,7 @@ async fn push_image(
     State(st): St,
     Json(req): Json<PushRequest>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if warren_image::registry_host(&req.reference).is_none() {
+    if registry_host(&req.reference).is_none() {
         return Err(ApiError::bad_request(format!(
             "{:?} names no registry; push takes host[:port]/repository:tag (use --from to push \
              a local image under that name)",
@@ -1098,14 +1016,14 @@ async fn push_image(
         ))
         .into());
     }
-    let (image, pushed) = st
+    let pushed = st
         .control
         .node
-        .push_image(&req.reference, req.source.as_deref())
+        .image_push(&req.reference, req.source.as_deref())
         .await
         .map_err(node_error)?;
     Ok(Json(
-        serde_json::json!({"image": image, "uploaded": pushed.uploaded, "mounted": pushed.mounted}),
+        serde_json::json!({"image": pushed.image.record, "uploaded": pushed.uploaded, "mounted": pushed.mounted}),
     ))
 }
 
@@ -1129,9 +1047,8 @@ async fn commit_sandbox(
     Json(req): Json<CommitRequest>,
 ) -> ApiResult<Response> {
     let row = st.control.get(&id).await?;
-    let freeze = match row.state {
-        SandboxState::Running => true,
-        SandboxState::Paused | SandboxState::Kept => false,
+    match row.state {
+        SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
         other => {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} is {other:?}; only a running, paused or kept sandbox can be committed"
@@ -1139,14 +1056,14 @@ async fn commit_sandbox(
             .into())
         }
     };
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let image = st
         .control
         .node
-        .commit(&id, &req.name, freeze)
+        .commit(&id, &req.name)
         .await
         .map_err(node_error)?;
-    Ok((StatusCode::CREATED, Json(image)).into_response())
+    Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
 
 /// Body of `POST /v1/images/prewarm`.
@@ -1183,31 +1100,32 @@ async fn prewarm_image(
     State(st): St,
     Json(req): Json<PrewarmRequest>,
 ) -> ApiResult<Json<PrewarmResult>> {
-    let node = st.control.node.clone();
-    if let Some(unknown) = req.nodes.iter().find(|n| n.as_str() != node.name()) {
+    let name = st.control.node_name.clone();
+    if let Some(unknown) = req.nodes.iter().find(|n| **n != name) {
         return Err(ApiError::bad_request(format!(
-            "unknown node {unknown:?}; this cluster has {:?} (see `GET /v1/nodes`), nothing was pulled",
-            node.name()
+            "unknown node {unknown:?}; this cluster has {name:?} (see `GET /v1/nodes`), nothing was pulled"
         ))
         .into());
     }
-    if warren_image::registry_host(&req.reference).is_none() {
+    if registry_host(&req.reference).is_none() {
         return Err(ApiError::bad_request(format!(
             "{:?} names no registry; prewarm takes host[:port]/repository[:tag|@sha256:digest]",
             req.reference
         ))
         .into());
     }
-    let image = node
-        .pull_image(&req.reference, None)
+    let image = st
+        .control
+        .node
+        .image_for_create(&req.reference)
         .await
         .map_err(node_error)?;
     Ok(Json(PrewarmResult {
         reference: req.reference,
         nodes: vec![PrewarmNode {
-            node: node.name().to_string(),
+            node: name,
             digest: image.digest,
-            layers: image.layers.len(),
+            layers: image.layers,
         }],
     }))
 }
@@ -1216,19 +1134,12 @@ async fn prewarm_image(
 async fn delete_image(
     State(st): St,
     Path(reference): Path<String>,
-) -> ApiResult<Json<ImageRecord>> {
-    let node = st.control.node.clone();
-    let image = node.resolve_image(&reference).await.map_err(node_error)?;
-    if node.images_in_use().contains(&image.digest) {
-        return Err(ApiError::conflict(format!(
-            "image {reference} is used by a live sandbox; remove those sandboxes first (`warren ps`)"
-        ))
-        .into());
-    }
-    let images = node.images();
-    let removed = tokio::task::spawn_blocking(move || images.remove(&reference))
+) -> ApiResult<Json<serde_json::Value>> {
+    let removed = st
+        .control
+        .node
+        .image_remove(&reference)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(image_error)?;
-    Ok(Json(removed))
+        .map_err(node_error)?;
+    Ok(Json(removed.record))
 }

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use warren_core::batch::{BatchFailure, BATCH_LABEL, MAX_BATCH};
+use warren_core::clock::now_rfc3339;
 use warren_core::labels::{self, Requirement};
 use warren_core::state::reason;
 use warren_core::{ApiError, BatchInfo, BatchRequest, ErrorCode, SandboxState, Selector, Usage};
-use warren_node::clock::now_rfc3339;
 
 use crate::control::{new_id_with, Control};
 use crate::store::BatchRow;
@@ -113,10 +113,11 @@ impl Control {
         let mut states = BTreeMap::new();
         let mut usage = Usage::default();
         let mut failures = Vec::new();
+        let held = self.inventory().await;
         for m in &members {
             *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
             if m.state.is_live() {
-                if let Some(u) = self.node.usage(&m.id) {
+                if let Some(u) = held.get(&m.id).and_then(|s| s.usage.as_ref()) {
                     usage.cpu_usage_ns += u.cpu_usage_ns;
                     usage.memory_bytes += u.memory_bytes;
                     usage.memory_peak_bytes += u.memory_peak_bytes;

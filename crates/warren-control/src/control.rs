@@ -1,25 +1,36 @@
 //! The control plane's decisions: validating and recording sandboxes, asking
-//! the node to run them, and reacting to what the node reports.
+//! the node to run them (only through the node contract), and reacting to
+//! what the node reports.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use rand::Rng;
-use tokio::sync::mpsc;
+use warren_core::clock::now_rfc3339;
 use warren_core::spec::ReclaimPolicy;
 use warren_core::state::reason;
 use warren_core::{
     ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
 };
-use warren_node::admission::{Admit, AdmitError};
-use warren_node::clock::now_rfc3339;
-use warren_node::{Node, NodeError, NodeEvent};
+use warren_node_api::{
+    CreateSandbox, ErrorKind, LogNote, NodeApi, NodeError, NodeEvent, Phase, SandboxStatus,
+};
 
+use crate::admission::{Admission, Admit, AdmitError, Need};
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 pub struct Control {
     pub store: Store,
-    pub node: Arc<Node>,
+    /// The node, through its contract (in-process or over the network).
+    pub node: Arc<dyn NodeApi>,
+    pub node_name: String,
+    /// The FIFO queue and what each sandbox holds of the node.
+    pub admission: Admission,
+    /// Whether a clean stop destroys every sandbox (`warren up`); a
+    /// control plane of a cluster stops without touching its nodes.
+    pub destroy_on_stop: bool,
     pub metrics: crate::metrics::Metrics,
     /// Profile updates are read-modify-write; runs finishing together must
     /// not lose each other's update.
@@ -36,25 +47,36 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// What a client sees of a node's error: the category decides the status,
+/// the node's message (which says what to do) is kept.
 pub fn node_error(e: NodeError) -> ApiError {
-    use warren_runtime::RuntimeError as R;
-    match e {
-        NodeError::NotRunning(id) => ApiError::conflict(format!(
-            "sandbox {id} is not running; exec and files need a running sandbox (see `warren inspect {id}`)"
-        )),
-        NodeError::BadRequest(m) => ApiError::bad_request(m),
-        NodeError::Conflict(m) => ApiError::conflict(m),
-        NodeError::Runtime(R::NotFound(m)) => ApiError::not_found(m),
-        NodeError::Runtime(R::BadPath(m)) => ApiError::bad_request(format!("invalid path {m}")),
-        NodeError::Runtime(R::BadImage(m)) => ApiError::bad_request(m),
-        NodeError::Runtime(R::Unresponsive(m)) => ApiError {
-            code: warren_core::ErrorCode::Unavailable,
-            message: m,
-            retry_after_ms: Some(1000),
-        },
-        NodeError::Image(e) => crate::api::image_error(e),
-        NodeError::Net(warren_net::NetError::Rule(e)) => ApiError::bad_request(e.to_string()),
-        other => ApiError::internal(other.to_string()),
+    use warren_core::ErrorCode;
+    let (code, retry_after_ms) = match e.kind {
+        ErrorKind::NotFound => (ErrorCode::NotFound, None),
+        ErrorKind::Conflict => (ErrorCode::Conflict, None),
+        ErrorKind::Invalid => (ErrorCode::BadRequest, None),
+        ErrorKind::NoRoom => (ErrorCode::NoCapacity, Some(5000)),
+        ErrorKind::Unavailable => (ErrorCode::Unavailable, Some(1000)),
+        ErrorKind::Upstream => (ErrorCode::BadGateway, None),
+        ErrorKind::Internal => (ErrorCode::Internal, None),
+    };
+    ApiError {
+        code,
+        message: e.message,
+        retry_after_ms,
+    }
+}
+
+/// What a sandbox holds of its node.
+pub fn need_of(r: &warren_core::ResolvedResources) -> Need {
+    Need::of(r)
+}
+
+fn note(state: &str, reason: &str, message: &str) -> LogNote {
+    LogNote {
+        state: state.into(),
+        reason: reason.into(),
+        message: message.into(),
     }
 }
 
@@ -73,46 +95,88 @@ fn new_id() -> String {
 }
 
 impl Control {
-    pub fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
-        let usage = if detailed && row.state.is_live() {
-            self.node.usage(&row.id)
+    /// A control plane over `node` (which described itself as `info`).
+    pub fn new(
+        store: Store,
+        node: Arc<dyn NodeApi>,
+        info: warren_node_api::NodeInfo,
+        queue_limit: usize,
+        policy: warren_core::profile::Policy,
+        destroy_on_stop: bool,
+    ) -> Control {
+        Control {
+            store,
+            node,
+            node_name: info.name,
+            admission: Admission::new(info.allocatable, info.max_pids, queue_limit),
+            destroy_on_stop,
+            metrics: crate::metrics::Metrics::new(),
+            profile_lock: tokio::sync::Mutex::new(()),
+            sandbox_locks: Default::default(),
+            policy,
+            lifecycle: Default::default(),
+        }
+    }
+
+    /// A record as a client sees it, with what its node says of it now.
+    pub async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
+        let status = if row.state.is_live() {
+            self.node.status(&row.id).await.ok()
         } else {
             None
         };
+        self.info_with(row, status.as_ref(), detailed)
+    }
+
+    pub fn info_with(
+        &self,
+        row: SandboxRow,
+        status: Option<&SandboxStatus>,
+        detailed: bool,
+    ) -> SandboxInfo {
+        let status = status.filter(|_| row.state.is_live());
         let queue_position = if row.state == SandboxState::Queued {
-            self.node.queue_position(&row.id)
-        } else {
-            None
-        };
-        let remaining = if row.state.is_live() {
-            self.node.remaining(&row.id)
-        } else {
-            None
-        };
-        let host_id_base = if detailed && row.state.is_live() {
-            self.node.host_id_base(&row.id)
+            self.admission.position(&row.id)
         } else {
             None
         };
         SandboxInfo {
-            host_id_base,
+            host_id_base: status.and_then(|s| s.host_id_base).filter(|_| detailed),
             queue_position,
-            ttl_remaining_ms: remaining.map(|r| r.0),
-            lease_remaining_ms: remaining.and_then(|r| r.1),
+            ttl_remaining_ms: status.map(|s| s.ttl_remaining_ms),
+            lease_remaining_ms: status.and_then(|s| s.lease_remaining_ms),
+            usage: status.and_then(|s| s.usage.clone()).filter(|_| detailed),
+            pid: status.map(|s| s.pid),
             id: row.id,
             state: row.state,
             reason: row.reason,
             spec: row.spec,
             resources: row.resources,
             node: row.node,
-            pid: row.pid.filter(|_| row.state.is_live()),
             image_digest: row.image_digest,
             created_at: row.created_at,
             started_at: row.started_at,
             finished_at: row.finished_at,
             exit_code: row.exit_code,
-            usage,
             events: vec![],
+        }
+    }
+
+    /// What the node holds, by sandbox (empty when it cannot be asked).
+    pub async fn inventory(&self) -> HashMap<String, SandboxStatus> {
+        match self.node.inventory().await {
+            Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the node for its sandboxes");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// Renews a sandbox's lease (any call on a sandbox does).
+    pub async fn touch(&self, id: &str) {
+        if let Err(e) = self.node.renew_lease(id).await {
+            tracing::debug!(sandbox = %id, error = %e, "renewing a lease");
         }
     }
 
@@ -141,10 +205,11 @@ impl Control {
         if let Some(rid) = &spec.request_id {
             if let Some(existing) = self.store.by_request_id(rid).await? {
                 let settled = self.settled(existing, wait).await?;
-                return Ok((self.info(settled, false), false));
+                return Ok((self.info(settled, false).await, false));
             }
         }
-        if self.node.disk_pressure() {
+        let load = self.node.info().await.map_err(node_error)?.load;
+        if load.disk_pressure {
             return Err(ApiError {
                 code: warren_core::ErrorCode::NoCapacity,
                 message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
@@ -156,19 +221,23 @@ impl Control {
             .image_for_create(&spec.image)
             .await
             .map_err(node_error)?;
-        self.node.check_image(&image).await.map_err(node_error)?;
         let id = new_id();
-        let admit = self.node.admit(&id, &resources).map_err(|e| match e {
-            AdmitError::QueueFull(_) => ApiError {
-                code: warren_core::ErrorCode::TooManyRequests,
-                message: e.to_string(),
-                retry_after_ms: Some(1000),
-            },
-            AdmitError::Closed => ApiError::new(warren_core::ErrorCode::Unavailable, e.to_string()),
-            AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
-                ApiError::bad_request(e.to_string())
-            }
-        })?;
+        let admit = self
+            .admission
+            .admit(&id, need_of(&resources), resources.pids)
+            .map_err(|e| match e {
+                AdmitError::QueueFull(_) => ApiError {
+                    code: warren_core::ErrorCode::TooManyRequests,
+                    message: e.to_string(),
+                    retry_after_ms: Some(1000),
+                },
+                AdmitError::Closed => {
+                    ApiError::new(warren_core::ErrorCode::Unavailable, e.to_string())
+                }
+                AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
+                    ApiError::bad_request(e.to_string())
+                }
+            })?;
         let queued = matches!(admit, Admit::Queued { .. });
         let row = SandboxRow {
             id: id.clone(),
@@ -184,28 +253,27 @@ impl Control {
             },
             spec: spec.clone(),
             resources: resources.clone(),
-            node: self.node.name().to_string(),
+            node: self.node_name.clone(),
             image_digest: image.digest.clone(),
-            pid: None,
             created_at: now_rfc3339(),
             started_at: None,
             finished_at: None,
             exit_code: None,
-            expires_boot_ms: None,
             grace: false,
         };
         let this = self.clone();
         let task = match admit {
-            Admit::Now => tokio::spawn(async move { this.create_admitted(row, image).await }),
+            Admit::Now => tokio::spawn(async move { this.create_admitted(row).await }),
             Admit::Queued { ready, .. } => {
                 // The queued record is what a client polls; it must exist first.
                 if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
-                    self.node.release(&id);
+                    self.admission.release(&id);
                     return self.insert_failed(e, &spec).await;
                 }
-                let task = tokio::spawn(this.wait_then_start(row, image, ready));
+                let task = tokio::spawn(this.wait_then_start(row, ready));
                 if !wait {
-                    return Ok((self.info(self.get(&id).await?, false), true));
+                    let row = self.get(&id).await?;
+                    return Ok((self.info(row, false).await, true));
                 }
                 task
             }
@@ -225,7 +293,6 @@ impl Control {
     async fn wait_then_start(
         self: Arc<Self>,
         row: SandboxRow,
-        image: warren_image::ImageRecord,
         ready: tokio::sync::oneshot::Receiver<()>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let queued_at = std::time::Instant::now();
@@ -239,7 +306,7 @@ impl Control {
                 row.id
             )));
         }
-        self.start_queued(row, image).await
+        self.start_queued(row).await
     }
 
     /// A replayed create (same request id) answers what the first one
@@ -271,7 +338,7 @@ impl Control {
             if db.is_unique_violation() {
                 if let Some(existing) = self.store.by_request_id(rid).await? {
                     let settled = self.settled(existing, true).await?;
-                    return Ok((self.info(settled, false), false));
+                    return Ok((self.info(settled, false).await, false));
                 }
             }
         }
@@ -281,39 +348,31 @@ impl Control {
     /// Capacity is reserved: record and create side by side. A crash in
     /// between leaves either a record without a sandbox (marked failed at
     /// restart) or a sandbox without a record (swept at restart).
-    async fn create_admitted(
-        &self,
-        row: SandboxRow,
-        image: warren_image::ImageRecord,
-    ) -> Result<(SandboxInfo, bool), ApiError> {
+    async fn create_admitted(&self, row: SandboxRow) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
         let (inserted, created) = tokio::join!(
             self.store.insert(&row, row.spec.request_id.as_deref()),
-            self.node.create(&id, &row.spec, &row.resources, &image)
+            self.node.create(create_request(&row))
         );
         if let Err(e) = inserted {
             if created.is_ok() {
-                let _ = self.node.destroy(&id).await;
+                let _ = self.node.destroy(&id, reason::CREATE_FAILED).await;
             }
-            self.node.release(&id);
+            self.admission.release(&id);
             return self.insert_failed(e, &row.spec).await;
         }
-        warren_runtime::crashpoint::hit("create:recorded");
+        warren_core::crashpoint::hit("create:recorded");
         self.finish_create(&id, created).await
     }
 
     /// A queued create whose turn has come.
-    async fn start_queued(
-        &self,
-        row: SandboxRow,
-        image: warren_image::ImageRecord,
-    ) -> Result<(SandboxInfo, bool), ApiError> {
+    async fn start_queued(&self, row: SandboxRow) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
         // Deleted while it waited, after the capacity was granted?
         if self.get(&id).await?.state != SandboxState::Queued {
-            self.node.release(&id);
+            self.admission.release(&id);
             return Err(ApiError::conflict(format!(
                 "sandbox {id} was deleted while it waited for capacity"
             )));
@@ -328,45 +387,38 @@ impl Control {
                 Transition::default(),
             )
             .await?;
-        let created = self
-            .node
-            .create(&id, &row.spec, &row.resources, &image)
-            .await;
+        let created = self.node.create(create_request(&row)).await;
         self.finish_create(&id, created).await
     }
 
     async fn finish_create(
         &self,
         id: &str,
-        created: Result<i32, NodeError>,
+        created: Result<(), NodeError>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
-            Ok(pid) => {
+            Ok(()) => {
                 let started = now_rfc3339();
                 let t = Transition {
-                    pid: Some(pid),
                     started_at: Some(&started),
-                    expires_boot_ms: self.node.expires_boot_ms(id),
                     ..Default::default()
                 };
                 self.store
                     .transition(id, SandboxState::Running, reason::READY, &started, t)
                     .await?;
-                if let Some(log) = self.node.log(id) {
-                    log.event("running", reason::READY, "");
-                }
+                let _ = self.node.note(id, note("running", reason::READY, "")).await;
                 let row = self.get(id).await?;
-                if let Err(e) = self.node.start_main(id, &row.spec) {
+                if let Err(e) = self.node.start_main(id).await {
                     let message = e.to_string();
-                    let _ = self.destroy(id, reason::CREATE_FAILED).await;
+                    let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
                     return Err(ApiError::internal(format!(
                         "sandbox {id}: main process: {message}"
                     )));
                 }
-                Ok((self.info(row, false), true))
+                Ok((self.info(row, false).await, true))
             }
             Err(e) => {
-                self.node.release(id);
+                self.admission.release(id);
                 let message = e.to_string();
                 let now = now_rfc3339();
                 let t = Transition {
@@ -396,11 +448,24 @@ impl Control {
         states: &[SandboxState],
         selector: &Selector,
     ) -> Result<Vec<SandboxInfo>, ApiError> {
-        let rows = self.store.list(states).await?;
-        Ok(rows
+        let rows: Vec<SandboxRow> = self
+            .store
+            .list(states)
+            .await?
             .into_iter()
             .filter(|r| selector.matches(r.labels()))
-            .map(|r| self.info(r, false))
+            .collect();
+        let held = if rows.iter().any(|r| r.state.is_live()) {
+            self.inventory().await
+        } else {
+            HashMap::new()
+        };
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let status = held.get(&r.id);
+                self.info_with(r, status, false)
+            })
             .collect())
     }
 
@@ -418,7 +483,7 @@ impl Control {
         }
         if row.state == SandboxState::Queued {
             // Nothing exists on the host yet: leave the queue and finish.
-            self.node.release(id);
+            self.admission.release(id);
             let now = now_rfc3339();
             let t = Transition {
                 finished_at: Some(&now),
@@ -435,9 +500,8 @@ impl Control {
                 .transition(id, SandboxState::Stopping, why, &now, Transition::default())
                 .await?;
         }
-        warren_runtime::crashpoint::hit("destroy:stopping");
-        let log = self.node.log(id);
-        let usage = match self.node.destroy(id).await {
+        warren_core::crashpoint::hit("destroy:stopping");
+        let usage = match self.node.destroy(id, why).await {
             Ok(usage) => usage,
             Err(e) => {
                 // It stays `stopping`: a DELETE, the reconciler and a
@@ -460,6 +524,7 @@ impl Control {
                 )));
             }
         };
+        self.admission.release(id);
         // Recorded before the sandbox shows as destroyed, so whoever sees
         // it destroyed also sees its run in the profile.
         if let Some(u) = &usage {
@@ -480,9 +545,6 @@ impl Control {
                 },
             )
             .await?;
-        if let Some(log) = log {
-            log.event("destroyed", why, "");
-        }
         self.get(id).await
     }
 
@@ -490,7 +552,7 @@ impl Control {
         &self,
         id: &str,
         req: &ExecRequest,
-    ) -> Result<mpsc::Receiver<ExecEvent>, ApiError> {
+    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
         req.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let row = self.get(id).await?;
@@ -500,33 +562,50 @@ impl Control {
                 row.state
             )));
         }
-        self.node.exec(id, req).await.map_err(node_error)
+        self.node.exec(id, req.clone()).await.map_err(node_error)
     }
 
-    /// Applies the reclaim policy when the main process ends or init dies.
-    /// A decision that could not be recorded (the store failed) is tried
-    /// again: the node reports each end once, and a TTL that fired must
-    /// still end its sandbox when the store works again.
-    pub async fn handle_node_events(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<NodeEvent>) {
-        while let Some(ev) = rx.recv().await {
-            let this = self.clone();
-            tokio::spawn(async move {
-                let mut wait = std::time::Duration::from_millis(200);
-                loop {
-                    match this.on_node_event(ev.clone()).await {
-                        Ok(()) => return,
-                        Err(e) if e.code != warren_core::ErrorCode::Internal => {
-                            tracing::warn!(error = %e, "handling node event");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "handling node event; retrying");
-                            tokio::time::sleep(wait).await;
-                            wait = (wait * 2).min(std::time::Duration::from_secs(30));
-                        }
-                    }
+    /// Follows the node's event feed and applies the reclaim policy when a
+    /// main process ends, a lifetime runs out or init dies. A decision that
+    /// could not be recorded (the store failed) is tried again: the node
+    /// reports each end once, and a TTL that fired must still end its
+    /// sandbox when the store works again. A feed that ends (a lost
+    /// connection) is followed again from the last event handled.
+    pub async fn handle_node_events(self: Arc<Self>) {
+        let mut seen = 0u64;
+        loop {
+            let mut feed = match self.node.events(seen).await {
+                Ok(feed) => feed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "following the node's events; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
                 }
-            });
+            };
+            while let Some(ev) = feed.next().await {
+                seen = ev.seq;
+                let this = self.clone();
+                tokio::spawn(async move { this.handle_node_event(ev.event).await });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn handle_node_event(self: Arc<Self>, ev: NodeEvent) {
+        let mut wait = std::time::Duration::from_millis(200);
+        loop {
+            match self.on_node_event(ev.clone()).await {
+                Ok(()) => return,
+                Err(e) if e.code != warren_core::ErrorCode::Internal => {
+                    tracing::warn!(error = %e, "handling node event");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "handling node event; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(30));
+                }
+            }
         }
     }
 
@@ -546,7 +625,7 @@ impl Control {
                 };
                 (id.clone(), exit.code != 0 || *oom_killed, why, true)
             }
-            NodeEvent::Expired { id, reason } => (id.clone(), false, *reason, true),
+            NodeEvent::Expired { id, reason } => (id.clone(), false, reason.as_str(), true),
             NodeEvent::DiskExceeded {
                 id,
                 used,
@@ -560,19 +639,16 @@ impl Control {
                 } else {
                     format!("its writable layer holds {used} bytes, over its disk limit of {limit}")
                 };
-                if let Some(log) = self.node.log(id) {
-                    log.event("running", reason::DISK_EXCEEDED, &message);
-                }
+                let _ = self
+                    .node
+                    .note(id, note("running", reason::DISK_EXCEEDED, &message))
+                    .await;
                 // Kept, its processes are frozen and write no more; but a
                 // node short of disk needs the space back.
                 (id.clone(), true, reason::DISK_EXCEEDED, !*node_full)
             }
             NodeEvent::CpuSaturated { busy } => {
-                let message = format!(
-                    "node CPU {:.0}% busy for over {}s",
-                    busy * 100.0,
-                    warren_node::SATURATION_AFTER.as_secs()
-                );
+                let message = format!("node CPU {:.0}% busy for over 30s", busy * 100.0);
                 tracing::warn!("{message}");
                 self.store
                     .node_event("node_cpu_saturated", &message, &now_rfc3339())
@@ -666,27 +742,27 @@ impl Control {
         state: SandboxState,
         why: &str,
         hold_for: std::time::Duration,
-        note: &str,
+        message: &str,
     ) -> Result<(), ApiError> {
         let id = &row.id;
-        if let Err(e) = self.node.freeze(id, true).await {
-            tracing::warn!(sandbox = %id, error = %e, "freezing a finished sandbox");
+        let held = self
+            .node
+            .hold(id, hold_for, note(state.as_str(), why, message))
+            .await;
+        match held {
+            Ok(Some(u)) => {
+                let _ = self.record_run(row, &u, why == reason::OOM_KILLED).await;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "holding a finished sandbox"),
         }
-        if let Some(u) = self.node.usage(id) {
-            let _ = self.record_run(row, &u, why == reason::OOM_KILLED).await;
-        }
-        self.node.restart_lifetime(id, hold_for);
         let t = Transition {
-            expires_boot_ms: self.node.expires_boot_ms(id),
             grace: state == SandboxState::Stopping,
             ..Default::default()
         };
         self.store
             .transition(id, state, why, &now_rfc3339(), t)
             .await?;
-        if let Some(log) = self.node.log(id) {
-            log.event(state.as_str(), why, note);
-        }
         Ok(())
     }
 
@@ -699,7 +775,7 @@ impl Control {
         id: &str,
         allow: Vec<String>,
         deny: Vec<String>,
-    ) -> Result<(SandboxRow, warren_net::PolicyChange), ApiError> {
+    ) -> Result<(SandboxRow, warren_node_api::PolicyChange), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
         let row = self.get(id).await?;
         if row.spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
@@ -720,7 +796,10 @@ impl Control {
         spec.network
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        self.node.check_network(&spec.network).map_err(node_error)?;
+        self.node
+            .check_network(spec.network.clone())
+            .await
+            .map_err(node_error)?;
         let message = format!(
             "allow {:?} deny {:?}",
             spec.network.allow, spec.network.deny
@@ -736,7 +815,7 @@ impl Control {
             .await?;
         let change = self
             .node
-            .update_network(id, &spec.network)
+            .set_network(id, spec.network.clone())
             .await
             .map_err(node_error)?;
         Ok((self.get(id).await?, change))
@@ -763,28 +842,26 @@ impl Control {
                 if paused { "paused" } else { "resumed" }
             )));
         }
-        self.node.freeze(id, paused).await.map_err(node_error)?;
+        self.node.set_paused(id, paused).await.map_err(node_error)?;
         self.store
             .transition(id, to, why, &now_rfc3339(), Transition::default())
             .await?;
-        if let Some(log) = self.node.log(id) {
-            log.event(to.as_str(), why, "");
-        }
+        let _ = self.node.note(id, note(to.as_str(), why, "")).await;
         self.get(id).await
     }
 }
 
-/// Sandboxes taken over at once after a restart.
+/// Records brought in line at once after a restart.
 const RECOVER_PARALLELISM: usize = 32;
 
 impl Control {
-    /// At start-up: every open record is brought in line with the host.
-    /// Live sandboxes are adopted in whatever state they are (running,
-    /// paused, kept, in a grace period), without waiting on their
-    /// processes; interrupted creates and destroys are finished; queued
-    /// creates queue again; records whose sandbox is gone become `lost`;
-    /// sandbox directories and cgroups without a record are swept. The API
-    /// answers once this is done (`/healthz` at once).
+    /// At start-up: every open record is reconciled with what the node
+    /// holds (the node takes its sandboxes over by itself, from its own
+    /// journal). A record whose sandbox the node holds keeps its state (and
+    /// its capacity); one whose sandbox is gone becomes `lost`; interrupted
+    /// creates and destroys are finished; queued creates queue again in
+    /// their order; a sandbox the node holds without an open record is
+    /// destroyed. The API answers once this is done (`/healthz` at once).
     pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
         let now = now_rfc3339();
         for id in self.store.fail_unreadable(&now).await? {
@@ -795,20 +872,34 @@ impl Control {
             .filter(|s| !s.is_final())
             .collect();
         let rows = self.store.list(&open).await?;
-        let known: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         let total = rows.len();
         self.lifecycle.recovering(0, total);
-        // Queued creates wait for what the adopted sandboxes hold, in their
-        // old order: admitted after every adoption, one by one.
+        let held = self.node.inventory().await.map_err(node_error)?;
+        tracing::info!(
+            records = total,
+            held = held.len(),
+            "reconciling records with the node"
+        );
+        let held: HashMap<String, SandboxStatus> =
+            held.into_iter().map(|s| (s.id.clone(), s)).collect();
+        let known: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        for id in held.keys().filter(|id| !known.contains(id.as_str())) {
+            tracing::info!(sandbox = %id, "the node holds a sandbox without an open record; destroying it");
+            if let Err(e) = self.node.destroy(id, reason::NODE_LOST).await {
+                tracing::warn!(sandbox = %id, error = %e, "destroying an unknown sandbox");
+            }
+        }
+        // Queued creates wait for what the held sandboxes hold, in their
+        // old order: admitted after every other record, one by one.
         let (queued, others): (Vec<SandboxRow>, Vec<SandboxRow>) = rows
             .into_iter()
             .partition(|r| r.state == SandboxState::Queued);
         let done = std::sync::atomic::AtomicUsize::new(0);
         futures_util::stream::iter(others)
             .for_each_concurrent(RECOVER_PARALLELISM, |row| {
-                let done = &done;
+                let (done, held) = (&done, &held);
                 async move {
-                    if let Err(e) = self.recover_one(&row).await {
+                    if let Err(e) = self.recover_one(&row, held.get(&row.id)).await {
                         tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
                     }
                     let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -823,15 +914,28 @@ impl Control {
             let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             self.lifecycle.recovering(n, total);
         }
-        for id in self.node.sweep_orphans(&known).await {
-            tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
-        }
         Ok(())
     }
 
-    /// One sandbox at start-up.
-    async fn recover_one(self: &Arc<Self>, row: &SandboxRow) -> Result<(), ApiError> {
+    /// One record at start-up, against what the node holds of it.
+    async fn recover_one(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+        held: Option<&SandboxStatus>,
+    ) -> Result<(), ApiError> {
         let now = now_rfc3339();
+        if held.is_some() {
+            self.admission.hold(&row.id, need_of(&row.resources));
+        }
+        // What the node reported meanwhile (an expiry at take-over) may
+        // have finished it already.
+        let one = self.sandbox_locks.lock(&row.id).await;
+        let row = &self.get(&row.id).await?;
+        if row.state.is_final() {
+            self.admission.release(&row.id);
+            return Ok(());
+        }
+        drop(one);
         // Removing what is left of a sandbox can take seconds (processes
         // that die slowly); it runs beside the API, under the sandbox's lock.
         match row.state {
@@ -839,7 +943,8 @@ impl Control {
                 let (this, id) = (self.clone(), row.id.clone());
                 tokio::spawn(async move {
                     let _one = this.sandbox_locks.lock(&id).await;
-                    let _ = this.node.destroy(&id).await;
+                    let _ = this.node.destroy(&id, reason::CREATE_FAILED).await;
+                    this.admission.release(&id);
                     let now = now_rfc3339();
                     let t = Transition {
                         finished_at: Some(&now),
@@ -868,80 +973,65 @@ impl Control {
             _ => {}
         }
         // Running, paused, kept, or frozen in a grace period.
-        let adopted = match (row.pid, self.node.resolve_image(&row.image_digest).await) {
-            (Some(pid), Ok(image)) => {
-                let remaining = row.expires_boot_ms.map_or(row.spec.ttl(), |at| {
-                    std::time::Duration::from_millis(
-                        (at - warren_node::lifetime::boot_ms()).max(0) as u64
-                    )
-                });
-                let working = matches!(row.state, SandboxState::Running | SandboxState::Paused);
-                let adoption = warren_node::Adoption {
-                    pid,
-                    spec: &row.spec,
-                    resources: &row.resources,
-                    image: &image,
-                    ttl_remaining: remaining,
-                    // A kept or finishing sandbox's lifetime is its hold.
-                    lease: row.spec.lease.map(|l| l.0).filter(|_| working),
-                    frozen: row.state != SandboxState::Running,
-                    main: working,
-                };
-                self.node.adopt(&row.id, adoption).await
-            }
-            (None, _) => Err(NodeError::NotRunning(row.id.clone())),
-            (_, Err(e)) => Err(e),
+        let Some(held) = held else {
+            let _one = self.sandbox_locks.lock(&row.id).await;
+            tracing::warn!(sandbox = %row.id, state = %row.state, "its node does not hold it; marked lost");
+            let message = "its processes were gone after a daemon restart";
+            let t = Transition {
+                finished_at: Some(&now),
+                message,
+                ..Default::default()
+            };
+            self.store
+                .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
+                .await?;
+            return Ok(());
         };
-        match adopted {
-            Ok(()) => {
-                tracing::info!(sandbox = %row.id, state = %row.state, "adopted after restart");
-                Ok(())
-            }
-            Err(e) => {
-                let message = format!("its processes were gone after a daemon restart ({e})");
-                let t = Transition {
-                    finished_at: Some(&now),
-                    message: &message,
-                    ..Default::default()
-                };
-                self.store
-                    .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
-                    .await?;
-                // Its remains go beside the API; what a failure leaves is an
-                // orphan (its record is final) for the next start's sweep.
-                let (this, id) = (self.clone(), row.id.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = this.node.destroy(&id).await {
-                        tracing::warn!(sandbox = %id, error = %e, "removing a lost sandbox's remains");
-                    }
-                });
-                Ok(())
-            }
+        // A crash between the node's change and its record: the node
+        // follows the record, which is what a client was told.
+        let fix = match (row.state, held.phase) {
+            (SandboxState::Running, Phase::Paused) => self.node.set_paused(&row.id, false).await,
+            (SandboxState::Paused, Phase::Running) => self.node.set_paused(&row.id, true).await,
+            (SandboxState::Kept, Phase::Running | Phase::Paused) => self
+                .node
+                .hold(&row.id, row.spec.keep_for(), note("kept", &row.reason, ""))
+                .await
+                .map(|_| ()),
+            (SandboxState::Stopping, Phase::Running | Phase::Paused) => self
+                .node
+                .hold(
+                    &row.id,
+                    row.spec.delay_for(),
+                    note("stopping", &row.reason, ""),
+                )
+                .await
+                .map(|_| ()),
+            _ => Ok(()),
+        };
+        if let Err(e) = fix {
+            tracing::warn!(sandbox = %row.id, error = %e, "bringing the sandbox in line with its record");
         }
+        tracing::info!(sandbox = %row.id, state = %row.state, "adopted after restart");
+        Ok(())
     }
 
     /// A create that was waiting for capacity when the daemon stopped: its
     /// client was told `queued`, so it queues again (in its old order).
     async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
-        let admitted = match self.node.resolve_image(&row.image_digest).await {
-            Ok(image) => self
-                .node
-                .admit(&row.id, &row.resources)
-                .map(|a| (a, image))
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let admitted = self
+            .admission
+            .admit(&row.id, need_of(&row.resources), row.resources.pids);
         let this = self.clone();
         match admitted {
-            Ok((Admit::Now, image)) => {
-                tokio::spawn(async move { this.start_queued(row, image).await });
+            Ok(Admit::Now) => {
+                tokio::spawn(async move { this.start_queued(row).await });
             }
-            Ok((Admit::Queued { ready, .. }, image)) => {
-                tokio::spawn(this.wait_then_start(row, image, ready));
+            Ok(Admit::Queued { ready, .. }) => {
+                tokio::spawn(this.wait_then_start(row, ready));
             }
-            Err(message) => {
+            Err(e) => {
                 let now = now_rfc3339();
-                let message = format!("could not queue it again after a restart: {message}");
+                let message = format!("could not queue it again after a restart: {e}");
                 let t = Transition {
                     finished_at: Some(&now),
                     message: &message,
@@ -993,7 +1083,10 @@ impl Control {
     /// then stays for the next start to adopt or sweep.
     pub async fn shutdown(&self, grace: std::time::Duration) {
         self.lifecycle.stop();
-        self.node.close_admission();
+        self.admission.close();
+        if !self.destroy_on_stop {
+            return;
+        }
         let live: Vec<SandboxState> = SandboxState::ALL
             .into_iter()
             .filter(|s| !s.is_final())
@@ -1009,5 +1102,15 @@ impl Control {
             }
         });
         futures_util::future::join_all(all).await;
+    }
+}
+
+/// What the node is asked to run for a record.
+fn create_request(row: &SandboxRow) -> CreateSandbox {
+    CreateSandbox {
+        id: row.id.clone(),
+        spec: row.spec.clone(),
+        resources: row.resources.clone(),
+        image_digest: row.image_digest.clone(),
     }
 }

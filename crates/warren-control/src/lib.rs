@@ -1,7 +1,9 @@
-//! Warren's control plane: the public HTTP API, the state store, and the
-//! decisions about sandboxes. `serve` runs it with an embedded node agent
-//! (`warren up`).
+//! Warren's control plane: the public HTTP API, the state store, the queue,
+//! and the decisions about sandboxes. It drives its node only through the
+//! node contract (`warren_node_api::NodeApi`): `warren up` hands it a node
+//! in the same process.
 
+pub mod admission;
 pub mod api;
 pub mod batch;
 pub mod control;
@@ -17,22 +19,28 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use warren_node::{Node, NodeConfig};
+use warren_node_api::NodeApi;
 
 pub struct UpConfig {
+    /// Where the store and the API token live.
     pub home: PathBuf,
     pub listen: SocketAddr,
-    pub spawner_exe: PathBuf,
-    pub spawner_args: Vec<String>,
-    pub spawners: usize,
-    pub settings: warren_node::NodeSettings,
+    /// Creates that may wait for capacity; beyond this they get 429.
+    pub queue_limit: usize,
     pub policy: warren_core::profile::Policy,
+    /// Whether a clean stop destroys every sandbox.
+    pub destroy_on_stop: bool,
 }
 
 /// Reads the API token from `<home>/token`, creating it (mode 0600) first.
 pub fn ensure_token(home: &Path) -> std::io::Result<String> {
-    let path = home.join("token");
-    if let Ok(t) = std::fs::read_to_string(&path) {
+    ensure_secret(&home.join("token"))
+}
+
+/// Reads a secret (a token, a credential) from `path`, creating it first:
+/// 32 random bytes as hex, mode 0600, written whole.
+pub fn ensure_secret(path: &Path) -> std::io::Result<String> {
+    if let Ok(t) = std::fs::read_to_string(path) {
         if !t.trim().is_empty() {
             return Ok(t.trim().to_string());
         }
@@ -42,7 +50,7 @@ pub fn ensure_token(home: &Path) -> std::io::Result<String> {
         .collect();
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = home.join("token.tmp");
+    let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -51,7 +59,7 @@ pub fn ensure_token(home: &Path) -> std::io::Result<String> {
         .open(&tmp)?;
     f.write_all(token.as_bytes())?;
     f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    std::fs::rename(&tmp, path)?;
     Ok(token)
 }
 
@@ -60,38 +68,37 @@ pub struct Up {
     pub token: String,
 }
 
-/// Starts node, store and the event loop; returns the router to serve.
-pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
+/// Starts the store and the event loop over `node`; returns the router to
+/// serve.
+pub async fn start(cfg: &UpConfig, node: Arc<dyn NodeApi>) -> Result<(Up, axum::Router), String> {
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
     let store = store::Store::open(&cfg.home.join("warren.db"))
         .await
         .map_err(|e| e.to_string())?;
-    let (node, node_events) = Node::start(NodeConfig {
-        home: cfg.home.clone(),
-        name: hostname(),
-        spawner_exe: cfg.spawner_exe.clone(),
-        spawner_args: cfg.spawner_args.clone(),
-        spawners: cfg.spawners,
-        settings: cfg.settings.clone(),
-    })
-    .map_err(|e| format!("node agent: {e}"))?;
-    let control = Arc::new(control::Control {
+    let info = node
+        .info()
+        .await
+        .map_err(|e| format!("asking the node what it lends: {e}"))?;
+    let control = Arc::new(control::Control::new(
         store,
         node,
-        metrics: metrics::Metrics::new(),
-        profile_lock: tokio::sync::Mutex::new(()),
-        sandbox_locks: Default::default(),
-        policy: cfg.policy.clone(),
-        lifecycle: Default::default(),
-    });
+        info,
+        cfg.queue_limit,
+        cfg.policy.clone(),
+        cfg.destroy_on_stop,
+    ));
     // The API is served while this runs (its calls wait for it); a
     // restart never waits on a sandbox before it answers `/healthz`.
     let recovering = control.clone();
     tokio::spawn(async move {
         match recovering.recover().await {
-            Ok(()) => recovering.lifecycle.set_ready(),
+            Ok(()) => {
+                recovering.lifecycle.set_ready();
+                // Events the node reported meanwhile wait in its feed.
+                tokio::spawn(recovering.clone().handle_node_events());
+            }
             Err(e) => {
                 // The store cannot be read: nothing can be served.
                 eprintln!("warren up: recovery failed: {e}");
@@ -99,17 +106,10 @@ pub async fn start(cfg: &UpConfig) -> Result<(Up, axum::Router), String> {
             }
         }
     });
-    tokio::spawn(control.clone().handle_node_events(node_events));
     tokio::spawn(control.clone().reconcile());
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),
         token: token.clone(),
     }));
     Ok((Up { control, token }, router))
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "local".into())
 }

@@ -132,8 +132,8 @@ impl Metrics {
     }
 
     pub async fn render(&self, control: &Control) -> String {
-        let node = &control.node;
-        let (total, used, queued) = node.capacity();
+        let admission = &control.admission;
+        let (total, used, queued) = (admission.total(), admission.used(), admission.queued());
         for (fam, need) in [(&self.allocatable, total), (&self.allocated, used)] {
             fam.get_or_create(&l(&[("resource", "cpu")]))
                 .set(need.cpu_millis as f64 / 1000.0);
@@ -143,12 +143,15 @@ impl Metrics {
                 .set(need.slots as f64);
         }
         self.queue_length.set(queued as i64);
-        self.cpu_busy.set(node.cpu_busy());
+        if let Ok(info) = control.node.info().await {
+            self.cpu_busy.set(info.load.cpu_busy);
+        }
         self.sandboxes.clear();
         self.sandbox_cpu.clear();
         self.sandbox_memory.clear();
         self.sandbox_throttled.clear();
         if let Ok(rows) = control.store.list(&[]).await {
+            let held = control.inventory().await;
             for st in SandboxState::ALL {
                 self.sandboxes
                     .get_or_create(&l(&[("state", st.as_str())]))
@@ -159,7 +162,7 @@ impl Metrics {
                     .get_or_create(&l(&[("state", r.state.as_str())]))
                     .inc();
                 if r.state.is_live() {
-                    if let Some(u) = node.usage(&r.id) {
+                    if let Some(u) = held.get(&r.id).and_then(|s| s.usage.as_ref()) {
                         let labels = l(&[("sandbox", &r.id)]);
                         self.sandbox_cpu
                             .get_or_create(&labels)

@@ -57,10 +57,10 @@ pub(crate) async fn set_network(
     body: Bytes,
 ) -> ApiResult<Json<NetworkChange>> {
     let rules: NetworkRules = parse_json(&body)?;
-    st.control.node.renew_lease(&id);
+    st.control.touch(&id).await;
     let (row, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
     Ok(Json(NetworkChange {
-        sandbox: st.control.info(row, false),
+        sandbox: st.control.info(row, false).await,
         closed: change.closed,
         unlistened_ports: change.unlistened,
     }))
@@ -68,9 +68,13 @@ pub(crate) async fn set_network(
 
 /// A connection to `port` on the sandbox's loopback; any call on a sandbox
 /// renews its lease.
-async fn open_port(st: &AppState, id: &str, port: u16) -> Result<tokio::net::TcpStream, ApiError> {
+async fn open_port(
+    st: &AppState,
+    id: &str,
+    port: u16,
+) -> Result<Box<dyn warren_node_api::Tunnel>, ApiError> {
     st.control.get(id).await?;
-    st.control.node.renew_lease(id);
+    st.control.touch(id).await;
     st.control
         .node
         .connect_port(id, port)

@@ -1,9 +1,9 @@
 //! Requests that learn: finished sandboxes feed their task's profile, and a
 //! create that names a profile without sizes gets its current request.
 
+use warren_core::clock::now_rfc3339;
 use warren_core::profile::{Policy, Profile, Request, Run};
 use warren_core::{ApiError, SandboxSpec, Usage};
-use warren_node::clock::now_rfc3339;
 
 use crate::control::Control;
 use crate::store::SandboxRow;

@@ -29,12 +29,10 @@ pub struct SandboxRow {
     pub resources: ResolvedResources,
     pub node: String,
     pub image_digest: String,
-    pub pid: Option<i32>,
     pub created_at: String,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub exit_code: Option<i32>,
-    pub expires_boot_ms: Option<i64>,
     /// `stopping` in the grace period of the `delay` policy, not destroying.
     pub grace: bool,
 }
@@ -42,11 +40,9 @@ pub struct SandboxRow {
 /// Fields a transition may set besides state and reason.
 #[derive(Debug, Default, Clone)]
 pub struct Transition<'a> {
-    pub pid: Option<i32>,
     pub started_at: Option<&'a str>,
     pub finished_at: Option<&'a str>,
     pub exit_code: Option<i32>,
-    pub expires_boot_ms: Option<i64>,
     /// Whether a `stopping` sandbox waits out a grace period (false for
     /// every other transition).
     pub grace: bool,
@@ -150,21 +146,17 @@ impl Store {
         let mut tx = self.begin_write().await?;
         sqlx::query(
             "UPDATE sandboxes SET state = ?, reason = ?,
-                pid = COALESCE(?, pid),
                 started_at = COALESCE(?, started_at),
                 finished_at = COALESCE(?, finished_at),
                 exit_code = COALESCE(?, exit_code),
-                expires_boot_ms = COALESCE(?, expires_boot_ms),
                 grace = ?
              WHERE id = ?",
         )
         .bind(state.as_str())
         .bind(reason)
-        .bind(t.pid)
         .bind(t.started_at)
         .bind(t.finished_at)
         .bind(t.exit_code)
-        .bind(t.expires_boot_ms)
         .bind(t.grace)
         .bind(id)
         .execute(tx.conn())
@@ -172,17 +164,6 @@ impl Store {
         insert_event(tx.conn(), time, id, Some(state), reason, t.message).await?;
         tx.commit().await?;
         self.wrote_event();
-        Ok(())
-    }
-
-    pub async fn set_expiry(&self, id: &str, expires_boot_ms: i64) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE sandboxes SET expires_boot_ms = ? WHERE id = ?")
-            .bind(expires_boot_ms)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        tx.commit().await?;
         Ok(())
     }
 
@@ -426,12 +407,10 @@ fn decode(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
             .map_err(|e| corrupt("resources", e.to_string()))?,
         node: r.try_get("node")?,
         image_digest: r.try_get("image_digest")?,
-        pid: r.try_get("pid")?,
         created_at: r.try_get("created_at")?,
         started_at: r.try_get("started_at")?,
         finished_at: r.try_get("finished_at")?,
         exit_code: r.try_get("exit_code")?,
-        expires_boot_ms: r.try_get("expires_boot_ms")?,
         grace: r.try_get("grace")?,
         id,
     })

@@ -1,9 +1,13 @@
-//! Warren's plain types, shared by every other crate. Nothing here performs I/O.
+//! Warren's plain types, shared by every other crate. Nothing here performs
+//! I/O (but for reading the clock, and the test-only crash hook).
 
 pub mod batch;
+pub mod clock;
+pub mod crashpoint;
 pub mod error;
 pub mod event;
 pub mod exec;
+pub mod image_ref;
 pub mod labels;
 pub mod network;
 pub mod profile;

@@ -198,18 +198,7 @@ impl RegistryConfig {
     }
 }
 
-/// The registry host a reference names, if it names one: the first path
-/// component when it looks like a host (has a dot or a port, or is
-/// `localhost`), as Docker decides. `busybox:latest` and `team/app` are
-/// local names; `127.0.0.1:5000/app` and `ghcr.io/o/app` are registry
-/// references.
-pub fn registry_host(reference: &str) -> Option<&str> {
-    let (first, rest) = reference.split_once('/')?;
-    if rest.is_empty() {
-        return None;
-    }
-    (first == "localhost" || first.contains('.') || first.contains(':')).then_some(first)
-}
+pub use warren_core::image_ref::registry_host;
 
 /// Turns an oci-client failure into a message that says what went wrong
 /// and what to do. `what` names the request ("manifest of X", "layer Y").

@@ -35,12 +35,8 @@ pub struct ExecJob {
     pub log: Option<Arc<SandboxLog>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitInfo {
-    pub code: i32,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-}
+/// How an exec ended (the contract's `Exit`).
+pub type ExitInfo = warren_node_api::Exit;
 
 /// Starts the exec; returns an error (and sends nothing) if it could not be
 /// started at all, e.g. the sandbox's init is gone.

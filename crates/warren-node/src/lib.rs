@@ -1,11 +1,14 @@
 //! Warren's node agent: everything that happens on one host. It owns the
 //! image store and the runtime, supervises live sandboxes (their main process,
-//! init, logs) and reports what happens to them as [`NodeEvent`]s. The control
-//! plane drives it only through this API, in `warren up` and in a cluster.
+//! init, logs), journals them and takes them over again after a restart, and
+//! reports what happens to them on a sequenced event feed. The control plane
+//! drives it only through the node contract ([`warren_node_api::NodeApi`],
+//! implemented by [`LocalNode`]), in `warren up` and in a cluster.
 
-pub mod admission;
-pub mod clock;
+mod contract;
 pub mod exec_stream;
+mod feed;
+mod journal;
 pub mod lifetime;
 pub mod logs;
 mod monitor;
@@ -13,15 +16,17 @@ pub mod sampler;
 pub mod user;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
-use warren_core::{ExecEvent, ExecRequest, ResolvedResources, SandboxSpec, Usage};
+use tokio::sync::{mpsc, watch};
+use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_image::{ImageRecord, ImageStore, Pin, Progress, Puller};
+use warren_node_api::{CreateSandbox, NodeEvent, Phase, Resources};
 use warren_runtime::{files, CreateRequest, ExecSpec, Runtime, RuntimeConfig, RuntimeError};
 
+pub use contract::LocalNode;
 pub use exec_stream::ExitInfo;
 use logs::SandboxLog;
 
@@ -43,62 +48,6 @@ pub enum NodeError {
     ClientGone,
     #[error("{0}")]
     Internal(String),
-}
-
-/// What the node tells the control plane about its sandboxes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NodeEvent {
-    MainExited {
-        id: String,
-        exit: ExitInfo,
-        oom_killed: bool,
-    },
-    /// The TTL or the lease ran out (`reason` says which).
-    Expired {
-        id: String,
-        reason: &'static str,
-    },
-    /// The node's CPU stayed above the saturation threshold (85%) for
-    /// `SATURATION_AFTER`; reported once per episode.
-    CpuSaturated {
-        busy: f64,
-    },
-    InitDied {
-        id: String,
-        oom_killed: bool,
-    },
-    /// The sandbox's writable layer grew past its disk limit, or the node's
-    /// disk fell under its floor and this sandbox writes the most there
-    /// (`node_full`: it must go, not be kept).
-    DiskExceeded {
-        id: String,
-        used: u64,
-        limit: u64,
-        node_full: bool,
-    },
-    /// A registry pull ended (explicit, or for a create); `message` says
-    /// what it fetched (`reason` `image_pulled`) or why it failed
-    /// (`image_pull_failed`).
-    ImagePull {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-/// What the control plane recorded of a sandbox it asks a restarted node
-/// to take over.
-pub struct Adoption<'a> {
-    pub pid: i32,
-    pub spec: &'a SandboxSpec,
-    pub resources: &'a ResolvedResources,
-    pub image: &'a ImageRecord,
-    pub ttl_remaining: std::time::Duration,
-    pub lease: Option<std::time::Duration>,
-    /// Paused, kept, or in a grace period: its processes stay frozen.
-    pub frozen: bool,
-    /// Whether its main process's end still matters (not for a kept or
-    /// finishing sandbox, whose main process has been dealt with).
-    pub main: bool,
 }
 
 /// The disk a sandbox that names none may fill (see NodeSettings).
@@ -127,8 +76,6 @@ pub struct NodeSettings {
     pub reserve_cpu_millis: u64,
     pub reserve_memory: u64,
     pub max_sandboxes: u32,
-    /// Creates that may wait for capacity; beyond this they get 429.
-    pub queue_limit: usize,
     /// Sandboxes initialising at once (the node's start queue).
     pub max_initializing: usize,
     /// How long the log of a finished sandbox is kept.
@@ -156,10 +103,10 @@ pub struct NodeSettings {
 }
 
 impl NodeSettings {
-    /// What the admission queue may hand out on a host of this size. The
+    /// What the node lends to sandboxes on a host of this size. The
     /// `warren simulate` replay uses the same computation.
-    pub fn allocatable(&self, host_cpu_millis: u64, host_memory: u64) -> admission::Need {
-        admission::Need {
+    pub fn allocatable(&self, host_cpu_millis: u64, host_memory: u64) -> Resources {
+        Resources {
             cpu_millis: ((host_cpu_millis as f64 * self.cpu_overcommit) as u64)
                 .saturating_sub(self.reserve_cpu_millis),
             memory: host_memory.saturating_sub(self.reserve_memory),
@@ -178,7 +125,6 @@ impl Default for NodeSettings {
             reserve_cpu_millis: 250,
             reserve_memory: 512 << 20,
             max_sandboxes: 4096,
-            queue_limit: 1024,
             max_initializing: 8 * cores,
             log_retention: std::time::Duration::from_secs(7 * 86400),
             log_max: logs::DEFAULT_MAX,
@@ -193,6 +139,10 @@ impl Default for NodeSettings {
 }
 
 struct Live {
+    /// What the control plane asked for, with its network rules as they
+    /// are now (journaled with what follows).
+    create: Mutex<CreateSandbox>,
+    phase: Mutex<Phase>,
     pid: i32,
     socket: PathBuf,
     cgroup_path: String,
@@ -225,8 +175,13 @@ pub struct Node {
     cpu: Mutex<CpuBusy>,
     checked_images: Mutex<std::collections::HashSet<String>>,
     name: String,
-    admission: admission::Admission,
+    allocatable: Resources,
+    /// Most processes all sandboxes together may run.
+    max_pids: u32,
     initializing: tokio::sync::Semaphore,
+    journal: journal::Journal,
+    /// True once the sandboxes of the journal are taken over (after a start).
+    ready: watch::Sender<bool>,
     home: PathBuf,
     runtime: Runtime,
     images: Arc<ImageStore>,
@@ -238,15 +193,15 @@ pub struct Node {
     disk_floor: Option<u64>,
     /// Free space under the home is below the floor: no new sandboxes.
     disk_pressure: AtomicBool,
-    events: mpsc::UnboundedSender<NodeEvent>,
+    feed: Arc<feed::Feed>,
     exec_seq: AtomicU64,
     egress: Arc<warren_net::Egress>,
 }
 
 impl Node {
-    pub fn start(
-        cfg: NodeConfig,
-    ) -> Result<(Arc<Node>, mpsc::UnboundedReceiver<NodeEvent>), NodeError> {
+    /// Opens the node's home and takes over the sandboxes its journal
+    /// lists, in the background (`inventory` answers once that is done).
+    pub fn start(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
         for d in ["logs", "images"] {
             std::fs::create_dir_all(cfg.home.join(d))
                 .map_err(|e| NodeError::Internal(format!("create {d} dir: {e}")))?;
@@ -265,7 +220,8 @@ impl Node {
             cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
             userns: cfg.settings.userns,
         })?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let journal = journal::Journal::open(&cfg.home)
+            .map_err(|e| NodeError::Internal(format!("open the node journal: {e}")))?;
         let cap = &cfg.settings;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -288,7 +244,10 @@ impl Node {
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
-            admission: admission::Admission::new(total, max_pids, cap.queue_limit),
+            allocatable: total,
+            max_pids,
+            journal,
+            ready: watch::Sender::new(false),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
             home: cfg.home,
@@ -306,7 +265,8 @@ impl Node {
             default_disk: cfg.settings.default_disk,
             disk_floor: cfg.settings.disk_floor,
             disk_pressure: AtomicBool::new(false),
-            events: tx,
+            // Sequence numbers grow across node restarts on one boot.
+            feed: Arc::new(feed::Feed::new(lifetime::boot_ms().max(1) as u64 * 1000)),
             // Exec ids name cgroups that can outlive a daemon (an exec left
             // running, or one a crash interrupted while it was being
             // killed): they must never repeat, so they count on from the
@@ -323,15 +283,12 @@ impl Node {
             Arc::downgrade(&node),
             cfg.settings.log_retention,
         ));
-        Ok((node, rx))
+        tokio::spawn(node.clone().take_over());
+        Ok(node)
     }
 
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    pub fn images(&self) -> Arc<ImageStore> {
-        self.images.clone()
     }
 
     /// The sandbox's JSON-lines log, opened for appending.
@@ -430,7 +387,7 @@ impl Node {
             // the store is not news (the sandbox records the digest).
             Ok(_) if cached => return result.map_err(NodeError::from),
             Ok(image) => NodeEvent::ImagePull {
-                reason: "image_pulled",
+                reason: "image_pulled".into(),
                 message: format!(
                     "{reference} is {} ({} layers); downloaded {layers} layers, {bytes} bytes \
                      in {:.3}s",
@@ -440,11 +397,11 @@ impl Node {
                 ),
             },
             Err(e) => NodeEvent::ImagePull {
-                reason: "image_pull_failed",
+                reason: "image_pull_failed".into(),
                 message: format!("{reference}: {e}"),
             },
         };
-        let _ = self.events.send(event);
+        self.feed.push(event);
         if let (Some(budget), Ok(image)) = (self.image_budget, &result) {
             if layers > 0 {
                 self.enforce_image_budget(budget, image);
@@ -458,14 +415,14 @@ impl Node {
     /// used).
     fn enforce_image_budget(&self, budget: u64, pulled: &ImageRecord) {
         let images = self.images.clone();
-        let events = self.events.clone();
+        let feed = self.feed.clone();
         let keep = self.images.pin_image(pulled);
         tokio::task::spawn_blocking(move || {
             let _keep = keep;
             match images.prune(Some(budget)) {
                 Ok(report) if !report.removed.is_empty() => {
-                    let _ = events.send(NodeEvent::ImagePull {
-                    reason: "images_pruned",
+                    feed.push(NodeEvent::ImagePull {
+                    reason: "images_pruned".into(),
                     message: format!(
                         "image store over its budget of {budget} bytes: removed {} ({} -> {} bytes)",
                         report.removed.join(", "),
@@ -545,11 +502,15 @@ impl Node {
     /// Returns once an exec into it would succeed.
     pub async fn create(
         self: &Arc<Self>,
-        id: &str,
-        spec: &SandboxSpec,
-        resources: &ResolvedResources,
+        req: CreateSandbox,
         image: &ImageRecord,
     ) -> Result<i32, NodeError> {
+        let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
+        if self.is_live(id) {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} already exists on this node"
+            )));
+        }
         let lower_dirs = {
             let images = self.images.clone();
             let image = image.clone();
@@ -578,24 +539,57 @@ impl Node {
             return Err(e);
         }
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
-        let live = self.register(id, handle.pid, spec, resources, image, log, lifetime);
+        let live = self.register(
+            req.clone(),
+            handle.pid,
+            Phase::Running,
+            image,
+            log,
+            lifetime,
+        );
         // Resolve the main process's user now, so a bad one fails the create.
-        if let Some(cmd) = &spec.cmd {
-            if let Err(e) = self.exec_job(id, &live, &main_request(cmd), true) {
-                let _ = self.destroy(id).await;
-                return Err(e);
-            }
+        let checked = match &spec.cmd {
+            Some(cmd) => self
+                .exec_job(id, &live, &main_request(cmd), true)
+                .map(|_| ()),
+            None => Ok(()),
+        };
+        if let Err(e) = checked.and_then(|()| self.journal(&live)) {
+            let _ = self
+                .destroy(id, warren_core::state::reason::CREATE_FAILED)
+                .await;
+            return Err(e);
         }
         Ok(handle.pid)
+    }
+
+    /// Records the sandbox in the node's journal as it stands now.
+    fn journal(&self, live: &Live) -> Result<(), NodeError> {
+        let entry = journal::Entry {
+            create: live.create(),
+            pid: live.pid,
+            phase: live.phase(),
+            ends_boot_ms: lifetime::boot_ms()
+                + live
+                    .lifetime
+                    .lock()
+                    .map(|l| l.ttl_remaining().as_millis() as i64)
+                    .unwrap_or(0),
+        };
+        self.journal
+            .write(&entry)
+            .map_err(|e| NodeError::Internal(format!("journal sandbox {}: {e}", live.create().id)))
     }
 
     /// Starts the spec's main process, if it has one. The control plane
     /// calls this once the sandbox is recorded as running, so the main
     /// process's exit is never reported for a sandbox still `creating`.
-    pub fn start_main(self: &Arc<Self>, id: &str, spec: &SandboxSpec) -> Result<(), NodeError> {
-        let Some(cmd) = &spec.cmd else { return Ok(()) };
+    pub fn start_main(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
         let live = self.get(id)?;
-        let job = self.exec_job(id, &live, &main_request(cmd), true)?;
+        let Some(cmd) = live.main_cmd.clone() else {
+            return Ok(());
+        };
+        let job = self.exec_job(id, &live, &main_request(&cmd), true)?;
         self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
         Ok(())
     }
@@ -627,11 +621,16 @@ impl Node {
         id: &str,
         network: &warren_core::spec::NetworkSpec,
     ) -> Result<warren_net::PolicyChange, NodeError> {
-        self.get(id)?;
-        Ok(self
+        let live = self.get(id)?;
+        let change = self
             .egress
             .update(id, &network.allow, &network.deny)
-            .await?)
+            .await?;
+        if let Ok(mut c) = live.create.lock() {
+            c.spec.network = network.clone();
+        }
+        self.journal(&live)?;
+        Ok(change)
     }
 
     /// Checks rules against the node's global defaults.
@@ -665,20 +664,63 @@ impl Node {
         }
     }
 
+    /// After a start: takes over every sandbox of the journal (those whose
+    /// init is gone are removed), then sweeps what no entry claims (left by
+    /// a crash between a create's first step and its journal entry).
+    async fn take_over(self: Arc<Self>) {
+        use futures_util::StreamExt;
+        let entries = {
+            let journal = journal::Journal::open(&self.home);
+            tokio::task::spawn_blocking(move || journal.map(|j| j.load()).unwrap_or_default())
+                .await
+                .unwrap_or_default()
+        };
+        futures_util::stream::iter(entries)
+            .for_each_concurrent(TAKE_OVER_PARALLELISM, |entry| {
+                let node = self.clone();
+                async move {
+                    let id = entry.create.id.clone();
+                    match node.adopt(entry).await {
+                        Ok(()) => tracing::info!(sandbox = %id, "taken over after a restart"),
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, error = %e, "could not take the sandbox over; removing its remains");
+                            node.journal.remove(&id);
+                        }
+                    }
+                }
+            })
+            .await;
+        for id in self.runtime.list_host_sandboxes() {
+            if !self.is_live(&id) && self.runtime.destroy(&id, None).await.is_ok() {
+                tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
+            }
+        }
+        self.ready.send_replace(true);
+    }
+
+    /// Waits until the journal's sandboxes are taken over.
+    async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
     /// Takes over a sandbox that outlived a daemon restart: its init must
     /// still be alive and in the sandbox's cgroup. Nothing here waits on
     /// the sandbox's processes: its main process's output, which init held
     /// while no daemon was reading, is re-attached in the background, and
     /// only once the sandbox is not frozen.
-    pub async fn adopt(self: &Arc<Self>, id: &str, a: Adoption<'_>) -> Result<(), NodeError> {
+    async fn adopt(self: &Arc<Self>, entry: journal::Entry) -> Result<(), NodeError> {
+        let id = entry.create.id.clone();
+        let id = id.as_str();
+        let image = self.resolve_image(&entry.create.image_digest).await?;
         let cgroup_path = self.runtime.cgroup_path(id);
-        if !warren_runtime::owns_pid(a.pid, &cgroup_path) {
+        if !warren_runtime::owns_pid(entry.pid, &cgroup_path) {
             return Err(NodeError::NotRunning(id.to_string()));
         }
-        // A crash between a freeze (or thaw) and its record: the record
-        // is what a client was told, so the freezer follows it.
+        // A crash between a freeze (or thaw) and its journal entry: the
+        // entry is what the control plane was told, so the freezer follows.
         let path = cgroup_path.clone();
-        let frozen = a.frozen;
+        let frozen = entry.phase != Phase::Running;
         tokio::task::spawn_blocking(move || {
             if warren_runtime::cgroups::is_frozen(&path) != frozen {
                 warren_runtime::cgroups::freeze(&path, frozen)
@@ -695,13 +737,23 @@ impl Node {
             "the daemon restarted and took the sandbox over",
         );
         // The old daemon's proxy sockets died with it, so egress has failed
-        // closed since; new ones restore it with the recorded policy.
-        if let Err(e) = self.attach_network(id, a.pid, a.spec, &log).await {
+        // closed since; new ones restore it with the journaled policy.
+        if let Err(e) = self
+            .attach_network(id, entry.pid, &entry.create.spec, &log)
+            .await
+        {
             log.event("running", "network_unavailable", &e.to_string());
         }
-        let lifetime = lifetime::Lifetime::new(a.ttl_remaining, a.lease);
-        self.admission.hold(id, need_of(a.resources));
-        let live = self.register(id, a.pid, a.spec, a.resources, a.image, log, lifetime);
+        // A held sandbox's lifetime is its hold; its main process has been
+        // dealt with.
+        let working = entry.phase != Phase::Held;
+        let remaining = (entry.ends_boot_ms - lifetime::boot_ms()).max(0) as u64;
+        let lifetime = lifetime::Lifetime::new(
+            std::time::Duration::from_millis(remaining),
+            entry.create.spec.lease.map(|l| l.0).filter(|_| working),
+        );
+        let has_main = entry.create.spec.cmd.is_some();
+        let live = self.register(entry.create, entry.pid, entry.phase, &image, log, lifetime);
         // Execs that were running died with their streams (their cgroups
         // go), and a kill the crash interrupted is finished.
         let path = cgroup_path.clone();
@@ -709,8 +761,8 @@ impl Node {
             warren_runtime::exec_cgroup::settle(&path);
         })
         .await;
-        if a.spec.cmd.is_some() && a.main {
-            if a.frozen {
+        if has_main && working {
+            if frozen {
                 live.main_detached.store(true, Ordering::Release);
             } else {
                 self.spawn_attach_main(id);
@@ -781,7 +833,7 @@ impl Node {
                     timed_out: false,
                 };
                 let oom_killed = self.oom_kills(id) > 0;
-                let _ = self.events.send(NodeEvent::MainExited {
+                self.feed.push(NodeEvent::MainExited {
                     id: id.to_string(),
                     exit,
                     oom_killed,
@@ -792,17 +844,16 @@ impl Node {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn register(
         self: &Arc<Self>,
-        id: &str,
+        create: CreateSandbox,
         pid: i32,
-        spec: &SandboxSpec,
-        resources: &ResolvedResources,
+        phase: Phase,
         image: &ImageRecord,
         log: Arc<SandboxLog>,
         lifetime: lifetime::Lifetime,
     ) -> Arc<Live> {
+        let (id, spec, resources) = (create.id.clone(), &create.spec, &create.resources);
         let mut env =
             warren_core::spec::sandbox_env(&image.config.env, resources.cpu_millis, &spec.env);
         if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
@@ -819,8 +870,16 @@ impl Node {
             .user
             .clone()
             .unwrap_or_else(|| image.config.user.clone());
-        let handle = self.runtime.handle(id, pid);
+        let handle = self.runtime.handle(&id, pid);
+        let disk_limit = if resources.disk > 0 {
+            0
+        } else {
+            self.default_disk
+        };
+        let main_cmd = spec.cmd.clone();
         let live = Arc::new(Live {
+            create: Mutex::new(create),
+            phase: Mutex::new(phase),
             pid,
             socket: handle.socket,
             cgroup_path: handle.cgroup_path,
@@ -830,23 +889,19 @@ impl Node {
             image_digest: image.digest.clone(),
             _image_pin: self.images.pin_image(image),
             image: image.clone(),
-            main_cmd: spec.cmd.clone(),
+            main_cmd,
             log,
             destroying: AtomicBool::new(false),
             main_detached: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),
             usage: Mutex::new(sampler::UsageTracker::new()),
-            disk_limit: if resources.disk > 0 {
-                0
-            } else {
-                self.default_disk
-            },
+            disk_limit,
             disk_reported: AtomicBool::new(false),
         });
         if let Ok(mut m) = self.live.lock() {
-            m.insert(id.to_string(), live.clone());
+            m.insert(id.clone(), live.clone());
         }
-        monitor::watch_init(self.clone(), id.to_string(), pid);
+        monitor::watch_init(self.clone(), id, pid);
         live
     }
 
@@ -865,21 +920,13 @@ impl Node {
             tokio::spawn(async move { while rx.recv().await.is_some() {} });
             if let Ok(exit) = pump(tx).await {
                 let oom_killed = node.oom_kills(&id) > 0;
-                let _ = node.events.send(NodeEvent::MainExited {
+                node.feed.push(NodeEvent::MainExited {
                     id,
                     exit,
                     oom_killed,
                 });
             }
         });
-    }
-
-    /// The lifetime's end on CLOCK_BOOTTIME (ms), which keeps counting
-    /// across daemon restarts and ignores wall-clock steps.
-    pub fn expires_boot_ms(&self, id: &str) -> Option<i64> {
-        let live = self.get(id).ok()?;
-        let l = live.lifetime.lock().ok()?;
-        Some(lifetime::boot_ms() + l.ttl_remaining().as_millis() as i64)
     }
 
     fn exec_job(
@@ -963,14 +1010,16 @@ impl Node {
         }
     }
 
-    /// Kills and removes everything of the sandbox. Idempotent.
-    /// Returns the sandbox's final usage when it was live here.
-    pub async fn destroy(&self, id: &str) -> Result<Option<Usage>, NodeError> {
+    /// Kills and removes everything of the sandbox, `why` being the last
+    /// line of its log. Idempotent. Returns the sandbox's final usage when
+    /// it was live here.
+    pub async fn destroy(&self, id: &str, why: &str) -> Result<Option<Usage>, NodeError> {
         let mut last_usage = None;
-        let pid = self.get(id).ok().map(|live| {
+        let live = self.get(id).ok();
+        let pid = live.as_ref().map(|live| {
             live.destroying.store(true, Ordering::Release);
             // The resource summary, read while the cgroup still exists.
-            self.sample_one(id, &live, true);
+            self.sample_one(id, live, true);
             if let Ok(u) = live.usage.lock() {
                 let usage = u.usage();
                 live.log
@@ -981,43 +1030,15 @@ impl Node {
         });
         self.egress.detach(id);
         self.runtime.destroy(id, pid).await?;
+        self.journal.remove(id);
+        if let Some(live) = live {
+            // Before it leaves the table, so a log follower reads it.
+            live.log.event("destroyed", why, "");
+        }
         if let Ok(mut m) = self.live.lock() {
             m.remove(id);
         }
-        self.admission.release(id);
         Ok(last_usage)
-    }
-
-    /// Reserves capacity for a sandbox, or queues it (FIFO) until some frees.
-    pub fn admit(
-        &self,
-        id: &str,
-        resources: &ResolvedResources,
-    ) -> Result<admission::Admit, admission::AdmitError> {
-        self.admission.admit(id, need_of(resources), resources.pids)
-    }
-
-    /// Refuses every further create and empties the queue (a clean stop).
-    pub fn close_admission(&self) {
-        self.admission.close();
-    }
-
-    /// Gives back a reservation (or a queue place) that will not be used.
-    pub fn release(&self, id: &str) {
-        self.admission.release(id);
-    }
-
-    pub fn queue_position(&self, id: &str) -> Option<usize> {
-        self.admission.position(id)
-    }
-
-    /// Allocatable capacity, what is allocated, and the queue length.
-    pub fn capacity(&self) -> (admission::Need, admission::Need, usize) {
-        (
-            self.admission.total(),
-            self.admission.used(),
-            self.admission.queued(),
-        )
     }
 
     /// Renews the sandbox's lease (heartbeat, or any API call on it).
@@ -1032,21 +1053,33 @@ impl Node {
     /// Lets the sandbox live `ttl` from now.
     pub fn set_ttl(&self, id: &str, ttl: std::time::Duration) -> Result<(), NodeError> {
         let live = self.get(id)?;
-        let mut l = live
-            .lifetime
+        live.lifetime
             .lock()
-            .map_err(|_| NodeError::Internal("lifetime lock".into()))?;
-        l.set_ttl(ttl);
-        Ok(())
+            .map_err(|_| NodeError::Internal("lifetime lock".into()))?
+            .set_ttl(ttl);
+        self.journal(&live)
     }
 
-    /// Starts a new lifetime without lease (a kept sandbox's own expiry).
-    pub fn restart_lifetime(&self, id: &str, ttl: std::time::Duration) {
-        if let Ok(live) = self.get(id) {
-            if let Ok(mut l) = live.lifetime.lock() {
-                l.restart(ttl);
-            }
+    /// Freezes a finished sandbox and holds it for `hold_for` (a new
+    /// lifetime without lease: a kept sandbox's own expiry, or a grace
+    /// period). Answers the usage of its run.
+    pub async fn hold(
+        self: &Arc<Self>,
+        id: &str,
+        hold_for: std::time::Duration,
+        note: &warren_node_api::LogNote,
+    ) -> Result<Option<Usage>, NodeError> {
+        if let Err(e) = self.freeze(id, true).await {
+            tracing::warn!(sandbox = %id, error = %e, "freezing a finished sandbox");
         }
+        let live = self.get(id)?;
+        if let Ok(mut l) = live.lifetime.lock() {
+            l.restart(hold_for);
+        }
+        live.set_phase(Phase::Held);
+        self.journal(&live)?;
+        live.log.event(&note.state, &note.reason, &note.message);
+        Ok(self.usage(id))
     }
 
     /// Remaining TTL and lease, in milliseconds.
@@ -1063,13 +1096,9 @@ impl Node {
     /// image, under `name`. With `freeze`, its processes are frozen while
     /// the layer is written (so files are not caught half-changed) and
     /// thawed after; a paused or kept sandbox is already frozen.
-    pub async fn commit(
-        self: &Arc<Self>,
-        id: &str,
-        name: &str,
-        freeze: bool,
-    ) -> Result<ImageRecord, NodeError> {
+    pub async fn commit(self: &Arc<Self>, id: &str, name: &str) -> Result<ImageRecord, NodeError> {
         let live = self.get(id)?;
+        let freeze = live.phase() == Phase::Running;
         let upper = self.runtime.upper_dir(id).ok_or_else(|| {
             NodeError::BadRequest(format!(
                 "sandbox {id} has a disk limit; its changes live on its own file system, \
@@ -1097,8 +1126,25 @@ impl Node {
         Ok(result.map_err(|e| NodeError::Internal(e.to_string()))??)
     }
 
+    /// Pauses (freezes) or resumes (thaws) the sandbox, journaled.
+    pub async fn set_paused(self: &Arc<Self>, id: &str, paused: bool) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        if live.phase() == Phase::Held {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} has finished and is held; it cannot be paused or resumed"
+            )));
+        }
+        self.freeze(id, paused).await?;
+        live.set_phase(if paused {
+            Phase::Paused
+        } else {
+            Phase::Running
+        });
+        self.journal(&live)
+    }
+
     /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.
-    pub async fn freeze(self: &Arc<Self>, id: &str, frozen: bool) -> Result<(), NodeError> {
+    async fn freeze(self: &Arc<Self>, id: &str, frozen: bool) -> Result<(), NodeError> {
         let live = self.get(id)?;
         let path = live.cgroup_path.clone();
         tokio::task::spawn_blocking(move || warren_runtime::cgroups::freeze(&path, frozen))
@@ -1110,7 +1156,7 @@ impl Node {
         Ok(())
     }
 
-    pub fn log(&self, id: &str) -> Option<Arc<SandboxLog>> {
+    fn log(&self, id: &str) -> Option<Arc<SandboxLog>> {
         self.get(id).ok().map(|l| l.log.clone())
     }
 
@@ -1142,7 +1188,7 @@ impl Node {
         if live.disk_reported.swap(true, Ordering::AcqRel) {
             return;
         }
-        let _ = self.events.send(NodeEvent::DiskExceeded {
+        self.feed.push(NodeEvent::DiskExceeded {
             id: id.to_string(),
             used,
             limit,
@@ -1197,33 +1243,14 @@ impl Node {
     }
 
     /// The sandbox's root directory, for the confined file API.
-    pub fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
+    fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
         let live = self.get(id)?;
         Ok(files::open_root(live.pid)?)
     }
 
-    /// Sandbox directories, cgroups and runtime state on this host that
-    /// `known` does not list: left behind by a crash. Removes them.
-    pub async fn sweep_orphans(&self, known: &[String]) -> Vec<String> {
-        let mut swept = Vec::new();
-        for id in self.runtime.list_host_sandboxes() {
-            if !known.contains(&id)
-                && !self.is_live(&id)
-                && self.runtime.destroy(&id, None).await.is_ok()
-            {
-                swept.push(id);
-            }
-        }
-        swept
-    }
-
     /// Host id of root in the sandbox, if it has a user namespace.
-    pub fn host_id_base(&self, id: &str) -> Option<u32> {
+    fn host_id_base(&self, id: &str) -> Option<u32> {
         self.runtime.id_range(id).map(|r| r.base)
-    }
-
-    pub fn home(&self) -> &Path {
-        &self.home
     }
 
     fn init_died(&self, id: &str) {
@@ -1232,20 +1259,32 @@ impl Node {
             return;
         }
         let oom_killed = warren_runtime::cgroups::oom_kills(&live.cgroup_path) > 0;
-        let _ = self.events.send(NodeEvent::InitDied {
+        self.feed.push(NodeEvent::InitDied {
             id: id.to_string(),
             oom_killed,
         });
     }
 }
 
-pub fn need_of(r: &ResolvedResources) -> admission::Need {
-    admission::Need {
-        cpu_millis: r.cpu_millis,
-        memory: r.memory,
-        slots: 1,
+impl Live {
+    fn create(&self) -> CreateSandbox {
+        self.create
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    fn phase(&self) -> Phase {
+        self.phase.lock().map(|p| *p).unwrap_or(Phase::Running)
+    }
+    fn set_phase(&self, phase: Phase) {
+        if let Ok(mut p) = self.phase.lock() {
+            *p = phase;
+        }
     }
 }
+
+/// Journal entries taken over at once after a restart.
+const TAKE_OVER_PARALLELISM: usize = 32;
 
 fn host_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -1306,7 +1345,7 @@ impl Node {
             let since = *c.high_since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() >= SATURATION_AFTER && !c.reported {
                 c.reported = true;
-                let _ = self.events.send(NodeEvent::CpuSaturated { busy: c.busy });
+                self.feed.push(NodeEvent::CpuSaturated { busy: c.busy });
             }
         } else {
             c.high_since = None;
@@ -1406,7 +1445,10 @@ async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
             Err(_) => continue,
         };
         for (id, reason) in expired {
-            let _ = node.events.send(NodeEvent::Expired { id, reason });
+            node.feed.push(NodeEvent::Expired {
+                id,
+                reason: reason.into(),
+            });
         }
     }
 }

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
-use crate::clock::now_rfc3339;
+use warren_core::clock::now_rfc3339;
 
 /// Default cap of one sandbox's log on disk (both files together).
 pub const DEFAULT_MAX: u64 = 64 << 20;

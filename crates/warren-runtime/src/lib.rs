@@ -8,7 +8,7 @@
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.
 
-pub mod crashpoint;
+pub use warren_core::crashpoint;
 pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;

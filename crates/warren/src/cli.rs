@@ -158,10 +158,25 @@ pub enum Command {
     Spawner,
 }
 
+/// How `warren up` drives its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeTransport {
+    InProcess,
+    Http,
+}
+
 #[derive(Args)]
 pub struct UpArgs {
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
+    /// How the control plane reaches its node: in the same process, or
+    /// over HTTP through the node API (as in a cluster; on loopback here).
+    #[arg(long, value_enum, default_value_t = NodeTransport::InProcess)]
+    pub node_transport: NodeTransport,
+    /// Where the node API listens with `--node-transport http` (it takes
+    /// the node credential in `<home>/node-credential`, never the API token).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub node_listen: SocketAddr,
     /// Spawner processes (parallel sandbox creations); default: one per core.
     #[arg(long)]
     pub spawners: Option<usize>,

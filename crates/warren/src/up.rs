@@ -1,10 +1,15 @@
-//! `warren up`: control plane, node agent and SQLite store in one process.
+//! `warren up`: control plane, node agent and SQLite store in one process;
+//! the control plane drives the node through the node contract, in-process.
 
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 use warren_control::UpConfig;
 
-use crate::cli::UpArgs;
+use std::sync::Arc;
+
+use warren_node_api::NodeApi;
+
+use crate::cli::{NodeTransport, UpArgs};
 
 pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     tracing_subscriber::fmt()
@@ -36,7 +41,6 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         reserve_cpu_millis: warren_core::quantity::parse_cpu(&args.reserve_cpu)?,
         reserve_memory: warren_core::quantity::parse_size(&args.reserve_memory)?,
         max_sandboxes: args.max_sandboxes,
-        queue_limit: args.queue_limit,
         max_initializing: args.max_initializing.unwrap_or(defaults.max_initializing),
         log_retention: warren_core::quantity::parse_duration(&args.log_retention)
             .context("--log-retention")?,
@@ -58,20 +62,29 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .transpose()?,
         userns: !args.no_userns,
     };
-    let cfg = UpConfig {
+    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
+    let node = warren_node::Node::start(warren_node::NodeConfig {
         home: home.to_path_buf(),
-        listen: args.listen,
+        name: hostname(),
         spawner_exe: exe,
         spawner_args: vec!["spawner".into()],
         spawners,
         settings,
+    })
+    .map_err(|e| anyhow::anyhow!("node agent: {e}"))?;
+    let cfg = UpConfig {
+        home: home.to_path_buf(),
+        listen: args.listen,
+        queue_limit: args.queue_limit,
         policy: warren_core::profile::Policy {
             cpu_margin: args.cpu_margin,
             memory_margin: args.memory_margin,
             ..Default::default()
         },
+        destroy_on_stop: true,
     };
-    let (up, router) = warren_control::start(&cfg)
+    let node = node_transport(home, &args, warren_node::LocalNode::new(node)).await?;
+    let (up, router) = warren_control::start(&cfg, node)
         .await
         .map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(cfg.listen)
@@ -173,4 +186,44 @@ fn egress_settings(args: &UpArgs, nofile: u64) -> Result<warren_net::Settings> {
         node_max_conns: args.net_node_max_conns.min((nofile / 8).max(64) as usize),
         ..Default::default()
     })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "local".into())
+}
+
+/// The control plane's way to its node: the node itself, or a client of
+/// the node's HTTP API served on `--node-listen` (what a cluster does over
+/// the network), guarded by the node credential in `<home>/node-credential`.
+async fn node_transport(
+    home: &std::path::Path,
+    args: &UpArgs,
+    node: warren_node::LocalNode,
+) -> Result<Arc<dyn NodeApi>> {
+    match args.node_transport {
+        NodeTransport::InProcess => Ok(Arc::new(node)),
+        NodeTransport::Http => {
+            let credential = warren_control::ensure_secret(&home.join("node-credential"))
+                .context("node credential")?;
+            let listener = TcpListener::bind(args.node_listen).await.with_context(|| {
+                format!("node API: listen on {} (--node-listen)", args.node_listen)
+            })?;
+            let addr = listener.local_addr().context("node API address")?;
+            let router = warren_node_http::router(Arc::new(node), credential.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    tracing::error!(error = %e, "the node API stopped");
+                }
+            });
+            eprintln!(
+                "warren up: node API on http://{addr} (credential in {})",
+                home.join("node-credential").display()
+            );
+            let client = warren_node_http::HttpNode::new(&format!("http://{addr}"), &credential)
+                .map_err(|e| anyhow::anyhow!("node API client: {e}"))?;
+            Ok(Arc::new(client))
+        }
+    }
 }

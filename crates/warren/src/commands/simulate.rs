@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
+use warren_control::admission::{Admission, Admit, Need};
 use warren_core::profile::{Policy, Profile, Request, Run};
-use warren_node::admission::{Admission, Admit, Need};
 
 use crate::cli::SimulateArgs;
 

@@ -1,3 +1,5 @@
+//! Wall-clock timestamps as Warren records them (RFC 3339, UTC).
+
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 

@@ -1,23 +1,23 @@
-//! Admission on a node: what is allocatable (host capacity minus a reserve),
-//! what live sandboxes hold, and a bounded FIFO queue for creates that do not
+//! Admission to a node, kept by the control plane: what the node lends
+//! (its allocatable capacity), what live sandboxes hold, and a bounded FIFO queue for creates that do not
 //! fit yet. Freed capacity goes to the head of the queue at once; the queue
 //! is strictly FIFO (no small request overtakes a big one), so nothing starves.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use serde::Serialize;
 use tokio::sync::oneshot;
 
 /// Resources one sandbox holds while it is live (or kept).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Need {
-    pub cpu_millis: u64,
-    pub memory: u64,
-    pub slots: u32,
+pub use warren_node_api::Resources as Need;
+
+trait Count {
+    fn fits(&self, used: &Need, total: &Need) -> bool;
+    fn add(&mut self, n: &Need);
+    fn sub(&mut self, n: &Need);
 }
 
-impl Need {
+impl Count for Need {
     fn fits(&self, used: &Need, total: &Need) -> bool {
         used.cpu_millis + self.cpu_millis <= total.cpu_millis
             && used.memory + self.memory <= total.memory

@@ -10,7 +10,13 @@ pub fn hit(point: &str) {
     if target.as_deref() == Some(point) {
         eprintln!("warren: crash injected at {point}");
         // No core file in the working directory of whoever runs the tests.
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Core,
+            rustix::process::Rlimit {
+                current: Some(0),
+                maximum: Some(0),
+            },
+        );
         std::process::abort();
     }
 }

@@ -1,0 +1,516 @@
+//! The control plane's decisions against a fake node: no root, no kernel
+//! work, run by `cargo test`. Reclaim rules, reconciliation after a
+//! restart, the FIFO queue, and creates racing destroys.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use warren_control::control::Control;
+use warren_control::store::Store;
+use warren_core::state::reason;
+use warren_core::{SandboxSpec, SandboxState};
+use warren_node_api::fake::FakeNode;
+use warren_node_api::{Exit, NodeApi, NodeError, NodeEvent, Phase, Resources};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Room for `slots` sandboxes of 1 CPU and 1 GiB.
+fn node(slots: u32) -> Arc<FakeNode> {
+    FakeNode::new(
+        "fake",
+        Resources {
+            cpu_millis: 1000 * slots as u64,
+            memory: (slots as u64) << 30,
+            slots,
+        },
+    )
+}
+
+struct Plane {
+    control: Arc<Control>,
+    _dir: tempfile::TempDir,
+    dir_path: std::path::PathBuf,
+}
+
+/// A control plane over `node` on a store in `dir`, recovered and following
+/// the node's events.
+async fn plane_in(
+    node: &Arc<FakeNode>,
+    dir: tempfile::TempDir,
+) -> Result<Plane, Box<dyn std::error::Error>> {
+    let store = Store::open(&dir.path().join("warren.db")).await?;
+    let info = node.info().await?;
+    let control = Arc::new(Control::new(
+        store,
+        node.clone(),
+        info,
+        16,
+        Default::default(),
+        true,
+    ));
+    control.recover().await.map_err(|e| e.message)?;
+    control.lifecycle.set_ready();
+    tokio::spawn(control.clone().handle_node_events());
+    let dir_path = dir.path().to_path_buf();
+    Ok(Plane {
+        control,
+        _dir: dir,
+        dir_path,
+    })
+}
+
+async fn plane(node: &Arc<FakeNode>) -> Result<Plane, Box<dyn std::error::Error>> {
+    plane_in(node, tempfile::tempdir()?).await
+}
+
+fn spec(json: serde_json::Value) -> SandboxSpec {
+    let mut v = serde_json::json!({"image": "img", "cpu": 1, "memory": "1G"});
+    if let (Some(base), Some(extra)) = (v.as_object_mut(), json.as_object()) {
+        for (k, x) in extra {
+            base.insert(k.clone(), x.clone());
+        }
+    }
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("spec: {e}"))
+}
+
+/// Waits until the sandbox's record is in `state`.
+async fn settles(c: &Control, id: &str, state: SandboxState) -> Result<String, String> {
+    for _ in 0..200 {
+        let row = c.get(id).await.map_err(|e| e.message)?;
+        if row.state == state {
+            return Ok(row.reason);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let row = c.get(id).await.map_err(|e| e.message)?;
+    Err(format!(
+        "{id} is {} ({}), not {state}",
+        row.state, row.reason
+    ))
+}
+
+fn exited(id: &str, code: i32, signal: Option<i32>, oom_killed: bool) -> NodeEvent {
+    NodeEvent::MainExited {
+        id: id.into(),
+        exit: Exit {
+            code,
+            signal,
+            timed_out: false,
+        },
+        oom_killed,
+    }
+}
+
+#[tokio::test]
+async fn reclaim_rules_decide_what_happens_when_a_sandbox_ends() -> TestResult {
+    // (reclaim policy, what the node reports, state it ends in, reason,
+    // whether the node still holds it, frozen)
+    type Case = (
+        &'static str,
+        fn(&str) -> NodeEvent,
+        SandboxState,
+        &'static str,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "destroy",
+            |id| exited(id, 0, None, false),
+            SandboxState::Destroyed,
+            reason::MAIN_EXITED,
+            false,
+        ),
+        (
+            "destroy",
+            |id| exited(id, 1, None, false),
+            SandboxState::Destroyed,
+            reason::MAIN_EXITED,
+            false,
+        ),
+        (
+            "keep_on_failure",
+            |id| exited(id, 0, None, false),
+            SandboxState::Destroyed,
+            reason::MAIN_EXITED,
+            false,
+        ),
+        (
+            "keep_on_failure",
+            |id| exited(id, 3, None, false),
+            SandboxState::Kept,
+            reason::MAIN_EXITED,
+            true,
+        ),
+        (
+            "keep_on_failure",
+            |id| exited(id, 137, Some(9), true),
+            SandboxState::Kept,
+            reason::OOM_KILLED,
+            true,
+        ),
+        (
+            "keep",
+            |id| exited(id, 0, None, false),
+            SandboxState::Kept,
+            reason::MAIN_EXITED,
+            true,
+        ),
+        (
+            "keep",
+            |id| NodeEvent::Expired {
+                id: id.into(),
+                reason: reason::TTL_EXPIRED.into(),
+            },
+            SandboxState::Kept,
+            reason::TTL_EXPIRED,
+            true,
+        ),
+        (
+            "destroy",
+            |id| NodeEvent::Expired {
+                id: id.into(),
+                reason: reason::LEASE_EXPIRED.into(),
+            },
+            SandboxState::Destroyed,
+            reason::LEASE_EXPIRED,
+            false,
+        ),
+        // A dead init leaves nothing worth keeping.
+        (
+            "keep",
+            |id| NodeEvent::InitDied {
+                id: id.into(),
+                oom_killed: false,
+            },
+            SandboxState::Destroyed,
+            reason::INIT_DIED,
+            false,
+        ),
+        (
+            "keep",
+            |id| NodeEvent::InitDied {
+                id: id.into(),
+                oom_killed: true,
+            },
+            SandboxState::Destroyed,
+            reason::OOM_KILLED,
+            false,
+        ),
+        // A sandbox over its own disk limit may be kept (frozen, it writes
+        // no more); one that filled the node's disk may not.
+        (
+            "keep_on_failure",
+            |id| NodeEvent::DiskExceeded {
+                id: id.into(),
+                used: 9,
+                limit: 1,
+                node_full: false,
+            },
+            SandboxState::Kept,
+            reason::DISK_EXCEEDED,
+            true,
+        ),
+        (
+            "keep_on_failure",
+            |id| NodeEvent::DiskExceeded {
+                id: id.into(),
+                used: 9,
+                limit: 1,
+                node_full: true,
+            },
+            SandboxState::Destroyed,
+            reason::DISK_EXCEEDED,
+            false,
+        ),
+        // Delay: frozen for its grace period, still `stopping`.
+        (
+            "delay",
+            |id| exited(id, 0, None, false),
+            SandboxState::Stopping,
+            reason::MAIN_EXITED,
+            true,
+        ),
+    ];
+    let node = node(32);
+    let p = plane(&node).await?;
+    for (policy, event, state, why, held) in cases {
+        let (info, _) = p
+            .control
+            .create(spec(serde_json::json!({"reclaim": policy})), true)
+            .await
+            .map_err(|e| e.message)?;
+        node.push(event(&info.id));
+        let got = settles(&p.control, &info.id, state).await?;
+        assert_eq!(got, why, "{policy}: reason");
+        let phase = node.phase(&info.id);
+        assert_eq!(phase.is_some(), held, "{policy} -> {state}: node holds it");
+        if held {
+            assert_eq!(phase, Some(Phase::Held), "{policy}: frozen while held");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_sandbox_goes_when_its_hold_ends() -> TestResult {
+    let node = node(4);
+    let p = plane(&node).await?;
+    for (policy, end) in [
+        ("keep", reason::KEEP_EXPIRED),
+        ("delay", reason::MAIN_EXITED),
+    ] {
+        let (info, _) = p
+            .control
+            .create(spec(serde_json::json!({"reclaim": policy})), true)
+            .await
+            .map_err(|e| e.message)?;
+        node.push(exited(&info.id, 0, None, false));
+        let held = if policy == "keep" {
+            SandboxState::Kept
+        } else {
+            SandboxState::Stopping
+        };
+        settles(&p.control, &info.id, held).await?;
+        node.push(NodeEvent::Expired {
+            id: info.id.clone(),
+            reason: reason::TTL_EXPIRED.into(),
+        });
+        assert_eq!(
+            settles(&p.control, &info.id, SandboxState::Destroyed).await?,
+            end
+        );
+        assert_eq!(node.phase(&info.id), None);
+    }
+    // Capacity came back: four more fit at once.
+    for _ in 0..4 {
+        let (info, _) = p
+            .control
+            .create(spec(serde_json::json!({})), false)
+            .await
+            .map_err(|e| e.message)?;
+        assert_eq!(info.state, SandboxState::Running);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_queue_is_first_in_first_out_and_frees_on_destroy() -> TestResult {
+    let node = node(2);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (info, _) = c
+            .create(spec(serde_json::json!({})), false)
+            .await
+            .map_err(|e| e.message)?;
+        let expected = if i < 2 {
+            SandboxState::Running
+        } else {
+            SandboxState::Queued
+        };
+        assert_eq!(info.state, expected, "create {i}");
+        if i >= 2 {
+            assert_eq!(info.queue_position, Some(i - 1), "create {i}");
+        }
+        ids.push(info.id);
+    }
+    // A queued create deleted never reaches the node.
+    c.destroy(&ids[3], reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    assert!(!node.calls().contains(&format!("create {}", ids[3])));
+    c.destroy(&ids[0], reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    settles(c, &ids[2], SandboxState::Running).await?;
+    assert_eq!(
+        c.get(&ids[4]).await.map_err(|e| e.message)?.state,
+        SandboxState::Queued
+    );
+    c.destroy(&ids[1], reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    settles(c, &ids[4], SandboxState::Running).await?;
+    let creates: Vec<String> = node
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("create "))
+        .collect();
+    let order: Vec<String> = [0, 1, 2, 4]
+        .iter()
+        .map(|&i| format!("create {}", ids[i]))
+        .collect();
+    assert_eq!(creates, order);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_create_is_recorded_and_gives_its_capacity_back() -> TestResult {
+    let node = node(1);
+    let p = plane(&node).await?;
+    node.fail_next("create", NodeError::invalid("no such user: nobody2"));
+    let err = p
+        .control
+        .create(spec(serde_json::json!({})), true)
+        .await
+        .err()
+        .ok_or("create should fail")?;
+    assert_eq!(err.code, warren_core::ErrorCode::BadRequest);
+    assert!(err.message.contains("nobody2"), "{}", err.message);
+    let failed = p
+        .control
+        .list(&[SandboxState::Failed], &Default::default())
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].reason, reason::CREATE_FAILED);
+    let (info, _) = p
+        .control
+        .create(spec(serde_json::json!({})), false)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(info.state, SandboxState::Running, "the slot came back");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_destroy_racing_a_create_leaves_nothing_behind() -> TestResult {
+    let node = node(1);
+    let p = plane(&node).await?;
+    node.set_create_delay(Duration::from_millis(200));
+    let c = p.control.clone();
+    let creating = tokio::spawn(async move { c.create(spec(serde_json::json!({})), true).await });
+    // The record exists while the node creates.
+    let id = loop {
+        let rows = p
+            .control
+            .list(&[], &Default::default())
+            .await
+            .map_err(|e| e.message)?;
+        if let Some(r) = rows.first() {
+            break r.id.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let destroyed = p
+        .control
+        .destroy(&id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(destroyed.state, SandboxState::Destroyed);
+    let _ = creating.await?;
+    assert_eq!(
+        p.control.get(&id).await.map_err(|e| e.message)?.state,
+        SandboxState::Destroyed
+    );
+    assert!(node.ids().is_empty(), "the node holds {:?}", node.ids());
+    let (info, _) = p
+        .control
+        .create(spec(serde_json::json!({})), false)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(info.state, SandboxState::Running, "the slot came back");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
+    let node = node(8);
+    let dir = tempfile::tempdir()?;
+    let first = plane_in(&node, dir).await?;
+    let c = &first.control;
+    let mk = |v: serde_json::Value| spec(v);
+    let (kept_on_node, _) = c
+        .create(mk(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let (gone, _) = c
+        .create(mk(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let (paused, _) = c
+        .create(mk(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    c.set_paused(&paused.id, true)
+        .await
+        .map_err(|e| e.message)?;
+    let (kept, _) = c
+        .create(mk(serde_json::json!({"reclaim": "keep"})), true)
+        .await
+        .map_err(|e| e.message)?;
+    node.push(exited(&kept.id, 0, None, false));
+    settles(c, &kept.id, SandboxState::Kept).await?;
+    // What a crash leaves: the node lost one sandbox, un-paused another
+    // (the crash came between its thaw and the record), and holds one the
+    // control plane never recorded.
+    node.destroy(&gone.id, "crash").await?;
+    node.set_paused(&paused.id, false).await?;
+    node.hold_sandbox("sbx-unrecorded00", Phase::Running);
+    // The same store, a new control plane (as after a restart).
+    let (store_dir, path) = (first._dir, first.dir_path.clone());
+    drop(first.control);
+    let second = plane_in(&node, store_dir).await?;
+    let c = &second.control;
+    assert_eq!(second.dir_path, path);
+    assert_eq!(
+        c.get(&kept_on_node.id).await.map_err(|e| e.message)?.state,
+        SandboxState::Running
+    );
+    let lost = c.get(&gone.id).await.map_err(|e| e.message)?;
+    assert_eq!(
+        (lost.state, lost.reason.as_str()),
+        (SandboxState::Lost, reason::NODE_LOST)
+    );
+    assert_eq!(
+        c.get(&paused.id).await.map_err(|e| e.message)?.state,
+        SandboxState::Paused
+    );
+    assert_eq!(
+        node.phase(&paused.id),
+        Some(Phase::Paused),
+        "the node follows the record"
+    );
+    assert_eq!(
+        c.get(&kept.id).await.map_err(|e| e.message)?.state,
+        SandboxState::Kept
+    );
+    assert_eq!(
+        node.phase("sbx-unrecorded00"),
+        None,
+        "unrecorded sandbox destroyed"
+    );
+    // Capacity: three held (running, paused, kept) of eight.
+    assert_eq!(c.admission.used().slots, 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> TestResult {
+    let node = node(2);
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("warren.db")).await?;
+    let info = node.info().await?;
+    let c = Arc::new(Control::new(
+        store,
+        node.clone(),
+        info,
+        4,
+        Default::default(),
+        false,
+    ));
+    c.recover().await.map_err(|e| e.message)?;
+    c.lifecycle.set_ready();
+    let (s, _) = c
+        .create(spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    c.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(node.phase(&s.id), Some(Phase::Running));
+    assert_eq!(
+        c.get(&s.id).await.map_err(|e| e.message)?.state,
+        SandboxState::Running
+    );
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! The trait the control plane drives a node through. Every method is a
+//! request and an answer, or a stream; the in-process transport calls the
+//! node directly, the HTTP transport carries the same values.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use warren_core::spec::NetworkSpec;
+use warren_core::{ExecEvent, ExecRequest, Usage};
+
+use crate::error::{NodeError, NodeResult};
+use crate::types::*;
+
+/// Bytes in either direction (a file, an archive, a log).
+pub type ByteStream = BoxStream<'static, NodeResult<Bytes>>;
+
+/// A raw connection to a port inside a sandbox.
+pub trait Tunnel: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Tunnel for T {}
+
+/// A pull's progress, then how it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PullUpdate {
+    /// One of the image store's pull events (`resolved`, `manifest`,
+    /// `progress`, `layer`, `done`), as it reports it.
+    Progress {
+        event: serde_json::Value,
+    },
+    Image {
+        image: ImageInfo,
+    },
+    Error {
+        error: NodeError,
+    },
+}
+
+/// A read of a sandbox path: what it is, then its bytes.
+pub struct FileRead {
+    pub kind: FileKind,
+    pub body: ByteStream,
+}
+
+/// Everything the control plane asks of a node. A node owns its sandboxes'
+/// processes, files, logs, network state and images, journals them and
+/// takes them over again when it restarts, and enforces their lifetimes
+/// itself; the control plane owns intent (specs, states, placement, the
+/// queue) and learns what happens from `events`.
+#[async_trait::async_trait]
+pub trait NodeApi: Send + Sync {
+    /// Name, capacity and load.
+    async fn info(&self) -> NodeResult<NodeInfo>;
+
+    /// Every sandbox the node holds, as it stands. After a node start it
+    /// answers once the node has taken over what it held before.
+    async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>>;
+
+    /// One sandbox, with its usage read now; NotFound when the node does
+    /// not hold it.
+    async fn status(&self, id: &str) -> NodeResult<SandboxStatus>;
+
+    /// Events after `since` (0: all it still has), then new ones as they
+    /// happen. A consumer remembers the last `seq` it handled.
+    async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>>;
+
+    /// Creates a sandbox; answers once an exec into it would succeed. Its
+    /// main process, if the spec has one, starts with `start_main`.
+    async fn create(&self, req: CreateSandbox) -> NodeResult<()>;
+
+    /// Starts the spec's main process (after the control plane recorded
+    /// the sandbox as running, so an exit is never reported before).
+    async fn start_main(&self, id: &str) -> NodeResult<()>;
+
+    /// Kills and removes everything of the sandbox, noting `why` as the
+    /// last line of its log; idempotent. Its final usage when the node
+    /// held it.
+    async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>>;
+
+    /// Freezes (pause) or thaws (resume) every process of the sandbox.
+    async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()>;
+
+    /// Freezes a finished sandbox and holds it for `hold_for` (kept, or a
+    /// `delay` grace period), noting `note` in its log; `Expired` is
+    /// reported when the hold ends. Answers the usage of its run.
+    async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>>;
+
+    /// The sandbox may live `ttl` from now.
+    async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()>;
+
+    /// Renews the sandbox's lease; a sandbox the node does not hold is no
+    /// error (there is nothing to keep alive).
+    async fn renew_lease(&self, id: &str) -> NodeResult<()>;
+
+    /// Adds a state change to the sandbox's log.
+    async fn note(&self, id: &str, note: LogNote) -> NodeResult<()>;
+
+    /// Runs a command; its events as they happen. Dropping the stream kills
+    /// the command's whole process tree.
+    async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>>;
+
+    /// Writes a file (or unpacks a tar archive) from `body`, all or nothing.
+    async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()>;
+
+    /// Reads a file (raw) or a directory (a tar archive).
+    async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead>;
+
+    /// The sandbox's log as whole JSON lines; with `follow`, until the
+    /// sandbox is over (destroyed, or held after it finished).
+    async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream>;
+
+    /// A connection to `port` on the sandbox's loopback.
+    async fn connect_port(&self, id: &str, port: u16) -> NodeResult<Box<dyn Tunnel>>;
+
+    /// Checks network rules against the node's own defaults.
+    async fn check_network(&self, network: NetworkSpec) -> NodeResult<()>;
+
+    /// Replaces a running sandbox's network rules.
+    async fn set_network(&self, id: &str, network: NetworkSpec) -> NodeResult<PolicyChange>;
+
+    /// The sandbox's filesystem changes as a new image `name` (a running
+    /// sandbox is frozen while the layer is written).
+    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo>;
+
+    async fn image_list(&self) -> NodeResult<Vec<ImageInfo>>;
+
+    /// The image a create of `reference` runs: pulled first for a registry
+    /// reference (its tag resolved to a digest at the registry), checked
+    /// to be runnable.
+    async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo>;
+
+    /// Pulls from a registry; progress, then the image or the error. The
+    /// pull runs to its end even if the stream is dropped.
+    async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>>;
+
+    /// Imports an OCI image-layout or docker-archive tar.
+    async fn image_import(&self, name: &str, archive: ByteStream) -> NodeResult<ImageInfo>;
+
+    async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed>;
+
+    /// Removes an image (Conflict while a sandbox runs it).
+    async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo>;
+
+    async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport>;
+}
+
+/// A stream that yields one error: for transports that fail before any
+/// byte moved.
+pub fn failed_stream(e: NodeError) -> ByteStream {
+    Box::pin(futures_util::stream::once(async move { Err(e) }))
+}

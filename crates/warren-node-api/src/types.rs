@@ -1,0 +1,234 @@
+//! What crosses the node contract: requests, answers and events. Plain
+//! serializable data: no host descriptor, path or socket.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use warren_core::{ResolvedResources, SandboxSpec, Usage};
+
+/// What a node lends, in the units the scheduler counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Resources {
+    pub cpu_millis: u64,
+    pub memory: u64,
+    pub slots: u32,
+}
+
+impl Resources {
+    /// What one sandbox holds.
+    pub fn of(r: &ResolvedResources) -> Resources {
+        Resources {
+            cpu_millis: r.cpu_millis,
+            memory: r.memory,
+            slots: 1,
+        }
+    }
+}
+
+/// A node as it describes itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// What the node lends to sandboxes (host capacity × overcommit, less
+    /// its reserve).
+    pub allocatable: Resources,
+    /// Most processes one sandbox may ask for.
+    pub max_pids: u32,
+    pub load: Load,
+}
+
+/// How busy the node is now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    /// Share of the node's CPU time spent busy over the last sample.
+    pub cpu_busy: f64,
+    /// Free space under the node's home is below its floor: it starts no
+    /// sandbox until there is room again.
+    pub disk_pressure: bool,
+    /// Sandboxes it holds.
+    pub sandboxes: u32,
+}
+
+/// Run a new sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateSandbox {
+    pub id: String,
+    pub spec: SandboxSpec,
+    pub resources: ResolvedResources,
+    /// The image's manifest digest (`sha256:…`), resolved by the control
+    /// plane: every sandbox of a batch runs the same one.
+    pub image_digest: String,
+}
+
+/// Where a sandbox stands on its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Running,
+    /// Frozen by a pause.
+    Paused,
+    /// Frozen after it finished, for its `keep_for` (kept, or the grace
+    /// period of `delay`); destroyed by its node when that ends.
+    Held,
+}
+
+/// One sandbox of a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxStatus {
+    pub id: String,
+    pub phase: Phase,
+    pub image_digest: String,
+    /// Host PID of its init (for host tools; node-local).
+    pub pid: i32,
+    /// Host uid of root in its user namespace, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id_base: Option<u32>,
+    /// Until its TTL (or, when held, its hold) ends it.
+    pub ttl_remaining_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_remaining_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A line the control plane adds to a sandbox's log (its state changes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogNote {
+    pub state: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// How a sandbox's main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exit {
+    pub code: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+}
+
+/// What a node reports about its sandboxes and itself, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NodeEvent {
+    MainExited {
+        id: String,
+        exit: Exit,
+        oom_killed: bool,
+    },
+    /// The TTL, the lease, or a hold ran out (`reason` says which).
+    Expired {
+        id: String,
+        reason: String,
+    },
+    InitDied {
+        id: String,
+        oom_killed: bool,
+    },
+    /// The sandbox's writable layer outgrew its disk limit, or the node's
+    /// disk fell under its floor and this sandbox writes the most there
+    /// (`node_full`: it must go, not be kept).
+    DiskExceeded {
+        id: String,
+        used: u64,
+        limit: u64,
+        node_full: bool,
+    },
+    /// The node's CPU stayed above 85% busy; once per episode.
+    CpuSaturated {
+        busy: f64,
+    },
+    /// A registry pull ended (`reason` `image_pulled` or `image_pull_failed`).
+    ImagePull {
+        reason: String,
+        message: String,
+    },
+}
+
+impl NodeEvent {
+    /// The sandbox the event is about, if any.
+    pub fn sandbox(&self) -> Option<&str> {
+        match self {
+            NodeEvent::MainExited { id, .. }
+            | NodeEvent::Expired { id, .. }
+            | NodeEvent::InitDied { id, .. }
+            | NodeEvent::DiskExceeded { id, .. } => Some(id),
+            NodeEvent::CpuSaturated { .. } | NodeEvent::ImagePull { .. } => None,
+        }
+    }
+}
+
+/// An event with its place in the node's feed: a consumer that saw `seq`
+/// asks for what came after it, and loses nothing across a gap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sequenced {
+    pub seq: u64,
+    pub event: NodeEvent,
+}
+
+/// What a rule change did besides switching the rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyChange {
+    /// Live connections the new rules refuse, now closed (`host:port`).
+    pub closed: Vec<String>,
+    /// Ports the new rules name that a server in the sandbox already
+    /// listens on: reachable through the explicit proxy only.
+    pub unlistened: Vec<u16>,
+}
+
+/// How to write a file into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFile {
+    pub path: String,
+    /// Permission bits of a regular file.
+    pub mode: u32,
+    /// The body is a tar archive to unpack into directory `path`.
+    #[serde(default)]
+    pub tar: bool,
+}
+
+/// What a read of a sandbox path found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FileKind {
+    /// A regular file of exactly `size` bytes.
+    File { size: u64 },
+    /// A directory, sent as a tar archive.
+    Dir,
+}
+
+/// An image as a node stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ImageInfo {
+    /// Normalised `repo:tag`.
+    pub name: String,
+    /// Manifest digest `sha256:…`.
+    pub digest: String,
+    /// Number of layers.
+    pub layers: usize,
+    /// The whole record, as the node's image store keeps it (layers,
+    /// config, source): shown to clients as it is.
+    #[schema(value_type = Object)]
+    pub record: serde_json::Value,
+}
+
+/// What `image_gc` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GcReport {
+    pub removed: Vec<String>,
+    pub used_before: u64,
+    pub used_after: u64,
+}
+
+/// What `image_push` did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pushed {
+    pub image: ImageInfo,
+    pub uploaded: usize,
+    pub mounted: usize,
+}

@@ -1,0 +1,28 @@
+//! The node contract ([`warren_node_api::NodeApi`]) over HTTP.
+//!
+//! A node serves [`router`] under `/node/v1`, behind its node credential;
+//! the control plane drives it through [`HttpNode`], which implements the
+//! same trait, so the control plane does not know whether its node runs
+//! in-process or on another host.
+//!
+//! What crosses the wire:
+//! - answers and request bodies are JSON, errors a [`warren_node_api::NodeError`]
+//!   as JSON: the HTTP status is chosen from its kind for people reading logs,
+//!   but the client rebuilds the error from the body alone;
+//! - the event feed, exec output and pull progress are NDJSON, one value a
+//!   line, written as they happen;
+//! - files, logs and image archives are raw bytes streamed both ways, never
+//!   held whole in memory;
+//! - a port tunnel is an HTTP/1 upgrade (`Upgrade: tcp`), after which the
+//!   connection carries the port's bytes.
+//!
+//! Plain HTTP only for now: the credential travels in clear, so a node's
+//! API belongs on a trusted network until TLS is added.
+
+mod client;
+mod ndjson;
+mod server;
+mod wire;
+
+pub use client::HttpNode;
+pub use server::router;

@@ -1,0 +1,578 @@
+//! The node side: every route of the contract under `/node/v1`, behind the
+//! node credential.
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, BodyDataStream};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use warren_core::spec::NetworkSpec;
+use warren_core::ExecRequest;
+use warren_node_api::{
+    ByteStream, CreateSandbox, FileKind, LogNote, NodeApi, NodeError, WriteFile,
+};
+
+use crate::ndjson;
+use crate::wire::{self, *};
+
+type Node = State<Arc<dyn NodeApi>>;
+
+/// The node's HTTP API. Every route takes `Authorization: Bearer
+/// <credential>`; the node credential is shared with the control plane
+/// only, never with users. An empty credential refuses every request.
+///
+/// Under `/node/v1`:
+///
+/// | route | call | answer |
+/// |---|---|---|
+/// | `GET /info` | `info` | `NodeInfo` |
+/// | `GET /events?since=N` | `events` | NDJSON `Sequenced`, open-ended |
+/// | `GET /sandboxes` | `inventory` | `[SandboxStatus]` |
+/// | `POST /sandboxes` | `create` (`CreateSandbox`) | 204 |
+/// | `GET /sandboxes/{id}` | `status` | `SandboxStatus` |
+/// | `DELETE /sandboxes/{id}?why=` | `destroy` | `Usage` or `null` |
+/// | `POST /sandboxes/{id}/main` | `start_main` | 204 |
+/// | `POST /sandboxes/{id}/paused` | `set_paused` (`{"paused"}`) | 204 |
+/// | `POST /sandboxes/{id}/hold` | `hold` (`{"hold_for_ms","note"}`) | `Usage` or `null` |
+/// | `POST /sandboxes/{id}/ttl` | `set_ttl` (`{"ttl_ms"}`) | 204 |
+/// | `POST /sandboxes/{id}/lease` | `renew_lease` | 204 |
+/// | `POST /sandboxes/{id}/note` | `note` (`LogNote`) | 204 |
+/// | `POST /sandboxes/{id}/exec` | `exec` (`ExecRequest`) | NDJSON `ExecEvent` |
+/// | `PUT /sandboxes/{id}/files?path=&mode=&tar=` | `write_file` (raw body) | 204 |
+/// | `GET /sandboxes/{id}/files?path=` | `read_file` | raw body, `x-warren-file-kind` |
+/// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
+/// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
+/// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
+/// | `POST /sandboxes/{id}/commit` | `commit` (`{"name"}`) | `ImageInfo` |
+/// | `POST /network/check` | `check_network` (`NetworkSpec`) | 204 |
+/// | `GET /images` | `image_list` | `[ImageInfo]` |
+/// | `DELETE /images?reference=` | `image_remove` | `ImageInfo` |
+/// | `POST /images/for-create` | `image_for_create` (`{"reference"}`) | `ImageInfo` |
+/// | `POST /images/pull` | `image_pull` (`{"reference"}`) | NDJSON `PullUpdate` |
+/// | `POST /images/import?name=` | `image_import` (raw body) | `ImageInfo` |
+/// | `POST /images/push` | `image_push` (`{"reference","source"}`) | `Pushed` |
+/// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
+///
+/// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
+pub fn router(node: Arc<dyn NodeApi>, credential: String) -> Router {
+    if credential.is_empty() {
+        tracing::warn!("the node API has an empty credential: it refuses every request");
+    }
+    let api = Router::new()
+        .route("/info", get(info))
+        .route("/events", get(events))
+        .route("/sandboxes", get(inventory).post(create))
+        .route("/sandboxes/{id}", get(status).delete(destroy))
+        .route("/sandboxes/{id}/main", post(start_main))
+        .route("/sandboxes/{id}/paused", post(set_paused))
+        .route("/sandboxes/{id}/hold", post(hold))
+        .route("/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/sandboxes/{id}/lease", post(renew_lease))
+        .route("/sandboxes/{id}/note", post(note))
+        .route("/sandboxes/{id}/exec", post(exec))
+        .route("/sandboxes/{id}/files", put(write_file).get(read_file))
+        .route("/sandboxes/{id}/logs", get(logs))
+        .route("/sandboxes/{id}/ports/{port}", post(connect_port))
+        .route("/sandboxes/{id}/network", put(set_network))
+        .route("/sandboxes/{id}/commit", post(commit))
+        .route("/network/check", post(check_network))
+        .route("/images", get(image_list).delete(image_remove))
+        .route("/images/for-create", post(image_for_create))
+        .route("/images/pull", post(image_pull))
+        .route("/images/import", post(image_import))
+        .route("/images/push", post(image_push))
+        .route("/images/gc", post(image_gc))
+        .method_not_allowed_fallback(wrong_method)
+        .with_state(node);
+    let credential: Arc<[u8]> = credential.into_bytes().into();
+    Router::new()
+        .nest(&format!("/{}", PREFIX.join("/")), api)
+        .fallback(no_route)
+        // Only the JSON extractors buffer (through `Bytes`); file and
+        // archive bodies are taken as a stream and are not bound by it.
+        .layer(DefaultBodyLimit::max(JSON_LIMIT))
+        .layer(middleware::from_fn_with_state(credential, auth))
+}
+
+async fn auth(State(credential): State<Arc<[u8]>>, req: Request, next: Next) -> Response {
+    use subtle::ConstantTimeEq;
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
+        .and_then(bearer)
+        .unwrap_or(b"");
+    // An empty credential would let a request without any header in.
+    if !credential.is_empty() && bool::from(given.ct_eq(&credential)) {
+        return next.run(req).await;
+    }
+    let e = NodeError::invalid(
+        "missing or wrong node credential: the node API takes the node credential \
+         (Authorization: Bearer <node credential>), not a user's API token",
+    );
+    (StatusCode::UNAUTHORIZED, Json(e)).into_response()
+}
+
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    (value.len() >= SCHEME.len() && value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME))
+        .then(|| &value[SCHEME.len()..])
+}
+
+async fn no_route(req: Request) -> Failure {
+    Failure(NodeError::not_found(format!(
+        "no node API route {} {}",
+        req.method(),
+        req.uri().path()
+    )))
+}
+
+async fn wrong_method(req: Request) -> Failure {
+    Failure(NodeError::invalid(format!(
+        "{} does not take {}",
+        req.uri().path(),
+        req.method()
+    )))
+}
+
+/// A contract error as the answer: its kind picks the status, its JSON is
+/// the body, which is what the client reads.
+struct Failure(NodeError);
+
+impl From<NodeError> for Failure {
+    fn from(e: NodeError) -> Failure {
+        Failure(e)
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (wire::status_of(self.0.kind), Json(self.0)).into_response()
+    }
+}
+
+type Answer<T> = Result<T, Failure>;
+
+/// A JSON body, refused as a `NodeError` (axum's own rejections are plain
+/// text, which the client could not rebuild).
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = Failure;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Failure> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            NodeError::invalid(format!(
+                "request body (at most {JSON_LIMIT} bytes): {}",
+                e.body_text()
+            ))
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| Failure(NodeError::invalid(format!("request body: {e}"))))
+    }
+}
+
+/// A query, refused as a `NodeError`.
+struct Q<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Q<T> {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Q(q))
+            .map_err(|e| Failure(NodeError::invalid(format!("query: {}", e.body_text()))))
+    }
+}
+
+/// Path parameters, refused as a `NodeError`.
+struct P<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for P<T> {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(p)| P(p))
+            .map_err(|e| Failure(NodeError::invalid(format!("path: {}", e.body_text()))))
+    }
+}
+
+fn done() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Values as NDJSON, each written as it comes. If the client goes away the
+/// body, and so the node's stream, is dropped: for an exec that kills it.
+fn ndjson_response<S>(lines: S) -> Response
+where
+    S: Stream<Item = Result<Bytes, serde_json::Error>> + Send + 'static,
+{
+    let lines = lines.inspect_err(|e| tracing::error!("cannot encode a stream value: {e}"));
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// A byte stream as a body. A failure mid-way can only cut the body short
+/// (the status is sent): the client sees a broken body, not the error, so
+/// the error is logged here.
+fn byte_body(what: &'static str, body: ByteStream) -> Body {
+    Body::from_stream(body.inspect_err(move |e| tracing::warn!("{what} broke off: {e}")))
+}
+
+/// How much of an upload the node left unread is still read (and dropped)
+/// so that its answer reaches the client; past that the connection is cut.
+const LINGER_BYTES: u64 = 256 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(15);
+
+/// A request body as the contract's byte stream, chunk by chunk, shared
+/// with the handler so it can read what the node left unread.
+#[derive(Clone)]
+struct Upload(Arc<Mutex<BodyDataStream>>);
+
+impl Upload {
+    fn new(body: Body) -> Upload {
+        Upload(Arc::new(Mutex::new(body.into_data_stream())))
+    }
+
+    fn poll_chunk(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, axum::Error>>> {
+        match self.0.lock() {
+            Ok(mut body) => body.poll_next_unpin(cx),
+            Err(_) => Poll::Ready(None),
+        }
+    }
+
+    fn stream(&self) -> ByteStream {
+        let upload = self.clone();
+        futures_util::stream::poll_fn(move |cx| upload.poll_chunk(cx))
+            .map_err(|e| NodeError::unavailable(format!("the upload broke off: {e}")))
+            .boxed()
+    }
+
+    /// Reads the rest of the body (within bounds) once the node is done:
+    /// a node that refuses an upload answers before reading it, and an
+    /// answer sent while the client still writes is lost with the
+    /// connection that is closed under it: the client would see a broken
+    /// pipe, not the node's error.
+    async fn linger(self) {
+        let rest = async {
+            let mut read = 0u64;
+            while let Some(Ok(chunk)) =
+                futures_util::future::poll_fn(|cx| self.poll_chunk(cx)).await
+            {
+                read += chunk.len() as u64;
+                if read > LINGER_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, rest).await;
+    }
+}
+
+async fn info(State(node): Node) -> Answer<Response> {
+    Ok(Json(node.info().await?).into_response())
+}
+
+async fn inventory(State(node): Node) -> Answer<Response> {
+    Ok(Json(node.inventory().await?).into_response())
+}
+
+async fn status(State(node): Node, P(id): P<String>) -> Answer<Response> {
+    Ok(Json(node.status(&id).await?).into_response())
+}
+
+async fn events(State(node): Node, Q(q): Q<SinceQuery>) -> Answer<Response> {
+    let feed = node.events(q.since).await?;
+    Ok(ndjson_response(with_heartbeat(
+        ndjson::encode(feed),
+        EVENTS_HEARTBEAT,
+    )))
+}
+
+/// A blank line whenever the feed was quiet for a heartbeat's time.
+fn with_heartbeat<S>(lines: S, every: Duration) -> impl Stream<Item = S::Item> + Send
+where
+    S: Stream<Item = Result<Bytes, serde_json::Error>> + Send + Unpin,
+{
+    futures_util::stream::unfold(lines, move |mut lines| async move {
+        match tokio::time::timeout(every, lines.next()).await {
+            Ok(Some(line)) => Some((line, lines)),
+            Ok(None) => None,
+            Err(_) => Some((Ok(Bytes::from_static(b"\n")), lines)),
+        }
+    })
+}
+
+async fn create(State(node): Node, JsonBody(req): JsonBody<CreateSandbox>) -> Answer<Response> {
+    node.create(req).await?;
+    Ok(done())
+}
+
+async fn start_main(State(node): Node, P(id): P<String>) -> Answer<Response> {
+    node.start_main(&id).await?;
+    Ok(done())
+}
+
+async fn destroy(State(node): Node, P(id): P<String>, Q(q): Q<WhyQuery>) -> Answer<Response> {
+    Ok(Json(node.destroy(&id, &q.why).await?).into_response())
+}
+
+async fn set_paused(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(b): JsonBody<PausedBody>,
+) -> Answer<Response> {
+    node.set_paused(&id, b.paused).await?;
+    Ok(done())
+}
+
+async fn hold(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(b): JsonBody<HoldBody>,
+) -> Answer<Response> {
+    let usage = node
+        .hold(&id, Duration::from_millis(b.hold_for_ms), b.note)
+        .await?;
+    Ok(Json(usage).into_response())
+}
+
+async fn set_ttl(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(b): JsonBody<TtlBody>,
+) -> Answer<Response> {
+    node.set_ttl(&id, Duration::from_millis(b.ttl_ms)).await?;
+    Ok(done())
+}
+
+async fn renew_lease(State(node): Node, P(id): P<String>) -> Answer<Response> {
+    node.renew_lease(&id).await?;
+    Ok(done())
+}
+
+async fn note(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(n): JsonBody<LogNote>,
+) -> Answer<Response> {
+    node.note(&id, n).await?;
+    Ok(done())
+}
+
+async fn exec(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Answer<Response> {
+    let events = node.exec(&id, req).await?;
+    Ok(ndjson_response(ndjson::encode(events)))
+}
+
+async fn write_file(
+    State(node): Node,
+    P(id): P<String>,
+    Q(q): Q<WriteQuery>,
+    body: Body,
+) -> Answer<Response> {
+    let req = WriteFile {
+        path: q.path,
+        mode: q.mode,
+        tar: q.tar,
+    };
+    let upload = Upload::new(body);
+    let result = node.write_file(&id, req, upload.stream()).await;
+    upload.linger().await;
+    result?;
+    Ok(done())
+}
+
+async fn read_file(State(node): Node, P(id): P<String>, Q(q): Q<PathQuery>) -> Answer<Response> {
+    let read = node.read_file(&id, &q.path).await?;
+    let mut resp = byte_body("a file read", read.body).into_response();
+    let headers = resp.headers_mut();
+    match read.kind {
+        FileKind::File { size } => {
+            headers.insert(FILE_KIND, HeaderValue::from_static("file"));
+            // hyper sends exactly this many bytes, or cuts the connection:
+            // the client can tell a short read from a whole one.
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+        }
+        FileKind::Dir => {
+            headers.insert(FILE_KIND, HeaderValue::from_static("dir"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-tar"),
+            );
+        }
+    }
+    Ok(resp)
+}
+
+async fn logs(State(node): Node, P(id): P<String>, Q(q): Q<FollowQuery>) -> Answer<Response> {
+    let body = node.logs(&id, q.follow).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        byte_body("a log", body),
+    )
+        .into_response())
+}
+
+/// `Upgrade: tcp`: once the port is reached, `101 Switching Protocols`,
+/// then the connection carries its bytes both ways until either side
+/// closes.
+async fn connect_port(
+    State(node): Node,
+    P((id, port)): P<(String, String)>,
+    mut req: Request,
+) -> Answer<Response> {
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| NodeError::invalid(format!("port {port:?}: a port is 1 to 65535")))?;
+    let wants_tcp = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("tcp"));
+    if !wants_tcp {
+        return Err(NodeError::invalid(
+            "a port connection is an upgrade: send 'Connection: Upgrade' and 'Upgrade: tcp'",
+        )
+        .into());
+    }
+    // Reach the port first, so a failure is still an ordinary answer.
+    let mut tunnel = node.connect_port(&id, port).await?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let mut client = TokioIo::new(upgraded);
+                if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut tunnel).await {
+                    tracing::debug!("tunnel to {id} port {port} ended: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("tunnel to {id} port {port}: the upgrade failed: {e}"),
+        }
+    });
+    Ok((
+        StatusCode::SWITCHING_PROTOCOLS,
+        [(header::CONNECTION, "upgrade"), (header::UPGRADE, "tcp")],
+    )
+        .into_response())
+}
+
+async fn check_network(
+    State(node): Node,
+    JsonBody(spec): JsonBody<NetworkSpec>,
+) -> Answer<Response> {
+    node.check_network(spec).await?;
+    Ok(done())
+}
+
+async fn set_network(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(spec): JsonBody<NetworkSpec>,
+) -> Answer<Response> {
+    Ok(Json(node.set_network(&id, spec).await?).into_response())
+}
+
+async fn commit(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(b): JsonBody<CommitBody>,
+) -> Answer<Response> {
+    Ok(Json(node.commit(&id, &b.name).await?).into_response())
+}
+
+async fn image_list(State(node): Node) -> Answer<Response> {
+    Ok(Json(node.image_list().await?).into_response())
+}
+
+async fn image_for_create(
+    State(node): Node,
+    JsonBody(b): JsonBody<ReferenceBody>,
+) -> Answer<Response> {
+    Ok(Json(node.image_for_create(&b.reference).await?).into_response())
+}
+
+async fn image_pull(State(node): Node, JsonBody(b): JsonBody<ReferenceBody>) -> Answer<Response> {
+    let updates: BoxStream<'static, _> = node.image_pull(&b.reference).await?;
+    Ok(ndjson_response(ndjson::encode(updates)))
+}
+
+async fn image_import(State(node): Node, Q(q): Q<NameQuery>, body: Body) -> Answer<Response> {
+    let upload = Upload::new(body);
+    let result = node.image_import(&q.name, upload.stream()).await;
+    upload.linger().await;
+    Ok(Json(result?).into_response())
+}
+
+async fn image_push(State(node): Node, JsonBody(b): JsonBody<PushBody>) -> Answer<Response> {
+    let pushed = node.image_push(&b.reference, b.source.as_deref()).await?;
+    Ok(Json(pushed).into_response())
+}
+
+async fn image_remove(State(node): Node, Q(q): Q<ReferenceQuery>) -> Answer<Response> {
+    Ok(Json(node.image_remove(&q.reference).await?).into_response())
+}
+
+async fn image_gc(State(node): Node, JsonBody(b): JsonBody<GcBody>) -> Answer<Response> {
+    Ok(Json(node.image_gc(b.budget).await?).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_quiet_feed_sends_heartbeats_and_a_busy_one_does_not() {
+        let quiet = futures_util::stream::pending::<Result<Bytes, serde_json::Error>>();
+        let beats: Vec<Bytes> = with_heartbeat(quiet, Duration::from_millis(10))
+            .take(3)
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(beats, vec![Bytes::from_static(b"\n"); 3]);
+
+        let busy = ndjson::encode(futures_util::stream::iter([1, 2]));
+        let lines: Vec<Bytes> = with_heartbeat(busy, Duration::from_secs(60))
+            .map(|r| r.unwrap())
+            .collect()
+            .await;
+        assert_eq!(lines, vec![&b"1\n"[..], b"2\n"]);
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bear"), None);
+    }
+}

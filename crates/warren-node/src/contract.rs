@@ -1,0 +1,463 @@
+//! The in-process transport of the node contract: [`LocalNode`] answers
+//! [`NodeApi`] by calling the node directly (no serialization, no copies
+//! beyond the byte streams themselves). The node's own errors become the
+//! contract's categories here, and nowhere else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use warren_core::spec::NetworkSpec;
+use warren_core::{ExecEvent, ExecRequest, Usage};
+use warren_node_api as api;
+use warren_node_api::{
+    ByteStream, CreateSandbox, FileKind, FileRead, GcReport, ImageInfo, LogNote, NodeApi, NodeInfo,
+    NodeResult, Phase, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel,
+    WriteFile,
+};
+use warren_runtime::{files, RuntimeError};
+
+use crate::{Node, NodeError};
+
+/// A node driven in the same process (`warren up`).
+pub struct LocalNode {
+    node: Arc<Node>,
+}
+
+impl LocalNode {
+    pub fn new(node: Arc<Node>) -> LocalNode {
+        LocalNode { node }
+    }
+}
+
+/// The contract's category and message for a node error. Messages say
+/// what to do; the control plane adds nothing but the HTTP status.
+pub fn contract_error(e: NodeError) -> api::NodeError {
+    use api::NodeError as E;
+    match e {
+        NodeError::NotRunning(id) => E::conflict(format!(
+            "sandbox {id} is not running; exec and files need a running sandbox (see `warren inspect {id}`)"
+        )),
+        NodeError::BadRequest(m) => E::invalid(m),
+        NodeError::Conflict(m) => E::conflict(m),
+        NodeError::Runtime(RuntimeError::NotFound(m)) => E::not_found(m),
+        NodeError::Runtime(RuntimeError::BadPath(m)) => E::invalid(format!("invalid path {m}")),
+        NodeError::Runtime(RuntimeError::BadImage(m)) => E::invalid(m),
+        NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
+        NodeError::Image(e) => image_error(e),
+        NodeError::Net(warren_net::NetError::Rule(e)) => E::invalid(e.to_string()),
+        other => E::internal(other.to_string()),
+    }
+}
+
+fn image_error(e: warren_image::ImageError) -> api::NodeError {
+    use api::NodeError as E;
+    use warren_image::{ErrorKind, ImageError};
+    match e.kind() {
+        ErrorKind::NotFound if matches!(e, ImageError::RemoteNotFound(_)) => {
+            E::not_found(e.to_string())
+        }
+        ErrorKind::NotFound => E::not_found(format!(
+            "{e}; import it with `warren image import FILE.tar --name NAME:TAG` (see `warren image ls`)"
+        )),
+        ErrorKind::Invalid => E::invalid(e.to_string()),
+        ErrorKind::Conflict => E::conflict(e.to_string()),
+        ErrorKind::Internal => E::internal(e.to_string()),
+        ErrorKind::Upstream => E::new(api::ErrorKind::Upstream, e.to_string()),
+    }
+}
+
+fn image_info(r: &warren_image::ImageRecord) -> ImageInfo {
+    ImageInfo {
+        name: r.name.clone(),
+        digest: r.digest.clone(),
+        layers: r.layers.len(),
+        record: serde_json::to_value(r).unwrap_or_default(),
+    }
+}
+
+fn joined(e: tokio::task::JoinError) -> api::NodeError {
+    api::NodeError::internal(format!("node task: {e}"))
+}
+
+impl Node {
+    fn status_of(&self, id: &str, fresh: bool) -> Option<SandboxStatus> {
+        let live = self.get(id).ok()?;
+        if fresh {
+            self.sample_one(id, &live, false);
+        }
+        let (ttl, lease) = live
+            .lifetime
+            .lock()
+            .map(|l| {
+                (
+                    l.ttl_remaining().as_millis() as u64,
+                    l.lease_remaining().map(|d| d.as_millis() as u64),
+                )
+            })
+            .unwrap_or_default();
+        Some(SandboxStatus {
+            id: id.to_string(),
+            phase: live.phase(),
+            image_digest: live.image_digest.clone(),
+            pid: live.pid,
+            host_id_base: self.host_id_base(id),
+            ttl_remaining_ms: ttl,
+            lease_remaining_ms: lease,
+            usage: live.usage.lock().ok().map(|u| u.usage()),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeApi for LocalNode {
+    async fn info(&self) -> NodeResult<NodeInfo> {
+        let n = &self.node;
+        let sandboxes = n.live.lock().map(|m| m.len()).unwrap_or(0) as u32;
+        Ok(NodeInfo {
+            name: n.name.clone(),
+            labels: Default::default(),
+            allocatable: n.allocatable,
+            max_pids: n.max_pids,
+            load: api::Load {
+                cpu_busy: n.cpu_busy(),
+                disk_pressure: n.disk_pressure(),
+                sandboxes,
+            },
+        })
+    }
+
+    async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>> {
+        self.node.wait_ready().await;
+        let ids: Vec<String> = self
+            .node
+            .live
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.node.status_of(id, false))
+            .collect())
+    }
+
+    async fn status(&self, id: &str) -> NodeResult<SandboxStatus> {
+        self.node
+            .status_of(id, true)
+            .ok_or_else(|| api::NodeError::not_found(format!("sandbox {id} is not on this node")))
+    }
+
+    async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>> {
+        Ok(self.node.feed.subscribe(since))
+    }
+
+    async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
+        // Never beside the sweep that follows a start.
+        self.node.wait_ready().await;
+        let image = self
+            .node
+            .resolve_image(&req.image_digest)
+            .await
+            .map_err(contract_error)?;
+        self.node
+            .create(req, &image)
+            .await
+            .map(|_| ())
+            .map_err(contract_error)
+    }
+
+    async fn start_main(&self, id: &str) -> NodeResult<()> {
+        self.node.start_main(id).map_err(contract_error)
+    }
+
+    async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>> {
+        self.node.destroy(id, why).await.map_err(contract_error)
+    }
+
+    async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()> {
+        self.node
+            .set_paused(id, paused)
+            .await
+            .map_err(contract_error)
+    }
+
+    async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>> {
+        self.node
+            .hold(id, hold_for, &note)
+            .await
+            .map_err(contract_error)
+    }
+
+    async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()> {
+        self.node.set_ttl(id, ttl).map_err(contract_error)
+    }
+
+    async fn renew_lease(&self, id: &str) -> NodeResult<()> {
+        self.node.renew_lease(id);
+        Ok(())
+    }
+
+    async fn note(&self, id: &str, note: LogNote) -> NodeResult<()> {
+        if let Some(log) = self.node.log(id) {
+            log.event(&note.state, &note.reason, &note.message);
+        }
+        Ok(())
+    }
+
+    async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>> {
+        let rx = self.node.exec(id, &req).await.map_err(contract_error)?;
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
+    }
+
+    async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {
+        let root = self.node.root(id).map_err(contract_error)?;
+        let stream = body.map(|r| r.map_err(std::io::Error::other));
+        let reader = tokio_util::io::StreamReader::new(stream);
+        let mut sync_reader = tokio_util::io::SyncIoBridge::new(reader);
+        let written = tokio::task::spawn_blocking(move || {
+            if req.tar {
+                files::unpack_tar(&root, &req.path, &mut sync_reader).map(|_| ())
+            } else {
+                files::write_file(&root, &req.path, req.mode, &mut sync_reader).map(|_| ())
+            }
+        })
+        .await
+        .map_err(joined)?;
+        // The root stays reachable through its descriptor after a destroy,
+        // so a write can have failed in, or landed in, a sandbox that is gone.
+        if !self.node.is_live(id) {
+            return Err(api::NodeError::conflict(format!(
+                "sandbox {id} was destroyed while the upload ran; nothing was kept"
+            )));
+        }
+        written.map_err(|e| contract_error(e.into()))
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {
+        let root = self.node.root(id).map_err(contract_error)?;
+        let path = path.to_string();
+        let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
+            .await
+            .map_err(joined)?
+            .map_err(|e| contract_error(e.into()))?;
+        let io = |r: std::io::Result<Bytes>| r.map_err(|e| api::NodeError::internal(e.to_string()));
+        Ok(match entry {
+            files::Entry::File(f, size) => {
+                // The sandbox may write to the file meanwhile: never send
+                // more than the length announced (a file that shrinks ends
+                // the stream early, which a client sees as a short body).
+                use tokio::io::AsyncReadExt;
+                let file = tokio::fs::File::from_std(f).take(size);
+                FileRead {
+                    kind: FileKind::File { size },
+                    body: tokio_util::io::ReaderStream::new(file).map(io).boxed(),
+                }
+            }
+            files::Entry::Dir(dir) => {
+                let (reader, writer) = tokio::io::duplex(256 * 1024);
+                tokio::task::spawn_blocking(move || {
+                    let mut w = tokio_util::io::SyncIoBridge::new(writer);
+                    if let Err(e) = files::pack_dir(dir, &mut w) {
+                        tracing::warn!(error = %e, "packing directory");
+                    }
+                });
+                FileRead {
+                    kind: FileKind::Dir,
+                    body: tokio_util::io::ReaderStream::new(reader).map(io).boxed(),
+                }
+            }
+        })
+    }
+
+    async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {
+        if !self.node.has_log(id) {
+            return Err(api::NodeError::not_found(format!(
+                "no log for sandbox {id} (logs are kept for the node's --log-retention)"
+            )));
+        }
+        let over = follow.then(|| {
+            let (node, id) = (Arc::downgrade(&self.node), id.to_string());
+            // Over once the sandbox is gone, or held after it finished.
+            Box::new(move || {
+                let over = node
+                    .upgrade()
+                    .and_then(|n| n.get(&id).ok())
+                    .is_none_or(|l| l.phase() == Phase::Held);
+                Box::pin(async move { over }) as futures_util::future::BoxFuture<'static, bool>
+            })
+                as Box<dyn FnMut() -> futures_util::future::BoxFuture<'static, bool> + Send>
+        });
+        Ok(self
+            .node
+            .log_stream(id, over)
+            .map(|r| r.map_err(|e| api::NodeError::internal(format!("reading the log: {e}"))))
+            .boxed())
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> NodeResult<Box<dyn Tunnel>> {
+        let stream = self
+            .node
+            .connect_port(id, port)
+            .await
+            .map_err(contract_error)?;
+        Ok(Box::new(stream))
+    }
+
+    async fn check_network(&self, network: NetworkSpec) -> NodeResult<()> {
+        self.node.check_network(&network).map_err(contract_error)
+    }
+
+    async fn set_network(&self, id: &str, network: NetworkSpec) -> NodeResult<PolicyChange> {
+        let change = self
+            .node
+            .update_network(id, &network)
+            .await
+            .map_err(contract_error)?;
+        Ok(PolicyChange {
+            closed: change.closed,
+            unlistened: change.unlistened,
+        })
+    }
+
+    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo> {
+        self.node
+            .commit(id, name)
+            .await
+            .map(|r| image_info(&r))
+            .map_err(contract_error)
+    }
+
+    async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
+        let images = self.node.images.clone();
+        let list = tokio::task::spawn_blocking(move || images.list())
+            .await
+            .map_err(joined)?
+            .map_err(image_error)?;
+        Ok(list.iter().map(image_info).collect())
+    }
+
+    async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo> {
+        let image = self
+            .node
+            .image_for_create(reference)
+            .await
+            .map_err(contract_error)?;
+        self.node
+            .check_image(&image)
+            .await
+            .map_err(contract_error)?;
+        Ok(image_info(&image))
+    }
+
+    async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PullUpdate>();
+        let events = tx.clone();
+        let progress: warren_image::Progress = Arc::new(move |e| {
+            if let Ok(event) = serde_json::to_value(&e) {
+                let _ = events.send(PullUpdate::Progress { event });
+            }
+        });
+        // The pull runs to its end even if the stream is dropped, so the
+        // store never keeps a half-finished pull's pins or files.
+        let (node, reference) = (self.node.clone(), reference.to_string());
+        tokio::spawn(async move {
+            let last = match node.pull_image(&reference, Some(progress)).await {
+                Ok(image) => PullUpdate::Image {
+                    image: image_info(&image),
+                },
+                Err(e) => PullUpdate::Error {
+                    error: contract_error(e),
+                },
+            };
+            let _ = tx.send(last);
+        });
+        Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed())
+    }
+
+    async fn image_import(&self, name: &str, mut archive: ByteStream) -> NodeResult<ImageInfo> {
+        let tmp_dir = self.node.home.join("tmp");
+        let internal = |e: std::io::Error| api::NodeError::internal(e.to_string());
+        tokio::fs::create_dir_all(&tmp_dir)
+            .await
+            .map_err(internal)?;
+        let tmp = tmp_dir.join(format!("upload-{}.tar", rand_suffix()));
+        let result = async {
+            use tokio::io::AsyncWriteExt;
+            let mut file = tokio::fs::File::create(&tmp).await.map_err(internal)?;
+            while let Some(chunk) = archive.next().await {
+                let chunk = chunk
+                    .map_err(|e| api::NodeError::invalid(format!("upload interrupted: {e}")))?;
+                file.write_all(&chunk).await.map_err(internal)?;
+            }
+            file.flush().await.map_err(internal)?;
+            let images = self.node.images.clone();
+            let (path, name) = (tmp.clone(), name.to_string());
+            tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
+                .await
+                .map_err(joined)?
+                .map_err(image_error)
+        }
+        .await;
+        let _ = tokio::fs::remove_file(&tmp).await;
+        Ok(image_info(&result?))
+    }
+
+    async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed> {
+        let (image, pushed) = self
+            .node
+            .push_image(reference, source)
+            .await
+            .map_err(contract_error)?;
+        Ok(Pushed {
+            image: image_info(&image),
+            uploaded: pushed.uploaded,
+            mounted: pushed.mounted,
+        })
+    }
+
+    async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {
+        let image = self
+            .node
+            .resolve_image(reference)
+            .await
+            .map_err(contract_error)?;
+        if self.node.images_in_use().contains(&image.digest) {
+            return Err(api::NodeError::conflict(format!(
+                "image {reference} is used by a live sandbox; remove those sandboxes first (`warren ps`)"
+            )));
+        }
+        let images = self.node.images.clone();
+        let reference = reference.to_string();
+        let removed = tokio::task::spawn_blocking(move || images.remove(&reference))
+            .await
+            .map_err(joined)?
+            .map_err(image_error)?;
+        Ok(image_info(&removed))
+    }
+
+    async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {
+        let r = self
+            .node
+            .prune_images(budget)
+            .await
+            .map_err(contract_error)?;
+        Ok(GcReport {
+            removed: r.removed,
+            used_before: r.used_before,
+            used_after: r.used_after,
+        })
+    }
+}
+
+/// A name for a temporary file no other upload uses.
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

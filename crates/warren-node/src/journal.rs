@@ -1,0 +1,108 @@
+//! The node's own record of its sandboxes, `<home>/node/sandboxes/<id>.json`:
+//! what it needs to take each one over again after it restarts, without
+//! asking the control plane (which may be far away, or restarting too).
+//! Each entry is written whole (a temporary file, renamed), so a crash
+//! leaves the old entry or the new one. Not synced: an entry matters only
+//! while its sandbox's processes live, and what kills the kernel's page
+//! cache (a power cut, a reboot) kills them too.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use warren_node_api::{CreateSandbox, Phase};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub create: CreateSandbox,
+    /// Host PID of its init.
+    pub pid: i32,
+    pub phase: Phase,
+    /// When its TTL (or its hold) ends, in ms on CLOCK_BOOTTIME.
+    pub ends_boot_ms: i64,
+}
+
+pub struct Journal {
+    dir: PathBuf,
+}
+
+impl Journal {
+    pub fn open(home: &Path) -> std::io::Result<Journal> {
+        let dir = home.join("node").join("sandboxes");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Journal { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    pub fn write(&self, e: &Entry) -> std::io::Result<()> {
+        let path = self.path(&e.create.id);
+        let tmp = path.with_extension("json.tmp");
+        let body = serde_json::to_vec(e).map_err(std::io::Error::other)?;
+        std::fs::File::create(&tmp)?.write_all(&body)?;
+        std::fs::rename(&tmp, &path)
+    }
+
+    pub fn remove(&self, id: &str) {
+        let _ = std::fs::remove_file(self.path(id));
+    }
+
+    /// Every entry that can be read; unreadable ones are reported, not fatal
+    /// (their sandboxes are swept as orphans).
+    pub fn load(&self) -> Vec<Entry> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let path = e.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("json") {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<Entry>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(entry) => out.push(entry),
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), error = %err, "unreadable journal entry; its sandbox is swept");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_written_whole_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let j = Journal::open(dir.path()).expect("open");
+        let spec: warren_core::SandboxSpec =
+            serde_json::from_str(r#"{"image":"a"}"#).expect("spec");
+        let e = Entry {
+            create: CreateSandbox {
+                id: "sbx-aaaaaaaaaaaa".into(),
+                resources: spec.resolve().expect("resolves"),
+                spec,
+                image_digest: "sha256:00".into(),
+            },
+            pid: 42,
+            phase: Phase::Running,
+            ends_boot_ms: 1000,
+        };
+        j.write(&e).expect("write");
+        std::fs::write(dir.path().join("node/sandboxes/sbx-bad.json"), b"{").expect("write");
+        std::fs::write(dir.path().join("node/sandboxes/x.json.tmp"), b"half").expect("write");
+        assert_eq!(j.load(), vec![e]);
+        j.remove("sbx-aaaaaaaaaaaa");
+        assert!(j.load().is_empty());
+    }
+}

@@ -22,7 +22,7 @@ use crate::admission::{Admission, Admit, AdmitError, Need};
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 pub struct Control {
-    pub store: Store,
+    pub store: Arc<dyn Store>,
     /// The node, through its contract (in-process or over the network).
     pub node: Arc<dyn NodeApi>,
     pub node_name: String,
@@ -97,7 +97,7 @@ fn new_id() -> String {
 impl Control {
     /// A control plane over `node` (which described itself as `info`).
     pub fn new(
-        store: Store,
+        store: Arc<dyn Store>,
         node: Arc<dyn NodeApi>,
         info: warren_node_api::NodeInfo,
         queue_limit: usize,
@@ -171,6 +171,21 @@ impl Control {
                 HashMap::new()
             }
         }
+    }
+
+    /// Events after `after` (of one sandbox, or all), oldest first.
+    pub async fn events(
+        &self,
+        sandbox: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<warren_core::Event>, ApiError> {
+        Ok(self.store.events(sandbox, after, limit).await?)
+    }
+
+    /// Changes whenever an event is written (for followers).
+    pub fn event_writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.store.subscribe_events()
     }
 
     /// Renews a sandbox's lease (any call on a sandbox does).
@@ -334,12 +349,10 @@ impl Control {
         spec: &SandboxSpec,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         // A concurrent create with the same request id won the race.
-        if let (StoreError::Db(sqlx::Error::Database(db)), Some(rid)) = (&e, &spec.request_id) {
-            if db.is_unique_violation() {
-                if let Some(existing) = self.store.by_request_id(rid).await? {
-                    let settled = self.settled(existing, true).await?;
-                    return Ok((self.info(settled, false).await, false));
-                }
+        if let (true, Some(rid)) = (e.is_duplicate(), &spec.request_id) {
+            if let Some(existing) = self.store.by_request_id(rid).await? {
+                let settled = self.settled(existing, true).await?;
+                return Ok((self.info(settled, false).await, false));
             }
         }
         Err(e.into())

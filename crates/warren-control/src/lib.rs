@@ -3,14 +3,18 @@
 //! node contract (`warren_node_api::NodeApi`): `warren up` hands it a node
 //! in the same process.
 
+#![forbid(unsafe_code)]
+
 pub mod admission;
 pub mod api;
 pub mod batch;
 pub mod control;
+mod images;
+mod json_body;
 pub mod lifecycle;
 pub mod metrics;
-mod net_api;
 pub mod profiles;
+mod sandbox_io;
 mod sandbox_locks;
 pub mod serve;
 pub mod store;
@@ -74,9 +78,10 @@ pub async fn start(cfg: &UpConfig, node: Arc<dyn NodeApi>) -> Result<(Up, axum::
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
-    let store = store::Store::open(&cfg.home.join("warren.db"))
+    let store = store::SqliteStore::open(&cfg.home.join("warren.db"))
         .await
         .map_err(|e| e.to_string())?;
+    let store = Arc::new(store);
     let info = node
         .info()
         .await

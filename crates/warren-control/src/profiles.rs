@@ -17,6 +17,52 @@ pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
 }
 
 impl Control {
+    pub async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, ApiError> {
+        Ok(self.store.profiles().await?)
+    }
+
+    /// A profile, what it would recommend now, and the runs it learned from.
+    pub async fn profile_detail(
+        &self,
+        name: &str,
+    ) -> Result<
+        (
+            warren_core::profile::Profile,
+            Option<warren_core::profile::Request>,
+            Vec<Run>,
+        ),
+        ApiError,
+    > {
+        let profile = self.store.profile(name).await?.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no profile named {name:?}; see `warren profile ls`"
+            ))
+        })?;
+        let policy = self.policy();
+        let runs = self.store.runs(name, policy.window).await?;
+        let recommendation = warren_core::profile::recommend(&runs, &policy);
+        Ok((profile, recommendation, runs))
+    }
+
+    /// The profile table as TOML, to edit by hand and load again.
+    pub async fn export_profiles(&self) -> Result<String, ApiError> {
+        let profiles = self.store.profiles().await?;
+        table::export(&profiles).map_err(ApiError::internal)
+    }
+
+    /// Loads a TOML profile table; listed profiles are replaced.
+    pub async fn import_profiles(
+        &self,
+        text: &str,
+    ) -> Result<Vec<warren_core::profile::Profile>, ApiError> {
+        let profiles = table::import(text).map_err(ApiError::bad_request)?;
+        let now = now_rfc3339();
+        for p in &profiles {
+            self.store.put_profile(p, &now).await?;
+        }
+        Ok(profiles)
+    }
+
     pub fn policy(&self) -> Policy {
         self.policy.clone()
     }

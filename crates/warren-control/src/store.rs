@@ -1,4 +1,5 @@
-//! The control plane's state: sandboxes and their events, in SQLite (WAL,
+//! The control plane's state: sandboxes and their events, behind the
+//! [`Store`] trait; [`SqliteStore`] keeps them in SQLite (WAL,
 //! `synchronous=FULL`). A state change is committed together with its event
 //! before the API acknowledges it.
 
@@ -18,6 +19,14 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("corrupt record {0}: {1}")]
     Corrupt(String, String),
+}
+
+impl StoreError {
+    /// A write that clashed with a unique key (two creates with one
+    /// request id).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(db)) if db.is_unique_violation())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -50,15 +59,15 @@ pub struct Transition<'a> {
 }
 
 #[derive(Clone)]
-pub struct Store {
+pub struct SqliteStore {
     pool: SqlitePool,
     /// Bumped after every committed event, so followers wait instead of
     /// polling.
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
-impl Store {
-    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+impl SqliteStore {
+    pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -71,7 +80,7 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-        Ok(Store {
+        Ok(SqliteStore {
             pool,
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
         })
@@ -85,26 +94,111 @@ impl Store {
         if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
             // Nothing is open on it; but a connection that fails to begin
             // may hold state from a failure before, so it goes too.
-            drop(conn.detach());
+            conn.close_on_drop();
             return Err(e.into());
         }
-        Ok(WriteTx { conn: Some(conn) })
-    }
-
-    /// Changes after every event written.
-    pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.events_written.subscribe()
+        Ok(WriteTx {
+            conn,
+            committed: false,
+        })
     }
 
     fn wrote_event(&self) {
         self.events_written.send_modify(|n| *n += 1);
     }
+}
 
-    pub async fn insert(
+/// Where the control plane keeps its state: SQLite (`warren up`), and
+/// PostgreSQL for a cluster. Every write is committed with its event
+/// before it returns.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync {
+    /// Changes after every event written.
+    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64>;
+    async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError>;
+    async fn transition(
         &self,
-        row: &SandboxRow,
-        request_id: Option<&str>,
-    ) -> Result<(), StoreError> {
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        time: &str,
+        t: Transition<'_>,
+    ) -> Result<(), StoreError>;
+    /// Replaces a sandbox's recorded spec (its network policy changed), with
+    /// an event saying why, in one transaction.
+    async fn set_spec(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        time: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), StoreError>;
+    async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
+    async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError>;
+    /// Sandboxes in `states` (all when empty), oldest first. A record that
+    /// cannot be read is left out (and logged), so one bad row never fails
+    /// a list; `fail_unreadable` retires such rows at start-up.
+    async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError>;
+    /// Marks every open record that cannot be read as `failed` (reason
+    /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
+    /// the node from now on, are swept as orphans.
+    async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError>;
+    async fn events(
+        &self,
+        sandbox_id: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
+    async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError>;
+    async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError>;
+    async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError>;
+    async fn profile(
+        &self,
+        name: &str,
+    ) -> Result<Option<warren_core::profile::Profile>, StoreError>;
+    async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError>;
+    async fn put_profile(
+        &self,
+        p: &warren_core::profile::Profile,
+        time: &str,
+    ) -> Result<(), StoreError>;
+    /// Records a finished run once per sandbox; false if it was already there.
+    async fn add_run(
+        &self,
+        profile: &str,
+        sandbox_id: &str,
+        run: &warren_core::profile::Run,
+        time: &str,
+    ) -> Result<bool, StoreError>;
+    /// The newest `limit` runs of a profile, oldest first.
+    async fn runs(
+        &self,
+        profile: &str,
+        limit: usize,
+    ) -> Result<Vec<warren_core::profile::Run>, StoreError>;
+    async fn delete_runs(&self, profile: &str) -> Result<(), StoreError>;
+    /// A profile-level event (type `profile`), attached to the sandbox whose
+    /// run triggered it.
+    async fn profile_event(
+        &self,
+        sandbox_id: &str,
+        profile: &str,
+        message: &str,
+        time: &str,
+    ) -> Result<(), StoreError>;
+    /// A node-level event (type `node`); its sandbox id is empty.
+    async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_written.subscribe()
+    }
+
+    async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
@@ -135,7 +229,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn transition(
+    async fn transition(
         &self,
         id: &str,
         state: SandboxState,
@@ -167,9 +261,7 @@ impl Store {
         Ok(())
     }
 
-    /// Replaces a sandbox's recorded spec (its network policy changed), with
-    /// an event saying why, in one transaction.
-    pub async fn set_spec(
+    async fn set_spec(
         &self,
         id: &str,
         spec: &SandboxSpec,
@@ -189,7 +281,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
+    async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         sqlx::query("UPDATE sandboxes SET exit_code = ? WHERE id = ?")
             .bind(code)
@@ -200,7 +292,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -208,7 +300,7 @@ impl Store {
         row.map(|r| decode(&r)).transpose()
     }
 
-    pub async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query("SELECT * FROM sandboxes WHERE request_id = ?")
             .bind(request_id)
             .fetch_optional(&self.pool)
@@ -216,10 +308,7 @@ impl Store {
         row.map(|r| decode(&r)).transpose()
     }
 
-    /// Sandboxes in `states` (all when empty), oldest first. A record that
-    /// cannot be read is left out (and logged), so one bad row never fails
-    /// a list; `fail_unreadable` retires such rows at start-up.
-    pub async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError> {
+    async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError> {
         let rows = if states.is_empty() {
             sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id")
                 .fetch_all(&self.pool)
@@ -245,10 +334,7 @@ impl Store {
         Ok(out)
     }
 
-    /// Marks every open record that cannot be read as `failed` (reason
-    /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
-    /// the node from now on, are swept as orphans.
-    pub async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
+    async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
         let rows = sqlx::query(
             "SELECT * FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'lost')",
         )
@@ -285,7 +371,7 @@ impl Store {
         Ok(failed)
     }
 
-    pub async fn events(
+    async fn events(
         &self,
         sandbox_id: Option<&str>,
         after: i64,
@@ -325,6 +411,204 @@ impl Store {
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
     }
+
+    async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom) VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&b.id)
+        .bind(b.count)
+        .bind(json(&b.spec))
+        .bind(json(&b.labels))
+        .bind(&b.created_at)
+        .bind(b.retry_on_oom)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("UPDATE batches SET deleted_at = COALESCE(deleted_at, ?) WHERE id = ?")
+            .bind(time)
+            .bind(id)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError> {
+        let rows = match id {
+            Some(id) => {
+                sqlx::query("SELECT * FROM batches WHERE id = ?")
+                    .bind(id)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                sqlx::query("SELECT * FROM batches ORDER BY created_at, id")
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get("id")?;
+                let spec: String = r.try_get("spec")?;
+                let labels: String = r.try_get("labels")?;
+                let count: i64 = r.try_get("count")?;
+                Ok(BatchRow {
+                    spec: serde_json::from_str(&spec)
+                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+                    labels: serde_json::from_str(&labels)
+                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+                    count: count as u32,
+                    created_at: r.try_get("created_at")?,
+                    deleted_at: r.try_get("deleted_at")?,
+                    retry_on_oom: r.try_get("retry_on_oom")?,
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn profile(
+        &self,
+        name: &str,
+    ) -> Result<Option<warren_core::profile::Profile>, StoreError> {
+        let row = sqlx::query("SELECT body FROM profiles WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            let body: String = r.try_get("body")?;
+            serde_json::from_str(&body)
+                .map_err(|e| StoreError::Corrupt(name.to_string(), e.to_string()))
+        })
+        .transpose()
+    }
+
+    async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError> {
+        let rows = sqlx::query("SELECT name, body FROM profiles ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let name: String = r.try_get("name")?;
+                let body: String = r.try_get("body")?;
+                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(name, e.to_string()))
+            })
+            .collect()
+    }
+
+    async fn put_profile(
+        &self,
+        p: &warren_core::profile::Profile,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO profiles (name, body, updated_at) VALUES (?, ?, ?)
+             ON CONFLICT(name) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+        )
+        .bind(&p.name)
+        .bind(json(p))
+        .bind(time)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn add_run(
+        &self,
+        profile: &str,
+        sandbox_id: &str,
+        run: &warren_core::profile::Run,
+        time: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let r = sqlx::query(
+            "INSERT OR IGNORE INTO profile_runs (profile, sandbox_id, body, finished_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(profile)
+        .bind(sandbox_id)
+        .bind(json(run))
+        .bind(time)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn runs(
+        &self,
+        profile: &str,
+        limit: usize,
+    ) -> Result<Vec<warren_core::profile::Run>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT body FROM profile_runs WHERE profile = ? ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(profile)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut runs = rows
+            .iter()
+            .map(|r| {
+                let body: String = r.try_get("body")?;
+                serde_json::from_str(&body)
+                    .map_err(|e| StoreError::Corrupt(profile.to_string(), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        runs.reverse();
+        Ok(runs)
+    }
+
+    async fn delete_runs(&self, profile: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("DELETE FROM profile_runs WHERE profile = ?")
+            .bind(profile)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn profile_event(
+        &self,
+        sandbox_id: &str,
+        profile: &str,
+        message: &str,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'profile', NULL, 'profile_anomalous', ?)")
+            .bind(time)
+            .bind(sandbox_id)
+            .bind(format!("profile {profile}: {message}"))
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        self.wrote_event();
+        Ok(())
+    }
+
+    async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, '', 'node', NULL, ?, ?)")
+            .bind(time)
+            .bind(reason)
+            .bind(message)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        self.wrote_event();
+        Ok(())
+    }
 }
 
 /// One write transaction. Committed, its connection goes back to the pool;
@@ -336,26 +620,23 @@ impl Store {
 /// while nothing was (the store made read-only for two seconds by the
 /// fault-injection suite).
 struct WriteTx {
-    conn: Option<PoolConnection<Sqlite>>,
+    conn: PoolConnection<Sqlite>,
+    committed: bool,
 }
 
 impl WriteTx {
     fn conn(&mut self) -> &mut SqliteConnection {
-        // Always Some until commit or drop consumes it.
-        self.conn
-            .as_deref_mut()
-            .expect("write transaction already finished")
+        &mut self.conn
     }
 
     async fn commit(mut self) -> Result<(), StoreError> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
-        };
-        match sqlx::query("COMMIT").execute(&mut *conn).await {
-            Ok(_) => Ok(()),
+        match sqlx::query("COMMIT").execute(&mut *self.conn).await {
+            Ok(_) => {
+                self.committed = true;
+                Ok(())
+            }
             Err(e) => {
-                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                drop(conn.detach());
+                let _ = sqlx::query("ROLLBACK").execute(&mut *self.conn).await;
                 Err(e.into())
             }
         }
@@ -364,8 +645,8 @@ impl WriteTx {
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(conn.detach());
+        if !self.committed {
+            self.conn.close_on_drop();
         }
     }
 }
@@ -431,220 +712,4 @@ pub struct BatchRow {
     pub created_at: String,
     pub deleted_at: Option<String>,
     pub retry_on_oom: bool,
-}
-
-impl Store {
-    pub async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom) VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&b.id)
-        .bind(b.count)
-        .bind(json(&b.spec))
-        .bind(json(&b.labels))
-        .bind(&b.created_at)
-        .bind(b.retry_on_oom)
-        .execute(tx.conn())
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    pub async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE batches SET deleted_at = COALESCE(deleted_at, ?) WHERE id = ?")
-            .bind(time)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    pub async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError> {
-        let rows = match id {
-            Some(id) => {
-                sqlx::query("SELECT * FROM batches WHERE id = ?")
-                    .bind(id)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            None => {
-                sqlx::query("SELECT * FROM batches ORDER BY created_at, id")
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-        };
-        rows.iter()
-            .map(|r| {
-                let id: String = r.try_get("id")?;
-                let spec: String = r.try_get("spec")?;
-                let labels: String = r.try_get("labels")?;
-                let count: i64 = r.try_get("count")?;
-                Ok(BatchRow {
-                    spec: serde_json::from_str(&spec)
-                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
-                    labels: serde_json::from_str(&labels)
-                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
-                    count: count as u32,
-                    created_at: r.try_get("created_at")?,
-                    deleted_at: r.try_get("deleted_at")?,
-                    retry_on_oom: r.try_get("retry_on_oom")?,
-                    id,
-                })
-            })
-            .collect()
-    }
-}
-
-impl Store {
-    pub async fn profile(
-        &self,
-        name: &str,
-    ) -> Result<Option<warren_core::profile::Profile>, StoreError> {
-        let row = sqlx::query("SELECT body FROM profiles WHERE name = ?")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| {
-            let body: String = r.try_get("body")?;
-            serde_json::from_str(&body)
-                .map_err(|e| StoreError::Corrupt(name.to_string(), e.to_string()))
-        })
-        .transpose()
-    }
-
-    pub async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError> {
-        let rows = sqlx::query("SELECT name, body FROM profiles ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let name: String = r.try_get("name")?;
-                let body: String = r.try_get("body")?;
-                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(name, e.to_string()))
-            })
-            .collect()
-    }
-
-    pub async fn put_profile(
-        &self,
-        p: &warren_core::profile::Profile,
-        time: &str,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO profiles (name, body, updated_at) VALUES (?, ?, ?)
-             ON CONFLICT(name) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
-        )
-        .bind(&p.name)
-        .bind(json(p))
-        .bind(time)
-        .execute(tx.conn())
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Records a finished run once per sandbox; false if it was already there.
-    pub async fn add_run(
-        &self,
-        profile: &str,
-        sandbox_id: &str,
-        run: &warren_core::profile::Run,
-        time: &str,
-    ) -> Result<bool, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let r = sqlx::query(
-            "INSERT OR IGNORE INTO profile_runs (profile, sandbox_id, body, finished_at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(profile)
-        .bind(sandbox_id)
-        .bind(json(run))
-        .bind(time)
-        .execute(tx.conn())
-        .await?;
-        tx.commit().await?;
-        Ok(r.rows_affected() == 1)
-    }
-
-    /// The newest `limit` runs of a profile, oldest first.
-    pub async fn runs(
-        &self,
-        profile: &str,
-        limit: usize,
-    ) -> Result<Vec<warren_core::profile::Run>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT body FROM profile_runs WHERE profile = ? ORDER BY seq DESC LIMIT ?",
-        )
-        .bind(profile)
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut runs = rows
-            .iter()
-            .map(|r| {
-                let body: String = r.try_get("body")?;
-                serde_json::from_str(&body)
-                    .map_err(|e| StoreError::Corrupt(profile.to_string(), e.to_string()))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        runs.reverse();
-        Ok(runs)
-    }
-
-    pub async fn delete_runs(&self, profile: &str) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("DELETE FROM profile_runs WHERE profile = ?")
-            .bind(profile)
-            .execute(tx.conn())
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-impl Store {
-    /// A profile-level event (type `profile`), attached to the sandbox whose
-    /// run triggered it.
-    pub async fn profile_event(
-        &self,
-        sandbox_id: &str,
-        profile: &str,
-        message: &str,
-        time: &str,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'profile', NULL, 'profile_anomalous', ?)")
-            .bind(time)
-            .bind(sandbox_id)
-            .bind(format!("profile {profile}: {message}"))
-            .execute(tx.conn())
-            .await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
-    }
-}
-
-impl Store {
-    /// A node-level event (type `node`); its sandbox id is empty.
-    pub async fn node_event(
-        &self,
-        reason: &str,
-        message: &str,
-        time: &str,
-    ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, '', 'node', NULL, ?, ?)")
-            .bind(time)
-            .bind(reason)
-            .bind(message)
-            .execute(tx.conn())
-            .await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
-    }
 }

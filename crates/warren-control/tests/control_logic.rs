@@ -2,11 +2,14 @@
 //! work, run by `cargo test`. Reclaim rules, reconciliation after a
 //! restart, the FIFO queue, and creates racing destroys.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use warren_control::control::Control;
-use warren_control::store::Store;
+use warren_control::store::SqliteStore;
 use warren_core::state::reason;
 use warren_core::{SandboxSpec, SandboxState};
 use warren_node_api::fake::FakeNode;
@@ -38,7 +41,7 @@ async fn plane_in(
     node: &Arc<FakeNode>,
     dir: tempfile::TempDir,
 ) -> Result<Plane, Box<dyn std::error::Error>> {
-    let store = Store::open(&dir.path().join("warren.db")).await?;
+    let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
     let info = node.info().await?;
     let control = Arc::new(Control::new(
         store,
@@ -490,7 +493,7 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
 async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> TestResult {
     let node = node(2);
     let dir = tempfile::tempdir()?;
-    let store = Store::open(&dir.path().join("warren.db")).await?;
+    let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
     let info = node.info().await?;
     let c = Arc::new(Control::new(
         store,

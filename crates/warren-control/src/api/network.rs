@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,8 +14,8 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use warren_core::{ApiError, SandboxInfo};
 
-use crate::api::{parse_json, ApiResult, AppState, St};
-use crate::control::node_error;
+use crate::api::{ApiResult, AppState, St};
+use crate::json_body::JsonBody;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -54,9 +54,8 @@ pub(crate) struct NetworkChange {
 pub(crate) async fn set_network(
     State(st): St,
     Path(id): Path<String>,
-    body: Bytes,
+    JsonBody(rules): JsonBody<NetworkRules>,
 ) -> ApiResult<Json<NetworkChange>> {
-    let rules: NetworkRules = parse_json(&body)?;
     st.control.touch(&id).await;
     let (row, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
     Ok(Json(NetworkChange {
@@ -73,13 +72,7 @@ async fn open_port(
     id: &str,
     port: u16,
 ) -> Result<Box<dyn warren_node_api::Tunnel>, ApiError> {
-    st.control.get(id).await?;
-    st.control.touch(id).await;
-    st.control
-        .node
-        .connect_port(id, port)
-        .await
-        .map_err(node_error)
+    st.control.connect_port(id, port).await
 }
 
 fn port_of(raw: &str) -> Result<u16, ApiError> {

@@ -1,0 +1,189 @@
+//! Logs of one sandbox or of a label selector, and the event stream.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use warren_core::{ApiError, ErrorBody, Selector};
+
+use super::{ApiResult, St};
+use crate::control::Control;
+
+#[derive(Deserialize)]
+pub(crate) struct LogQuery {
+    follow: Option<bool>,
+}
+
+/// The sandbox's JSON-lines log; with `follow=true` the stream stays open
+/// until the sandbox has ended.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", params(("follow" = Option<bool>, Query)),
+    responses((status = 200, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
+pub(crate) async fn logs(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Response> {
+    let stream = st
+        .control
+        .logs(&id, q.follow.unwrap_or(false))
+        .await?
+        .map(|r| r.map_err(std::io::Error::other));
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LabelQuery {
+    label: Option<String>,
+}
+
+/// The logs of every sandbox (live or finished) matching a label selector,
+/// one after another in creation order; every line names its sandbox.
+#[utoipa::path(get, path = "/v1/logs", params(("label" = String, Query)),
+    responses((status = 200, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody)))]
+pub(crate) async fn logs_by_label(
+    State(st): St,
+    Query(q): Query<LabelQuery>,
+) -> ApiResult<Response> {
+    let label = q.label.unwrap_or_default();
+    if label.trim().is_empty() {
+        return Err(ApiError::bad_request("give a label selector, e.g. ?label=task=swe").into());
+    }
+    let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // Streamed line by line, never a whole log in memory.
+    let stream = st
+        .control
+        .logs_by_label(&sel)
+        .await?
+        .map(|r| r.map_err(std::io::Error::other));
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize, Clone)]
+pub(crate) struct EventQuery {
+    sandbox: Option<String>,
+    /// Label selector over the sandboxes whose events to show.
+    label: Option<String>,
+    batch: Option<String>,
+    /// Event reason (e.g. `ttl_expired`) or state (e.g. `destroyed`).
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    after: Option<i64>,
+    limit: Option<i64>,
+    /// Keep the NDJSON stream open and send new events as they happen.
+    follow: Option<bool>,
+}
+
+impl EventQuery {
+    fn selector(&self) -> Result<Selector, ApiError> {
+        let mut sel = Selector::parse(self.label.as_deref().unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(b) = &self.batch {
+            sel.0.push(warren_core::labels::Requirement::Equals(
+                warren_core::batch::BATCH_LABEL.into(),
+                b.clone(),
+            ));
+        }
+        Ok(sel)
+    }
+}
+
+/// Events after `after` that pass the filters, and the last sequence seen.
+pub(crate) async fn filtered_events(
+    control: &Control,
+    q: &EventQuery,
+    sel: &Selector,
+    after: i64,
+) -> Result<(Vec<warren_core::Event>, i64), ApiError> {
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
+    let evs = control.events(q.sandbox.as_deref(), after, limit).await?;
+    let last = evs.last().map_or(after, |e| e.seq);
+    let members: Option<std::collections::HashSet<String>> = if sel.is_empty() {
+        None
+    } else {
+        Some(
+            control
+                .list(&[], sel)
+                .await?
+                .into_iter()
+                .map(|s| s.id)
+                .collect(),
+        )
+    };
+    let kept = evs
+        .into_iter()
+        .filter(|e| members.as_ref().is_none_or(|m| m.contains(&e.sandbox_id)))
+        .filter(|e| {
+            q.kind.as_deref().is_none_or(|k| {
+                e.reason == k || e.kind == k || e.state.is_some_and(|s| s.as_str() == k)
+            })
+        })
+        .collect();
+    Ok((kept, last))
+}
+
+/// The event stream: state changes with reasons, filterable by sandbox,
+/// label selector, batch and type; `follow=true` streams NDJSON.
+#[utoipa::path(get, path = "/v1/events", params(("sandbox" = Option<String>, Query), ("label" = Option<String>, Query),
+    ("batch" = Option<String>, Query), ("type" = Option<String>, Query), ("after" = Option<i64>, Query),
+    ("limit" = Option<i64>, Query), ("follow" = Option<bool>, Query)),
+    responses((status = 200, body = [warren_core::Event])))]
+pub(crate) async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiResult<Response> {
+    let sel = q.selector()?;
+    let after = q.after.unwrap_or(0);
+    if !q.follow.unwrap_or(false) {
+        let (evs, _) = filtered_events(&st.control, &q, &sel, after).await?;
+        return Ok(Json(evs).into_response());
+    }
+    let control = st.control.clone();
+    let written = st.control.event_writes();
+    let stream = futures_util::stream::unfold(
+        (after, Vec::<warren_core::Event>::new(), written),
+        move |(mut seq, mut pending, mut written)| {
+            let (control, q, sel) = (control.clone(), q.clone(), sel.clone());
+            async move {
+                loop {
+                    if let Some(ev) = pending.pop() {
+                        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+                        line.push(b'\n');
+                        let next = (seq, pending, written);
+                        return Some((Ok::<_, std::io::Error>(Bytes::from(line)), next));
+                    }
+                    // Marked seen before reading, so a write in between
+                    // wakes the wait below.
+                    written.borrow_and_update();
+                    match filtered_events(&control, &q, &sel, seq).await {
+                        Ok((evs, last)) => {
+                            seq = last;
+                            pending = evs.into_iter().rev().collect();
+                            if pending.is_empty() {
+                                let _ =
+                                    tokio::time::timeout(Duration::from_secs(5), written.changed())
+                                        .await;
+                            }
+                        }
+                        Err(_) => return None,
+                    }
+                }
+            }
+        },
+    )
+    .take_until(st.control.lifecycle.stopped());
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

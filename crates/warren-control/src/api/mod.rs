@@ -1,0 +1,244 @@
+//! The public HTTP API (`/v1`, ARCHITECTURE §5): the router, authentication,
+//! errors and streaming; the handlers, by resource, in the modules below.
+//! Handlers parse HTTP and call `Control`; they decide nothing themselves.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use utoipa::OpenApi;
+use warren_core::{
+    ApiError, BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
+};
+
+use crate::control::Control;
+
+mod batches;
+mod files;
+mod images;
+mod logs;
+mod network;
+mod nodes;
+mod profiles;
+mod sandboxes;
+
+use batches::*;
+use files::*;
+use images::*;
+use logs::*;
+use nodes::*;
+use profiles::*;
+use sandboxes::*;
+
+pub struct AppState {
+    pub control: Arc<Control>,
+    pub token: String,
+}
+
+pub(crate) type St = State<Arc<AppState>>;
+
+pub struct Failure(pub ApiError);
+
+impl From<ApiError> for Failure {
+    fn from(e: ApiError) -> Self {
+        Failure(e)
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, Json(self.0.body())).into_response();
+        if let Some(ms) = self.0.retry_after_ms {
+            if let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).max(1).to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, Failure>;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, heartbeat, pause, resume, set_ttl, put_file, get_file, logs, network::set_network, network::port_connect, network::port_http, events, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
+    components(schemas(PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let comps = api.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route(
+            "/v1/sandboxes",
+            post(create_sandbox)
+                .get(list_sandboxes)
+                .delete(delete_sandboxes),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(get_sandbox).delete(delete_sandbox),
+        )
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/heartbeat", post(heartbeat))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/v1/sandboxes/{id}/commit", post(commit_sandbox))
+        .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))
+        .route("/v1/sandboxes/{id}/logs", get(logs))
+        .merge(network::routes())
+        .route("/v1/events", get(events))
+        .route("/v1/logs", get(logs_by_label))
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/profiles", get(list_profiles))
+        .route("/v1/profiles/export", get(export_profiles))
+        .route("/v1/profiles/import", post(import_profiles))
+        .route("/v1/profiles/{name}", get(get_profile))
+        .route("/v1/profiles/{name}/reset", post(reset_profile))
+        .route("/v1/batches", post(create_batch).get(list_batches))
+        .route("/v1/batches/{id}", get(get_batch).delete(delete_batch))
+        .route("/v1/images", get(list_images))
+        .route("/v1/images/import", post(import_image))
+        .route("/v1/images/pull", post(pull_image))
+        .route("/v1/images/push", post(push_image))
+        .route("/v1/images/gc", post(gc_images))
+        .route("/v1/images/prewarm", post(prewarm_image))
+        .route(
+            "/v1/images/{*reference}",
+            axum::routing::delete(delete_image),
+        )
+        .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), ready_gate))
+        .layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(api)
+        // For bodies read whole (JSON); uploads and image imports stream.
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(middleware::from_fn(close_after_unread_body))
+        .with_state(state)
+}
+
+/// The largest request body read into memory (a spec, an exec request with
+/// its stdin): files go through the streaming upload instead.
+pub const MAX_JSON_BODY: usize = 32 << 20;
+
+/// API calls wait until the daemon has taken over its sandboxes after a
+/// start (`/healthz` answers at once, with what recovery is doing).
+async fn ready_gate(State(st): St, req: Request, next: Next) -> Response {
+    if !st.control.lifecycle.is_ready() {
+        if let Err(e) = st.control.lifecycle.wait_ready().await {
+            return Failure(e).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// An error answered before the request body was read leaves that body in
+/// the connection; say `Connection: close` so clients do not reuse it.
+async fn close_after_unread_body(req: Request, next: Next) -> Response {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v != "0");
+    let mut resp = next.run(req).await;
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && resp.headers().get(header::CONTENT_TYPE)
+            != Some(&HeaderValue::from_static("application/json"))
+    {
+        resp = Failure(ApiError::new(
+            warren_core::ErrorCode::PayloadTooLarge,
+            format!(
+                "the request body is larger than {} MiB; send large data as a file (PUT /v1/sandboxes/{{id}}/files) instead",
+                MAX_JSON_BODY >> 20
+            ),
+        ))
+        .into_response();
+    }
+    if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+async fn auth(State(st): St, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    use subtle::ConstantTimeEq;
+    if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
+        next.run(req).await
+    } else {
+        Failure(ApiError::new(
+            warren_core::ErrorCode::Unauthorized,
+            "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
+        ))
+        .into_response()
+    }
+}
+
+/// A streamed answer of one JSON object per line; it ends when the daemon
+/// begins to stop (so a clean stop never waits on an open stream).
+fn ndjson<S, T>(st: &AppState, items: S) -> Response
+where
+    S: futures_util::Stream<Item = T> + Send + 'static,
+    T: serde::Serialize,
+{
+    let stream = items
+        .take_until(st.control.lifecycle.stopped())
+        .map(|item| {
+            let mut line = serde_json::to_vec(&item).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::io::Error>(Bytes::from(line))
+        });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Alive: `ok`, or what start-up recovery is doing (API calls wait for it).
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
+async fn healthz(State(st): St) -> String {
+    format!("{}\n", st.control.lifecycle.status())
+}
+
+/// Prometheus metrics (text format).
+async fn metrics(State(st): St) -> Response {
+    let text = st.control.metrics.render(&st.control).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,210 @@
+//! `/v1/sandboxes`: create, list, inspect, delete, lifetimes, pause, exec, commit.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use warren_core::state::reason;
+use warren_core::{
+    ApiError, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
+};
+
+use super::{ndjson, ApiResult, St};
+use crate::json_body::JsonBody;
+
+#[derive(Deserialize)]
+pub(crate) struct CreateQuery {
+    /// `false`: answer 202 at once when the create has to queue for capacity.
+    wait: Option<bool>,
+}
+
+/// Create a sandbox; answers once it is ready for exec (waiting in the
+/// node's FIFO queue first when it does not fit yet).
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = SandboxSpec, params(("wait" = Option<bool>, Query)),
+    responses((status = 201, body = SandboxInfo), (status = 200, body = SandboxInfo, description = "request_id replay"),
+              (status = 202, body = SandboxInfo, description = "queued (wait=false)"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry")))]
+pub(crate) async fn create_sandbox(
+    State(st): St,
+    Query(q): Query<CreateQuery>,
+    JsonBody(spec): JsonBody<SandboxSpec>,
+) -> ApiResult<Response> {
+    let (info, created) = st.control.create(spec, q.wait.unwrap_or(true)).await?;
+    let status = match (created, info.state) {
+        (true, SandboxState::Queued) => StatusCode::ACCEPTED,
+        (true, _) => StatusCode::CREATED,
+        (false, _) => StatusCode::OK,
+    };
+    Ok((status, Json(info)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct ListQuery {
+    label: Option<String>,
+    state: Option<String>,
+    all: Option<bool>,
+}
+
+pub(crate) fn list_filter(q: &ListQuery) -> Result<(Vec<SandboxState>, Selector), ApiError> {
+    let selector = Selector::parse(q.label.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let states = match &q.state {
+        Some(s) => s
+            .split(',')
+            .map(|x| x.trim().parse::<SandboxState>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ApiError::bad_request)?,
+        None if q.all.unwrap_or(false) => vec![],
+        None => SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect(),
+    };
+    Ok((states, selector))
+}
+
+/// List sandboxes (live ones unless `state` or `all` say otherwise).
+#[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query), ("state" = Option<String>, Query), ("all" = Option<bool>, Query)),
+    responses((status = 200, body = [SandboxInfo])))]
+pub(crate) async fn list_sandboxes(
+    State(st): St,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<SandboxInfo>>> {
+    let (states, selector) = list_filter(&q)?;
+    Ok(Json(st.control.list(&states, &selector).await?))
+}
+
+/// Renew the sandbox's lease (any other call on the sandbox renews it too).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/heartbeat", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub(crate) async fn heartbeat(
+    State(st): St,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.get(&id).await?;
+    st.control.touch(&id).await;
+    Ok(Json(st.control.info(row, false).await))
+}
+
+/// Freeze every process of a running sandbox (cgroup freezer).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+pub(crate) async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    st.control.touch(&id).await;
+    let row = st.control.set_paused(&id, true).await?;
+    Ok(Json(st.control.info(row, false).await))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+pub(crate) async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    st.control.touch(&id).await;
+    let row = st.control.set_paused(&id, false).await?;
+    Ok(Json(st.control.info(row, false).await))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct TtlBody {
+    /// The sandbox may live this long from now, e.g. "30m".
+    #[schema(value_type = String)]
+    ttl: warren_core::spec::Dur,
+}
+
+/// Set the sandbox's remaining lifetime (extend or shorten its TTL).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ttl", request_body = TtlBody, responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+pub(crate) async fn set_ttl(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<TtlBody>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.set_ttl(&id, req.ttl.0).await?;
+    Ok(Json(st.control.info(row, false).await))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get_sandbox(
+    State(st): St,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    st.control.touch(&id).await;
+    let row = st.control.get(&id).await?;
+    let mut info = st.control.info(row, true).await;
+    info.events = st.control.events(Some(&id), 0, 1000).await?;
+    Ok(Json(info))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
+pub(crate) async fn delete_sandbox(
+    State(st): St,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let row = st.control.destroy(&id, reason::USER_DELETED).await?;
+    Ok(Json(st.control.info(row, false).await))
+}
+
+/// Delete every live sandbox matching a label selector (required).
+#[utoipa::path(delete, path = "/v1/sandboxes", params(("label" = String, Query)), responses((status = 200, body = [SandboxInfo])))]
+pub(crate) async fn delete_sandboxes(
+    State(st): St,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<SandboxInfo>>> {
+    if q.label.as_deref().unwrap_or("").trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "bulk delete needs a label selector, e.g. ?label=task=swe",
+        )
+        .into());
+    }
+    let (states, selector) = list_filter(&ListQuery {
+        all: Some(false),
+        ..q
+    })?;
+    let victims = st.control.list(&states, &selector).await?;
+    let deletes = victims
+        .iter()
+        .map(|s| st.control.destroy(&s.id, reason::USER_DELETED));
+    let mut out = Vec::new();
+    for r in futures_util::future::join_all(deletes).await {
+        out.push(st.control.info(r?, false).await);
+    }
+    Ok(Json(out))
+}
+
+/// Run a command; the answer is an NDJSON stream of exec events.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecRequest,
+    responses((status = 200, body = ExecEvent, content_type = "application/x-ndjson"), (status = 409, body = ErrorBody)))]
+pub(crate) async fn exec(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> ApiResult<Response> {
+    st.control.touch(&id).await;
+    let started = std::time::Instant::now();
+    let events = st.control.exec(&id, &req).await?;
+    st.control
+        .metrics
+        .exec_start_seconds
+        .observe(started.elapsed().as_secs_f64());
+    Ok(ndjson(&st, events))
+}
+
+/// Body of `POST /v1/sandboxes/{id}/commit`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitRequest {
+    /// `repo[:tag]` (a registry reference if it is to be pushed).
+    pub name: String,
+}
+
+/// Turn the sandbox's filesystem changes into a new layer on top of its
+/// image, stored as image `name` (201 with the image record). A running
+/// sandbox is frozen while the layer is written.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commit", request_body = CommitRequest,
+    responses((status = 201, description = "the new image record"), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn commit_sandbox(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<CommitRequest>,
+) -> ApiResult<Response> {
+    let image = st.control.commit(&id, &req.name).await?;
+    Ok((StatusCode::CREATED, Json(image.record)).into_response())
+}

@@ -1,0 +1,121 @@
+//! What a client does with a sandbox beyond its lifecycle: files, logs,
+//! ports, its TTL, commits. The control plane checks the sandbox's state
+//! and renews its lease, then hands the call to the node.
+
+use futures_util::StreamExt;
+use warren_core::{ApiError, SandboxState, Selector};
+use warren_node_api::{ByteStream, FileRead, ImageInfo, Tunnel, WriteFile};
+
+use crate::control::{node_error, Control};
+use crate::store::SandboxRow;
+
+/// States in which a sandbox has files: live, or held after it finished.
+fn has_files(state: SandboxState) -> bool {
+    matches!(
+        state,
+        SandboxState::Running | SandboxState::Paused | SandboxState::Kept | SandboxState::Stopping
+    )
+}
+
+impl Control {
+    /// The sandbox exists and has files now; its lease is renewed.
+    async fn file_access(&self, id: &str) -> Result<(), ApiError> {
+        let row = self.get(id).await?;
+        self.touch(id).await;
+        if !has_files(row.state) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; files need a running or kept sandbox",
+                row.state
+            )));
+        }
+        Ok(())
+    }
+
+    pub async fn write_file(
+        &self,
+        id: &str,
+        req: WriteFile,
+        body: ByteStream,
+    ) -> Result<(), ApiError> {
+        self.file_access(id).await?;
+        self.node
+            .write_file(id, req, body)
+            .await
+            .map_err(node_error)
+    }
+
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<FileRead, ApiError> {
+        self.file_access(id).await?;
+        self.node.read_file(id, path).await.map_err(node_error)
+    }
+
+    /// The sandbox's log; with `follow`, until it has ended (or is held).
+    pub async fn logs(&self, id: &str, follow: bool) -> Result<ByteStream, ApiError> {
+        self.get(id).await?;
+        let lines = self.node.logs(id, follow).await.map_err(node_error)?;
+        Ok(lines.take_until(self.lifecycle.stopped()).boxed())
+    }
+
+    /// The logs of every sandbox matching `selector`, one after another in
+    /// creation order, streamed line by line.
+    pub async fn logs_by_label(&self, selector: &Selector) -> Result<ByteStream, ApiError> {
+        let node = self.node.clone();
+        let members = self.list(&[], selector).await?;
+        Ok(futures_util::stream::iter(members)
+            .then(move |s| {
+                let node = node.clone();
+                async move {
+                    // A sandbox whose log has expired has no lines to give.
+                    node.logs(&s.id, false)
+                        .await
+                        .unwrap_or_else(|_| futures_util::stream::empty().boxed())
+                }
+            })
+            .flatten()
+            .take_until(self.lifecycle.stopped())
+            .boxed())
+    }
+
+    /// A connection to `port` on the sandbox's loopback.
+    pub async fn connect_port(&self, id: &str, port: u16) -> Result<Box<dyn Tunnel>, ApiError> {
+        self.get(id).await?;
+        self.touch(id).await;
+        self.node.connect_port(id, port).await.map_err(node_error)
+    }
+
+    /// The sandbox may live `ttl` from now.
+    pub async fn set_ttl(
+        &self,
+        id: &str,
+        ttl: std::time::Duration,
+    ) -> Result<SandboxRow, ApiError> {
+        if ttl.is_zero() {
+            return Err(ApiError::bad_request("ttl must be greater than zero"));
+        }
+        let row = self.get(id).await?;
+        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; only a running or paused sandbox has a TTL to change",
+                row.state
+            )));
+        }
+        self.node.set_ttl(id, ttl).await.map_err(node_error)?;
+        self.touch(id).await;
+        Ok(row)
+    }
+
+    /// The sandbox's changes as a new image `name`.
+    pub async fn commit(&self, id: &str, name: &str) -> Result<ImageInfo, ApiError> {
+        let row = self.get(id).await?;
+        match row.state {
+            SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
+            other => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is {other:?}; only a running, paused or kept sandbox can be committed"
+                )))
+            }
+        }
+        self.touch(id).await;
+        self.node.commit(id, name).await.map_err(node_error)
+    }
+}

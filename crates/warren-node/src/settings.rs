@@ -1,0 +1,96 @@
+//! How a node is configured: where it lives and how much of the host it lends.
+
+use std::path::PathBuf;
+
+use crate::{logs, sampler};
+use warren_node_api::Resources;
+
+/// The disk a sandbox that names none may fill (see NodeSettings).
+pub const DEFAULT_DISK: u64 = 10 << 30;
+pub struct NodeConfig {
+    pub home: PathBuf,
+    pub name: String,
+    pub spawner_exe: PathBuf,
+    pub spawner_args: Vec<String>,
+    pub spawners: usize,
+    pub settings: NodeSettings,
+}
+/// How much of the host the node lends to sandboxes.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// CPU is compressible (each sandbox is capped by its quota), so the sum
+    /// of sandbox CPU limits may exceed the cores by this factor.
+    pub cpu_overcommit: f64,
+    /// Kept back for the system and Warren itself.
+    pub reserve_cpu_millis: u64,
+    pub reserve_memory: u64,
+    pub max_sandboxes: u32,
+    /// Sandboxes initialising at once (the node's start queue).
+    pub max_initializing: usize,
+    /// How long the log of a finished sandbox is kept.
+    pub log_retention: std::time::Duration,
+    /// Most bytes one sandbox's log keeps on disk (its newest lines).
+    pub log_max: u64,
+    /// Disk limit of a sandbox that asks for none: its writable layer is
+    /// measured every few seconds and the sandbox stopped past it
+    /// (`disk_exceeded`). 0: no limit of its own (the node floor still holds).
+    pub default_disk: u64,
+    /// Free space under the home the node keeps: below it, creates are
+    /// refused and the sandbox writing the most is stopped. None: the larger
+    /// of 1 GiB and 5% of the file system.
+    pub disk_floor: Option<u64>,
+    /// How often every sandbox's cgroup is sampled.
+    pub sample_interval: std::time::Duration,
+    /// The egress proxy: global allowlist, fixed name resolution, limits.
+    pub egress: warren_net::Settings,
+    /// Most bytes the image store may hold; after a pull that downloaded
+    /// something, registry images no sandbox uses are removed (oldest
+    /// first) until it fits. None: only unreferenced content is collected.
+    pub image_budget: Option<u64>,
+    /// Each sandbox in its own user namespace (see warren_runtime::userns).
+    pub userns: bool,
+}
+impl NodeSettings {
+    /// What the node lends to sandboxes on a host of this size. The
+    /// `warren simulate` replay uses the same computation.
+    pub fn allocatable(&self, host_cpu_millis: u64, host_memory: u64) -> Resources {
+        Resources {
+            cpu_millis: ((host_cpu_millis as f64 * self.cpu_overcommit) as u64)
+                .saturating_sub(self.reserve_cpu_millis),
+            memory: host_memory.saturating_sub(self.reserve_memory),
+            slots: self.max_sandboxes,
+        }
+    }
+}
+impl Default for NodeSettings {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        NodeSettings {
+            cpu_overcommit: 8.0,
+            reserve_cpu_millis: 250,
+            reserve_memory: 512 << 20,
+            max_sandboxes: 4096,
+            max_initializing: 8 * cores,
+            log_retention: std::time::Duration::from_secs(7 * 86400),
+            log_max: logs::DEFAULT_MAX,
+            default_disk: DEFAULT_DISK,
+            disk_floor: None,
+            sample_interval: sampler::DEFAULT_INTERVAL,
+            egress: warren_net::Settings::default(),
+            image_budget: None,
+            userns: true,
+        }
+    }
+}
+pub(crate) fn host_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}

@@ -1,0 +1,75 @@
+//! The node's background loops that are not sampling: lifetimes (TTL, lease,
+//! holds) and the expiry of old logs.
+
+use std::sync::atomic::Ordering;
+
+use crate::{logs, Node};
+use warren_node_api::NodeEvent;
+
+/// Removes the logs of sandboxes that are gone and were last written
+/// longer ago than `retention`.
+pub(crate) async fn expire_logs(node: std::sync::Weak<Node>, retention: std::time::Duration) {
+    let tick = (retention / 2).clamp(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(60),
+    );
+    loop {
+        let Some(n) = node.upgrade() else { return };
+        let dir = n.home.join("logs");
+        let live: Vec<String> = n
+            .live
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        drop(n);
+        let _ = tokio::task::spawn_blocking(move || {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                return;
+            };
+            for entry in rd.filter_map(|e| e.ok()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(id) = logs::owner(&name) else {
+                    continue;
+                };
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > retention);
+                if old && !live.iter().any(|l| l == id) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        })
+        .await;
+        tokio::time::sleep(tick).await;
+    }
+}
+/// Checks every live sandbox's TTL and lease on the monotonic clock and
+/// reports the ones that ran out. Runs until the node is dropped.
+pub(crate) async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
+    const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(node) = node.upgrade() else { return };
+        let now = tokio::time::Instant::now();
+        let expired: Vec<(String, &'static str)> = match node.live.lock() {
+            Ok(live) => live
+                .iter()
+                .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
+                .filter_map(|(id, l)| {
+                    let why = l.lifetime.lock().ok()?.take_expiry(now)?;
+                    Some((id.clone(), why))
+                })
+                .collect(),
+            Err(_) => continue,
+        };
+        for (id, reason) in expired {
+            node.feed.push(NodeEvent::Expired {
+                id,
+                reason: reason.into(),
+            });
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What sandboxes and the node use: cgroup samples, the disk guard (per
+//! sandbox and the node's floor), CPU saturation.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::{sampler, Live, Node};
+use warren_core::Usage;
+use warren_node_api::NodeEvent;
+
+/// The node's CPU busy share between samples, from /proc/stat.
+#[derive(Debug, Default)]
+pub(crate) struct CpuBusy {
+    last: Option<(u64, u64)>,
+    busy: f64,
+    high_since: Option<std::time::Instant>,
+    reported: bool,
+}
+pub const SATURATION: f64 = 0.85;
+pub const SATURATION_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) fn proc_stat_cpu() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = text
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total, idle))
+}
+/// Samples every live sandbox's cgroup once per `interval`.
+pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::time::Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(n) = node.upgrade() else { return };
+        let live: Vec<(String, Arc<Live>)> = n
+            .live
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let _ = tokio::task::spawn_blocking(move || {
+            n.sample_cpu();
+            for (id, l) in &live {
+                if !l.destroying.load(Ordering::Acquire) {
+                    n.sample_one(id, l, true);
+                }
+            }
+            n.check_disk_floor(&live);
+        })
+        .await;
+    }
+}
+
+impl Node {
+    /// Usage as sampled, refreshed with a reading taken now.
+    pub fn usage(&self, id: &str) -> Option<Usage> {
+        let live = self.get(id).ok()?;
+        self.sample_one(id, &live, false);
+        live.usage.lock().ok().map(|u| u.usage())
+    }
+
+    pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
+        let at = std::time::Instant::now();
+        let Ok(sample) = warren_runtime::cgroups::sample(&live.cgroup_path) else {
+            return;
+        };
+        let Ok(mut u) = live.usage.lock() else { return };
+        let disk = (with_disk && u.wants_disk())
+            .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
+        u.add(at, sample, disk);
+        drop(u);
+        if let Some(used) = disk {
+            if live.disk_limit > 0 && used > live.disk_limit {
+                self.report_disk(id, live, used, live.disk_limit, false);
+            }
+        }
+    }
+
+    pub(crate) fn report_disk(
+        &self,
+        id: &str,
+        live: &Live,
+        used: u64,
+        limit: u64,
+        node_full: bool,
+    ) {
+        if live.disk_reported.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.feed.push(NodeEvent::DiskExceeded {
+            id: id.to_string(),
+            used,
+            limit,
+            node_full,
+        });
+    }
+
+    /// Whether free space under the home is below the floor (creates are
+    /// refused meanwhile).
+    pub fn disk_pressure(&self) -> bool {
+        self.disk_pressure.load(Ordering::Acquire)
+    }
+
+    /// Checks free space under the home; below the floor, measures every
+    /// sandbox's writable layer and reports the largest (one per check: its
+    /// removal may be enough).
+    pub(crate) fn check_disk_floor(&self, live: &[(String, Arc<Live>)]) {
+        let Ok(st) = rustix::fs::statvfs(&self.home) else {
+            return;
+        };
+        let block = st.f_frsize.max(1);
+        let free = st.f_bavail.saturating_mul(block);
+        let size = st.f_blocks.saturating_mul(block);
+        let floor = self.disk_floor.unwrap_or((size / 20).max(1 << 30));
+        let pressure = free < floor;
+        if self.disk_pressure.swap(pressure, Ordering::AcqRel) != pressure {
+            if pressure {
+                tracing::warn!(free, floor, "disk under the home is below its floor: creates refused, the largest writer is stopped");
+            } else {
+                tracing::info!(free, floor, "disk under the home is above its floor again");
+            }
+        }
+        if !pressure {
+            return;
+        }
+        let largest = live
+            .iter()
+            .filter(|(_, l)| {
+                !l.destroying.load(Ordering::Acquire) && !l.disk_reported.load(Ordering::Acquire)
+            })
+            .map(|(id, l)| (sampler::disk_bytes(&self.runtime.sandbox_dir(id)), id, l))
+            .max_by_key(|(used, _, _)| *used);
+        if let Some((used, id, l)) = largest {
+            self.report_disk(id, l, used, l.disk_limit, true);
+        }
+    }
+
+    pub fn oom_kills(&self, id: &str) -> u64 {
+        self.get(id)
+            .map(|l| warren_runtime::cgroups::oom_kills(&l.cgroup_path))
+            .unwrap_or(0)
+    }
+
+    /// Share of the node's CPU time spent busy over the last sample interval.
+    pub fn cpu_busy(&self) -> f64 {
+        self.cpu.lock().map(|c| c.busy).unwrap_or(0.0)
+    }
+
+    pub(crate) fn sample_cpu(&self) {
+        let Some((total, idle)) = proc_stat_cpu() else {
+            return;
+        };
+        let Ok(mut c) = self.cpu.lock() else { return };
+        if let Some((t0, i0)) = c.last {
+            let dt = total.saturating_sub(t0);
+            if dt > 0 {
+                c.busy = 1.0 - idle.saturating_sub(i0) as f64 / dt as f64;
+            }
+        }
+        c.last = Some((total, idle));
+        if c.busy > SATURATION {
+            let since = *c.high_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= SATURATION_AFTER && !c.reported {
+                c.reported = true;
+                self.feed.push(NodeEvent::CpuSaturated { busy: c.busy });
+            }
+        } else {
+            c.high_since = None;
+            c.reported = false;
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! Warren's plain types, shared by every other crate. Nothing here performs
 //! I/O (but for reading the clock, and the test-only crash hook).
 
+#![forbid(unsafe_code)]
+
 pub mod batch;
 pub mod clock;
 pub mod crashpoint;

@@ -20,6 +20,8 @@
 //! # Ok::<(), warren_image::ImageError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod archive;
 mod commit;
 mod compress;

@@ -1,5 +1,8 @@
 //! Importing archives, resolving, removing and garbage collection.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -1,5 +1,8 @@
 //! The unpacked layers work as real overlayfs lower layers (needs root).
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -1,5 +1,8 @@
 //! Archives written by real tools (umoci, skopeo), when they are installed.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

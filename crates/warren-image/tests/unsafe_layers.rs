@@ -1,5 +1,8 @@
 //! Corrupt and hostile archives: refused, contained, and nothing left behind.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -5,6 +5,8 @@
 //! its node in-process through this trait; a cluster drives remote nodes
 //! over HTTP through the same one.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod error;
 #[cfg(feature = "fake")]

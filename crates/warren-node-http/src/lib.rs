@@ -19,6 +19,8 @@
 //! Plain HTTP only for now: the credential travels in clear, so a node's
 //! API belongs on a trusted network until TLS is added.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod ndjson;
 mod server;

@@ -1,6 +1,9 @@
 //! The HTTP transport end to end: an in-memory node behind `router`,
 //! driven through `HttpNode`, over real sockets on 127.0.0.1.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

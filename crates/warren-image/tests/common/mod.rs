@@ -4,6 +4,8 @@
 //! because tar-rs refuses to *write* the hostile names (`../x`, `/abs`)
 //! that the store must be tested against.
 
+// Tests may unwrap (clippy.toml covers only #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 

@@ -4,6 +4,9 @@
 # bench` in alternating rounds so both see the same machine load. Prints
 # Markdown for docs/benchmarks.md.
 #   Usage: scripts/bench-ab.sh REV [ITERATIONS] [ROUNDS]
+# REV `.` compares the working tree with itself, under different `warren
+# up` flags (A_ARGS, B_ARGS), e.g. the node driven in-process or over HTTP:
+#   A_ARGS="--node-transport in-process" B_ARGS="--node-transport http" scripts/bench-ab.sh . 200 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?give the revision to compare against, e.g. HEAD~3}
@@ -27,16 +30,22 @@ trap cleanup EXIT
 mkdir -p "$work/a" "$work/b"
 # A: the earlier revision, built in a worktree with a target directory of
 # its own (kept between runs, so a second comparison builds incrementally).
-git worktree add --detach "$work/tree" "$rev" >/dev/null
-(cd "$work/tree" && CARGO_TARGET_DIR=/var/tmp/warren-bench-ab-target cargo build --release -p warren)
-cp /var/tmp/warren-bench-ab-target/release/warren "$work/a/warren"
 cargo build --release -p warren
 cp target/release/warren "$work/b/warren"
+if [ "$rev" = . ]; then
+    cp target/release/warren "$work/a/warren"
+else
+    git worktree add --detach "$work/tree" "$rev" >/dev/null
+    (cd "$work/tree" && CARGO_TARGET_DIR=/var/tmp/warren-bench-ab-target cargo build --release -p warren)
+    cp /var/tmp/warren-bench-ab-target/release/warren "$work/a/warren"
+fi
 scripts/make-busybox-image.sh "$work/busybox.tar" >/dev/null
 port=7093
 for side in a b; do
     mkdir -p "$work/$side/home"
-    "$work/$side/warren" up --home "$work/$side/home" --listen 127.0.0.1:$port --cpu-overcommit 256 2>"$work/$side.log" &
+    if [ $side = a ]; then extra=${A_ARGS:-}; else extra=${B_ARGS:-}; fi
+    # shellcheck disable=SC2086 # the flags are words on purpose
+    "$work/$side/warren" up --home "$work/$side/home" --listen 127.0.0.1:$port --cpu-overcommit 256 $extra 2>"$work/$side.log" &
     pids+=($!)
     echo "http://127.0.0.1:$port" > "$work/$side.url"
     for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/healthz" | grep -q ok && break; sleep 0.1; done
@@ -49,10 +58,12 @@ for r in $(seq "$rounds"); do
             "$work/$side/warren" bench --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$side.$r.json"
     done
 done
-python3 - "$work" "$rounds" "$n" "$rev" <<'PY'
+python3 - "$work" "$rounds" "$n" "$rev" "${A_ARGS:-}" "${B_ARGS:-}" <<'PY'
 import json, statistics, sys
 from pathlib import Path
 work, rounds, n, rev = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+a_name = f"{rev} {sys.argv[5]}".strip() if rev != "." else (sys.argv[5] or "A")
+b_name = f"working tree {sys.argv[6]}".strip() if rev != "." else (sys.argv[6] or "B")
 def p50s(side, key):
     vals = []
     for r in range(1, rounds + 1):
@@ -61,7 +72,7 @@ def p50s(side, key):
                 vals.append(m["p50_ms"])
     return vals
 keys = [m["name"] for m in json.loads((work / "a.1.json").read_text())]
-print(f"| measurement | {rev} p50 ms | working tree p50 ms | difference ms |")
+print(f"| measurement | {a_name} p50 ms | {b_name} p50 ms | difference ms |")
 print("|---|---:|---:|---:|")
 for key in keys:
     va, vb = p50s("a", key), p50s("b", key)

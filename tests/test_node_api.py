@@ -4,13 +4,15 @@ node credential and nothing else."""
 
 import httpx
 
-from conftest import free_port, own_daemon
+from conftest import UP_ARGS, free_port, own_daemon
 from helpers import sh_ok
 
 
 def test_the_node_api_takes_the_node_credential_and_refuses_the_api_token(images):
     port = free_port()
-    args = ("--node-transport", "http", "--node-listen", f"127.0.0.1:{port}")
+    args = ("--node-listen", f"127.0.0.1:{port}")
+    if "--node-transport" not in UP_ARGS:  # the HTTP pass of the suite sets it already
+        args += ("--node-transport", "http")
     with own_daemon(images, args=args) as w:
         node = f"http://127.0.0.1:{port}/node/v1"
         credential = (w.home / "node-credential").read_text().strip()

@@ -170,12 +170,33 @@ pub fn settle(sandbox_cgroup: &str) {
             continue;
         }
         let dir = e.path();
-        if self_frozen(&dir) {
-            kill_dir(&dir, Duration::from_secs(5));
+        if !self_frozen(&dir) {
+            let _ = std::fs::remove_dir(&dir);
+            continue;
         }
-        let _ = std::fs::remove_dir(&dir);
+        // A shim the old daemon's last request started may join the
+        // cgroup while it is being emptied (init forks it on its own):
+        // emptied and removed again until it is gone, for a short while.
+        let deadline = Instant::now() + SETTLE_FOR;
+        loop {
+            kill_dir(&dir, Duration::from_secs(5));
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %dir.display(), error = %e, "an interrupted exec's cgroup could not be removed; it goes with its sandbox");
+                    break;
+                }
+            }
+        }
     }
 }
+
+/// How long `settle` keeps emptying one interrupted exec's cgroup.
+const SETTLE_FOR: Duration = Duration::from_millis(500);
 
 /// Whether the cgroup itself was asked to freeze (not only its parent).
 fn self_frozen(dir: &Path) -> bool {

@@ -7,6 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
+use warren_core::sync::lock;
 
 /// Resources one sandbox holds while it is live (or kept).
 pub use warren_node_api::Resources as Need;
@@ -103,11 +104,11 @@ impl Admission {
     }
 
     pub fn used(&self) -> Need {
-        self.state.lock().map(|s| s.used).unwrap_or_default()
+        lock(&self.state).used
     }
 
     pub fn queued(&self) -> usize {
-        self.state.lock().map(|s| s.queue.len()).unwrap_or(0)
+        lock(&self.state).queue.len()
     }
 
     pub fn admit(&self, id: &str, need: Need, pids: u32) -> Result<Admit, AdmitError> {
@@ -183,8 +184,11 @@ impl Admission {
 
     /// 1-based position of a queued create.
     pub fn position(&self, id: &str) -> Option<usize> {
-        let s = self.state.lock().ok()?;
-        s.queue.iter().position(|w| w.id == id).map(|p| p + 1)
+        lock(&self.state)
+            .queue
+            .iter()
+            .position(|w| w.id == id)
+            .map(|p| p + 1)
     }
 
     fn start_queued(&self, s: &mut State) {
@@ -204,7 +208,7 @@ impl Admission {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the counters half
         // updated in a way worse than refusing service, so recover the data.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 }
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use warren_core::sync::lock;
 
 #[derive(Default)]
 pub struct SandboxLocks {
@@ -25,10 +26,7 @@ pub struct SandboxGuard<'a> {
 
 impl SandboxLocks {
     pub async fn lock(&self, id: &str) -> SandboxGuard<'_> {
-        let lock = {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            held.entry(id.to_string()).or_default().clone()
-        };
+        let lock = lock(&self.held).entry(id.to_string()).or_default().clone();
         SandboxGuard {
             locks: self,
             id: id.to_string(),
@@ -38,13 +36,13 @@ impl SandboxLocks {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.held.lock().map(|h| h.len()).unwrap_or(0)
+        lock(&self.held).len()
     }
 }
 
 impl Drop for SandboxGuard<'_> {
     fn drop(&mut self) {
-        let mut held = self.locks.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = lock(&self.locks.held);
         // The map and this guard hold the only references: nobody waits, so
         // the entry goes (the map would otherwise grow with every sandbox).
         if Arc::strong_count(OwnedMutexGuard::mutex(&self.held)) == 2 {

@@ -17,6 +17,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use warren_core::sync::lock;
 
 /// A request head must arrive within this; an idle keep-alive connection
 /// is closed after it.
@@ -82,7 +83,8 @@ pub async fn serve(
     tokio::pin!(stop);
     loop {
         if slots.available_permits() < max_connections / 4 {
-            if let Ok(mut o) = open.lock() {
+            {
+                let mut o = lock(&open);
                 o.evict_oldest(EVICT_PER_ACCEPT);
             }
         }
@@ -112,10 +114,7 @@ pub async fn serve(
         let conn = builder
             .serve_connection(TokioIo::new(tcp), service)
             .with_upgrades();
-        let (seq, evicted) = match open.lock() {
-            Ok(mut o) => o.add(),
-            Err(_) => (u64::MAX, CancellationToken::new()),
-        };
+        let (seq, evicted) = lock(&open).add();
         let (closing, open) = (closing.clone(), open.clone());
         tokio::spawn(async move {
             tokio::pin!(conn);
@@ -130,7 +129,8 @@ pub async fn serve(
                     let _ = conn.await;
                 }
             }
-            if let Ok(mut o) = open.lock() {
+            {
+                let mut o = lock(&open);
                 o.conns.remove(&seq);
             }
             drop(slot);

@@ -17,6 +17,7 @@ pub mod quantity;
 pub mod sandbox;
 pub mod spec;
 pub mod state;
+pub mod sync;
 
 pub use batch::{BatchInfo, BatchRequest};
 pub use error::{ApiError, ErrorBody, ErrorCode};

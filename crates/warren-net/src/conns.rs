@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use warren_core::network::{Policy, Target};
+use warren_core::sync::lock;
 
 pub(crate) struct Conn {
     pub target: Target,
@@ -36,7 +37,8 @@ pub(crate) struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.conns.map.lock() {
+        {
+            let mut m = lock(&self.conns.map);
             m.remove(&self.id);
         }
     }
@@ -49,7 +51,8 @@ impl Conns {
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     ) -> ConnGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut m) = self.map.lock() {
+        {
+            let mut m = lock(&self.map);
             m.insert(id, conn);
         }
         ConnGuard {
@@ -62,9 +65,7 @@ impl Conns {
     /// Closes every connection the policy no longer allows; returns what
     /// was closed as `target:port`.
     pub(crate) fn revoke(&self, policy: &Policy) -> Vec<String> {
-        let Ok(m) = self.map.lock() else {
-            return Vec::new();
-        };
+        let m = lock(&self.map);
         let mut closed = Vec::new();
         for c in m.values() {
             let still = policy.check(&c.target, c.port).allowed
@@ -85,6 +86,6 @@ impl Conns {
     }
 
     pub(crate) fn count(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        lock(&self.map).len()
     }
 }

@@ -15,6 +15,7 @@ use warren_core::network::{Policy, Target};
 use crate::conns::{Conn, ConnGuard, Conns};
 use crate::limits::Bucket;
 use crate::{netns, route, NetError, PROXY_PORT};
+use warren_core::sync::lock;
 
 /// Where a sandbox's decisions go: one JSON object per decision.
 pub type LogFn = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
@@ -197,7 +198,8 @@ impl Egress {
         for (port, l) in listeners {
             net.serve_port(port, std_to_tokio(l)?);
         }
-        if let Ok(mut m) = self.sandboxes.lock() {
+        {
+            let mut m = lock(&self.sandboxes);
             if let Some(old) = m.insert(id.to_string(), net) {
                 old.cancel.cancel();
             }
@@ -207,7 +209,7 @@ impl Egress {
 
     /// Closes the sandbox's proxy sockets and connections.
     pub fn detach(&self, id: &str) {
-        let net = self.sandboxes.lock().ok().and_then(|mut m| m.remove(id));
+        let net = lock(&self.sandboxes).remove(id);
         if let Some(net) = net {
             net.cancel.cancel();
         }
@@ -227,20 +229,14 @@ impl Egress {
         deny: &[String],
     ) -> Result<PolicyChange, NetError> {
         let policy = Arc::new(self.parse(allow, deny)?);
-        let net = self
-            .sandboxes
-            .lock()
-            .ok()
-            .and_then(|m| m.get(id).cloned())
+        let net = lock(&self.sandboxes)
+            .get(id)
+            .cloned()
             .ok_or_else(|| NetError::NotAttached(id.to_string()))?;
         // Listeners for ports the new rules add, before the switch, so the
         // switch itself cannot fail half-way.
         let wanted = listen_ports(&policy);
-        let have: BTreeSet<u16> = net
-            .ports
-            .lock()
-            .map(|p| p.keys().copied().collect())
-            .unwrap_or_default();
+        let have: BTreeSet<u16> = lock(&net.ports).keys().copied().collect();
         let added: Vec<u16> = wanted.difference(&have).copied().collect();
         let attempts = netns::run_in(net.pid, move || {
             Ok(added
@@ -270,7 +266,8 @@ impl Egress {
                 net.serve_port(port, l);
             }
         }
-        if let Ok(mut ports) = net.ports.lock() {
+        {
+            let mut ports = lock(&net.ports);
             ports.retain(|port, cancel| {
                 let keep = wanted.contains(port);
                 if !keep {
@@ -288,8 +285,7 @@ impl Egress {
 
     /// Open proxied connections of a sandbox.
     pub fn connections(&self, id: &str) -> Option<usize> {
-        let m = self.sandboxes.lock().ok()?;
-        m.get(id).map(|n| n.conns.count())
+        lock(&self.sandboxes).get(id).map(|n| n.conns.count())
     }
 }
 
@@ -328,11 +324,11 @@ impl SandboxNet {
     /// The name behind an address the DNS stub handed out.
     pub(crate) fn fake_name(&self, ip: IpAddr) -> Option<String> {
         let IpAddr::V4(v4) = ip else { return None };
-        self.fake.lock().ok()?.by_ip.get(&v4).cloned()
+        lock(&self.fake).by_ip.get(&v4).cloned()
     }
 
     fn fake_ip(&self, name: &str) -> Option<Ipv4Addr> {
-        let mut f = self.fake.lock().ok()?;
+        let mut f = lock(&self.fake);
         if let Some(ip) = f.by_name.get(name) {
             return Some(*ip);
         }
@@ -498,7 +494,8 @@ impl SandboxNet {
 
     fn serve_port(self: &Arc<Self>, port: u16, listener: tokio::net::TcpListener) {
         let cancel = self.cancel.child_token();
-        if let Ok(mut p) = self.ports.lock() {
+        {
+            let mut p = lock(&self.ports);
             if let Some(old) = p.insert(port, cancel.clone()) {
                 old.cancel();
             }

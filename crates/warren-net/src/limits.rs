@@ -5,6 +5,7 @@
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use warren_core::sync::lock;
 
 pub(crate) struct Bucket {
     rate: f64,
@@ -30,9 +31,7 @@ impl Bucket {
 
     /// Takes one token if there is one.
     pub(crate) fn try_take(&self) -> bool {
-        let Ok(mut s) = self.state.lock() else {
-            return false;
-        };
+        let mut s = lock(&self.state);
         self.refill(&mut s);
         if s.0 >= 1.0 {
             s.0 -= 1.0;
@@ -45,9 +44,7 @@ impl Bucket {
     /// Takes `n` tokens, waiting as long as the debt takes to repay.
     pub(crate) async fn take(&self, n: usize) {
         let wait = {
-            let Ok(mut s) = self.state.lock() else {
-                return;
-            };
+            let mut s = lock(&self.state);
             self.refill(&mut s);
             s.0 -= n as f64;
             if s.0 < 0.0 {

@@ -16,6 +16,7 @@ use warren_core::{ExecEvent, ExecRequest, Usage};
 use crate::api::{ByteStream, FileRead, NodeApi, PullUpdate, Tunnel};
 use crate::error::{NodeError, NodeResult};
 use crate::types::*;
+use warren_core::sync::lock;
 
 #[derive(Default)]
 struct State {
@@ -51,12 +52,12 @@ impl FakeNode {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Reports an event, as the node would.
     pub fn push(&self, event: NodeEvent) {
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = lock(&self.events);
         let seq = events.len() as u64 + 1;
         events.push(Sequenced { seq, event });
         self.last.send_replace(seq);
@@ -68,7 +69,7 @@ impl FakeNode {
     }
 
     pub fn set_create_delay(&self, d: Duration) {
-        *self.create_delay.lock().unwrap_or_else(|p| p.into_inner()) = d;
+        *lock(&self.create_delay) = d;
     }
 
     /// A sandbox the node holds as if a create (or a restart) left it.
@@ -168,13 +169,7 @@ impl NodeApi for FakeNode {
                             return Some((ev, (seen, rx, pending)));
                         }
                         rx.borrow_and_update();
-                        pending.extend(
-                            feed.lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .iter()
-                                .filter(|e| e.seq > seen)
-                                .cloned(),
-                        );
+                        pending.extend(lock(&feed).iter().filter(|e| e.seq > seen).cloned());
                         if pending.is_empty() && rx.changed().await.is_err() {
                             return None;
                         }
@@ -186,7 +181,7 @@ impl NodeApi for FakeNode {
     }
 
     async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
-        let delay = *self.create_delay.lock().unwrap_or_else(|p| p.into_inner());
+        let delay = *lock(&self.create_delay);
         tokio::time::sleep(delay).await;
         self.call("create", &req.id)?;
         let mut s = self.state();

@@ -21,6 +21,7 @@ use warren_node_api::{
 
 use crate::ndjson::Lines;
 use crate::wire::*;
+use warren_core::sync::lock;
 
 /// A node that does not take the connection by then is down or unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -314,9 +315,8 @@ fn idle_limit(body: ByteStream, idle: Duration, shown: Arc<str>) -> ByteStream {
 fn uploaded(body: ByteStream, failed: &Arc<Mutex<Option<NodeError>>>) -> reqwest::Body {
     let failed = failed.clone();
     reqwest::Body::wrap_stream(body.inspect_err(move |e| {
-        if let Ok(mut slot) = failed.lock() {
-            slot.get_or_insert_with(|| e.clone());
-        }
+        let mut slot = lock(&failed);
+        slot.get_or_insert_with(|| e.clone());
     }))
 }
 
@@ -327,7 +327,11 @@ fn upload_failure<T>(
     failed: &Arc<Mutex<Option<NodeError>>>,
 ) -> NodeResult<T> {
     match result {
-        Err(e) => Err(failed.lock().ok().and_then(|mut f| f.take()).unwrap_or(e)),
+        Err(e) => Err({
+            let mut f = lock(failed);
+            f.take()
+        }
+        .unwrap_or(e)),
         ok => ok,
     }
 }

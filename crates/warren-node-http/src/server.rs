@@ -26,6 +26,7 @@ use warren_node_api::{
 
 use crate::ndjson;
 use crate::wire::{self, *};
+use warren_core::sync::lock;
 
 type Node = State<Arc<dyn NodeApi>>;
 
@@ -254,10 +255,7 @@ impl Upload {
     }
 
     fn poll_chunk(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, axum::Error>>> {
-        match self.0.lock() {
-            Ok(mut body) => body.poll_next_unpin(cx),
-            Err(_) => Poll::Ready(None),
-        }
+        lock(&self.0).poll_next_unpin(cx)
     }
 
     fn stream(&self) -> ByteStream {

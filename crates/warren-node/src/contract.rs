@@ -20,6 +20,7 @@ use warren_node_api::{
 use warren_runtime::{files, RuntimeError};
 
 use crate::{Node, NodeError};
+use warren_core::sync::lock;
 
 /// A node driven in the same process (`warren up`).
 pub struct LocalNode {
@@ -88,16 +89,14 @@ impl Node {
         if fresh {
             self.sample_one(id, &live, false);
         }
-        let (ttl, lease) = live
-            .lifetime
-            .lock()
-            .map(|l| {
-                (
-                    l.ttl_remaining().as_millis() as u64,
-                    l.lease_remaining().map(|d| d.as_millis() as u64),
-                )
-            })
-            .unwrap_or_default();
+        let usage = lock(&live.usage).usage();
+        let (ttl, lease) = {
+            let l = lock(&live.lifetime);
+            (
+                l.ttl_remaining().as_millis() as u64,
+                l.lease_remaining().map(|d| d.as_millis() as u64),
+            )
+        };
         Some(SandboxStatus {
             id: id.to_string(),
             phase: live.phase(),
@@ -106,7 +105,7 @@ impl Node {
             host_id_base: self.host_id_base(id),
             ttl_remaining_ms: ttl,
             lease_remaining_ms: lease,
-            usage: live.usage.lock().ok().map(|u| u.usage()),
+            usage: Some(usage),
         })
     }
 }
@@ -115,7 +114,7 @@ impl Node {
 impl NodeApi for LocalNode {
     async fn info(&self) -> NodeResult<NodeInfo> {
         let n = &self.node;
-        let sandboxes = n.live.lock().map(|m| m.len()).unwrap_or(0) as u32;
+        let sandboxes = lock(&n.live).len() as u32;
         Ok(NodeInfo {
             name: n.name.clone(),
             labels: Default::default(),
@@ -131,12 +130,7 @@ impl NodeApi for LocalNode {
 
     async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>> {
         self.node.wait_ready().await;
-        let ids: Vec<String> = self
-            .node
-            .live
-            .lock()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
+        let ids: Vec<String> = lock(&self.node.live).keys().cloned().collect();
         Ok(ids
             .iter()
             .filter_map(|id| self.node.status_of(id, false))

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::stream::BoxStream;
 use tokio::sync::watch;
+use warren_core::sync::lock;
 use warren_node_api::{NodeEvent, Sequenced};
 
 /// Events kept for consumers that fall behind.
@@ -29,7 +30,7 @@ impl Feed {
     }
 
     pub fn push(&self, event: NodeEvent) -> u64 {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = lock(&self.kept);
         let seq = *self.last.borrow() + 1;
         kept.push_back(Sequenced { seq, event });
         if kept.len() > KEEP {
@@ -41,7 +42,7 @@ impl Feed {
 
     /// The kept events after `since`.
     pub fn after(&self, since: u64) -> Vec<Sequenced> {
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = lock(&self.kept);
         // Sequence numbers are consecutive, so the start is an offset.
         let first = kept.front().map_or(0, |e| e.seq);
         let skip = since.saturating_add(1).saturating_sub(first) as usize;

@@ -4,16 +4,17 @@
 use std::sync::{Arc, Mutex};
 
 use crate::{Node, NodeError};
+use warren_core::sync::lock;
 use warren_image::{ImageRecord, Progress};
 use warren_node_api::{NodeEvent, Phase};
 
 impl Node {
     /// Image digests used by live sandboxes (they must not be removed).
     pub fn images_in_use(&self) -> Vec<String> {
-        self.live
-            .lock()
-            .map(|m| m.values().map(|l| l.image_digest.clone()).collect())
-            .unwrap_or_default()
+        lock(&self.live)
+            .values()
+            .map(|l| l.image_digest.clone())
+            .collect()
     }
 
     pub async fn resolve_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
@@ -37,7 +38,8 @@ impl Node {
         let fetched = Arc::new(Mutex::new((0usize, 0u64, false)));
         let counter = fetched.clone();
         let tap: Progress = Arc::new(move |e: warren_image::PullEvent| {
-            if let Ok(mut f) = counter.lock() {
+            {
+                let mut f = lock(&counter);
                 match &e {
                     warren_image::PullEvent::Layer {
                         size,
@@ -57,7 +59,10 @@ impl Node {
         });
         let started = std::time::Instant::now();
         let result = self.puller.pull(reference, Some(tap)).await;
-        let (layers, bytes, cached) = fetched.lock().map(|f| *f).unwrap_or_default();
+        let (layers, bytes, cached) = {
+            let f = lock(&fetched);
+            *f
+        };
         let event = match &result {
             // Every create re-resolves its tag; one that found the digest in
             // the store is not news (the sandbox records the digest).
@@ -153,11 +158,7 @@ impl Node {
     /// `warren_runtime::check_system_dirs`), before anything is recorded.
     pub async fn check_image(&self, image: &ImageRecord) -> Result<(), NodeError> {
         // Layers are immutable: an image that passed once passes again.
-        if self
-            .checked_images
-            .lock()
-            .is_ok_and(|c| c.contains(&image.digest))
-        {
+        if lock(&self.checked_images).contains(&image.digest) {
             return Ok(());
         }
         let images = self.images.clone();
@@ -168,7 +169,8 @@ impl Node {
         })
         .await
         .map_err(|e| NodeError::Internal(e.to_string()))??;
-        if let Ok(mut c) = self.checked_images.lock() {
+        {
+            let mut c = lock(&self.checked_images);
             c.insert(image.digest.clone());
         }
         Ok(())

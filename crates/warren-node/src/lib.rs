@@ -39,6 +39,7 @@ pub use settings::{NodeConfig, NodeSettings, DEFAULT_DISK};
 use tasks::{enforce_lifetimes, expire_logs};
 use usage::{sample_usage, CpuBusy};
 pub use usage::{SATURATION, SATURATION_AFTER};
+use warren_core::sync::lock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -246,9 +247,7 @@ impl Node {
     }
 
     fn get(&self, id: &str) -> Result<Arc<Live>, NodeError> {
-        self.live
-            .lock()
-            .map_err(|_| NodeError::Internal("node state lock poisoned".into()))?
+        lock(&self.live)
             .get(id)
             .cloned()
             .ok_or_else(|| NodeError::NotRunning(id.to_string()))
@@ -330,11 +329,7 @@ impl Node {
             pid: live.pid,
             phase: live.phase(),
             ends_boot_ms: lifetime::boot_ms()
-                + live
-                    .lifetime
-                    .lock()
-                    .map(|l| l.ttl_remaining().as_millis() as i64)
-                    .unwrap_or(0),
+                + lock(&live.lifetime).ttl_remaining().as_millis() as i64,
         };
         self.journal
             .write(&entry)
@@ -386,7 +381,8 @@ impl Node {
             .egress
             .update(id, &network.allow, &network.deny)
             .await?;
-        if let Ok(mut c) = live.create.lock() {
+        {
+            let mut c = lock(&live.create);
             c.spec.network = network.clone();
         }
         self.journal(&live)?;
@@ -478,7 +474,8 @@ impl Node {
             disk_limit,
             disk_reported: AtomicBool::new(false),
         });
-        if let Ok(mut m) = self.live.lock() {
+        {
+            let mut m = lock(&self.live);
             m.insert(id.clone(), live.clone());
         }
         monitor::watch_init(self.clone(), id, pid);
@@ -600,7 +597,8 @@ impl Node {
             live.destroying.store(true, Ordering::Release);
             // The resource summary, read while the cgroup still exists.
             self.sample_one(id, live, true);
-            if let Ok(u) = live.usage.lock() {
+            {
+                let u = lock(&live.usage);
                 let usage = u.usage();
                 live.log
                     .record("summary", serde_json::json!({ "usage": usage }));
@@ -615,7 +613,8 @@ impl Node {
             // Before it leaves the table, so a log follower reads it.
             live.log.event("destroyed", why, "");
         }
-        if let Ok(mut m) = self.live.lock() {
+        {
+            let mut m = lock(&self.live);
             m.remove(id);
         }
         Ok(last_usage)
@@ -624,7 +623,8 @@ impl Node {
     /// Renews the sandbox's lease (heartbeat, or any API call on it).
     pub fn renew_lease(&self, id: &str) {
         if let Ok(live) = self.get(id) {
-            if let Ok(mut l) = live.lifetime.lock() {
+            {
+                let mut l = lock(&live.lifetime);
                 l.renew();
             }
         }
@@ -633,10 +633,7 @@ impl Node {
     /// Lets the sandbox live `ttl` from now.
     pub fn set_ttl(&self, id: &str, ttl: std::time::Duration) -> Result<(), NodeError> {
         let live = self.get(id)?;
-        live.lifetime
-            .lock()
-            .map_err(|_| NodeError::Internal("lifetime lock".into()))?
-            .set_ttl(ttl);
+        lock(&live.lifetime).set_ttl(ttl);
         self.journal(&live)
     }
 
@@ -653,7 +650,8 @@ impl Node {
             tracing::warn!(sandbox = %id, error = %e, "freezing a finished sandbox");
         }
         let live = self.get(id)?;
-        if let Ok(mut l) = live.lifetime.lock() {
+        {
+            let mut l = lock(&live.lifetime);
             l.restart(hold_for);
         }
         live.set_phase(Phase::Held);
@@ -665,7 +663,7 @@ impl Node {
     /// Remaining TTL and lease, in milliseconds.
     pub fn remaining(&self, id: &str) -> Option<(u64, Option<u64>)> {
         let live = self.get(id).ok()?;
-        let l = live.lifetime.lock().ok()?;
+        let l = lock(&live.lifetime);
         Some((
             l.ttl_remaining().as_millis() as u64,
             l.lease_remaining().map(|d| d.as_millis() as u64),
@@ -732,16 +730,14 @@ impl Node {
 
 impl Live {
     fn create(&self) -> CreateSandbox {
-        self.create
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        lock(&self.create).clone()
     }
     fn phase(&self) -> Phase {
-        self.phase.lock().map(|p| *p).unwrap_or(Phase::Running)
+        *lock(&self.phase)
     }
     fn set_phase(&self, phase: Phase) {
-        if let Ok(mut p) = self.phase.lock() {
+        {
+            let mut p = lock(&self.phase);
             *p = phase;
         }
     }

@@ -27,6 +27,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 use warren_core::clock::now_rfc3339;
+use warren_core::sync::lock;
 
 /// Default cap of one sandbox's log on disk (both files together).
 pub const DEFAULT_MAX: u64 = 64 << 20;
@@ -103,7 +104,8 @@ impl SandboxLog {
 
     fn write(&self, line: Value) {
         let Some(text) = self.line(line) else { return };
-        if let Ok(mut cur) = self.file.lock() {
+        {
+            let mut cur = lock(&self.file);
             if cur.size > 0 && cur.size + text.len() as u64 > self.file_max {
                 self.rotate(&mut cur);
             }

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::{logs, Node};
+use warren_core::sync::lock;
 use warren_node_api::NodeEvent;
 
 /// Removes the logs of sandboxes that are gone and were last written
@@ -16,11 +17,7 @@ pub(crate) async fn expire_logs(node: std::sync::Weak<Node>, retention: std::tim
     loop {
         let Some(n) = node.upgrade() else { return };
         let dir = n.home.join("logs");
-        let live: Vec<String> = n
-            .live
-            .lock()
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
+        let live: Vec<String> = lock(&n.live).keys().cloned().collect();
         drop(n);
         let _ = tokio::task::spawn_blocking(move || {
             let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -54,17 +51,14 @@ pub(crate) async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
         tokio::time::sleep(TICK).await;
         let Some(node) = node.upgrade() else { return };
         let now = tokio::time::Instant::now();
-        let expired: Vec<(String, &'static str)> = match node.live.lock() {
-            Ok(live) => live
-                .iter()
-                .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
-                .filter_map(|(id, l)| {
-                    let why = l.lifetime.lock().ok()?.take_expiry(now)?;
-                    Some((id.clone(), why))
-                })
-                .collect(),
-            Err(_) => continue,
-        };
+        let expired: Vec<(String, &'static str)> = lock(&node.live)
+            .iter()
+            .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
+            .filter_map(|(id, l)| {
+                let why = lock(&l.lifetime).take_expiry(now)?;
+                Some((id.clone(), why))
+            })
+            .collect();
         for (id, reason) in expired {
             node.feed.push(NodeEvent::Expired {
                 id,

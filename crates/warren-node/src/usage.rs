@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::{sampler, Live, Node};
+use warren_core::sync::lock;
 use warren_core::Usage;
 use warren_node_api::NodeEvent;
 
@@ -36,11 +37,10 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
     loop {
         tokio::time::sleep(interval).await;
         let Some(n) = node.upgrade() else { return };
-        let live: Vec<(String, Arc<Live>)> = n
-            .live
-            .lock()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
+        let live: Vec<(String, Arc<Live>)> = lock(&n.live)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let _ = tokio::task::spawn_blocking(move || {
             n.sample_cpu();
             for (id, l) in &live {
@@ -59,7 +59,8 @@ impl Node {
     pub fn usage(&self, id: &str) -> Option<Usage> {
         let live = self.get(id).ok()?;
         self.sample_one(id, &live, false);
-        live.usage.lock().ok().map(|u| u.usage())
+        let usage = lock(&live.usage).usage();
+        Some(usage)
     }
 
     pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
@@ -67,7 +68,7 @@ impl Node {
         let Ok(sample) = warren_runtime::cgroups::sample(&live.cgroup_path) else {
             return;
         };
-        let Ok(mut u) = live.usage.lock() else { return };
+        let mut u = lock(&live.usage);
         let disk = (with_disk && u.wants_disk())
             .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
         u.add(at, sample, disk);
@@ -146,14 +147,14 @@ impl Node {
 
     /// Share of the node's CPU time spent busy over the last sample interval.
     pub fn cpu_busy(&self) -> f64 {
-        self.cpu.lock().map(|c| c.busy).unwrap_or(0.0)
+        lock(&self.cpu).busy
     }
 
     pub(crate) fn sample_cpu(&self) {
         let Some((total, idle)) = proc_stat_cpu() else {
             return;
         };
-        let Ok(mut c) = self.cpu.lock() else { return };
+        let mut c = lock(&self.cpu);
         if let Some((t0, i0)) = c.last {
             let dt = total.saturating_sub(t0);
             if dt > 0 {

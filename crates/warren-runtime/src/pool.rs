@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use crate::proto::SpawnerRequest;
 use crate::spawner::SpawnerClient;
 use crate::RuntimeError;
+use warren_core::sync::lock;
 
 pub struct SpawnerPool {
     exe: PathBuf,
@@ -40,10 +41,7 @@ impl SpawnerPool {
         let idle = self.idle.clone();
         let (exe, args) = (self.exe.clone(), self.args.clone());
         tokio::task::spawn_blocking(move || {
-            let taken = idle
-                .lock()
-                .map_err(|_| RuntimeError::Create("spawner pool poisoned".into()))?
-                .pop();
+            let taken = lock(&idle).pop();
             let mut client = match taken {
                 Some(mut c) => {
                     if c.is_alive() {
@@ -56,7 +54,8 @@ impl SpawnerPool {
             };
             let result = client.create(&request);
             // A spawner that broke mid-request is replaced on next use.
-            if let Ok(mut idle) = idle.lock() {
+            {
+                let mut idle = lock(&idle);
                 idle.push(client);
             }
             result

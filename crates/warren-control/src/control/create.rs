@@ -1,0 +1,287 @@
+//! Creating a sandbox: validation, the queue, the record and the node's
+//! create side by side, and what a failure leaves.
+
+use std::sync::Arc;
+
+use warren_core::clock::now_rfc3339;
+use warren_core::state::reason;
+use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
+use warren_node_api::{CreateSandbox, NodeError};
+
+use super::{need_of, new_id, node_error, note, Control};
+use crate::admission::{Admit, AdmitError};
+use crate::store::{SandboxRow, StoreError, Transition};
+
+/// What the node is asked to run for a record.
+pub(crate) fn create_request(row: &SandboxRow) -> CreateSandbox {
+    CreateSandbox {
+        id: row.id.clone(),
+        spec: row.spec.clone(),
+        resources: row.resources.clone(),
+        image_digest: row.image_digest.clone(),
+    }
+}
+impl Control {
+    /// Validates, admits (or queues) and creates a sandbox. The work runs in
+    /// its own task, so a client that disconnects cannot leave a sandbox
+    /// half made. With `wait == false` a queued create answers at once.
+    pub async fn create(
+        self: &Arc<Self>,
+        mut spec: SandboxSpec,
+        wait: bool,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let started = std::time::Instant::now();
+        self.lifecycle.refuse_if_stopping()?;
+        self.apply_profile(&mut spec).await?;
+        let resources = spec
+            .resolve()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(rid) = &spec.request_id {
+            if let Some(existing) = self.store.by_request_id(rid).await? {
+                let settled = self.settled(existing, wait).await?;
+                return Ok((self.info(settled, false).await, false));
+            }
+        }
+        let load = self.node.info().await.map_err(node_error)?.load;
+        if load.disk_pressure {
+            return Err(ApiError {
+                code: warren_core::ErrorCode::NoCapacity,
+                message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
+                retry_after_ms: Some(5000),
+            });
+        }
+        let image = self
+            .node
+            .image_for_create(&spec.image)
+            .await
+            .map_err(node_error)?;
+        let id = new_id();
+        let admit = self
+            .admission
+            .admit(&id, need_of(&resources), resources.pids)
+            .map_err(|e| match e {
+                AdmitError::QueueFull(_) => ApiError {
+                    code: warren_core::ErrorCode::TooManyRequests,
+                    message: e.to_string(),
+                    retry_after_ms: Some(1000),
+                },
+                AdmitError::Closed => {
+                    ApiError::new(warren_core::ErrorCode::Unavailable, e.to_string())
+                }
+                AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
+                    ApiError::bad_request(e.to_string())
+                }
+            })?;
+        let queued = matches!(admit, Admit::Queued { .. });
+        let row = SandboxRow {
+            id: id.clone(),
+            state: if queued {
+                SandboxState::Queued
+            } else {
+                SandboxState::Creating
+            },
+            reason: if queued {
+                reason::QUEUED.into()
+            } else {
+                reason::CREATED.into()
+            },
+            spec: spec.clone(),
+            resources: resources.clone(),
+            node: self.node_name.clone(),
+            image_digest: image.digest.clone(),
+            created_at: now_rfc3339(),
+            started_at: None,
+            finished_at: None,
+            exit_code: None,
+            grace: false,
+        };
+        let this = self.clone();
+        let task = match admit {
+            Admit::Now => tokio::spawn(async move { this.create_admitted(row).await }),
+            Admit::Queued { ready, .. } => {
+                // The queued record is what a client polls; it must exist first.
+                if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
+                    self.admission.release(&id);
+                    return self.insert_failed(e, &spec).await;
+                }
+                let task = tokio::spawn(this.wait_then_start(row, ready));
+                if !wait {
+                    let row = self.get(&id).await?;
+                    return Ok((self.info(row, false).await, true));
+                }
+                task
+            }
+        };
+        let result = task
+            .await
+            .map_err(|e| ApiError::internal(format!("create task: {e}")))?;
+        if result.is_ok() {
+            self.metrics
+                .create_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    /// A queued create: waits for its capacity, then creates.
+    pub(crate) async fn wait_then_start(
+        self: Arc<Self>,
+        row: SandboxRow,
+        ready: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let queued_at = std::time::Instant::now();
+        let waited = ready.await;
+        self.metrics
+            .queue_wait_seconds
+            .observe(queued_at.elapsed().as_secs_f64());
+        if waited.is_err() {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} left the queue before its turn (deleted, or the daemon is stopping)",
+                row.id
+            )));
+        }
+        self.start_queued(row).await
+    }
+
+    /// A replayed create (same request id) answers what the first one
+    /// made, once it is past `creating` (and `queued`, when the caller
+    /// waits): the first create's answer would have been no earlier.
+    pub(crate) async fn settled(
+        &self,
+        mut row: SandboxRow,
+        wait: bool,
+    ) -> Result<SandboxRow, ApiError> {
+        loop {
+            let busy =
+                row.state == SandboxState::Creating || (wait && row.state == SandboxState::Queued);
+            if !busy {
+                return Ok(row);
+            }
+            // The create holds the sandbox's lock until it is done.
+            drop(self.sandbox_locks.lock(&row.id).await);
+            if row.state == SandboxState::Queued {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            row = self.get(&row.id).await?;
+        }
+    }
+
+    pub(crate) async fn insert_failed(
+        &self,
+        e: StoreError,
+        spec: &SandboxSpec,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        // A concurrent create with the same request id won the race.
+        if let (true, Some(rid)) = (e.is_duplicate(), &spec.request_id) {
+            if let Some(existing) = self.store.by_request_id(rid).await? {
+                let settled = self.settled(existing, true).await?;
+                return Ok((self.info(settled, false).await, false));
+            }
+        }
+        Err(e.into())
+    }
+
+    /// Capacity is reserved: record and create side by side. A crash in
+    /// between leaves either a record without a sandbox (marked failed at
+    /// restart) or a sandbox without a record (swept at restart).
+    pub(crate) async fn create_admitted(
+        &self,
+        row: SandboxRow,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let id = row.id.clone();
+        let _one = self.sandbox_locks.lock(&id).await;
+        let (inserted, created) = tokio::join!(
+            self.store.insert(&row, row.spec.request_id.as_deref()),
+            self.node.create(create_request(&row))
+        );
+        if let Err(e) = inserted {
+            if created.is_ok() {
+                let _ = self.node.destroy(&id, reason::CREATE_FAILED).await;
+            }
+            self.admission.release(&id);
+            return self.insert_failed(e, &row.spec).await;
+        }
+        warren_core::crashpoint::hit("create:recorded");
+        self.finish_create(&id, created).await
+    }
+
+    /// A queued create whose turn has come.
+    pub(crate) async fn start_queued(
+        &self,
+        row: SandboxRow,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let id = row.id.clone();
+        let _one = self.sandbox_locks.lock(&id).await;
+        // Deleted while it waited, after the capacity was granted?
+        if self.get(&id).await?.state != SandboxState::Queued {
+            self.admission.release(&id);
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} was deleted while it waited for capacity"
+            )));
+        }
+        let now = now_rfc3339();
+        self.store
+            .transition(
+                &id,
+                SandboxState::Creating,
+                reason::ADMITTED,
+                &now,
+                Transition::default(),
+            )
+            .await?;
+        let created = self.node.create(create_request(&row)).await;
+        self.finish_create(&id, created).await
+    }
+
+    pub(crate) async fn finish_create(
+        &self,
+        id: &str,
+        created: Result<(), NodeError>,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        match created {
+            Ok(()) => {
+                let started = now_rfc3339();
+                let t = Transition {
+                    started_at: Some(&started),
+                    ..Default::default()
+                };
+                self.store
+                    .transition(id, SandboxState::Running, reason::READY, &started, t)
+                    .await?;
+                let _ = self.node.note(id, note("running", reason::READY, "")).await;
+                let row = self.get(id).await?;
+                if let Err(e) = self.node.start_main(id).await {
+                    let message = e.to_string();
+                    let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
+                    return Err(ApiError::internal(format!(
+                        "sandbox {id}: main process: {message}"
+                    )));
+                }
+                Ok((self.info(row, false).await, true))
+            }
+            Err(e) => {
+                self.admission.release(id);
+                let message = e.to_string();
+                let now = now_rfc3339();
+                let t = Transition {
+                    finished_at: Some(&now),
+                    message: &message,
+                    ..Default::default()
+                };
+                self.store
+                    .transition(id, SandboxState::Failed, reason::CREATE_FAILED, &now, t)
+                    .await?;
+                Err(match node_error(e) {
+                    ApiError {
+                        code: warren_core::ErrorCode::Internal,
+                        message,
+                        ..
+                    } => {
+                        ApiError::internal(format!("sandbox {id} could not be created: {message}"))
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The control plane's own life: reconciling its records with the node at
+//! start, retrying failed destroys, and a clean stop.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use warren_core::clock::now_rfc3339;
+use warren_core::state::reason;
+use warren_core::{ApiError, SandboxState};
+use warren_node_api::{Phase, SandboxStatus};
+
+use super::{need_of, node_error, note, Control};
+use crate::admission::Admit;
+use crate::store::{SandboxRow, Transition};
+
+/// Records brought in line at once after a restart.
+pub(crate) const RECOVER_PARALLELISM: usize = 32;
+impl Control {
+    /// At start-up: every open record is reconciled with what the node
+    /// holds (the node takes its sandboxes over by itself, from its own
+    /// journal). A record whose sandbox the node holds keeps its state (and
+    /// its capacity); one whose sandbox is gone becomes `lost`; interrupted
+    /// creates and destroys are finished; queued creates queue again in
+    /// their order; a sandbox the node holds without an open record is
+    /// destroyed. The API answers once this is done (`/healthz` at once).
+    pub async fn recover(self: &Arc<Self>) -> Result<(), ApiError> {
+        let now = now_rfc3339();
+        for id in self.store.fail_unreadable(&now).await? {
+            tracing::warn!(sandbox = %id, "its record could not be read; marked failed");
+        }
+        let open: Vec<SandboxState> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect();
+        let rows = self.store.list(&open).await?;
+        let total = rows.len();
+        self.lifecycle.recovering(0, total);
+        let held = self.node.inventory().await.map_err(node_error)?;
+        tracing::info!(
+            records = total,
+            held = held.len(),
+            "reconciling records with the node"
+        );
+        let held: HashMap<String, SandboxStatus> =
+            held.into_iter().map(|s| (s.id.clone(), s)).collect();
+        let known: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        for id in held.keys().filter(|id| !known.contains(id.as_str())) {
+            tracing::info!(sandbox = %id, "the node holds a sandbox without an open record; destroying it");
+            if let Err(e) = self.node.destroy(id, reason::NODE_LOST).await {
+                tracing::warn!(sandbox = %id, error = %e, "destroying an unknown sandbox");
+            }
+        }
+        // Queued creates wait for what the held sandboxes hold, in their
+        // old order: admitted after every other record, one by one.
+        let (queued, others): (Vec<SandboxRow>, Vec<SandboxRow>) = rows
+            .into_iter()
+            .partition(|r| r.state == SandboxState::Queued);
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        futures_util::stream::iter(others)
+            .for_each_concurrent(RECOVER_PARALLELISM, |row| {
+                let (done, held) = (&done, &held);
+                async move {
+                    if let Err(e) = self.recover_one(&row, held.get(&row.id)).await {
+                        tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
+                    }
+                    let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    self.lifecycle.recovering(n, total);
+                }
+            })
+            .await;
+        for row in queued {
+            if let Err(e) = self.requeue(row.clone()).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "queueing a create again");
+            }
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            self.lifecycle.recovering(n, total);
+        }
+        Ok(())
+    }
+
+    /// One record at start-up, against what the node holds of it.
+    pub(crate) async fn recover_one(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+        held: Option<&SandboxStatus>,
+    ) -> Result<(), ApiError> {
+        let now = now_rfc3339();
+        if held.is_some() {
+            self.admission.hold(&row.id, need_of(&row.resources));
+        }
+        // What the node reported meanwhile (an expiry at take-over) may
+        // have finished it already.
+        let one = self.sandbox_locks.lock(&row.id).await;
+        let row = &self.get(&row.id).await?;
+        if row.state.is_final() {
+            self.admission.release(&row.id);
+            return Ok(());
+        }
+        drop(one);
+        // Removing what is left of a sandbox can take seconds (processes
+        // that die slowly); it runs beside the API, under the sandbox's lock.
+        match row.state {
+            SandboxState::Creating => {
+                let (this, id) = (self.clone(), row.id.clone());
+                tokio::spawn(async move {
+                    let _one = this.sandbox_locks.lock(&id).await;
+                    let _ = this.node.destroy(&id, reason::CREATE_FAILED).await;
+                    this.admission.release(&id);
+                    let now = now_rfc3339();
+                    let t = Transition {
+                        finished_at: Some(&now),
+                        message: "the daemon stopped while creating it; its remains were removed",
+                        ..Default::default()
+                    };
+                    let failed = SandboxState::Failed;
+                    let why = reason::CREATE_FAILED;
+                    if let Err(e) = this.store.transition(&id, failed, why, &now, t).await {
+                        tracing::warn!(sandbox = %id, error = %e, "recording an interrupted create");
+                    }
+                });
+                return Ok(());
+            }
+            SandboxState::Stopping if !row.grace => {
+                // Failures stay `stopping` and are retried (reconcile).
+                let (this, id, why) = (self.clone(), row.id.clone(), row.reason.clone());
+                tokio::spawn(async move {
+                    let _one = this.sandbox_locks.lock(&id).await;
+                    if let Err(e) = this.destroy_locked(&id, &why).await {
+                        tracing::warn!(sandbox = %id, error = %e.message, "finishing a destroy");
+                    }
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
+        // Running, paused, kept, or frozen in a grace period.
+        let Some(held) = held else {
+            let _one = self.sandbox_locks.lock(&row.id).await;
+            tracing::warn!(sandbox = %row.id, state = %row.state, "its node does not hold it; marked lost");
+            let message = "its processes were gone after a daemon restart";
+            let t = Transition {
+                finished_at: Some(&now),
+                message,
+                ..Default::default()
+            };
+            self.store
+                .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
+                .await?;
+            return Ok(());
+        };
+        // A crash between the node's change and its record: the node
+        // follows the record, which is what a client was told.
+        let fix = match (row.state, held.phase) {
+            (SandboxState::Running, Phase::Paused) => self.node.set_paused(&row.id, false).await,
+            (SandboxState::Paused, Phase::Running) => self.node.set_paused(&row.id, true).await,
+            (SandboxState::Kept, Phase::Running | Phase::Paused) => self
+                .node
+                .hold(&row.id, row.spec.keep_for(), note("kept", &row.reason, ""))
+                .await
+                .map(|_| ()),
+            (SandboxState::Stopping, Phase::Running | Phase::Paused) => self
+                .node
+                .hold(
+                    &row.id,
+                    row.spec.delay_for(),
+                    note("stopping", &row.reason, ""),
+                )
+                .await
+                .map(|_| ()),
+            _ => Ok(()),
+        };
+        if let Err(e) = fix {
+            tracing::warn!(sandbox = %row.id, error = %e, "bringing the sandbox in line with its record");
+        }
+        tracing::info!(sandbox = %row.id, state = %row.state, "adopted after restart");
+        Ok(())
+    }
+
+    /// A create that was waiting for capacity when the daemon stopped: its
+    /// client was told `queued`, so it queues again (in its old order).
+    pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
+        let admitted = self
+            .admission
+            .admit(&row.id, need_of(&row.resources), row.resources.pids);
+        let this = self.clone();
+        match admitted {
+            Ok(Admit::Now) => {
+                tokio::spawn(async move { this.start_queued(row).await });
+            }
+            Ok(Admit::Queued { ready, .. }) => {
+                tokio::spawn(this.wait_then_start(row, ready));
+            }
+            Err(e) => {
+                let now = now_rfc3339();
+                let message = format!("could not queue it again after a restart: {e}");
+                let t = Transition {
+                    finished_at: Some(&now),
+                    message: &message,
+                    ..Default::default()
+                };
+                self.store
+                    .transition(
+                        &row.id,
+                        SandboxState::Failed,
+                        reason::CREATE_FAILED,
+                        &now,
+                        t,
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries destroys that failed (they stay `stopping`), until they
+    /// succeed. Runs until the daemon stops.
+    pub async fn reconcile(self: Arc<Self>) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            let Ok(rows) = self.store.list(&[SandboxState::Stopping]).await else {
+                continue;
+            };
+            for row in rows.into_iter().filter(|r| !r.grace) {
+                let _one = self.sandbox_locks.lock(&row.id).await;
+                // Finished meanwhile by whoever held the lock?
+                match self.get(&row.id).await {
+                    Ok(now) if now.state == SandboxState::Stopping && !now.grace => {}
+                    _ => continue,
+                }
+                if let Err(e) = self.destroy_locked(&row.id, &row.reason).await {
+                    tracing::warn!(sandbox = %row.id, error = %e.message, "retrying a destroy");
+                }
+            }
+        }
+    }
+
+    /// Clean stop: creates are refused and the queue is emptied (queued
+    /// creates end `destroyed`, reason `shutdown`), streams end, then every
+    /// live sandbox is destroyed, each within `grace`. What is not done by
+    /// then stays for the next start to adopt or sweep.
+    pub async fn shutdown(&self, grace: std::time::Duration) {
+        self.lifecycle.stop();
+        self.admission.close();
+        if !self.destroy_on_stop {
+            return;
+        }
+        let live: Vec<SandboxState> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .collect();
+        let Ok(rows) = self.store.list(&live).await else {
+            return;
+        };
+        let all = rows.iter().map(|r| async {
+            match tokio::time::timeout(grace, self.destroy(&r.id, reason::SHUTDOWN)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(sandbox = %r.id, error = %e.message, "destroy at shutdown"),
+                Err(_) => tracing::warn!(sandbox = %r.id, "destroy at shutdown did not finish in time; the next start finishes it"),
+            }
+        });
+        futures_util::future::join_all(all).await;
+    }
+}

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use warren_core::{ApiError, ErrorBody, Selector};
 
-use super::{ApiResult, St};
+use super::{ndjson_lines, ApiResult, St};
 use crate::control::Control;
 
 #[derive(Deserialize)]
@@ -28,16 +28,8 @@ pub(crate) async fn logs(
     Path(id): Path<String>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
-    let stream = st
-        .control
-        .logs(&id, q.follow.unwrap_or(false))
-        .await?
-        .map(|r| r.map_err(std::io::Error::other));
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    let lines = st.control.logs(&id, q.follow.unwrap_or(false)).await?;
+    Ok(ndjson_lines(lines))
 }
 
 #[derive(Deserialize)]
@@ -59,16 +51,7 @@ pub(crate) async fn logs_by_label(
     }
     let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // Streamed line by line, never a whole log in memory.
-    let stream = st
-        .control
-        .logs_by_label(&sel)
-        .await?
-        .map(|r| r.map_err(std::io::Error::other));
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(ndjson_lines(st.control.logs_by_label(&sel).await?))
 }
 
 #[derive(Deserialize, Clone)]

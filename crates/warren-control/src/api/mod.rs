@@ -227,6 +227,12 @@ where
         .into_response()
 }
 
+/// JSON lines that are bytes already (a log), streamed as they come.
+fn ndjson_lines(lines: warren_node_api::ByteStream) -> Response {
+    let body = Body::from_stream(lines.map(|r| r.map_err(std::io::Error::other)));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
 /// Alive: `ok`, or what start-up recovery is doing (API calls wait for it).
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
 async fn healthz(State(st): St) -> String {

@@ -35,6 +35,7 @@ mod push;
 mod record;
 mod reference;
 mod registry;
+mod session;
 mod snapshot;
 mod store;
 mod time;
@@ -43,10 +44,11 @@ mod whiteout;
 
 pub use commit::Owners;
 pub use error::{ErrorKind, ImageError};
-pub use pull::{install_tls_provider, Progress, PullEvent, Puller};
+pub use pull::{Progress, PullEvent, Puller};
 pub use push::Pushed;
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
 pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
+pub use session::install_tls_provider;
 pub use store::{ImageStore, Pin, PruneReport};
 
 /// Entry points for the fuzz targets in `fuzz/`; not a stable API.

@@ -20,14 +20,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin as StdPin;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference as OciReference};
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest, MediaType};
 use serde::Serialize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -38,8 +34,7 @@ use crate::error::ImageError;
 use crate::fsutil::unique_name;
 use crate::layout::{check_layer_count, host_arch, parse_config_from};
 use crate::record::ImageRecord;
-use crate::reference::normalize_name;
-use crate::registry::{describe, registry_host, RegistryConfig};
+use crate::session::{Session, Sessions};
 use crate::store::{blob_key, ImageStore, PulledImage};
 
 /// Manifests and configs larger than this are refused before download.
@@ -94,15 +89,11 @@ pub type Progress = Arc<dyn Fn(PullEvent) + Send + Sync>;
 /// Pulls images into one store, sharing downloads between concurrent pulls.
 pub struct Puller {
     store: Arc<ImageStore>,
-    config_path: PathBuf,
+    sessions: Sessions,
     downloads: Semaphore,
     unpacks: Arc<Semaphore>,
     /// One async mutex per blob digest being fetched.
     fetching: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The client built for the current `registries.toml` (by fingerprint):
-    /// reusing it keeps connections and tokens, which every create's tag
-    /// resolution would otherwise pay for again.
-    client: Mutex<Option<(String, Client)>>,
 }
 
 /// A download in `tmp/`, removed unless it was committed.
@@ -113,39 +104,6 @@ impl Drop for TmpFile {
         if let Some(path) = self.0.take() {
             let _ = std::fs::remove_file(path);
         }
-    }
-}
-
-/// The registry a pull (or push) talks to, with what it needs for every
-/// request.
-pub(crate) struct Session {
-    pub client: Client,
-    pub host: String,
-    pub repo: OciReference,
-    pub auth: RegistryAuth,
-    pub config: RegistryConfig,
-    /// The reference as the user wrote it, normalised, for messages.
-    pub origin: String,
-    /// Whether this pull put a blob in the content store (which a failure
-    /// must then collect).
-    pub stored: std::sync::atomic::AtomicBool,
-}
-
-impl Session {
-    pub(crate) fn fail(
-        &self,
-        what: &str,
-    ) -> impl FnOnce(oci_client::errors::OciDistributionError) -> ImageError + '_ {
-        let what = what.to_string();
-        move |e| describe(e, &self.host, &what, &self.config)
-    }
-
-    fn at_digest(&self, digest: &str) -> OciReference {
-        OciReference::with_digest(
-            self.repo.registry().to_string(),
-            self.repo.repository().to_string(),
-            digest.to_string(),
-        )
     }
 }
 
@@ -163,16 +121,15 @@ impl Puller {
     ) -> Puller {
         Puller {
             store,
-            config_path,
+            sessions: Sessions::new(config_path),
             downloads: Semaphore::new(max_downloads.max(1)),
             unpacks: Arc::new(Semaphore::new(max_unpacks.max(1))),
             fetching: Mutex::new(HashMap::new()),
-            client: Mutex::new(None),
         }
     }
 
     pub fn config_path(&self) -> &Path {
-        &self.config_path
+        self.sessions.config_path()
     }
 
     /// Resolves `reference` (`host[:port]/repo[:tag|@digest]`) at its
@@ -189,7 +146,7 @@ impl Puller {
                 p(e)
             }
         };
-        let session = self.session(reference)?;
+        let session = self.sessions.open(reference)?;
         let name = session.origin.clone();
 
         let digest = match session.repo.digest() {
@@ -279,7 +236,7 @@ impl Puller {
         reference: &str,
         source: Option<&str>,
     ) -> Result<(ImageRecord, crate::push::Pushed), ImageError> {
-        let session = self.session(reference)?;
+        let session = self.sessions.open(reference)?;
         let store = self.store.clone();
         let from = source.unwrap_or(reference).to_string();
         let record = blocking(move || store.resolve(&from)).await?;
@@ -287,72 +244,6 @@ impl Puller {
         let pushed = crate::push::push(&self.store, &session, &record).await?;
         drop(pin);
         Ok((record, pushed))
-    }
-
-    fn session(&self, reference: &str) -> Result<Session, ImageError> {
-        let bad = |reason: String| ImageError::InvalidReference {
-            reference: reference.to_string(),
-            reason,
-        };
-        let Some(host) = registry_host(reference) else {
-            return Err(bad(
-                "it names no registry; use host[:port]/repository[:tag|@sha256:digest], e.g. \
-                 registry.example.com/team/app:v1 (local images are imported with `warren \
-                 image import`)"
-                    .into(),
-            ));
-        };
-        let origin = normalize_name(reference)?;
-        let repo: OciReference = origin
-            .parse()
-            .map_err(|e| bad(format!("not a registry reference: {e}")))?;
-        let config = RegistryConfig::load(&self.config_path)?;
-        // The CA files are part of what the client was built from.
-        let pems = config.ca_certificates()?;
-        let fingerprint = format!("{} {}", config.fingerprint(), sha256_digest(&pems.concat()));
-        let client = {
-            let mut cached = lock(&self.client);
-            match cached.as_ref() {
-                Some((built_from, client)) if *built_from == fingerprint => client.clone(),
-                _ => {
-                    install_tls_provider();
-                    let roots = pems
-                        .into_iter()
-                        .map(|data| Certificate {
-                            encoding: CertificateEncoding::Pem,
-                            data,
-                        })
-                        .collect();
-                    // Client::new would fall back to a default client (plain
-                    // HTTPS, no extra roots) on a bad certificate; say so.
-                    let client = Client::try_from(ClientConfig {
-                        protocol: ClientProtocol::HttpsExcept(config.insecure_hosts()),
-                        extra_root_certificates: roots,
-                        connect_timeout: Some(Duration::from_secs(10)),
-                        read_timeout: Some(Duration::from_secs(120)),
-                        user_agent: concat!("warren/", env!("CARGO_PKG_VERSION")),
-                        ..Default::default()
-                    })
-                    .map_err(|e| ImageError::RegistryConfig {
-                        path: config.path().display().to_string(),
-                        message: format!(
-                            "cannot build a registry client ({e}); check the ca_file entries"
-                        ),
-                    })?;
-                    *cached = Some((fingerprint, client.clone()));
-                    client
-                }
-            }
-        };
-        Ok(Session {
-            client,
-            host: host.to_string(),
-            auth: config.auth(host),
-            repo,
-            config,
-            origin,
-            stored: std::sync::atomic::AtomicBool::new(false),
-        })
     }
 
     /// Fetches the manifest `digest` names (through a manifest list when it
@@ -670,18 +561,6 @@ fn remote(e: ImageError) -> ImageError {
     }
 }
 
-/// rustls needs one process-wide crypto provider; ring builds quickly and
-/// is all a registry client needs. Every reqwest client in the process
-/// builds its TLS config from it (even one that only speaks plain HTTP), so
-/// binaries call this before they make any.
-pub fn install_tls_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // Err means another part of the process installed one first: fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// Docker's schema 1 manifests (signed or not): no config, no diffIDs.
 fn is_schema1(doc: &serde_json::Value) -> bool {
     let media = doc["mediaType"].as_str().unwrap_or_default();
@@ -846,26 +725,5 @@ mod tests {
         w.write_all(b"abcd").await.unwrap();
         assert!(w.write_all(b"e").await.is_err());
         assert_eq!(w.inner, b"abcd");
-    }
-
-    #[test]
-    fn references_without_registry_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        // Opening a store needs root only for unpacking; opening is fine.
-        let store = Arc::new(ImageStore::open(&dir.path().join("images")).unwrap());
-        let p = Puller::new(store, dir.path().join("registries.toml"), 2, 1);
-        for bad in [
-            "busybox:latest",
-            "team/app",
-            "127.0.0.1:5000/App:v1",
-            "h.io/app:-x",
-        ] {
-            let err = p.session(bad).err().unwrap();
-            assert!(
-                matches!(err, ImageError::InvalidReference { .. }),
-                "{bad}: {err}"
-            );
-        }
-        assert!(p.session("127.0.0.1:5000/app:v1").is_ok());
     }
 }

@@ -8,8 +8,8 @@ use tokio::io::AsyncReadExt;
 
 use crate::digest::sha256_hex;
 use crate::error::ImageError;
-use crate::pull::Session;
 use crate::record::ImageRecord;
+use crate::session::Session;
 use crate::store::ImageStore;
 
 /// Upload chunk size: the registry gets one PATCH per chunk.

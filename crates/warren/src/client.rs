@@ -1,19 +1,92 @@
 //! A small typed client for the HTTP API, used by every client command and
-//! by the benchmark.
+//! by the benchmark: one method per API call, so that each path, method and
+//! body is written once and the commands deal only in what they send and
+//! print.
+//!
+//! Answers the commands print as the API sent them (`inspect`-style JSON,
+//! image records) stay `serde_json::Value`: decoding them into a type and
+//! encoding them again would reorder or drop fields.
 
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use reqwest::{Method, RequestBuilder, Response};
+use reqwest::{header, Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
-use warren_core::{ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec};
+use serde_json::Value;
+use warren_core::profile::Profile;
+use warren_core::{
+    BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
+};
 
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+}
+
+/// Which sandboxes [`Client::list_sandboxes`] lists.
+#[derive(Default)]
+pub struct SandboxQuery {
+    /// Label selectors, `K=V`.
+    pub labels: Vec<String>,
+    pub state: Option<String>,
+    /// Include destroyed, failed and lost sandboxes.
+    pub all: bool,
+}
+
+impl SandboxQuery {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if !self.labels.is_empty() {
+            q.push(("label", self.labels.join(",")));
+        }
+        if let Some(s) = &self.state {
+            q.push(("state", s.clone()));
+        }
+        if self.all {
+            q.push(("all", "true".into()));
+        }
+        q
+    }
+}
+
+/// Which events [`Client::events`] and [`Client::follow_events`] return.
+#[derive(Default)]
+pub struct EventQuery {
+    pub sandbox: Option<String>,
+    /// Label selectors, `K=V`.
+    pub labels: Vec<String>,
+    pub batch: Option<String>,
+    /// Reason or state, e.g. `ttl_expired` or `destroyed`.
+    pub kind: Option<String>,
+}
+
+impl EventQuery {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(s) = &self.sandbox {
+            q.push(("sandbox", s.clone()));
+        }
+        if !self.labels.is_empty() {
+            q.push(("label", self.labels.join(",")));
+        }
+        if let Some(b) = &self.batch {
+            q.push(("batch", b.clone()));
+        }
+        if let Some(k) = &self.kind {
+            q.push(("type", k.clone()));
+        }
+        q
+    }
+}
+
+/// A file or directory read out of a sandbox.
+pub struct RemoteFile {
+    /// The path is a directory, sent as a tar of its contents.
+    pub is_tar: bool,
+    pub data: bytes::Bytes,
 }
 
 impl Client {
@@ -42,14 +115,14 @@ impl Client {
         })
     }
 
-    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http
             .request(method, format!("{}{}", self.base, path))
             .bearer_auth(&self.token)
     }
 
     /// Sends and turns an API error body into an error with its message.
-    pub async fn send(&self, req: RequestBuilder) -> Result<Response> {
+    async fn send(&self, req: RequestBuilder) -> Result<Response> {
         let resp = req
             .send()
             .await
@@ -65,24 +138,66 @@ impl Client {
         }
     }
 
-    pub async fn json<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
+    async fn json<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
         let resp = self.send(req).await?;
         resp.json().await.context("decoding the API response")
     }
 
-    pub async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+    pub async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         self.json(self.request(Method::POST, "/v1/sandboxes").json(spec))
             .await
     }
 
-    pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
+    pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo> {
         self.json(self.request(Method::GET, &format!("/v1/sandboxes/{id}")))
             .await
     }
 
-    pub async fn delete(&self, id: &str) -> Result<SandboxInfo> {
+    pub async fn list_sandboxes(&self, query: &SandboxQuery) -> Result<Vec<SandboxInfo>> {
+        self.json(
+            self.request(Method::GET, "/v1/sandboxes")
+                .query(&query.pairs()),
+        )
+        .await
+    }
+
+    pub async fn delete_sandbox(&self, id: &str) -> Result<SandboxInfo> {
         self.json(self.request(Method::DELETE, &format!("/v1/sandboxes/{id}")))
             .await
+    }
+
+    /// Destroys every sandbox the label selectors match.
+    pub async fn delete_sandboxes(&self, labels: &[String]) -> Result<Vec<SandboxInfo>> {
+        self.json(
+            self.request(Method::DELETE, "/v1/sandboxes")
+                .query(&[("label", labels.join(","))]),
+        )
+        .await
+    }
+
+    pub async fn pause_sandbox(&self, id: &str) -> Result<SandboxInfo> {
+        self.lifecycle(id, "pause", None).await
+    }
+
+    pub async fn resume_sandbox(&self, id: &str) -> Result<SandboxInfo> {
+        self.lifecycle(id, "resume", None).await
+    }
+
+    pub async fn heartbeat(&self, id: &str) -> Result<SandboxInfo> {
+        self.lifecycle(id, "heartbeat", None).await
+    }
+
+    pub async fn set_ttl(&self, id: &str, ttl: &str) -> Result<SandboxInfo> {
+        self.lifecycle(id, "ttl", Some(serde_json::json!({ "ttl": ttl })))
+            .await
+    }
+
+    async fn lifecycle(&self, id: &str, action: &str, body: Option<Value>) -> Result<SandboxInfo> {
+        let mut req = self.request(Method::POST, &format!("/v1/sandboxes/{id}/{action}"));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        self.json(req).await
     }
 
     /// Starts an exec and calls `on_event` for each event; returns the exit event.
@@ -112,6 +227,283 @@ impl Client {
             "the exec stream ended without an exit event (sandbox destroyed?)"
         ))
     }
+
+    /// Stores the sandbox's filesystem changes as image `name`; returns the
+    /// image record.
+    pub async fn commit_sandbox(&self, id: &str, name: &str) -> Result<Value> {
+        self.json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/commit"))
+                .json(&serde_json::json!({ "name": name })),
+        )
+        .await
+    }
+
+    /// Replaces an `allowlist` sandbox's egress rules; returns the change.
+    pub async fn set_network_rules(
+        &self,
+        id: &str,
+        allow: &[String],
+        deny: &[String],
+    ) -> Result<Value> {
+        self.json(
+            self.request(Method::PATCH, &format!("/v1/sandboxes/{id}/network"))
+                .json(&serde_json::json!({ "allow": allow, "deny": deny })),
+        )
+        .await
+    }
+
+    /// Opens a TCP tunnel to `port` inside the sandbox (`Upgrade: tcp`).
+    pub async fn open_port_tunnel(&self, id: &str, port: u16) -> Result<reqwest::Upgraded> {
+        // Not through `send`: success here is 101, not 2xx.
+        let resp = self
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/ports/{port}"))
+            .header(header::CONNECTION, "upgrade")
+            .header(header::UPGRADE, "tcp")
+            .send()
+            .await
+            .context("cannot reach Warren")?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            match serde_json::from_str::<ErrorBody>(&text) {
+                Ok(b) => bail!("{} ({status})", b.error.message),
+                Err(_) => bail!("{status}: {text}"),
+            }
+        }
+        resp.upgrade().await.context("opening the tunnel")
+    }
+
+    /// Writes one file at `path` in the sandbox with permissions `mode`
+    /// (octal).
+    pub async fn put_file(&self, id: &str, path: &str, mode: &str, data: Vec<u8>) -> Result<()> {
+        self.send(
+            self.request(Method::PUT, &format!("/v1/sandboxes/{id}/files"))
+                .query(&[("path", path), ("mode", mode)])
+                .body(data),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Unpacks a tar into the directory `path` in the sandbox.
+    pub async fn put_tar(&self, id: &str, path: &str, tar: Vec<u8>) -> Result<()> {
+        self.send(
+            self.request(Method::PUT, &format!("/v1/sandboxes/{id}/files"))
+                .query(&[("path", path)])
+                .header("content-type", "application/x-tar")
+                .body(tar),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn get_file(&self, id: &str, path: &str) -> Result<RemoteFile> {
+        let resp = self
+            .send(
+                self.request(Method::GET, &format!("/v1/sandboxes/{id}/files"))
+                    .query(&[("path", path)]),
+            )
+            .await?;
+        let is_tar = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            == Some("application/x-tar");
+        let data = resp.bytes().await?;
+        Ok(RemoteFile { is_tar, data })
+    }
+
+    /// The sandbox's log so far, JSON lines.
+    pub async fn sandbox_log(&self, id: &str) -> Result<bytes::Bytes> {
+        Ok(self
+            .send(self.request(Method::GET, &format!("/v1/sandboxes/{id}/logs")))
+            .await?
+            .bytes()
+            .await?)
+    }
+
+    /// The sandbox's log, then each new line until the sandbox ends.
+    pub async fn follow_sandbox_log(&self, id: &str) -> Result<LineStream> {
+        let resp = self
+            .send(
+                self.request(Method::GET, &format!("/v1/sandboxes/{id}/logs"))
+                    .query(&[("follow", "true")]),
+            )
+            .await?;
+        Ok(LineStream::new(resp))
+    }
+
+    /// The logs of every sandbox the label selectors match, JSON lines.
+    pub async fn logs_by_label(&self, labels: &[String]) -> Result<bytes::Bytes> {
+        Ok(self
+            .send(
+                self.request(Method::GET, "/v1/logs")
+                    .query(&[("label", labels.join(","))]),
+            )
+            .await?
+            .bytes()
+            .await?)
+    }
+
+    pub async fn events(&self, query: &EventQuery) -> Result<Vec<Value>> {
+        self.json(
+            self.request(Method::GET, "/v1/events")
+                .query(&query.pairs()),
+        )
+        .await
+    }
+
+    /// The matching events so far, then each new one as it happens.
+    pub async fn follow_events(&self, query: &EventQuery) -> Result<LineStream> {
+        let mut q = query.pairs();
+        q.push(("follow", "true".into()));
+        let resp = self
+            .send(self.request(Method::GET, "/v1/events").query(&q))
+            .await?;
+        Ok(LineStream::new(resp))
+    }
+
+    /// Streams an image archive to the store under `name`; returns the
+    /// image record.
+    pub async fn import_image(&self, name: &str, archive: tokio::fs::File) -> Result<Value> {
+        let body = reqwest::Body::wrap_stream(file_stream(archive));
+        self.json(
+            self.request(Method::POST, "/v1/images/import")
+                .query(&[("name", name)])
+                .body(body),
+        )
+        .await
+    }
+
+    /// Starts a pull; the stream's lines are its progress events, the last
+    /// one the image record or the error.
+    pub async fn pull_image(&self, reference: &str) -> Result<LineStream> {
+        let resp = self
+            .send(
+                self.request(Method::POST, "/v1/images/pull")
+                    .query(&[("progress", "true")])
+                    .json(&serde_json::json!({ "reference": reference })),
+            )
+            .await?;
+        Ok(LineStream::new(resp))
+    }
+
+    /// Pushes the stored image `source` (default: the one named
+    /// `reference`) to `reference`; returns what was sent.
+    pub async fn push_image(&self, reference: &str, source: Option<&str>) -> Result<Value> {
+        self.json(
+            self.request(Method::POST, "/v1/images/push")
+                .json(&serde_json::json!({ "reference": reference, "source": source })),
+        )
+        .await
+    }
+
+    /// Pulls `reference` onto `nodes` (all when empty); returns each node's
+    /// digest.
+    pub async fn prewarm_image(&self, reference: &str, nodes: &[String]) -> Result<Value> {
+        self.json(
+            self.request(Method::POST, "/v1/images/prewarm")
+                .json(&serde_json::json!({ "reference": reference, "nodes": nodes })),
+        )
+        .await
+    }
+
+    /// Collects unreferenced image content, down to `budget` (a size such
+    /// as 20G) when given; returns the report.
+    pub async fn gc_images(&self, budget: Option<&str>) -> Result<Value> {
+        self.json(
+            self.request(Method::POST, "/v1/images/gc")
+                .json(&serde_json::json!({ "budget": budget })),
+        )
+        .await
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<Value>> {
+        self.json(self.request(Method::GET, "/v1/images")).await
+    }
+
+    pub async fn delete_image(&self, reference: &str) -> Result<Value> {
+        self.json(self.request(Method::DELETE, &format!("/v1/images/{reference}")))
+            .await
+    }
+
+    pub async fn create_batch(&self, req: &BatchRequest) -> Result<BatchInfo> {
+        self.json(self.request(Method::POST, "/v1/batches").json(req))
+            .await
+    }
+
+    pub async fn get_batch(&self, id: &str) -> Result<BatchInfo> {
+        self.json(self.request(Method::GET, &format!("/v1/batches/{id}")))
+            .await
+    }
+
+    /// The batch as the API sent it, for printing.
+    pub async fn get_batch_json(&self, id: &str) -> Result<Value> {
+        self.json(self.request(Method::GET, &format!("/v1/batches/{id}")))
+            .await
+    }
+
+    pub async fn list_batches(&self) -> Result<Vec<BatchInfo>> {
+        self.json(self.request(Method::GET, "/v1/batches")).await
+    }
+
+    pub async fn delete_batch(&self, id: &str) -> Result<BatchInfo> {
+        self.json(self.request(Method::DELETE, &format!("/v1/batches/{id}")))
+            .await
+    }
+
+    pub async fn list_profiles(&self) -> Result<Vec<Profile>> {
+        self.json(self.request(Method::GET, "/v1/profiles")).await
+    }
+
+    /// The profile as the API sent it, for printing.
+    pub async fn get_profile_json(&self, name: &str) -> Result<Value> {
+        self.json(self.request(Method::GET, &format!("/v1/profiles/{name}")))
+            .await
+    }
+
+    /// The profile table as TOML.
+    pub async fn export_profiles(&self) -> Result<String> {
+        Ok(self
+            .send(self.request(Method::GET, "/v1/profiles/export"))
+            .await?
+            .text()
+            .await?)
+    }
+
+    /// Loads a TOML profile table (as `export_profiles` writes it).
+    pub async fn import_profiles(&self, toml: String) -> Result<Vec<Profile>> {
+        self.json(
+            self.request(Method::POST, "/v1/profiles/import")
+                .header("content-type", "application/toml")
+                .body(toml),
+        )
+        .await
+    }
+
+    pub async fn reset_profile(&self, name: &str) -> Result<Profile> {
+        self.json(self.request(Method::POST, &format!("/v1/profiles/{name}/reset")))
+            .await
+    }
+}
+
+/// A file as a request body, read in chunks rather than all at once: image
+/// archives can be larger than memory.
+fn file_stream(
+    f: tokio::fs::File,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(f, |mut f| async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        match f.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(bytes::Bytes::from(buf)), f))
+            }
+            Err(e) => Some((Err(e), f)),
+        }
+    })
 }
 
 /// Splits a streamed response body into lines.

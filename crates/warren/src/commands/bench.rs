@@ -62,9 +62,9 @@ async fn exec_ok(client: &Client, id: &str) -> Result<()> {
 
 async fn cycle(client: &Client, image: &str) -> Result<Duration> {
     let t = Instant::now();
-    let info = client.create(&spec(image)).await?;
+    let info = client.create_sandbox(&spec(image)).await?;
     exec_ok(client, &info.id).await?;
-    client.delete(&info.id).await?;
+    client.delete_sandbox(&info.id).await?;
     Ok(t.elapsed())
 }
 
@@ -88,7 +88,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        ids.push(client.create(&spec(&args.image)).await?.id);
+        ids.push(client.create_sandbox(&spec(&args.image)).await?.id);
         create.0.push(t.elapsed());
     }
     let mut exec = Samples::default();
@@ -100,7 +100,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
     }
     for id in &ids {
         let t = Instant::now();
-        client.delete(id).await?;
+        client.delete_sandbox(id).await?;
         destroy.0.push(t.elapsed());
     }
     results.push(create.summary("create_to_ready", None));
@@ -136,7 +136,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
         let mut idle = Vec::with_capacity(args.idle);
         let t = Instant::now();
         for _ in 0..args.idle {
-            idle.push(client.create(&spec(&args.image)).await?.id);
+            idle.push(client.create_sandbox(&spec(&args.image)).await?.id);
         }
         let created_in = t.elapsed();
         let after = args.daemon_pid.and_then(rss_kib);
@@ -145,7 +145,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
             exec_ok(client, id).await?;
         }
         for id in &idle {
-            client.delete(id).await?;
+            client.delete_sandbox(id).await?;
         }
         results.push(json!({
             "name": "idle_sandboxes",

@@ -121,7 +121,7 @@ fn allowlist(image: &str, allow: Vec<String>) -> SandboxSpec {
 
 async fn proxy(client: &Client, id: &str) -> Result<TcpStream> {
     let pid = client
-        .get(id)
+        .get_sandbox(id)
         .await?
         .pid
         .context("the sandbox reports no init pid")?;
@@ -159,11 +159,11 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
             (&allowlist(&args.image, rules.clone()), &mut c_allow),
         ] {
             let t = Instant::now();
-            let id = client.create(spec).await?.id;
+            let id = client.create_sandbox(spec).await?.id;
             if i >= 5 {
                 samples.0.push(t.elapsed());
             }
-            client.delete(&id).await?;
+            client.delete_sandbox(&id).await?;
         }
     }
     results.push(c_none.summary("create_none", None));
@@ -172,7 +172,7 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
     // One request: directly, and through the sandbox's proxy (both over a
     // kept-alive connection, as a client with keep-alive would).
     let id = client
-        .create(&allowlist(&args.image, rules.clone()))
+        .create_sandbox(&allowlist(&args.image, rules.clone()))
         .await?
         .id;
     let target = format!("http://127.0.0.1:{ok_port}/");
@@ -237,7 +237,7 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
         }
     }
     results.push(json!({ "name": "tunnel_throughput", "mib": args.tunnel_mib, "direct_gbit_s": direct_gbps, "connect_tunnel_gbit_s": tunnel_gbps }));
-    client.delete(&id).await?;
+    client.delete_sandbox(&id).await?;
 
     // Many sandboxes with live policies: each its own rules, each answering.
     if args.sandboxes > 0 {
@@ -257,7 +257,7 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
                     memory: Some(warren_core::spec::ByteSize(32 << 20)),
                     ..allowlist(&image, rules)
                 };
-                let r = client.create(&spec).await.map(|s| s.id);
+                let r = client.create_sandbox(&spec).await.map(|s| s.id);
                 drop(permit);
                 r
             }));
@@ -279,7 +279,7 @@ pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
         }
         let rss_after = args.daemon_pid.and_then(rss_kib);
         for id in &ids {
-            client.delete(id).await?;
+            client.delete_sandbox(id).await?;
         }
         results.push(json!({
             "name": "live_policies",

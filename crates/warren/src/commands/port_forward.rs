@@ -2,8 +2,7 @@
 //! connection to the sandbox's port through an API tunnel (`Upgrade: tcp`),
 //! so it works wherever the API is reachable, with the API's token.
 
-use anyhow::{bail, Context, Result};
-use reqwest::{header, Method, StatusCode};
+use anyhow::{Context, Result};
 
 use crate::client::Client;
 
@@ -24,7 +23,7 @@ fn parse_ports(spec: &str) -> Result<(u16, u16)> {
 pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAddr) -> Result<i32> {
     let (local, remote) = parse_ports(spec)?;
     // Fail now, not at the first connection, if the sandbox is not there.
-    client.get(id).await?;
+    client.get_sandbox(id).await?;
     let listener = tokio::net::TcpListener::bind((address, local))
         .await
         .with_context(|| format!("listen on {address}:{local}"))?;
@@ -35,7 +34,7 @@ pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAdd
         let client = client.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            match tunnel(&client, &id, remote).await {
+            match client.open_port_tunnel(&id, remote).await {
                 Ok(mut up) => {
                     let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
                 }
@@ -43,23 +42,4 @@ pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAdd
             }
         });
     }
-}
-
-async fn tunnel(client: &Client, id: &str, port: u16) -> Result<reqwest::Upgraded> {
-    let resp = client
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/ports/{port}"))
-        .header(header::CONNECTION, "upgrade")
-        .header(header::UPGRADE, "tcp")
-        .send()
-        .await
-        .context("cannot reach Warren")?;
-    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        match serde_json::from_str::<warren_core::ErrorBody>(&text) {
-            Ok(b) => bail!("{} ({status})", b.error.message),
-            Err(_) => bail!("{status}: {text}"),
-        }
-    }
-    resp.upgrade().await.context("opening the tunnel")
 }

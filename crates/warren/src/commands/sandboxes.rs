@@ -1,0 +1,202 @@
+//! Sandbox commands: create, run, exec, ps, inspect, rm and the lifecycle
+//! actions (pause, resume, heartbeat, ttl).
+
+use std::io::{Read, Write};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use warren_core::spec::Dur;
+use warren_core::{quantity, ExecEvent, ExecRequest, SandboxInfo, SandboxState};
+
+use super::images::{pull, PullOutput};
+use super::logs::follow_log;
+use super::spec::{parse_env, spec_from};
+use crate::cli::{CreateArgs, ExecArgs};
+use crate::client::{Client, SandboxQuery};
+
+pub(super) async fn create(client: &Client, args: &CreateArgs) -> Result<i32> {
+    pull_for_create(client, &args.image).await?;
+    let info = client.create_sandbox(&spec_from(args, None)?).await?;
+    println!("{}", info.id);
+    Ok(0)
+}
+
+/// A registry image is pulled with progress before the create (which
+/// would pull it silently); nothing is printed when it is already stored.
+async fn pull_for_create(client: &Client, image: &str) -> Result<()> {
+    if warren_image::registry_host(image).is_some() {
+        pull(client, image, PullOutput::Downloads).await?;
+    }
+    Ok(())
+}
+
+/// `warren run`: the command is the sandbox's main process; its output is
+/// followed through the sandbox log until the sandbox ends.
+pub(super) async fn run(
+    client: &Client,
+    a: &CreateArgs,
+    cmd: Vec<String>,
+    rm: bool,
+) -> Result<i32> {
+    pull_for_create(client, &a.image).await?;
+    let info = client.create_sandbox(&spec_from(a, Some(cmd))?).await?;
+    let id = info.id.clone();
+    let result = follow_log(client, &id, true).await;
+    let info = client.get_sandbox(&id).await?;
+    if rm && !info.state.is_final() {
+        client.delete_sandbox(&id).await?;
+    }
+    result?;
+    Ok(info
+        .exit_code
+        .unwrap_or(if info.state == SandboxState::Destroyed {
+            0
+        } else {
+            1
+        }))
+}
+
+fn write_output(ev: &ExecEvent) {
+    let Some(bytes) = ev.output_bytes() else {
+        return;
+    };
+    let res = match ev {
+        ExecEvent::Stderr { .. } => std::io::stderr().write_all(&bytes),
+        _ => std::io::stdout()
+            .write_all(&bytes)
+            .and_then(|_| std::io::stdout().flush()),
+    };
+    let _ = res;
+}
+
+fn exit_code(ev: &ExecEvent) -> i32 {
+    match ev {
+        ExecEvent::Exit {
+            code, timed_out, ..
+        } => {
+            if *timed_out {
+                eprintln!("warren: command timed out and was killed");
+            }
+            *code
+        }
+        _ => 1,
+    }
+}
+
+pub(super) async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
+    let stdin = if a.stdin {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading stdin")?;
+        Some(base64::engine::general_purpose::STANDARD.encode(buf))
+    } else {
+        None
+    };
+    let req = ExecRequest {
+        cmd: a.cmd,
+        env: parse_env(&a.env)?,
+        cwd: a.cwd,
+        stdin,
+        timeout: a
+            .timeout
+            .as_deref()
+            .map(|t| quantity::parse_duration(t).map(Dur))
+            .transpose()?,
+        user: a.user,
+    };
+    let exit = client.exec(&a.id, &req, write_output).await?;
+    Ok(exit_code(&exit))
+}
+
+pub(super) async fn ps(
+    client: &Client,
+    label: Vec<String>,
+    state: Option<String>,
+    all: bool,
+    json: bool,
+) -> Result<i32> {
+    let list = client
+        .list_sandboxes(&SandboxQuery {
+            labels: label,
+            state,
+            all,
+        })
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<18} {:<10} {:<24} {:<14} {:<22} LABELS",
+        "ID", "STATE", "IMAGE", "REASON", "CREATED"
+    );
+    for s in list {
+        let labels: Vec<String> = s
+            .spec
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "{:<18} {:<10} {:<24} {:<14} {:<22} {}",
+            s.id,
+            s.state.as_str(),
+            s.spec.image,
+            s.reason,
+            s.created_at.get(..19).unwrap_or(&s.created_at),
+            labels.join(",")
+        );
+    }
+    Ok(0)
+}
+
+pub(super) async fn inspect(client: &Client, id: &str) -> Result<i32> {
+    let info = client.get_sandbox(id).await?;
+    println!("{}", serde_json::to_string_pretty(&info)?);
+    Ok(0)
+}
+
+pub(super) async fn rm(client: &Client, ids: Vec<String>, label: Vec<String>) -> Result<i32> {
+    if ids.is_empty() && label.is_empty() {
+        bail!("give sandbox ids or --label K=V");
+    }
+    let mut failed = 0;
+    for id in ids {
+        match client.delete_sandbox(&id).await {
+            Ok(info) => println!("{} {}", info.id, info.state),
+            Err(e) => {
+                eprintln!("{id}: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if !label.is_empty() {
+        let list = client.delete_sandboxes(&label).await?;
+        for info in list {
+            println!("{} {}", info.id, info.state);
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+pub(super) async fn pause(client: &Client, id: &str) -> Result<i32> {
+    print_state(client.pause_sandbox(id).await?)
+}
+
+pub(super) async fn resume(client: &Client, id: &str) -> Result<i32> {
+    print_state(client.resume_sandbox(id).await?)
+}
+
+pub(super) async fn heartbeat(client: &Client, id: &str) -> Result<i32> {
+    print_state(client.heartbeat(id).await?)
+}
+
+pub(super) async fn ttl(client: &Client, id: &str, ttl: &str) -> Result<i32> {
+    print_state(client.set_ttl(id, ttl).await?)
+}
+
+fn print_state(info: SandboxInfo) -> Result<i32> {
+    println!("{} {}", info.id, info.state);
+    Ok(0)
+}

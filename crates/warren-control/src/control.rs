@@ -26,6 +26,8 @@ pub struct Control {
     pub node_name: String,
     /// The FIFO queue and what each sandbox holds of the node.
     pub admission: Admission,
+    /// The node's load as it last reported it (every second).
+    pub load: std::sync::Mutex<warren_node_api::Load>,
     /// Whether a clean stop destroys every sandbox (`warren up`); a
     /// control plane of a cluster stops without touching its nodes.
     pub destroy_on_stop: bool,
@@ -107,6 +109,7 @@ impl Control {
             node,
             node_name: info.name,
             admission: Admission::new(info.allocatable, info.max_pids, queue_limit),
+            load: std::sync::Mutex::new(info.load),
             destroy_on_stop,
             metrics: crate::metrics::Metrics::new(),
             profile_lock: tokio::sync::Mutex::new(()),
@@ -184,6 +187,23 @@ impl Control {
     /// Changes whenever an event is written (for followers).
     pub fn event_writes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.store.subscribe_events()
+    }
+
+    /// Asks the node for its load every second (disk pressure refuses
+    /// creates before anything is recorded; CPU busy for the metrics).
+    /// Runs until the control plane stops.
+    pub async fn follow_load(self: Arc<Self>) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            match self.node.info().await {
+                Ok(info) => *warren_core::sync::lock(&self.load) = info.load,
+                Err(e) => tracing::debug!(error = %e, "asking the node for its load"),
+            }
+        }
     }
 
     /// Renews a sandbox's lease (any call on a sandbox does).

@@ -112,6 +112,7 @@ pub async fn start(cfg: &UpConfig, node: Arc<dyn NodeApi>) -> Result<(Up, axum::
         }
     });
     tokio::spawn(control.clone().reconcile());
+    tokio::spawn(control.clone().follow_load());
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),
         token: token.clone(),

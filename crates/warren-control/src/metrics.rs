@@ -143,9 +143,8 @@ impl Metrics {
                 .set(need.slots as f64);
         }
         self.queue_length.set(queued as i64);
-        if let Ok(info) = control.node.info().await {
-            self.cpu_busy.set(info.load.cpu_busy);
-        }
+        self.cpu_busy
+            .set(warren_core::sync::lock(&control.load).cpu_busy);
         self.sandboxes.clear();
         self.sandbox_cpu.clear();
         self.sandbox_memory.clear();

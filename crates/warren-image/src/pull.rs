@@ -36,6 +36,7 @@ use crate::layout::{check_layer_count, host_arch, parse_config_from};
 use crate::record::ImageRecord;
 use crate::session::{Session, Sessions};
 use crate::store::{blob_key, ImageStore, PulledImage};
+use warren_core::sync::lock;
 
 /// Manifests and configs larger than this are refused before download.
 const JSON_LIMIT: u64 = 16 * 1024 * 1024;
@@ -105,10 +106,6 @@ impl Drop for TmpFile {
             let _ = std::fs::remove_file(path);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Puller {

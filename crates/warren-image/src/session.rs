@@ -15,6 +15,7 @@ use crate::digest::sha256_digest;
 use crate::error::ImageError;
 use crate::reference::normalize_name;
 use crate::registry::{describe, registry_host, RegistryConfig};
+use warren_core::sync::lock;
 
 /// The registry a pull (or push) talks to, with what it needs for every
 /// request.
@@ -93,7 +94,7 @@ impl Sessions {
         let pems = config.ca_certificates()?;
         let fingerprint = format!("{} {}", config.fingerprint(), sha256_digest(&pems.concat()));
         let client = {
-            let mut cached = self.client.lock().unwrap_or_else(|p| p.into_inner());
+            let mut cached = lock(&self.client);
             match cached.as_ref() {
                 Some((built_from, client)) if *built_from == fingerprint => client.clone(),
                 _ => {

@@ -7,12 +7,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ImageError, IoContext};
 use crate::fsutil::{fsync_dir, remove_path, unique_name, write_atomic};
+use warren_core::sync::lock;
 
 const META: &str = "meta.json";
 const STAGING_PREFIX: &str = "new-";
@@ -44,12 +45,6 @@ pub(crate) struct Snapshots {
     /// One mutex per ChainID being built, so concurrent imports that share a
     /// layer unpack it once: the second waits and then finds it committed.
     building: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-}
-
-/// Poisoning only means another thread panicked mid-update; the maps here
-/// stay consistent (each update is a single insert/remove), so carry on.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Snapshots {

@@ -65,12 +65,14 @@ pub trait NodeApi: Send + Sync {
     /// happen. A consumer remembers the last `seq` it handled.
     async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>>;
 
-    /// Creates a sandbox; answers once an exec into it would succeed. Its
-    /// main process, if the spec has one, starts with `start_main`.
-    async fn create(&self, req: CreateSandbox) -> NodeResult<()>;
+    /// Creates a sandbox; answers, with its status, once an exec into it
+    /// would succeed. Its main process, if the spec has one, starts with
+    /// `start_main`. A node short of disk answers `no_room`.
+    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus>;
 
-    /// Starts the spec's main process (after the control plane recorded
-    /// the sandbox as running, so an exit is never reported before).
+    /// The control plane recorded the sandbox as running: the node notes
+    /// it in the sandbox's log and starts the spec's main process, if it
+    /// has one (so an exit is never reported before).
     async fn start_main(&self, id: &str) -> NodeResult<()>;
 
     /// Kills and removes everything of the sandbox, noting `why` as the

@@ -180,7 +180,7 @@ impl NodeApi for FakeNode {
         .boxed())
     }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
+    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
         let delay = *lock(&self.create_delay);
         tokio::time::sleep(delay).await;
         self.call("create", &req.id)?;
@@ -188,9 +188,9 @@ impl NodeApi for FakeNode {
         if s.sandboxes.contains_key(&req.id) {
             return Err(NodeError::conflict(format!("sandbox {} exists", req.id)));
         }
-        s.sandboxes
-            .insert(req.id.clone(), status(&req.id, Phase::Running));
-        Ok(())
+        let st = status(&req.id, Phase::Running);
+        s.sandboxes.insert(req.id.clone(), st.clone());
+        Ok(st)
     }
 
     async fn start_main(&self, id: &str) -> NodeResult<()> {

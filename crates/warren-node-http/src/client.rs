@@ -395,8 +395,8 @@ impl NodeApi for HttpNode {
         }))
     }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
-        self.call(self.post_json(&["sandboxes"], &req)?, Deadline::Open)
+    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
+        self.call_json(self.post_json(&["sandboxes"], &req)?, Deadline::Open)
             .await
     }
 

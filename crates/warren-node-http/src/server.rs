@@ -30,6 +30,20 @@ use warren_core::sync::lock;
 
 type Node = State<Arc<dyn NodeApi>>;
 
+/// Serves `router` on `listener` until the listener fails. Every
+/// connection gets TCP_NODELAY: exec output, events and the last chunk of
+/// a stream are small writes that Nagle's algorithm would hold back until
+/// the peer's delayed ACK (40 ms a round trip, measured).
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY on a node API connection");
+        }
+    });
+    axum::serve(listener, router).await
+}
+
 /// The node's HTTP API. Every route takes `Authorization: Bearer
 /// <credential>`; the node credential is shared with the control plane
 /// only, never with users. An empty credential refuses every request.
@@ -41,7 +55,7 @@ type Node = State<Arc<dyn NodeApi>>;
 /// | `GET /info` | `info` | `NodeInfo` |
 /// | `GET /events?since=N` | `events` | NDJSON `Sequenced`, open-ended |
 /// | `GET /sandboxes` | `inventory` | `[SandboxStatus]` |
-/// | `POST /sandboxes` | `create` (`CreateSandbox`) | 204 |
+/// | `POST /sandboxes` | `create` (`CreateSandbox`) | `SandboxStatus` |
 /// | `GET /sandboxes/{id}` | `status` | `SandboxStatus` |
 /// | `DELETE /sandboxes/{id}?why=` | `destroy` | `Usage` or `null` |
 /// | `POST /sandboxes/{id}/main` | `start_main` | 204 |
@@ -321,8 +335,7 @@ where
 }
 
 async fn create(State(node): Node, JsonBody(req): JsonBody<CreateSandbox>) -> Answer<Response> {
-    node.create(req).await?;
-    Ok(done())
+    Ok(Json(node.create(req).await?).into_response())
 }
 
 async fn start_main(State(node): Node, P(id): P<String>) -> Answer<Response> {

@@ -201,7 +201,7 @@ impl NodeApi for FakeNode {
         )
     }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
+    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
         if req.id == "full" {
             return Err(NodeError::new(
                 ErrorKind::NoRoom,
@@ -218,8 +218,8 @@ impl NodeApi for FakeNode {
         ));
         let mut st = status_of(&req.id);
         st.image_digest = req.image_digest;
-        sandboxes.insert(req.id, st);
-        Ok(())
+        sandboxes.insert(req.id, st.clone());
+        Ok(st)
     }
 
     async fn start_main(&self, id: &str) -> NodeResult<()> {
@@ -612,7 +612,12 @@ async fn every_method_crosses_the_wire() {
     let info = node.info().await.unwrap();
     assert_eq!(info, fake.info().await.unwrap());
 
-    node.create(create_req("sb-2")).await.unwrap();
+    let created = node.create(create_req("sb-2")).await.unwrap();
+    assert_eq!(
+        (created.id.as_str(), created.phase),
+        ("sb-2", Phase::Running),
+        "create answers the new sandbox's status"
+    );
     let inventory = node.inventory().await.unwrap();
     assert_eq!(
         inventory.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),

@@ -147,9 +147,16 @@ impl NodeApi for LocalNode {
         Ok(self.node.feed.subscribe(since))
     }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<()> {
+    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
         // Never beside the sweep that follows a start.
         self.node.wait_ready().await;
+        if self.node.disk_pressure() {
+            return Err(api::NodeError::new(
+                api::ErrorKind::NoRoom,
+                "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)",
+            ));
+        }
+        let id = req.id.clone();
         let image = self
             .node
             .resolve_image(&req.image_digest)
@@ -158,11 +165,16 @@ impl NodeApi for LocalNode {
         self.node
             .create(req, &image)
             .await
-            .map(|_| ())
-            .map_err(contract_error)
+            .map_err(contract_error)?;
+        self.node.status_of(&id, false).ok_or_else(|| {
+            api::NodeError::conflict(format!("sandbox {id} was destroyed as it was created"))
+        })
     }
 
     async fn start_main(&self, id: &str) -> NodeResult<()> {
+        if let Some(log) = self.node.log(id) {
+            log.event("running", warren_core::state::reason::READY, "");
+        }
         self.node.start_main(id).map_err(contract_error)
     }
 

@@ -213,7 +213,7 @@ async fn node_transport(
             let addr = listener.local_addr().context("node API address")?;
             let router = warren_node_http::router(Arc::new(node), credential.clone());
             tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
+                if let Err(e) = warren_node_http::serve(listener, router).await {
                     tracing::error!(error = %e, "the node API stopped");
                 }
             });

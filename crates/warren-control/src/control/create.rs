@@ -6,9 +6,9 @@ use std::sync::Arc;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
-use warren_node_api::{CreateSandbox, NodeError};
+use warren_node_api::{CreateSandbox, NodeError, SandboxStatus};
 
-use super::{need_of, new_id, node_error, note, Control};
+use super::{need_of, new_id, node_error, Control};
 use crate::admission::{Admit, AdmitError};
 use crate::store::{SandboxRow, StoreError, Transition};
 
@@ -42,8 +42,7 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
-        let load = self.node.info().await.map_err(node_error)?.load;
-        if load.disk_pressure {
+        if warren_core::sync::lock(&self.load).disk_pressure {
             return Err(ApiError {
                 code: warren_core::ErrorCode::NoCapacity,
                 message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
@@ -236,10 +235,10 @@ impl Control {
     pub(crate) async fn finish_create(
         &self,
         id: &str,
-        created: Result<(), NodeError>,
+        created: Result<SandboxStatus, NodeError>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
-            Ok(()) => {
+            Ok(status) => {
                 let started = now_rfc3339();
                 let t = Transition {
                     started_at: Some(&started),
@@ -248,7 +247,6 @@ impl Control {
                 self.store
                     .transition(id, SandboxState::Running, reason::READY, &started, t)
                     .await?;
-                let _ = self.node.note(id, note("running", reason::READY, "")).await;
                 let row = self.get(id).await?;
                 if let Err(e) = self.node.start_main(id).await {
                     let message = e.to_string();
@@ -257,7 +255,7 @@ impl Control {
                         "sandbox {id}: main process: {message}"
                     )));
                 }
-                Ok((self.info(row, false).await, true))
+                Ok((self.info_with(row, Some(&status), false), true))
             }
             Err(e) => {
                 self.admission.release(id);

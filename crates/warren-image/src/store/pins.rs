@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::ImageStore;
 use crate::digest::sha256_hex;
 use crate::record::ImageRecord;
+use warren_core::sync::lock;
 
 /// Keeps content from garbage collection while it lives.
 pub struct Pin {
@@ -16,7 +17,7 @@ pub struct Pin {
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        let mut pins = self.store.pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = lock(&self.store.pins);
         for key in &self.keys {
             if let Some(n) = pins.get_mut(key) {
                 *n -= 1;
@@ -63,7 +64,7 @@ impl ImageStore {
     /// starts after and sees the pin.
     pub(crate) fn pin_keys(self: &Arc<Self>, keys: Vec<String>) -> Pin {
         let _no_gc = self.read_lock();
-        let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = lock(&self.pins);
         for key in &keys {
             *pins.entry(key.clone()).or_insert(0) += 1;
         }
@@ -75,21 +76,11 @@ impl ImageStore {
     }
 
     pub(super) fn is_pinned(&self, digest: &str) -> bool {
-        sha256_hex(digest).is_some_and(|hex| {
-            self.pins
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(&blob_key(hex))
-        })
+        sha256_hex(digest).is_some_and(|hex| lock(&self.pins).contains_key(&blob_key(hex)))
     }
 
     /// Names of images a live or kept sandbox uses.
     pub(super) fn pinned(&self) -> HashSet<String> {
-        self.pins
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect()
+        lock(&self.pins).keys().cloned().collect()
     }
 }

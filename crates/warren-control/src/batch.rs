@@ -113,11 +113,17 @@ impl Control {
         let mut states = BTreeMap::new();
         let mut usage = Usage::default();
         let mut failures = Vec::new();
-        let held = self.inventory().await;
         for m in &members {
             *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
-            if m.state.is_live() {
-                if let Some(u) = held.get(&m.id).and_then(|s| s.usage.as_ref()) {
+            // Read now (as `inspect` does): a sandbox created a moment ago
+            // has no periodic sample yet.
+            let status = if m.state.is_live() {
+                self.node.status(&m.id).await.ok()
+            } else {
+                None
+            };
+            if let Some(status) = &status {
+                if let Some(u) = &status.usage {
                     usage.cpu_usage_ns += u.cpu_usage_ns;
                     usage.memory_bytes += u.memory_bytes;
                     usage.memory_peak_bytes += u.memory_peak_bytes;

@@ -1,125 +1,28 @@
-//! The node's egress proxy: one `Egress` per node, one `SandboxNet` per
-//! `allowlist` sandbox, holding its policy, limits, live connections and
-//! the sockets the node placed in its network namespace.
+//! The node's egress proxy: one `Egress` per node; it attaches a
+//! `SandboxNet` (sandbox.rs) to each `allowlist` sandbox, places the proxy's
+//! sockets in its network namespace and starts the explicit proxy, the
+//! transparent listeners and the DNS stub on them.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::json;
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use warren_core::network::{Policy, Target};
 
-use crate::conns::{Conn, ConnGuard, Conns};
+use crate::conns::Conns;
 use crate::limits::Bucket;
+use crate::sandbox::{FakeIps, SandboxNet, Shared};
+use crate::settings::{LogFn, Settings};
 use crate::{netns, route, NetError, PROXY_PORT};
 use warren_core::sync::lock;
-
-/// Where a sandbox's decisions go: one JSON object per decision.
-pub type LogFn = Arc<dyn Fn(serde_json::Value) + Send + Sync>;
-
-/// Per-sandbox limits.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// New connections (and plain-HTTP requests) per second, with a burst.
-    pub conn_rate: f64,
-    pub conn_burst: f64,
-    /// Connections open at once.
-    pub max_conns: usize,
-    /// Bytes per second through all of the sandbox's connections, both ways.
-    pub bytes_per_sec: Option<u64>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            conn_rate: 100.0,
-            conn_burst: 200.0,
-            max_conns: 512,
-            bytes_per_sec: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Allow rules merged into every `allowlist` sandbox's policy (object
-    /// storage, log service, model registry).
-    pub defaults: Vec<String>,
-    /// Names the proxy resolves to fixed addresses instead of asking DNS.
-    pub resolve: HashMap<String, Vec<IpAddr>>,
-    pub sandbox: Limits,
-    /// Node-wide caps over all sandboxes.
-    pub node_max_conns: usize,
-    pub node_conn_rate: f64,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            defaults: Vec::new(),
-            resolve: HashMap::new(),
-            sandbox: Limits::default(),
-            node_max_conns: 16384,
-            node_conn_rate: 5000.0,
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    pub settings: Settings,
-    node_conns: Arc<Semaphore>,
-    node_rate: Bucket,
-}
 
 pub struct Egress {
     shared: Arc<Shared>,
     sandboxes: Mutex<HashMap<String, Arc<SandboxNet>>>,
 }
-
-/// Why the proxy refused, as the HTTP status and header it answers with.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    pub status: u16,
-    pub reason: String,
-    pub rule: Option<String>,
-}
-
-pub(crate) struct Opened {
-    pub stream: TcpStream,
-    pub guard: ConnGuard,
-    pub cancel: CancellationToken,
-}
-
-pub(crate) struct SandboxNet {
-    pub id: String,
-    pid: i32,
-    shared: Arc<Shared>,
-    policy: RwLock<Arc<Policy>>,
-    /// Names the DNS stub handed out, by the loopback address it gave.
-    fake: Mutex<FakeIps>,
-    conn_rate: Bucket,
-    dns_rate: Bucket,
-    conn_slots: Arc<Semaphore>,
-    pub bytes: Option<Bucket>,
-    conns: Arc<Conns>,
-    pub cancel: CancellationToken,
-    ports: Mutex<HashMap<u16, CancellationToken>>,
-    log: LogFn,
-    pub http: RwLock<crate::explicit::Client>,
-}
-
-#[derive(Default)]
-struct FakeIps {
-    by_name: HashMap<String, Ipv4Addr>,
-    by_ip: HashMap<Ipv4Addr, String>,
-}
-
-/// The block the DNS stub's addresses come from: loopback, so they stay
-/// inside the sandbox's namespace even without the local route.
-const FAKE_BASE: u32 = 0x7F4D_0000; // 127.77.0.0/16
 
 impl Egress {
     pub fn new(settings: Settings) -> Arc<Egress> {
@@ -172,7 +75,7 @@ impl Egress {
         .await
         .map_err(setup)?;
         let limits = &self.shared.settings.sandbox;
-        let net = Arc::new_cyclic(|weak| SandboxNet {
+        let net = Arc::new(SandboxNet {
             id: id.to_string(),
             pid,
             shared: self.shared.clone(),
@@ -188,7 +91,6 @@ impl Egress {
             cancel: CancellationToken::new(),
             ports: Mutex::new(HashMap::new()),
             log,
-            http: RwLock::new(crate::explicit::client(weak.clone())),
         });
         let std_to_tokio =
             |l: std::net::TcpListener| tokio::net::TcpListener::from_std(l).map_err(setup);
@@ -196,7 +98,7 @@ impl Egress {
         let dns = tokio::net::UdpSocket::from_std(dns).map_err(setup)?;
         tokio::spawn(serve_dns(net.clone(), dns));
         for (port, l) in listeners {
-            net.serve_port(port, std_to_tokio(l)?);
+            serve_port(&net, port, std_to_tokio(l)?);
         }
         {
             let mut m = lock(&self.sandboxes);
@@ -257,13 +159,11 @@ impl Egress {
         if let Ok(mut p) = net.policy.write() {
             *p = policy.clone();
         }
-        // Pooled plain-HTTP connections were checked under the old rules.
-        if let Ok(mut c) = net.http.write() {
-            *c = crate::explicit::client(Arc::downgrade(&net));
-        }
+        // (Pooled plain-HTTP connections, checked under the old rules, are
+        // dropped by the explicit proxy when it sees the new policy.)
         for (port, l) in listeners {
             if let Ok(l) = tokio::net::TcpListener::from_std(l) {
-                net.serve_port(port, l);
+                serve_port(&net, port, l);
             }
         }
         {
@@ -309,204 +209,22 @@ fn listen_ports(policy: &Policy) -> BTreeSet<u16> {
         .collect()
 }
 
-impl SandboxNet {
-    pub(crate) fn policy(&self) -> Arc<Policy> {
-        self.policy
-            .read()
-            .map(|p| p.clone())
-            .unwrap_or_else(|_| Arc::new(Policy::default()))
-    }
-
-    pub(crate) fn log(&self, v: serde_json::Value) {
-        (self.log)(v)
-    }
-
-    /// The name behind an address the DNS stub handed out.
-    pub(crate) fn fake_name(&self, ip: IpAddr) -> Option<String> {
-        let IpAddr::V4(v4) = ip else { return None };
-        lock(&self.fake).by_ip.get(&v4).cloned()
-    }
-
-    fn fake_ip(&self, name: &str) -> Option<Ipv4Addr> {
-        let mut f = lock(&self.fake);
-        if let Some(ip) = f.by_name.get(name) {
-            return Some(*ip);
+/// Serves a transparent listener of the sandbox on `port` (replacing an
+/// older one on that port).
+fn serve_port(net: &Arc<SandboxNet>, port: u16, listener: tokio::net::TcpListener) {
+    let cancel = net.cancel.child_token();
+    {
+        let mut p = lock(&net.ports);
+        if let Some(old) = p.insert(port, cancel.clone()) {
+            old.cancel();
         }
-        let n = f.by_name.len() as u32 + 1;
-        if n >= 0xFFFF {
-            return None;
-        }
-        let ip = Ipv4Addr::from(FAKE_BASE + n);
-        f.by_name.insert(name.to_string(), ip);
-        f.by_ip.insert(ip, name.to_string());
-        Some(ip)
     }
-
-    /// Counts a new connection from the sandbox (to the explicit proxy or a
-    /// transparent listener) against the rate limits. Requests on a kept-alive
-    /// connection are not new connections; the byte budget covers them.
-    pub(crate) fn rate_ok(&self) -> Result<(), Refusal> {
-        if !self.conn_rate.try_take() {
-            return Err(Refusal {
-                status: 429,
-                reason: format!(
-                    "sandbox {} is over its new-connection rate ({}/s)",
-                    self.id, self.shared.settings.sandbox.conn_rate
-                ),
-                rule: Some("limit:conn_rate".into()),
-            });
-        }
-        if !self.shared.node_rate.try_take() {
-            return Err(Refusal {
-                status: 429,
-                reason: "the node is over its new-connection rate".into(),
-                rule: Some("limit:node_conn_rate".into()),
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks and opens one upstream connection: limits, policy, resolution
-    /// (every address checked), then a connection to a checked address.
-    /// Every outcome is logged.
-    pub(crate) async fn open(
-        &self,
-        target: &Target,
-        port: u16,
-        via: &str,
-    ) -> Result<Opened, Refusal> {
-        let result = self.open_inner(target, port).await;
-        let mut line = json!({
-            "decision": if result.is_ok() { "allow" } else { "deny" },
-            "via": via,
-            "host": target.to_string(),
-            "port": port,
-        });
-        match &result {
-            Ok((opened, rule)) => {
-                line["address"] = json!(opened
-                    .stream
-                    .peer_addr()
-                    .map(|a| a.ip().to_string())
-                    .unwrap_or_default());
-                line["rule"] = json!(rule);
-            }
-            Err(r) => {
-                line["reason"] = json!(r.reason);
-                line["rule"] = json!(r.rule);
-                line["status"] = json!(r.status);
-            }
-        }
-        self.log(line);
-        result.map(|(o, _)| o)
-    }
-
-    async fn open_inner(
-        &self,
-        target: &Target,
-        port: u16,
-    ) -> Result<(Opened, Option<String>), Refusal> {
-        let policy = self.policy();
-        let verdict = policy.check(target, port);
-        if !verdict.allowed {
-            return Err(Refusal {
-                status: 403,
-                reason: verdict.reason,
-                rule: verdict.rule,
-            });
-        }
-        let over = |what: &str| Refusal {
-            status: 429,
-            reason: format!("{what} connections are all in use"),
-            rule: Some(format!("limit:{what}_max_conns")),
-        };
-        let sandbox_slot = self
-            .conn_slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| over("sandbox"))?;
-        let node_slot = self
-            .shared
-            .node_conns
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| over("node"))?;
-        let (addresses, pinned) = match target {
-            Target::Ip(ip) => (vec![*ip], false),
-            Target::Name(name) => {
-                let (ips, pinned) =
-                    crate::upstream::resolve(&self.shared.settings.resolve, name, port)
-                        .await
-                        .map_err(|e| Refusal {
-                            status: 502,
-                            reason: format!("cannot resolve {name}: {e}"),
-                            rule: verdict.rule.clone(),
-                        })?;
-                // Any bad address refuses the name: a name that sometimes
-                // points inside is a rebinding attempt.
-                for ip in &ips {
-                    let v = policy.check_resolved(name, *ip, port, pinned);
-                    if !v.allowed {
-                        return Err(Refusal {
-                            status: 403,
-                            reason: v.reason,
-                            rule: v.rule,
-                        });
-                    }
-                }
-                (ips, pinned)
-            }
-        };
-        let Some(address) = addresses.iter().copied().find(IpAddr::is_ipv4) else {
-            return Err(Refusal {
-                status: 502,
-                reason: format!("{target} has no IPv4 address"),
-                rule: verdict.rule,
-            });
-        };
-        let stream = crate::upstream::connect(address, port)
-            .await
-            .map_err(|e| Refusal {
-                status: 502,
-                reason: format!("cannot connect to {target}:{port} ({address}): {e}"),
-                rule: verdict.rule.clone(),
-            })?;
-        let cancel = self.cancel.child_token();
-        let guard = self.conns.register(
-            Conn {
-                target: target.clone(),
-                port,
-                address,
-                pinned,
-                cancel: cancel.clone(),
-            },
-            (sandbox_slot, node_slot),
-        );
-        Ok((
-            Opened {
-                stream,
-                guard,
-                cancel,
-            },
-            verdict.rule,
-        ))
-    }
-
-    fn serve_port(self: &Arc<Self>, port: u16, listener: tokio::net::TcpListener) {
-        let cancel = self.cancel.child_token();
-        {
-            let mut p = lock(&self.ports);
-            if let Some(old) = p.insert(port, cancel.clone()) {
-                old.cancel();
-            }
-        }
-        tokio::spawn(crate::transparent::serve(
-            self.clone(),
-            port,
-            listener,
-            cancel,
-        ));
-    }
+    tokio::spawn(crate::transparent::serve(
+        net.clone(),
+        port,
+        listener,
+        cancel,
+    ));
 }
 
 async fn serve_dns(net: Arc<SandboxNet>, sock: tokio::net::UdpSocket) {

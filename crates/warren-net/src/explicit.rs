@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use warren_core::network::{normalize_host, Target};
 
 use crate::conns::ConnGuard;
-use crate::egress::{Refusal, SandboxNet};
+use crate::sandbox::{Refusal, SandboxNet};
 use crate::sniff::split_authority;
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -36,7 +36,34 @@ pub(crate) fn client(net: Weak<SandboxNet>) -> Client {
         .build(Connector { net })
 }
 
+/// The pool of a sandbox's plain-HTTP upstream connections, with the
+/// policy they were checked under: a new policy starts a new pool (the
+/// old one's idle connections are dropped with it).
+struct Pool {
+    policy: Arc<warren_core::network::Policy>,
+    client: Client,
+}
+
+type SharedPool = Arc<std::sync::Mutex<Pool>>;
+
+/// The client for `net`'s current policy.
+fn pooled(net: &Arc<SandboxNet>, pool: &SharedPool) -> Client {
+    let policy = net.policy();
+    let mut p = warren_core::sync::lock(pool);
+    if !Arc::ptr_eq(&p.policy, &policy) {
+        *p = Pool {
+            policy,
+            client: client(Arc::downgrade(net)),
+        };
+    }
+    p.client.clone()
+}
+
 pub(crate) fn serve(net: Arc<SandboxNet>, listener: tokio::net::TcpListener) {
+    let pool: SharedPool = Arc::new(std::sync::Mutex::new(Pool {
+        policy: net.policy(),
+        client: client(Arc::downgrade(&net)),
+    }));
     tokio::spawn(async move {
         loop {
             let stream = tokio::select! {
@@ -46,7 +73,7 @@ pub(crate) fn serve(net: Arc<SandboxNet>, listener: tokio::net::TcpListener) {
                 },
                 _ = net.cancel.cancelled() => return,
             };
-            let net = net.clone();
+            let (net, pool) = (net.clone(), pool.clone());
             tokio::spawn(async move {
                 if let Err(r) = net.rate_ok() {
                     net.log(serde_json::json!({
@@ -57,7 +84,9 @@ pub(crate) fn serve(net: Arc<SandboxNet>, listener: tokio::net::TcpListener) {
                     return;
                 }
                 let cancel = net.cancel.clone();
-                let svc = hyper::service::service_fn(move |req| handle(net.clone(), req));
+                let pool = pool.clone();
+                let svc =
+                    hyper::service::service_fn(move |req| handle(net.clone(), pool.clone(), req));
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .with_upgrades();
@@ -136,6 +165,7 @@ fn target_of(host: &str, port: Option<u16>) -> Result<(Target, u16), String> {
 
 async fn handle(
     net: Arc<SandboxNet>,
+    pool: SharedPool,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     if req.method() == Method::CONNECT {
@@ -170,13 +200,14 @@ async fn handle(
             }
         });
     }
-    forward(net, req).await
+    forward(net, pool, req).await
 }
 
 /// Plain HTTP: the request names its destination in absolute form; it is
 /// checked per request and sent over a pooled upstream connection.
 async fn forward(
     net: Arc<SandboxNet>,
+    pool: SharedPool,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let uri = req.uri().clone();
@@ -218,13 +249,7 @@ async fn forward(
     ] {
         req.headers_mut().remove(h);
     }
-    let Ok(client) = net.http.read().map(|c| c.clone()) else {
-        return Ok(refuse(&Refusal {
-            status: 502,
-            reason: "proxy state poisoned".into(),
-            rule: None,
-        }));
-    };
+    let client = pooled(&net, &pool);
     let resp = client.request(req).await;
     Ok(match resp {
         Ok(resp) => {

@@ -22,13 +22,16 @@ mod explicit;
 mod limits;
 mod netns;
 mod route;
+mod sandbox;
+mod settings;
 pub mod sniff;
 mod splice;
 mod transparent;
 mod upstream;
 
-pub use egress::{Egress, Limits, LogFn, PolicyChange, Settings};
+pub use egress::{Egress, PolicyChange};
 pub use netns::connect_in;
+pub use settings::{Limits, LogFn, Settings};
 
 /// Where the explicit proxy listens, inside every `allowlist` sandbox.
 pub const PROXY_PORT: u16 = 3128;

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use warren_core::network::{normalize_host, Target};
 
-use crate::egress::{Refusal, SandboxNet};
+use crate::sandbox::{Refusal, SandboxNet};
 use crate::sniff::{sniff, split_authority, Sniffed, MAX_SNIFF};
 
 /// How long a client may take to say where it is going.

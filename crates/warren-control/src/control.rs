@@ -12,7 +12,7 @@ use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
 use warren_node_api::{ErrorKind, LogNote, NodeApi, NodeError, SandboxStatus};
 
-use crate::admission::{Admission, Need};
+use crate::admission::Admission;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod create;
@@ -65,11 +65,6 @@ pub fn node_error(e: NodeError) -> ApiError {
         message: e.message,
         retry_after_ms,
     }
-}
-
-/// What a sandbox holds of its node.
-pub fn need_of(r: &warren_core::ResolvedResources) -> Need {
-    Need::of(r)
 }
 
 fn note(state: &str, reason: &str, message: &str) -> LogNote {
@@ -331,14 +326,23 @@ impl Control {
         id: &str,
         req: &ExecRequest,
     ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
-        req.validate()
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let row = self.get(id).await?;
-        if row.state != SandboxState::Running {
-            return Err(ApiError::conflict(format!(
-                "sandbox {id} is {}; exec needs a running sandbox",
-                row.state
-            )));
+        let runnable = async {
+            req.validate()
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let row = self.get(id).await?;
+            if row.state != SandboxState::Running {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is {}; exec needs a running sandbox",
+                    row.state
+                )));
+            }
+            Ok(())
+        };
+        if let Err(e) = runnable.await {
+            // Any call on a sandbox renews its lease; the node renews it
+            // itself on an exec it runs (no extra call on this path).
+            self.touch(id).await;
+            return Err(e);
         }
         self.node.exec(id, req.clone()).await.map_err(node_error)
     }

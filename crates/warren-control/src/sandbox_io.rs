@@ -18,11 +18,12 @@ fn has_files(state: SandboxState) -> bool {
 }
 
 impl Control {
-    /// The sandbox exists and has files now; its lease is renewed.
+    /// The sandbox exists and has files now (the node renews its lease on
+    /// the file call; a refused one renews it here).
     async fn file_access(&self, id: &str) -> Result<(), ApiError> {
         let row = self.get(id).await?;
-        self.touch(id).await;
         if !has_files(row.state) {
+            self.touch(id).await;
             return Err(ApiError::conflict(format!(
                 "sandbox {id} is {}; files need a running or kept sandbox",
                 row.state
@@ -79,7 +80,6 @@ impl Control {
     /// A connection to `port` on the sandbox's loopback.
     pub async fn connect_port(&self, id: &str, port: u16) -> Result<Box<dyn Tunnel>, ApiError> {
         self.get(id).await?;
-        self.touch(id).await;
         self.node.connect_port(id, port).await.map_err(node_error)
     }
 
@@ -100,7 +100,6 @@ impl Control {
             )));
         }
         self.node.set_ttl(id, ttl).await.map_err(node_error)?;
-        self.touch(id).await;
         Ok(row)
     }
 
@@ -112,10 +111,9 @@ impl Control {
             other => {
                 return Err(ApiError::conflict(format!(
                     "sandbox {id} is {other:?}; only a running, paused or kept sandbox can be committed"
-                )))
+                )));
             }
         }
-        self.touch(id).await;
         self.node.commit(id, name).await.map_err(node_error)
     }
 }

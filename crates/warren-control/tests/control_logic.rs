@@ -31,8 +31,7 @@ fn node(slots: u32) -> Arc<FakeNode> {
 
 struct Plane {
     control: Arc<Control>,
-    _dir: tempfile::TempDir,
-    dir_path: std::path::PathBuf,
+    dir: tempfile::TempDir,
 }
 
 /// A control plane over `node` on a store in `dir`, recovered and following
@@ -40,6 +39,16 @@ struct Plane {
 async fn plane_in(
     node: &Arc<FakeNode>,
     dir: tempfile::TempDir,
+) -> Result<Plane, Box<dyn std::error::Error>> {
+    plane_with(node, dir, true).await
+}
+
+/// `plane_in`, with a clean stop that destroys every sandbox or (a
+/// cluster's control plane) none.
+async fn plane_with(
+    node: &Arc<FakeNode>,
+    dir: tempfile::TempDir,
+    destroy_on_stop: bool,
 ) -> Result<Plane, Box<dyn std::error::Error>> {
     let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
     let info = node.info().await?;
@@ -49,17 +58,12 @@ async fn plane_in(
         info,
         16,
         Default::default(),
-        true,
+        destroy_on_stop,
     ));
     control.recover().await.map_err(|e| e.message)?;
     control.lifecycle.set_ready();
     tokio::spawn(control.clone().handle_node_events());
-    let dir_path = dir.path().to_path_buf();
-    Ok(Plane {
-        control,
-        _dir: dir,
-        dir_path,
-    })
+    Ok(Plane { control, dir })
 }
 
 async fn plane(node: &Arc<FakeNode>) -> Result<Plane, Box<dyn std::error::Error>> {
@@ -423,24 +427,23 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
     let dir = tempfile::tempdir()?;
     let first = plane_in(&node, dir).await?;
     let c = &first.control;
-    let mk = |v: serde_json::Value| spec(v);
     let (kept_on_node, _) = c
-        .create(mk(serde_json::json!({})), true)
+        .create(spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let (gone, _) = c
-        .create(mk(serde_json::json!({})), true)
+        .create(spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let (paused, _) = c
-        .create(mk(serde_json::json!({})), true)
+        .create(spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     c.set_paused(&paused.id, true)
         .await
         .map_err(|e| e.message)?;
     let (kept, _) = c
-        .create(mk(serde_json::json!({"reclaim": "keep"})), true)
+        .create(spec(serde_json::json!({"reclaim": "keep"})), true)
         .await
         .map_err(|e| e.message)?;
     node.push(exited(&kept.id, 0, None, false));
@@ -452,11 +455,10 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
     node.set_paused(&paused.id, false).await?;
     node.hold_sandbox("sbx-unrecorded00", Phase::Running);
     // The same store, a new control plane (as after a restart).
-    let (store_dir, path) = (first._dir, first.dir_path.clone());
+    let store_dir = first.dir;
     drop(first.control);
     let second = plane_in(&node, store_dir).await?;
     let c = &second.control;
-    assert_eq!(second.dir_path, path);
     assert_eq!(
         c.get(&kept_on_node.id).await.map_err(|e| e.message)?.state,
         SandboxState::Running
@@ -492,19 +494,8 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
 #[tokio::test]
 async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> TestResult {
     let node = node(2);
-    let dir = tempfile::tempdir()?;
-    let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
-    let info = node.info().await?;
-    let c = Arc::new(Control::new(
-        store,
-        node.clone(),
-        info,
-        4,
-        Default::default(),
-        false,
-    ));
-    c.recover().await.map_err(|e| e.message)?;
-    c.lifecycle.set_ready();
+    let p = plane_with(&node, tempfile::tempdir()?, false).await?;
+    let c = &p.control;
     let (s, _) = c
         .create(spec(serde_json::json!({})), true)
         .await

@@ -92,7 +92,8 @@ pub trait NodeApi: Send + Sync {
     async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()>;
 
     /// Renews the sandbox's lease; a sandbox the node does not hold is no
-    /// error (there is nothing to keep alive).
+    /// error (there is nothing to keep alive). Exec, file and port calls,
+    /// TTL changes and commits renew it on their own.
     async fn renew_lease(&self, id: &str) -> NodeResult<()>;
 
     /// Adds a state change to the sandbox's log.

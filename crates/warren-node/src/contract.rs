@@ -197,6 +197,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()> {
+        self.node.renew_lease(id);
         self.node.set_ttl(id, ttl).map_err(contract_error)
     }
 
@@ -213,11 +214,13 @@ impl NodeApi for LocalNode {
     }
 
     async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>> {
+        self.node.renew_lease(id);
         let rx = self.node.exec(id, &req).await.map_err(contract_error)?;
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
     }
 
     async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {
+        self.node.renew_lease(id);
         let root = self.node.root(id).map_err(contract_error)?;
         let stream = body.map(|r| r.map_err(std::io::Error::other));
         let reader = tokio_util::io::StreamReader::new(stream);
@@ -242,6 +245,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {
+        self.node.renew_lease(id);
         let root = self.node.root(id).map_err(contract_error)?;
         let path = path.to_string();
         let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
@@ -303,6 +307,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn connect_port(&self, id: &str, port: u16) -> NodeResult<Box<dyn Tunnel>> {
+        self.node.renew_lease(id);
         let stream = self
             .node
             .connect_port(id, port)
@@ -328,6 +333,7 @@ impl NodeApi for LocalNode {
     }
 
     async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo> {
+        self.node.renew_lease(id);
         self.node
             .commit(id, name)
             .await
@@ -388,10 +394,15 @@ impl NodeApi for LocalNode {
         tokio::fs::create_dir_all(&tmp_dir)
             .await
             .map_err(internal)?;
-        let tmp = tmp_dir.join(format!("upload-{}.tar", rand_suffix()));
+        // Removed when dropped, whatever happens below.
+        let tmp = tempfile::Builder::new()
+            .prefix("upload-")
+            .suffix(".tar")
+            .tempfile_in(&tmp_dir)
+            .map_err(internal)?;
         let result = async {
             use tokio::io::AsyncWriteExt;
-            let mut file = tokio::fs::File::create(&tmp).await.map_err(internal)?;
+            let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(internal)?);
             while let Some(chunk) = archive.next().await {
                 let chunk = chunk
                     .map_err(|e| api::NodeError::invalid(format!("upload interrupted: {e}")))?;
@@ -399,14 +410,13 @@ impl NodeApi for LocalNode {
             }
             file.flush().await.map_err(internal)?;
             let images = self.node.images.clone();
-            let (path, name) = (tmp.clone(), name.to_string());
+            let (path, name) = (tmp.path().to_path_buf(), name.to_string());
             tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
                 .await
                 .map_err(joined)?
                 .map_err(image_error)
         }
         .await;
-        let _ = tokio::fs::remove_file(&tmp).await;
         Ok(image_info(&result?))
     }
 
@@ -455,15 +465,4 @@ impl NodeApi for LocalNode {
             used_after: r.used_after,
         })
     }
-}
-
-/// A name for a temporary file no other upload uses.
-fn rand_suffix() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
 }

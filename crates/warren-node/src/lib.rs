@@ -660,16 +660,6 @@ impl Node {
         Ok(self.usage(id))
     }
 
-    /// Remaining TTL and lease, in milliseconds.
-    pub fn remaining(&self, id: &str) -> Option<(u64, Option<u64>)> {
-        let live = self.get(id).ok()?;
-        let l = lock(&live.lifetime);
-        Some((
-            l.ttl_remaining().as_millis() as u64,
-            l.lease_remaining().map(|d| d.as_millis() as u64),
-        ))
-    }
-
     /// Pauses (freezes) or resumes (thaws) the sandbox, journaled.
     pub async fn set_paused(self: &Arc<Self>, id: &str, paused: bool) -> Result<(), NodeError> {
         let live = self.get(id)?;

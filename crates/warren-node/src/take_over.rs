@@ -17,12 +17,10 @@ impl Node {
     /// a crash between a create's first step and its journal entry).
     pub(crate) async fn take_over(self: Arc<Self>) {
         use futures_util::StreamExt;
-        let entries = {
-            let journal = journal::Journal::open(&self.home);
-            tokio::task::spawn_blocking(move || journal.map(|j| j.load()).unwrap_or_default())
-                .await
-                .unwrap_or_default()
-        };
+        let node = self.clone();
+        let entries = tokio::task::spawn_blocking(move || node.journal.load())
+            .await
+            .unwrap_or_default();
         futures_util::stream::iter(entries)
             .for_each_concurrent(TAKE_OVER_PARALLELISM, |entry| {
                 let node = self.clone();

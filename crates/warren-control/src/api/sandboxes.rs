@@ -176,7 +176,6 @@ pub(crate) async fn exec(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
-    st.control.touch(&id).await;
     let started = std::time::Instant::now();
     let events = st.control.exec(&id, &req).await?;
     st.control

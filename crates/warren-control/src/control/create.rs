@@ -8,7 +8,8 @@ use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, NodeError, SandboxStatus};
 
-use super::{need_of, new_id, node_error, Control};
+use super::{new_id, node_error, Control};
+use crate::admission::Need;
 use crate::admission::{Admit, AdmitError};
 use crate::store::{SandboxRow, StoreError, Transition};
 
@@ -57,7 +58,7 @@ impl Control {
         let id = new_id();
         let admit = self
             .admission
-            .admit(&id, need_of(&resources), resources.pids)
+            .admit(&id, Need::of(&resources), resources.pids)
             .map_err(|e| match e {
                 AdmitError::QueueFull(_) => ApiError {
                     code: warren_core::ErrorCode::TooManyRequests,

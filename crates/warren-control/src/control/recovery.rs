@@ -10,8 +10,9 @@ use warren_core::state::reason;
 use warren_core::{ApiError, SandboxState};
 use warren_node_api::{Phase, SandboxStatus};
 
-use super::{need_of, node_error, note, Control};
+use super::{node_error, note, Control};
 use crate::admission::Admit;
+use crate::admission::Need;
 use crate::store::{SandboxRow, Transition};
 
 /// Records brought in line at once after a restart.
@@ -87,7 +88,7 @@ impl Control {
     ) -> Result<(), ApiError> {
         let now = now_rfc3339();
         if held.is_some() {
-            self.admission.hold(&row.id, need_of(&row.resources));
+            self.admission.hold(&row.id, Need::of(&row.resources));
         }
         // What the node reported meanwhile (an expiry at take-over) may
         // have finished it already.
@@ -182,7 +183,7 @@ impl Control {
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
         let admitted = self
             .admission
-            .admit(&row.id, need_of(&row.resources), row.resources.pids);
+            .admit(&row.id, Need::of(&row.resources), row.resources.pids);
         let this = self.clone();
         match admitted {
             Ok(Admit::Now) => {

@@ -1,60 +1,74 @@
-//! Admission to a node, kept by the control plane: what the node lends
-//! (its allocatable capacity), what live sandboxes hold, and a bounded FIFO queue for creates that do not
-//! fit yet. Freed capacity goes to the head of the queue at once; the queue
-//! is strictly FIFO (no small request overtakes a big one), so nothing starves.
+//! Admission, kept by the control plane for all its nodes: what each node
+//! lends (its allocatable capacity), what live sandboxes hold on it, and one
+//! bounded FIFO queue for creates that fit nowhere yet. Freed capacity goes
+//! to the head of the queue at once; the queue is strictly FIFO (no small
+//! request overtakes a big one), so nothing starves. Where a create goes is
+//! `placement`'s decision.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
+use warren_core::spec::Placement;
 use warren_core::sync::lock;
+use warren_core::Labels;
+
+use crate::placement::{self, Candidate};
 
 /// Resources one sandbox holds while it is live (or kept).
 pub use warren_node_api::Resources as Need;
 
-trait Count {
-    fn fits(&self, used: &Need, total: &Need) -> bool;
-    fn add(&mut self, n: &Need);
-    fn sub(&mut self, n: &Need);
+/// One create asking for room.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub need: Need,
+    pub pids: u32,
+    pub selector: Labels,
+    pub placement: Placement,
 }
 
-impl Count for Need {
-    fn fits(&self, used: &Need, total: &Need) -> bool {
-        used.cpu_millis + self.cpu_millis <= total.cpu_millis
-            && used.memory + self.memory <= total.memory
-            && used.slots + self.slots <= total.slots
+impl Request {
+    pub fn of(spec: &warren_core::SandboxSpec, r: &warren_core::ResolvedResources) -> Request {
+        Request {
+            need: Need::of(r),
+            pids: r.pids,
+            selector: spec.node_selector.clone(),
+            placement: spec.placement,
+        }
     }
-    fn add(&mut self, n: &Need) {
-        self.cpu_millis += n.cpu_millis;
-        self.memory += n.memory;
-        self.slots += n.slots;
-    }
-    fn sub(&mut self, n: &Need) {
-        self.cpu_millis = self.cpu_millis.saturating_sub(n.cpu_millis);
-        self.memory = self.memory.saturating_sub(n.memory);
-        self.slots = self.slots.saturating_sub(n.slots);
+
+    fn placement(&self) -> placement::Request<'_> {
+        placement::Request {
+            need: self.need,
+            pids: self.pids,
+            selector: &self.selector,
+            placement: self.placement,
+        }
     }
 }
 
 pub enum Admit {
-    /// Resources are reserved; go ahead.
-    Now,
-    /// Wait for the receiver; `position` is 1 for the head of the queue.
+    /// Resources are reserved on the named node; go ahead.
+    Now(String),
+    /// Wait for the receiver, which names the node when the turn comes;
+    /// `position` is 1 for the head of the queue.
     Queued {
         position: usize,
-        ready: oneshot::Receiver<()>,
+        ready: oneshot::Receiver<String>,
     },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AdmitError {
-    #[error("the node's queue is full ({0} creates waiting); retry later")]
+    #[error("the queue is full ({0} creates waiting); retry later")]
     QueueFull(usize),
-    #[error("the node is shutting down; it starts no more sandboxes")]
+    #[error("the control plane is shutting down; it starts no more sandboxes")]
     Closed,
-    #[error("pids {pids} is more than this node's process table lends one sandbox ({max}): ask for fewer")]
+    #[error("no node {0}; see `warren node ls` (a node joins with `warren node --server URL --join-token FILE`)")]
+    NoNode(String),
+    #[error("pids {pids} is more than any node lends one sandbox ({max}): ask for fewer")]
     TooManyPids { pids: u32, max: u32 },
-    #[error("the request (cpu {cpu} millicores, memory {memory} bytes) exceeds what this node can ever allocate (cpu {max_cpu} millicores, memory {max_memory} bytes); ask for less")]
+    #[error("the request (cpu {cpu} millicores, memory {memory} bytes) exceeds what any node can ever allocate (at most cpu {max_cpu} millicores, memory {max_memory} bytes); ask for less")]
     NeverFits {
         cpu: u64,
         memory: u64,
@@ -63,80 +77,199 @@ pub enum AdmitError {
     },
 }
 
+/// What admission keeps of one node.
+#[derive(Debug, Clone)]
+struct Slot {
+    total: Need,
+    max_pids: u32,
+    labels: Labels,
+    /// Ready and not cordoned.
+    schedulable: bool,
+    used: Need,
+    initializing: u32,
+}
+
+/// A node as admission sees it (for `/v1/nodes` and the metrics).
+#[derive(Debug, Clone)]
+pub struct NodeUse {
+    pub name: String,
+    pub total: Need,
+    pub used: Need,
+    pub initializing: u32,
+}
+
+struct Held {
+    node: String,
+    need: Need,
+    initializing: bool,
+}
+
 struct Waiter {
     id: String,
-    need: Need,
-    ready: oneshot::Sender<()>,
+    req: Request,
+    ready: oneshot::Sender<String>,
 }
 
 struct State {
     closed: bool,
-    used: Need,
-    held: HashMap<String, Need>,
+    nodes: BTreeMap<String, Slot>,
+    held: HashMap<String, Held>,
     queue: VecDeque<Waiter>,
 }
 
 pub struct Admission {
-    total: Need,
-    /// Most processes one sandbox may ask for (see `warren_runtime::host`).
-    max_pids: u32,
     queue_limit: usize,
     state: Mutex<State>,
 }
 
+impl State {
+    fn candidates(&self) -> impl Iterator<Item = Candidate<'_>> {
+        self.nodes.iter().map(|(name, s)| Candidate {
+            name,
+            labels: &s.labels,
+            total: s.total,
+            used: s.used,
+            max_pids: s.max_pids,
+            schedulable: s.schedulable,
+            initializing: s.initializing,
+            sandboxes: s.used.slots,
+        })
+    }
+
+    fn place(&self, req: &Request) -> Option<String> {
+        placement::choose(&req.placement(), self.candidates()).map(str::to_string)
+    }
+
+    fn take(&mut self, id: &str, node: &str, need: Need, initializing: bool) {
+        if let Some(slot) = self.nodes.get_mut(node) {
+            add(&mut slot.used, &need);
+            if initializing {
+                slot.initializing += 1;
+            }
+        }
+        self.held.insert(
+            id.to_string(),
+            Held {
+                node: node.to_string(),
+                need,
+                initializing,
+            },
+        );
+    }
+
+    /// Starts as many queued creates, in order, as now fit somewhere.
+    fn start_queued(&mut self) {
+        while let Some(head) = self.queue.front() {
+            let Some(node) = self.place(&head.req) else {
+                break;
+            };
+            let Some(w) = self.queue.pop_front() else {
+                break;
+            };
+            // A waiter whose client left still gets the capacity; it gives it
+            // back through release() when its create is abandoned.
+            self.take(&w.id, &node, w.req.need, true);
+            let _ = w.ready.send(node);
+        }
+    }
+}
+
+fn add(a: &mut Need, n: &Need) {
+    a.cpu_millis += n.cpu_millis;
+    a.memory += n.memory;
+    a.slots += n.slots;
+}
+
+fn sub(a: &mut Need, n: &Need) {
+    a.cpu_millis = a.cpu_millis.saturating_sub(n.cpu_millis);
+    a.memory = a.memory.saturating_sub(n.memory);
+    a.slots = a.slots.saturating_sub(n.slots);
+}
+
 impl Admission {
-    pub fn new(total: Need, max_pids: u32, queue_limit: usize) -> Admission {
+    pub fn new(queue_limit: usize) -> Admission {
         Admission {
-            total,
-            max_pids,
             queue_limit,
             state: Mutex::new(State {
                 closed: false,
-                used: Need::default(),
+                nodes: BTreeMap::new(),
                 held: HashMap::new(),
                 queue: VecDeque::new(),
             }),
         }
     }
 
-    pub fn total(&self) -> Need {
-        self.total
+    /// Adds a node or updates what it lends (and its labels); what its
+    /// sandboxes hold is kept. A node starts unschedulable.
+    pub fn set_node(&self, name: &str, total: Need, max_pids: u32, labels: Labels) {
+        let mut s = self.lock();
+        let slot = s.nodes.entry(name.to_string()).or_insert(Slot {
+            total,
+            max_pids,
+            labels: labels.clone(),
+            schedulable: false,
+            used: Need::default(),
+            initializing: 0,
+        });
+        slot.total = total;
+        slot.max_pids = max_pids;
+        slot.labels = labels;
+        s.start_queued();
     }
 
-    pub fn used(&self) -> Need {
-        lock(&self.state).used
+    /// Whether the node takes placements (ready and not cordoned).
+    pub fn set_schedulable(&self, name: &str, schedulable: bool) {
+        let mut s = self.lock();
+        if let Some(slot) = s.nodes.get_mut(name) {
+            slot.schedulable = schedulable;
+        }
+        if schedulable {
+            s.start_queued();
+        }
+    }
+
+    /// Forgets a node (its sandboxes are released one by one by whoever
+    /// decides their end).
+    pub fn remove_node(&self, name: &str) {
+        self.lock().nodes.remove(name);
+    }
+
+    pub fn nodes(&self) -> Vec<NodeUse> {
+        self.lock()
+            .nodes
+            .iter()
+            .map(|(name, s)| NodeUse {
+                name: name.clone(),
+                total: s.total,
+                used: s.used,
+                initializing: s.initializing,
+            })
+            .collect()
     }
 
     pub fn queued(&self) -> usize {
-        lock(&self.state).queue.len()
+        self.lock().queue.len()
     }
 
-    pub fn admit(&self, id: &str, need: Need, pids: u32) -> Result<Admit, AdmitError> {
-        if pids > self.max_pids {
-            return Err(AdmitError::TooManyPids {
-                pids,
-                max: self.max_pids,
-            });
-        }
-        if !need.fits(&Need::default(), &self.total) {
-            return Err(AdmitError::NeverFits {
-                cpu: need.cpu_millis,
-                memory: need.memory,
-                max_cpu: self.total.cpu_millis,
-                max_memory: self.total.memory,
-            });
-        }
+    /// The node a live sandbox holds capacity on.
+    pub fn node_of(&self, id: &str) -> Option<String> {
+        self.lock().held.get(id).map(|h| h.node.clone())
+    }
+
+    pub fn admit(&self, id: &str, req: Request) -> Result<Admit, AdmitError> {
         let mut s = self.lock();
         if s.closed {
             return Err(AdmitError::Closed);
         }
-        if s.held.contains_key(id) {
-            return Ok(Admit::Now);
+        if let Some(h) = s.held.get(id) {
+            return Ok(Admit::Now(h.node.clone()));
         }
-        if s.queue.is_empty() && need.fits(&s.used, &self.total) {
-            s.used.add(&need);
-            s.held.insert(id.to_string(), need);
-            return Ok(Admit::Now);
+        Self::check_possible(&s, &req)?;
+        if s.queue.is_empty() {
+            if let Some(node) = s.place(&req) {
+                s.take(id, &node, req.need, true);
+                return Ok(Admit::Now(node));
+            }
         }
         if s.queue.len() >= self.queue_limit {
             return Err(AdmitError::QueueFull(s.queue.len()));
@@ -144,7 +277,7 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         s.queue.push_back(Waiter {
             id: id.to_string(),
-            need,
+            req,
             ready: tx,
         });
         Ok(Admit::Queued {
@@ -153,13 +286,68 @@ impl Admission {
         })
     }
 
-    /// Records a sandbox that already runs (adopted after a restart),
-    /// whether or not it fits.
-    pub fn hold(&self, id: &str, need: Need) {
+    /// Refuses what no known node could ever run, instead of queueing it
+    /// for ever.
+    fn check_possible(s: &State, req: &Request) -> Result<(), AdmitError> {
+        let p = req.placement();
+        let matching: Vec<Candidate<'_>> = s
+            .candidates()
+            .filter(|c| placement::selects(&req.selector, c.labels))
+            .collect();
+        if matching.is_empty() {
+            let which = if req.selector.is_empty() {
+                "has joined".to_string()
+            } else {
+                let sel: Vec<String> = req
+                    .selector
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                format!("carries the labels {}", sel.join(","))
+            };
+            return Err(AdmitError::NoNode(which));
+        }
+        if matching.iter().any(|c| placement::could_ever(&p, c)) {
+            return Ok(());
+        }
+        let max_pids = matching.iter().map(|c| c.max_pids).max().unwrap_or(0);
+        if req.pids > max_pids {
+            return Err(AdmitError::TooManyPids {
+                pids: req.pids,
+                max: max_pids,
+            });
+        }
+        Err(AdmitError::NeverFits {
+            cpu: req.need.cpu_millis,
+            memory: req.need.memory,
+            max_cpu: matching
+                .iter()
+                .map(|c| c.total.cpu_millis)
+                .max()
+                .unwrap_or(0),
+            max_memory: matching.iter().map(|c| c.total.memory).max().unwrap_or(0),
+        })
+    }
+
+    /// Records a sandbox that already runs on `node` (adopted after a
+    /// restart), whether or not it fits.
+    pub fn hold(&self, id: &str, node: &str, need: Need) {
         let mut s = self.lock();
         if !s.held.contains_key(id) {
-            s.used.add(&need);
-            s.held.insert(id.to_string(), need);
+            s.take(id, node, need, false);
+        }
+    }
+
+    /// The sandbox is made: it no longer counts as initialising.
+    pub fn started(&self, id: &str) {
+        let mut s = self.lock();
+        let Some(h) = s.held.get_mut(id) else { return };
+        if !std::mem::replace(&mut h.initializing, false) {
+            return;
+        }
+        let node = h.node.clone();
+        if let Some(slot) = s.nodes.get_mut(&node) {
+            slot.initializing = slot.initializing.saturating_sub(1);
         }
     }
 
@@ -167,11 +355,16 @@ impl Admission {
     /// many queued creates, in order, as now fit. Idempotent.
     pub fn release(&self, id: &str) {
         let mut s = self.lock();
-        if let Some(need) = s.held.remove(id) {
-            s.used.sub(&need);
+        if let Some(h) = s.held.remove(id) {
+            if let Some(slot) = s.nodes.get_mut(&h.node) {
+                sub(&mut slot.used, &h.need);
+                if h.initializing {
+                    slot.initializing = slot.initializing.saturating_sub(1);
+                }
+            }
         }
         s.queue.retain(|w| w.id != id);
-        self.start_queued(&mut s);
+        s.start_queued();
     }
 
     /// Refuses every create from now on and empties the queue: each waiter
@@ -184,25 +377,11 @@ impl Admission {
 
     /// 1-based position of a queued create.
     pub fn position(&self, id: &str) -> Option<usize> {
-        lock(&self.state)
+        self.lock()
             .queue
             .iter()
             .position(|w| w.id == id)
             .map(|p| p + 1)
-    }
-
-    fn start_queued(&self, s: &mut State) {
-        while let Some(head) = s.queue.front() {
-            if !head.need.fits(&s.used, &self.total) {
-                break;
-            }
-            let Some(w) = s.queue.pop_front() else { break };
-            // A waiter whose client left still gets the capacity; it gives it
-            // back through release() when its create is abandoned.
-            s.used.add(&w.need);
-            s.held.insert(w.id.clone(), w.need);
-            let _ = w.ready.send(());
-        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -216,30 +395,42 @@ impl Admission {
 mod tests {
     use super::*;
 
-    fn need(cpu: u64) -> Need {
-        Need {
-            cpu_millis: cpu,
-            memory: 1,
-            slots: 1,
+    fn req(cpu: u64) -> Request {
+        Request {
+            need: Need {
+                cpu_millis: cpu,
+                memory: 1,
+                slots: 1,
+            },
+            pids: 8,
+            selector: Labels::new(),
+            placement: Placement::Spread,
         }
     }
 
-    #[test]
-    fn fifo_queue_starts_on_release_and_is_bounded() {
-        let a = Admission::new(
+    fn one_node(a: &Admission, name: &str, cpu: u64) {
+        a.set_node(
+            name,
             Need {
-                cpu_millis: 1000,
+                cpu_millis: cpu,
                 memory: 100,
                 slots: 10,
             },
             u32::MAX,
-            2,
+            Labels::new(),
         );
-        assert!(matches!(a.admit("a", need(600), 8), Ok(Admit::Now)));
+        a.set_schedulable(name, true);
+    }
+
+    #[test]
+    fn fifo_queue_starts_on_release_and_is_bounded() {
+        let a = Admission::new(2);
+        one_node(&a, "n", 1000);
+        assert!(matches!(a.admit("a", req(600)), Ok(Admit::Now(n)) if n == "n"));
         let Ok(Admit::Queued {
             position: 1,
             ready: mut b,
-        }) = a.admit("b", need(600), 8)
+        }) = a.admit("b", req(600))
         else {
             panic!("b should queue first")
         };
@@ -247,25 +438,48 @@ mod tests {
         let Ok(Admit::Queued {
             position: 2,
             ready: mut c,
-        }) = a.admit("c", need(100), 8)
+        }) = a.admit("c", req(100))
         else {
             panic!("c should queue second")
         };
-        assert_eq!(
-            a.admit("d", need(100), 8).err(),
-            Some(AdmitError::QueueFull(2))
-        );
+        assert_eq!(a.admit("d", req(100)).err(), Some(AdmitError::QueueFull(2)));
         assert!(b.try_recv().is_err());
         a.release("a");
-        assert!(b.try_recv().is_ok());
-        assert!(c.try_recv().is_ok());
-        assert_eq!(a.used().cpu_millis, 700);
+        assert_eq!(b.try_recv().ok().as_deref(), Some("n"));
+        assert_eq!(c.try_recv().ok().as_deref(), Some("n"));
+        assert_eq!(a.nodes()[0].used.cpu_millis, 700);
         a.release("b");
         a.release("b");
-        assert_eq!(a.used().cpu_millis, 100);
+        assert_eq!(a.nodes()[0].used.cpu_millis, 100);
         assert!(matches!(
-            a.admit("e", need(5000), 8),
+            a.admit("e", req(5000)),
             Err(AdmitError::NeverFits { .. })
         ));
+    }
+
+    #[test]
+    fn the_queue_waits_for_any_node_and_starts_where_room_frees() {
+        let a = Admission::new(10);
+        assert!(matches!(a.admit("x", req(100)), Err(AdmitError::NoNode(_))));
+        one_node(&a, "n1", 1000);
+        one_node(&a, "n2", 1000);
+        // Spread: the second goes to the other node.
+        let Ok(Admit::Now(first)) = a.admit("a", req(800)) else {
+            panic!("a fits")
+        };
+        let Ok(Admit::Now(second)) = a.admit("b", req(800)) else {
+            panic!("b fits")
+        };
+        assert_ne!(first, second);
+        let Ok(Admit::Queued { mut ready, .. }) = a.admit("c", req(800)) else {
+            panic!("c waits")
+        };
+        // A cordoned node takes nothing, even when it has room.
+        a.set_schedulable(&second, false);
+        a.release("b");
+        assert!(ready.try_recv().is_err());
+        a.release("a");
+        assert_eq!(ready.try_recv().ok(), Some(first.clone()));
+        assert_eq!(a.node_of("c"), Some(first));
     }
 }

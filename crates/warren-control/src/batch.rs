@@ -21,7 +21,10 @@ use crate::store::BatchRow;
 const BATCH_PARALLELISM: usize = 16;
 
 impl Control {
-    pub async fn create_batch(self: &Arc<Self>, req: BatchRequest) -> Result<BatchInfo, ApiError> {
+    pub async fn create_batch(
+        self: &Arc<Self>,
+        mut req: BatchRequest,
+    ) -> Result<BatchInfo, ApiError> {
         if req.count == 0 || req.count > MAX_BATCH {
             return Err(ApiError::bad_request(format!(
                 "count must be between 1 and {MAX_BATCH}"
@@ -41,12 +44,16 @@ impl Control {
         req.spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        // A registry image is pulled once here, so the batch's creates find
-        // it cached (each still checks the tag's digest).
-        self.node
+        // The tag is resolved once, here: every member runs this digest,
+        // whatever the tag points at later and on whichever node.
+        let image = self
+            .resolver(&req.spec.node_selector)?
             .image_for_create(&req.spec.image)
             .await
             .map_err(crate::control::node_error)?;
+        if let Some(pinned) = warren_core::image_ref::pinned(&req.spec.image, &image.digest) {
+            req.spec.image = pinned;
+        }
         let row = BatchRow {
             id: new_id_with("bat"),
             count: req.count,
@@ -117,10 +124,9 @@ impl Control {
             *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
             // Read now (as `inspect` does): a sandbox created a moment ago
             // has no periodic sample yet.
-            let status = if m.state.is_live() {
-                self.node.status(&m.id).await.ok()
-            } else {
-                None
+            let status = match (m.state.is_live(), self.reachable(&m.node)) {
+                (true, Some(node)) => node.status(&m.id).await.ok(),
+                _ => None,
             };
             if let Some(status) = &status {
                 if let Some(u) = &status.usage {

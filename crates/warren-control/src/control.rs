@@ -10,24 +10,25 @@ use rand::Rng;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
-use warren_node_api::{ErrorKind, LogNote, NodeApi, NodeError, SandboxStatus};
+use warren_node_api::{ErrorKind, LogNote, NodeError, SandboxStatus};
 
 use crate::admission::Admission;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod create;
 mod node_events;
+mod node_set;
 mod recovery;
 
 pub struct Control {
     pub store: Arc<dyn Store>,
-    /// The node, through its contract (in-process or over the network).
-    pub node: Arc<dyn NodeApi>,
-    pub node_name: String,
-    /// The FIFO queue and what each sandbox holds of the node.
+    /// The nodes, each through its contract (in-process or over the
+    /// network).
+    pub nodes: crate::nodes::Nodes,
+    /// The FIFO queue and what each sandbox holds of its node.
     pub admission: Admission,
-    /// The node's load as it last reported it (every second).
-    pub load: std::sync::Mutex<warren_node_api::Load>,
+    /// When a silent node is given up; None: never (`warren up`'s node).
+    pub liveness: Option<crate::nodes::Liveness>,
     /// Whether a clean stop destroys every sandbox (`warren up`); a
     /// control plane of a cluster stops without touching its nodes.
     pub destroy_on_stop: bool,
@@ -90,21 +91,19 @@ fn new_id() -> String {
 }
 
 impl Control {
-    /// A control plane over `node` (which described itself as `info`).
+    /// A control plane without nodes yet (see `add_node`).
     pub fn new(
         store: Arc<dyn Store>,
-        node: Arc<dyn NodeApi>,
-        info: warren_node_api::NodeInfo,
         queue_limit: usize,
         policy: warren_core::profile::Policy,
         destroy_on_stop: bool,
+        liveness: Option<crate::nodes::Liveness>,
     ) -> Control {
         Control {
             store,
-            node,
-            node_name: info.name,
-            admission: Admission::new(info.allocatable, info.max_pids, queue_limit),
-            load: std::sync::Mutex::new(info.load),
+            nodes: Default::default(),
+            admission: Admission::new(queue_limit),
+            liveness,
             destroy_on_stop,
             metrics: crate::metrics::Metrics::new(),
             profile_lock: tokio::sync::Mutex::new(()),
@@ -116,10 +115,9 @@ impl Control {
 
     /// A record as a client sees it, with what its node says of it now.
     pub async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
-        let status = if row.state.is_live() {
-            self.node.status(&row.id).await.ok()
-        } else {
-            None
+        let status = match (row.state.is_live(), self.reachable(&row.node)) {
+            (true, Some(node)) => node.status(&row.id).await.ok(),
+            _ => None,
         };
         self.info_with(row, status.as_ref(), detailed)
     }
@@ -158,15 +156,29 @@ impl Control {
         }
     }
 
-    /// What the node holds, by sandbox (empty when it cannot be asked).
+    /// What the reachable nodes hold, by sandbox (a node that cannot be
+    /// asked adds nothing).
     pub async fn inventory(&self) -> HashMap<String, SandboxStatus> {
-        match self.node.inventory().await {
-            Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "asking the node for its sandboxes");
-                HashMap::new()
-            }
-        }
+        let asks = self
+            .nodes
+            .all()
+            .into_iter()
+            .filter(|n| n.view().health == crate::nodes::Health::Ready)
+            .map(|n| async move {
+                match n.api.inventory().await {
+                    Ok(list) => list,
+                    Err(e) => {
+                        tracing::warn!(node = %n.name, error = %e, "asking a node for its sandboxes");
+                        Vec::new()
+                    }
+                }
+            });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|s| (s.id.clone(), s))
+            .collect()
     }
 
     /// Events after `after` (of one sandbox, or all), oldest first.
@@ -184,26 +196,13 @@ impl Control {
         self.store.subscribe_events()
     }
 
-    /// Asks the node for its load every second (disk pressure refuses
-    /// creates before anything is recorded; CPU busy for the metrics).
-    /// Runs until the control plane stops.
-    pub async fn follow_load(self: Arc<Self>) {
-        const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(EVERY) => {}
-                _ = self.lifecycle.stopped() => return,
-            }
-            match self.node.info().await {
-                Ok(info) => *warren_core::sync::lock(&self.load) = info.load,
-                Err(e) => tracing::debug!(error = %e, "asking the node for its load"),
-            }
-        }
-    }
-
     /// Renews a sandbox's lease (any call on a sandbox does).
     pub async fn touch(&self, id: &str) {
-        if let Err(e) = self.node.renew_lease(id).await {
+        let Ok(row) = self.get(id).await else { return };
+        let Some(node) = self.reachable(&row.node) else {
+            return;
+        };
+        if let Err(e) = node.renew_lease(id).await {
             tracing::debug!(sandbox = %id, error = %e, "renewing a lease");
         }
     }
@@ -274,7 +273,7 @@ impl Control {
                 .await?;
         }
         warren_core::crashpoint::hit("destroy:stopping");
-        let usage = match self.node.destroy(id, why).await {
+        let usage = match self.api(&row.node)?.destroy(id, why).await {
             Ok(usage) => usage,
             Err(e) => {
                 // It stays `stopping`: a DELETE, the reconciler and a
@@ -336,15 +335,18 @@ impl Control {
                     row.state
                 )));
             }
-            Ok(())
+            self.api(&row.node)
         };
-        if let Err(e) = runnable.await {
-            // Any call on a sandbox renews its lease; the node renews it
-            // itself on an exec it runs (no extra call on this path).
-            self.touch(id).await;
-            return Err(e);
-        }
-        self.node.exec(id, req.clone()).await.map_err(node_error)
+        let node = match runnable.await {
+            Ok(node) => node,
+            Err(e) => {
+                // Any call on a sandbox renews its lease; the node renews it
+                // itself on an exec it runs (no extra call on this path).
+                self.touch(id).await;
+                return Err(e);
+            }
+        };
+        node.exec(id, req.clone()).await.map_err(node_error)
     }
 
     /// Replaces a running sandbox's egress rules: recorded first (so a
@@ -377,8 +379,8 @@ impl Control {
         spec.network
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        self.node
-            .check_network(spec.network.clone())
+        let node = self.api(&row.node)?;
+        node.check_network(spec.network.clone())
             .await
             .map_err(node_error)?;
         let message = format!(
@@ -394,8 +396,7 @@ impl Control {
                 &message,
             )
             .await?;
-        let change = self
-            .node
+        let change = node
             .set_network(id, spec.network.clone())
             .await
             .map_err(node_error)?;
@@ -423,11 +424,12 @@ impl Control {
                 if paused { "paused" } else { "resumed" }
             )));
         }
-        self.node.set_paused(id, paused).await.map_err(node_error)?;
+        let node = self.api(&row.node)?;
+        node.set_paused(id, paused).await.map_err(node_error)?;
         self.store
             .transition(id, to, why, &now_rfc3339(), Transition::default())
             .await?;
-        let _ = self.node.note(id, note(to.as_str(), why, "")).await;
+        let _ = node.note(id, note(to.as_str(), why, "")).await;
         self.get(id).await
     }
 }

@@ -1,12 +1,15 @@
-//! Images, as the control plane asks its node for them: references are
-//! checked here (a pull needs a registry), the node's store does the rest.
+//! Images, as the control plane asks its nodes for them: references are
+//! checked here (a pull needs a registry), each node's store does the rest.
+//! Pulls, imports, removals and collections go to every reachable node.
 
 use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
 use warren_core::image_ref::registry_host;
 use warren_core::ApiError;
-use warren_node_api::{ByteStream, GcReport, ImageInfo, PullUpdate, Pushed};
+use warren_node_api::{ByteStream, ErrorKind, GcReport, ImageInfo, NodeError, PullUpdate, Pushed};
 
 use crate::control::{node_error, Control};
+use crate::nodes::{Health, NodeEntry};
 
 /// `reference` must name a registry; `what` says for which call.
 fn needs_registry(reference: &str, what: &str) -> Result<(), ApiError> {
@@ -25,69 +28,227 @@ fn needs_registry(reference: &str, what: &str) -> Result<(), ApiError> {
 }
 
 impl Control {
-    pub async fn images(&self) -> Result<Vec<ImageInfo>, ApiError> {
-        self.node.image_list().await.map_err(node_error)
+    /// The nodes image calls go to: every reachable one.
+    fn image_nodes(&self) -> Result<Vec<std::sync::Arc<NodeEntry>>, ApiError> {
+        let nodes: Vec<_> = self
+            .nodes
+            .all()
+            .into_iter()
+            .filter(|n| n.view().health == Health::Ready)
+            .collect();
+        if nodes.is_empty() {
+            return Err(ApiError::new(
+                warren_core::ErrorCode::Unavailable,
+                "no node is reachable; see `warren node ls`",
+            ));
+        }
+        Ok(nodes)
     }
 
+    /// Every image on a reachable node, once per name and digest.
+    pub async fn images(&self) -> Result<Vec<ImageInfo>, ApiError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut all = Vec::new();
+        for node in self.image_nodes()? {
+            for image in node.api.image_list().await.map_err(node_error)? {
+                if seen.insert((image.name.clone(), image.digest.clone())) {
+                    all.push(image);
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Imports an archive into every reachable node. With more than one,
+    /// the archive is spooled to a temporary file first (streamed, never
+    /// held in memory) and sent to each in turn.
     pub async fn import_image(
         &self,
         name: &str,
         archive: ByteStream,
     ) -> Result<ImageInfo, ApiError> {
-        self.node
-            .image_import(name, archive)
-            .await
-            .map_err(node_error)
+        let nodes = self.image_nodes()?;
+        if let [node] = nodes.as_slice() {
+            return node
+                .api
+                .image_import(name, archive)
+                .await
+                .map_err(node_error);
+        }
+        let spool = spool(archive).await?;
+        let mut last = None;
+        for node in &nodes {
+            let file = tokio::fs::File::open(spool.path())
+                .await
+                .map_err(|e| ApiError::internal(format!("reading the spooled archive: {e}")))?;
+            let body = tokio_util::io::ReaderStream::new(file)
+                .map(|r| {
+                    r.map_err(|e| NodeError::internal(format!("reading the spooled archive: {e}")))
+                })
+                .boxed();
+            let image = node
+                .api
+                .image_import(name, body)
+                .await
+                .map_err(|e| prefixed(&node.name, e))?;
+            last = Some(image);
+        }
+        last.ok_or_else(|| ApiError::internal("no node imported the image"))
     }
 
-    /// A registry pull's progress, then the image or the error.
+    /// A registry pull onto every reachable node, one after another: each
+    /// node's progress, then the image (or the first error).
     pub async fn pull_image(
         &self,
         reference: &str,
     ) -> Result<BoxStream<'static, PullUpdate>, ApiError> {
         needs_registry(reference, "pull")?;
-        self.node.image_pull(reference).await.map_err(node_error)
+        let nodes = self.image_nodes()?;
+        let count = nodes.len();
+        let reference = reference.to_string();
+        let per_node =
+            futures_util::stream::iter(nodes.into_iter().enumerate()).then(move |(i, node)| {
+                let reference = reference.clone();
+                async move {
+                    let last = i + 1 == count;
+                    match node.api.image_pull(&reference).await {
+                        // Only the last node's image ends the stream.
+                        Ok(updates) => updates
+                            .filter(move |u| {
+                                std::future::ready(last || !matches!(u, PullUpdate::Image { .. }))
+                            })
+                            .boxed(),
+                        Err(error) => {
+                            futures_util::stream::once(async move { PullUpdate::Error { error } })
+                                .boxed()
+                        }
+                    }
+                }
+            });
+        let mut failed = false;
+        Ok(per_node
+            .flatten()
+            .take_while(move |u| {
+                let go = !failed;
+                failed |= matches!(u, PullUpdate::Error { .. });
+                std::future::ready(go)
+            })
+            .boxed())
     }
 
+    /// Pushes from the first node that holds the source image.
     pub async fn push_image(
         &self,
         reference: &str,
         source: Option<&str>,
     ) -> Result<Pushed, ApiError> {
         needs_registry(reference, "push")?;
-        self.node
-            .image_push(reference, source)
-            .await
-            .map_err(node_error)
+        let mut not_found = None;
+        for node in self.image_nodes()? {
+            match node.api.image_push(reference, source).await {
+                Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),
+                other => return other.map_err(node_error),
+            }
+        }
+        Err(node_error(not_found.unwrap_or_else(|| {
+            NodeError::new(ErrorKind::NotFound, "no node holds the image")
+        })))
     }
 
+    /// Collects unused images on every reachable node; what each removed,
+    /// together.
     pub async fn gc_images(&self, budget: Option<u64>) -> Result<GcReport, ApiError> {
-        self.node.image_gc(budget).await.map_err(node_error)
+        let mut all = GcReport::default();
+        for node in self.image_nodes()? {
+            let r = node.api.image_gc(budget).await.map_err(node_error)?;
+            all.removed.extend(r.removed);
+            all.used_before += r.used_before;
+            all.used_after += r.used_after;
+        }
+        Ok(all)
     }
 
-    /// Pulls `reference` onto `nodes` (every node when empty) ahead of the
-    /// sandboxes that will run it; what each node now holds.
+    /// Pulls `reference` onto `nodes` (every reachable node when empty)
+    /// ahead of the sandboxes that will run it, side by side; what each
+    /// node now holds.
     pub async fn prewarm(
         &self,
         reference: &str,
         nodes: &[String],
     ) -> Result<Vec<(String, ImageInfo)>, ApiError> {
-        let name = &self.node_name;
-        if let Some(unknown) = nodes.iter().find(|n| *n != name) {
-            return Err(ApiError::bad_request(format!(
-                "unknown node {unknown:?}; this cluster has {name:?} (see `GET /v1/nodes`), nothing was pulled"
-            )));
-        }
+        let targets = if nodes.is_empty() {
+            self.image_nodes()?
+        } else {
+            let mut targets = Vec::new();
+            for name in nodes {
+                let Some(node) = self.nodes.get(name) else {
+                    let known: Vec<String> =
+                        self.nodes.all().iter().map(|n| n.name.clone()).collect();
+                    return Err(ApiError::bad_request(format!(
+                        "unknown node {name:?}; this cluster has {known:?} (see `warren node ls`), nothing was pulled"
+                    )));
+                };
+                targets.push(node);
+            }
+            targets
+        };
         needs_registry(reference, "prewarm")?;
-        let image = self
-            .node
-            .image_for_create(reference)
+        let pulls = targets.iter().map(|node| async move {
+            node.api
+                .image_for_create(reference)
+                .await
+                .map(|image| (node.name.clone(), image))
+                .map_err(|e| prefixed(&node.name, e))
+        });
+        futures_util::future::join_all(pulls)
             .await
-            .map_err(node_error)?;
-        Ok(vec![(name.clone(), image)])
+            .into_iter()
+            .collect()
     }
 
+    /// Removes an image from every reachable node that has it.
     pub async fn remove_image(&self, reference: &str) -> Result<ImageInfo, ApiError> {
-        self.node.image_remove(reference).await.map_err(node_error)
+        let mut removed = None;
+        let mut not_found = None;
+        for node in self.image_nodes()? {
+            match node.api.image_remove(reference).await {
+                Ok(image) => removed = Some(image),
+                Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),
+                Err(e) => return Err(prefixed(&node.name, e)),
+            }
+        }
+        match (removed, not_found) {
+            (Some(image), _) => Ok(image),
+            (None, Some(e)) => Err(node_error(e)),
+            (None, None) => Err(ApiError::internal("no node answered")),
+        }
     }
+}
+
+/// A node's error, saying which node (a cluster has several).
+fn prefixed(node: &str, mut e: NodeError) -> ApiError {
+    e.message = format!("node {node}: {}", e.message);
+    node_error(e)
+}
+
+/// Writes a stream to an anonymous temporary file.
+async fn spool(mut archive: ByteStream) -> Result<tempfile::NamedTempFile, ApiError> {
+    use tokio::io::AsyncWriteExt;
+    let spool = tempfile::NamedTempFile::new()
+        .map_err(|e| ApiError::internal(format!("a temporary file for the archive: {e}")))?;
+    let file = spool
+        .reopen()
+        .map_err(|e| ApiError::internal(format!("a temporary file for the archive: {e}")))?;
+    let mut file = tokio::fs::File::from_std(file);
+    while let Some(chunk) = archive.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the archive: {e}")))?;
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| ApiError::internal(format!("spooling the archive: {e}")))?;
+    }
+    file.flush()
+        .await
+        .map_err(|e| ApiError::internal(format!("spooling the archive: {e}")))?;
+    Ok(spool)
 }

@@ -13,6 +13,8 @@ mod images;
 mod json_body;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nodes;
+pub mod placement;
 pub mod profiles;
 mod sandbox_io;
 mod sandbox_locks;
@@ -34,6 +36,23 @@ pub struct UpConfig {
     pub policy: warren_core::profile::Policy,
     /// Whether a clean stop destroys every sandbox.
     pub destroy_on_stop: bool,
+    /// The store: None for `<home>/warren.db`, or `sqlite:PATH`.
+    pub database: Option<String>,
+    /// What the control plane drives: its own node (`warren up`), or the
+    /// nodes that join it (a cluster).
+    pub nodes: NodeSource,
+}
+
+pub enum NodeSource {
+    /// One node, never given up (`warren up`).
+    Local(Arc<dyn NodeApi>),
+    /// Nodes join with the join token and are reached through `connect`;
+    /// a silent one is given up after `liveness`.
+    Cluster {
+        join_token: String,
+        connect: nodes::Connector,
+        liveness: nodes::Liveness,
+    },
 }
 
 /// Reads the API token from `<home>/token`, creating it (mode 0600) first.
@@ -49,9 +68,18 @@ pub fn ensure_secret(path: &Path) -> std::io::Result<String> {
             return Ok(t.trim().to_string());
         }
     }
-    let token: String = (0..32)
+    write_secret(path, &new_secret())
+}
+
+/// 32 random bytes as hex.
+pub fn new_secret() -> String {
+    (0..32)
         .map(|_| format!("{:02x}", rand::random::<u8>()))
-        .collect();
+        .collect()
+}
+
+/// Writes `token` to `path` (mode 0600, whole or not at all).
+pub fn write_secret(path: &Path, token: &str) -> std::io::Result<String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
@@ -64,7 +92,7 @@ pub fn ensure_secret(path: &Path) -> std::io::Result<String> {
     f.write_all(token.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    Ok(token)
+    Ok(token.to_string())
 }
 
 pub struct Up {
@@ -72,38 +100,87 @@ pub struct Up {
     pub token: String,
 }
 
-/// Starts the store and the event loop over `node`; returns the router to
+/// Starts the store, the nodes and the control loops; returns the router to
 /// serve.
-pub async fn start(cfg: &UpConfig, node: Arc<dyn NodeApi>) -> Result<(Up, axum::Router), String> {
+pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
-    let store = store::SqliteStore::open(&cfg.home.join("warren.db"))
+    let path = match cfg.database.as_deref() {
+        None => cfg.home.join("warren.db"),
+        Some(url) => match url.strip_prefix("sqlite:") {
+            Some(path) => PathBuf::from(path),
+            None => {
+                return Err(format!(
+                    "--database {url:?}: write sqlite:PATH (PostgreSQL URLs are not supported by this build yet)"
+                ))
+            }
+        },
+    };
+    let store = store::SqliteStore::open(&path)
         .await
-        .map_err(|e| e.to_string())?;
-    let store = Arc::new(store);
-    let info = node
-        .info()
-        .await
-        .map_err(|e| format!("asking the node what it lends: {e}"))?;
+        .map_err(|e| format!("the store {}: {e}", path.display()))?;
+    let store: Arc<dyn store::Store> = Arc::new(store);
+    let liveness = match &cfg.nodes {
+        NodeSource::Local(_) => None,
+        NodeSource::Cluster { liveness, .. } => Some(*liveness),
+    };
     let control = Arc::new(control::Control::new(
-        store,
-        node,
-        info,
+        store.clone(),
         cfg.queue_limit,
         cfg.policy.clone(),
         cfg.destroy_on_stop,
+        liveness,
     ));
+    let mut join = None;
+    match cfg.nodes {
+        NodeSource::Local(node) => {
+            let info = node
+                .info()
+                .await
+                .map_err(|e| format!("asking the node what it lends: {e}"))?;
+            let entry = control.add_node(node, info, String::new(), String::new(), false);
+            tokio::spawn(control.clone().follow_load(entry));
+        }
+        NodeSource::Cluster {
+            join_token,
+            connect,
+            ..
+        } => {
+            // Known nodes are expected back: silent ones are given up after
+            // the liveness timeouts, counted from now.
+            for rec in store.nodes().await.map_err(|e| e.to_string())? {
+                let api = connect(&rec.url, &rec.credential)
+                    .map_err(|e| format!("node {}: {e}", rec.name))?;
+                let info = warren_node_api::NodeInfo {
+                    name: rec.name.clone(),
+                    labels: rec.labels.clone(),
+                    allocatable: Default::default(),
+                    max_pids: 0,
+                    load: Default::default(),
+                };
+                control.add_node(
+                    api,
+                    info,
+                    rec.url.clone(),
+                    rec.credential.clone(),
+                    rec.cordoned,
+                );
+            }
+            join = Some(api::Join {
+                token: join_token,
+                connect,
+            });
+        }
+    }
     // The API is served while this runs (its calls wait for it); a
     // restart never waits on a sandbox before it answers `/healthz`.
     let recovering = control.clone();
     tokio::spawn(async move {
         match recovering.recover().await {
-            Ok(()) => {
-                recovering.lifecycle.set_ready();
-                // Events the node reported meanwhile wait in its feed.
-                tokio::spawn(recovering.clone().handle_node_events());
-            }
+            // Each node's events are followed from its reconciliation on
+            // (what it reported meanwhile waits in its feed).
+            Ok(()) => recovering.lifecycle.set_ready(),
             Err(e) => {
                 // The store cannot be read: nothing can be served.
                 eprintln!("warren up: recovery failed: {e}");
@@ -112,10 +189,11 @@ pub async fn start(cfg: &UpConfig, node: Arc<dyn NodeApi>) -> Result<(Up, axum::
         }
     });
     tokio::spawn(control.clone().reconcile());
-    tokio::spawn(control.clone().follow_load());
+    tokio::spawn(control.clone().watch_nodes());
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),
         token: token.clone(),
+        join,
     }));
     Ok((Up { control, token }, router))
 }

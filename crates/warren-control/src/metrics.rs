@@ -3,6 +3,7 @@
 //! per-sandbox usage, profiles) is read fresh at each scrape, so the series
 //! of a destroyed sandbox disappear with it.
 
+use crate::admission::Need;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
@@ -133,7 +134,15 @@ impl Metrics {
 
     pub async fn render(&self, control: &Control) -> String {
         let admission = &control.admission;
-        let (total, used, queued) = (admission.total(), admission.used(), admission.queued());
+        let (mut total, mut used) = (Need::default(), Need::default());
+        for n in admission.nodes() {
+            for (sum, add) in [(&mut total, n.total), (&mut used, n.used)] {
+                sum.cpu_millis += add.cpu_millis;
+                sum.memory += add.memory;
+                sum.slots += add.slots;
+            }
+        }
+        let queued = admission.queued();
         for (fam, need) in [(&self.allocatable, total), (&self.allocated, used)] {
             fam.get_or_create(&l(&[("resource", "cpu")]))
                 .set(need.cpu_millis as f64 / 1000.0);
@@ -143,8 +152,15 @@ impl Metrics {
                 .set(need.slots as f64);
         }
         self.queue_length.set(queued as i64);
+        // The cluster's mean (the one node's figure for `warren up`).
+        let busy: Vec<f64> = control
+            .nodes
+            .all()
+            .iter()
+            .map(|n| n.view().info.load.cpu_busy)
+            .collect();
         self.cpu_busy
-            .set(warren_core::sync::lock(&control.load).cpu_busy);
+            .set(busy.iter().sum::<f64>() / busy.len().max(1) as f64);
         self.sandboxes.clear();
         self.sandbox_cpu.clear();
         self.sandbox_memory.clear();

@@ -20,7 +20,10 @@ fn has_files(state: SandboxState) -> bool {
 impl Control {
     /// The sandbox exists and has files now (the node renews its lease on
     /// the file call; a refused one renews it here).
-    async fn file_access(&self, id: &str) -> Result<(), ApiError> {
+    async fn file_access(
+        &self,
+        id: &str,
+    ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
         let row = self.get(id).await?;
         if !has_files(row.state) {
             self.touch(id).await;
@@ -29,7 +32,7 @@ impl Control {
                 row.state
             )));
         }
-        Ok(())
+        self.api(&row.node)
     }
 
     pub async fn write_file(
@@ -38,38 +41,51 @@ impl Control {
         req: WriteFile,
         body: ByteStream,
     ) -> Result<(), ApiError> {
-        self.file_access(id).await?;
-        self.node
+        self.file_access(id)
+            .await?
             .write_file(id, req, body)
             .await
             .map_err(node_error)
     }
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<FileRead, ApiError> {
-        self.file_access(id).await?;
-        self.node.read_file(id, path).await.map_err(node_error)
+        self.file_access(id)
+            .await?
+            .read_file(id, path)
+            .await
+            .map_err(node_error)
     }
 
     /// The sandbox's log; with `follow`, until it has ended (or is held).
     pub async fn logs(&self, id: &str, follow: bool) -> Result<ByteStream, ApiError> {
-        self.get(id).await?;
-        let lines = self.node.logs(id, follow).await.map_err(node_error)?;
+        let row = self.get(id).await?;
+        let lines = self
+            .api(&row.node)?
+            .logs(id, follow)
+            .await
+            .map_err(node_error)?;
         Ok(lines.take_until(self.lifecycle.stopped()).boxed())
     }
 
     /// The logs of every sandbox matching `selector`, one after another in
     /// creation order, streamed line by line.
     pub async fn logs_by_label(&self, selector: &Selector) -> Result<ByteStream, ApiError> {
-        let node = self.node.clone();
-        let members = self.list(&[], selector).await?;
+        let members: Vec<_> = self
+            .list(&[], selector)
+            .await?
+            .into_iter()
+            .map(|s| (self.api(&s.node).ok(), s.id))
+            .collect();
         Ok(futures_util::stream::iter(members)
-            .then(move |s| {
-                let node = node.clone();
-                async move {
-                    // A sandbox whose log has expired has no lines to give.
-                    node.logs(&s.id, false)
+            .then(|(node, id)| async move {
+                // A sandbox whose log has expired (or whose node is gone)
+                // has no lines to give.
+                match node {
+                    Some(node) => node
+                        .logs(&id, false)
                         .await
-                        .unwrap_or_else(|_| futures_util::stream::empty().boxed())
+                        .unwrap_or_else(|_| futures_util::stream::empty().boxed()),
+                    None => futures_util::stream::empty().boxed(),
                 }
             })
             .flatten()
@@ -79,8 +95,11 @@ impl Control {
 
     /// A connection to `port` on the sandbox's loopback.
     pub async fn connect_port(&self, id: &str, port: u16) -> Result<Box<dyn Tunnel>, ApiError> {
-        self.get(id).await?;
-        self.node.connect_port(id, port).await.map_err(node_error)
+        let row = self.get(id).await?;
+        self.api(&row.node)?
+            .connect_port(id, port)
+            .await
+            .map_err(node_error)
     }
 
     /// The sandbox may live `ttl` from now.
@@ -99,7 +118,10 @@ impl Control {
                 row.state
             )));
         }
-        self.node.set_ttl(id, ttl).await.map_err(node_error)?;
+        self.api(&row.node)?
+            .set_ttl(id, ttl)
+            .await
+            .map_err(node_error)?;
         Ok(row)
     }
 
@@ -114,6 +136,9 @@ impl Control {
                 )));
             }
         }
-        self.node.commit(id, name).await.map_err(node_error)
+        self.api(&row.node)?
+            .commit(id, name)
+            .await
+            .map_err(node_error)
     }
 }

@@ -46,6 +46,20 @@ pub struct SandboxRow {
     pub grace: bool,
 }
 
+/// A node of a cluster, as the control plane remembers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub name: String,
+    /// Its node API (`http://host:port`).
+    pub url: String,
+    /// What the control plane shows the node (issued at join).
+    pub credential: String,
+    pub labels: Labels,
+    /// Takes no new sandboxes (an operator's `warren node cordon`).
+    pub cordoned: bool,
+    pub joined_at: String,
+}
+
 /// Fields a transition may set besides state and reason.
 #[derive(Debug, Default, Clone)]
 pub struct Transition<'a> {
@@ -56,6 +70,8 @@ pub struct Transition<'a> {
     /// every other transition).
     pub grace: bool,
     pub message: &'a str,
+    /// The node a queued create was placed on, when its turn came.
+    pub node: Option<&'a str>,
 }
 
 #[derive(Clone)]
@@ -190,6 +206,10 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
     /// A node-level event (type `node`); its sandbox id is empty.
     async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
+    /// Adds or replaces a node (a join, a re-join, a cordon).
+    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+    async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -243,7 +263,8 @@ impl Store for SqliteStore {
                 started_at = COALESCE(?, started_at),
                 finished_at = COALESCE(?, finished_at),
                 exit_code = COALESCE(?, exit_code),
-                grace = ?
+                grace = ?,
+                node = COALESCE(?, node)
              WHERE id = ?",
         )
         .bind(state.as_str())
@@ -252,6 +273,7 @@ impl Store for SqliteStore {
         .bind(t.finished_at)
         .bind(t.exit_code)
         .bind(t.grace)
+        .bind(t.node)
         .bind(id)
         .execute(tx.conn())
         .await?;
@@ -607,6 +629,58 @@ impl Store for SqliteStore {
             .await?;
         tx.commit().await?;
         self.wrote_event();
+        Ok(())
+    }
+
+    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at)
+             VALUES (?, ?, ?, ?, ?, ?)
+             ON CONFLICT (name) DO UPDATE SET url = excluded.url,
+                credential = excluded.credential, labels = excluded.labels,
+                cordoned = excluded.cordoned, joined_at = excluded.joined_at",
+        )
+        .bind(&node.name)
+        .bind(&node.url)
+        .bind(&node.credential)
+        .bind(json(&node.labels))
+        .bind(node.cordoned)
+        .bind(&node.joined_at)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM nodes ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let name: String = r.try_get("name")?;
+                let labels: String = r.try_get("labels")?;
+                Ok(NodeRecord {
+                    labels: serde_json::from_str(&labels)
+                        .map_err(|e| StoreError::Corrupt(name.clone(), e.to_string()))?,
+                    name,
+                    url: r.try_get("url")?,
+                    credential: r.try_get("credential")?,
+                    cordoned: r.try_get("cordoned")?,
+                    joined_at: r.try_get("joined_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("DELETE FROM nodes WHERE name = ?")
+            .bind(name)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -54,15 +54,15 @@ async fn plane_with(
     let info = node.info().await?;
     let control = Arc::new(Control::new(
         store,
-        node.clone(),
-        info,
         16,
         Default::default(),
         destroy_on_stop,
+        None,
     ));
+    control.add_node(node.clone(), info, String::new(), String::new(), false);
+    // Reconciling the node starts following its events.
     control.recover().await.map_err(|e| e.message)?;
     control.lifecycle.set_ready();
-    tokio::spawn(control.clone().handle_node_events());
     Ok(Plane { control, dir })
 }
 
@@ -487,7 +487,7 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
         "unrecorded sandbox destroyed"
     );
     // Capacity: three held (running, paused, kept) of eight.
-    assert_eq!(c.admission.used().slots, 3);
+    assert_eq!(c.admission.nodes()[0].used.slots, 3);
     Ok(())
 }
 

@@ -12,3 +12,44 @@ pub fn registry_host(reference: &str) -> Option<&str> {
     }
     (first == "localhost" || first.contains('.') || first.contains(':')).then_some(first)
 }
+
+/// A registry reference pinned to `digest` (`host/repo@sha256:…`), so every
+/// node pulls exactly that image whatever the tag points at later; None for
+/// a local name (each node resolves it in its own store).
+pub fn pinned(reference: &str, digest: &str) -> Option<String> {
+    let host = registry_host(reference)?;
+    let path = &reference[host.len()..];
+    let path = path.split_once('@').map_or(path, |(p, _)| p);
+    // A tag is a `:` after the last `/` (a port sits in the host).
+    let path = match path.rsplit_once('/') {
+        Some((dir, last)) => match last.split_once(':') {
+            Some((name, _)) => &path[..dir.len() + 1 + name.len()],
+            None => path,
+        },
+        None => path,
+    };
+    Some(format!("{host}{path}@{digest}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinning_drops_the_tag_and_keeps_the_port() {
+        let d = "sha256:ab";
+        assert_eq!(
+            pinned("127.0.0.1:5000/team/app:v1", d).as_deref(),
+            Some("127.0.0.1:5000/team/app@sha256:ab")
+        );
+        assert_eq!(
+            pinned("ghcr.io/o/app", d).as_deref(),
+            Some("ghcr.io/o/app@sha256:ab")
+        );
+        assert_eq!(
+            pinned("localhost/app@sha256:00", d).as_deref(),
+            Some("localhost/app@sha256:ab")
+        );
+        assert_eq!(pinned("busybox:latest", d), None);
+    }
+}

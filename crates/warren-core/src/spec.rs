@@ -182,6 +182,25 @@ impl fmt::Display for ReclaimPolicy {
     }
 }
 
+/// How the scheduler chooses among the nodes a sandbox fits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// The node with the most of the scarcest requested resource left (the
+    /// default: load spreads, one busy node does not slow a batch).
+    #[default]
+    Spread,
+    /// The node with the least left that still fits (GPU nodes: whole
+    /// nodes stay free for the large requests).
+    Pack,
+}
+
+impl Placement {
+    pub fn is_spread(&self) -> bool {
+        *self == Placement::Spread
+    }
+}
+
 /// What a client asks for. Every size is optional; `resolve` fills defaults.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -227,6 +246,11 @@ pub struct SandboxSpec {
     /// Client-chosen id that makes a create idempotent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// Labels a node must carry (each `key=value`) to run this sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: Labels,
+    #[serde(default, skip_serializing_if = "Placement::is_spread")]
+    pub placement: Placement,
 }
 
 /// A spec with every resource decided; this is what a node runs.
@@ -380,6 +404,7 @@ impl SandboxSpec {
             return Err(SpecError::Gpus);
         }
         labels::validate(&self.labels)?;
+        labels::validate(&self.node_selector)?;
         // A profile is named like a label value (it is often the `task`
         // label), so the profile table can be exported and imported again.
         if let Some(p) = &self.profile {

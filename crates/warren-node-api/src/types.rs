@@ -232,3 +232,21 @@ pub struct Pushed {
     pub uploaded: usize,
     pub mounted: usize,
 }
+
+/// A node asks to join a cluster (`POST /v1/nodes/join` on the control
+/// plane, with the join token).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// Where the control plane reaches the node's API (`http://host:port`).
+    pub url: String,
+    /// The node as it describes itself (name, labels, what it lends).
+    pub info: NodeInfo,
+}
+
+/// The control plane's answer to a join: the credential it will show the
+/// node from now on, and with which the node's heartbeats are sent
+/// (`POST /v1/nodes/{name}/heartbeat`, body `NodeInfo`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Joined {
+    pub credential: String,
+}

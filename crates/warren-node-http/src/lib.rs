@@ -27,4 +27,4 @@ mod server;
 mod wire;
 
 pub use client::HttpNode;
-pub use server::{router, serve};
+pub use server::{router, serve, Credential};

@@ -81,8 +81,9 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
-pub fn router(node: Arc<dyn NodeApi>, credential: String) -> Router {
-    if credential.is_empty() {
+pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Router {
+    let credential = credential.into();
+    if lock(&credential.0).is_empty() {
         tracing::warn!("the node API has an empty credential: it refuses every request");
     }
     let api = Router::new()
@@ -111,7 +112,6 @@ pub fn router(node: Arc<dyn NodeApi>, credential: String) -> Router {
         .route("/images/gc", post(image_gc))
         .method_not_allowed_fallback(wrong_method)
         .with_state(node);
-    let credential: Arc<[u8]> = credential.into_bytes().into();
     Router::new()
         .nest(&format!("/{}", PREFIX.join("/")), api)
         .fallback(no_route)
@@ -121,7 +121,24 @@ pub fn router(node: Arc<dyn NodeApi>, credential: String) -> Router {
         .layer(middleware::from_fn_with_state(credential, auth))
 }
 
-async fn auth(State(credential): State<Arc<[u8]>>, req: Request, next: Next) -> Response {
+/// The credential the node API takes; a node that joins a cluster learns
+/// it from the control plane after its API is up, and again at a re-join.
+#[derive(Clone, Default)]
+pub struct Credential(Arc<Mutex<Arc<[u8]>>>);
+
+impl Credential {
+    pub fn set(&self, credential: &str) {
+        *lock(&self.0) = credential.as_bytes().into();
+    }
+}
+
+impl From<String> for Credential {
+    fn from(s: String) -> Self {
+        Credential(Arc::new(Mutex::new(s.into_bytes().into())))
+    }
+}
+
+async fn auth(State(credential): State<Credential>, req: Request, next: Next) -> Response {
     use subtle::ConstantTimeEq;
     let given = req
         .headers()
@@ -129,6 +146,7 @@ async fn auth(State(credential): State<Arc<[u8]>>, req: Request, next: Next) -> 
         .map(HeaderValue::as_bytes)
         .and_then(bearer)
         .unwrap_or(b"");
+    let credential = lock(&credential.0).clone();
     // An empty credential would let a request without any header in.
     if !credential.is_empty() && bool::from(given.ct_eq(&credential)) {
         return next.run(req).await;

@@ -117,7 +117,7 @@ impl NodeApi for LocalNode {
         let sandboxes = lock(&n.live).len() as u32;
         Ok(NodeInfo {
             name: n.name.clone(),
-            labels: Default::default(),
+            labels: n.labels.clone(),
             allocatable: n.allocatable,
             max_pids: n.max_pids,
             load: api::Load {
@@ -157,11 +157,33 @@ impl NodeApi for LocalNode {
             ));
         }
         let id = req.id.clone();
-        let image = self
-            .node
-            .resolve_image(&req.image_digest)
-            .await
-            .map_err(contract_error)?;
+        let image = match self.node.resolve_image(&req.image_digest).await {
+            Ok(image) => image,
+            // In a cluster the control plane may have resolved the tag on
+            // another node: this node fetches exactly that digest.
+            Err(e) => match warren_core::image_ref::pinned(&req.spec.image, &req.image_digest) {
+                Some(pinned) => {
+                    let image = self
+                        .node
+                        .pull_image(&pinned, None)
+                        .await
+                        .map_err(contract_error)?;
+                    self.node
+                        .check_image(&image)
+                        .await
+                        .map_err(contract_error)?;
+                    image
+                }
+                None => {
+                    let mut e = contract_error(e);
+                    e.message = format!(
+                        "{} (image {:?} is local to each node: import it on every node, e.g. with `warren image import` through the control plane)",
+                        e.message, req.spec.image
+                    );
+                    return Err(e);
+                }
+            },
+        };
         self.node
             .create(req, &image)
             .await

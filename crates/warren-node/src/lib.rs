@@ -102,6 +102,7 @@ pub struct Node {
     cpu: Mutex<CpuBusy>,
     checked_images: Mutex<std::collections::HashSet<String>>,
     name: String,
+    labels: std::collections::BTreeMap<String, String>,
     allocatable: Resources,
     /// Most processes all sandboxes together may run.
     max_pids: u32,
@@ -153,7 +154,10 @@ impl Node {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1) as u64;
-        let total = cap.allocatable(cores * 1000, host_memory());
+        let total = cap.allocatable(
+            cap.capacity.0.unwrap_or(cores * 1000),
+            cap.capacity.1.unwrap_or_else(host_memory),
+        );
         // Host-wide tables (see warren_runtime::host_tables): warned about,
         // not fatal, where the host does not let us set them.
         let max_pids = warren_runtime::host_tables::pid_budget();
@@ -177,6 +181,7 @@ impl Node {
             ready: watch::Sender::new(false),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
+            labels: cfg.labels,
             home: cfg.home,
             runtime,
             puller: Puller::new(

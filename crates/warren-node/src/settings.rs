@@ -10,6 +10,8 @@ pub const DEFAULT_DISK: u64 = 10 << 30;
 pub struct NodeConfig {
     pub home: PathBuf,
     pub name: String,
+    /// What node selectors match (a cluster's scheduler).
+    pub labels: std::collections::BTreeMap<String, String>,
     pub spawner_exe: PathBuf,
     pub spawner_args: Vec<String>,
     pub spawners: usize,
@@ -49,6 +51,9 @@ pub struct NodeSettings {
     pub image_budget: Option<u64>,
     /// Each sandbox in its own user namespace (see warren_runtime::userns).
     pub userns: bool,
+    /// The host's size as the node counts it, when not the whole host
+    /// (millicores, bytes): a node lending a share of a shared host.
+    pub capacity: (Option<u64>, Option<u64>),
 }
 impl NodeSettings {
     /// What the node lends to sandboxes on a host of this size. The
@@ -81,6 +86,7 @@ impl Default for NodeSettings {
             egress: warren_net::Settings::default(),
             image_budget: None,
             userns: true,
+            capacity: (None, None),
         }
     }
 }

@@ -37,6 +37,13 @@ pub struct Cli {
 pub enum Command {
     /// Run control plane, node agent and SQLite store in one process.
     Up(UpArgs),
+    /// Run a cluster's control plane: the public API, scheduler and store;
+    /// nodes join it with `warren node`.
+    Server(ServerArgs),
+    /// Run a node agent that joins a `warren server` (`warren node --server
+    /// URL --join-token FILE`), or manage the cluster's nodes (`ls`,
+    /// `cordon`, `uncordon`, `rm`).
+    Node(NodeArgs),
     /// Manage images.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -165,18 +172,9 @@ pub enum NodeTransport {
     Http,
 }
 
+/// How a node lends its host (`warren up` and `warren node`).
 #[derive(Args)]
-pub struct UpArgs {
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub listen: SocketAddr,
-    /// How the control plane reaches its node: in the same process, or
-    /// over HTTP through the node API (as in a cluster; on loopback here).
-    #[arg(long, value_enum, default_value_t = NodeTransport::InProcess)]
-    pub node_transport: NodeTransport,
-    /// Where the node API listens with `--node-transport http` (it takes
-    /// the node credential in `<home>/node-credential`, never the API token).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub node_listen: SocketAddr,
+pub struct NodeOpts {
     /// Spawner processes (parallel sandbox creations); default: one per core.
     #[arg(long)]
     pub spawners: Option<usize>,
@@ -192,9 +190,6 @@ pub struct UpArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 4096)]
     pub max_sandboxes: u32,
-    /// Creates that may wait for capacity; more get 429 with a retry hint.
-    #[arg(long, default_value_t = 1024)]
-    pub queue_limit: usize,
     /// Sandboxes initialising at once; default 8 per core.
     #[arg(long)]
     pub max_initializing: Option<usize>,
@@ -248,11 +243,115 @@ pub struct UpArgs {
     /// Whole node: egress connections open at once.
     #[arg(long, default_value_t = 16384)]
     pub net_node_max_conns: usize,
+    /// The node's CPU in cores, instead of the host's (overcommit and
+    /// reserve apply to it): to lend a share of a shared host.
+    #[arg(long)]
+    pub capacity_cpu: Option<String>,
+    /// The node's memory, instead of the host's (e.g. 2G).
+    #[arg(long)]
+    pub capacity_memory: Option<String>,
+}
+
+/// How the control plane admits and learns (`warren up` and `warren server`).
+#[derive(Args)]
+pub struct ControlOpts {
+    /// Creates that may wait for capacity; more get 429 with a retry hint.
+    #[arg(long, default_value_t = 1024)]
+    pub queue_limit: usize,
     /// Profile recommendations are peak × margin, per resource.
     #[arg(long, default_value_t = 1.5)]
     pub cpu_margin: f64,
     #[arg(long, default_value_t = 1.5)]
     pub memory_margin: f64,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// How the control plane reaches its node: in the same process, or
+    /// over HTTP through the node API (as in a cluster; on loopback here).
+    #[arg(long, value_enum, default_value_t = NodeTransport::InProcess)]
+    pub node_transport: NodeTransport,
+    /// Where the node API listens with `--node-transport http` (it takes
+    /// the node credential in `<home>/node-credential`, never the API token).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub node_listen: SocketAddr,
+    #[command(flatten)]
+    pub control: ControlOpts,
+    #[command(flatten)]
+    pub node: NodeOpts,
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct ServerArgs {
+    /// Where the public API (and node joins and heartbeats) are served.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// The state store: `sqlite:PATH` (default `<home>/warren.db`) or
+    /// `postgres://user@host/db` for replicas sharing one database.
+    #[arg(long)]
+    pub database: Option<String>,
+    #[command(flatten)]
+    pub control: ControlOpts,
+    #[command(subcommand)]
+    pub command: Option<ServerCmd>,
+}
+
+#[derive(Subcommand)]
+pub enum ServerCmd {
+    /// Print the token nodes join with (`<home>/join-token`, made on first
+    /// use); --rotate replaces it (nodes already joined stay joined).
+    JoinToken {
+        #[arg(long)]
+        rotate: bool,
+    },
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct NodeArgs {
+    /// The control plane to join (`http://host:7070`).
+    #[arg(long, required = true)]
+    pub server: Option<String>,
+    /// File holding the join token (`warren server join-token` prints it).
+    #[arg(long, required = true)]
+    pub join_token: Option<PathBuf>,
+    /// Where this node's API listens (it takes only the credential the
+    /// control plane received at join, never a user's API token).
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub listen: SocketAddr,
+    /// The URL the control plane reaches this node's API at (default:
+    /// http:// and the --listen address; set it when listening on 0.0.0.0).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// This node's name in the cluster (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A label the scheduler's node selectors match, e.g. `gpu=h200`.
+    /// Repeatable.
+    #[arg(long = "label", short = 'l', value_name = "K=V")]
+    pub labels: Vec<String>,
+    #[command(flatten)]
+    pub node: NodeOpts,
+    #[command(subcommand)]
+    pub command: Option<NodeCmd>,
+}
+
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    /// List the cluster's nodes: state, labels, capacity, allocation, load.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop placing sandboxes on a node (what runs there stays).
+    Cordon { name: String },
+    /// Place sandboxes on a node again.
+    Uncordon { name: String },
+    /// Remove a node from the cluster: its sandboxes become `lost`.
+    Rm { name: String },
 }
 
 #[derive(Subcommand)]
@@ -400,6 +499,14 @@ pub struct CreateArgs {
     /// Idempotency key: a repeated create with the same id returns the first sandbox.
     #[arg(long)]
     pub request_id: Option<String>,
+    /// Run only on a node carrying this label (a cluster), e.g. `gpu=h200`.
+    /// Repeatable: every one must match.
+    #[arg(long = "node-selector", value_name = "K=V")]
+    pub node_selector: Vec<String>,
+    /// How nodes are chosen: `spread` (the most free, the default) or
+    /// `pack` (the fullest that fits, for GPU nodes).
+    #[arg(long)]
+    pub placement: Option<String>,
 }
 
 #[derive(Args)]

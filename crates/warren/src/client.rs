@@ -143,6 +143,24 @@ impl Client {
         resp.json().await.context("decoding the API response")
     }
 
+    pub async fn nodes(&self) -> Result<Vec<Value>> {
+        self.json(self.request(Method::GET, "/v1/nodes")).await
+    }
+
+    /// Cordons (or uncordons) a node.
+    pub async fn cordon_node(&self, name: &str, cordoned: bool) -> Result<()> {
+        let action = if cordoned { "cordon" } else { "uncordon" };
+        self.send(self.request(Method::POST, &format!("/v1/nodes/{name}/{action}")))
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove_node(&self, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &format!("/v1/nodes/{name}")))
+            .await
+            .map(drop)
+    }
+
     pub async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         self.json(self.request(Method::POST, "/v1/sandboxes").json(spec))
             .await

@@ -15,6 +15,7 @@ mod files;
 mod images;
 mod logs;
 mod network;
+mod nodes;
 mod port_forward;
 mod profiles;
 mod sandboxes;
@@ -24,7 +25,12 @@ mod spec;
 pub async fn run(cli: Cli) -> Result<i32> {
     let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
     match cli.command {
-        Command::Up(args) => crate::up::run(&cli.home, args).await,
+        Command::Up(args) => crate::daemon::up::run(&cli.home, args).await,
+        Command::Server(args) => crate::daemon::server::run(&cli.home, args).await,
+        Command::Node(args) => match args.command {
+            Some(cmd) => nodes::run(&client()?, cmd).await,
+            None => crate::daemon::node_agent::run(&cli.home, args).await,
+        },
         Command::Spawner => unreachable!("dispatched before the runtime starts"),
         Command::Image(cmd) => images::run(&client()?, cmd).await,
         Command::Create(args) => sandboxes::create(&client()?, &args).await,

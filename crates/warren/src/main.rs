@@ -3,7 +3,7 @@
 mod cli;
 mod client;
 mod commands;
-mod up;
+mod daemon;
 
 use clap::Parser;
 
@@ -30,7 +30,12 @@ fn main() {
         });
         std::process::exit(code);
     }
-    if !matches!(args.command, cli::Command::Up(_)) {
+    let daemon = match &args.command {
+        cli::Command::Up(_) | cli::Command::Server(_) => true,
+        cli::Command::Node(n) => n.command.is_none(),
+        _ => false,
+    };
+    if !daemon {
         // A client command piped into `head` should end quietly, like any
         // Unix tool, instead of panicking on a broken pipe.
         // SAFETY: setting a signal disposition to SIG_DFL before any thread exists.

@@ -39,7 +39,11 @@ use sandboxes::*;
 pub struct AppState {
     pub control: Arc<Control>,
     pub token: String,
+    /// How nodes join (a cluster's control plane); None for `warren up`.
+    pub join: Option<Join>,
 }
+
+pub use nodes::Join;
 
 pub(crate) type St = State<Arc<AppState>>;
 
@@ -112,6 +116,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/events", get(events))
         .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/nodes/{name}/cordon", post(cordon))
+        .route("/v1/nodes/{name}/uncordon", post(uncordon))
+        .route("/v1/nodes/{name}", axum::routing::delete(remove))
         .route("/v1/profiles", get(list_profiles))
         .route("/v1/profiles/export", get(export_profiles))
         .route("/v1/profiles/import", post(import_profiles))
@@ -135,6 +142,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(healthz))
+        .merge(nodes::agent_routes())
         .merge(api)
         // For bodies read whole (JSON); uploads and image imports stream.
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))

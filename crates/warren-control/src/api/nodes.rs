@@ -1,26 +1,167 @@
-//! `/v1/nodes`: what each node lends and holds.
+//! `/v1/nodes`: what each node lends, holds and how it stands; joins and
+//! heartbeats from node agents; cordons and removals by operators.
 
-use axum::extract::State;
-use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap};
+use axum::routing::post;
+use axum::{Json, Router};
+use warren_core::ApiError;
+use warren_node_api::{JoinRequest, Joined, NodeInfo as Described};
 
-use super::St;
+use super::{ApiResult, AppState, Failure, St};
+use crate::json_body::JsonBody;
+use crate::nodes::{Connector, Health};
+
+/// How nodes join a cluster's control plane.
+pub struct Join {
+    /// What `warren node --join-token FILE` must show.
+    pub token: String,
+    pub connect: Connector,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct NodeLoad {
+    cpu_busy: f64,
+    disk_pressure: bool,
+}
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub(crate) struct NodeInfo {
     name: String,
+    /// ready, unreachable or lost.
+    state: Health,
+    cordoned: bool,
+    labels: warren_core::Labels,
+    /// Where the control plane reaches it (empty for `warren up`'s own).
+    url: String,
     allocatable: crate::admission::Need,
     allocated: crate::admission::Need,
+    /// Sandboxes being created on it now.
+    initializing: u32,
+    /// Sandboxes it holds, as it last reported.
+    sandboxes: u32,
+    load: NodeLoad,
+    /// Milliseconds since it was last heard from.
+    last_seen_ms: u64,
+    /// Creates waiting for room (the queue is the cluster's, shared).
     queued: usize,
 }
 
-/// Nodes with their allocatable and allocated capacity and queue length.
+/// Nodes with their state, labels, capacity, allocation and load.
 #[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeInfo])))]
 pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
-    let admission = &st.control.admission;
-    Json(vec![NodeInfo {
-        name: st.control.node_name.clone(),
-        allocatable: admission.total(),
-        allocated: admission.used(),
-        queued: admission.queued(),
-    }])
+    let control = &st.control;
+    let usage: std::collections::HashMap<String, crate::admission::NodeUse> = control
+        .admission
+        .nodes()
+        .into_iter()
+        .map(|n| (n.name.clone(), n))
+        .collect();
+    let queued = control.admission.queued();
+    Json(
+        control
+            .nodes
+            .all()
+            .into_iter()
+            .map(|n| {
+                let v = n.view();
+                let used = usage.get(&n.name);
+                NodeInfo {
+                    name: n.name.clone(),
+                    state: v.health,
+                    cordoned: v.cordoned,
+                    labels: v.info.labels.clone(),
+                    url: v.url.clone(),
+                    allocatable: v.info.allocatable,
+                    allocated: used.map(|u| u.used).unwrap_or_default(),
+                    initializing: used.map_or(0, |u| u.initializing),
+                    sandboxes: v.info.load.sandboxes,
+                    load: NodeLoad {
+                        cpu_busy: v.info.load.cpu_busy,
+                        disk_pressure: v.info.load.disk_pressure,
+                    },
+                    last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
+                    queued,
+                }
+            })
+            .collect(),
+    )
+}
+
+pub(crate) async fn cordon(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
+    st.control.set_cordoned(&name, true).await?;
+    Ok(Json(()))
+}
+
+pub(crate) async fn uncordon(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
+    st.control.set_cordoned(&name, false).await?;
+    Ok(Json(()))
+}
+
+pub(crate) async fn remove(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
+    st.control.remove_node(&name).await?;
+    Ok(Json(()))
+}
+
+/// Routes node agents call, each with its own secret instead of the API
+/// token: the join token to join, the node credential to heartbeat.
+pub(crate) fn agent_routes() -> Router<std::sync::Arc<AppState>> {
+    Router::new()
+        .route("/v1/nodes/join", post(join))
+        .route("/v1/nodes/{name}/heartbeat", post(heartbeat))
+}
+
+fn bearer(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+}
+
+fn unauthorized(what: &str) -> Failure {
+    Failure(ApiError::new(warren_core::ErrorCode::Unauthorized, what))
+}
+
+async fn join(
+    State(st): St,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<JoinRequest>,
+) -> ApiResult<Json<Joined>> {
+    let Some(join) = &st.join else {
+        return Err(Failure(ApiError::conflict(
+            "this control plane drives its own node (`warren up`); nodes join a `warren server`",
+        )));
+    };
+    use subtle::ConstantTimeEq;
+    let given = bearer(&headers);
+    if join.token.is_empty() || !bool::from(given.as_bytes().ct_eq(join.token.as_bytes())) {
+        return Err(unauthorized(
+            "wrong join token: pass the file `warren server join-token` printed (--join-token FILE)",
+        ));
+    }
+    Ok(Json(st.control.join_node(req, &join.connect).await?))
+}
+
+async fn heartbeat(
+    State(st): St,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    JsonBody(info): JsonBody<Described>,
+) -> ApiResult<Json<()>> {
+    if !st.control.node_credential_ok(&name, bearer(&headers)) {
+        // Unknown (removed, or a control plane that lost its records) or a
+        // stale credential: the agent joins again.
+        return Err(unauthorized(&format!(
+            "node {name:?} is not joined with this credential; join again"
+        )));
+    }
+    if info.name != name {
+        return Err(Failure(ApiError::bad_request(format!(
+            "a heartbeat for {name:?} describes node {:?}",
+            info.name
+        ))));
+    }
+    st.control.heartbeat(&name, info);
+    Ok(Json(()))
 }

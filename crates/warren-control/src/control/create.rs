@@ -9,8 +9,7 @@ use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, NodeError, SandboxStatus};
 
 use super::{new_id, node_error, Control};
-use crate::admission::Need;
-use crate::admission::{Admit, AdmitError};
+use crate::admission::{Admit, AdmitError, Request};
 use crate::store::{SandboxRow, StoreError, Transition};
 
 /// What the node is asked to run for a record.
@@ -22,7 +21,68 @@ pub(crate) fn create_request(row: &SandboxRow) -> CreateSandbox {
         image_digest: row.image_digest.clone(),
     }
 }
+/// What a client is told when admission refuses.
+pub(crate) fn admit_error(e: AdmitError) -> ApiError {
+    let code = match e {
+        AdmitError::QueueFull(_) => {
+            return ApiError {
+                code: warren_core::ErrorCode::TooManyRequests,
+                message: e.to_string(),
+                retry_after_ms: Some(1000),
+            }
+        }
+        AdmitError::NoNode(_) => {
+            return ApiError {
+                code: warren_core::ErrorCode::NoCapacity,
+                message: e.to_string(),
+                retry_after_ms: Some(5000),
+            }
+        }
+        AdmitError::Closed => warren_core::ErrorCode::Unavailable,
+        AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
+            warren_core::ErrorCode::BadRequest
+        }
+    };
+    ApiError::new(code, e.to_string())
+}
+
 impl Control {
+    /// The node that resolves a create's image reference (and checks the
+    /// image): a reachable node the create may run on, not short of disk.
+    pub(crate) fn resolver(
+        &self,
+        selector: &warren_core::Labels,
+    ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
+        let candidates: Vec<_> = self
+            .nodes
+            .all()
+            .into_iter()
+            .map(|n| (n.view(), n))
+            .filter(|(v, _)| {
+                v.health == crate::nodes::Health::Ready
+                    && crate::placement::selects(selector, &v.info.labels)
+            })
+            .collect();
+        if candidates.is_empty() {
+            let which = if selector.is_empty() {
+                "is reachable".to_string()
+            } else {
+                let sel: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("carrying the labels {} is reachable", sel.join(","))
+            };
+            return Err(admit_error(AdmitError::NoNode(which)));
+        }
+        candidates
+            .into_iter()
+            .find(|(v, _)| !v.info.load.disk_pressure)
+            .map(|(_, n)| n.api.clone())
+            .ok_or_else(|| ApiError {
+                code: warren_core::ErrorCode::NoCapacity,
+                message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
+                retry_after_ms: Some(5000),
+            })
+    }
+
     /// Validates, admits (or queues) and creates a sandbox. The work runs in
     /// its own task, so a client that disconnects cannot leave a sandbox
     /// half made. With `wait == false` a queued create answers at once.
@@ -43,36 +103,20 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
-        if warren_core::sync::lock(&self.load).disk_pressure {
-            return Err(ApiError {
-                code: warren_core::ErrorCode::NoCapacity,
-                message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
-                retry_after_ms: Some(5000),
-            });
-        }
         let image = self
-            .node
+            .resolver(&spec.node_selector)?
             .image_for_create(&spec.image)
             .await
             .map_err(node_error)?;
         let id = new_id();
         let admit = self
             .admission
-            .admit(&id, Need::of(&resources), resources.pids)
-            .map_err(|e| match e {
-                AdmitError::QueueFull(_) => ApiError {
-                    code: warren_core::ErrorCode::TooManyRequests,
-                    message: e.to_string(),
-                    retry_after_ms: Some(1000),
-                },
-                AdmitError::Closed => {
-                    ApiError::new(warren_core::ErrorCode::Unavailable, e.to_string())
-                }
-                AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
-                    ApiError::bad_request(e.to_string())
-                }
-            })?;
-        let queued = matches!(admit, Admit::Queued { .. });
+            .admit(&id, Request::of(&spec, &resources))
+            .map_err(admit_error)?;
+        let (queued, node) = match &admit {
+            Admit::Now(node) => (false, node.clone()),
+            Admit::Queued { .. } => (true, String::new()),
+        };
         let row = SandboxRow {
             id: id.clone(),
             state: if queued {
@@ -87,7 +131,7 @@ impl Control {
             },
             spec: spec.clone(),
             resources: resources.clone(),
-            node: self.node_name.clone(),
+            node,
             image_digest: image.digest.clone(),
             created_at: now_rfc3339(),
             started_at: None,
@@ -97,7 +141,7 @@ impl Control {
         };
         let this = self.clone();
         let task = match admit {
-            Admit::Now => tokio::spawn(async move { this.create_admitted(row).await }),
+            Admit::Now(_) => tokio::spawn(async move { this.create_admitted(row).await }),
             Admit::Queued { ready, .. } => {
                 // The queued record is what a client polls; it must exist first.
                 if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
@@ -127,20 +171,20 @@ impl Control {
     pub(crate) async fn wait_then_start(
         self: Arc<Self>,
         row: SandboxRow,
-        ready: tokio::sync::oneshot::Receiver<()>,
+        ready: tokio::sync::oneshot::Receiver<String>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let queued_at = std::time::Instant::now();
         let waited = ready.await;
         self.metrics
             .queue_wait_seconds
             .observe(queued_at.elapsed().as_secs_f64());
-        if waited.is_err() {
+        let Ok(node) = waited else {
             return Err(ApiError::conflict(format!(
                 "sandbox {} left the queue before its turn (deleted, or the daemon is stopping)",
                 row.id
             )));
-        }
-        self.start_queued(row).await
+        };
+        self.start_queued(row, node).await
     }
 
     /// A replayed create (same request id) answers what the first one
@@ -190,13 +234,20 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
+        let node = match self.api(&row.node) {
+            Ok(node) => node,
+            Err(e) => {
+                self.admission.release(&id);
+                return Err(e);
+            }
+        };
         let (inserted, created) = tokio::join!(
             self.store.insert(&row, row.spec.request_id.as_deref()),
-            self.node.create(create_request(&row))
+            node.create(create_request(&row))
         );
         if let Err(e) = inserted {
             if created.is_ok() {
-                let _ = self.node.destroy(&id, reason::CREATE_FAILED).await;
+                let _ = node.destroy(&id, reason::CREATE_FAILED).await;
             }
             self.admission.release(&id);
             return self.insert_failed(e, &row.spec).await;
@@ -205,10 +256,11 @@ impl Control {
         self.finish_create(&id, created).await
     }
 
-    /// A queued create whose turn has come.
+    /// A queued create whose turn has come, on `node`.
     pub(crate) async fn start_queued(
         &self,
-        row: SandboxRow,
+        mut row: SandboxRow,
+        node: String,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
@@ -220,16 +272,22 @@ impl Control {
             )));
         }
         let now = now_rfc3339();
+        let api = match self.api(&node) {
+            Ok(api) => api,
+            Err(e) => {
+                self.admission.release(&id);
+                return Err(e);
+            }
+        };
+        let t = Transition {
+            node: Some(&node),
+            ..Default::default()
+        };
         self.store
-            .transition(
-                &id,
-                SandboxState::Creating,
-                reason::ADMITTED,
-                &now,
-                Transition::default(),
-            )
+            .transition(&id, SandboxState::Creating, reason::ADMITTED, &now, t)
             .await?;
-        let created = self.node.create(create_request(&row)).await;
+        row.node = node;
+        let created = api.create(create_request(&row)).await;
         self.finish_create(&id, created).await
     }
 
@@ -245,11 +303,12 @@ impl Control {
                     started_at: Some(&started),
                     ..Default::default()
                 };
+                self.admission.started(id);
                 self.store
                     .transition(id, SandboxState::Running, reason::READY, &started, t)
                     .await?;
                 let row = self.get(id).await?;
-                if let Err(e) = self.node.start_main(id).await {
+                if let Err(e) = self.api(&row.node)?.start_main(id).await {
                     let message = e.to_string();
                     let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
                     return Err(ApiError::internal(format!(

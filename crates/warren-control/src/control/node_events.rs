@@ -20,13 +20,16 @@ impl Control {
     /// reports each end once, and a TTL that fired must still end its
     /// sandbox when the store works again. A feed that ends (a lost
     /// connection) is followed again from the last event handled.
-    pub async fn handle_node_events(self: Arc<Self>) {
+    ///
+    /// Runs while `entry` is the node registered under its name and the
+    /// control plane runs.
+    pub async fn handle_node_events(self: Arc<Self>, entry: Arc<crate::nodes::NodeEntry>) {
         let mut seen = 0u64;
-        loop {
-            let mut feed = match self.node.events(seen).await {
+        while self.nodes.is_current(&entry) && !self.lifecycle.is_stopping() {
+            let mut feed = match entry.api.events(seen).await {
                 Ok(feed) => feed,
                 Err(e) => {
-                    tracing::warn!(error = %e, "following the node's events; retrying");
+                    tracing::debug!(node = %entry.name, error = %e, "following a node's events; retrying");
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     continue;
                 }
@@ -34,16 +37,17 @@ impl Control {
             while let Some(ev) = feed.next().await {
                 seen = ev.seq;
                 let this = self.clone();
-                tokio::spawn(async move { this.handle_node_event(ev.event).await });
+                let node = entry.name.clone();
+                tokio::spawn(async move { this.handle_node_event(&node, ev.event).await });
             }
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     }
 
-    pub(crate) async fn handle_node_event(self: Arc<Self>, ev: NodeEvent) {
+    pub(crate) async fn handle_node_event(self: Arc<Self>, node: &str, ev: NodeEvent) {
         let mut wait = std::time::Duration::from_millis(200);
         loop {
-            match self.on_node_event(ev.clone()).await {
+            match self.on_node_event(node, ev.clone()).await {
                 Ok(()) => return,
                 Err(e) if e.code != warren_core::ErrorCode::Internal => {
                     tracing::warn!(error = %e, "handling node event");
@@ -58,7 +62,11 @@ impl Control {
         }
     }
 
-    pub(crate) async fn on_node_event(self: &Arc<Self>, ev: NodeEvent) -> Result<(), ApiError> {
+    pub(crate) async fn on_node_event(
+        self: &Arc<Self>,
+        node: &str,
+        ev: NodeEvent,
+    ) -> Result<(), ApiError> {
         // (sandbox, counts as a failure for keep_on_failure, why, may be kept)
         let (id, failed, why, keepable) = match &ev {
             NodeEvent::MainExited {
@@ -88,16 +96,17 @@ impl Control {
                 } else {
                     format!("its writable layer holds {used} bytes, over its disk limit of {limit}")
                 };
-                let _ = self
-                    .node
-                    .note(id, note("running", reason::DISK_EXCEEDED, &message))
-                    .await;
+                if let Some(api) = self.reachable(node) {
+                    let _ = api
+                        .note(id, note("running", reason::DISK_EXCEEDED, &message))
+                        .await;
+                }
                 // Kept, its processes are frozen and write no more; but a
                 // node short of disk needs the space back.
                 (id.clone(), true, reason::DISK_EXCEEDED, !*node_full)
             }
             NodeEvent::CpuSaturated { busy } => {
-                let message = format!("node CPU {:.0}% busy for over 30s", busy * 100.0);
+                let message = format!("node {node} CPU {:.0}% busy for over 30s", busy * 100.0);
                 tracing::warn!("{message}");
                 self.store
                     .node_event("node_cpu_saturated", &message, &now_rfc3339())
@@ -121,6 +130,10 @@ impl Control {
         };
         let _one = self.sandbox_locks.lock(&id).await;
         let row = self.get(&id).await?;
+        // A report from a node the sandbox is not (or no longer) on.
+        if row.node != node {
+            return Ok(());
+        }
         match row.state {
             SandboxState::Running | SandboxState::Paused => {}
             // A kept sandbox's own expiry ends it.
@@ -195,7 +208,7 @@ impl Control {
     ) -> Result<(), ApiError> {
         let id = &row.id;
         let held = self
-            .node
+            .api(&row.node)?
             .hold(id, hold_for, note(state.as_str(), why, message))
             .await;
         match held {

@@ -11,9 +11,17 @@ use warren_core::{ApiError, SandboxState};
 use warren_node_api::{Phase, SandboxStatus};
 
 use super::{node_error, note, Control};
-use crate::admission::Admit;
-use crate::admission::Need;
+use crate::admission::{Admit, Need, Request};
+use crate::nodes::NodeEntry;
 use crate::store::{SandboxRow, Transition};
+
+/// Every state a record can still leave.
+pub(crate) fn open_states() -> Vec<SandboxState> {
+    SandboxState::ALL
+        .into_iter()
+        .filter(|s| !s.is_final())
+        .collect()
+}
 
 /// Records brought in line at once after a restart.
 pub(crate) const RECOVER_PARALLELISM: usize = 32;
@@ -30,53 +38,155 @@ impl Control {
         for id in self.store.fail_unreadable(&now).await? {
             tracing::warn!(sandbox = %id, "its record could not be read; marked failed");
         }
-        let open: Vec<SandboxState> = SandboxState::ALL
-            .into_iter()
-            .filter(|s| !s.is_final())
-            .collect();
-        let rows = self.store.list(&open).await?;
+        let rows = self.store.list(&open_states()).await?;
         let total = rows.len();
         self.lifecycle.recovering(0, total);
-        let held = self.node.inventory().await.map_err(node_error)?;
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let progress = || {
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            self.lifecycle.recovering(n, total);
+        };
+        // Queued creates wait for what the held sandboxes hold, in their
+        // old order: admitted after every other record, one by one.
+        let (queued, mut others): (Vec<SandboxRow>, Vec<SandboxRow>) = rows
+            .into_iter()
+            .partition(|r| r.state == SandboxState::Queued);
+        // Records on a node that is no longer part of the cluster.
+        let (orphaned, placed): (Vec<SandboxRow>, Vec<SandboxRow>) = others
+            .drain(..)
+            .partition(|r| self.nodes.get(&r.node).is_none());
+        for row in orphaned {
+            let message = format!("its node {:?} is no longer part of the cluster", row.node);
+            self.mark_lost(&row.id, &message).await?;
+            progress();
+        }
+        let mut by_node: HashMap<String, Vec<SandboxRow>> = HashMap::new();
+        for row in placed {
+            by_node.entry(row.node.clone()).or_default().push(row);
+        }
+        let nodes = self.nodes.all().into_iter().map(|entry| {
+            let rows = by_node.remove(&entry.name).unwrap_or_default();
+            let progress = &progress;
+            async move {
+                let n = rows.len();
+                if let Err(e) = self.recover_node(&entry, Some(rows)).await {
+                    // It is reconciled when it is heard from again, or given
+                    // up when it stays silent.
+                    tracing::warn!(node = %entry.name, error = %e.message, "reconciling a node at start-up");
+                }
+                for _ in 0..n {
+                    progress();
+                }
+            }
+        });
+        futures_util::future::join_all(nodes).await;
+        for row in queued {
+            if let Err(e) = self.requeue(row.clone()).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "queueing a create again");
+            }
+            progress();
+        }
+        Ok(())
+    }
+
+    /// Brings one node and the records of its sandboxes in line (`rows`:
+    /// its open records, read here when None): a record whose sandbox the
+    /// node holds keeps its state (and its capacity); one whose sandbox is
+    /// gone becomes `lost`; interrupted creates and destroys are finished;
+    /// a sandbox the node holds without an open record is destroyed. Then
+    /// the node takes placements and its events are followed.
+    pub(crate) async fn recover_node(
+        self: &Arc<Self>,
+        entry: &Arc<NodeEntry>,
+        rows: Option<Vec<SandboxRow>>,
+    ) -> Result<(), ApiError> {
+        if entry.update(|v| std::mem::replace(&mut v.reconciling, true)) {
+            return Ok(());
+        }
+        let result = self.recover_node_now(entry, rows).await;
+        let schedulable = entry.update(|v| {
+            v.reconciling = false;
+            v.reconciled = result.is_ok();
+            v.schedulable()
+        });
+        self.admission.set_schedulable(&entry.name, schedulable);
+        if result.is_ok() {
+            self.follow_events_once(entry);
+        }
+        result
+    }
+
+    async fn recover_node_now(
+        self: &Arc<Self>,
+        entry: &Arc<NodeEntry>,
+        rows: Option<Vec<SandboxRow>>,
+    ) -> Result<(), ApiError> {
+        let rows = match rows {
+            Some(rows) => rows,
+            None => self
+                .store
+                .list(&open_states())
+                .await?
+                .into_iter()
+                .filter(|r| r.node == entry.name && r.state != SandboxState::Queued)
+                .collect(),
+        };
+        let held = match entry.api.inventory().await {
+            Ok(held) => held,
+            Err(e) => {
+                // Until it answers, what its sandboxes hold stays taken.
+                for row in rows.iter().filter(|r| r.state.is_live()) {
+                    self.admission
+                        .hold(&row.id, &row.node, Need::of(&row.resources));
+                }
+                return Err(node_error(e));
+            }
+        };
         tracing::info!(
-            records = total,
+            node = %entry.name,
+            records = rows.len(),
             held = held.len(),
-            "reconciling records with the node"
+            "reconciling records with a node"
         );
         let held: HashMap<String, SandboxStatus> =
             held.into_iter().map(|s| (s.id.clone(), s)).collect();
         let known: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         for id in held.keys().filter(|id| !known.contains(id.as_str())) {
-            tracing::info!(sandbox = %id, "the node holds a sandbox without an open record; destroying it");
-            if let Err(e) = self.node.destroy(id, reason::NODE_LOST).await {
+            tracing::info!(node = %entry.name, sandbox = %id, "the node holds a sandbox without an open record; destroying it");
+            if let Err(e) = entry.api.destroy(id, reason::NODE_LOST).await {
                 tracing::warn!(sandbox = %id, error = %e, "destroying an unknown sandbox");
             }
         }
-        // Queued creates wait for what the held sandboxes hold, in their
-        // old order: admitted after every other record, one by one.
-        let (queued, others): (Vec<SandboxRow>, Vec<SandboxRow>) = rows
-            .into_iter()
-            .partition(|r| r.state == SandboxState::Queued);
-        let done = std::sync::atomic::AtomicUsize::new(0);
-        futures_util::stream::iter(others)
+        futures_util::stream::iter(&rows)
             .for_each_concurrent(RECOVER_PARALLELISM, |row| {
-                let (done, held) = (&done, &held);
+                let held = &held;
                 async move {
-                    if let Err(e) = self.recover_one(&row, held.get(&row.id)).await {
+                    if let Err(e) = self.recover_one(row, held.get(&row.id)).await {
                         tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
                     }
-                    let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    self.lifecycle.recovering(n, total);
                 }
             })
             .await;
-        for row in queued {
-            if let Err(e) = self.requeue(row.clone()).await {
-                tracing::warn!(sandbox = %row.id, error = %e.message, "queueing a create again");
-            }
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            self.lifecycle.recovering(n, total);
+        Ok(())
+    }
+
+    /// Marks an open record `lost` (its sandbox is gone, or cannot be
+    /// reached any more); its capacity is free again.
+    pub(crate) async fn mark_lost(&self, id: &str, message: &str) -> Result<(), ApiError> {
+        let _one = self.sandbox_locks.lock(id).await;
+        if self.get(id).await?.state.is_final() {
+            return Ok(());
         }
+        let now = now_rfc3339();
+        let t = Transition {
+            finished_at: Some(&now),
+            message,
+            ..Default::default()
+        };
+        self.store
+            .transition(id, SandboxState::Lost, reason::NODE_LOST, &now, t)
+            .await?;
+        self.admission.release(id);
         Ok(())
     }
 
@@ -86,9 +196,9 @@ impl Control {
         row: &SandboxRow,
         held: Option<&SandboxStatus>,
     ) -> Result<(), ApiError> {
-        let now = now_rfc3339();
         if held.is_some() {
-            self.admission.hold(&row.id, Need::of(&row.resources));
+            self.admission
+                .hold(&row.id, &row.node, Need::of(&row.resources));
         }
         // What the node reported meanwhile (an expiry at take-over) may
         // have finished it already.
@@ -104,9 +214,10 @@ impl Control {
         match row.state {
             SandboxState::Creating => {
                 let (this, id) = (self.clone(), row.id.clone());
+                let node = self.api(&row.node)?;
                 tokio::spawn(async move {
                     let _one = this.sandbox_locks.lock(&id).await;
-                    let _ = this.node.destroy(&id, reason::CREATE_FAILED).await;
+                    let _ = node.destroy(&id, reason::CREATE_FAILED).await;
                     this.admission.release(&id);
                     let now = now_rfc3339();
                     let t = Transition {
@@ -137,31 +248,25 @@ impl Control {
         }
         // Running, paused, kept, or frozen in a grace period.
         let Some(held) = held else {
-            let _one = self.sandbox_locks.lock(&row.id).await;
             tracing::warn!(sandbox = %row.id, state = %row.state, "its node does not hold it; marked lost");
-            let message = "its processes were gone after a daemon restart";
-            let t = Transition {
-                finished_at: Some(&now),
-                message,
-                ..Default::default()
-            };
-            self.store
-                .transition(&row.id, SandboxState::Lost, reason::NODE_LOST, &now, t)
-                .await?;
-            return Ok(());
+            return self
+                .mark_lost(
+                    &row.id,
+                    "its processes were gone when its node was reconciled",
+                )
+                .await;
         };
         // A crash between the node's change and its record: the node
         // follows the record, which is what a client was told.
+        let node = self.api(&row.node)?;
         let fix = match (row.state, held.phase) {
-            (SandboxState::Running, Phase::Paused) => self.node.set_paused(&row.id, false).await,
-            (SandboxState::Paused, Phase::Running) => self.node.set_paused(&row.id, true).await,
-            (SandboxState::Kept, Phase::Running | Phase::Paused) => self
-                .node
+            (SandboxState::Running, Phase::Paused) => node.set_paused(&row.id, false).await,
+            (SandboxState::Paused, Phase::Running) => node.set_paused(&row.id, true).await,
+            (SandboxState::Kept, Phase::Running | Phase::Paused) => node
                 .hold(&row.id, row.spec.keep_for(), note("kept", &row.reason, ""))
                 .await
                 .map(|_| ()),
-            (SandboxState::Stopping, Phase::Running | Phase::Paused) => self
-                .node
+            (SandboxState::Stopping, Phase::Running | Phase::Paused) => node
                 .hold(
                     &row.id,
                     row.spec.delay_for(),
@@ -183,11 +288,11 @@ impl Control {
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
         let admitted = self
             .admission
-            .admit(&row.id, Need::of(&row.resources), row.resources.pids);
+            .admit(&row.id, Request::of(&row.spec, &row.resources));
         let this = self.clone();
         match admitted {
-            Ok(Admit::Now) => {
-                tokio::spawn(async move { this.start_queued(row).await });
+            Ok(Admit::Now(node)) => {
+                tokio::spawn(async move { this.start_queued(row, node).await });
             }
             Ok(Admit::Queued { ready, .. }) => {
                 tokio::spawn(this.wait_then_start(row, ready));

@@ -115,7 +115,9 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
         ..Default::default()
     };
     let node = settings.allocatable(args.node_cores * 1000, args.node_memory_gib << 30);
-    let admission = Admission::new(node, u32::MAX, usize::MAX);
+    let admission = Admission::new(usize::MAX);
+    admission.set_node("sim", node, u32::MAX, Default::default());
+    admission.set_schedulable("sim", true);
     let mut profiles: Vec<Profile> = (0..tasks)
         .map(|i| Profile::new(&format!("task-{i}"), fixed))
         .collect();
@@ -156,8 +158,14 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 memory: req.memory,
                 slots: 1,
             };
-            match admission.admit(&id, need, warren_core::spec::MIN_PIDS) {
-                Ok(Admit::Now) => {
+            let ask = warren_control::admission::Request {
+                need,
+                pids: warren_core::spec::MIN_PIDS,
+                selector: Default::default(),
+                placement: Default::default(),
+            };
+            match admission.admit(&id, ask) {
+                Ok(Admit::Now(_)) => {
                     running.push((clock + r.runtime_s, id, next, req));
                     next += 1;
                 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use warren_core::spec::{ByteSize, Cpu, Dur, NetworkMode, NetworkSpec, ReclaimPolicy};
+use warren_core::spec::{ByteSize, Cpu, Dur, NetworkMode, NetworkSpec, Placement, ReclaimPolicy};
 use warren_core::{labels, quantity, SandboxSpec};
 
 use crate::cli::CreateArgs;
@@ -26,6 +26,19 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         .iter()
         .map(|l| labels::parse_pair(l).map_err(anyhow::Error::from))
         .collect::<Result<_>>()?;
+    let node_selector = a
+        .node_selector
+        .iter()
+        .map(|l| {
+            labels::parse_pair(l)
+                .map_err(|e| anyhow::anyhow!("--node-selector {l:?}: {e}; write KEY=VALUE"))
+        })
+        .collect::<Result<_>>()?;
+    let placement = match a.placement.as_deref() {
+        None | Some("spread") => Placement::Spread,
+        Some("pack") => Placement::Pack,
+        Some(other) => bail!("--placement {other:?}: use spread or pack"),
+    };
     let network = match a.network.as_deref() {
         None if !a.allow.is_empty() || !a.deny.is_empty() => NetworkMode::Allowlist,
         None | Some("none") => NetworkMode::None,
@@ -78,5 +91,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         cwd: a.cwd.clone(),
         user: a.user.clone(),
         request_id: a.request_id.clone(),
+        node_selector,
+        placement,
     })
 }

@@ -1,17 +1,17 @@
-//! `warren up`: control plane, node agent and SQLite store in one process;
-//! the control plane drives the node through the node contract, in-process.
+//! The long-running processes: `warren up` (all in one), `warren server`
+//! (a cluster's control plane) and `warren node` (a node agent), and what
+//! they share: logging, signals, the node's settings from its flags.
+
+pub mod node_agent;
+pub mod server;
+pub mod up;
 
 use anyhow::{Context, Result};
-use tokio::net::TcpListener;
-use warren_control::UpConfig;
 
-use std::sync::Arc;
+use crate::cli::{ControlOpts, NodeOpts};
 
-use warren_node_api::NodeApi;
-
-use crate::cli::{NodeTransport, UpArgs};
-
-pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
+/// Logs to stderr, filtered by `WARREN_LOG`.
+pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
@@ -19,20 +19,39 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// How profiles learn, from the flags.
+pub fn policy(opts: &ControlOpts) -> Result<warren_core::profile::Policy> {
+    for (name, m) in [
+        ("--cpu-margin", opts.cpu_margin),
+        ("--memory-margin", opts.memory_margin),
+    ] {
+        if !(1.0..=10.0).contains(&m) {
+            anyhow::bail!("{name} {m}: a margin is a factor between 1 and 10 (requests below the observed peak would starve or OOM)");
+        }
+    }
+    Ok(warren_core::profile::Policy {
+        cpu_margin: opts.cpu_margin,
+        memory_margin: opts.memory_margin,
+        ..Default::default()
+    })
+}
+
+/// Starts the node agent of this host from its flags (as `name`, carrying
+/// `labels`); returns it and the process's open-file limit.
+pub fn start_node(
+    home: &std::path::Path,
+    name: String,
+    labels: std::collections::BTreeMap<String, String>,
+    args: &NodeOpts,
+) -> Result<(std::sync::Arc<warren_node::Node>, u64)> {
     let exe = std::env::current_exe().context("locating the warren binary for the spawner")?;
     let spawners = args.spawners.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
     });
-    for (name, m) in [
-        ("--cpu-margin", args.cpu_margin),
-        ("--memory-margin", args.memory_margin),
-    ] {
-        if !(1.0..=10.0).contains(&m) {
-            anyhow::bail!("{name} {m}: a margin is a factor between 1 and 10 (requests below the observed peak would starve or OOM)");
-        }
-    }
     // Raised first: the limits below are shares of it.
     let nofile = warren_runtime::host_tables::raise_nofile();
     let defaults = warren_node::NodeSettings::default();
@@ -54,83 +73,45 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             .transpose()
             .context("--disk-floor")?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
-        egress: egress_settings(&args, nofile)?,
+        egress: egress_settings(args, nofile)?,
         image_budget: args
             .image_budget
             .as_deref()
             .map(warren_core::quantity::parse_size)
             .transpose()?,
         userns: !args.no_userns,
+        capacity: (
+            args.capacity_cpu
+                .as_deref()
+                .map(warren_core::quantity::parse_cpu)
+                .transpose()
+                .context("--capacity-cpu")?,
+            args.capacity_memory
+                .as_deref()
+                .map(warren_core::quantity::parse_size)
+                .transpose()
+                .context("--capacity-memory")?,
+        ),
     };
     std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let node = warren_node::Node::start(warren_node::NodeConfig {
         home: home.to_path_buf(),
-        name: hostname(),
+        name,
+        labels,
         spawner_exe: exe,
         spawner_args: vec!["spawner".into()],
         spawners,
         settings,
     })
     .map_err(|e| anyhow::anyhow!("node agent: {e}"))?;
-    let cfg = UpConfig {
-        home: home.to_path_buf(),
-        listen: args.listen,
-        queue_limit: args.queue_limit,
-        policy: warren_core::profile::Policy {
-            cpu_margin: args.cpu_margin,
-            memory_margin: args.memory_margin,
-            ..Default::default()
-        },
-        destroy_on_stop: true,
-    };
-    let node = node_transport(home, &args, warren_node::LocalNode::new(node)).await?;
-    let (up, router) = warren_control::start(&cfg, node)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("listen on {} (is another warren up running?)", cfg.listen))?;
-    eprintln!(
-        "warren up: listening on http://{} (home {}, token in {})",
-        cfg.listen,
-        home.display(),
-        home.join("token").display()
-    );
-    let control = up.control.clone();
-    // The first SIGINT or SIGTERM stops cleanly; a second one stops now.
-    let stop = async move {
-        first_signal().await;
-        eprintln!(
-            "warren up: stopping (again to stop at once, leaving sandboxes for the next start)"
-        );
-        tokio::spawn(async {
-            first_signal().await;
-            eprintln!("warren up: stopped at once; the next start adopts or removes what is left");
-            std::process::exit(130);
-        });
-        // Streams end and creates are refused from here on.
-        control.lifecycle.stop();
-    };
-    warren_control::serve::serve(
-        listener,
-        router,
-        warren_control::serve::connection_limit(nofile),
-        stop,
-        SHUTDOWN_GRACE,
-    )
-    .await
-    .context("HTTP server")?;
-    eprintln!("warren up: destroying live sandboxes");
-    up.control.shutdown(SHUTDOWN_GRACE).await;
-    eprintln!("warren up: stopped");
-    Ok(0)
+    Ok((node, nofile))
 }
 
 /// How long a clean stop waits for requests to finish and then for each
 /// sandbox's destroy.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
-async fn first_signal() {
+pub async fn first_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
@@ -144,7 +125,7 @@ async fn first_signal() {
     }
 }
 
-fn egress_settings(args: &UpArgs, nofile: u64) -> Result<warren_net::Settings> {
+fn egress_settings(args: &NodeOpts, nofile: u64) -> Result<warren_net::Settings> {
     let mut resolve = std::collections::HashMap::new();
     for entry in &args.net_resolve {
         let (name, ips) = entry.split_once('=').with_context(|| {
@@ -188,42 +169,40 @@ fn egress_settings(args: &UpArgs, nofile: u64) -> Result<warren_net::Settings> {
     })
 }
 
-fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "local".into())
 }
 
-/// The control plane's way to its node: the node itself, or a client of
-/// the node's HTTP API served on `--node-listen` (what a cluster does over
-/// the network), guarded by the node credential in `<home>/node-credential`.
-async fn node_transport(
-    home: &std::path::Path,
-    args: &UpArgs,
-    node: warren_node::LocalNode,
-) -> Result<Arc<dyn NodeApi>> {
-    match args.node_transport {
-        NodeTransport::InProcess => Ok(Arc::new(node)),
-        NodeTransport::Http => {
-            let credential = warren_control::ensure_secret(&home.join("node-credential"))
-                .context("node credential")?;
-            let listener = TcpListener::bind(args.node_listen).await.with_context(|| {
-                format!("node API: listen on {} (--node-listen)", args.node_listen)
-            })?;
-            let addr = listener.local_addr().context("node API address")?;
-            let router = warren_node_http::router(Arc::new(node), credential.clone());
-            tokio::spawn(async move {
-                if let Err(e) = warren_node_http::serve(listener, router).await {
-                    tracing::error!(error = %e, "the node API stopped");
-                }
-            });
-            eprintln!(
-                "warren up: node API on http://{addr} (credential in {})",
-                home.join("node-credential").display()
-            );
-            let client = warren_node_http::HttpNode::new(&format!("http://{addr}"), &credential)
-                .map_err(|e| anyhow::anyhow!("node API client: {e}"))?;
-            Ok(Arc::new(client))
-        }
-    }
+/// Serves the public API until the first SIGINT or SIGTERM (a second one
+/// exits at once, leaving sandboxes for the next start); from the first
+/// signal on, streams end and creates are refused.
+pub async fn serve_until_signal(
+    who: &'static str,
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    nofile: u64,
+    control: &std::sync::Arc<warren_control::control::Control>,
+) -> Result<()> {
+    let control = control.clone();
+    let stop = async move {
+        first_signal().await;
+        eprintln!("{who}: stopping (again to stop at once)");
+        tokio::spawn(async move {
+            first_signal().await;
+            eprintln!("{who}: stopped at once; the next start adopts or removes what is left");
+            std::process::exit(130);
+        });
+        control.lifecycle.stop();
+    };
+    warren_control::serve::serve(
+        listener,
+        router,
+        warren_control::serve::connection_limit(nofile),
+        stop,
+        SHUTDOWN_GRACE,
+    )
+    .await
+    .context("HTTP server")
 }

@@ -1,0 +1,306 @@
+//! The nodes' side of the control plane: which node a call goes to, what
+//! each node reports of itself (heartbeats), and what happens when one
+//! falls silent (unreachable, then lost) or comes back (reconciled).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use warren_core::clock::now_rfc3339;
+use warren_core::{ApiError, SandboxState};
+use warren_node_api::{JoinRequest, Joined, NodeApi, NodeInfo};
+
+use super::Control;
+use crate::nodes::{Connector, Health, NodeEntry};
+use crate::store::NodeRecord;
+
+impl Control {
+    /// The contract client of `node`, whatever its health (a call to a
+    /// silent node fails as `unavailable`).
+    pub fn api(&self, node: &str) -> Result<Arc<dyn NodeApi>, ApiError> {
+        self.nodes.get(node).map(|n| n.api.clone()).ok_or_else(|| {
+            ApiError::new(
+                warren_core::ErrorCode::Unavailable,
+                format!(
+                    "node {node:?} is not part of this cluster (removed?); see `warren node ls`"
+                ),
+            )
+        })
+    }
+
+    /// The client of `node` if it is heard from (reads that only add
+    /// detail skip a silent node instead of waiting for it).
+    pub(crate) fn reachable(&self, node: &str) -> Option<Arc<dyn NodeApi>> {
+        self.nodes
+            .get(node)
+            .filter(|n| n.view().health == Health::Ready)
+            .map(|n| n.api.clone())
+    }
+
+    /// Registers a node (or replaces the one of the same name) as it
+    /// described itself; it takes placements once it is reconciled.
+    pub fn add_node(
+        &self,
+        api: Arc<dyn NodeApi>,
+        info: NodeInfo,
+        url: String,
+        credential: String,
+        cordoned: bool,
+    ) -> Arc<NodeEntry> {
+        let entry = Arc::new(NodeEntry::new(api, info.clone(), url, credential, cordoned));
+        self.nodes.insert(entry.clone());
+        self.admission
+            .set_node(&info.name, info.allocatable, info.max_pids, info.labels);
+        self.admission.set_schedulable(&info.name, false);
+        entry
+    }
+
+    /// A node reported itself: it is alive, and this is what it lends and
+    /// how busy it is. False if no node has that name.
+    pub fn heartbeat(self: &Arc<Self>, name: &str, info: NodeInfo) -> bool {
+        let Some(entry) = self.nodes.get(name) else {
+            return false;
+        };
+        let (was, reconcile, schedulable) = entry.update(|v| {
+            let was = v.health;
+            v.info = info.clone();
+            v.last_seen = std::time::Instant::now();
+            v.health = Health::Ready;
+            let reconcile = !v.reconciled && !v.reconciling && self.lifecycle.is_ready();
+            (was, reconcile, v.schedulable())
+        });
+        self.admission
+            .set_node(name, info.allocatable, info.max_pids, info.labels);
+        self.admission.set_schedulable(name, schedulable);
+        if was != Health::Ready {
+            tracing::info!(node = %name, "node heard from again");
+            let (this, name) = (self.clone(), name.to_string());
+            tokio::spawn(async move {
+                let message = format!("node {name} is heard from again");
+                let _ = this
+                    .store
+                    .node_event("node_ready", &message, &now_rfc3339())
+                    .await;
+            });
+        }
+        if reconcile {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.recover_node(&entry, None).await {
+                    tracing::warn!(node = %entry.name, error = %e.message, "reconciling a node");
+                }
+            });
+        }
+        true
+    }
+
+    /// Asks `entry` for its description every second: the heartbeat of a
+    /// node the control plane reaches itself (`warren up`'s own node).
+    pub async fn follow_load(self: Arc<Self>, entry: Arc<NodeEntry>) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+        while self.nodes.is_current(&entry) {
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            match entry.api.info().await {
+                Ok(info) => {
+                    self.heartbeat(&entry.name, info);
+                }
+                Err(e) => {
+                    tracing::debug!(node = %entry.name, error = %e, "asking a node for its load")
+                }
+            }
+        }
+    }
+
+    /// Gives up silent nodes (a cluster's control plane): no placements
+    /// after `unreachable_after`, their sandboxes `lost` after
+    /// `lost_after`. Runs until the control plane stops.
+    pub async fn watch_nodes(self: Arc<Self>) {
+        let Some(liveness) = self.liveness else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            for entry in self.nodes.all() {
+                let v = entry.view();
+                let silent = v.last_seen.elapsed();
+                if silent >= liveness.lost_after && v.health != Health::Lost {
+                    self.node_lost(&entry, silent).await;
+                } else if silent >= liveness.unreachable_after && v.health == Health::Ready {
+                    entry.update(|v| v.health = Health::Unreachable);
+                    self.admission.set_schedulable(&entry.name, false);
+                    let message = format!(
+                        "node {} silent for {:.1}s: no placements on it",
+                        entry.name,
+                        silent.as_secs_f64()
+                    );
+                    tracing::warn!("{message}");
+                    let _ = self
+                        .store
+                        .node_event("node_unreachable", &message, &now_rfc3339())
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// A node silent too long: every sandbox on it is `lost` and gives its
+    /// capacity back. What still runs there is destroyed when the node is
+    /// heard from again (it is reconciled first).
+    async fn node_lost(self: &Arc<Self>, entry: &Arc<NodeEntry>, silent: std::time::Duration) {
+        entry.update(|v| {
+            v.health = Health::Lost;
+            v.reconciled = false;
+        });
+        self.admission.set_schedulable(&entry.name, false);
+        let message = format!(
+            "node {} silent for {:.1}s: its sandboxes are lost",
+            entry.name,
+            silent.as_secs_f64()
+        );
+        tracing::warn!("{message}");
+        let _ = self
+            .store
+            .node_event("node_lost", &message, &now_rfc3339())
+            .await;
+        let Ok(rows) = self.store.list(&super::recovery::open_states()).await else {
+            return;
+        };
+        for row in rows
+            .into_iter()
+            .filter(|r| r.node == entry.name && r.state != SandboxState::Queued)
+        {
+            if let Err(e) = self.mark_lost(&row.id, &message).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "marking a sandbox lost");
+            }
+        }
+    }
+
+    /// Follows `entry`'s event feed from its first reconciliation on, once.
+    pub(crate) fn follow_events_once(self: &Arc<Self>, entry: &Arc<NodeEntry>) {
+        if !entry.following.swap(true, Ordering::SeqCst) {
+            tokio::spawn(self.clone().handle_node_events(entry.clone()));
+        }
+    }
+
+    /// A node joins (or joins again): it is recorded with a new
+    /// credential, which is returned to it, and reconciled on its first
+    /// heartbeat. A re-join keeps the node's cordon.
+    pub async fn join_node(
+        self: &Arc<Self>,
+        req: JoinRequest,
+        connect: &Connector,
+    ) -> Result<Joined, ApiError> {
+        let name = req.info.name.clone();
+        warren_core::labels::validate_value("node name", &name)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if name.is_empty() {
+            return Err(ApiError::bad_request("a node needs a name (--name)"));
+        }
+        warren_core::labels::validate(&req.info.labels)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if !(req.url.starts_with("http://") || req.url.starts_with("https://")) {
+            return Err(ApiError::bad_request(format!(
+                "node URL {:?} must start with http:// or https:// (see `warren node --advertise`)",
+                req.url
+            )));
+        }
+        let cordoned = self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.name == name)
+            .is_some_and(|n| n.cordoned);
+        let credential = crate::new_secret();
+        let api = connect(&req.url, &credential).map_err(ApiError::bad_request)?;
+        let now = now_rfc3339();
+        self.store
+            .put_node(&NodeRecord {
+                name: name.clone(),
+                url: req.url.clone(),
+                credential: credential.clone(),
+                labels: req.info.labels.clone(),
+                cordoned,
+                joined_at: now.clone(),
+            })
+            .await?;
+        self.add_node(api, req.info, req.url.clone(), credential.clone(), cordoned);
+        let message = format!("node {name} joined from {}", req.url);
+        tracing::info!("{message}");
+        self.store.node_event("node_joined", &message, &now).await?;
+        Ok(Joined { credential })
+    }
+
+    /// Whether `credential` is the one issued to `node` at its join.
+    pub fn node_credential_ok(&self, node: &str, credential: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        self.nodes.get(node).is_some_and(|n| {
+            !n.credential.is_empty()
+                && bool::from(n.credential.as_bytes().ct_eq(credential.as_bytes()))
+        })
+    }
+
+    /// Stops (or resumes) placing sandboxes on a node; what runs there
+    /// stays.
+    pub async fn set_cordoned(&self, name: &str, cordoned: bool) -> Result<(), ApiError> {
+        let entry = self.known_node(name)?;
+        if let Some(mut rec) = self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.name == name)
+        {
+            rec.cordoned = cordoned;
+            self.store.put_node(&rec).await?;
+        }
+        let schedulable = entry.update(|v| {
+            v.cordoned = cordoned;
+            v.schedulable()
+        });
+        self.admission.set_schedulable(name, schedulable);
+        let (why, what) = if cordoned {
+            ("node_cordoned", "takes no new sandboxes")
+        } else {
+            ("node_uncordoned", "takes sandboxes again")
+        };
+        self.store
+            .node_event(why, &format!("node {name} {what}"), &now_rfc3339())
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a node from the cluster: its sandboxes are `lost` (what
+    /// still runs there is the node's to clean up: it destroys what the
+    /// control plane no longer knows when it joins again).
+    pub async fn remove_node(self: &Arc<Self>, name: &str) -> Result<(), ApiError> {
+        let entry = self.known_node(name)?;
+        self.nodes.remove(name);
+        self.admission.remove_node(name);
+        self.store.delete_node(name).await?;
+        let rows = self.store.list(&super::recovery::open_states()).await?;
+        let message = format!("its node {name} was removed from the cluster");
+        for row in rows.into_iter().filter(|r| r.node == entry.name) {
+            self.mark_lost(&row.id, &message).await?;
+        }
+        self.store
+            .node_event(
+                "node_removed",
+                &format!("node {name} was removed"),
+                &now_rfc3339(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn known_node(&self, name: &str) -> Result<Arc<NodeEntry>, ApiError> {
+        self.nodes.get(name).ok_or_else(|| {
+            ApiError::not_found(format!("no node named {name:?}; see `warren node ls`"))
+        })
+    }
+}

@@ -1,0 +1,272 @@
+//! Which node a sandbox goes to: filter, then score (the seed's rule).
+//!
+//! A node qualifies when it takes placements (ready, not cordoned), carries
+//! every label of the request's node selector, and has room for the request
+//! after what it already lends. Among those, `spread` takes the node with
+//! the most left of the resource the request makes scarcest (the smallest
+//! remaining share, after placing, of cpu, memory and sandbox slots), and
+//! `pack` the one with the least; ties go to the node with fewer sandboxes
+//! initialising, then fewer sandboxes, then the name (so a decision is
+//! reproducible).
+
+use warren_core::spec::Placement;
+use warren_core::Labels;
+use warren_node_api::Resources;
+
+/// What placement needs to know of a node.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub name: &'a str,
+    pub labels: &'a Labels,
+    pub total: Resources,
+    pub used: Resources,
+    pub max_pids: u32,
+    pub schedulable: bool,
+    pub initializing: u32,
+    pub sandboxes: u32,
+}
+
+/// One request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub need: Resources,
+    pub pids: u32,
+    pub selector: &'a Labels,
+    pub placement: Placement,
+}
+
+pub fn fits(need: &Resources, used: &Resources, total: &Resources) -> bool {
+    used.cpu_millis + need.cpu_millis <= total.cpu_millis
+        && used.memory + need.memory <= total.memory
+        && used.slots + need.slots <= total.slots
+}
+
+/// Whether the node carries every label the selector asks for.
+pub fn selects(selector: &Labels, labels: &Labels) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Whether the node could run the request if it were empty (a request no
+/// node can ever hold is refused instead of queued forever).
+pub fn could_ever(req: &Request<'_>, c: &Candidate<'_>) -> bool {
+    selects(req.selector, c.labels)
+        && req.pids <= c.max_pids
+        && fits(&req.need, &Resources::default(), &c.total)
+}
+
+/// The smallest share left, after placing, of what the request asks for.
+fn scarcest_share_left(need: &Resources, used: &Resources, total: &Resources) -> f64 {
+    let share = |need: u64, used: u64, total: u64| -> Option<f64> {
+        (need > 0 && total > 0).then(|| total.saturating_sub(used + need) as f64 / total as f64)
+    };
+    [
+        share(need.cpu_millis, used.cpu_millis, total.cpu_millis),
+        share(need.memory, used.memory, total.memory),
+        share(
+            u64::from(need.slots),
+            u64::from(used.slots),
+            u64::from(total.slots),
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(1.0, f64::min)
+}
+
+/// The node the request goes to now, if any has room.
+pub fn choose<'a, I>(req: &Request<'_>, candidates: I) -> Option<&'a str>
+where
+    I: IntoIterator<Item = Candidate<'a>>,
+{
+    let mut best: Option<(f64, u32, u32, &'a str)> = None;
+    for c in candidates {
+        if !c.schedulable
+            || req.pids > c.max_pids
+            || !fits(&req.need, &c.used, &c.total)
+            || !selects(req.selector, c.labels)
+        {
+            continue;
+        }
+        let left = scarcest_share_left(&req.need, &c.used, &c.total);
+        let score = match req.placement {
+            Placement::Spread => left,
+            Placement::Pack => -left,
+        };
+        let better = match &best {
+            None => true,
+            Some((s, init, n, name)) => (
+                score,
+                std::cmp::Reverse(c.initializing),
+                std::cmp::Reverse(c.sandboxes),
+            )
+                .partial_cmp(&(*s, std::cmp::Reverse(*init), std::cmp::Reverse(*n)))
+                .is_some_and(|o| {
+                    o == std::cmp::Ordering::Greater
+                        || (o == std::cmp::Ordering::Equal && c.name < *name)
+                }),
+        };
+        if better {
+            best = Some((score, c.initializing, c.sandboxes, c.name));
+        }
+    }
+    best.map(|(_, _, _, name)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(cpu: u64, mem: u64, slots: u32) -> Resources {
+        Resources {
+            cpu_millis: cpu,
+            memory: mem,
+            slots,
+        }
+    }
+
+    struct N {
+        name: &'static str,
+        labels: Labels,
+        total: Resources,
+        used: Resources,
+        schedulable: bool,
+        initializing: u32,
+    }
+
+    fn n(name: &'static str, total: Resources, used: Resources) -> N {
+        N {
+            name,
+            labels: Labels::new(),
+            total,
+            used,
+            schedulable: true,
+            initializing: 0,
+        }
+    }
+
+    fn pick<'a>(req: &Request<'_>, nodes: &'a [N]) -> Option<&'a str> {
+        choose(
+            req,
+            nodes.iter().map(|n| Candidate {
+                name: n.name,
+                labels: &n.labels,
+                total: n.total,
+                used: n.used,
+                max_pids: 1024,
+                schedulable: n.schedulable,
+                initializing: n.initializing,
+                sandboxes: n.used.slots,
+            }),
+        )
+    }
+
+    #[test]
+    fn placement_decisions() {
+        let none = Labels::new();
+        let gpu: Labels = [("gpu".to_string(), "h200".to_string())].into();
+        let req = |cpu, mem, placement| Request {
+            need: res(cpu, mem, 1),
+            pids: 64,
+            selector: &none,
+            placement,
+        };
+        let spread = Placement::Spread;
+        let pack = Placement::Pack;
+        // (what, request, nodes, expected)
+        let cases: Vec<(&str, Request<'_>, Vec<N>, Option<&str>)> = vec![
+            (
+                "the most remaining share of the scarcest resource wins",
+                req(1000, 1 << 30, spread),
+                vec![
+                    // a: cpu plentiful, memory nearly gone → memory decides
+                    n("a", res(8000, 4 << 30, 100), res(0, 3 << 30, 3)),
+                    n("b", res(4000, 4 << 30, 100), res(2000, 1 << 30, 1)),
+                ],
+                Some("b"),
+            ),
+            (
+                "pack takes the fullest node that still fits",
+                req(1000, 1 << 30, pack),
+                vec![
+                    n("a", res(8000, 8 << 30, 100), res(0, 0, 0)),
+                    n("b", res(8000, 8 << 30, 100), res(6000, 6 << 30, 6)),
+                ],
+                Some("b"),
+            ),
+            (
+                "a node without room is filtered out",
+                req(3000, 1 << 30, pack),
+                vec![
+                    n("a", res(8000, 8 << 30, 100), res(0, 0, 0)),
+                    n("b", res(8000, 8 << 30, 100), res(6000, 6 << 30, 6)),
+                ],
+                Some("a"),
+            ),
+            (
+                "nothing fits anywhere",
+                req(9000, 1 << 30, spread),
+                vec![n("a", res(8000, 8 << 30, 100), res(0, 0, 0))],
+                None,
+            ),
+            (
+                "slots count as a resource",
+                req(1, 1, spread),
+                vec![n("a", res(8000, 8 << 30, 2), res(0, 0, 2))],
+                None,
+            ),
+            (
+                "an unschedulable (cordoned or unreachable) node takes nothing",
+                req(1000, 1 << 20, spread),
+                vec![
+                    N {
+                        schedulable: false,
+                        ..n("a", res(8000, 8 << 30, 100), res(0, 0, 0))
+                    },
+                    n("b", res(8000, 8 << 30, 100), res(7000, 0, 7)),
+                ],
+                Some("b"),
+            ),
+            (
+                "ties go to fewer initialising, then the name",
+                req(1000, 1 << 20, spread),
+                vec![
+                    N {
+                        initializing: 2,
+                        ..n("a", res(8000, 8 << 30, 100), res(0, 0, 0))
+                    },
+                    n("c", res(8000, 8 << 30, 100), res(0, 0, 0)),
+                    n("b", res(8000, 8 << 30, 100), res(0, 0, 0)),
+                ],
+                Some("b"),
+            ),
+        ];
+        for (what, req, nodes, want) in &cases {
+            assert_eq!(pick(req, nodes), *want, "{what}");
+        }
+        // The node selector filters by label.
+        let mut nodes = vec![
+            n("a", res(8000, 8 << 30, 100), res(0, 0, 0)),
+            n("b", res(8000, 8 << 30, 100), res(7000, 7 << 30, 7)),
+        ];
+        nodes[1].labels = gpu.clone();
+        let on_gpu = Request {
+            selector: &gpu,
+            ..req(500, 1 << 20, spread)
+        };
+        assert_eq!(pick(&on_gpu, &nodes), Some("b"));
+        fn c(n: &N) -> Candidate<'_> {
+            Candidate {
+                name: n.name,
+                labels: &n.labels,
+                total: n.total,
+                used: n.used,
+                max_pids: 1024,
+                schedulable: true,
+                initializing: 0,
+                sandboxes: 0,
+            }
+        }
+        assert!(!could_ever(&on_gpu, &c(&nodes[0])));
+        assert!(could_ever(&on_gpu, &c(&nodes[1])));
+    }
+}

@@ -1,0 +1,70 @@
+//! `warren node ls|cordon|uncordon|rm`: the cluster's nodes.
+
+use anyhow::Result;
+use serde_json::Value;
+
+use crate::cli::NodeCmd;
+use crate::client::Client;
+
+pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
+    match cmd {
+        NodeCmd::Ls { json } => {
+            let nodes = client.nodes().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&nodes)?);
+                return Ok(0);
+            }
+            println!(
+                "{:<20} {:<12} {:>15} {:>21} {:>5} {:>6}  LABELS",
+                "NAME", "STATE", "CPU (ALLOC/CAP)", "MEMORY (ALLOC/CAP)", "SBX", "CPU%"
+            );
+            for n in &nodes {
+                let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let (alloc, cap) = (&n["allocated"], &n["allocatable"]);
+                let mut state = n["state"].as_str().unwrap_or("?").to_string();
+                if n["cordoned"].as_bool() == Some(true) {
+                    state.push_str(",cordon");
+                }
+                let labels: Vec<String> = n["labels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{:<20} {:<12} {:>15} {:>21} {:>5} {:>5.0}%  {}",
+                    n["name"].as_str().unwrap_or("?"),
+                    state,
+                    format!(
+                        "{:.1}/{:.1}",
+                        num(alloc, "cpu_millis") as f64 / 1000.0,
+                        num(cap, "cpu_millis") as f64 / 1000.0
+                    ),
+                    format!(
+                        "{}/{}",
+                        warren_core::quantity::format_size(num(alloc, "memory")),
+                        warren_core::quantity::format_size(num(cap, "memory"))
+                    ),
+                    num(n, "sandboxes"),
+                    n["load"]["cpu_busy"].as_f64().unwrap_or(0.0) * 100.0,
+                    labels.join(",")
+                );
+            }
+        }
+        NodeCmd::Cordon { name } => {
+            client.cordon_node(&name, true).await?;
+            println!("{name} cordoned: it takes no new sandboxes");
+        }
+        NodeCmd::Uncordon { name } => {
+            client.cordon_node(&name, false).await?;
+            println!("{name} uncordoned");
+        }
+        NodeCmd::Rm { name } => {
+            client.remove_node(&name).await?;
+            println!("{name} removed");
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,177 @@
+//! `warren node`: a node agent that joins a `warren server`. It runs this
+//! host's sandboxes, serves the node API to the control plane only (with
+//! the credential it received at join) and reports itself every second.
+//! Without the control plane it keeps its sandboxes and keeps enforcing
+//! their TTLs and leases; when the control plane answers again it is
+//! reconciled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use warren_node_api::{JoinRequest, Joined, NodeApi};
+
+use crate::cli::NodeArgs;
+
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
+    let (Some(server), Some(token_file)) = (args.server.clone(), args.join_token.clone()) else {
+        anyhow::bail!("a node agent needs --server URL and --join-token FILE");
+    };
+    let token = std::fs::read_to_string(&token_file)
+        .with_context(|| {
+            format!(
+                "read the join token {} (--join-token)",
+                token_file.display()
+            )
+        })?
+        .trim()
+        .to_string();
+    if token.is_empty() {
+        anyhow::bail!(
+            "{} is empty: put the output of `warren server join-token` in it",
+            token_file.display()
+        );
+    }
+    let labels = parse_labels(&args.labels)?;
+    let name = args.name.clone().unwrap_or_else(super::hostname);
+    super::init_logging();
+    let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
+    let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
+    // Empty until the join answers: the API refuses everything till then.
+    let credential = warren_node_http::Credential::default();
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("node API: listen on {} (--listen)", args.listen))?;
+    let addr = listener.local_addr().context("node API address")?;
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let router = warren_node_http::router(local.clone(), credential.clone());
+    tokio::spawn(async move {
+        if let Err(e) = warren_node_http::serve(listener, router).await {
+            tracing::error!(error = %e, "the node API stopped");
+        }
+    });
+    eprintln!("warren node: {name} serves the node API on http://{addr} (advertised as {advertise}); joining {server}");
+    let agent = Agent {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .context("HTTP client")?,
+        server: server.trim_end_matches('/').to_string(),
+        token,
+        name,
+        advertise,
+        node: local,
+        credential,
+    };
+    tokio::select! {
+        _ = agent.run() => {}
+        _ = super::first_signal() => {}
+    }
+    eprintln!(
+        "warren node: stopped; its sandboxes keep running and are taken over at the next start"
+    );
+    Ok(0)
+}
+
+fn parse_labels(given: &[String]) -> Result<warren_core::Labels> {
+    given
+        .iter()
+        .map(|l| {
+            warren_core::labels::parse_pair(l)
+                .with_context(|| format!("--label {l:?}: write KEY=VALUE, e.g. gpu=h200"))
+        })
+        .collect()
+}
+
+struct Agent {
+    http: reqwest::Client,
+    server: String,
+    token: String,
+    name: String,
+    advertise: String,
+    node: Arc<dyn NodeApi>,
+    credential: warren_node_http::Credential,
+}
+
+impl Agent {
+    /// Joins, then heartbeats; joins again whenever the control plane no
+    /// longer knows this node (removed, or its records lost).
+    async fn run(&self) {
+        loop {
+            let credential = match self.join().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(server = %self.server, error = %format!("{e:#}"), "joining; retrying");
+                    tokio::time::sleep(HEARTBEAT_EVERY).await;
+                    continue;
+                }
+            };
+            self.credential.set(&credential);
+            eprintln!("warren node: joined {} as {}", self.server, self.name);
+            self.heartbeats(&credential).await;
+            eprintln!("warren node: the control plane no longer knows this node; joining again");
+        }
+    }
+
+    async fn join(&self) -> Result<String> {
+        let info = self.node.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let req = JoinRequest {
+            url: self.advertise.clone(),
+            info,
+        };
+        let resp = self
+            .http
+            .post(format!("{}/v1/nodes/join", self.server))
+            .bearer_auth(&self.token)
+            .json(&req)
+            .send()
+            .await
+            .context("reaching the control plane")?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            anyhow::bail!("the control plane refused the join ({status}): {body}");
+        }
+        let joined: Joined = resp.json().await.context("reading the join answer")?;
+        Ok(joined.credential)
+    }
+
+    /// Returns when the control plane refuses this node's credential.
+    async fn heartbeats(&self, credential: &str) {
+        let url = format!("{}/v1/nodes/{}/heartbeat", self.server, self.name);
+        loop {
+            let info = match self.node.info().await {
+                Ok(info) => info,
+                Err(e) => {
+                    tracing::warn!(error = %e, "describing this node");
+                    tokio::time::sleep(HEARTBEAT_EVERY).await;
+                    continue;
+                }
+            };
+            match self
+                .http
+                .post(&url)
+                .bearer_auth(credential)
+                .json(&info)
+                .send()
+                .await
+            {
+                Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => return,
+                Ok(r) if !r.status().is_success() => {
+                    tracing::warn!(status = %r.status(), "a heartbeat was refused");
+                }
+                Ok(_) => {}
+                // The control plane is away: sandboxes run on, TTLs and
+                // leases still hold (the node enforces them itself).
+                Err(e) => tracing::debug!(error = %e, "a heartbeat did not arrive"),
+            }
+            tokio::time::sleep(HEARTBEAT_EVERY).await;
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! `warren up`: control plane, node agent and SQLite store in one process;
+//! the control plane drives the node through the node contract, in-process.
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use warren_control::{NodeSource, UpConfig};
+
+use std::sync::Arc;
+
+use warren_node_api::NodeApi;
+
+use crate::cli::{NodeTransport, UpArgs};
+
+pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
+    super::init_logging();
+    let policy = super::policy(&args.control)?;
+    let (node, nofile) =
+        super::start_node(home, super::hostname(), Default::default(), &args.node)?;
+    let listen = args.listen;
+    let local = node_transport(home, &args, warren_node::LocalNode::new(node)).await?;
+    let cfg = UpConfig {
+        home: home.to_path_buf(),
+        listen,
+        queue_limit: args.control.queue_limit,
+        policy,
+        destroy_on_stop: true,
+        database: None,
+        nodes: NodeSource::Local(local),
+    };
+    let (up, router) = warren_control::start(cfg)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
+    eprintln!(
+        "warren up: listening on http://{listen} (home {}, token in {})",
+        home.display(),
+        home.join("token").display()
+    );
+    super::serve_until_signal("warren up", listener, router, nofile, &up.control).await?;
+    eprintln!("warren up: destroying live sandboxes");
+    up.control.shutdown(super::SHUTDOWN_GRACE).await;
+    eprintln!("warren up: stopped");
+    Ok(0)
+}
+
+/// The control plane's way to its node: the node itself, or a client of
+/// the node's HTTP API served on `--node-listen` (what a cluster does over
+/// the network), guarded by the node credential in `<home>/node-credential`.
+async fn node_transport(
+    home: &std::path::Path,
+    args: &UpArgs,
+    node: warren_node::LocalNode,
+) -> Result<Arc<dyn NodeApi>> {
+    match args.node_transport {
+        NodeTransport::InProcess => Ok(Arc::new(node)),
+        NodeTransport::Http => {
+            let credential = warren_control::ensure_secret(&home.join("node-credential"))
+                .context("node credential")?;
+            let listener = TcpListener::bind(args.node_listen).await.with_context(|| {
+                format!("node API: listen on {} (--node-listen)", args.node_listen)
+            })?;
+            let addr = listener.local_addr().context("node API address")?;
+            let router = warren_node_http::router(Arc::new(node), credential.clone());
+            tokio::spawn(async move {
+                if let Err(e) = warren_node_http::serve(listener, router).await {
+                    tracing::error!(error = %e, "the node API stopped");
+                }
+            });
+            eprintln!(
+                "warren up: node API on http://{addr} (credential in {})",
+                home.join("node-credential").display()
+            );
+            let client = warren_node_http::HttpNode::new(&format!("http://{addr}"), &credential)
+                .map_err(|e| anyhow::anyhow!("node API client: {e}"))?;
+            Ok(Arc::new(client))
+        }
+    }
+}

@@ -1,0 +1,162 @@
+"""A cluster on this machine: one `warren server` and node agents
+(`warren node`), each with its own home, port and a declared capacity small
+enough that placement decisions are visible."""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from conftest import WARREN, Warren, free_port
+
+
+def wait_until(what, check, timeout=20.0, every=0.1):
+    deadline = time.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+class Server(Warren):
+    """`warren server` with the Warren test client's helpers."""
+
+    def __init__(self, home: Path, port: int, database=None):
+        super().__init__(home, port)
+        self.database = database
+
+    def start(self):
+        self.log = open(self.home.parent / f"server-{self.port}.log", "ab")
+        args = [str(WARREN), "server", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}"]
+        if self.database:
+            args += ["--database", self.database]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
+        wait_until("warren server to answer", self._healthy, timeout=20, every=0.05)
+        self.token = (self.home / "token").read_text().strip()
+        self.http = httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
+        )
+
+    def _healthy(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"warren server exited with {self.proc.returncode}")
+        try:
+            r = httpx.get(self.url + "/healthz", timeout=1)
+            return r.status_code == 200 and r.text.strip() == "ok"
+        except httpx.HTTPError:
+            return False
+
+    def nodes(self):
+        r = self.http.get("/v1/nodes")
+        assert r.status_code == 200, r.text
+        return {n["name"]: n for n in r.json()}
+
+
+class Node:
+    """`warren node` joined to `server`."""
+
+    def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=()):
+        self.name = name
+        self.home = base / name
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.server = server
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            "--capacity-cpu", cpu, "--capacity-memory", memory,
+            "--cpu-overcommit", "1", "--reserve-cpu", "0", "--reserve-memory", "0",
+            *[a for l in labels for a in ("--label", l)],
+        ]
+        self.proc = None
+
+    def start(self):
+        self.log = open(self.home.parent / f"node-{self.name}.log", "ab")
+        self.proc = subprocess.Popen(
+            [str(WARREN), "node", "--home", str(self.home), "--server", self.server.url,
+             "--join-token", str(self.server.home / "join-token"), "--name", self.name,
+             "--listen", f"127.0.0.1:{self.port}", *self.args],
+            stdout=self.log, stderr=self.log,
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout=30):
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"warren node {self.name} exited with {self.proc.returncode}")
+            n = self.server.nodes().get(self.name)
+            return n if n and n["state"] == "ready" and n["allocatable"]["cpu_millis"] > 0 else None
+
+        return wait_until(f"node {self.name} to be ready", ready, timeout=timeout)
+
+    def stop(self, sig=signal.SIGINT):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def leftovers(self):
+        """Sandbox directories this node still has on the host."""
+        d = self.home / "sandboxes"
+        return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+    def sweep(self):
+        """Removes whatever sandboxes the node still holds: a `warren up`
+        on its home takes them over and destroys them when it stops."""
+        if not self.leftovers():
+            return
+        w = Warren(self.home, free_port())
+        with contextlib.suppress(Exception):
+            w.start()
+        w.stop()
+
+
+class Cluster:
+    def __init__(self, images, nodes=(), database=None):
+        self.base = Path(tempfile.mkdtemp(prefix="warren-cluster-"))
+        (self.base / "server").mkdir()
+        self.images = images
+        self.server = Server(self.base / "server", free_port(), database=database)
+        self.node_specs = list(nodes)
+        self.nodes = {}
+
+    def __enter__(self):
+        self.server.start()
+        for spec in self.node_specs:
+            self.add_node(**spec)
+        if self.nodes:
+            self.server.cli("image", "import", str(self.images["oci"]), "--name", "busybox:latest")
+        return self
+
+    def add_node(self, name, **kw):
+        node = Node(self.base, self.server, name, **kw)
+        node.start()
+        self.nodes[name] = node
+        return node
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(Exception):
+            if self.server.proc.poll() is None:
+                for s in self.server.http.get("/v1/sandboxes").json():
+                    if s["state"] not in ("destroyed", "failed", "lost"):
+                        self.server.http.delete(f"/v1/sandboxes/{s['id']}", timeout=60)
+        self.server.stop()
+        for n in self.nodes.values():
+            n.stop()
+            n.sweep()
+        shutil.rmtree(self.base, ignore_errors=True)
+        return False
+
+    def where(self, sid):
+        return self.server.http.get(f"/v1/sandboxes/{sid}").json()["node"]

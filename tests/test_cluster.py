@@ -1,0 +1,208 @@
+"""Cluster mode: one `warren server` placing sandboxes on node agents
+(`warren node`) that joined it, each with its own home and a small declared
+capacity, all on this machine."""
+
+import time
+
+import httpx
+import pytest
+
+from cluster import Cluster, wait_until
+
+BB = "busybox:latest"
+
+
+@pytest.fixture(scope="module")
+def cluster(images):
+    with Cluster(images, nodes=[
+        dict(name="n1"), dict(name="n2"), dict(name="n3", labels=["gpu=h200"]),
+    ]) as c:
+        yield c
+
+
+def create(c, **spec):
+    spec.setdefault("image", BB)
+    r = c.server.http.post("/v1/sandboxes", json=spec)
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def drop(c, *ids):
+    for sid in ids:
+        c.server.http.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_nodes_join_and_report_capacity(cluster):
+    nodes = cluster.server.nodes()
+    assert set(nodes) == {"n1", "n2", "n3"}
+    for n in nodes.values():
+        assert n["state"] == "ready" and not n["cordoned"]
+        assert n["allocatable"]["cpu_millis"] == 2000
+        assert n["allocatable"]["memory"] == 2 << 30
+    assert nodes["n3"]["labels"] == {"gpu": "h200"}
+    out = cluster.server.cli("node", "ls").stdout.decode()
+    assert "n1" in out and "gpu=h200" in out, out
+
+
+def test_placement_takes_the_node_with_the_most_left(cluster):
+    c = cluster
+    # n1 gets 1.5 of its 2 cores used; the others stay empty.
+    big = create(c, cpu=1.5, memory="64M", node_selector={})
+    first = big["node"]
+    ids = [big["id"]]
+    try:
+        # The next ones avoid the busy node while the others have more left.
+        for _ in range(2):
+            s = create(c, cpu=1, memory="64M")
+            ids.append(s["id"])
+            assert s["node"] != first, (first, s["node"])
+        placed = [c.where(i) for i in ids[1:]]
+        assert len(set(placed)) == 2, placed
+        # Pack chooses the fullest node that still fits.
+        packed = create(c, cpu=0.5, memory="64M", placement="pack")
+        ids.append(packed["id"])
+        assert packed["node"] == first, packed["node"]
+    finally:
+        drop(c, *ids)
+
+
+def test_node_selector_places_on_matching_nodes_only(cluster):
+    c = cluster
+    s = create(c, cpu=0.1, memory="32M", node_selector={"gpu": "h200"})
+    try:
+        assert s["node"] == "n3"
+    finally:
+        drop(c, s["id"])
+    r = c.server.http.post("/v1/sandboxes", json={"image": BB, "node_selector": {"gpu": "a100"}})
+    assert r.status_code == 503, r.text
+    assert "gpu=a100" in r.json()["error"]["message"]
+    # Through the CLI.
+    p = c.server.cli("create", "--image", BB, "--cpu", "0.1", "--memory", "32M", "--node-selector", "gpu=h200")
+    sid = p.stdout.decode().strip()
+    try:
+        assert c.where(sid) == "n3"
+    finally:
+        drop(c, sid)
+
+
+def test_the_cluster_queue_is_fifo_and_starts_where_room_frees(cluster):
+    c = cluster
+    # 3 nodes × 2 cores: six sandboxes of one core fill the cluster.
+    running = [create(c, cpu=1, memory="32M")["id"] for _ in range(6)]
+    queued = []
+    try:
+        for _ in range(2):
+            r = c.server.http.post("/v1/sandboxes", params={"wait": "false"}, json={"image": BB, "cpu": 1, "memory": "32M"})
+            assert r.status_code in (201, 202), r.text
+            queued.append(r.json())
+        assert [q["state"] for q in queued] == ["queued", "queued"]
+        assert [q["queue_position"] for q in queued] == [1, 2]
+        freed = c.where(running[0])
+        drop(c, running[0])
+        first = wait_until("the head of the queue to start", lambda: (
+            lambda s: s if s["state"] == "running" else None)(c.server.http.get(f"/v1/sandboxes/{queued[0]['id']}").json()))
+        assert first["node"] == freed
+        second = c.server.http.get(f"/v1/sandboxes/{queued[1]['id']}").json()
+        assert second["state"] == "queued" and second["queue_position"] == 1, second
+    finally:
+        drop(c, *running[1:], *[q["id"] for q in queued])
+
+
+def test_exec_files_logs_and_ports_reach_every_node_through_the_server(cluster):
+    c = cluster
+    ids = []
+    try:
+        # One sandbox on each node: the others are cordoned meanwhile.
+        for node in ("n1", "n2", "n3"):
+            others = [n for n in ("n1", "n2", "n3") if n != node]
+            for o in others:
+                c.server.cli("node", "cordon", o)
+            try:
+                s = create(c, cpu=0.1, memory="32M", cmd=["sh", "-c", f"echo hello-from-{node}; httpd -f -p 8080 -h /etc"])
+            finally:
+                for o in others:
+                    c.server.cli("node", "uncordon", o)
+            assert s["node"] == node
+            ids.append(s["id"])
+        for sid, node in zip(ids, ("n1", "n2", "n3")):
+            exit_ev, out, _, _ = c.server.exec(sid, ["sh", "-c", "cat /etc/hostname >/dev/null; echo $((6*7))"])
+            assert exit_ev and exit_ev["code"] == 0 and out == b"42\n", (node, exit_ev, out)
+            r = c.server.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x"}, content=node.encode() * 1000)
+            assert r.status_code in (200, 204), r.text
+            r = c.server.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/x"})
+            assert r.content == node.encode() * 1000
+            logs = wait_until("the main process's output in the log", lambda: (
+                lambda t: t if f"hello-from-{node}" in t else None)(c.server.http.get(f"/v1/sandboxes/{sid}/logs").text))
+            assert logs
+            # A port on the sandbox's loopback, through the server and the node.
+            body = wait_until("the port to answer", lambda: (
+                lambda r: r if r.status_code == 200 else None)(c.server.http.get(f"/v1/sandboxes/{sid}/ports/8080/passwd")))
+            assert b"root:" in body.content
+    finally:
+        drop(c, *ids)
+
+
+def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
+    n = cluster.nodes["n1"]
+    for auth in (None, f"Bearer {cluster.server.token}", "Bearer not-the-credential"):
+        headers = {"Authorization": auth} if auth else {}
+        r = httpx.get(f"{n.url}/node/v1/sandboxes", headers=headers, timeout=5)
+        assert r.status_code == 401, (auth, r.status_code, r.text)
+    # A heartbeat for a node with a wrong credential is refused too.
+    r = httpx.post(f"{cluster.server.url}/v1/nodes/n1/heartbeat", headers={"Authorization": f"Bearer {cluster.server.token}"},
+                   json={"name": "n1", "allocatable": {"cpu_millis": 1, "memory": 1, "slots": 1}, "max_pids": 1,
+                         "load": {"cpu_busy": 0, "disk_pressure": False, "sandboxes": 0}}, timeout=5)
+    assert r.status_code == 401, r.text
+    # And a join with a wrong token.
+    r = httpx.post(f"{cluster.server.url}/v1/nodes/join", headers={"Authorization": "Bearer nope"},
+                   json={"url": "http://127.0.0.1:1", "info": {"name": "evil", "allocatable": {"cpu_millis": 1, "memory": 1, "slots": 1},
+                                                              "max_pids": 1, "load": {"cpu_busy": 0, "disk_pressure": False, "sandboxes": 0}}}, timeout=5)
+    assert r.status_code == 401, r.text
+    assert "evil" not in cluster.server.nodes()
+
+
+def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
+    with Cluster(images, nodes=[dict(name="a"), dict(name="b")]) as c:
+        c.server.cli("node", "cordon", "b")
+        on_a = [create(c, cpu=0.1, memory="32M")["id"] for _ in range(2)]
+        c.server.cli("node", "uncordon", "b")
+        assert {c.where(i) for i in on_a} == {"a"}
+        node = c.nodes["a"]
+        assert len(node.leftovers()) == 2
+        killed = time.time()
+        node.proc.kill()
+        node.proc.wait()
+        lost = wait_until("the sandboxes of the killed node to be lost", lambda: all(
+            c.server.http.get(f"/v1/sandboxes/{i}").json()["state"] == "lost" for i in on_a), timeout=20)
+        took = time.time() - killed
+        assert lost and took <= 13, took
+        assert c.server.nodes()["a"]["state"] == "lost"
+        events = c.server.http.get("/v1/events", params={"type": "node"}).json()
+        assert any(e["reason"] == "node_lost" for e in events), events
+        # Capacity is free again, and new sandboxes go to the other node.
+        s = create(c, cpu=0.1, memory="32M")
+        assert s["node"] == "b"
+        # Back: the node takes its sandboxes over from its journal; the
+        # control plane gave them up, so reconciliation destroys them.
+        node.start()
+        wait_until("the lost sandboxes to be removed from the node", lambda: node.leftovers() == [], timeout=20)
+        assert c.server.nodes()["a"]["state"] == "ready"
+        drop(c, s["id"])
+
+
+def test_a_killed_server_touches_no_sandbox_and_picks_up_where_it_was(images):
+    with Cluster(images, nodes=[dict(name="a"), dict(name="b")]) as c:
+        ids = [create(c, cpu=0.5, memory="32M")["id"] for _ in range(2)]
+        assert {c.where(i) for i in ids} == {"a", "b"}
+        c.server.proc.kill()
+        c.server.proc.wait()
+        time.sleep(2)
+        assert sum(len(n.leftovers()) for n in c.nodes.values()) == 2
+        c.server.start()
+        for sid in ids:
+            assert c.server.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+            exit_ev, out, _, _ = c.server.exec(sid, ["echo", "still-here"])
+            assert exit_ev and out == b"still-here\n", (exit_ev, out)
+        wait_until("both nodes ready again", lambda: all(n["state"] == "ready" for n in c.server.nodes().values()))
+        drop(c, *ids)
+        wait_until("the nodes to be empty", lambda: all(n.leftovers() == [] for n in c.nodes.values()))

@@ -5,7 +5,7 @@
 //! request overtakes a big one), so nothing starves. Where a create goes is
 //! `placement`'s decision.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
@@ -66,7 +66,7 @@ pub enum AdmitError {
     Closed,
     #[error("no node {0}; see `warren node ls` (a node joins with `warren node --server URL --join-token FILE`)")]
     NoNode(String),
-    #[error("pids {pids} is more than any node lends one sandbox ({max}): ask for fewer")]
+    #[error("pids {pids} is more than any node's process table lends one sandbox ({max}): ask for fewer")]
     TooManyPids { pids: u32, max: u32 },
     #[error("the request (cpu {cpu} millicores, memory {memory} bytes) exceeds what any node can ever allocate (at most cpu {max_cpu} millicores, memory {max_memory} bytes); ask for less")]
     NeverFits {
@@ -80,7 +80,9 @@ pub enum AdmitError {
 /// What admission keeps of one node.
 #[derive(Debug, Clone)]
 struct Slot {
+    name: String,
     total: Need,
+    inv_total: [f64; 3],
     max_pids: u32,
     labels: Labels,
     /// Ready and not cordoned.
@@ -112,7 +114,10 @@ struct Waiter {
 
 struct State {
     closed: bool,
-    nodes: BTreeMap<String, Slot>,
+    /// In a vector, scanned whole for each placement (contiguous: the
+    /// scan is the scheduler's cost).
+    nodes: Vec<Slot>,
+    index: HashMap<String, usize>,
     held: HashMap<String, Held>,
     queue: VecDeque<Waiter>,
 }
@@ -123,11 +128,17 @@ pub struct Admission {
 }
 
 impl State {
+    fn slot(&mut self, name: &str) -> Option<&mut Slot> {
+        let i = *self.index.get(name)?;
+        self.nodes.get_mut(i)
+    }
+
     fn candidates(&self) -> impl Iterator<Item = Candidate<'_>> {
-        self.nodes.iter().map(|(name, s)| Candidate {
-            name,
+        self.nodes.iter().map(|s| Candidate {
+            name: &s.name,
             labels: &s.labels,
             total: s.total,
+            inv_total: s.inv_total,
             used: s.used,
             max_pids: s.max_pids,
             schedulable: s.schedulable,
@@ -141,7 +152,7 @@ impl State {
     }
 
     fn take(&mut self, id: &str, node: &str, need: Need, initializing: bool) {
-        if let Some(slot) = self.nodes.get_mut(node) {
+        if let Some(slot) = self.slot(node) {
             add(&mut slot.used, &need);
             if initializing {
                 slot.initializing += 1;
@@ -192,7 +203,8 @@ impl Admission {
             queue_limit,
             state: Mutex::new(State {
                 closed: false,
-                nodes: BTreeMap::new(),
+                nodes: Vec::new(),
+                index: HashMap::new(),
                 held: HashMap::new(),
                 queue: VecDeque::new(),
             }),
@@ -203,24 +215,37 @@ impl Admission {
     /// sandboxes hold is kept. A node starts unschedulable.
     pub fn set_node(&self, name: &str, total: Need, max_pids: u32, labels: Labels) {
         let mut s = self.lock();
-        let slot = s.nodes.entry(name.to_string()).or_insert(Slot {
-            total,
-            max_pids,
-            labels: labels.clone(),
-            schedulable: false,
-            used: Need::default(),
-            initializing: 0,
-        });
-        slot.total = total;
-        slot.max_pids = max_pids;
-        slot.labels = labels;
+        match s.slot(name) {
+            Some(slot) => {
+                slot.total = total;
+                slot.inv_total = placement::reciprocals(&total);
+                slot.max_pids = max_pids;
+                if slot.labels != labels {
+                    slot.labels = labels;
+                }
+            }
+            None => {
+                let i = s.nodes.len();
+                s.nodes.push(Slot {
+                    name: name.to_string(),
+                    total,
+                    inv_total: placement::reciprocals(&total),
+                    max_pids,
+                    labels,
+                    schedulable: false,
+                    used: Need::default(),
+                    initializing: 0,
+                });
+                s.index.insert(name.to_string(), i);
+            }
+        }
         s.start_queued();
     }
 
     /// Whether the node takes placements (ready and not cordoned).
     pub fn set_schedulable(&self, name: &str, schedulable: bool) {
         let mut s = self.lock();
-        if let Some(slot) = s.nodes.get_mut(name) {
+        if let Some(slot) = s.slot(name) {
             slot.schedulable = schedulable;
         }
         if schedulable {
@@ -231,15 +256,22 @@ impl Admission {
     /// Forgets a node (its sandboxes are released one by one by whoever
     /// decides their end).
     pub fn remove_node(&self, name: &str) {
-        self.lock().nodes.remove(name);
+        let mut s = self.lock();
+        let Some(i) = s.index.remove(name) else {
+            return;
+        };
+        s.nodes.swap_remove(i);
+        if let Some(moved) = s.nodes.get(i).map(|n| n.name.clone()) {
+            s.index.insert(moved, i);
+        }
     }
 
     pub fn nodes(&self) -> Vec<NodeUse> {
         self.lock()
             .nodes
             .iter()
-            .map(|(name, s)| NodeUse {
-                name: name.clone(),
+            .map(|s| NodeUse {
+                name: s.name.clone(),
                 total: s.total,
                 used: s.used,
                 initializing: s.initializing,
@@ -264,13 +296,13 @@ impl Admission {
         if let Some(h) = s.held.get(id) {
             return Ok(Admit::Now(h.node.clone()));
         }
-        Self::check_possible(&s, &req)?;
         if s.queue.is_empty() {
             if let Some(node) = s.place(&req) {
                 s.take(id, &node, req.need, true);
                 return Ok(Admit::Now(node));
             }
         }
+        Self::check_possible(&s, &req)?;
         if s.queue.len() >= self.queue_limit {
             return Err(AdmitError::QueueFull(s.queue.len()));
         }
@@ -346,7 +378,7 @@ impl Admission {
             return;
         }
         let node = h.node.clone();
-        if let Some(slot) = s.nodes.get_mut(&node) {
+        if let Some(slot) = s.slot(&node) {
             slot.initializing = slot.initializing.saturating_sub(1);
         }
     }
@@ -356,7 +388,7 @@ impl Admission {
     pub fn release(&self, id: &str) {
         let mut s = self.lock();
         if let Some(h) = s.held.remove(id) {
-            if let Some(slot) = s.nodes.get_mut(&h.node) {
+            if let Some(slot) = s.slot(&h.node) {
                 sub(&mut slot.used, &h.need);
                 if h.initializing {
                     slot.initializing = slot.initializing.saturating_sub(1);

@@ -19,6 +19,9 @@ pub struct Candidate<'a> {
     pub name: &'a str,
     pub labels: &'a Labels,
     pub total: Resources,
+    /// `reciprocals(total)`, kept with the node: a division per resource
+    /// per node would be most of a decision's cost.
+    pub inv_total: [f64; 3],
     pub used: Resources,
     pub max_pids: u32,
     pub schedulable: bool,
@@ -54,62 +57,81 @@ pub fn could_ever(req: &Request<'_>, c: &Candidate<'_>) -> bool {
         && fits(&req.need, &Resources::default(), &c.total)
 }
 
-/// The smallest share left, after placing, of what the request asks for.
-fn scarcest_share_left(need: &Resources, used: &Resources, total: &Resources) -> f64 {
-    let share = |need: u64, used: u64, total: u64| -> Option<f64> {
-        (need > 0 && total > 0).then(|| total.saturating_sub(used + need) as f64 / total as f64)
-    };
+/// 1/total per resource (cpu, memory, slots); 0 where the node has none.
+pub fn reciprocals(total: &Resources) -> [f64; 3] {
+    let inv = |t: u64| if t == 0 { 0.0 } else { 1.0 / t as f64 };
     [
-        share(need.cpu_millis, used.cpu_millis, total.cpu_millis),
-        share(need.memory, used.memory, total.memory),
-        share(
-            u64::from(need.slots),
-            u64::from(used.slots),
-            u64::from(total.slots),
-        ),
+        inv(total.cpu_millis),
+        inv(total.memory),
+        inv(u64::from(total.slots)),
     ]
-    .into_iter()
-    .flatten()
-    .fold(1.0, f64::min)
 }
 
-/// The node the request goes to now, if any has room.
+/// The smallest share left, after placing (the request fits), of what
+/// the request asks for.
+fn scarcest_share_left(need: &Resources, c: &Candidate<'_>) -> f64 {
+    let (used, total) = (&c.used, &c.total);
+    let mut left: f64 = 1.0;
+    if need.cpu_millis > 0 {
+        let rest = total.cpu_millis - used.cpu_millis - need.cpu_millis;
+        left = left.min(rest as f64 * c.inv_total[0]);
+    }
+    if need.memory > 0 {
+        let rest = total.memory - used.memory - need.memory;
+        left = left.min(rest as f64 * c.inv_total[1]);
+    }
+    if need.slots > 0 {
+        let rest = total.slots - used.slots - need.slots;
+        left = left.min(f64::from(rest) * c.inv_total[2]);
+    }
+    left
+}
+
+/// The node the request goes to now, if any has room. One pass over the
+/// candidates with no allocation: this loop is the scheduler's cost
+/// (`warren bench-placement`).
 pub fn choose<'a, I>(req: &Request<'_>, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = Candidate<'a>>,
 {
-    let mut best: Option<(f64, u32, u32, &'a str)> = None;
+    struct Best<'a> {
+        score: f64,
+        initializing: u32,
+        sandboxes: u32,
+        name: &'a str,
+    }
+    let mut best: Option<Best<'a>> = None;
+    let any_label = !req.selector.is_empty();
     for c in candidates {
         if !c.schedulable
             || req.pids > c.max_pids
             || !fits(&req.need, &c.used, &c.total)
-            || !selects(req.selector, c.labels)
+            || (any_label && !selects(req.selector, c.labels))
         {
             continue;
         }
-        let left = scarcest_share_left(&req.need, &c.used, &c.total);
+        let left = scarcest_share_left(&req.need, &c);
         let score = match req.placement {
             Placement::Spread => left,
             Placement::Pack => -left,
         };
         let better = match &best {
             None => true,
-            Some((s, init, n, name)) => (
-                score,
-                std::cmp::Reverse(c.initializing),
-                std::cmp::Reverse(c.sandboxes),
-            )
-                .partial_cmp(&(*s, std::cmp::Reverse(*init), std::cmp::Reverse(*n)))
-                .is_some_and(|o| {
-                    o == std::cmp::Ordering::Greater
-                        || (o == std::cmp::Ordering::Equal && c.name < *name)
-                }),
+            Some(b) if score != b.score => score > b.score,
+            Some(b) => {
+                (c.initializing, c.sandboxes, c.name) < (b.initializing, b.sandboxes, b.name)
+            }
         };
         if better {
-            best = Some((score, c.initializing, c.sandboxes, c.name));
+            best = Some(Best {
+                score,
+                initializing: c.initializing,
+                sandboxes: c.sandboxes,
+                name: c.name,
+            });
         }
     }
-    best.map(|(_, _, _, name)| name)
+    best.map(|b| b.name)
 }
 
 #[cfg(test)]
@@ -151,6 +173,7 @@ mod tests {
                 name: n.name,
                 labels: &n.labels,
                 total: n.total,
+                inv_total: reciprocals(&n.total),
                 used: n.used,
                 max_pids: 1024,
                 schedulable: n.schedulable,
@@ -259,6 +282,7 @@ mod tests {
                 name: n.name,
                 labels: &n.labels,
                 total: n.total,
+                inv_total: reciprocals(&n.total),
                 used: n.used,
                 max_pids: 1024,
                 schedulable: true,

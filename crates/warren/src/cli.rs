@@ -148,6 +148,9 @@ pub enum Command {
     },
     /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
     Bench(BenchArgs),
+    /// Measure the scheduler alone: placement decisions per second over
+    /// simulated nodes, full filter and score (see docs/benchmarks.md).
+    BenchPlacement(BenchPlacementArgs),
     /// Measure what network mode `allowlist` costs: create latency, proxy
     /// latency and tunnel throughput, many live policies (run as root on
     /// the node; see docs/benchmarks.md).
@@ -565,6 +568,17 @@ pub struct BenchNetArgs {
     pub daemon_pid: Option<u32>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchPlacementArgs {
+    /// Simulated node counts, each measured in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    pub nodes: Vec<usize>,
+    /// Placements measured per node count (each followed by a release, so
+    /// the cluster stays about half full).
+    #[arg(long, default_value_t = 100000)]
+    pub decisions: usize,
 }
 
 #[derive(Args)]

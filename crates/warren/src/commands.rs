@@ -10,6 +10,7 @@ use crate::client::Client;
 mod batches;
 mod bench;
 mod bench_net;
+mod bench_placement;
 pub mod doctor;
 mod files;
 mod images;
@@ -57,6 +58,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
+        Command::BenchPlacement(args) => bench_placement::run(&args),
         // Run by main before the async runtime starts (it forks).
         Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,

@@ -1,0 +1,1011 @@
+"""The SDK's sans-IO core: everything both clients share and nothing that
+does I/O. Each API call is described once here as a :class:`Call` (method,
+path, body, how to read the answer, whether a retry is safe); the sync and
+async clients only send Calls and feed answers back. Exec-stream decoding,
+the retry policy, the lease keeper's schedule, tar streaming and the port
+tunnel's handshake live here too, so the two clients cannot drift apart."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import io
+import json
+import os
+import random
+import re
+import stat
+import tarfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar, Union
+
+import httpx
+
+from . import errors, models
+from .models import from_json
+
+T = TypeVar("T")
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+DEFAULT_HOME = "/var/lib/warren"
+USER_AGENT = "warren-python/0.1.0"
+BATCH_LABEL = "warren.dev/batch"
+
+Seconds = Union[int, float, str, datetime.timedelta]
+"""A duration: seconds (``30``, ``2.5``), text (``"30s"``, ``"10m"``,
+``"1h30m"``) or a ``timedelta``."""
+Labels = Union[Mapping[str, str], str, Sequence[str]]
+"""A label selector: ``{"task": "swe"}`` (every pair must match), the
+API's text form (``"task=swe,code in (v1,v2)"``) or a list of such terms."""
+Cmd = Union[str, Sequence[str]]
+"""A command: an argv list, or a string run by ``sh -c``."""
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    token: str
+
+    @staticmethod
+    def resolve(url: str | None, token: str | None, home: str | os.PathLike[str] | None) -> Config:
+        """Arguments first, then ``WARREN_URL`` / ``WARREN_TOKEN`` /
+        ``<WARREN_HOME or /var/lib/warren>/token``, as the CLI does."""
+        url = url or os.environ.get("WARREN_URL") or DEFAULT_URL
+        token = token or os.environ.get("WARREN_TOKEN")
+        if not token:
+            home_dir = Path(home or os.environ.get("WARREN_HOME") or DEFAULT_HOME)
+            path = home_dir / "token"
+            try:
+                token = path.read_text().strip()
+            except OSError as e:
+                raise errors.WarrenError(
+                    f"no API token: pass token=, set WARREN_TOKEN or make {path} readable "
+                    f"(is `warren up --home {home_dir}` running?): {e}"
+                ) from None
+        return Config(url=url.rstrip("/"), token=token)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", "User-Agent": USER_AGENT}
+
+
+def default_limits() -> httpx.Limits:
+    # Exec and event streams hold a connection each while they run; a
+    # rollout keeps hundreds open at once. Waiting for a free connection is
+    # back-pressure, not an error (the pool timeout is off).
+    return httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30)
+
+
+def default_timeout(timeout: float | httpx.Timeout | None) -> httpx.Timeout:
+    if isinstance(timeout, httpx.Timeout):
+        return timeout
+    return httpx.Timeout(timeout, connect=10.0, pool=None)
+
+
+# ---------------------------------------------------------------- calls
+
+
+def _none(_: httpx.Response) -> None:
+    return None
+
+
+@dataclass
+class Call(Generic[T]):
+    """One API request and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: dict[str, str] | None = None
+    json: Any = None
+    content: Any = None
+    headers: dict[str, str] | None = None
+    idempotent: bool = False
+    """Safe to send again after a 429/503 or a broken connection."""
+    sandbox: str | None = None
+    """The sandbox this call touches (any call renews its lease)."""
+    no_read_timeout: bool = False
+    stream: bool = False
+
+    def replayable(self) -> bool:
+        return self.content is None or isinstance(self.content, (bytes, str))
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        ext: dict[str, Any] = {}
+        if self.no_read_timeout:
+            t = http.timeout
+            ext["timeout"] = httpx.Timeout(connect=t.connect, read=None, write=t.write, pool=t.pool).as_dict()
+        return http.build_request(
+            self.method,
+            self.path,
+            params=self.params,
+            json=self.json,
+            content=self.content,
+            headers=self.headers,
+            extensions=ext or None,
+        )
+
+
+def json_of(model: type[T]) -> Callable[[httpx.Response], T]:
+    return lambda r: from_json(model, r.json())
+
+
+def json_list(model: type[T]) -> Callable[[httpx.Response], list[T]]:
+    return lambda r: [from_json(model, x) for x in r.json()]
+
+
+# ---------------------------------------------------------------- errors and retries
+
+
+def retry_after_of(resp: httpx.Response) -> float | None:
+    v = resp.headers.get("retry-after")
+    if v is None:
+        return None
+    try:
+        return max(float(v), 0.0)
+    except ValueError:
+        return None
+
+
+def api_error(resp: httpx.Response) -> errors.APIError:
+    """The exception for an error answer (its body must have been read)."""
+    code: str | None = None
+    message = resp.text.strip() or resp.reason_phrase
+    retry_after = retry_after_of(resp)
+    try:
+        body = json.loads(resp.content)
+        detail = body["error"]
+        code = str(detail["code"])
+        message = str(detail["message"])
+        if retry_after is None and detail.get("retry_after_ms") is not None:
+            retry_after = float(detail["retry_after_ms"]) / 1000
+    except (ValueError, KeyError, TypeError):
+        pass
+    return errors.error_for(resp.status_code, code, message, retry_after)
+
+
+@dataclass
+class RetryPolicy:
+    """When to try a call again: only where it is safe (an idempotent call,
+    a create with a request id, or a connection that never opened), on 429
+    and 503, waiting what ``Retry-After`` says (else exponential backoff with
+    jitter)."""
+
+    max_retries: int = 5
+    backoff: float = 0.2
+    max_backoff: float = 10.0
+
+    def _delay(self, attempt: int, hint: float | None) -> float:
+        if hint is not None:
+            return min(hint, self.max_backoff)
+        d = min(self.backoff * 2.0**attempt, self.max_backoff)
+        return d * (0.5 + random.random() / 2)
+
+    def after_status(self, call: Call[Any], attempt: int, resp: httpx.Response) -> float | None:
+        if attempt >= self.max_retries or resp.status_code not in (429, 503):
+            return None
+        if not (call.idempotent and call.replayable()):
+            return None
+        return self._delay(attempt, retry_after_of(resp))
+
+    def after_error(self, call: Call[Any], attempt: int, exc: Exception) -> float | None:
+        if attempt >= self.max_retries or not call.replayable():
+            return None
+        # A connection that never opened sent nothing: safe for any call.
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return self._delay(attempt, None)
+        if call.idempotent and isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+            return self._delay(attempt, None)
+        return None
+
+
+def transport_error(base: str, exc: Exception) -> errors.TransportError:
+    return errors.TransportError(f"cannot reach Warren at {base}: {exc!r}")
+
+
+# ---------------------------------------------------------------- values
+
+
+def seconds(value: Seconds) -> float:
+    """A duration in seconds."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)):
+        return float(value)
+    return parse_duration(value)
+
+
+_DUR = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"30s"``, ``"10m"``, ``"1h30m"``, ``"250ms"`` or a number of seconds."""
+    s = text.strip()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DUR.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or not s:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1h30m)")
+    return total
+
+
+def duration_value(value: Seconds) -> float | int | str:
+    """A duration as the API takes it."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    return value
+
+
+def selector(labels: Labels | None) -> str | None:
+    if labels is None:
+        return None
+    if isinstance(labels, str):
+        return labels
+    if isinstance(labels, Mapping):
+        return ",".join(f"{k}={v}" for k, v in labels.items())
+    return ",".join(labels)
+
+
+def argv(cmd: Cmd) -> list[str]:
+    if isinstance(cmd, str):
+        return ["sh", "-c", cmd]
+    out = [str(c) for c in cmd]
+    if not out:
+        raise ValueError("cmd is empty")
+    return out
+
+
+def b64(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.b64encode(data).decode()
+
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(models.SandboxSpec)}
+_DURATIONS = {"ttl", "lease", "keep_for"}
+
+
+def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``SandboxSpec`` body from keyword arguments. Besides the spec's own
+    fields, ``allow=[…]``/``deny=[…]`` make an ``allowlist`` network, ``cmd``
+    may be a string (run by ``sh -c``) and durations may be seconds or
+    ``timedelta``."""
+    body: dict[str, Any] = {}
+    if image is not None:
+        body["image"] = image
+    allow = spec.get("allow")
+    deny = spec.get("deny")
+    for key, value in spec.items():
+        if key in ("allow", "deny") or value is None:
+            continue
+        if key not in _SPEC_FIELDS:
+            raise TypeError(f"unknown sandbox spec field {key!r} (known: {', '.join(sorted(_SPEC_FIELDS | {'allow', 'deny'}))})")
+        if key in _DURATIONS:
+            value = duration_value(value)
+        elif key == "cmd":
+            value = argv(value)
+        elif key == "network" and isinstance(value, models.NetworkSpec):
+            value = dataclasses.asdict(value)
+        elif key in ("env", "labels"):
+            value = {str(k): str(v) for k, v in value.items()}
+        body[key] = value
+    if allow is not None or deny is not None:
+        net = dict(body.get("network") or {})
+        net["mode"] = "allowlist"
+        net["allow"] = list(allow or net.get("allow") or [])
+        net["deny"] = list(deny or net.get("deny") or [])
+        body["network"] = net
+    if "image" not in body:
+        raise TypeError("a sandbox needs an image")
+    return body
+
+
+def new_request_id() -> str:
+    return f"py-{uuid.uuid4().hex}"
+
+
+def lease_seconds(info: models.SandboxInfo) -> float | None:
+    lease = info.spec.lease
+    if lease is None:
+        return None
+    return seconds(lease)
+
+
+# ---------------------------------------------------------------- sandbox calls
+
+
+def sb_path(sid: str, tail: str = "") -> str:
+    return f"/v1/sandboxes/{sid}{tail}"
+
+
+def create_call(body: dict[str, Any], wait: bool = True) -> Call[models.SandboxInfo]:
+    body.setdefault("request_id", new_request_id())
+    return Call(
+        "POST",
+        "/v1/sandboxes",
+        json_of(models.SandboxInfo),
+        params=None if wait else {"wait": "false"},
+        json=body,
+        idempotent=True,  # the request id makes a repeat return the same sandbox
+        no_read_timeout=True,  # it waits in the node's queue for capacity
+    )
+
+
+def get_call(sid: str) -> Call[models.SandboxInfo]:
+    return Call("GET", sb_path(sid), json_of(models.SandboxInfo), idempotent=True, sandbox=sid)
+
+
+def delete_call(sid: str) -> Call[models.SandboxInfo]:
+    return Call("DELETE", sb_path(sid), json_of(models.SandboxInfo), idempotent=True)
+
+
+def list_call(labels: Labels | None, state: str | Sequence[str] | None, all: bool) -> Call[list[models.SandboxInfo]]:
+    params: dict[str, str] = {}
+    sel = selector(labels)
+    if sel:
+        params["label"] = sel
+    if state:
+        params["state"] = state if isinstance(state, str) else ",".join(state)
+    if all:
+        params["all"] = "true"
+    return Call("GET", "/v1/sandboxes", json_list(models.SandboxInfo), params=params, idempotent=True)
+
+
+def delete_many_call(labels: Labels) -> Call[list[models.SandboxInfo]]:
+    sel = selector(labels)
+    if not sel:
+        raise ValueError("deleting by label needs a non-empty selector")
+    return Call("DELETE", "/v1/sandboxes", json_list(models.SandboxInfo), params={"label": sel}, idempotent=True)
+
+
+def action_call(sid: str, action: str, body: Any = None, idempotent: bool = True) -> Call[models.SandboxInfo]:
+    return Call(
+        "POST", sb_path(sid, f"/{action}"), json_of(models.SandboxInfo), json=body, idempotent=idempotent, sandbox=sid
+    )
+
+
+def ttl_call(sid: str, ttl: Seconds) -> Call[models.SandboxInfo]:
+    return action_call(sid, "ttl", {"ttl": duration_value(ttl)})
+
+
+def network_call(sid: str, allow: Sequence[str], deny: Sequence[str]) -> Call[models.NetworkChange]:
+    return Call(
+        "PATCH",
+        sb_path(sid, "/network"),
+        json_of(models.NetworkChange),
+        json={"allow": list(allow), "deny": list(deny)},
+        idempotent=True,
+        sandbox=sid,
+    )
+
+
+def commit_call(sid: str, name: str) -> Call[models.Image]:
+    return Call("POST", sb_path(sid, "/commit"), json_of(models.Image), json={"name": name}, sandbox=sid, no_read_timeout=True)
+
+
+def exec_call(
+    sid: str,
+    cmd: Cmd,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: Seconds | None = None,
+    stdin: bytes | str | None = None,
+    user: str | None = None,
+) -> Call[None]:
+    body: dict[str, Any] = {"cmd": argv(cmd)}
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if timeout is not None:
+        body["timeout"] = duration_value(timeout)
+    if stdin is not None:
+        body["stdin"] = b64(stdin)
+    if user is not None:
+        body["user"] = str(user)
+    return Call("POST", sb_path(sid, "/exec"), _none, json=body, sandbox=sid, stream=True)
+
+
+def logs_call(sid: str, follow: bool) -> Call[None]:
+    return Call(
+        "GET",
+        sb_path(sid, "/logs"),
+        _none,
+        params={"follow": "true"} if follow else None,
+        idempotent=True,
+        sandbox=sid,
+        stream=True,
+        no_read_timeout=follow,
+    )
+
+
+def logs_by_label_call(labels: Labels) -> Call[None]:
+    sel = selector(labels)
+    if not sel:
+        raise ValueError("logs by label need a non-empty selector")
+    return Call("GET", "/v1/logs", _none, params={"label": sel}, idempotent=True, stream=True)
+
+
+def parse_log_line(line: str) -> models.LogLine | None:
+    if not line.strip():
+        return None
+    return from_json(models.LogLine, json.loads(line))
+
+
+# ---------------------------------------------------------------- files
+
+
+def file_put_call(sid: str, path: str, content: Any, mode: int | str | None = None, tar: bool = False) -> Call[None]:
+    params = {"path": path}
+    if mode is not None:
+        params["mode"] = mode if isinstance(mode, str) else format(mode, "o")
+    headers = {"Content-Type": "application/x-tar" if tar else "application/octet-stream"}
+    return Call(
+        "PUT",
+        sb_path(sid, "/files"),
+        _none,
+        params=params,
+        content=content,
+        headers=headers,
+        idempotent=isinstance(content, (bytes, str)),
+        sandbox=sid,
+        no_read_timeout=True,
+    )
+
+
+def file_get_call(sid: str, path: str) -> Call[None]:
+    return Call("GET", sb_path(sid, "/files"), _none, params={"path": path}, idempotent=True, sandbox=sid, stream=True)
+
+
+def is_tar(resp: httpx.Response) -> bool:
+    return str(resp.headers.get("content-type", "")).startswith("application/x-tar")
+
+
+CHUNK = 1 << 20
+
+
+def read_chunks(f: io.BufferedIOBase | Any, size: int = CHUNK) -> Iterator[bytes]:
+    while True:
+        b = f.read(size)
+        if not b:
+            return
+        yield b
+
+
+def local_chunks(path: str | os.PathLike[str]) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        yield from read_chunks(f)
+
+
+def upload_content(data: Any) -> Any:
+    """Bytes, text, a binary file object or an iterable of byte chunks, as
+    an httpx body that streams (never read whole)."""
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if hasattr(data, "read"):
+        return read_chunks(data)
+    return data
+
+
+_PAD = b"\0" * 512
+
+
+def tar_stream(root: str | os.PathLike[str], chunk: int = CHUNK) -> Iterator[bytes]:
+    """A tar of the *contents* of local directory ``root``, generated as it
+    is sent: headers, then each file in chunks, never a whole file in memory.
+    Regular files, directories and symlinks; anything else is skipped."""
+    base = Path(root)
+    if not base.is_dir():
+        raise NotADirectoryError(str(base))
+    for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(base)
+        entries = sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for d in dirnames:
+            p = Path(dirpath, d)
+            if p.is_symlink():
+                continue
+            st = p.lstat()
+            ti = tarfile.TarInfo(str(rel_dir / d))
+            ti.type = tarfile.DIRTYPE
+            ti.mode = stat.S_IMODE(st.st_mode)
+            ti.mtime = int(st.st_mtime)
+            yield ti.tobuf(tarfile.PAX_FORMAT)
+        for name in entries:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            ti = tarfile.TarInfo(str(rel_dir / name))
+            ti.mode = stat.S_IMODE(st.st_mode)
+            ti.mtime = int(st.st_mtime)
+            if stat.S_ISLNK(st.st_mode):
+                ti.type = tarfile.SYMTYPE
+                ti.linkname = os.readlink(p)
+                yield ti.tobuf(tarfile.PAX_FORMAT)
+            elif stat.S_ISREG(st.st_mode):
+                ti.size = st.st_size
+                yield ti.tobuf(tarfile.PAX_FORMAT)
+                left = st.st_size
+                with open(p, "rb") as f:
+                    while left > 0:
+                        b = f.read(min(chunk, left))
+                        if not b:  # shrank while we read: keep the promised size
+                            b = b"\0" * min(chunk, left)
+                        left -= len(b)
+                        yield b
+                if st.st_size % 512:
+                    yield _PAD[: 512 - st.st_size % 512]
+    yield _PAD * 2
+
+
+class ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (for ``tarfile``'s
+    streaming mode)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def list_tar(fileobj: io.RawIOBase) -> list[models.FileEntry]:
+    """The top-level entries of a directory tar (as ``GET files`` sends it)."""
+    out: list[models.FileEntry] = []
+    with tarfile.open(fileobj=fileobj, mode="r|") as t:
+        for m in t:
+            name = m.name
+            while name.startswith("./"):
+                name = name[2:]
+            name = name.rstrip("/")
+            if not name or name == "." or "/" in name:
+                continue
+            kind = "file" if m.isfile() else "dir" if m.isdir() else "symlink" if m.issym() else "other"
+            out.append(
+                models.FileEntry(
+                    name=name,
+                    type=kind,  # type: ignore[arg-type]
+                    size=m.size,
+                    mode=m.mode & 0o7777,
+                    mtime=float(m.mtime),
+                    link_target=m.linkname if m.issym() else None,
+                )
+            )
+    return out
+
+
+def extract_tar(fileobj: io.RawIOBase | io.BufferedIOBase | Any, dest: str | os.PathLike[str]) -> None:
+    """Unpacks a tar stream into ``dest`` (refusing absolute paths, ``..``
+    and links out of ``dest``: the sandbox's files are untrusted)."""
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=fileobj, mode="r|") as t:
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(dest, filter="data")
+        else:  # pragma: no cover - Python without PEP 706
+            root = os.path.realpath(dest)
+            for m in t:
+                target = os.path.realpath(os.path.join(root, m.name))
+                if not (target == root or target.startswith(root + os.sep)) or m.issym() or m.islnk() or m.isdev():
+                    continue
+                t.extract(m, root)
+
+
+def remove_cmd(path: str, recursive: bool) -> list[str]:
+    return ["rm", "-rf" if recursive else "-f", "--", path]
+
+
+# Background processes that take stdin later. The API sends an exec's stdin
+# once, at the start; so the command reads a pipe whose writing end a holder
+# process (`sleep`) keeps open. Each `send_stdin` is an exec that writes into
+# that pipe through /proc/<holder>/fd/1 (sandboxes may not make FIFOs);
+# `close_stdin` stops the holder, and the command reads end-of-file.
+STDIN_WRAPPER = (
+    'f=$1; shift; '
+    "sh -c 'echo $$ >\"$1\"; exec sleep 2147483647' sh \"$f\" | "
+    '{ "$@"; c=$?; while [ ! -s "$f" ]; do sleep 0.01; done; '
+    'kill $(cat "$f") 2>/dev/null; rm -f "$f"; exit $c; }'
+)
+_WAIT_PID = 'i=0; while [ ! -s "$1" ]; do i=$((i+1)); [ $i -gt 1000 ] && exit 1; sleep 0.01; done; '
+STDIN_WRITE = _WAIT_PID + 'cat >"/proc/$(cat "$1")/fd/1"'
+STDIN_CLOSE = _WAIT_PID + 'kill $(cat "$1")'
+
+
+def fifo_path() -> str:
+    return f"/tmp/.warren-stdin-{uuid.uuid4().hex[:12]}.pid"
+
+
+# ---------------------------------------------------------------- exec streams
+
+
+def parse_exec_line(line: str) -> models.ExecStart | models.ExecOutput | models.ExecExit | None:
+    """One NDJSON line of an exec stream as an event (keepalives: None)."""
+    if not line.strip():
+        return None
+    ev = json.loads(line)
+    kind = ev.get("type")
+    if kind in ("stdout", "stderr"):
+        return models.ExecOutput(stream=kind, data=base64.b64decode(ev["data"]))
+    if kind == "start":
+        return models.ExecStart(exec_id=ev["exec_id"], pid=int(ev["pid"]))
+    if kind == "exit":
+        return models.ExecExit(
+            code=int(ev["code"]),
+            duration_ms=int(ev.get("duration_ms", 0)),
+            timed_out=bool(ev.get("timed_out", False)),
+            signal=ev.get("signal"),
+        )
+    if kind == "error":
+        raise errors.StreamError(f"exec failed: {ev.get('message', '')}")
+    return None
+
+
+@dataclass
+class ExecCollector:
+    """Accumulates an exec stream's events into an :class:`ExecResult`."""
+
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    start: models.ExecStart | None = None
+    exit: models.ExecExit | None = None
+
+    def feed(self, ev: models.ExecStart | models.ExecOutput | models.ExecExit) -> None:
+        if isinstance(ev, models.ExecOutput):
+            (self.stdout if ev.stream == "stdout" else self.stderr).extend(ev.data)
+        elif isinstance(ev, models.ExecStart):
+            self.start = ev
+        else:
+            self.exit = ev
+
+    def result(self) -> models.ExecResult:
+        if self.exit is None:
+            raise errors.StreamError(
+                "the exec stream ended without an exit event (was the sandbox destroyed or the daemon stopped?)"
+            )
+        return models.ExecResult(
+            exit_code=self.exit.code,
+            stdout=bytes(self.stdout),
+            stderr=bytes(self.stderr),
+            duration=self.exit.duration_ms / 1000,
+            timed_out=self.exit.timed_out,
+            signal=self.exit.signal,
+            exec_id=self.start.exec_id if self.start else "",
+            pid=self.start.pid if self.start else 0,
+        )
+
+
+def finish_exec(collector: ExecCollector, raise_on_timeout: bool, check: bool) -> models.ExecResult:
+    res = collector.result()
+    if res.timed_out and raise_on_timeout:
+        raise errors.ExecTimeout(res)
+    if check:
+        res.check()
+    return res
+
+
+# ---------------------------------------------------------------- batches, events
+
+
+def batch_create_call(count: int, spec: dict[str, Any], labels: Mapping[str, str] | None, retry_on_oom: bool) -> Call[models.BatchInfo]:
+    body: dict[str, Any] = {"count": int(count), "spec": spec}
+    if labels:
+        body["labels"] = {str(k): str(v) for k, v in labels.items()}
+    if retry_on_oom:
+        body["retry_on_oom"] = True
+    return Call("POST", "/v1/batches", json_of(models.BatchInfo), json=body)
+
+
+def batch_get_call(bid: str) -> Call[models.BatchInfo]:
+    return Call("GET", f"/v1/batches/{bid}", json_of(models.BatchInfo), idempotent=True)
+
+
+def batch_list_call() -> Call[list[models.BatchInfo]]:
+    return Call("GET", "/v1/batches", json_list(models.BatchInfo), idempotent=True)
+
+
+def batch_delete_call(bid: str) -> Call[models.BatchInfo]:
+    return Call("DELETE", f"/v1/batches/{bid}", json_of(models.BatchInfo), idempotent=True)
+
+
+def batch_done(info: models.BatchInfo, until: str) -> bool:
+    """``ready``: every member submitted and past ``queued``/``creating``;
+    ``done``: every member submitted and finished (final or kept)."""
+    if info.submitted < info.count:
+        return info.deleted_at is not None and info.live == 0
+    if until == "ready":
+        return info.count_in("queued", "creating") == 0
+    if until == "done":
+        return info.live == 0
+    raise ValueError(f"until must be 'ready' or 'done', not {until!r}")
+
+
+def events_call(
+    sandbox: str | None,
+    labels: Labels | None,
+    batch: str | None,
+    type: str | None,
+    after: int,
+    follow: bool,
+    limit: int = 10000,
+) -> Call[list[models.Event]]:
+    """A page of events after ``after`` (a JSON list), or with ``follow`` an
+    NDJSON stream of them (read with :func:`parse_event`)."""
+    params: dict[str, str] = {"after": str(after)}
+    if sandbox:
+        params["sandbox"] = sandbox
+    sel = selector(labels)
+    if sel:
+        params["label"] = sel
+    if batch:
+        params["batch"] = batch
+    if type:
+        params["type"] = type
+    if follow:
+        params["follow"] = "true"
+    else:
+        params["limit"] = str(limit)
+    return Call(
+        "GET",
+        "/v1/events",
+        json_list(models.Event),
+        params=params,
+        idempotent=True,
+        stream=follow,
+        no_read_timeout=follow,
+    )
+
+
+def parse_event(line: str) -> models.Event | None:
+    if not line.strip():
+        return None
+    return from_json(models.Event, json.loads(line))
+
+
+# ---------------------------------------------------------------- images, profiles, nodes
+
+
+def images_list_call() -> Call[list[models.Image]]:
+    return Call("GET", "/v1/images", json_list(models.Image), idempotent=True)
+
+
+def image_pull_call(reference: str, progress: bool) -> Call[models.Image]:
+    return Call(
+        "POST",
+        "/v1/images/pull",
+        json_of(models.Image),
+        params={"progress": "true"} if progress else None,
+        json={"reference": reference},
+        idempotent=True,
+        stream=progress,
+        no_read_timeout=True,
+    )
+
+
+def pull_line(line: str) -> models.PullEvent | models.Image | None:
+    """A pull progress line: an event, or the final image record (an error
+    line raises its API error)."""
+    if not line.strip():
+        return None
+    ev = json.loads(line)
+    kind = ev.get("type")
+    if kind == "image":
+        return from_json(models.Image, ev["image"])
+    if kind == "error":
+        e = ev.get("error") or {}
+        status = {v.code: s for s, v in errors._BY_STATUS.items()}.get(e.get("code", ""), 500)
+        raise errors.error_for(status, e.get("code"), e.get("message", "pull failed"), None)
+    return from_json(models.PullEvent, ev)
+
+
+def image_prewarm_call(reference: str, nodes: Sequence[str] | None) -> Call[models.PrewarmResult]:
+    return Call(
+        "POST",
+        "/v1/images/prewarm",
+        json_of(models.PrewarmResult),
+        json={"reference": reference, "nodes": list(nodes or [])},
+        idempotent=True,
+        no_read_timeout=True,
+    )
+
+
+def image_delete_call(reference: str) -> Call[models.Image]:
+    return Call("DELETE", f"/v1/images/{reference}", json_of(models.Image), idempotent=True)
+
+
+def image_import_call(name: str, content: Any) -> Call[models.Image]:
+    return Call(
+        "POST",
+        "/v1/images/import",
+        json_of(models.Image),
+        params={"name": name},
+        content=content,
+        headers={"Content-Type": "application/x-tar"},
+        no_read_timeout=True,
+    )
+
+
+def image_push_call(reference: str, source: str | None) -> Call[models.PushResult]:
+    return Call(
+        "POST",
+        "/v1/images/push",
+        json_of(models.PushResult),
+        json={"reference": reference, "source": source},
+        idempotent=True,
+        no_read_timeout=True,
+    )
+
+
+def image_gc_call(budget: int | str | None) -> Call[models.GcReport]:
+    return Call("POST", "/v1/images/gc", json_of(models.GcReport), json={"budget": None if budget is None else str(budget)})
+
+
+def profiles_list_call() -> Call[list[models.Profile]]:
+    return Call("GET", "/v1/profiles", json_list(models.Profile), idempotent=True)
+
+
+def profile_get_call(name: str) -> Call[models.ProfileDetail]:
+    return Call("GET", f"/v1/profiles/{name}", json_of(models.ProfileDetail), idempotent=True)
+
+
+def profile_reset_call(name: str) -> Call[models.Profile]:
+    return Call("POST", f"/v1/profiles/{name}/reset", json_of(models.Profile), idempotent=True)
+
+
+def profiles_export_call() -> Call[str]:
+    return Call("GET", "/v1/profiles/export", lambda r: r.text, idempotent=True)
+
+
+def profiles_import_call(toml: str | bytes | os.PathLike[str]) -> Call[list[models.Profile]]:
+    if isinstance(toml, os.PathLike):
+        toml = Path(toml).read_bytes()
+    content = toml.encode() if isinstance(toml, str) else toml
+    return Call(
+        "POST",
+        "/v1/profiles/import",
+        json_list(models.Profile),
+        content=content,
+        headers={"Content-Type": "application/toml"},
+        idempotent=True,
+    )
+
+
+def nodes_call() -> Call[list[models.Node]]:
+    return Call("GET", "/v1/nodes", json_list(models.Node), idempotent=True)
+
+
+def health_call() -> Call[str]:
+    return Call("GET", "/healthz", lambda r: r.text.strip(), idempotent=True)
+
+
+def openapi_call() -> Call[dict[str, Any]]:
+    return Call("GET", "/openapi.json", lambda r: r.json(), idempotent=True)
+
+
+# ---------------------------------------------------------------- ports
+
+
+def port_path(sid: str, port: int, path: str = "") -> str:
+    return sb_path(sid, f"/ports/{int(port)}/{path.lstrip('/')}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    tls: bool
+    prefix: str
+
+
+def endpoint(url: str) -> Endpoint:
+    u = httpx.URL(url)
+    tls = u.scheme == "https"
+    return Endpoint(u.host, u.port or (443 if tls else 80), tls, u.path.rstrip("/"))
+
+
+def upgrade_request(ep: Endpoint, token: str, sid: str, port: int) -> bytes:
+    """The HTTP/1.1 request that turns a connection into a raw tunnel to
+    ``port`` in the sandbox (``Upgrade: tcp``)."""
+    host = ep.host if ":" not in ep.host else f"[{ep.host}]"
+    return (
+        f"POST {ep.prefix}{sb_path(sid, f'/ports/{int(port)}')} HTTP/1.1\r\n"
+        f"Host: {host}:{ep.port}\r\n"
+        f"Authorization: Bearer {token}\r\n"
+        f"User-Agent: {USER_AGENT}\r\n"
+        "Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+
+
+def upgrade_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """Status and headers of the answer to :func:`upgrade_request`."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    return status, headers
+
+
+def upgrade_error(status: int, headers: dict[str, str], body: bytes) -> errors.APIError:
+    resp = httpx.Response(status, headers=headers, content=body)
+    return api_error(resp)
+
+
+# ---------------------------------------------------------------- lease keeper
+
+
+class LeaseSchedule:
+    """When each kept sandbox needs its next heartbeat: a third of its lease
+    after the last call that touched it (any call on a sandbox renews its
+    lease, so a busy sandbox needs no extra heartbeats). Not thread-safe;
+    the sync client guards it with a lock."""
+
+    def __init__(self) -> None:
+        self._every: dict[str, float] = {}
+        self._next: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._every)
+
+    def add(self, sid: str, lease: float, now: float) -> None:
+        every = max(lease / 3, 0.05)
+        self._every[sid] = every
+        self._next[sid] = now + every
+
+    def remove(self, sid: str) -> None:
+        self._every.pop(sid, None)
+        self._next.pop(sid, None)
+
+    def touched(self, sid: str, now: float) -> None:
+        every = self._every.get(sid)
+        if every is not None:
+            self._next[sid] = now + every
+
+    def due(self, now: float) -> list[str]:
+        return [sid for sid, t in self._next.items() if t <= now]
+
+    def next_wake(self, now: float) -> float | None:
+        """Seconds until the next heartbeat is due (None: nothing to keep)."""
+        if not self._next:
+            return None
+        return max(min(self._next.values()) - now, 0.0)
+
+
+def reclaim_on_exit(spec: models.SandboxSpec, failed: bool) -> bool:
+    """Whether leaving a ``with`` block destroys the sandbox: not for
+    ``reclaim="keep"``, nor for ``keep_on_failure`` when the block raised
+    (the sandbox then stays until its TTL or lease ends it, and is kept for
+    ``keep_for`` after that)."""
+    if spec.reclaim == "keep":
+        return False
+    if spec.reclaim == "keep_on_failure" and failed:
+        return False
+    return True

@@ -1,0 +1,544 @@
+"""Typed records of the Warren API.
+
+Plain dataclasses (no pydantic): the SDK's only dependency is httpx, so it
+installs into any training environment without pinning a pydantic major
+version against the trainer's own. Each model mirrors one schema of the
+daemon's ``GET /openapi.json`` field for field (``tests/test_sdk.py`` fails
+when they drift apart); fields the server adds later are ignored rather
+than refused, and every record keeps the JSON it came from in ``raw``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union
+
+__all__ = [
+    "SandboxState",
+    "SandboxSpec",
+    "NetworkSpec",
+    "ResolvedResources",
+    "Usage",
+    "Event",
+    "SandboxInfo",
+    "BatchFailure",
+    "BatchInfo",
+    "NetworkChange",
+    "Resources",
+    "Node",
+    "ProfileRequest",
+    "Profile",
+    "ProfileRun",
+    "ProfileDetail",
+    "PrewarmNode",
+    "PrewarmResult",
+    "ImageLayer",
+    "Image",
+    "PushResult",
+    "GcReport",
+    "LogLine",
+    "PullEvent",
+    "FileEntry",
+    "ExecStart",
+    "ExecOutput",
+    "ExecExit",
+    "ExecEvent",
+    "ExecResult",
+    "from_json",
+]
+
+SandboxState = Literal[
+    "queued", "creating", "running", "paused", "stopping", "destroyed", "failed", "kept", "lost"
+]
+"""A sandbox's state. ``destroyed``, ``failed`` and ``lost`` are final."""
+
+FINAL_STATES: frozenset[str] = frozenset({"destroyed", "failed", "lost"})
+
+M = TypeVar("M")
+
+
+def from_json(cls: type[M], data: Any) -> M:
+    """Builds dataclass ``cls`` from decoded JSON: nested records, lists,
+    maps and optionals are converted by the field's type hint; unknown keys
+    are ignored; the input is kept in ``raw`` where the model has it."""
+    return typing.cast(M, _convert(cls, data))
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    h = _HINTS.get(cls)
+    if h is None:
+        h = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+        _HINTS[cls] = h
+    return h
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{hint.__name__}: expected an object, got {type(value).__name__}")
+        hints = _hints(hint)
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(hint):
+            if not f.init:
+                continue
+            if f.name == "raw":
+                kwargs["raw"] = value
+                continue
+            key = f.metadata.get("json", f.name)
+            if key in value:
+                kwargs[f.name] = _convert(hints[f.name], value[key])
+        return hint(**kwargs)
+    origin = typing.get_origin(hint)
+    if origin is Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return _convert(args[0], value)
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        return {k: _convert(item, v) for k, v in value.items()}
+    if hint is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def _raw() -> Any:
+    return field(default_factory=dict, repr=False, compare=False)
+
+
+# ---------------------------------------------------------------- sandboxes
+
+
+@dataclass
+class NetworkSpec:
+    """Egress: ``none`` (loopback only) or ``allowlist`` of ``HOST:PORT`` rules."""
+
+    mode: Literal["none", "allowlist"] = "none"
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SandboxSpec:
+    """What a sandbox was asked for (as the server echoes it back): sizes
+    (``cpu`` in cores, ``memory``/``disk`` in bytes or text), lifetimes as
+    text (``"10m"``), the main command if any."""
+
+    image: str
+    cpu: float | str | None = None
+    memory: int | str | None = None
+    pids: int | None = None
+    disk: int | str | None = None
+    gpus: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    ttl: str | int | float | None = None
+    lease: str | int | float | None = None
+    profile: str | None = None
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    reclaim: Literal["destroy", "delay", "keep", "keep_on_failure"] = "destroy"
+    keep_for: str | int | float | None = None
+    cmd: list[str] | None = None
+    cwd: str | None = None
+    user: str | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class ResolvedResources:
+    """The resources a sandbox was given once defaults and profiles applied."""
+
+    cpu_millis: int
+    memory: int
+    pids: int
+    disk: int
+    gpus: int
+
+
+@dataclass
+class Usage:
+    """cgroup usage: CPU time, memory (now and peak), pids, OOM kills, disk."""
+
+    cpu_usage_ns: int = 0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    pids: int = 0
+    oom_kills: int = 0
+    cpu_millis_mean: int = 0
+    cpu_millis_peak: int = 0
+    cpu_periods: int = 0
+    cpu_throttled_periods: int = 0
+    disk_bytes: int = 0
+    samples: int = 0
+    runtime_ms: int = 0
+
+
+@dataclass
+class Event:
+    """A state change (or node event) with its reason, from ``/v1/events``."""
+
+    seq: int
+    time: str
+    sandbox_id: str
+    type: str
+    reason: str
+    state: SandboxState | None = None
+    message: str = ""
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as ``GET /v1/sandboxes/{id}`` describes it."""
+
+    id: str
+    state: SandboxState
+    reason: str
+    spec: SandboxSpec
+    resources: ResolvedResources
+    node: str
+    image_digest: str
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    host_id_base: int | None = None
+    queue_position: int | None = None
+    usage: Usage | None = None
+    ttl_remaining_ms: int | None = None
+    lease_remaining_ms: int | None = None
+    events: list[Event] = field(default_factory=list)
+    raw: dict[str, Any] = _raw()
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.spec.labels
+
+    @property
+    def is_final(self) -> bool:
+        """Destroyed, failed or lost: nothing of it runs any more."""
+        return self.state in FINAL_STATES
+
+
+# ---------------------------------------------------------------- batches
+
+
+@dataclass
+class BatchFailure:
+    sandbox_id: str
+    state: SandboxState
+    reason: str
+    exit_code: int | None = None
+
+
+@dataclass
+class BatchInfo:
+    """A batch: how many were asked for and submitted, counts per state,
+    usage summed over live members, and failures."""
+
+    id: str
+    count: int
+    labels: dict[str, str]
+    spec: SandboxSpec
+    created_at: str
+    submitted: int
+    states: dict[str, int]
+    usage: Usage
+    failures: list[BatchFailure]
+    deleted_at: str | None = None
+    retry_on_oom: bool = False
+    raw: dict[str, Any] = _raw()
+
+    def count_in(self, *states: str) -> int:
+        """Members currently in any of ``states``."""
+        return sum(self.states.get(s, 0) for s in states)
+
+    @property
+    def pending(self) -> int:
+        """Members not yet ready: unsubmitted, queued or creating."""
+        return max(self.count - self.submitted, 0) + self.count_in("queued", "creating")
+
+    @property
+    def live(self) -> int:
+        return self.count_in("queued", "creating", "running", "paused", "stopping")
+
+
+# ---------------------------------------------------------------- network, nodes
+
+
+@dataclass
+class NetworkChange:
+    """The answer to a rule change: the sandbox, the live connections the new
+    rules closed, and ports a server in the sandbox already listens on."""
+
+    sandbox: SandboxInfo
+    closed: list[str]
+    unlistened_ports: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Resources:
+    cpu_millis: int
+    memory: int
+    slots: int
+
+
+@dataclass
+class Node:
+    """A node: what it lends, what is allocated, how many creates wait."""
+
+    name: str
+    allocatable: Resources
+    allocated: Resources
+    queued: int
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@dataclass
+class ProfileRequest:
+    """A CPU (millicores) and memory (bytes) request."""
+
+    cpu_millis: int
+    memory: int
+
+
+@dataclass
+class Profile:
+    """A learned resource profile (one per task label)."""
+
+    name: str
+    original: ProfileRequest
+    current: ProfileRequest
+    anomalous: bool
+    anomaly: str = ""
+    runs: int = 0
+
+
+@dataclass
+class ProfileRun:
+    """One finished sandbox of a profile, as the sampler saw it."""
+
+    cpu_millis_peak: int
+    memory_peak: int
+    runtime_ms: int
+    oom_killed: bool
+    throttled_ratio: float
+    requested: ProfileRequest
+
+
+@dataclass
+class ProfileDetail:
+    profile: Profile
+    runs: list[ProfileRun]
+    recommendation: ProfileRequest | None = None
+
+
+# ---------------------------------------------------------------- images
+
+
+@dataclass
+class PrewarmNode:
+    node: str
+    digest: str
+    layers: int
+
+
+@dataclass
+class PrewarmResult:
+    reference: str
+    nodes: list[PrewarmNode]
+
+
+@dataclass
+class ImageLayer:
+    digest: str
+    size: int = 0
+    diff_id: str = ""
+    chain_id: str = ""
+    snapshot: int | None = None
+
+
+@dataclass
+class Image:
+    """An image record of the store. (``/openapi.json`` does not describe
+    this record; the fields are those the daemon sends today, and ``raw``
+    holds all of them.)"""
+
+    name: str
+    digest: str
+    size: int = 0
+    created: str | None = None
+    config_digest: str = ""
+    layers: list[ImageLayer] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class PushResult:
+    image: Image
+    uploaded: int
+    mounted: int
+
+
+@dataclass
+class GcReport:
+    removed: list[str]
+    used_before: int
+    used_after: int
+
+
+@dataclass
+class PullEvent:
+    """One progress event of an image pull (``resolved``, ``manifest``,
+    ``progress``, ``layer``, ``done``); every field the server sent is in
+    ``raw``."""
+
+    type: str
+    digest: str | None = None
+    layer: int | None = None
+    bytes: int | None = None
+    size: int | None = None
+    raw: dict[str, Any] = _raw()
+
+
+# ---------------------------------------------------------------- logs, files
+
+
+@dataclass
+class LogLine:
+    """One line of a sandbox's log: ``stdout``/``stderr`` output (of the main
+    process, ``exec_id`` ``main``, or of an exec), a state ``event`` or the
+    final ``summary``."""
+
+    time: str
+    sandbox_id: str
+    kind: str
+    exec_id: str | None = None
+    text: str | None = None
+    data: str | None = None
+    state: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    raw: dict[str, Any] = _raw()
+
+    @property
+    def output(self) -> bytes:
+        """The output bytes of a ``stdout``/``stderr`` line (empty otherwise)."""
+        if self.text is not None:
+            return self.text.encode()
+        if self.data is not None:
+            return base64.b64decode(self.data)
+        return b""
+
+
+@dataclass
+class FileEntry:
+    """An entry of a directory in a sandbox (see ``Files.list``)."""
+
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+    link_target: str | None = None
+
+
+# ---------------------------------------------------------------- exec
+
+
+@dataclass
+class ExecStart:
+    """The command started: its exec id and its pid inside the sandbox."""
+
+    exec_id: str
+    pid: int
+    type: Literal["start"] = "start"
+
+
+@dataclass
+class ExecOutput:
+    """A chunk of output, in the order the sandbox produced it."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    @property
+    def type(self) -> Literal["stdout", "stderr"]:
+        return self.stream
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+@dataclass
+class ExecExit:
+    """The command ended: exit code (128+N for signal N), whether the
+    exec's timeout killed it, and how long it ran."""
+
+    code: int
+    duration_ms: int
+    timed_out: bool = False
+    signal: int | None = None
+    type: Literal["exit"] = "exit"
+
+
+ExecEvent = Union[ExecStart, ExecOutput, ExecExit]
+"""What ``exec_stream`` yields."""
+
+
+@dataclass
+class ExecResult:
+    """The outcome of a finished command."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration: float
+    """Seconds the command ran (as the sandbox measured it)."""
+    timed_out: bool = False
+    signal: int | None = None
+    exec_id: str = ""
+    pid: int = 0
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode(errors="replace")
+
+    @property
+    def text(self) -> str:
+        """``stdout`` as text (what most callers want)."""
+        return self.stdout_text
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def check(self) -> ExecResult:
+        """Returns self, or raises :class:`warren.CommandFailed` when the
+        command exited non-zero."""
+        if self.exit_code != 0:
+            from .errors import CommandFailed
+
+            raise CommandFailed(self)
+        return self

@@ -394,7 +394,7 @@ class AsyncSandbox:
     ) -> AsyncExecStream:
         """Starts ``cmd``; ``async for ev in stream`` yields its events as they happen."""
         call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user)
-        return AsyncExecStream(self._c, await self._c._send(call))
+        return AsyncExecStream(self._c, await self._c._send(call), self.id)
 
     async def spawn(
         self,
@@ -435,9 +435,10 @@ class AsyncSandbox:
 class AsyncExecStream:
     """The events of a running command, as an async iterator and context manager."""
 
-    def __init__(self, client: AsyncClient, resp: httpx.Response) -> None:
+    def __init__(self, client: AsyncClient, resp: httpx.Response, sandbox_id: str = "") -> None:
         self._c = client
         self._resp = resp
+        self._sandbox_id = sandbox_id
         self._lines = client._lines(resp)
         self._collector = core.ExecCollector()
         self._done = False
@@ -474,9 +475,16 @@ class AsyncExecStream:
         return self._collector.result()
 
     async def close(self) -> None:
-        """Closes the stream; a command still running is killed."""
+        """Closes the stream; a command still running is killed (its whole tree)."""
+        if not self._done and self._collector.exit is None:
+            await self._kill()
         self._done = True
         await self._resp.aclose()
+
+    async def _kill(self) -> None:
+        if self._collector.start is not None and self._sandbox_id:
+            with contextlib.suppress(errors.WarrenError):
+                await self._c._call(core.exec_call(self._sandbox_id, core.kill_cmd(self._collector.start.pid), timeout=10))
 
     async def __aenter__(self) -> AsyncExecStream:
         return self
@@ -539,11 +547,12 @@ class AsyncProcess:
         return res.check() if check else res
 
     async def kill(self) -> None:
-        """Kills the command and its whole process tree."""
-        if not self._task.done():
-            self._killed = True
-            self._task.cancel()
-        await self._stream.close()
+        """Kills the command and everything it started; :meth:`wait` then
+        reports its end (exit code 137)."""
+        if self._task.done():
+            return
+        self._killed = True
+        await self._stream._kill()
 
     async def send_stdin(self, data: bytes | str) -> None:
         if self._fifo is None:

@@ -637,6 +637,14 @@ STDIN_WRITE = _WAIT_PID + 'cat >"/proc/$(cat "$1")/fd/1"'
 STDIN_CLOSE = _WAIT_PID + 'kill $(cat "$1")'
 
 
+def kill_cmd(pid: int) -> list[str]:
+    """Kills an exec's process group (each exec leads its own). Closing an
+    exec stream also kills the exec's whole tree, but the daemon notices a
+    closed stream only when it next writes to it (output, or a keepalive
+    every 15 s), so a quiet command is killed explicitly too."""
+    return ["sh", "-c", 'kill -9 -- "-$1" 2>/dev/null; kill -9 "$1" 2>/dev/null; true', "sh", str(int(pid))]
+
+
 def fifo_path() -> str:
     return f"/tmp/.warren-stdin-{uuid.uuid4().hex[:12]}.pid"
 

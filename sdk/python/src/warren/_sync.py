@@ -437,7 +437,7 @@ class Sandbox:
         :class:`~warren.models.ExecExit`. Closing the stream early kills the
         command."""
         call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user)
-        return ExecStream(self._c, self._c._send(call))
+        return ExecStream(self._c, self._c._send(call), self.id)
 
     def spawn(
         self,
@@ -491,9 +491,10 @@ class ExecStream:
     """The events of a running command, as an iterator and context manager.
     After it is exhausted, :attr:`result` holds the whole outcome."""
 
-    def __init__(self, client: Client, resp: httpx.Response) -> None:
+    def __init__(self, client: Client, resp: httpx.Response, sandbox_id: str = "") -> None:
         self._c = client
         self._resp = resp
+        self._sandbox_id = sandbox_id
         self._lines = client._lines(resp)
         self._collector = core.ExecCollector()
         self._done = False
@@ -533,8 +534,15 @@ class ExecStream:
 
     def close(self) -> None:
         """Closes the stream; a command still running is killed (its whole tree)."""
+        if not self._done and self._collector.exit is None:
+            self._kill()
         self._done = True
         self._resp.close()
+
+    def _kill(self) -> None:
+        if self._collector.start is not None and self._sandbox_id:
+            with contextlib.suppress(errors.WarrenError):
+                self._c._call(core.exec_call(self._sandbox_id, core.kill_cmd(self._collector.start.pid), timeout=10))
 
     def __enter__(self) -> ExecStream:
         return self
@@ -547,7 +555,7 @@ class Process(ExecStream):
     """A command running in the background (see :meth:`Sandbox.spawn`)."""
 
     def __init__(self, sandbox: Sandbox, stream: ExecStream, fifo: str | None) -> None:
-        super().__init__(stream._c, stream._resp)
+        super().__init__(stream._c, stream._resp, sandbox.id)
         self._lines = stream._lines
         self._sb = sandbox
         self._fifo = fifo
@@ -584,11 +592,12 @@ class Process(ExecStream):
         return res.check() if check else res
 
     def kill(self) -> None:
-        """Kills the command and everything it started (closing its stream
-        makes the sandbox kill its whole process tree)."""
-        if not self._done:
-            self._killed = True
-        self.close()
+        """Kills the command and everything it started; :meth:`wait` then
+        reports its end (exit code 137)."""
+        if self._done:
+            return
+        self._killed = True
+        self._kill()
 
     def send_stdin(self, data: bytes | str) -> None:
         """Writes ``data`` to the command's stdin (spawned with ``stdin=True``)."""

@@ -2,6 +2,8 @@
 # Installs what Warren needs on a fresh Debian machine (run as root). Idempotent.
 set -euo pipefail
 need=()
+# Debian's python3 refuses pip installs outside a venv (PEP 668) unless told.
+pip_install() { python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"; }
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd mmdebstrap; do
     have "$p" || need+=("$p")
@@ -18,4 +20,7 @@ fi
 # The fuzz targets (fuzz/, run briefly by scripts/test.sh) need nightly and cargo-fuzz.
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-python3 -c "import pytest, httpx, prometheus_client" 2>/dev/null || python3 -m pip install -q pytest httpx prometheus-client
+python3 -c "import pytest, httpx, prometheus_client, mypy" 2>/dev/null || pip_install pytest httpx prometheus-client mypy
+# The Python SDK (sdk/python), installed as users install it; reinstalled on
+# every run so the tests never see a stale copy.
+pip_install --force-reinstall --no-deps "$(dirname "$0")/../sdk/python"

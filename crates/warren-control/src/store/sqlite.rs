@@ -1,78 +1,17 @@
-//! The control plane's state: sandboxes and their events, behind the
-//! [`Store`] trait; [`SqliteStore`] keeps them in SQLite (WAL,
-//! `synchronous=FULL`). A state change is committed together with its event
-//! before the API acknowledges it.
+//! [`SqliteStore`]: the store of `warren up` (and of a one-machine
+//! `warren server --database sqlite:PATH`).
 
 use std::path::Path;
-use std::str::FromStr;
 
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
-use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
+use warren_core::{Event, SandboxSpec, SandboxState};
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error("migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("corrupt record {0}: {1}")]
-    Corrupt(String, String),
-}
-
-impl StoreError {
-    /// A write that clashed with a unique key (two creates with one
-    /// request id).
-    pub fn is_duplicate(&self) -> bool {
-        matches!(self, StoreError::Db(sqlx::Error::Database(db)) if db.is_unique_violation())
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SandboxRow {
-    pub id: String,
-    pub state: SandboxState,
-    pub reason: String,
-    pub spec: SandboxSpec,
-    pub resources: ResolvedResources,
-    pub node: String,
-    pub image_digest: String,
-    pub created_at: String,
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    pub exit_code: Option<i32>,
-    /// `stopping` in the grace period of the `delay` policy, not destroying.
-    pub grace: bool,
-}
-
-/// A node of a cluster, as the control plane remembers it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeRecord {
-    pub name: String,
-    /// Its node API (`http://host:port`).
-    pub url: String,
-    /// What the control plane shows the node (issued at join).
-    pub credential: String,
-    pub labels: Labels,
-    /// Takes no new sandboxes (an operator's `warren node cordon`).
-    pub cordoned: bool,
-    pub joined_at: String,
-}
-
-/// Fields a transition may set besides state and reason.
-#[derive(Debug, Default, Clone)]
-pub struct Transition<'a> {
-    pub started_at: Option<&'a str>,
-    pub finished_at: Option<&'a str>,
-    pub exit_code: Option<i32>,
-    /// Whether a `stopping` sandbox waits out a grace period (false for
-    /// every other transition).
-    pub grace: bool,
-    pub message: &'a str,
-    /// The node a queued create was placed on, when its turn came.
-    pub node: Option<&'a str>,
-}
+use super::{
+    decode, decode_batch, decode_body, decode_event, decode_readable, json, BatchRow, NodeRecord,
+    SandboxRow, Store, StoreError, Transition,
+};
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -122,94 +61,6 @@ impl SqliteStore {
     fn wrote_event(&self) {
         self.events_written.send_modify(|n| *n += 1);
     }
-}
-
-/// Where the control plane keeps its state: SQLite (`warren up`), and
-/// PostgreSQL for a cluster. Every write is committed with its event
-/// before it returns.
-#[async_trait::async_trait]
-pub trait Store: Send + Sync {
-    /// Changes after every event written.
-    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64>;
-    async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError>;
-    async fn transition(
-        &self,
-        id: &str,
-        state: SandboxState,
-        reason: &str,
-        time: &str,
-        t: Transition<'_>,
-    ) -> Result<(), StoreError>;
-    /// Replaces a sandbox's recorded spec (its network policy changed), with
-    /// an event saying why, in one transaction.
-    async fn set_spec(
-        &self,
-        id: &str,
-        spec: &SandboxSpec,
-        time: &str,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), StoreError>;
-    async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError>;
-    async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
-    async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError>;
-    /// Sandboxes in `states` (all when empty), oldest first. A record that
-    /// cannot be read is left out (and logged), so one bad row never fails
-    /// a list; `fail_unreadable` retires such rows at start-up.
-    async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError>;
-    /// Marks every open record that cannot be read as `failed` (reason
-    /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
-    /// the node from now on, are swept as orphans.
-    async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError>;
-    async fn events(
-        &self,
-        sandbox_id: Option<&str>,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError>;
-    async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError>;
-    async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError>;
-    async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError>;
-    async fn profile(
-        &self,
-        name: &str,
-    ) -> Result<Option<warren_core::profile::Profile>, StoreError>;
-    async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError>;
-    async fn put_profile(
-        &self,
-        p: &warren_core::profile::Profile,
-        time: &str,
-    ) -> Result<(), StoreError>;
-    /// Records a finished run once per sandbox; false if it was already there.
-    async fn add_run(
-        &self,
-        profile: &str,
-        sandbox_id: &str,
-        run: &warren_core::profile::Run,
-        time: &str,
-    ) -> Result<bool, StoreError>;
-    /// The newest `limit` runs of a profile, oldest first.
-    async fn runs(
-        &self,
-        profile: &str,
-        limit: usize,
-    ) -> Result<Vec<warren_core::profile::Run>, StoreError>;
-    async fn delete_runs(&self, profile: &str) -> Result<(), StoreError>;
-    /// A profile-level event (type `profile`), attached to the sandbox whose
-    /// run triggered it.
-    async fn profile_event(
-        &self,
-        sandbox_id: &str,
-        profile: &str,
-        message: &str,
-        time: &str,
-    ) -> Result<(), StoreError>;
-    /// A node-level event (type `node`); its sandbox id is empty.
-    async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
-    /// Adds or replaces a node (a join, a re-join, a cordon).
-    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
-    async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -346,14 +197,7 @@ impl Store for SqliteStore {
             }
             q.fetch_all(&self.pool).await?
         };
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            match decode(r) {
-                Ok(row) => out.push(row),
-                Err(e) => tracing::warn!(error = %e, "skipping an unreadable sandbox record"),
-            }
-        }
-        Ok(out)
+        Ok(decode_readable(&rows))
     }
 
     async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
@@ -417,21 +261,7 @@ impl Store for SqliteStore {
                         .await?
                 }
             };
-        rows.iter()
-            .map(|r| {
-                let state: Option<String> = r.try_get("state")?;
-                Ok(Event {
-                    seq: r.try_get("seq")?,
-                    time: r.try_get("time")?,
-                    sandbox_id: r.try_get("sandbox_id")?,
-                    kind: r.try_get("type")?,
-                    state: state.and_then(|s| SandboxState::from_str(&s).ok()),
-                    reason: r.try_get("reason")?,
-                    message: r.try_get("message")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        rows.iter().map(decode_event).collect()
     }
 
     async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
@@ -476,25 +306,7 @@ impl Store for SqliteStore {
                     .await?
             }
         };
-        rows.iter()
-            .map(|r| {
-                let id: String = r.try_get("id")?;
-                let spec: String = r.try_get("spec")?;
-                let labels: String = r.try_get("labels")?;
-                let count: i64 = r.try_get("count")?;
-                Ok(BatchRow {
-                    spec: serde_json::from_str(&spec)
-                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
-                    labels: serde_json::from_str(&labels)
-                        .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
-                    count: count as u32,
-                    created_at: r.try_get("created_at")?,
-                    deleted_at: r.try_get("deleted_at")?,
-                    retry_on_oom: r.try_get("retry_on_oom")?,
-                    id,
-                })
-            })
-            .collect()
+        rows.iter().map(decode_batch).collect()
     }
 
     async fn profile(
@@ -505,12 +317,8 @@ impl Store for SqliteStore {
             .bind(name)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            let body: String = r.try_get("body")?;
-            serde_json::from_str(&body)
-                .map_err(|e| StoreError::Corrupt(name.to_string(), e.to_string()))
-        })
-        .transpose()
+        row.map(|r| decode_body(name, &r.try_get::<String, _>("body")?))
+            .transpose()
     }
 
     async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError> {
@@ -520,8 +328,7 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|r| {
                 let name: String = r.try_get("name")?;
-                let body: String = r.try_get("body")?;
-                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt(name, e.to_string()))
+                decode_body(&name, &r.try_get::<String, _>("body")?)
             })
             .collect()
     }
@@ -580,11 +387,7 @@ impl Store for SqliteStore {
         .await?;
         let mut runs = rows
             .iter()
-            .map(|r| {
-                let body: String = r.try_get("body")?;
-                serde_json::from_str(&body)
-                    .map_err(|e| StoreError::Corrupt(profile.to_string(), e.to_string()))
-            })
+            .map(|r| decode_body(profile, &r.try_get::<String, _>("body")?))
             .collect::<Result<Vec<_>, StoreError>>()?;
         runs.reverse();
         Ok(runs)
@@ -742,48 +545,4 @@ async fn insert_event(
         .execute(conn)
         .await?;
     Ok(())
-}
-
-fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
-}
-
-fn decode(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
-    let id: String = r.try_get("id")?;
-    let corrupt = |what: &str, e: String| StoreError::Corrupt(id.clone(), format!("{what}: {e}"));
-    let state: String = r.try_get("state")?;
-    let spec: String = r.try_get("spec")?;
-    let resources: String = r.try_get("resources")?;
-    Ok(SandboxRow {
-        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e))?,
-        reason: r.try_get("reason")?,
-        spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.to_string()))?,
-        resources: serde_json::from_str(&resources)
-            .map_err(|e| corrupt("resources", e.to_string()))?,
-        node: r.try_get("node")?,
-        image_digest: r.try_get("image_digest")?,
-        created_at: r.try_get("created_at")?,
-        started_at: r.try_get("started_at")?,
-        finished_at: r.try_get("finished_at")?,
-        exit_code: r.try_get("exit_code")?,
-        grace: r.try_get("grace")?,
-        id,
-    })
-}
-
-impl SandboxRow {
-    pub fn labels(&self) -> &Labels {
-        &self.spec.labels
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct BatchRow {
-    pub id: String,
-    pub count: u32,
-    pub spec: SandboxSpec,
-    pub labels: Labels,
-    pub created_at: String,
-    pub deleted_at: Option<String>,
-    pub retry_on_oom: bool,
 }

@@ -1,0 +1,306 @@
+//! The control plane's state: sandboxes and their events, behind the
+//! [`Store`] trait; [`SqliteStore`] keeps them in SQLite (WAL,
+//! `synchronous=FULL`). A state change is committed together with its event
+//! before the API acknowledges it.
+
+use std::str::FromStr;
+
+use sqlx::Row;
+use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt record {0}: {1}")]
+    Corrupt(String, String),
+}
+
+impl StoreError {
+    /// A write that clashed with a unique key (two creates with one
+    /// request id).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(db)) if db.is_unique_violation())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxRow {
+    pub id: String,
+    pub state: SandboxState,
+    pub reason: String,
+    pub spec: SandboxSpec,
+    pub resources: ResolvedResources,
+    pub node: String,
+    pub image_digest: String,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i32>,
+    /// `stopping` in the grace period of the `delay` policy, not destroying.
+    pub grace: bool,
+}
+
+/// Fields a transition may set besides state and reason.
+#[derive(Debug, Default, Clone)]
+pub struct Transition<'a> {
+    pub started_at: Option<&'a str>,
+    pub finished_at: Option<&'a str>,
+    pub exit_code: Option<i32>,
+    /// Whether a `stopping` sandbox waits out a grace period (false for
+    /// every other transition).
+    pub grace: bool,
+    pub message: &'a str,
+    /// The node a queued create was placed on, when its turn came.
+    pub node: Option<&'a str>,
+}
+
+/// A node of a cluster, as the control plane remembers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub name: String,
+    /// Its node API (`http://host:port`).
+    pub url: String,
+    /// What the control plane shows the node (issued at join).
+    pub credential: String,
+    pub labels: warren_core::Labels,
+    /// Takes no new sandboxes (an operator's `warren node cordon`).
+    pub cordoned: bool,
+    pub joined_at: String,
+}
+
+/// Where the control plane keeps its state: SQLite (`warren up`), and
+/// PostgreSQL for a cluster. Every write is committed with its event
+/// before it returns.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync {
+    /// Changes after every event written.
+    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64>;
+    async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError>;
+    async fn transition(
+        &self,
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        time: &str,
+        t: Transition<'_>,
+    ) -> Result<(), StoreError>;
+    /// Replaces a sandbox's recorded spec (its network policy changed), with
+    /// an event saying why, in one transaction.
+    async fn set_spec(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        time: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), StoreError>;
+    async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError>;
+    async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
+    async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError>;
+    /// Sandboxes in `states` (all when empty), oldest first. A record that
+    /// cannot be read is left out (and logged), so one bad row never fails
+    /// a list; `fail_unreadable` retires such rows at start-up.
+    async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError>;
+    /// Marks every open record that cannot be read as `failed` (reason
+    /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
+    /// the node from now on, are swept as orphans.
+    async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError>;
+    async fn events(
+        &self,
+        sandbox_id: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
+    async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError>;
+    async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError>;
+    async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError>;
+    async fn profile(
+        &self,
+        name: &str,
+    ) -> Result<Option<warren_core::profile::Profile>, StoreError>;
+    async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, StoreError>;
+    async fn put_profile(
+        &self,
+        p: &warren_core::profile::Profile,
+        time: &str,
+    ) -> Result<(), StoreError>;
+    /// Records a finished run once per sandbox; false if it was already there.
+    async fn add_run(
+        &self,
+        profile: &str,
+        sandbox_id: &str,
+        run: &warren_core::profile::Run,
+        time: &str,
+    ) -> Result<bool, StoreError>;
+    /// The newest `limit` runs of a profile, oldest first.
+    async fn runs(
+        &self,
+        profile: &str,
+        limit: usize,
+    ) -> Result<Vec<warren_core::profile::Run>, StoreError>;
+    async fn delete_runs(&self, profile: &str) -> Result<(), StoreError>;
+    /// A profile-level event (type `profile`), attached to the sandbox whose
+    /// run triggered it.
+    async fn profile_event(
+        &self,
+        sandbox_id: &str,
+        profile: &str,
+        message: &str,
+        time: &str,
+    ) -> Result<(), StoreError>;
+    /// A node-level event (type `node`); its sandbox id is empty.
+    async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
+    /// Adds or replaces a node (a join, a re-join, a cordon).
+    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+    async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+/// A row of `sandboxes`, `events` or `batches` as either backend returns
+/// it: both keep the same columns with the same types, so one decoder
+/// serves both and they cannot drift apart.
+trait StoreRow<'r> {
+    fn text(&'r self, column: &str) -> Result<String, sqlx::Error>;
+    fn text_opt(&'r self, column: &str) -> Result<Option<String>, sqlx::Error>;
+    fn int(&'r self, column: &str) -> Result<i64, sqlx::Error>;
+    fn int32_opt(&'r self, column: &str) -> Result<Option<i32>, sqlx::Error>;
+    fn flag(&'r self, column: &str) -> Result<bool, sqlx::Error>;
+}
+
+impl<'r, R> StoreRow<'r> for R
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i32>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn text(&'r self, column: &str) -> Result<String, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn text_opt(&'r self, column: &str) -> Result<Option<String>, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn int(&'r self, column: &str) -> Result<i64, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn int32_opt(&'r self, column: &str) -> Result<Option<i32>, sqlx::Error> {
+        self.try_get(column)
+    }
+    fn flag(&'r self, column: &str) -> Result<bool, sqlx::Error> {
+        self.try_get(column)
+    }
+}
+
+fn decode<'r, R>(r: &'r R) -> Result<SandboxRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let id = r.text("id")?;
+    let corrupt = |what: &str, e: String| StoreError::Corrupt(id.clone(), format!("{what}: {e}"));
+    let state = r.text("state")?;
+    let spec = r.text("spec")?;
+    let resources = r.text("resources")?;
+    Ok(SandboxRow {
+        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e))?,
+        reason: r.text("reason")?,
+        spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.to_string()))?,
+        resources: serde_json::from_str(&resources)
+            .map_err(|e| corrupt("resources", e.to_string()))?,
+        node: r.text("node")?,
+        image_digest: r.text("image_digest")?,
+        created_at: r.text("created_at")?,
+        started_at: r.text_opt("started_at")?,
+        finished_at: r.text_opt("finished_at")?,
+        exit_code: r.int32_opt("exit_code")?,
+        grace: r.flag("grace")?,
+        id,
+    })
+}
+
+/// Sandbox rows in the order given, less those that cannot be read (each
+/// logged): one bad row never fails a list.
+fn decode_readable<'r, R>(rows: &'r [R]) -> Vec<SandboxRow>
+where
+    R: StoreRow<'r>,
+{
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        match decode(r) {
+            Ok(row) => out.push(row),
+            Err(e) => tracing::warn!(error = %e, "skipping an unreadable sandbox record"),
+        }
+    }
+    out
+}
+
+fn decode_event<'r, R>(r: &'r R) -> Result<Event, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let state = r.text_opt("state")?;
+    Ok(Event {
+        seq: r.int("seq")?,
+        time: r.text("time")?,
+        sandbox_id: r.text("sandbox_id")?,
+        kind: r.text("type")?,
+        state: state.and_then(|s| SandboxState::from_str(&s).ok()),
+        reason: r.text("reason")?,
+        message: r.text("message")?,
+    })
+}
+
+fn decode_batch<'r, R>(r: &'r R) -> Result<BatchRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let id = r.text("id")?;
+    let spec = r.text("spec")?;
+    let labels = r.text("labels")?;
+    Ok(BatchRow {
+        spec: serde_json::from_str(&spec)
+            .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+        labels: serde_json::from_str(&labels)
+            .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+        count: r.int("count")? as u32,
+        created_at: r.text("created_at")?,
+        deleted_at: r.text_opt("deleted_at")?,
+        retry_on_oom: r.flag("retry_on_oom")?,
+        id,
+    })
+}
+
+/// A profile's stored body, or a run's.
+fn decode_body<T: serde::de::DeserializeOwned>(owner: &str, body: &str) -> Result<T, StoreError> {
+    serde_json::from_str(body).map_err(|e| StoreError::Corrupt(owner.to_string(), e.to_string()))
+}
+
+impl SandboxRow {
+    pub fn labels(&self) -> &Labels {
+        &self.spec.labels
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BatchRow {
+    pub id: String,
+    pub count: u32,
+    pub spec: SandboxSpec,
+    pub labels: Labels,
+    pub created_at: String,
+    pub deleted_at: Option<String>,
+    pub retry_on_oom: bool,
+}

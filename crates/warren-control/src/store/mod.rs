@@ -1,16 +1,71 @@
 //! The control plane's state: sandboxes and their events, behind the
 //! [`Store`] trait; [`SqliteStore`] keeps them in SQLite (WAL,
-//! `synchronous=FULL`). A state change is committed together with its event
-//! before the API acknowledges it.
+//! `synchronous=FULL`), [`PgStore`] in PostgreSQL (a cluster's servers
+//! share it). A state change is committed together with its event before
+//! the API acknowledges it. [`open`] picks one by the database's URL.
 
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use sqlx::Row;
 use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
+mod postgres;
 mod sqlite;
 
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+
+/// What [`open`] accepts, for its error.
+const DATABASE_FORMS: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DB (or postgresql://…), \
+     sqlite:PATH, or a plain file path (SQLite)";
+
+/// The store at `database`: `postgres://…` or `postgresql://…` is a
+/// [`PgStore`]; `sqlite:PATH`, `sqlite://PATH` or a plain path is a
+/// [`SqliteStore`] (the file is made when missing).
+pub async fn open(database: &str) -> Result<Arc<dyn Store>, StoreError> {
+    match Database::parse(database)? {
+        Database::Postgres(url) => Ok(Arc::new(PgStore::connect(url).await?)),
+        Database::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path).await?)),
+    }
+}
+
+/// Which store a database URL names.
+#[derive(Debug, PartialEq)]
+enum Database<'a> {
+    Postgres(&'a str),
+    Sqlite(&'a Path),
+}
+
+impl<'a> Database<'a> {
+    fn parse(database: &'a str) -> Result<Database<'a>, StoreError> {
+        let bad = |why: String| StoreError::BadUrl(format!("{why}; use {DATABASE_FORMS}"));
+        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+            return Ok(Database::Postgres(database));
+        }
+        let path = match database.strip_prefix("sqlite:") {
+            Some(rest) => rest.strip_prefix("//").unwrap_or(rest),
+            None => {
+                // Only the scheme is quoted back: a URL may carry a password.
+                if let Some((scheme, _)) = database.split_once(':') {
+                    let looks_like_scheme = !scheme.is_empty()
+                        && scheme
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+                    if looks_like_scheme {
+                        return Err(bad(format!("{scheme:?}: is not a database this takes")));
+                    }
+                }
+                database
+            }
+        };
+        if path.is_empty() {
+            return Err(bad("no database given".into()));
+        }
+        Ok(Database::Sqlite(Path::new(path)))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -18,6 +73,10 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database URL given to [`open`] or [`PgStore::connect`] is not
+    /// one they take.
+    #[error("database URL: {0}")]
+    BadUrl(String),
     #[error("corrupt record {0}: {1}")]
     Corrupt(String, String),
 }
@@ -303,4 +362,54 @@ pub struct BatchRow {
     pub created_at: String,
     pub deleted_at: Option<String>,
     pub retry_on_oom: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls() {
+        let pg = "postgres://warren:secret@db.example:5432/warren?sslmode=disable";
+        assert_eq!(Database::parse(pg).unwrap(), Database::Postgres(pg));
+        let pg = "postgresql://%2Ftmp%2Fpg/warren";
+        assert_eq!(Database::parse(pg).unwrap(), Database::Postgres(pg));
+        for (given, path) in [
+            (
+                "sqlite:/var/lib/warren/warren.db",
+                "/var/lib/warren/warren.db",
+            ),
+            (
+                "sqlite:///var/lib/warren/warren.db",
+                "/var/lib/warren/warren.db",
+            ),
+            ("sqlite:warren.db", "warren.db"),
+            ("/var/lib/warren/warren.db", "/var/lib/warren/warren.db"),
+            ("warren.db", "warren.db"),
+            ("./odd:name.db", "./odd:name.db"),
+        ] {
+            assert_eq!(
+                Database::parse(given).unwrap(),
+                Database::Sqlite(Path::new(path)),
+                "{given}"
+            );
+        }
+        for bad in [
+            "mysql://root:hunter2@db/warren",
+            "postgres:warren",
+            "http://db",
+            "",
+            "sqlite:",
+        ] {
+            let e = Database::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("postgres://") && e.contains("sqlite:PATH"),
+                "{bad}: {e}"
+            );
+            assert!(
+                !e.contains("hunter2"),
+                "{bad}: the password is quoted back: {e}"
+            );
+        }
+    }
 }

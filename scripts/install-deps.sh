@@ -5,7 +5,7 @@ need=()
 # Debian's python3 refuses pip installs outside a venv (PEP 668) unless told.
 pip_install() { python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"; }
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd mmdebstrap; do
+for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd mmdebstrap postgresql; do
     have "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -10,6 +10,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 # The escape suite's probe runs inside sandboxes: a static binary.
 cargo rustc -q -p warren-probe --release -- -C target-feature=+crt-static
+# A throw-away PostgreSQL (scripts/pg-temp.sh): with its URL in
+# WARREN_TEST_DATABASE_URL the store tests run against PostgreSQL as well
+# as SQLite (they fail, never skip, if it cannot be reached). Removed on
+# any exit; fsync off, as nothing here tests PostgreSQL's durability.
+pg_dir=$(mktemp -d /tmp/warren-pg-XXXXXX)
+trap 'scripts/pg-temp.sh stop "$pg_dir"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+WARREN_TEST_DATABASE_URL=$(PG_TEMP_OPTS="-c fsync=off" scripts/pg-temp.sh start "$pg_dir")
+export WARREN_TEST_DATABASE_URL
 cargo test --workspace
 # The fuzz targets (fuzz/): every committed seed, corpus input and past
 # crash, once (open-ended fuzzing is `scripts/fuzz.sh explore`, outside CI).

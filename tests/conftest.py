@@ -199,3 +199,22 @@ def sandbox(warren):
     yield make
     for sid in created:
         warren.destroy(sid)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throw-away PostgreSQL server for the session (tests/pg.py); removed
+    at the end, whatever happened."""
+    from pg import TempPostgres
+
+    with TempPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def pg_database(postgres):
+    """The URL of a fresh, empty database on the session's server, dropped
+    after the test."""
+    url = postgres.create_database()
+    yield url
+    postgres.drop_database(url)

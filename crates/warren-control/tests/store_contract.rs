@@ -895,3 +895,27 @@ async fn open_picks_sqlite_by_url() -> TestResult {
     assert!(matches!(e, store::StoreError::BadUrl(_)), "{e}");
     Ok(())
 }
+
+/// A server that cannot be reached is named in the error (never its
+/// password), at once: not after the pool's timeout.
+#[tokio::test]
+async fn open_says_where_postgres_cannot_be_reached() -> TestResult {
+    let started = std::time::Instant::now();
+    let e = store::open("postgres://warren:hunter2@127.0.0.1:1/warren")
+        .await
+        .err()
+        .expect("nothing listens on port 1");
+    let msg = e.to_string();
+    assert!(matches!(e, store::StoreError::Connect(..)), "{msg}");
+    assert!(
+        msg.contains("127.0.0.1:1") && msg.contains("\"warren\""),
+        "{msg}"
+    );
+    assert!(!msg.contains("hunter2"), "{msg}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    Ok(())
+}

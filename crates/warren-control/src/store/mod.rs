@@ -77,6 +77,9 @@ pub enum StoreError {
     /// one they take.
     #[error("database URL: {0}")]
     BadUrl(String),
+    /// PostgreSQL could not be reached at start (where, and why).
+    #[error("cannot connect to PostgreSQL at {0}: {1}")]
+    Connect(String, #[source] sqlx::Error),
     #[error("corrupt record {0}: {1}")]
     Corrupt(String, String),
 }

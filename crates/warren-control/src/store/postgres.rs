@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::watch;
 use warren_core::{Event, SandboxSpec, SandboxState};
 
@@ -79,6 +79,14 @@ impl PgStore {
             Some(_) => options,
             None => options.application_name("warren"),
         };
+        // The pool retries a refused connection until its timeout, then
+        // says only that it timed out: one connection first says why.
+        match PgConnection::connect_with(&options).await {
+            Ok(c) => {
+                let _ = c.close().await;
+            }
+            Err(e) => return Err(StoreError::Connect(describe(&options), e)),
+        }
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -117,6 +125,16 @@ impl PgStore {
     fn wrote_event(&self) {
         self.events_written.send_modify(|n| *n += 1);
     }
+}
+
+/// Where `options` lead, for errors: never the password.
+fn describe(options: &PgConnectOptions) -> String {
+    let at = match options.get_socket() {
+        Some(dir) => format!("the unix socket in {}", dir.display()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let db = options.get_database().unwrap_or(options.get_username());
+    format!("{at} (database {db:?}, user {:?})", options.get_username())
 }
 
 /// A fresh listener on a pool of its own (one connection, never retired by
@@ -328,14 +346,20 @@ impl Store for PgStore {
             let id: String = r.try_get("id")?;
             let why = warren_core::state::reason::CORRUPT_RECORD;
             let mut tx = self.begin_write().await?;
-            sqlx::query(
-                "UPDATE sandboxes SET state = 'failed', reason = $1, finished_at = $2 WHERE id = $3",
+            // Another server may have retired it since the read above.
+            let updated = sqlx::query(
+                "UPDATE sandboxes SET state = 'failed', reason = $1, finished_at = $2
+                 WHERE id = $3 AND state NOT IN ('destroyed', 'failed', 'lost')",
             )
             .bind(why)
             .bind(time)
             .bind(&id)
             .execute(tx.conn())
             .await?;
+            if updated.rows_affected() == 0 {
+                tx.commit().await?;
+                continue;
+            }
             let message = format!("its record could not be read ({e}); its sandbox was removed");
             insert_event(
                 tx.conn(),

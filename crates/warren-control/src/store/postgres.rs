@@ -192,7 +192,10 @@ async fn follow_notifications(
         let mut backoff = RECONNECT_MIN;
         listener = loop {
             tokio::time::sleep(backoff).await;
-            match listen(&options).await {
+            // Bounded: a connection attempt into a dead network path
+            // might otherwise wait for good.
+            let attempt = tokio::time::timeout(ACQUIRE_TIMEOUT * 2, listen(&options)).await;
+            match attempt.unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut)) {
                 Ok(l) => break l,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "event listener cannot reconnect");

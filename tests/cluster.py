@@ -74,6 +74,8 @@ class Node:
         self.args = [
             "--capacity-cpu", cpu, "--capacity-memory", memory,
             "--cpu-overcommit", "1", "--reserve-cpu", "0", "--reserve-memory", "0",
+            # Placement, not this machine's free space, is under test.
+            "--disk-floor", "512M",
             *[a for l in labels for a in ("--label", l)],
         ]
         self.proc = None

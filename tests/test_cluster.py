@@ -12,9 +12,20 @@ from cluster import Cluster, wait_until
 BB = "busybox:latest"
 
 
-@pytest.fixture(scope="module")
-def cluster(images):
-    with Cluster(images, nodes=[
+def database(request, store):
+    """None (the server's SQLite) or a fresh database on the session's
+    PostgreSQL server."""
+    if store == "sqlite":
+        return None
+    pg = request.getfixturevalue("postgres")
+    url = pg.create_database()
+    request.addfinalizer(lambda: pg.drop_database(url))
+    return url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def cluster(images, request):
+    with Cluster(images, database=database(request, request.param), nodes=[
         dict(name="n1"), dict(name="n2"), dict(name="n3", labels=["gpu=h200"]),
     ]) as c:
         yield c
@@ -190,8 +201,9 @@ def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
         drop(c, s["id"])
 
 
-def test_a_killed_server_touches_no_sandbox_and_picks_up_where_it_was(images):
-    with Cluster(images, nodes=[dict(name="a"), dict(name="b")]) as c:
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_killed_server_touches_no_sandbox_and_picks_up_where_it_was(images, request, store):
+    with Cluster(images, database=database(request, store), nodes=[dict(name="a"), dict(name="b")]) as c:
         ids = [create(c, cpu=0.5, memory="32M")["id"] for _ in range(2)]
         assert {c.where(i) for i in ids} == {"a", "b"}
         c.server.proc.kill()

@@ -36,7 +36,8 @@ pub struct UpConfig {
     pub policy: warren_core::profile::Policy,
     /// Whether a clean stop destroys every sandbox.
     pub destroy_on_stop: bool,
-    /// The store: None for `<home>/warren.db`, or `sqlite:PATH`.
+    /// The store: None for `<home>/warren.db`; else `sqlite:PATH` or
+    /// `postgres://…` (see `store::open`).
     pub database: Option<String>,
     /// What the control plane drives: its own node (`warren up`), or the
     /// nodes that join it (a cluster).
@@ -106,21 +107,16 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
-    let path = match cfg.database.as_deref() {
-        None => cfg.home.join("warren.db"),
-        Some(url) => match url.strip_prefix("sqlite:") {
-            Some(path) => PathBuf::from(path),
-            None => {
-                return Err(format!(
-                    "--database {url:?}: write sqlite:PATH (PostgreSQL URLs are not supported by this build yet)"
-                ))
-            }
-        },
+    let store: Arc<dyn store::Store> = match cfg.database.as_deref() {
+        None => Arc::new(
+            store::SqliteStore::open(&cfg.home.join("warren.db"))
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Some(url) => store::open(url)
+            .await
+            .map_err(|e| format!("--database: {e}"))?,
     };
-    let store = store::SqliteStore::open(&path)
-        .await
-        .map_err(|e| format!("the store {}: {e}", path.display()))?;
-    let store: Arc<dyn store::Store> = Arc::new(store);
     let liveness = match &cfg.nodes {
         NodeSource::Local(_) => None,
         NodeSource::Cluster { liveness, .. } => Some(*liveness),

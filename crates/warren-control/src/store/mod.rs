@@ -345,6 +345,23 @@ where
     })
 }
 
+fn decode_node<'r, R>(r: &'r R) -> Result<NodeRecord, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let name = r.text("name")?;
+    let labels = r.text("labels")?;
+    Ok(NodeRecord {
+        labels: serde_json::from_str(&labels)
+            .map_err(|e| StoreError::Corrupt(name.clone(), e.to_string()))?,
+        url: r.text("url")?,
+        credential: r.text("credential")?,
+        cordoned: r.flag("cordoned")?,
+        joined_at: r.text("joined_at")?,
+        name,
+    })
+}
+
 /// A profile's stored body, or a run's.
 fn decode_body<T: serde::de::DeserializeOwned>(owner: &str, body: &str) -> Result<T, StoreError> {
     serde_json::from_str(body).map_err(|e| StoreError::Corrupt(owner.to_string(), e.to_string()))

@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use warren_core::{Event, SandboxSpec, SandboxState};
 
 use super::{
-    decode, decode_batch, decode_body, decode_event, decode_readable, json, BatchRow, SandboxRow,
-    Store, StoreError, Transition,
+    decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
+    NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
 /// The channel the `events` trigger notifies on.
@@ -259,8 +259,9 @@ impl Store for PgStore {
                 started_at = COALESCE($3, started_at),
                 finished_at = COALESCE($4, finished_at),
                 exit_code = COALESCE($5, exit_code),
-                grace = $6
-             WHERE id = $7",
+                grace = $6,
+                node = COALESCE($7, node)
+             WHERE id = $8",
         )
         .bind(state.as_str())
         .bind(reason)
@@ -268,6 +269,7 @@ impl Store for PgStore {
         .bind(t.finished_at)
         .bind(t.exit_code)
         .bind(t.grace)
+        .bind(t.node)
         .bind(id)
         .execute(tx.conn())
         .await?;
@@ -571,6 +573,40 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         self.wrote_event();
+        Ok(())
+    }
+
+    async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (name) DO UPDATE SET url = excluded.url,
+                credential = excluded.credential, labels = excluded.labels,
+                cordoned = excluded.cordoned, joined_at = excluded.joined_at",
+        )
+        .bind(&node.name)
+        .bind(&node.url)
+        .bind(&node.credential)
+        .bind(json(&node.labels))
+        .bind(node.cordoned)
+        .bind(&node.joined_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM nodes ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(decode_node).collect()
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM nodes WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

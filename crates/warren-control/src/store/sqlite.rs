@@ -9,8 +9,8 @@ use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use warren_core::{Event, SandboxSpec, SandboxState};
 
 use super::{
-    decode, decode_batch, decode_body, decode_event, decode_readable, json, BatchRow, NodeRecord,
-    SandboxRow, Store, StoreError, Transition,
+    decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
+    NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
 #[derive(Clone)]
@@ -460,21 +460,7 @@ impl Store for SqliteStore {
         let rows = sqlx::query("SELECT * FROM nodes ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| {
-                let name: String = r.try_get("name")?;
-                let labels: String = r.try_get("labels")?;
-                Ok(NodeRecord {
-                    labels: serde_json::from_str(&labels)
-                        .map_err(|e| StoreError::Corrupt(name.clone(), e.to_string()))?,
-                    name,
-                    url: r.try_get("url")?,
-                    credential: r.try_get("credential")?,
-                    cordoned: r.try_get("cordoned")?,
-                    joined_at: r.try_get("joined_at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(decode_node).collect()
     }
 
     async fn delete_node(&self, name: &str) -> Result<(), StoreError> {

@@ -218,3 +218,30 @@ def test_a_killed_server_touches_no_sandbox_and_picks_up_where_it_was(images, re
         wait_until("both nodes ready again", lambda: all(n["state"] == "ready" for n in c.server.nodes().values()))
         drop(c, *ids)
         wait_until("the nodes to be empty", lambda: all(n.leftovers() == [] for n in c.nodes.values()))
+
+
+def test_a_waiting_create_says_where_it_is_in_the_queue(cluster):
+    import subprocess
+
+    from conftest import WARREN
+
+    c = cluster
+    full = [create(c, cpu=1, memory="32M")["id"] for _ in range(6)]
+    p = subprocess.Popen(
+        [str(WARREN), "create", "--image", BB, "--cpu", "1", "--memory", "32M"],
+        env=c.server.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        line = p.stderr.readline().decode()
+        assert "queued at position 1" in line, line
+        assert p.poll() is None
+        drop(c, full[0])
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        sid = out.decode().strip()
+        assert c.server.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        full.append(sid)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        drop(c, *full[1:])

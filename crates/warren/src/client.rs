@@ -166,6 +166,17 @@ impl Client {
             .await
     }
 
+    /// Creates without waiting for capacity: a create that must wait
+    /// answers at once as `queued`, with its place in the queue.
+    pub async fn create_sandbox_queued(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+        self.json(
+            self.request(Method::POST, "/v1/sandboxes")
+                .query(&[("wait", "false")])
+                .json(spec),
+        )
+        .await
+    }
+
     pub async fn get_sandbox(&self, id: &str) -> Result<SandboxInfo> {
         self.json(self.request(Method::GET, &format!("/v1/sandboxes/{id}")))
             .await

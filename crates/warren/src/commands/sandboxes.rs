@@ -16,9 +16,45 @@ use crate::client::{Client, SandboxQuery};
 
 pub(super) async fn create(client: &Client, args: &CreateArgs) -> Result<i32> {
     pull_for_create(client, &args.image).await?;
-    let info = client.create_sandbox(&spec_from(args, None)?).await?;
+    let info = create_and_wait(client, &spec_from(args, None)?, false).await?;
     println!("{}", info.id);
     Ok(0)
+}
+
+/// Creates a sandbox and waits until it is made (and, unless its main
+/// process may already have ended, that it runs); while it waits for
+/// capacity its place in the queue is shown on stderr.
+async fn create_and_wait(
+    client: &Client,
+    spec: &warren_core::SandboxSpec,
+    may_have_ended: bool,
+) -> Result<warren_core::SandboxInfo> {
+    use warren_core::SandboxState;
+    let mut info = client.create_sandbox_queued(spec).await?;
+    let mut shown = None;
+    while matches!(info.state, SandboxState::Queued | SandboxState::Creating) {
+        if info.state == SandboxState::Queued && info.queue_position != shown {
+            shown = info.queue_position;
+            eprintln!(
+                "{}: queued at position {} until a node has room (`warren rm {}` cancels it)",
+                info.id,
+                shown.unwrap_or(0),
+                info.id
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        info = client.get_sandbox(&info.id).await?;
+    }
+    if info.state != SandboxState::Running && !(may_have_ended && info.started_at.is_some()) {
+        anyhow::bail!(
+            "sandbox {} is {} ({}); see `warren inspect {}`",
+            info.id,
+            info.state,
+            info.reason,
+            info.id
+        );
+    }
+    Ok(info)
 }
 
 /// A registry image is pulled with progress before the create (which
@@ -39,7 +75,7 @@ pub(super) async fn run(
     rm: bool,
 ) -> Result<i32> {
     pull_for_create(client, &a.image).await?;
-    let info = client.create_sandbox(&spec_from(a, Some(cmd))?).await?;
+    let info = create_and_wait(client, &spec_from(a, Some(cmd))?, true).await?;
     let id = info.id.clone();
     let result = follow_log(client, &id, true).await;
     let info = client.get_sandbox(&id).await?;

@@ -176,20 +176,36 @@ def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
     with Cluster(images, nodes=[dict(name="a"), dict(name="b")]) as c:
         c.server.cli("node", "cordon", "b")
         on_a = [create(c, cpu=0.1, memory="32M")["id"] for _ in range(2)]
+        # A batch that asks for its lost members to be made again.
+        r = c.server.http.post("/v1/batches", json={
+            "count": 2, "retry_on_lost": True, "labels": {"task": "lost-retry"},
+            "spec": {"image": BB, "cpu": 0.1, "memory": "32M"}})
+        assert r.status_code == 202, r.text
+        batch = r.json()["id"]
+        members = wait_until("the batch to run", lambda: (
+            lambda m: m if len(m) == 2 and all(s["state"] == "running" for s in m) else None)(
+            c.server.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={batch}"}).json()))
         c.server.cli("node", "uncordon", "b")
-        assert {c.where(i) for i in on_a} == {"a"}
+        assert {c.where(i) for i in on_a} | {m["node"] for m in members} == {"a"}
         node = c.nodes["a"]
-        assert len(node.leftovers()) == 2
+        assert len(node.leftovers()) == 4
         killed = time.time()
         node.proc.kill()
         node.proc.wait()
+        gone = on_a + [m["id"] for m in members]
         lost = wait_until("the sandboxes of the killed node to be lost", lambda: all(
-            c.server.http.get(f"/v1/sandboxes/{i}").json()["state"] == "lost" for i in on_a), timeout=20)
+            c.server.http.get(f"/v1/sandboxes/{i}").json()["state"] == "lost" for i in gone), timeout=20)
         took = time.time() - killed
         assert lost and took <= 13, took
         assert c.server.nodes()["a"]["state"] == "lost"
         events = c.server.http.get("/v1/events", params={"type": "node"}).json()
         assert any(e["reason"] == "node_lost" for e in events), events
+        # The batch's members are made again on the node that is left.
+        retried = wait_until("the lost batch members to be retried", lambda: (
+            lambda m: m if len(m) == 2 and all(s["state"] == "running" for s in m) else None)([
+                s for s in c.server.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={batch}"}).json()
+                if s["id"] not in gone]))
+        assert {s["node"] for s in retried} == {"b"}
         # Capacity is free again, and new sandboxes go to the other node.
         s = create(c, cpu=0.1, memory="32M")
         assert s["node"] == "b"
@@ -199,6 +215,7 @@ def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
         wait_until("the lost sandboxes to be removed from the node", lambda: node.leftovers() == [], timeout=20)
         assert c.server.nodes()["a"]["state"] == "ready"
         drop(c, s["id"])
+        c.server.http.delete(f"/v1/batches/{batch}")
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])

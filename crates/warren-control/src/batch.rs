@@ -62,6 +62,7 @@ impl Control {
             created_at: now_rfc3339(),
             deleted_at: None,
             retry_on_oom: req.retry_on_oom,
+            retry_on_lost: req.retry_on_lost,
         };
         self.store.insert_batch(&row).await?;
         tokio::spawn(self.clone().fill_batch(row.clone()));
@@ -158,6 +159,7 @@ impl Control {
             created_at: batch.created_at,
             deleted_at: batch.deleted_at,
             retry_on_oom: batch.retry_on_oom,
+            retry_on_lost: batch.retry_on_lost,
             submitted: members.len() as u32,
             states,
             usage,
@@ -165,11 +167,14 @@ impl Control {
         })
     }
 
-    /// A batch member that was OOM-killed is created once more, with the
-    /// grown request of its profile (or 1.5× its memory, at most 2× the
-    /// batch's request, when it has no profile).
-    pub async fn retry_if_oom(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
-        if why != reason::OOM_KILLED
+    /// A batch member that ended for `why` is created once more when its
+    /// batch asks for it: OOM-killed (`retry_on_oom`), with the grown
+    /// request of its profile (or 1.5× its memory, at most 2× the batch's
+    /// request, when it has no profile); lost with its node
+    /// (`retry_on_lost`), as it was, wherever there is room.
+    pub async fn retry_member(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
+        let oom = why == reason::OOM_KILLED;
+        if !(oom || why == reason::NODE_LOST)
             || row
                 .spec
                 .labels
@@ -183,7 +188,12 @@ impl Control {
         let Ok(Some(batch)) = self.store.batches(Some(bid)).await.map(|mut b| b.pop()) else {
             return;
         };
-        if !batch.retry_on_oom || batch.deleted_at.is_some() {
+        let asked = if oom {
+            batch.retry_on_oom
+        } else {
+            batch.retry_on_lost
+        };
+        if !asked || batch.deleted_at.is_some() {
             return;
         }
         let mut spec = row.spec.clone();
@@ -193,7 +203,9 @@ impl Control {
             Some(name) => matches!(self.store.profile(&name).await, Ok(Some(_))),
             None => false,
         };
-        if has_profile {
+        if !oom {
+            // As it was.
+        } else if has_profile {
             spec.cpu = None;
             spec.memory = None;
         } else {
@@ -202,14 +214,14 @@ impl Control {
             spec.memory = Some(warren_core::spec::ByteSize(grown.min(cap)));
         }
         let this = self.clone();
-        let retry_of = row.id.clone();
+        let (retry_of, why) = (row.id.clone(), why.to_string());
         tokio::spawn(async move {
             match this.create(spec, false).await {
                 Ok((s, _)) => {
-                    tracing::info!(sandbox = %s.id, %retry_of, "retrying an OOM-killed batch member")
+                    tracing::info!(sandbox = %s.id, %retry_of, %why, "retrying a batch member")
                 }
                 Err(e) => {
-                    tracing::warn!(%retry_of, error = %e.message, "retrying an OOM-killed batch member")
+                    tracing::warn!(%retry_of, error = %e.message, %why, "retrying a batch member")
                 }
             }
         });

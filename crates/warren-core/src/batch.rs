@@ -29,6 +29,9 @@ pub struct BatchRequest {
     /// Retry a member that was OOM-killed, once, with the grown request.
     #[serde(default)]
     pub retry_on_oom: bool,
+    /// Retry a member that was lost with its node, once, on another node.
+    #[serde(default)]
+    pub retry_on_lost: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -51,6 +54,8 @@ pub struct BatchInfo {
     pub deleted_at: Option<String>,
     #[serde(default)]
     pub retry_on_oom: bool,
+    #[serde(default)]
+    pub retry_on_lost: bool,
     /// Sandboxes submitted so far (any state), retries included.
     pub submitted: u32,
     /// Sandboxes per state.

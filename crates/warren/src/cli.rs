@@ -440,6 +440,9 @@ pub enum BatchCmd {
         /// Retry an OOM-killed sandbox once with the grown request.
         #[arg(long)]
         retry_on_oom: bool,
+        /// Retry a sandbox lost with its node once, on another node.
+        #[arg(long)]
+        retry_on_lost: bool,
         #[command(flatten)]
         create: Box<CreateArgs>,
         /// Main command for every sandbox.

@@ -192,7 +192,7 @@ impl Control {
                 self.destroy_locked(&id, why).await?;
             }
         }
-        self.retry_if_oom(&row, why).await;
+        self.retry_member(&row, why).await;
         Ok(())
     }
 

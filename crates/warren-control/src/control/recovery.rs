@@ -172,9 +172,15 @@ impl Control {
 
     /// Marks an open record `lost` (its sandbox is gone, or cannot be
     /// reached any more); its capacity is free again.
-    pub(crate) async fn mark_lost(&self, id: &str, message: &str) -> Result<(), ApiError> {
+    /// A batch that asked for it gets the sandbox again, elsewhere.
+    pub(crate) async fn mark_lost(
+        self: &Arc<Self>,
+        id: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        if self.get(id).await?.state.is_final() {
+        let row = self.get(id).await?;
+        if row.state.is_final() {
             return Ok(());
         }
         let now = now_rfc3339();
@@ -187,6 +193,7 @@ impl Control {
             .transition(id, SandboxState::Lost, reason::NODE_LOST, &now, t)
             .await?;
         self.admission.release(id);
+        self.retry_member(&row, reason::NODE_LOST).await;
         Ok(())
     }
 

@@ -341,6 +341,7 @@ where
         created_at: r.text("created_at")?,
         deleted_at: r.text_opt("deleted_at")?,
         retry_on_oom: r.flag("retry_on_oom")?,
+        retry_on_lost: r.flag("retry_on_lost")?,
         id,
     })
 }
@@ -382,6 +383,7 @@ pub struct BatchRow {
     pub created_at: String,
     pub deleted_at: Option<String>,
     pub retry_on_oom: bool,
+    pub retry_on_lost: bool,
 }
 
 #[cfg(test)]

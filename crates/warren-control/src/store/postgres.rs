@@ -413,8 +413,8 @@ impl Store for PgStore {
 
     async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom, retry_on_lost)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&b.id)
         .bind(i64::from(b.count))
@@ -422,6 +422,7 @@ impl Store for PgStore {
         .bind(json(&b.labels))
         .bind(&b.created_at)
         .bind(b.retry_on_oom)
+        .bind(b.retry_on_lost)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -267,7 +267,7 @@ impl Store for SqliteStore {
     async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         sqlx::query(
-            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom, retry_on_lost) VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&b.id)
         .bind(b.count)
@@ -275,6 +275,7 @@ impl Store for SqliteStore {
         .bind(json(&b.labels))
         .bind(&b.created_at)
         .bind(b.retry_on_oom)
+        .bind(b.retry_on_lost)
         .execute(tx.conn())
         .await?;
         tx.commit().await?;

@@ -13,6 +13,7 @@ pub(super) async fn run(client: &Client, cmd: BatchCmd) -> Result<i32> {
             count,
             batch_labels,
             retry_on_oom,
+            retry_on_lost,
             create,
             cmd,
         } => {
@@ -26,6 +27,7 @@ pub(super) async fn run(client: &Client, cmd: BatchCmd) -> Result<i32> {
                 spec,
                 labels,
                 retry_on_oom,
+                retry_on_lost,
             };
             let info = client.create_batch(&req).await?;
             let id = info.id.clone();

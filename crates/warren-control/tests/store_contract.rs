@@ -82,6 +82,7 @@ cases![
     batches,
     profiles_and_runs,
     profile_and_node_events,
+    nodes,
 ];
 
 #[tokio::test]
@@ -484,6 +485,7 @@ async fn batches(f: &Fixture) -> TestResult {
         created_at: created_at.into(),
         deleted_at: None,
         retry_on_oom: retry,
+        retry_on_lost: !retry,
     };
     // A count past i32's range comes back whole.
     s.insert_batch(&batch("b-2", "t2", 4_000_000_000, true))
@@ -505,6 +507,7 @@ async fn batches(f: &Fixture) -> TestResult {
         all[0]
     );
     assert_eq!((all[1].count, all[1].retry_on_oom), (4_000_000_000, true));
+    assert_eq!((all[0].retry_on_lost, all[1].retry_on_lost), (true, false));
     assert_eq!(all[1].labels.get("task").map(String::as_str), Some("b-2"));
     assert_eq!(all[1].spec, spec("busybox:latest"));
 
@@ -917,5 +920,29 @@ async fn open_says_where_postgres_cannot_be_reached() -> TestResult {
         "{:?}",
         started.elapsed()
     );
+    Ok(())
+}
+
+async fn nodes(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    let node = |name: &str, cordoned: bool| warren_control::store::NodeRecord {
+        name: name.into(),
+        url: format!("http://{name}:7071"),
+        credential: format!("secret-{name}"),
+        labels: serde_json::from_value(serde_json::json!({"gpu": "h200"})).unwrap(),
+        cordoned,
+        joined_at: "t1".into(),
+    };
+    assert_eq!(s.nodes().await?, vec![]);
+    s.put_node(&node("n2", false)).await?;
+    s.put_node(&node("n1", false)).await?;
+    // A re-join (or a cordon) replaces the record.
+    let mut again = node("n1", true);
+    again.credential = "rotated".into();
+    s.put_node(&again).await?;
+    assert_eq!(s.nodes().await?, vec![again, node("n2", false)]);
+    s.delete_node("n1").await?;
+    s.delete_node("absent").await?;
+    assert_eq!(s.nodes().await?, vec![node("n2", false)]);
     Ok(())
 }

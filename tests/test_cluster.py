@@ -53,6 +53,13 @@ def test_nodes_join_and_report_capacity(cluster):
     assert nodes["n3"]["labels"] == {"gpu": "h200"}
     out = cluster.server.cli("node", "ls").stdout.decode()
     assert "n1" in out and "gpu=h200" in out, out
+    # The Python SDK reads the same, typed.
+    import warren
+
+    with warren.Client(cluster.server.url, token=cluster.server.token) as client:
+        by_name = {n.name: n for n in client.nodes()}
+    assert by_name["n3"].labels == {"gpu": "h200"} and by_name["n1"].state == "ready"
+    assert by_name["n2"].load.disk_pressure is False
 
 
 def test_placement_takes_the_node_with_the_most_left(cluster):

@@ -56,6 +56,7 @@ MODELS = {
     models.BatchFailure: "BatchFailure",
     models.NetworkChange: "NetworkChange",
     models.Node: "NodeInfo",
+    models.NodeLoad: "NodeLoad",
     models.Resources: "Resources",
     models.Profile: "Profile",
     models.ProfileRequest: "Request",

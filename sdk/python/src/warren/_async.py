@@ -190,10 +190,11 @@ class AsyncClient:
         *,
         labels: Mapping[str, str] | None = None,
         retry_on_oom: bool = False,
+        retry_on_lost: bool = False,
         **spec: Any,
     ) -> AsyncBatch:
         """Creates ``count`` sandboxes from one spec (see :meth:`warren.Client.batch`)."""
-        return await self.batches.create(count, image, labels=labels, retry_on_oom=retry_on_oom, **spec)
+        return await self.batches.create(count, image, labels=labels, retry_on_oom=retry_on_oom, retry_on_lost=retry_on_lost, **spec)
 
     def events(
         self,
@@ -792,10 +793,11 @@ class AsyncBatches:
         *,
         labels: Mapping[str, str] | None = None,
         retry_on_oom: bool = False,
+        retry_on_lost: bool = False,
         **spec: Any,
     ) -> AsyncBatch:
         body = core.spec_body(image, spec)
-        return AsyncBatch(self._c, await self._c._call(core.batch_create_call(count, body, labels, retry_on_oom)))
+        return AsyncBatch(self._c, await self._c._call(core.batch_create_call(count, body, labels, retry_on_oom, retry_on_lost)))
 
     async def get(self, batch_id: str) -> AsyncBatch:
         return AsyncBatch(self._c, await self._c._call(core.batch_get_call(batch_id)))

@@ -720,12 +720,16 @@ def finish_exec(collector: ExecCollector, raise_on_timeout: bool, check: bool) -
 # ---------------------------------------------------------------- batches, events
 
 
-def batch_create_call(count: int, spec: dict[str, Any], labels: Mapping[str, str] | None, retry_on_oom: bool) -> Call[models.BatchInfo]:
+def batch_create_call(
+    count: int, spec: dict[str, Any], labels: Mapping[str, str] | None, retry_on_oom: bool, retry_on_lost: bool = False
+) -> Call[models.BatchInfo]:
     body: dict[str, Any] = {"count": int(count), "spec": spec}
     if labels:
         body["labels"] = {str(k): str(v) for k, v in labels.items()}
     if retry_on_oom:
         body["retry_on_oom"] = True
+    if retry_on_lost:
+        body["retry_on_lost"] = True
     return Call("POST", "/v1/batches", json_of(models.BatchInfo), json=body)
 
 

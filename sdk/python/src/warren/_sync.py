@@ -212,12 +212,13 @@ class Client:
         *,
         labels: Mapping[str, str] | None = None,
         retry_on_oom: bool = False,
+        retry_on_lost: bool = False,
         **spec: Any,
     ) -> Batch:
         """Creates ``count`` sandboxes from one spec (answers at once; the
         sandboxes are submitted in the background). ``labels`` are batch
         labels added to every member; ``spec`` as for :meth:`sandbox`."""
-        return self.batches.create(count, image, labels=labels, retry_on_oom=retry_on_oom, **spec)
+        return self.batches.create(count, image, labels=labels, retry_on_oom=retry_on_oom, retry_on_lost=retry_on_lost, **spec)
 
     def events(
         self,
@@ -879,11 +880,12 @@ class Batches:
         *,
         labels: Mapping[str, str] | None = None,
         retry_on_oom: bool = False,
+        retry_on_lost: bool = False,
         **spec: Any,
     ) -> Batch:
         """Same as :meth:`Client.batch`."""
         body = core.spec_body(image, spec)
-        return Batch(self._c, self._c._call(core.batch_create_call(count, body, labels, retry_on_oom)))
+        return Batch(self._c, self._c._call(core.batch_create_call(count, body, labels, retry_on_oom, retry_on_lost)))
 
     def get(self, batch_id: str) -> Batch:
         return Batch(self._c, self._c._call(core.batch_get_call(batch_id)))

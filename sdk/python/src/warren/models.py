@@ -155,6 +155,8 @@ class SandboxSpec:
     cwd: str | None = None
     user: str | None = None
     request_id: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    placement: Literal["spread", "pack"] = "spread"
 
 
 @dataclass
@@ -260,6 +262,7 @@ class BatchInfo:
     failures: list[BatchFailure]
     deleted_at: str | None = None
     retry_on_oom: bool = False
+    retry_on_lost: bool = False
     raw: dict[str, Any] = _raw()
 
     def count_in(self, *states: str) -> int:
@@ -297,13 +300,30 @@ class Resources:
 
 
 @dataclass
+class NodeLoad:
+    """How busy a node said it was."""
+
+    cpu_busy: float = 0.0
+    disk_pressure: bool = False
+
+
+@dataclass
 class Node:
-    """A node: what it lends, what is allocated, how many creates wait."""
+    """A node: its state, labels, what it lends, what is allocated, how
+    many creates wait (the queue is the cluster's)."""
 
     name: str
     allocatable: Resources
     allocated: Resources
     queued: int
+    state: Literal["ready", "unreachable", "lost"] = "ready"
+    cordoned: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    url: str = ""
+    initializing: int = 0
+    sandboxes: int = 0
+    load: NodeLoad = field(default_factory=NodeLoad)
+    last_seen_ms: int = 0
 
 
 # ---------------------------------------------------------------- profiles

@@ -71,6 +71,16 @@ impl Control {
 
     /// Submits the batch's sandboxes; a full node queue is waited out.
     async fn fill_batch(self: Arc<Self>, batch: BatchRow) {
+        // Every node the batch may use holds its image before the first
+        // member is placed (one download per node, side by side).
+        if warren_core::image_ref::registry_host(&batch.spec.image).is_some() {
+            if let Err(e) = self
+                .prewarm(&batch.spec.image, &[], &batch.spec.node_selector)
+                .await
+            {
+                tracing::warn!(batch = %batch.id, error = %e.message, "prewarming the batch's image");
+            }
+        }
         let mut spec = batch.spec.clone();
         spec.labels.extend(batch.labels.clone());
         spec.labels.insert(BATCH_LABEL.into(), batch.id.clone());

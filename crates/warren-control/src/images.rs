@@ -168,16 +168,27 @@ impl Control {
         Ok(all)
     }
 
-    /// Pulls `reference` onto `nodes` (every reachable node when empty)
-    /// ahead of the sandboxes that will run it, side by side; what each
-    /// node now holds.
+    /// Pulls `reference` onto `nodes` (every reachable node carrying the
+    /// selector's labels when empty) ahead of the sandboxes that will run
+    /// it, side by side; what each node now holds.
     pub async fn prewarm(
         &self,
         reference: &str,
         nodes: &[String],
+        selector: &warren_core::Labels,
     ) -> Result<Vec<(String, ImageInfo)>, ApiError> {
         let targets = if nodes.is_empty() {
-            self.image_nodes()?
+            let matching: Vec<_> = self
+                .image_nodes()?
+                .into_iter()
+                .filter(|n| crate::placement::selects(selector, &n.view().info.labels))
+                .collect();
+            if matching.is_empty() {
+                return Err(ApiError::bad_request(
+                    "no reachable node carries the --node-selector labels; see `warren node ls`",
+                ));
+            }
+            matching
         } else {
             let mut targets = Vec::new();
             for name in nodes {

@@ -104,6 +104,8 @@ pub mod reason {
     pub const INIT_DIED: &str = "init_died";
     pub const CREATE_FAILED: &str = "create_failed";
     pub const NODE_LOST: &str = "node_lost";
+    /// Still on a drained node at its drain's deadline.
+    pub const NODE_DRAINED: &str = "node_drained";
     pub const SHUTDOWN: &str = "shutdown";
     /// Its writable layer outgrew its disk limit, or the node's disk ran
     /// low and it wrote the most.

@@ -355,6 +355,14 @@ pub enum NodeCmd {
     Uncordon { name: String },
     /// Remove a node from the cluster: its sandboxes become `lost`.
     Rm { name: String },
+    /// Cordon a node and wait for its sandboxes to end; those still there
+    /// at the deadline are destroyed (reason `node_drained`).
+    Drain {
+        name: String,
+        /// How long sandboxes may run on before they are destroyed.
+        #[arg(long, default_value = "10m")]
+        deadline: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -397,9 +405,12 @@ pub enum ImageCmd {
     /// node holds the digest the reference names now.
     Prewarm {
         reference: String,
-        /// Node names, comma-separated (default: all nodes).
+        /// Node names, comma-separated, or `all` (the default).
         #[arg(long, value_delimiter = ',')]
         nodes: Vec<String>,
+        /// Only nodes carrying this label, e.g. `gpu=h200`. Repeatable.
+        #[arg(long = "node-selector", value_name = "K=V")]
+        node_selector: Vec<String>,
     },
     /// List images.
     Ls {

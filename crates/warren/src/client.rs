@@ -155,6 +155,17 @@ impl Client {
             .map(drop)
     }
 
+    /// Starts draining a node (cordon, then destroy what is left at the
+    /// deadline).
+    pub async fn drain_node(&self, name: &str, deadline: &str) -> Result<()> {
+        self.send(
+            self.request(Method::POST, &format!("/v1/nodes/{name}/drain"))
+                .json(&serde_json::json!({ "deadline": deadline })),
+        )
+        .await
+        .map(drop)
+    }
+
     pub async fn remove_node(&self, name: &str) -> Result<()> {
         self.send(self.request(Method::DELETE, &format!("/v1/nodes/{name}")))
             .await
@@ -429,11 +440,15 @@ impl Client {
 
     /// Pulls `reference` onto `nodes` (all when empty); returns each node's
     /// digest.
-    pub async fn prewarm_image(&self, reference: &str, nodes: &[String]) -> Result<Value> {
-        self.json(
-            self.request(Method::POST, "/v1/images/prewarm")
-                .json(&serde_json::json!({ "reference": reference, "nodes": nodes })),
-        )
+    pub async fn prewarm_image(
+        &self,
+        reference: &str,
+        nodes: &[String],
+        node_selector: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Value> {
+        self.json(self.request(Method::POST, "/v1/images/prewarm").json(
+            &serde_json::json!({ "reference": reference, "nodes": nodes, "node_selector": node_selector }),
+        ))
         .await
     }
 

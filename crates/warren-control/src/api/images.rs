@@ -166,6 +166,9 @@ pub struct PrewarmRequest {
     /// Node names (see `GET /v1/nodes`); all nodes when absent or empty.
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// Only nodes carrying every one of these labels.
+    #[serde(default)]
+    pub node_selector: warren_core::Labels,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -191,7 +194,10 @@ pub(crate) async fn prewarm_image(
     State(st): St,
     JsonBody(req): JsonBody<PrewarmRequest>,
 ) -> ApiResult<Json<PrewarmResult>> {
-    let held = st.control.prewarm(&req.reference, &req.nodes).await?;
+    let held = st
+        .control
+        .prewarm(&req.reference, &req.nodes, &req.node_selector)
+        .await?;
     Ok(Json(PrewarmResult {
         reference: req.reference,
         nodes: held

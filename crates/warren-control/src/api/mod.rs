@@ -118,6 +118,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{name}/cordon", post(cordon))
         .route("/v1/nodes/{name}/uncordon", post(uncordon))
+        .route("/v1/nodes/{name}/drain", post(drain))
         .route("/v1/nodes/{name}", axum::routing::delete(remove))
         .route("/v1/profiles", get(list_profiles))
         .route("/v1/profiles/export", get(export_profiles))

@@ -98,6 +98,24 @@ pub(crate) async fn uncordon(State(st): St, Path(name): Path<String>) -> ApiResu
     Ok(Json(()))
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DrainRequest {
+    /// How long sandboxes may run on (e.g. `10m`).
+    deadline: String,
+}
+
+pub(crate) async fn drain(
+    State(st): St,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<DrainRequest>,
+) -> ApiResult<Json<()>> {
+    let deadline = warren_core::quantity::parse_duration(&req.deadline)
+        .map_err(|e| ApiError::bad_request(format!("deadline {:?}: {e}", req.deadline)))?;
+    st.control.drain_node(&name, deadline).await?;
+    Ok(Json(()))
+}
+
 pub(crate) async fn remove(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
     st.control.remove_node(&name).await?;
     Ok(Json(()))

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use warren_core::clock::now_rfc3339;
+use warren_core::state::reason;
 use warren_core::{ApiError, SandboxState};
 use warren_node_api::{JoinRequest, Joined, NodeApi, NodeInfo};
 
@@ -296,6 +297,62 @@ impl Control {
             )
             .await?;
         Ok(())
+    }
+
+    /// Cordons a node, lets its sandboxes end by themselves until
+    /// `deadline`, then destroys those left (reason `node_drained`). Runs
+    /// in the background; the node's sandbox count shows the progress.
+    pub async fn drain_node(
+        self: &Arc<Self>,
+        name: &str,
+        deadline: std::time::Duration,
+    ) -> Result<(), ApiError> {
+        self.set_cordoned(name, true).await?;
+        let message = format!(
+            "node {name} drains: its sandboxes are destroyed in {}s unless they end first",
+            deadline.as_secs()
+        );
+        self.store
+            .node_event("node_draining", &message, &now_rfc3339())
+            .await?;
+        let (this, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + deadline;
+            loop {
+                let left = this.live_on(&name).await;
+                if left.is_empty() {
+                    return;
+                }
+                if tokio::time::Instant::now() >= until {
+                    for id in left {
+                        if let Err(e) = this.destroy(&id, reason::NODE_DRAINED).await {
+                            tracing::warn!(sandbox = %id, error = %e.message, "destroying a drained sandbox");
+                        }
+                    }
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = this.lifecycle.stopped() => return,
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The open records on `node` (queued ones have no node yet).
+    async fn live_on(&self, node: &str) -> Vec<String> {
+        match self.store.list(&super::recovery::open_states()).await {
+            Ok(rows) => rows
+                .into_iter()
+                .filter(|r| r.node == node && r.state != SandboxState::Queued)
+                .map(|r| r.id)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing a draining node's sandboxes");
+                vec![node.to_string()]
+            }
+        }
     }
 
     fn known_node(&self, name: &str) -> Result<Arc<NodeEntry>, ApiError> {

@@ -59,8 +59,20 @@ pub(super) async fn run(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 res["image"]["digest"].as_str().unwrap_or("")
             );
         }
-        ImageCmd::Prewarm { reference, nodes } => {
-            let res = client.prewarm_image(&reference, &nodes).await?;
+        ImageCmd::Prewarm {
+            reference,
+            nodes,
+            node_selector,
+        } => {
+            let nodes: Vec<String> = nodes.into_iter().filter(|n| n != "all").collect();
+            let selector: std::collections::BTreeMap<String, String> = node_selector
+                .iter()
+                .map(|l| {
+                    warren_core::labels::parse_pair(l)
+                        .map_err(|e| anyhow::anyhow!("--node-selector {l:?}: {e}; write KEY=VALUE"))
+                })
+                .collect::<Result<_>>()?;
+            let res = client.prewarm_image(&reference, &nodes, &selector).await?;
             for n in res["nodes"].as_array().into_iter().flatten() {
                 println!(
                     "{} {} {}",

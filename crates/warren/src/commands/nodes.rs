@@ -61,6 +61,26 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
             client.cordon_node(&name, false).await?;
             println!("{name} uncordoned");
         }
+        NodeCmd::Drain { name, deadline } => {
+            warren_core::quantity::parse_duration(&deadline)
+                .map_err(|e| anyhow::anyhow!("--deadline {deadline:?}: {e}"))?;
+            client.drain_node(&name, &deadline).await?;
+            eprintln!("{name} cordoned; waiting for its sandboxes to end (at most {deadline}, then they are destroyed)");
+            loop {
+                let nodes = client.nodes().await?;
+                let Some(n) = nodes.iter().find(|n| n["name"] == name.as_str()) else {
+                    anyhow::bail!("node {name} is no longer part of the cluster");
+                };
+                let left = n["sandboxes"].as_u64().unwrap_or(0);
+                if left == 0 {
+                    break;
+                }
+                eprint!("\r  {left} sandboxes left   ");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            eprintln!();
+            println!("{name} drained");
+        }
         NodeCmd::Rm { name } => {
             client.remove_node(&name).await?;
             println!("{name} removed");

@@ -80,6 +80,15 @@ class Warren:
                 self.proc.kill()
                 self.proc.wait()
 
+    def log_text(self):
+        """What the daemon wrote: its terminal output (warnings, its own
+        lines) and its log file under the home (everything from info up)."""
+        text = ""
+        for p in (self.home.parent / f"warren-{self.port}.log", self.home / "warren-up.log"):
+            with contextlib.suppress(FileNotFoundError):
+                text += p.read_text(errors="replace")
+        return text
+
     def env(self):
         return {**os.environ, "WARREN_URL": self.url, "WARREN_HOME": str(self.home)}
 
@@ -181,7 +190,7 @@ def warren(images):
     yield w
     crashed = w.proc.poll()
     w.stop()
-    log = (base / f"warren-{w.port}.log").read_bytes()[-4000:].decode(errors="replace")
+    log = w.log_text()[-4000:]
     shutil.rmtree(base, ignore_errors=True)
     assert crashed is None, f"warren up died during the session (exit {crashed}); log tail:\n{log}"
 

@@ -455,7 +455,7 @@ def test_registry_credentials(warren, registry, builder):
     configure(warren, insecure(reg) + 'username = "ci"\npassword = "right-horse"\n')
     p = pull(warren, ref)
     assert p.stdout.decode().startswith(ref)
-    log = (warren.home.parent / f"warren-{warren.port}.log").read_text(errors="replace")
+    log = warren.log_text()
     assert "right-horse" not in log and "wrong-battery" not in log
 
 
@@ -887,5 +887,5 @@ def test_bearer_token_credentials(warren, registry, builder, sandbox):
         assert pull(warren, ref).stdout.decode().split() == [ref, digest]
         info = sandbox(image=ref)
         assert sh(warren, info["id"], "cat /who") == "token holder"
-    log = (warren.home.parent / f"warren-{warren.port}.log").read_text(errors="replace")
+    log = warren.log_text()
     assert "s3cret-token" not in log and "wrong-token" not in log

@@ -16,7 +16,7 @@ fn main() {
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
-                    .unwrap_or_else(|_| "warn".into()),
+                    .unwrap_or_else(|_| format!("warn,{}", daemon::QUIET_LIBRARIES).into()),
             )
             .with_writer(std::io::stderr)
             .init();

@@ -10,16 +10,62 @@ use anyhow::{Context, Result};
 
 use crate::cli::{ControlOpts, NodeOpts};
 
-/// Logs to stderr, filtered by `WARREN_LOG`.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
-                .unwrap_or_else(|_| "info,libcgroups=error,libcontainer=error".into()),
+/// The daemon's log: everything from info up goes to `<home>/<file>`
+/// (`warren-up.log`, `warren-server.log`, `warren-node.log`); the terminal
+/// (or the journal, under systemd) gets only warnings and errors, besides
+/// the few lines the daemon prints itself, so that `warren up &` does not
+/// bury a shell. `WARREN_LOG` (an `EnvFilter`, e.g. `debug`) sets what both
+/// show.
+pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::PathBuf> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
+    let path = home.join(file);
+    // One generation is kept: the log is for what just happened, and a
+    // node that runs for months must not fill its disk with it.
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() > LOG_ROTATE_BYTES) {
+        let old = home.join(format!("{file}.1"));
+        std::fs::rename(&path, &old)
+            .with_context(|| format!("rotating {} to {}", path.display(), old.display()))?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening the log {} (check --home)", path.display()))?;
+    let custom = std::env::var("WARREN_LOG").ok();
+    let filter = |default: &str| {
+        custom
+            .as_deref()
+            .and_then(|f| EnvFilter::try_new(f).ok())
+            .unwrap_or_else(|| EnvFilter::new(default))
+    };
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(log))
+                .with_filter(filter(&format!("info,{QUIET_LIBRARIES}"))),
         )
-        .with_writer(std::io::stderr)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_target(false)
+                .without_time()
+                .with_filter(filter(&format!("warn,{QUIET_LIBRARIES}"))),
+        )
         .init();
+    Ok(path)
 }
+
+/// Past this size a daemon's log is moved aside at the next start.
+const LOG_ROTATE_BYTES: u64 = 64 << 20;
+
+/// libcontainer and libcgroups warn about what Warren handles itself or
+/// cannot change (a cgroup v1 controller the host does not mount, once per
+/// sandbox): nothing an operator can act on, so only their errors show.
+pub const QUIET_LIBRARIES: &str = "libcgroups=error,libcontainer=error";
 
 /// How profiles learn, from the flags.
 pub fn policy(opts: &ControlOpts) -> Result<warren_core::profile::Policy> {

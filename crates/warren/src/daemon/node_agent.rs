@@ -37,7 +37,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     }
     let labels = parse_labels(&args.labels)?;
     let name = args.name.clone().unwrap_or_else(super::hostname);
-    super::init_logging();
+    let log_path = super::init_logging(home, "warren-node.log")?;
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
     // Empty until the join answers: the API refuses everything till then.
@@ -56,7 +56,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
             tracing::error!(error = %e, "the node API stopped");
         }
     });
-    eprintln!("warren node: {name} serves the node API on http://{addr} (advertised as {advertise}); joining {server}");
+    eprintln!("warren node: {name} serves the node API on http://{addr} (advertised as {advertise}); joining {server}; log in {}", log_path.display());
     let agent = Agent {
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))

@@ -22,7 +22,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     if let Some(ServerCmd::JoinToken { rotate }) = args.command {
         return join_token(home, rotate);
     }
-    super::init_logging();
+    let log_path = super::init_logging(home, "warren-server.log")?;
     let policy = super::policy(&args.control)?;
     std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let join_token = warren_control::ensure_secret(&join_token_path(home))
@@ -53,11 +53,12 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         .await
         .with_context(|| format!("listen on {} (--listen)", args.listen))?;
     eprintln!(
-        "warren server: listening on http://{} (home {}, API token in {}, join token in {})",
+        "warren server: listening on http://{} (home {}, API token in {}, join token in {}, log in {})",
         args.listen,
         home.display(),
         home.join("token").display(),
-        join_token_path(home).display()
+        join_token_path(home).display(),
+        log_path.display()
     );
     super::serve_until_signal("warren server", listener, router, nofile, &up.control).await?;
     // Stops without touching a node: sandboxes run on, and a restarted

@@ -12,7 +12,7 @@ use warren_node_api::NodeApi;
 use crate::cli::{NodeTransport, UpArgs};
 
 pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
-    super::init_logging();
+    let log_path = super::init_logging(home, "warren-up.log")?;
     let policy = super::policy(&args.control)?;
     let (node, nofile) =
         super::start_node(home, super::hostname(), Default::default(), &args.node)?;
@@ -34,9 +34,10 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         .await
         .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
     eprintln!(
-        "warren up: listening on http://{listen} (home {}, token in {})",
+        "warren up: listening on http://{listen} (home {}, token in {}, log in {})",
         home.display(),
-        home.join("token").display()
+        home.join("token").display(),
+        log_path.display()
     );
     super::serve_until_signal("warren up", listener, router, nofile, &up.control).await?;
     eprintln!("warren up: destroying live sandboxes");

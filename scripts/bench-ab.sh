@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 rev=${1:?give the revision to compare against, e.g. HEAD~3}
 n=${2:-200}
 rounds=${3:-3}
-scripts/install-deps.sh
+scripts/install-deps.sh --test
 work=$(mktemp -d /tmp/warren-bench-ab.XXXXXX)
 pids=()
 cleanup() {

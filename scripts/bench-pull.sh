@@ -9,7 +9,7 @@
 #
 #   scripts/bench-pull.sh [RUNS] [MB_PER_LAYER]
 #
-# Needs root, docker-registry, skopeo, umoci, hyperfine (scripts/install-deps.sh)
+# Needs root, docker-registry, skopeo, umoci, hyperfine (scripts/install-deps.sh --test)
 # and a release build (built here). Prints a markdown table.
 set -euo pipefail
 runs=${1:-5}

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-100}
 rounds=${2:-3}
-scripts/install-deps.sh
+scripts/install-deps.sh --test
 cargo build --release -p warren
 bin=$PWD/target/release/warren
 work=$(mktemp -d /tmp/warren-bench-userns.XXXXXX)

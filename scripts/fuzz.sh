@@ -13,7 +13,7 @@
 # fix it, copy the input to fuzz/regressions/TARGET and commit both.
 #
 # Needs root (the layer unpacker makes overlay whiteouts) and the nightly
-# toolchain (scripts/install-deps.sh installs it).
+# toolchain (scripts/install-deps.sh --test installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-replay}

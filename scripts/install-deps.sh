@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Installs what Warren needs on a fresh Debian machine (run as root). Idempotent.
+#   scripts/install-deps.sh          what building and running Warren (and the demo) need
+#   scripts/install-deps.sh --test   also what the test suite and the benchmarks need
 set -euo pipefail
+test=false
+[ "${1:-}" = --test ] && test=true
+# libseccomp-dev and pkg-config to build; busybox-static and umoci for the
+# demo's image; e2fsprogs for per-sandbox disk limits; curl for the API.
+pkgs=(libseccomp-dev pkg-config busybox-static umoci e2fsprogs curl)
+# The tests' comparisons, registries, fault injection and PostgreSQL.
+$test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry apache2-utils zstd mmdebstrap postgresql)
 need=()
 # Debian's python3 refuses pip installs outside a venv (PEP 668) unless told.
 pip_install() { python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"; }
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in libseccomp-dev pkg-config busybox-static umoci skopeo runc bubblewrap podman hyperfine iproute2 nftables curl e2fsprogs docker-registry apache2-utils zstd mmdebstrap postgresql; do
+for p in "${pkgs[@]}"; do
     have "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -17,6 +26,7 @@ if ! command -v cargo >/dev/null; then
     echo "cargo is missing: install Rust (https://rustup.rs) first" >&2
     exit 1
 fi
+$test || exit 0
 # The fuzz targets (fuzz/, run briefly by scripts/test.sh) need nightly and cargo-fuzz.
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked

@@ -22,7 +22,7 @@ from helpers import ImageBuilder, flip_bytes, run, uniq, wait_until
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
 pytestmark = pytest.mark.skipif(
-    not Path(REGISTRY_BIN).exists(), reason="docker-registry is not installed (scripts/install-deps.sh)"
+    not Path(REGISTRY_BIN).exists(), reason="docker-registry is not installed (scripts/install-deps.sh --test)"
 )
 
 
@@ -696,7 +696,7 @@ def debian_python_layout(tmp_path):
     cached = CACHE / "debian-bookworm-python3-oci.tar"
     if not cached.exists():
         if not shutil.which("mmdebstrap"):
-            pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh)")
+            pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
         CACHE.mkdir(parents=True, exist_ok=True)
         work = tmp_path / "build"
         work.mkdir()

@@ -5,7 +5,7 @@
 start_bench_daemon() {
     local port=$1
     shift
-    scripts/install-deps.sh
+    scripts/install-deps.sh --test
     cargo build --release -p warren
     bin=$PWD/target/release/warren
     work=$(mktemp -d /tmp/warren-bench.XXXXXX)

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 n=${1:-16}
 [ "$(id -u)" = 0 ] || { echo "run as root: sandboxes need namespaces, cgroups and mounts" >&2; exit 1; }
 scripts/install-deps.sh
-echo "== building warren (release)"
+echo "== building warren (release; the first build takes about 10 minutes)"
 cargo build --release -p warren
 bin=$PWD/target/release/warren
 export WARREN_HOME=${WARREN_HOME:-/var/lib/warren}
@@ -48,7 +48,9 @@ echo "== tearing the batch down (warren rm --label run=$$)"
 "$bin" rm --label run=$$ | wc -l | xargs echo "  destroyed:"
 left=$(ls "$WARREN_HOME/sandboxes" 2>/dev/null | wc -l)
 echo "  sandbox directories left on the host: $left"
-"$bin" ps --all --label run=$$ | head -5
+# sed, not head: head closes the pipe early, `warren ps` then dies of
+# SIGPIPE, and pipefail would end the demo (and its daemon) right here.
+"$bin" ps --all --label run=$$ | sed -n 1,5p
 echo
 echo "warren up is running at $WARREN_URL (token: $WARREN_HOME/token). Try:"
 echo "  $bin run --image busybox:latest --rm -- sh -c 'echo hello from a sandbox'"

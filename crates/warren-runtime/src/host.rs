@@ -104,10 +104,39 @@ pub fn probe(home: &Path) -> Vec<Check> {
             "run `warren up` as root",
         )
     });
+    // A sandbox gets min(65536, the daemon's hard limit): only a hard
+    // limit below that, which Warren cannot raise itself without
+    // CAP_SYS_RESOURCE, costs sandboxes anything.
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(_, hard)| hard)
+        .unwrap_or(0);
     out.push(if caps & (1 << 24) != 0 {
-        check("rlimits", Status::Ok, "CAP_SYS_RESOURCE", "sandboxes get 65536 open files")
+        check(
+            "rlimits",
+            Status::Ok,
+            "CAP_SYS_RESOURCE",
+            "sandboxes get 65536 open files",
+        )
+    } else if hard >= 65536 {
+        check(
+            "rlimits",
+            Status::Ok,
+            format!("no CAP_SYS_RESOURCE; open-file hard limit {hard}"),
+            "sandboxes get 65536 open files",
+        )
     } else {
-        check("rlimits", Status::Degraded, "no CAP_SYS_RESOURCE", "sandboxes get the daemon's own hard limit on open files; raise it before starting Warren")
+        check(
+            "rlimits",
+            Status::Degraded,
+            format!("no CAP_SYS_RESOURCE; open-file hard limit {hard}"),
+            format!(
+                "sandboxes get {hard} open files instead of 65536, and Warren cannot raise \
+                 the limit itself: start `warren up` with a hard limit of at least 65536 \
+                 (LimitNOFILE=1048576 in its systemd unit, as deploy/systemd/warren-up.service \
+                 sets; `--ulimit nofile=1048576` for a container; or `ulimit -Hn 1048576` \
+                 in a root shell that has CAP_SYS_RESOURCE)"
+            ),
+        )
     });
 
     match libcgroups::common::get_cgroup_setup() {

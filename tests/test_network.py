@@ -242,6 +242,31 @@ def test_refusal_names_the_rule_and_is_logged(net):
         w.destroy(sid)
 
 
+def test_https_sent_as_a_plain_request_is_refused_with_the_fix_and_logged(net, allow_sbx):
+    """busybox wget sends `GET https://…` to the proxy instead of CONNECT:
+    an allowed destination gets a 400 that says what to do instead, a
+    refused one the policy's 403, and both are logged decisions."""
+    w = net["w"]
+    code, out, _ = sh(w, allow_sbx, f"wget -O /dev/null https://web.test:{net['tls']}/ 2>&1")
+    assert code != 0 and "400 Bad Request" in out, out
+    req = f"GET https://web.test:{net['tls']}/ HTTP/1.1\\r\\nHost: web.test\\r\\n\\r\\n"
+    code, out, _ = sh(w, allow_sbx, f"(printf '{req}'; sleep 1) | nc -w 3 127.0.0.1 3128")
+    assert out.lower().startswith("http/1.1 400"), out
+    assert "x-warren-proxy-error:" in out.lower() and "CONNECT" in out and "wget -Y off" in out, out
+    code, out, _ = sh(w, allow_sbx, "wget -O /dev/null https://evil.test/ 2>&1")
+    assert code != 0 and "403 Forbidden" in out, out
+    code, out, _ = sh(w, allow_sbx, "(printf 'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'; sleep 1) | nc -w 3 127.0.0.1 3128")
+    assert out.lower().startswith("http/1.1 400"), out
+    denied = [l for l in net_log(w, allow_sbx) if l["decision"] == "deny"]
+    assert any(l.get("status") == 400 and "https" in l["reason"] and l["host"] == "web.test" for l in denied), denied
+    assert any(l.get("status") == 403 and l.get("host") == "evil.test" and l["port"] == 443 for l in denied), denied
+    assert any(l.get("status") == 400 and "absolute http://" in l["reason"] for l in denied), denied
+    # Bypassing the proxy, the transparent path carries the TLS connection.
+    before = len(net["tls_rec"].hits)
+    sh(w, allow_sbx, f"timeout 5 wget -Y off -q -O /dev/null https://web.test:{net['tls']}/ 2>&1")
+    assert len(net["tls_rec"].hits) > before, "wget -Y off did not reach web.test through the transparent path"
+
+
 def test_plain_http_reuses_upstream_connections(net, allow_sbx):
     w = net["w"]
     code, out, err = sh(w, allow_sbx, f"for i in 1 2 3; do wget -q -O - http://web.test:{net['http']}/reuse; done")

@@ -87,7 +87,11 @@ pub(crate) fn serve(net: Arc<SandboxNet>, listener: tokio::net::TcpListener) {
                 let pool = pool.clone();
                 let svc =
                     hyper::service::service_fn(move |req| handle(net.clone(), pool.clone(), req));
+                // busybox wget shuts down its write side after an https
+                // request; without half-close hyper would sometimes drop
+                // the connection before answering it.
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .half_close(true)
                     .serve_connection(TokioIo::new(stream), svc)
                     .with_upgrades();
                 tokio::select! {
@@ -148,12 +152,18 @@ fn full(s: String) -> Body {
         .boxed()
 }
 
-fn bad_request(why: String) -> Response<Body> {
-    refuse(&Refusal {
+/// A request the proxy cannot act on, answered 400 and logged like any
+/// other refusal (`via` says which path refused it).
+fn bad_request(net: &SandboxNet, via: &str, why: String) -> Response<Body> {
+    let r = Refusal {
         status: 400,
         reason: why,
         rule: None,
-    })
+    };
+    net.log(serde_json::json!({
+        "decision": "deny", "via": via, "reason": r.reason, "rule": null, "status": r.status,
+    }));
+    refuse(&r)
 }
 
 /// Host and port of a CONNECT authority or an absolute URL.
@@ -178,7 +188,13 @@ async fn handle(
         let port = port.and_then(|p| p.parse::<u16>().ok());
         let (target, port) = match target_of(host, port) {
             Ok(t) => t,
-            Err(e) => return Ok(bad_request(format!("CONNECT {auth:?}: {e}"))),
+            Err(e) => {
+                return Ok(bad_request(
+                    &net,
+                    "connect",
+                    format!("CONNECT {auth:?}: {e}"),
+                ))
+            }
         };
         return Ok(match net.open(&target, port, "connect").await {
             Err(r) => refuse(&r),
@@ -211,15 +227,26 @@ async fn forward(
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let uri = req.uri().clone();
-    if uri.scheme_str() != Some("http") {
-        return Ok(bad_request(format!(
-            "{uri}: this proxy forwards absolute http:// URLs; send https through CONNECT"
-        )));
-    }
+    let default_port = match uri.scheme_str() {
+        Some("http") => 80,
+        // Some clients (busybox wget) send an https URL to the proxy as a
+        // plain request and expect the proxy to speak TLS upstream. The
+        // proxy carries TLS only end to end, so it refuses, saying what
+        // works instead; the policy is checked first, so a destination the
+        // rules refuse anyway gets the usual 403.
+        Some("https") => 443,
+        _ => {
+            return Ok(bad_request(
+                &net,
+                "http",
+                format!("{uri}: a proxy request names an absolute http:// URL (or is a CONNECT)"),
+            ))
+        }
+    };
     let host = uri.host().unwrap_or_default();
-    let (target, port) = match target_of(host, Some(uri.port_u16().unwrap_or(80))) {
+    let (target, port) = match target_of(host, Some(uri.port_u16().unwrap_or(default_port))) {
         Ok(t) => t,
-        Err(e) => return Ok(bad_request(e)),
+        Err(e) => return Ok(bad_request(&net, "http", e)),
     };
     let policy = net.policy();
     let verdict = policy.check(&target, port);
@@ -234,6 +261,23 @@ async fn forward(
         return Ok(refuse(&Refusal {
             status: 403,
             reason: verdict.reason,
+            rule: verdict.rule,
+        }));
+    }
+    if default_port == 443 {
+        let reason = format!(
+            "{uri}: https was sent to the proxy as a plain request (busybox wget does this); \
+             the proxy carries https only through CONNECT tunnels, so use a client that \
+             tunnels (curl, python, GNU wget) or bypass the proxy (busybox: wget -Y off) \
+             and the transparent path carries the TLS connection"
+        );
+        line["decision"] = "deny".into();
+        line["reason"] = reason.clone().into();
+        line["status"] = 400.into();
+        net.log(line);
+        return Ok(refuse(&Refusal {
+            status: 400,
+            reason,
             rule: verdict.rule,
         }));
     }
@@ -273,11 +317,18 @@ async fn forward(
             let reason = std::error::Error::source(&e)
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| e.to_string());
-            refuse(&Refusal {
+            let r = Refusal {
                 status: 502,
                 reason: format!("{host}:{port}: {reason}"),
                 rule: None,
-            })
+            };
+            // The connection was allowed and logged; the exchange on it
+            // failed, which the log says too.
+            net.log(serde_json::json!({
+                "decision": "error", "via": "http", "host": target.to_string(), "port": port,
+                "reason": r.reason, "status": r.status,
+            }));
+            refuse(&r)
         }
     })
 }

@@ -154,6 +154,19 @@ def test_warren_cp_both_ways(warren, sandbox, tmp_path):
     warren.cli("cp", f"{sid}:/usr/local/bin/tool", str(d))
     assert (d / "tool").read_bytes() == (src / "tool").read_bytes()
 
+    # A destination ending in / is a directory: the file keeps its name,
+    # and missing local parents are made.
+    warren.cli("cp", str(src / "a.txt"), f"{sid}:/tmp/")
+    assert sh_ok(warren, sid, "cat /tmp/a.txt") == "a\n"
+    warren.cli("cp", f"{sid}:/tmp/a.txt", str(tmp_path / "new" / "deeper") + "/")
+    assert (tmp_path / "new" / "deeper" / "a.txt").read_bytes() == b"a\n"
+    warren.cli("cp", f"{sid}:/tmp/a.txt", str(tmp_path / "made" / "b.txt"))
+    assert (tmp_path / "made" / "b.txt").read_bytes() == b"a\n"
+    # A directory named without the slash is a mistake the user can fix.
+    p = warren.cli("cp", str(src / "a.txt"), f"{sid}:/tmp", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "is a directory" in err and "500" not in err, err
+
     # Directory, both ways.
     warren.cli("cp", str(src), f"{sid}:/data/dst")
     out = sh_ok(warren, sid, "cd /data/dst && cat a.txt && md5sum sub/b.bin && readlink ln && ./tool")
@@ -172,6 +185,8 @@ def test_warren_cp_both_ways(warren, sandbox, tmp_path):
     # A missing remote file is an error.
     p = warren.cli("cp", f"{sid}:/no/such/file", str(tmp_path / "x"), check=False)
     assert p.returncode != 0 and not (tmp_path / "x").exists()
+    err = p.stderr.decode()
+    assert err.count("/no/such/file") == 1 and "no such file" in err.lower(), err
 
 
 def test_missing_file_is_404(warren, sandbox):

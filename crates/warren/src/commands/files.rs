@@ -1,5 +1,7 @@
 //! `warren cp`: copying files and directories into and out of a sandbox.
 
+use std::path::Path;
+
 use anyhow::{bail, Context, Result};
 
 use crate::client::Client;
@@ -28,7 +30,13 @@ pub(super) async fn cp(client: &Client, src: &str, dst: &str) -> Result<i32> {
                 let data = tokio::fs::read(src)
                     .await
                     .with_context(|| format!("reading {src}"))?;
-                client.put_file(id, path, &mode, data).await?;
+                // As with cp: a destination ending in / is the directory
+                // the file goes into, under its own name.
+                let path = match (path.ends_with('/'), Path::new(src).file_name()) {
+                    (true, Some(name)) => format!("{path}{}", name.to_string_lossy()),
+                    _ => path.to_string(),
+                };
+                client.put_file(id, &path, &mode, data).await?;
             }
         }
         (Some((id, path)), None) => {
@@ -40,12 +48,16 @@ pub(super) async fn cp(client: &Client, src: &str, dst: &str) -> Result<i32> {
                     .unpack(dst)
                     .with_context(|| format!("unpacking into {dst}"))?;
             } else {
-                let target = if std::path::Path::new(dst).is_dir() {
-                    std::path::Path::new(dst)
-                        .join(std::path::Path::new(path).file_name().unwrap_or_default())
+                let target = if dst.ends_with('/') || Path::new(dst).is_dir() {
+                    Path::new(dst).join(Path::new(path).file_name().unwrap_or_default())
                 } else {
                     dst.into()
                 };
+                // Missing parent directories are made, as copying in does.
+                if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent)
+                        .with_context(|| format!("creating {}", parent.display()))?;
+                }
                 std::fs::write(&target, &data)
                     .with_context(|| format!("writing {}", target.display()))?;
             }

@@ -1,7 +1,9 @@
 """The `warren` CLI contracts (ARCHITECTURE §5) and the OpenAPI document."""
 
 import json
+import subprocess
 
+from conftest import WARREN, free_port
 from helpers import uniq
 
 
@@ -142,3 +144,32 @@ def test_doctor_reports_the_host():
     assert checks["user namespaces"]["status"] == "ok", checks["user namespaces"]
     text = subprocess.run([str(WARREN), "doctor"], capture_output=True, timeout=30).stdout.decode()
     assert "Warren can run sandboxes here" in text
+
+
+def test_errors_say_what_to_fix_not_http(warren, sandbox, tmp_path):
+    """A CLI user gets the flag, file or command to fix, never a status
+    line or a header to send."""
+    env = {**warren.env(), "WARREN_TOKEN": "wrong"}
+    p = subprocess.run([str(WARREN), "ps"], env=env, capture_output=True)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "WARREN_TOKEN" in err and "--home" in err, err
+    assert "Bearer" not in err and "401" not in err, err
+    env = {**warren.env(), "WARREN_URL": f"http://127.0.0.1:{free_port()}"}
+    p = subprocess.run([str(WARREN), "ps"], env=env, capture_output=True)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "warren up" in err and "WARREN_URL" in err, err
+    assert "error sending request" not in err, err
+    p = subprocess.run([str(WARREN), "--home", str(tmp_path), "ps"], env=warren.env(), capture_output=True)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and str(tmp_path / "token") in err and "warren up" in err, err
+    p = warren.cli("inspect", "sbx-000000000000", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "warren ps" in err and "404" not in err, err
+    # Another daemon on the same home says which flag separates them.
+    other = subprocess.run(
+        [str(WARREN), "up", "--home", str(warren.home), "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        timeout=30,
+    )
+    err = other.stderr.decode()
+    assert other.returncode != 0 and "--home" in err and "root" not in err, err

@@ -95,8 +95,9 @@ impl ImageStore {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 return Err(ImageError::Conflict(format!(
-                    "image store {} is in use by another process or store instance (lock {}); \
-                     stop it or use a different root",
+                    "image store {} is in use by another process (lock {}): is another \
+                     `warren up` running with this --home? Stop it, or give this one a \
+                     different --home",
                     root.display(),
                     lock_path.display()
                 )))

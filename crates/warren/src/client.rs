@@ -24,6 +24,8 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// Where the token came from, for the message when it is refused.
+    token_source: String,
 }
 
 /// Which sandboxes [`Client::list_sandboxes`] lists.
@@ -91,17 +93,24 @@ pub struct RemoteFile {
 
 impl Client {
     pub fn new(url: &str, token: Option<String>, home: &Path) -> Result<Client> {
-        let token = match token {
-            Some(t) => t,
-            None => std::fs::read_to_string(home.join("token"))
-                .map(|t| t.trim().to_string())
-                .with_context(|| {
-                    format!(
-                        "no API token: set WARREN_TOKEN or make {} readable (is `warren up --home {}` running?)",
-                        home.join("token").display(),
-                        home.display()
-                    )
-                })?,
+        let (token, token_source) = match token {
+            Some(t) => (
+                t,
+                "the token given with --token or WARREN_TOKEN".to_string(),
+            ),
+            None => {
+                let file = home.join("token");
+                let t = std::fs::read_to_string(&file)
+                    .map(|t| t.trim().to_string())
+                    .with_context(|| {
+                        format!(
+                            "no API token: cannot read {} (start `warren up`, which writes it, \
+                             or give the --home of a running one, or set WARREN_TOKEN)",
+                            file.display(),
+                        )
+                    })?;
+                (t, format!("the token in {}", file.display()))
+            }
         };
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
@@ -112,6 +121,7 @@ impl Client {
             http,
             base: url.trim_end_matches('/').to_string(),
             token,
+            token_source,
         })
     }
 
@@ -123,18 +133,52 @@ impl Client {
 
     /// Sends and turns an API error body into an error with its message.
     async fn send(&self, req: RequestBuilder) -> Result<Response> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach Warren at {}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         if resp.status().is_success() {
             return Ok(resp);
         }
+        Err(self.failure(resp).await)
+    }
+
+    /// A request that got no answer: what to start or which flag to fix,
+    /// rather than reqwest's chain of wrappers.
+    fn unreachable(&self, e: &reqwest::Error) -> anyhow::Error {
+        let mut cause: &dyn std::error::Error = e;
+        while let Some(next) = cause.source() {
+            cause = next;
+        }
+        anyhow!(
+            "cannot reach warren up at {} ({cause}): start it with `warren up` (or \
+             `systemctl start warren-up`), or point --url / WARREN_URL at the one running",
+            self.base
+        )
+    }
+
+    /// An error answer, as the message a CLI user acts on: the API's
+    /// message without the HTTP status, except where the status is the news.
+    async fn failure(&self, resp: Response) -> anyhow::Error {
         let status = resp.status();
+        if status == StatusCode::UNAUTHORIZED {
+            return anyhow!(
+                "warren up at {} refused {}: give the --home of that daemon (its token is \
+                 <home>/token), or set --token / WARREN_TOKEN to its token",
+                self.base,
+                self.token_source
+            );
+        }
         let text = resp.text().await.unwrap_or_default();
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => bail!("{} ({})", body.error.message, status),
-            Err(_) => bail!("{status}: {text}"),
+        let message = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => body.error.message,
+            Err(_) => format!(
+                "warren up at {} answered {status}: {}",
+                self.base,
+                text.trim()
+            ),
+        };
+        if status.is_server_error() {
+            anyhow!("{message} (an internal error of warren up; its log, <home>/warren-up.log, has the details)")
+        } else {
+            anyhow!(message)
         }
     }
 
@@ -301,14 +345,9 @@ impl Client {
             .header(header::UPGRADE, "tcp")
             .send()
             .await
-            .context("cannot reach Warren")?;
+            .map_err(|e| self.unreachable(&e))?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            let status = resp.status();
-            let text = resp.text().await.unwrap_or_default();
-            match serde_json::from_str::<ErrorBody>(&text) {
-                Ok(b) => bail!("{} ({status})", b.error.message),
-                Err(_) => bail!("{status}: {text}"),
-            }
+            return Err(self.failure(resp).await);
         }
         resp.upgrade().await.context("opening the tunnel")
     }

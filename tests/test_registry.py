@@ -459,18 +459,29 @@ def test_registry_credentials(warren, registry, builder):
     assert "right-horse" not in log and "wrong-battery" not in log
 
 
-def test_plain_http_needs_the_registry_listed_insecure(warren, registry, builder):
+def test_plain_http_is_the_default_on_loopback_only(warren, registry, builder):
+    """A registry on 127.0.0.1 works without an entry, as with Docker; one
+    listed `insecure = false` is spoken to over HTTPS, and the failure says
+    which entry to change. (Non-loopback hosts: the unit tests, since the
+    tests contact only this machine.)"""
     reg = registry()
     repo = uniq("plain")
     b = builder()
     reg.push(b.layout, b.tag, f"{repo}:v1")
-    configure(warren, "")
+    configure(warren, f'[registry."{reg.host}"]\ninsecure = false\n')
     before = store_state(warren)
     p = pull(warren, f"{reg.host}/{repo}:v1", check=False)
     err = p.stderr.decode()
     assert p.returncode != 0
     assert "HTTPS" in err and f'[registry."{reg.host}"] insecure = true' in err, err
     assert_nothing_added(before, store_state(warren))
+    configure(warren, "")
+    assert pull(warren, f"{reg.host}/{repo}:v1").stdout.decode().startswith(f"{reg.host}/{repo}:v1")
+    # Nothing listening says so rather than suggest plain HTTP.
+    port = free_port()
+    p = pull(warren, f"127.0.0.1:{port}/{repo}:v1", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "listens" in err and "insecure" not in err, err
 
 
 def test_bad_references_and_missing_images_change_nothing(warren, registry):
@@ -742,7 +753,13 @@ def test_https_registry_with_a_private_ca(warren, registry, builder, sandbox):
     digest = reg.push(b.layout, b.tag, f"{repo}:v1")
     ref = f"{reg.host}/{repo}:v1"
 
+    # A loopback registry is asked in plain HTTP unless listed otherwise.
     configure(warren, "")
+    p = pull(warren, ref, check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "insecure = false" in err and "ca_file" in err, err
+
+    configure(warren, f'[registry."{reg.host}"]\ninsecure = false\n')
     p = pull(warren, ref, check=False)
     err = p.stderr.decode()
     assert p.returncode != 0

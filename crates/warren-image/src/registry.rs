@@ -7,8 +7,10 @@
 //! username = "ci"
 //! password = "secret"
 //!
-//! [registry."127.0.0.1:5000"]
+//! [registry."registry.internal:5000"]
 //! insecure = true          # plain HTTP; refused unless listed like this
+//!                          # (loopback registries are plain HTTP unless
+//!                          # listed with insecure = false)
 //!
 //! [registry."ghcr.io"]
 //! token = "..."            # sent as a bearer token
@@ -46,8 +48,9 @@ struct RegistryEntry {
     username: Option<String>,
     password: Option<String>,
     token: Option<String>,
-    #[serde(default)]
-    insecure: bool,
+    /// Plain HTTP; unset means: only for a loopback registry without a
+    /// `ca_file`.
+    insecure: Option<bool>,
     /// PEM file of CA certificates to trust for this registry's HTTPS.
     ca_file: Option<PathBuf>,
 }
@@ -146,18 +149,38 @@ impl RegistryConfig {
         &self.path
     }
 
-    /// Whether `host` may be spoken to over plain HTTP.
+    /// Whether `host` may be spoken to over plain HTTP: as its entry
+    /// says, and otherwise only when it is on a loopback address. That is
+    /// what Docker, containerd and podman do: no network lies between the
+    /// node and a registry on its own loopback, and a local registry
+    /// (`docker-registry`, `registry:2`) serves plain HTTP out of the box.
     pub fn is_insecure(&self, host: &str) -> bool {
-        self.registries.get(host).is_some_and(|e| e.insecure)
+        match self.registries.get(host) {
+            Some(RegistryEntry {
+                insecure: Some(insecure),
+                ..
+            }) => *insecure,
+            // A CA file only means something for HTTPS.
+            Some(RegistryEntry {
+                ca_file: Some(_), ..
+            }) => false,
+            _ => is_loopback(host),
+        }
     }
 
-    /// Hosts listed as insecure.
-    pub fn insecure_hosts(&self) -> Vec<String> {
-        self.registries
+    /// Hosts spoken to over plain HTTP: those listed as insecure, and
+    /// `host` (the one a pull is for) when it is insecure by default.
+    pub fn insecure_hosts(&self, host: &str) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .registries
             .iter()
-            .filter(|(_, e)| e.insecure)
+            .filter(|(_, e)| e.insecure == Some(true))
             .map(|(h, _)| h.clone())
-            .collect()
+            .collect();
+        if self.is_insecure(host) && !hosts.iter().any(|h| h == host) {
+            hosts.push(host.to_string());
+        }
+        hosts
     }
 
     /// The PEM contents of every configured `ca_file`. oci-client trusts
@@ -199,6 +222,18 @@ impl RegistryConfig {
 }
 
 pub use warren_core::image_ref::registry_host;
+
+/// Whether a registry `host[:port]` is `localhost` or a loopback address.
+fn is_loopback(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
 
 /// Turns an oci-client failure into a message that says what went wrong
 /// and what to do. `what` names the request ("manifest of X", "layer Y").
@@ -260,8 +295,18 @@ pub(crate) fn describe(
         }
         E::ServerError { code, message, .. } => {
             let message: String = message.chars().take(300).collect();
+            // A loopback registry is asked in plain HTTP by default; one
+            // that serves HTTPS answers so.
+            let hint = if config.is_insecure(host) && message.contains("HTTPS") {
+                format!(
+                    "; it serves HTTPS: add [registry.\"{host}\"] with insecure = false (and \
+                     ca_file = \"/path/to/ca.pem\" if its CA is private) to {cfg}"
+                )
+            } else {
+                String::new()
+            };
             ImageError::Registry(format!(
-                "registry {host} answered HTTP {code} for {what}: {message}"
+                "registry {host} answered HTTP {code} for {what}: {message}{hint}"
             ))
         }
         E::DigestError(d) => ImageError::RemoteDigestMismatch {
@@ -282,7 +327,28 @@ pub(crate) fn describe(
             let untrusted = ["certificate", "UnknownIssuer", "CaUsedAsEndEntity"]
                 .iter()
                 .any(|w| chain.contains(w));
-            if untrusted && !config.is_insecure(host) {
+            // Neither plain HTTP nor a CA would help with these.
+            let unresolved = [
+                "dns error",
+                "failed to lookup address",
+                "Name or service not known",
+            ]
+            .iter()
+            .any(|w| chain.contains(w));
+            let unreachable = ["Connection refused", "timed out", "No route to host"]
+                .iter()
+                .any(|w| chain.contains(w));
+            if unresolved {
+                ImageError::Registry(format!(
+                    "cannot resolve the registry name {host} ({chain}) while fetching {what}; \
+                     check the name in the reference"
+                ))
+            } else if unreachable {
+                ImageError::Registry(format!(
+                    "cannot connect to registry {host} ({chain}) while fetching {what}; check \
+                     that it runs and listens on that port"
+                ))
+            } else if untrusted && !config.is_insecure(host) {
                 ImageError::Registry(format!(
                     "registry {host}'s TLS certificate is not trusted ({chain}) while fetching \
                      {what}; if it is signed by a private CA, add ca_file = \"/path/to/ca.pem\" \
@@ -347,7 +413,19 @@ mod tests {
     fn missing_file_means_anonymous_https() {
         let dir = tempfile::tempdir().unwrap();
         let c = RegistryConfig::load(&dir.path().join(CONFIG_FILE)).unwrap();
-        assert!(!c.is_insecure("127.0.0.1:5000"));
+        assert!(!c.is_insecure("10.0.0.1:5000"));
+        assert!(!c.is_insecure("registry.example.com"));
+        // Loopback registries are plain HTTP by default, as with Docker.
+        for host in [
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "localhost:5000",
+            "[::1]:5000",
+        ] {
+            assert!(c.is_insecure(host), "{host}");
+            assert_eq!(c.insecure_hosts(host), vec![host.to_string()]);
+        }
+        assert!(c.insecure_hosts("10.0.0.1:5000").is_empty());
         assert_eq!(c.auth("x.io"), RegistryAuth::Anonymous);
     }
 
@@ -367,8 +445,29 @@ mod tests {
             RegistryAuth::Basic("u".into(), "p".into())
         );
         assert_eq!(c.auth("ghcr.io"), RegistryAuth::Bearer("t".into()));
-        assert_eq!(c.insecure_hosts(), vec!["127.0.0.1:5000".to_string()]);
+        assert_eq!(
+            c.insecure_hosts("ghcr.io"),
+            vec!["127.0.0.1:5000".to_string()]
+        );
         assert!(!format!("{c:?}").contains("\"p\""));
+    }
+
+    #[test]
+    fn a_loopback_registry_listed_secure_is_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "[registry.\"127.0.0.1:5443\"]\ninsecure = false\nca_file = \"/ca.pem\"\n",
+        );
+        let c = RegistryConfig::load(&p).unwrap();
+        assert!(!c.is_insecure("127.0.0.1:5443"));
+        assert!(c.insecure_hosts("127.0.0.1:5443").is_empty());
+        let p = write(
+            dir.path(),
+            "[registry.\"127.0.0.1:5443\"]\nca_file = \"/ca.pem\"\n",
+        );
+        let c = RegistryConfig::load(&p).unwrap();
+        assert!(!c.is_insecure("127.0.0.1:5443"), "a ca_file means HTTPS");
     }
 
     #[test]

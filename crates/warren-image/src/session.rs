@@ -92,7 +92,14 @@ impl Sessions {
         let config = RegistryConfig::load(&self.config_path)?;
         // The CA files are part of what the client was built from.
         let pems = config.ca_certificates()?;
-        let fingerprint = format!("{} {}", config.fingerprint(), sha256_digest(&pems.concat()));
+        // So are the plain-HTTP hosts, which depend on the pulled host too
+        // (a loopback registry is plain HTTP without an entry).
+        let fingerprint = format!(
+            "{} {} {:?}",
+            config.fingerprint(),
+            sha256_digest(&pems.concat()),
+            config.insecure_hosts(host)
+        );
         let client = {
             let mut cached = lock(&self.client);
             match cached.as_ref() {
@@ -109,7 +116,7 @@ impl Sessions {
                     // Client::new would fall back to a default client (plain
                     // HTTPS, no extra roots) on a bad certificate; say so.
                     let client = Client::try_from(ClientConfig {
-                        protocol: ClientProtocol::HttpsExcept(config.insecure_hosts()),
+                        protocol: ClientProtocol::HttpsExcept(config.insecure_hosts(host)),
                         extra_root_certificates: roots,
                         connect_timeout: Some(Duration::from_secs(10)),
                         read_timeout: Some(Duration::from_secs(120)),

@@ -7,26 +7,37 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "warren",
     version,
-    about = "Isolated, disposable sandboxes for agent and RL training"
+    about = "Isolated, disposable sandboxes for agent and RL training",
+    after_help = "Start with `warren doctor`, then `warren up &` (or `systemctl start warren-up`);\n\
+                  `warren COMMAND --help` shows each command's flags and examples."
 )]
 pub struct Cli {
-    /// Warren API URL (client commands).
+    /// The API of the `warren up` to talk to (client commands).
     #[arg(
         long,
         env = "WARREN_URL",
         default_value = "http://127.0.0.1:7070",
-        global = true
+        global = true,
+        help_heading = "Global options"
     )]
     pub url: String,
-    /// API token; defaults to the token file under --home.
-    #[arg(long, env = "WARREN_TOKEN", global = true, hide_env_values = true)]
+    /// API token; default: the token file in --home.
+    #[arg(
+        long,
+        env = "WARREN_TOKEN",
+        global = true,
+        hide_env_values = true,
+        help_heading = "Global options"
+    )]
     pub token: Option<String>,
-    /// Warren's state directory.
+    /// Warren's state directory: where `warren up` keeps everything, and
+    /// where client commands read its token.
     #[arg(
         long,
         env = "WARREN_HOME",
         default_value = "/var/lib/warren",
-        global = true
+        global = true,
+        help_heading = "Global options"
     )]
     pub home: PathBuf,
     #[command(subcommand)]
@@ -36,6 +47,11 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Run control plane, node agent and SQLite store in one process.
+    #[command(after_help = "Examples:\n  \
+        warren up &                                   # 127.0.0.1:7070, home /var/lib/warren\n  \
+        warren up --listen 127.0.0.1:7171 --home /srv/warren\n  \
+        systemctl enable --now warren-up              # as a service (scripts/install.sh)\n\n\
+        Its log is <home>/warren-up.log; the terminal gets warnings and its own lines.")]
     Up(UpArgs),
     /// Run a cluster's control plane: the public API, scheduler and store;
     /// nodes join it with `warren node`.
@@ -48,56 +64,109 @@ pub enum Command {
     #[command(subcommand)]
     Image(ImageCmd),
     /// Create a sandbox and print its id once it is ready.
+    #[command(after_help = "Examples:\n  \
+        id=$(warren create --image busybox --cpu 0.5 --memory 256M --label task=demo)\n  \
+        warren create --image busybox --allow pypi.org:443        # egress through the proxy\n  \
+        warren create --image busybox --lease 30s                 # dies unless `warren heartbeat` renews it")]
     Create(CreateArgs),
     /// Run a command as a sandbox's main process, stream its output, exit with its code.
+    #[command(after_help = "Example:\n  \
+        warren run --image busybox --rm -- sh -c 'echo hello; exit 3'; echo $?   # hello, 3")]
     Run {
         #[command(flatten)]
         create: CreateArgs,
         /// Remove the sandbox when the command ends.
         #[arg(long)]
         rm: bool,
-        #[arg(last = true, required = true)]
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
     /// Run a command in a running sandbox.
+    #[command(after_help = "Examples:\n  \
+        warren exec $id -- sh -c 'hostname; ps'\n  \
+        warren exec $id --timeout 2s -- sleep 100        # killed with its whole tree: exit 137\n  \
+        echo data | warren exec -i $id -- wc -c")]
     Exec(ExecArgs),
     /// Copy files: `warren cp LOCAL ID:PATH` or `warren cp ID:PATH LOCAL`.
-    Cp { src: String, dst: String },
+    #[command(
+        after_help = "A path ending in / is a directory the file goes into under its own name;\n\
+        directories travel as tar (their contents are copied into the destination).\n\n\
+        Examples:\n  \
+        warren cp ./train.py $id:/work/          # -> /work/train.py\n  \
+        warren cp $id:/work ./out                # /work's contents into ./out"
+    )]
+    Cp {
+        /// LOCAL path, or ID:/absolute/path in a sandbox.
+        src: String,
+        /// LOCAL path, or ID:/absolute/path in a sandbox.
+        dst: String,
+    },
     /// List sandboxes.
+    #[command(after_help = "Examples:\n  \
+        warren ps --label task=demo\n  \
+        warren ps --all --state failed --json")]
     Ps {
-        #[arg(long)]
+        /// Only sandboxes with this label, KEY=VALUE. Repeatable (all must match).
+        #[arg(long, value_name = "KEY=VALUE")]
         label: Vec<String>,
-        #[arg(long)]
+        /// Only sandboxes in this state.
+        #[arg(
+            long,
+            value_parser = [
+                "queued", "creating", "running", "paused", "stopping",
+                "destroyed", "failed", "kept", "lost",
+            ]
+        )]
         state: Option<String>,
         /// Include destroyed, failed and lost sandboxes.
         #[arg(long, short)]
         all: bool,
+        /// One JSON array instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// Show a sandbox as JSON: spec, state, node, usage, events.
-    Inspect { id: String },
+    Inspect {
+        /// The sandbox id (sbx-…).
+        id: String,
+    },
     /// Store a sandbox's filesystem changes as a new image: one layer on top
     /// of the image it runs (push it with `warren image push`).
     Commit {
+        /// The sandbox id (sbx-…).
         id: String,
         /// Name of the new image, repo[:tag].
         name: String,
     },
     /// Print a sandbox's JSON-lines log (or, with --label, those of every
     /// matching sandbox).
+    #[command(
+        after_help = "Each line has a `kind`: exec, stdout, stderr, state, net (egress decisions), ...\n\n\
+        Examples:\n  \
+        warren logs $id\n  \
+        warren logs $id | grep '\"kind\":\"net\"'      # every egress decision, with its rule"
+    )]
     Logs {
+        /// The sandbox id (sbx-…).
         #[arg(required_unless_present = "label")]
         id: Option<String>,
-        #[arg(long, conflicts_with = "id")]
+        /// The logs of every sandbox with this label, KEY=VALUE. Repeatable.
+        #[arg(long, conflicts_with = "id", value_name = "KEY=VALUE")]
         label: Vec<String>,
+        /// Keep printing new lines until the sandbox ends.
         #[arg(long, short)]
         follow: bool,
     },
     /// Destroy sandboxes by id or label selector.
+    #[command(after_help = "Examples:\n  \
+        warren rm $id\n  \
+        warren rm --label task=demo")]
     Rm {
+        /// Sandbox ids (sbx-…).
         ids: Vec<String>,
-        #[arg(long)]
+        /// Every sandbox with this label, KEY=VALUE. Repeatable (all must match).
+        #[arg(long, value_name = "KEY=VALUE")]
         label: Vec<String>,
     },
     /// Resource profiles: learned requests per task.
@@ -107,40 +176,73 @@ pub enum Command {
     #[command(subcommand)]
     Batch(BatchCmd),
     /// Show the event stream (state changes with reasons).
+    #[command(after_help = "Examples:\n  \
+        warren events --sandbox $id\n  \
+        warren events --type lease_expired --follow     # Ctrl-C to stop following")]
     Events {
-        #[arg(long)]
+        /// Only this sandbox's events.
+        #[arg(long, value_name = "ID")]
         sandbox: Option<String>,
-        #[arg(long)]
+        /// Only events of sandboxes with this label, KEY=VALUE. Repeatable.
+        #[arg(long, value_name = "KEY=VALUE")]
         label: Vec<String>,
-        #[arg(long)]
+        /// Only events of this batch's sandboxes.
+        #[arg(long, value_name = "BATCH_ID")]
         batch: Option<String>,
-        /// Reason or state, e.g. ttl_expired or destroyed.
-        #[arg(long = "type")]
+        /// Reason or state, e.g. ready, exited, ttl_expired, lease_expired,
+        /// oom_killed, destroyed.
+        #[arg(long = "type", value_name = "REASON|STATE")]
         kind: Option<String>,
+        /// Keep printing new events as they happen (until Ctrl-C).
         #[arg(long, short)]
         follow: bool,
     },
     /// Freeze every process of a running sandbox.
-    Pause { id: String },
+    Pause {
+        /// The sandbox id (sbx-…).
+        id: String,
+    },
     /// Thaw a paused sandbox.
-    Resume { id: String },
-    /// Renew a sandbox's lease.
-    Heartbeat { id: String },
+    Resume {
+        /// The sandbox id (sbx-…).
+        id: String,
+    },
+    /// Renew a sandbox's lease: a sandbox created with --lease D is
+    /// destroyed (reason lease_expired) D after its last heartbeat.
+    Heartbeat {
+        /// The sandbox id (sbx-…).
+        id: String,
+    },
     /// Let a sandbox live TTL from now (e.g. 30m).
-    Ttl { id: String, ttl: String },
+    Ttl {
+        /// The sandbox id (sbx-…).
+        id: String,
+        /// How long from now, e.g. 90s, 30m, 2h.
+        ttl: String,
+    },
     /// Replace an `allowlist` sandbox's egress rules; connections the new
     /// rules do not allow are closed.
+    #[command(after_help = "Example:\n  \
+        warren network $id --allow pypi.org:443 --allow '*.s3.amazonaws.com:443'")]
     Network {
+        /// The sandbox id (sbx-…).
         id: String,
-        #[arg(long)]
+        /// Egress rule HOST:PORT (name, *.suffix, IPv4 or CIDR). Repeatable.
+        #[arg(long, value_name = "HOST:PORT")]
         allow: Vec<String>,
-        #[arg(long)]
+        /// Rule that wins over the allow rules. Repeatable.
+        #[arg(long, value_name = "HOST:PORT")]
         deny: Vec<String>,
     },
     /// Forward a local TCP port to a port inside a sandbox (LOCAL:REMOTE,
     /// or just PORT for both).
+    #[command(after_help = "Example:\n  \
+        warren port-forward $id 8080:8000 &     # local 8080 -> port 8000 in the sandbox")]
     PortForward {
+        /// The sandbox id (sbx-…).
         id: String,
+        /// LOCAL:REMOTE, or PORT for both.
+        #[arg(value_name = "LOCAL:REMOTE")]
         ports: String,
         /// Local address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
@@ -158,6 +260,7 @@ pub enum Command {
     /// Check this host: kernel features, cgroups, overlayfs, seccomp, user
     /// namespaces, disk limits; say what Warren can and cannot guarantee.
     Doctor {
+        /// The checks as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -261,15 +364,17 @@ pub struct ControlOpts {
     /// Creates that may wait for capacity; more get 429 with a retry hint.
     #[arg(long, default_value_t = 1024)]
     pub queue_limit: usize,
-    /// Profile recommendations are peak × margin, per resource.
+    /// Profile recommendations for CPU are the observed peak × this.
     #[arg(long, default_value_t = 1.5)]
     pub cpu_margin: f64,
+    /// Profile recommendations for memory are the observed peak × this.
     #[arg(long, default_value_t = 1.5)]
     pub memory_margin: f64,
 }
 
 #[derive(Args)]
 pub struct UpArgs {
+    /// Address of the API; keep it on loopback or put TLS in front.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
     /// How the control plane reaches its node: in the same process, or
@@ -307,6 +412,7 @@ pub enum ServerCmd {
     /// Print the token nodes join with (`<home>/join-token`, made on first
     /// use); --rotate replaces it (nodes already joined stay joined).
     JoinToken {
+        /// Replace the token with a new one (nodes already joined stay).
         #[arg(long)]
         rotate: bool,
     },
@@ -346,18 +452,29 @@ pub struct NodeArgs {
 pub enum NodeCmd {
     /// List the cluster's nodes: state, labels, capacity, allocation, load.
     Ls {
+        /// Print the nodes as JSON (as `GET /v1/nodes` answers).
         #[arg(long)]
         json: bool,
     },
     /// Stop placing sandboxes on a node (what runs there stays).
-    Cordon { name: String },
+    Cordon {
+        /// The node's name (see `warren node ls`).
+        name: String,
+    },
     /// Place sandboxes on a node again.
-    Uncordon { name: String },
+    Uncordon {
+        /// The node's name (see `warren node ls`).
+        name: String,
+    },
     /// Remove a node from the cluster: its sandboxes become `lost`.
-    Rm { name: String },
+    Rm {
+        /// The node's name (see `warren node ls`).
+        name: String,
+    },
     /// Cordon a node and wait for its sandboxes to end; those still there
     /// at the deadline are destroyed (reason `node_drained`).
     Drain {
+        /// The node's name (see `warren node ls`).
         name: String,
         /// How long sandboxes may run on before they are destroyed.
         #[arg(long, default_value = "10m")]
@@ -368,8 +485,12 @@ pub enum NodeCmd {
 #[derive(Subcommand)]
 pub enum ImageCmd {
     /// Import an OCI image-layout tar or a docker-archive tar.
+    #[command(after_help = "Example:\n  \
+        warren image import /tmp/busybox.tar --name busybox:latest")]
     Import {
+        /// The archive (e.g. from `skopeo copy … oci-archive:FILE` or `docker save`).
         file: PathBuf,
+        /// Name to store it under, repo[:tag]; sandboxes use it as --image.
         #[arg(long)]
         name: String,
     },
@@ -377,6 +498,7 @@ pub enum ImageCmd {
     /// Credentials and plain-HTTP registries are configured in
     /// <home>/registries.toml on the node.
     Pull {
+        /// host[:port]/repo[:tag|@sha256:digest].
         reference: String,
         /// No progress lines on stderr.
         #[arg(long, short)]
@@ -395,6 +517,7 @@ pub enum ImageCmd {
     },
     /// Push a stored image to a registry (host[:port]/repo:tag).
     Push {
+        /// host[:port]/repo:tag to push to.
         reference: String,
         /// The stored image to push under REFERENCE (default: the image
         /// named REFERENCE).
@@ -404,6 +527,7 @@ pub enum ImageCmd {
     /// Pull an image onto nodes before a batch needs it; answers once every
     /// node holds the digest the reference names now.
     Prewarm {
+        /// host[:port]/repo[:tag|@sha256:digest].
         reference: String,
         /// Node names, comma-separated, or `all` (the default).
         #[arg(long, value_delimiter = ',')]
@@ -414,27 +538,36 @@ pub enum ImageCmd {
     },
     /// List images.
     Ls {
+        /// One JSON array instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// Remove an image.
-    Rm { reference: String },
+    Rm {
+        /// Its name (repo[:tag]) or digest.
+        reference: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum ProfileCmd {
+    /// List profiles: each task's observed peaks and recommended requests.
     Ls,
+    /// Show one profile as JSON.
     Show {
+        /// The profile's name (a sandbox's --profile, or its task label).
         name: String,
     },
     /// Print the profile table as TOML.
     Export,
     /// Load a TOML profile table (as written by export).
     Import {
+        /// The TOML file.
         file: PathBuf,
     },
     /// Forget a profile's runs and anomaly flag.
     Reset {
+        /// The profile's name.
         name: String,
     },
 }
@@ -442,7 +575,11 @@ pub enum ProfileCmd {
 #[derive(Subcommand)]
 pub enum BatchCmd {
     /// Create COUNT sandboxes from one spec; prints progress, then the batch id.
+    #[command(after_help = "Example:\n  \
+        b=$(warren batch create --count 50 --batch-label task=swe --image busybox --memory 64M -- sh -c 'exit 0')\n  \
+        warren batch inspect $b")]
     Create {
+        /// How many sandboxes.
         #[arg(long)]
         count: u32,
         /// Batch label, e.g. task=swe (added to every sandbox's labels).
@@ -456,21 +593,27 @@ pub enum BatchCmd {
         retry_on_lost: bool,
         #[command(flatten)]
         create: Box<CreateArgs>,
-        /// Main command for every sandbox.
-        #[arg(last = true)]
+        /// Main command for every sandbox, after `--`.
+        #[arg(last = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
+    /// List batches.
     Ls,
+    /// Show a batch as JSON: counts per state, summed usage, failures.
     Inspect {
+        /// The batch id.
         id: String,
     },
+    /// Destroy a batch's sandboxes.
     Rm {
+        /// The batch id.
         id: String,
     },
 }
 
 #[derive(Args, Clone)]
 pub struct CreateArgs {
+    /// Image name (as imported or pulled) or registry reference.
     #[arg(long)]
     pub image: String,
     /// CPU cores (0.5) or millicores (500m).
@@ -479,38 +622,61 @@ pub struct CreateArgs {
     /// Memory hard limit (256M, 1G); no swap.
     #[arg(long)]
     pub memory: Option<String>,
+    /// Most processes and threads at once.
     #[arg(long)]
     pub pids: Option<u32>,
+    /// Disk the sandbox may fill (5G): its own file system of that size;
+    /// default: warren up's --default-disk.
     #[arg(long)]
     pub disk: Option<String>,
+    /// GPUs requested (recorded in the spec; no device is attached yet).
     #[arg(long)]
     pub gpus: Option<u32>,
-    #[arg(long = "env", short = 'e')]
+    /// Environment variable KEY=VALUE. Repeatable.
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
-    #[arg(long = "label", short = 'l')]
+    /// Label KEY=VALUE, for ps, rm, logs and events selectors. Repeatable.
+    #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     pub labels: Vec<String>,
+    /// Lifetime from creation (10m, 2h): then it is destroyed, reason
+    /// ttl_expired (or kept, as --reclaim says).
     #[arg(long)]
     pub ttl: Option<String>,
+    /// Lease (30s): destroyed, reason lease_expired, unless `warren
+    /// heartbeat ID` renews it within that time, again and again.
     #[arg(long)]
     pub lease: Option<String>,
+    /// Resource profile to learn from and feed (default: the task label).
     #[arg(long)]
     pub profile: Option<String>,
-    #[arg(long)]
+    /// Network mode: none (loopback only) or allowlist (egress through the
+    /// node's proxy to the --allow rules). Default: none, or allowlist
+    /// with --allow.
+    #[arg(long, value_parser = ["none", "allowlist"])]
     pub network: Option<String>,
     /// Egress rule HOST:PORT (name, *.suffix, IPv4 or CIDR); implies
     /// `--network allowlist`. Repeatable.
-    #[arg(long)]
+    #[arg(long, value_name = "HOST:PORT")]
     pub allow: Vec<String>,
     /// Rule that wins over the allow rules. Repeatable.
-    #[arg(long)]
+    #[arg(long, value_name = "HOST:PORT")]
     pub deny: Vec<String>,
-    #[arg(long)]
+    /// What happens when the main process ends or the TTL or lease runs
+    /// out: destroy at once; delay (frozen for --keep-for, then destroyed);
+    /// keep (frozen, inspectable, until --keep-for ends); keep_on_failure
+    /// (keep after a failure or OOM kill, destroy otherwise).
+    #[arg(
+        long,
+        value_parser = ["destroy", "delay", "keep", "keep_on_failure"]
+    )]
     pub reclaim: Option<String>,
     /// How long a kept sandbox is held (keep, keep_on_failure), e.g. 2h.
     #[arg(long)]
     pub keep_for: Option<String>,
+    /// Working directory of the main process and of execs.
     #[arg(long)]
     pub cwd: Option<String>,
+    /// User of the main process and of execs: name, UID or UID:GID.
     #[arg(long)]
     pub user: Option<String>,
     /// Idempotency key: a repeated create with the same id returns the first sandbox.
@@ -528,24 +694,32 @@ pub struct CreateArgs {
 
 #[derive(Args)]
 pub struct ExecArgs {
+    /// The sandbox id (sbx-…).
     pub id: String,
-    #[arg(long = "env", short = 'e')]
+    /// Environment variable KEY=VALUE. Repeatable.
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
+    /// Working directory.
     #[arg(long)]
     pub cwd: Option<String>,
+    /// Kill the command and everything it started after this long (2s,
+    /// 5m); it then exits 137.
     #[arg(long)]
     pub timeout: Option<String>,
+    /// User to run as: name, UID or UID:GID.
     #[arg(long)]
     pub user: Option<String>,
     /// Send this process's stdin to the command.
     #[arg(long, short = 'i')]
     pub stdin: bool,
-    #[arg(last = true, required = true)]
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<String>,
 }
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// Image the sandboxes are made from.
     #[arg(long)]
     pub image: String,
     /// Iterations per measurement.
@@ -560,12 +734,14 @@ pub struct BenchArgs {
     /// PID of the daemon, to report its RSS growth during the idle check.
     #[arg(long)]
     pub daemon_pid: Option<u32>,
+    /// Results as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args)]
 pub struct BenchNetArgs {
+    /// Image the sandboxes are made from.
     #[arg(long)]
     pub image: String,
     /// Iterations per latency measurement.
@@ -580,6 +756,7 @@ pub struct BenchNetArgs {
     /// PID of the daemon, to report its RSS with the live policies.
     #[arg(long)]
     pub daemon_pid: Option<u32>,
+    /// Results as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -597,23 +774,56 @@ pub struct BenchPlacementArgs {
 
 #[derive(Args)]
 pub struct SimulateArgs {
+    /// Sandboxes in the workload.
     #[arg(long, default_value_t = 5000)]
     pub sandboxes: usize,
+    /// Distinct tasks (profiles) they belong to.
     #[arg(long, default_value_t = 200)]
     pub tasks: usize,
+    /// Cores of each simulated node.
     #[arg(long, default_value_t = 64)]
     pub node_cores: u64,
+    /// Memory of each simulated node, GiB.
     #[arg(long, default_value_t = 256)]
     pub node_memory_gib: u64,
+    /// Random seed of the workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Profile margins: recommendation = peak × margin.
+    /// Profile margin for CPU: recommendation = peak × margin.
     #[arg(long, default_value_t = 1.5)]
     pub cpu_margin: f64,
+    /// Profile margin for memory: recommendation = peak × margin.
     #[arg(long, default_value_t = 1.5)]
     pub memory_margin: f64,
     /// Sum of sandbox CPU limits allowed per core, as `warren up
     /// --cpu-overcommit` (same default); 1 makes CPU requests binding.
     #[arg(long, default_value_t = 8.0)]
     pub cpu_overcommit: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is for.
+    #[test]
+    fn every_argument_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "warren", &mut missing);
+        assert!(missing.is_empty(), "undescribed: {missing:#?}");
+    }
 }

@@ -375,7 +375,7 @@ pub struct ControlOpts {
 #[derive(Args)]
 pub struct UpArgs {
     /// Address of the API; keep it on loopback or put TLS in front.
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
     /// How the control plane reaches its node: in the same process, or
     /// over HTTP through the node API (as in a cluster; on loopback here).

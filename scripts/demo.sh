@@ -3,19 +3,27 @@
 # agent and SQLite in one process), a small image, and a demo batch of
 # sandboxes. Run as root on Debian: installs what it needs, builds, starts.
 #   scripts/demo.sh [BATCH_SIZE]        (WARREN_HOME defaults to /var/lib/warren)
+# WARREN_BIN=PATH runs that binary instead of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-16}
 [ "$(id -u)" = 0 ] || { echo "run as root: sandboxes need namespaces, cgroups and mounts" >&2; exit 1; }
-scripts/install-deps.sh
-echo "== building warren (release; the first build takes about 10 minutes)"
-cargo build --release -p warren
-bin=$PWD/target/release/warren
+bin=${WARREN_BIN:-}
+if [ -z "$bin" ]; then
+    scripts/install-deps.sh
+    echo "== building warren (release; the first build takes about 10 minutes)"
+    cargo build --release -p warren
+    bin=$PWD/target/release/warren
+fi
 export WARREN_HOME=${WARREN_HOME:-/var/lib/warren}
 export WARREN_URL=${WARREN_URL:-http://127.0.0.1:7070}
 mkdir -p "$WARREN_HOME"
 echo "== starting warren up (home $WARREN_HOME, $WARREN_URL)"
-"$bin" up --home "$WARREN_HOME" --listen "${WARREN_URL#http://}" 2>>"$WARREN_HOME/warren-up.log" &
+# Its own lines and warnings show here; its log is $WARREN_HOME/warren-up.log.
+# setsid: Ctrl-C signals the terminal's whole process group, and the trap
+# below signals warren up again; a second signal would stop it at once,
+# leaving sandboxes behind for the next start instead of destroying them.
+setsid "$bin" up --home "$WARREN_HOME" --listen "${WARREN_URL#http://}" &
 pid=$!
 trap 'kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
 for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done

@@ -1,4 +1,4 @@
-"""The `warren` CLI contracts (ARCHITECTURE §5) and the OpenAPI document."""
+"""The `warren` CLI contracts (docs/api.md) and the OpenAPI document."""
 
 import json
 import subprocess

@@ -1,4 +1,4 @@
-"""Destruction removes everything (ARCHITECTURE §2), checked from the host."""
+"""Destruction removes everything (docs/architecture.md), checked from the host."""
 
 import threading
 import time

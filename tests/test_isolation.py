@@ -1,4 +1,4 @@
-"""Isolation, checked from inside a sandbox and from the host (ARCHITECTURE §4)."""
+"""Isolation, checked from inside a sandbox and from the host (docs/security.md)."""
 
 import socket
 import subprocess

@@ -1,8 +1,9 @@
 //! The spawner: a single-threaded helper process that creates sandboxes
 //! with libcontainer. libcontainer clones and then runs a lot of Rust code in
-//! the child, which is only sound when the parent has a single thread (see
-//! dependencies.md §1.5), so the multi-threaded daemon never calls it itself:
-//! it starts `warren spawner` with a socket on stdin and sends requests.
+//! the child, which is only sound when the parent has a single thread (a
+//! lock another thread held at the clone stays locked in the child
+//! forever), so the multi-threaded daemon never calls it itself: it starts
+//! `warren spawner` with a socket on stdin and sends requests.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -1,4 +1,4 @@
-//! The public HTTP API (`/v1`, ARCHITECTURE §5): the router, authentication,
+//! The public HTTP API (`/v1`, docs/api.md): the router, authentication,
 //! errors and streaming; the handlers, by resource, in the modules below.
 //! Handlers parse HTTP and call `Control`; they decide nothing themselves.
 

@@ -269,3 +269,64 @@ def test_a_waiting_create_says_where_it_is_in_the_queue(cluster):
         if p.poll() is None:
             p.kill()
         drop(c, *full[1:])
+
+
+def test_drain_lets_sandboxes_end_then_destroys_the_rest(images):
+    with Cluster(images, nodes=[dict(name="a"), dict(name="b")]) as c:
+        c.server.cli("node", "cordon", "b")
+        short = create(c, cpu=0.1, memory="32M", cmd=["sleep", "2"])["id"]
+        stays = create(c, cpu=0.1, memory="32M")["id"]
+        c.server.cli("node", "uncordon", "b")
+        started = time.time()
+        p = c.server.cli("node", "drain", "a", "--deadline", "6s", timeout=60)
+        assert "drained" in p.stdout.decode()
+        took = time.time() - started
+        assert 5 <= took <= 20, took
+        ended = c.server.http.get(f"/v1/sandboxes/{short}").json()
+        assert (ended["state"], ended["reason"]) == ("destroyed", "main_exited"), ended
+        drained = c.server.http.get(f"/v1/sandboxes/{stays}").json()
+        assert (drained["state"], drained["reason"]) == ("destroyed", "node_drained"), drained
+        # It stays cordoned: new sandboxes go elsewhere.
+        assert c.server.nodes()["a"]["cordoned"]
+        s = create(c, cpu=0.1, memory="32M")
+        assert s["node"] == "b"
+        drop(c, s["id"])
+
+
+def test_prewarm_and_batches_pull_once_per_node_and_keep_their_digest(images, tmp_path):
+    import os
+
+    from helpers import ImageBuilder, uniq
+    from test_registry import Registry
+
+    reg = Registry()
+    try:
+        repo = uniq("warm")
+        b = ImageBuilder(images["oci"], tmp_path / "img").layer(
+            lambda r: (r / "payload").write_bytes(os.urandom(256 * 1024)))
+        digest = reg.push(b.layout, b.tag, f"{repo}:v1")
+        last = reg.manifest(digest, repo)["layers"][-1]["digest"]
+        ref = f"{reg.host}/{repo}:v1"
+        with Cluster(images, nodes=[dict(name="a"), dict(name="b", labels=["gpu=h200"]), dict(name="c")]) as c:
+            out = c.server.cli("image", "prewarm", ref, "--node-selector", "gpu=h200").stdout.decode().split()
+            assert out == ["b", ref, digest], out
+            assert reg.blob_gets(repo, last) == 1
+            # A batch resolves the tag once and prewarms every node it may
+            # use: one download on each node that lacked the image.
+            r = c.server.http.post("/v1/batches", json={"count": 3, "spec": {"image": ref, "cpu": 1, "memory": "32M"}})
+            assert r.status_code == 202, r.text
+            batch = r.json()
+            assert batch["spec"]["image"] == f"{reg.host}/{repo}@{digest}", batch["spec"]
+            # The tag moves on while the batch runs: its members keep the digest.
+            b2 = ImageBuilder(images["oci"], tmp_path / "img2").layer(lambda r: (r / "other").write_text("x"))
+            moved = reg.push(b2.layout, b2.tag, f"{repo}:v1")
+            assert moved != digest
+            members = wait_until("the batch to run", lambda: (
+                lambda m: m if len(m) == 3 and all(s["state"] == "running" for s in m) else None)(
+                c.server.http.get("/v1/sandboxes", params={"label": f"warren.dev/batch={batch['id']}"}).json()))
+            assert {m["node"] for m in members} == {"a", "b", "c"}
+            assert {m["image_digest"] for m in members} == {digest}
+            assert reg.blob_gets(repo, last) == 3
+            c.server.http.delete(f"/v1/batches/{batch['id']}")
+    finally:
+        reg.stop()

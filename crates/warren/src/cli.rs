@@ -253,6 +253,13 @@ pub enum Command {
     /// Measure the scheduler alone: placement decisions per second over
     /// simulated nodes, full filter and score (see docs/benchmarks.md).
     BenchPlacement(BenchPlacementArgs),
+    /// Measure creates per second through the API: COUNT sandboxes at a
+    /// concurrency, then their deletes (see docs/benchmarks.md).
+    BenchCreates(BenchCreatesArgs),
+    /// Join COUNT in-memory nodes to a `warren server`: each speaks the real
+    /// node API but makes no sandboxes (for control-plane benchmarks).
+    #[command(hide = true)]
+    FakeNodes(FakeNodesArgs),
     /// Measure what network mode `allowlist` costs: create latency, proxy
     /// latency and tunnel throughput, many live policies (run as root on
     /// the node; see docs/benchmarks.md).
@@ -759,6 +766,44 @@ pub struct BenchNetArgs {
     /// Results as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchCreatesArgs {
+    /// Image the sandboxes are made from.
+    #[arg(long)]
+    pub image: String,
+    /// Sandboxes created (all alive at the end, then deleted).
+    #[arg(long, default_value_t = 20000)]
+    pub count: usize,
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// CPU of each sandbox (cores).
+    #[arg(long, default_value = "0.1")]
+    pub cpu: String,
+    /// Memory of each sandbox.
+    #[arg(long, default_value = "64M")]
+    pub memory: String,
+}
+
+#[derive(Args)]
+pub struct FakeNodesArgs {
+    /// The control plane to join.
+    #[arg(long)]
+    pub server: String,
+    /// File holding the join token.
+    #[arg(long)]
+    pub join_token: PathBuf,
+    /// Nodes to run (named fake-000, fake-001, ...).
+    #[arg(long, default_value_t = 200)]
+    pub count: usize,
+    /// CPU each node lends (cores).
+    #[arg(long, default_value_t = 64)]
+    pub cpu: u64,
+    /// Memory each node lends (GiB).
+    #[arg(long, default_value_t = 256)]
+    pub memory_gib: u64,
 }
 
 #[derive(Args)]

@@ -9,6 +9,7 @@ use crate::client::Client;
 
 mod batches;
 mod bench;
+mod bench_creates;
 mod bench_net;
 mod bench_placement;
 pub mod doctor;
@@ -59,6 +60,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),
         Command::BenchPlacement(args) => bench_placement::run(&args),
+        Command::BenchCreates(args) => bench_creates::run(&client()?, &args).await,
+        Command::FakeNodes(args) => crate::daemon::node_agent::fake_nodes(args).await,
         // Run by main before the async runtime starts (it forks).
         Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,

@@ -71,7 +71,9 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                 let Some(n) = nodes.iter().find(|n| n["name"] == name.as_str()) else {
                     anyhow::bail!("node {name} is no longer part of the cluster");
                 };
-                let left = n["sandboxes"].as_u64().unwrap_or(0);
+                // The control plane's own count (what holds capacity there),
+                // not the node's last report, which lags up to a second.
+                let left = n["allocated"]["slots"].as_u64().unwrap_or(0);
                 if left == 0 {
                     break;
                 }

@@ -40,35 +40,21 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     let log_path = super::init_logging(home, "warren-node.log")?;
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
-    // Empty until the join answers: the API refuses everything till then.
-    let credential = warren_node_http::Credential::default();
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("node API: listen on {} (--listen)", args.listen))?;
-    let addr = listener.local_addr().context("node API address")?;
-    let advertise = args
-        .advertise
-        .clone()
-        .unwrap_or_else(|| format!("http://{addr}"));
-    let router = warren_node_http::router(local.clone(), credential.clone());
-    tokio::spawn(async move {
-        if let Err(e) = warren_node_http::serve(listener, router).await {
-            tracing::error!(error = %e, "the node API stopped");
-        }
-    });
-    eprintln!("warren node: {name} serves the node API on http://{addr} (advertised as {advertise}); joining {server}; log in {}", log_path.display());
-    let agent = Agent {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .context("HTTP client")?,
-        server: server.trim_end_matches('/').to_string(),
-        token,
-        name,
-        advertise,
-        node: local,
-        credential,
-    };
+    let agent = Agent::serve(
+        local,
+        &name,
+        args.listen,
+        args.advertise.clone(),
+        &server,
+        &token,
+    )
+    .await?;
+    eprintln!(
+        "warren node: {name} serves the node API on {} (advertised as {}); joining {server}; log in {}",
+        agent.listening,
+        agent.advertise,
+        log_path.display()
+    );
     tokio::select! {
         _ = agent.run() => {}
         _ = super::first_signal() => {}
@@ -76,6 +62,39 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     eprintln!(
         "warren node: stopped; its sandboxes keep running and are taken over at the next start"
     );
+    Ok(0)
+}
+
+/// `warren fake-nodes`: in-memory nodes (no kernel work) that join a server
+/// through the real node API, for control-plane benchmarks.
+pub async fn fake_nodes(args: crate::cli::FakeNodesArgs) -> Result<i32> {
+    let token = std::fs::read_to_string(&args.join_token)
+        .with_context(|| {
+            format!(
+                "read the join token {} (--join-token)",
+                args.join_token.display()
+            )
+        })?
+        .trim()
+        .to_string();
+    let lends = warren_node_api::Resources {
+        cpu_millis: args.cpu * 1000,
+        memory: args.memory_gib << 30,
+        slots: 4096,
+    };
+    let mut agents = Vec::new();
+    for i in 0..args.count {
+        let name = format!("fake-{i:03}");
+        let node: Arc<dyn NodeApi> = warren_node_api::fake::FakeNode::new(&name, lends);
+        let listen = "127.0.0.1:0".parse().context("loopback address")?;
+        agents.push(Agent::serve(node, &name, listen, None, &args.server, &token).await?);
+    }
+    eprintln!("{} fake nodes joining {}", agents.len(), args.server);
+    let runs = futures_util::future::join_all(agents.iter().map(Agent::run));
+    tokio::select! {
+        _ = runs => {}
+        _ = super::first_signal() => {}
+    }
     Ok(0)
 }
 
@@ -90,6 +109,8 @@ fn parse_labels(given: &[String]) -> Result<warren_core::Labels> {
 }
 
 struct Agent {
+    /// Where its node API listens.
+    listening: std::net::SocketAddr,
     http: reqwest::Client,
     server: String,
     token: String,
@@ -100,6 +121,42 @@ struct Agent {
 }
 
 impl Agent {
+    /// Serves `node`'s API on `listen` (refusing everything until the join
+    /// answers) and prepares to join `server` as `name`.
+    async fn serve(
+        node: Arc<dyn NodeApi>,
+        name: &str,
+        listen: std::net::SocketAddr,
+        advertise: Option<String>,
+        server: &str,
+        token: &str,
+    ) -> Result<Agent> {
+        let credential = warren_node_http::Credential::default();
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("node API: listen on {listen} (--listen)"))?;
+        let listening = listener.local_addr().context("node API address")?;
+        let router = warren_node_http::router(node.clone(), credential.clone());
+        tokio::spawn(async move {
+            if let Err(e) = warren_node_http::serve(listener, router).await {
+                tracing::error!(error = %e, "the node API stopped");
+            }
+        });
+        Ok(Agent {
+            listening,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .context("HTTP client")?,
+            server: server.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            name: name.to_string(),
+            advertise: advertise.unwrap_or_else(|| format!("http://{listening}")),
+            node,
+            credential,
+        })
+    }
+
     /// Joins, then heartbeats; joins again whenever the control plane no
     /// longer knows this node (removed, or its records lost).
     async fn run(&self) {
@@ -113,9 +170,9 @@ impl Agent {
                 }
             };
             self.credential.set(&credential);
-            eprintln!("warren node: joined {} as {}", self.server, self.name);
+            tracing::info!(server = %self.server, node = %self.name, "joined");
             self.heartbeats(&credential).await;
-            eprintln!("warren node: the control plane no longer knows this node; joining again");
+            tracing::warn!(node = %self.name, "the control plane no longer knows this node; joining again");
         }
     }
 

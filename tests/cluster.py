@@ -64,8 +64,10 @@ class Server(Warren):
 class Node:
     """`warren node` joined to `server`."""
 
-    def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=()):
+    def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=(), also=()):
         self.name = name
+        # Every replica the agent may report to, in order.
+        self.servers = [server.url, *also]
         self.home = base / name
         self.home.mkdir(parents=True, exist_ok=True)
         self.server = server
@@ -83,7 +85,7 @@ class Node:
     def start(self):
         self.log = open(self.home.parent / f"node-{self.name}.log", "ab")
         self.proc = subprocess.Popen(
-            [str(WARREN), "node", "--home", str(self.home), "--server", self.server.url,
+            [str(WARREN), "node", "--home", str(self.home), "--server", ",".join(self.servers),
              "--join-token", str(self.server.home / "join-token"), "--name", self.name,
              "--listen", f"127.0.0.1:{self.port}", *self.args],
             stdout=self.log, stderr=self.log,
@@ -125,7 +127,9 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, images, nodes=(), database=None):
+    def __init__(self, images, nodes=(), database=None, also=()):
+        # Other replicas' URLs the node agents also know.
+        self.also = list(also)
         self.base = Path(tempfile.mkdtemp(prefix="warren-cluster-"))
         (self.base / "server").mkdir()
         self.images = images
@@ -142,7 +146,7 @@ class Cluster:
         return self
 
     def add_node(self, name, **kw):
-        node = Node(self.base, self.server, name, **kw)
+        node = Node(self.base, self.server, name, also=self.also, **kw)
         node.start()
         self.nodes[name] = node
         return node

@@ -330,3 +330,85 @@ def test_prewarm_and_batches_pull_once_per_node_and_keep_their_digest(images, tm
             c.server.http.delete(f"/v1/batches/{batch['id']}")
     finally:
         reg.stop()
+
+
+def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, postgres):
+    import shutil
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cluster import Server
+    from conftest import free_port
+
+    url = postgres.create_database()
+    port = free_port()
+    with Cluster(images, database=url, nodes=[dict(name="a"), dict(name="b")],
+                 also=[f"http://127.0.0.1:{port}"]) as c:
+        leader = c.server
+        # A second replica: same database, same tokens (an operator mounts
+        # the same secrets into every replica's home).
+        home = c.base / "server-b"
+        home.mkdir()
+        for f in ("token", "join-token"):
+            shutil.copy(leader.home / f, home / f)
+        follower = Server(home, port, database=url)
+        follower.start()
+        try:
+            # The follower forwards: creates, exec streams and ports work
+            # through it.
+            s = follower.http.post("/v1/sandboxes", json={"image": BB, "cpu": 0.1, "memory": "32M"}).json()
+            exit_ev, out, _, _ = follower.exec(s["id"], ["echo", "through-the-follower"])
+            assert exit_ev and out == b"through-the-follower\n", (exit_ev, out)
+            follower.http.delete(f"/v1/sandboxes/{s['id']}")
+
+            def create_until_answered(rid):
+                # A create is idempotent by request id: retried across the
+                # failover until a replica answers it.
+                deadline = time.time() + 60
+                while time.time() < deadline:
+                    try:
+                        r = follower.http.post("/v1/sandboxes", json={
+                            "image": BB, "cpu": 0.01, "memory": "16M", "request_id": rid}, timeout=30)
+                        if r.status_code in (200, 201):
+                            return r.json()
+                        if r.status_code not in (502, 503, 500):
+                            return r.json()
+                    except Exception:
+                        pass
+                    time.sleep(0.2)
+                raise AssertionError(f"create {rid} never answered")
+
+            rids = [f"failover-{uuid.uuid4().hex[:8]}-{i}" for i in range(60)]
+            with ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(create_until_answered, rid) for rid in rids]
+                wait_until("some creates to land", lambda: sum(f.done() for f in futures) >= 15, timeout=60)
+                killed = time.time()
+                leader.proc.kill()
+                leader.proc.wait()
+                # The follower takes over within the lease (about 4.5 s)
+                # and answers once it has reconciled the nodes.
+                wait_until("the follower to lead", lambda: follower.http.get("/healthz", timeout=5).text.strip() == "ok",
+                           timeout=20, every=0.05)
+                took = time.time() - killed
+                answers = [f.result() for f in futures]
+            print(f"leader failover: {took:.2f} s from kill -9 to the follower answering")
+            assert took <= 8, took
+            records = follower.http.get("/v1/sandboxes", params={"all": "true"}).json()
+            by_rid = {}
+            for r in records:
+                rid = r["spec"].get("request_id")
+                if rid in rids:
+                    by_rid.setdefault(rid, []).append(r)
+            # One record per create, and no sandbox placed twice: what the
+            # nodes hold is exactly the running records.
+            assert all(len(v) == 1 for v in by_rid.values()), by_rid
+            running = {r["id"] for r in records if r["state"] == "running"}
+            assert len(running) >= 40, (len(running), [a.get("state") or a.get("error") for a in answers])
+            wait_until("the nodes to hold exactly the running sandboxes", lambda: set(
+                c.nodes["a"].leftovers() + c.nodes["b"].leftovers()) == running, timeout=30)
+            for sid in running:
+                follower.http.delete(f"/v1/sandboxes/{sid}")
+            c.server = follower
+        finally:
+            if follower.proc.poll() is None and c.server is not follower:
+                follower.stop()

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod placement;
 pub mod profiles;
+pub mod replica;
 mod sandbox_io;
 mod sandbox_locks;
 pub mod serve;
@@ -96,6 +97,23 @@ pub fn write_secret(path: &Path, token: &str) -> std::io::Result<String> {
     Ok(token.to_string())
 }
 
+/// The store `--database` names (`<home>/warren.db` without one).
+pub async fn open_store(
+    home: &Path,
+    database: Option<&str>,
+) -> Result<Arc<dyn store::Store>, String> {
+    Ok(match database {
+        None => Arc::new(
+            store::SqliteStore::open(&home.join("warren.db"))
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Some(url) => store::open(url)
+            .await
+            .map_err(|e| format!("--database: {e}"))?,
+    })
+}
+
 pub struct Up {
     pub control: Arc<control::Control>,
     pub token: String,
@@ -107,16 +125,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
-    let store: Arc<dyn store::Store> = match cfg.database.as_deref() {
-        None => Arc::new(
-            store::SqliteStore::open(&cfg.home.join("warren.db"))
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        Some(url) => store::open(url)
-            .await
-            .map_err(|e| format!("--database: {e}"))?,
-    };
+    let store = open_store(&cfg.home, cfg.database.as_deref()).await?;
     let liveness = match &cfg.nodes {
         NodeSource::Local(_) => None,
         NodeSource::Cluster { liveness, .. } => Some(*liveness),

@@ -83,6 +83,7 @@ cases![
     profiles_and_runs,
     profile_and_node_events,
     nodes,
+    leader_lease,
 ];
 
 #[tokio::test]
@@ -944,5 +945,22 @@ async fn nodes(f: &Fixture) -> TestResult {
     s.delete_node("n1").await?;
     s.delete_node("absent").await?;
     assert_eq!(s.nodes().await?, vec![node("n2", false)]);
+    Ok(())
+}
+
+async fn leader_lease(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    let holder = |l: warren_control::store::Leader| (l.holder, l.url);
+    let a = || ("a".to_string(), "http://a".to_string());
+    assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), a());
+    // Held: another replica only learns who leads.
+    assert_eq!(holder(s.claim_leader("b", "http://b", 300).await?), a());
+    // Its holder renews it.
+    assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), a());
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Expired: the next claim takes it, and the old holder cannot renew.
+    let b = ("b".to_string(), "http://b".to_string());
+    assert_eq!(holder(s.claim_leader("b", "http://b", 60_000).await?), b);
+    assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), b);
     Ok(())
 }

@@ -408,6 +408,10 @@ pub struct ServerArgs {
     /// `postgres://user@host/db` for replicas sharing one database.
     #[arg(long)]
     pub database: Option<String>,
+    /// The URL the other replicas forward requests to while this one leads
+    /// (default: http:// and the --listen address).
+    #[arg(long)]
+    pub advertise: Option<String>,
     #[command(flatten)]
     pub control: ControlOpts,
     #[command(subcommand)]
@@ -428,7 +432,8 @@ pub enum ServerCmd {
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct NodeArgs {
-    /// The control plane to join (`http://host:7070`).
+    /// The control plane to join (`http://host:7070`); several replicas
+    /// comma-separated, tried in turn when one does not answer.
     #[arg(long, required = true)]
     pub server: Option<String>,
     /// File holding the join token (`warren server join-token` prints it).

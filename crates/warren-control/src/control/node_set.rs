@@ -49,9 +49,13 @@ impl Control {
     ) -> Arc<NodeEntry> {
         let entry = Arc::new(NodeEntry::new(api, info.clone(), url, credential, cordoned));
         self.nodes.insert(entry.clone());
-        self.admission
-            .set_node(&info.name, info.allocatable, info.max_pids, info.labels);
-        self.admission.set_schedulable(&info.name, false);
+        // A node known only from the store (a restarted control plane) lends
+        // nothing admission can count until its first heartbeat says what.
+        if info.allocatable.slots > 0 {
+            self.admission
+                .set_node(&info.name, info.allocatable, info.max_pids, info.labels);
+            self.admission.set_schedulable(&info.name, false);
+        }
         entry
     }
 

@@ -123,6 +123,14 @@ pub struct Transition<'a> {
     pub node: Option<&'a str>,
 }
 
+/// The replica that leads, as the lease says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Leader {
+    pub holder: String,
+    /// Where the other replicas forward requests to.
+    pub url: String,
+}
+
 /// A node of a cluster, as the control plane remembers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeRecord {
@@ -223,6 +231,15 @@ pub trait Store: Send + Sync {
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
+    /// Takes (or renews) the leader lease for `ttl_ms` when it is free,
+    /// expired or already `holder`'s, by the database's clock; returns who
+    /// leads after the attempt.
+    async fn claim_leader(
+        &self,
+        holder: &str,
+        url: &str,
+        ttl_ms: i64,
+    ) -> Result<Leader, StoreError>;
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {

@@ -21,7 +21,7 @@ use warren_core::{Event, SandboxSpec, SandboxState};
 
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
-    NodeRecord, SandboxRow, Store, StoreError, Transition,
+    Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
 /// The channel the `events` trigger notifies on.
@@ -601,6 +601,39 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(decode_node).collect()
+    }
+
+    async fn claim_leader(
+        &self,
+        holder: &str,
+        url: &str,
+        ttl_ms: i64,
+    ) -> Result<Leader, StoreError> {
+        // One statement: the row lock orders claims that race, and the
+        // database's clock judges expiry for every replica alike.
+        let row = sqlx::query(
+            "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+             claim AS (
+                INSERT INTO leader (id, holder, url, expires_ms)
+                SELECT 1, $1, $2, ms + $3 FROM now
+                ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, url = excluded.url,
+                    expires_ms = excluded.expires_ms
+                WHERE leader.holder = excluded.holder OR leader.expires_ms < (SELECT ms FROM now)
+                RETURNING holder, url
+             )
+             SELECT holder, url FROM claim
+             UNION ALL
+             SELECT holder, url FROM leader WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM claim)",
+        )
+        .bind(holder)
+        .bind(url)
+        .bind(ttl_ms)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Leader {
+            holder: row.try_get("holder")?,
+            url: row.try_get("url")?,
+        })
     }
 
     async fn delete_node(&self, name: &str) -> Result<(), StoreError> {

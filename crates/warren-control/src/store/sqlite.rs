@@ -10,7 +10,7 @@ use warren_core::{Event, SandboxSpec, SandboxState};
 
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
-    NodeRecord, SandboxRow, Store, StoreError, Transition,
+    Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
 #[derive(Clone)]
@@ -462,6 +462,36 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(decode_node).collect()
+    }
+
+    async fn claim_leader(
+        &self,
+        holder: &str,
+        url: &str,
+        ttl_ms: i64,
+    ) -> Result<Leader, StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO leader (id, holder, url, expires_ms)
+             VALUES (1, ?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + ?3)
+             ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, url = excluded.url,
+                expires_ms = excluded.expires_ms
+             WHERE leader.holder = excluded.holder
+                OR leader.expires_ms < CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        )
+        .bind(holder)
+        .bind(url)
+        .bind(ttl_ms)
+        .execute(tx.conn())
+        .await?;
+        let row = sqlx::query("SELECT holder, url FROM leader WHERE id = 1")
+            .fetch_one(tx.conn())
+            .await?;
+        tx.commit().await?;
+        Ok(Leader {
+            holder: row.try_get("holder")?,
+            url: row.try_get("url")?,
+        })
     }
 
     async fn delete_node(&self, name: &str) -> Result<(), StoreError> {

@@ -221,6 +221,11 @@ pub fn hostname() -> String {
         .unwrap_or_else(|_| "local".into())
 }
 
+/// The control plane a daemon runs, once it runs one (a server replica
+/// runs none while it follows another).
+pub type Running =
+    std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<warren_control::control::Control>>>;
+
 /// Serves the public API until the first SIGINT or SIGTERM (a second one
 /// exits at once, leaving sandboxes for the next start); from the first
 /// signal on, streams end and creates are refused.
@@ -229,9 +234,8 @@ pub async fn serve_until_signal(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     nofile: u64,
-    control: &std::sync::Arc<warren_control::control::Control>,
+    running: Running,
 ) -> Result<()> {
-    let control = control.clone();
     let stop = async move {
         first_signal().await;
         eprintln!("{who}: stopping (again to stop at once)");
@@ -240,7 +244,9 @@ pub async fn serve_until_signal(
             eprintln!("{who}: stopped at once; the next start adopts or removes what is left");
             std::process::exit(130);
         });
-        control.lifecycle.stop();
+        if let Some(control) = running.get() {
+            control.lifecycle.stop();
+        }
     };
     warren_control::serve::serve(
         listener,

@@ -112,7 +112,10 @@ struct Agent {
     /// Where its node API listens.
     listening: std::net::SocketAddr,
     http: reqwest::Client,
-    server: String,
+    /// The control plane's replicas (any of them answers); the one in use
+    /// changes when it stops answering.
+    servers: Vec<String>,
+    current: std::sync::atomic::AtomicUsize,
     token: String,
     name: String,
     advertise: String,
@@ -148,13 +151,31 @@ impl Agent {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .context("HTTP client")?,
-            server: server.trim_end_matches('/').to_string(),
+            servers: server
+                .split(',')
+                .map(|s| s.trim().trim_end_matches('/').to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            current: Default::default(),
             token: token.to_string(),
             name: name.to_string(),
             advertise: advertise.unwrap_or_else(|| format!("http://{listening}")),
             node,
             credential,
         })
+    }
+
+    fn server(&self) -> &str {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        self.servers
+            .get(i % self.servers.len().max(1))
+            .map_or("", String::as_str)
+    }
+
+    /// Tries the next replica from now on.
+    fn next_server(&self) {
+        self.current
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Joins, then heartbeats; joins again whenever the control plane no
@@ -164,13 +185,14 @@ impl Agent {
             let credential = match self.join().await {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(server = %self.server, error = %format!("{e:#}"), "joining; retrying");
+                    tracing::warn!(server = %self.server(), error = %format!("{e:#}"), "joining; retrying");
+                    self.next_server();
                     tokio::time::sleep(HEARTBEAT_EVERY).await;
                     continue;
                 }
             };
             self.credential.set(&credential);
-            tracing::info!(server = %self.server, node = %self.name, "joined");
+            tracing::info!(server = %self.server(), node = %self.name, "joined");
             self.heartbeats(&credential).await;
             tracing::warn!(node = %self.name, "the control plane no longer knows this node; joining again");
         }
@@ -184,7 +206,7 @@ impl Agent {
         };
         let resp = self
             .http
-            .post(format!("{}/v1/nodes/join", self.server))
+            .post(format!("{}/v1/nodes/join", self.server()))
             .bearer_auth(&self.token)
             .json(&req)
             .send()
@@ -201,8 +223,8 @@ impl Agent {
 
     /// Returns when the control plane refuses this node's credential.
     async fn heartbeats(&self, credential: &str) {
-        let url = format!("{}/v1/nodes/{}/heartbeat", self.server, self.name);
         loop {
+            let url = format!("{}/v1/nodes/{}/heartbeat", self.server(), self.name);
             let info = match self.node.info().await {
                 Ok(info) => info,
                 Err(e) => {
@@ -222,11 +244,18 @@ impl Agent {
                 Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => return,
                 Ok(r) if !r.status().is_success() => {
                     tracing::warn!(status = %r.status(), "a heartbeat was refused");
+                    if r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                        self.next_server();
+                    }
                 }
                 Ok(_) => {}
-                // The control plane is away: sandboxes run on, TTLs and
-                // leases still hold (the node enforces them itself).
-                Err(e) => tracing::debug!(error = %e, "a heartbeat did not arrive"),
+                // The control plane (or this replica of it) is away:
+                // sandboxes run on, TTLs and leases still hold (the node
+                // enforces them itself); the next replica is tried.
+                Err(e) => {
+                    tracing::debug!(error = %e, "a heartbeat did not arrive");
+                    self.next_server();
+                }
             }
             tokio::time::sleep(HEARTBEAT_EVERY).await;
         }

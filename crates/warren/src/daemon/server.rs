@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 use warren_control::nodes::{Connector, Liveness};
-use warren_control::{NodeSource, UpConfig};
+use warren_control::{replica, NodeSource, UpConfig};
 use warren_node_api::NodeApi;
 
 use crate::cli::{ServerArgs, ServerCmd};
@@ -46,12 +46,13 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             liveness: Liveness::default(),
         },
     };
-    let (up, router) = warren_control::start(cfg)
-        .await
-        .map_err(anyhow::Error::msg)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listen on {} (--listen)", args.listen))?;
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", args.listen));
     eprintln!(
         "warren server: listening on http://{} (home {}, API token in {}, join token in {}, log in {})",
         args.listen,
@@ -60,12 +61,98 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         join_token_path(home).display(),
         log_path.display()
     );
-    super::serve_until_signal("warren server", listener, router, nofile, &up.control).await?;
+    let switch = Arc::new(replica::Switch::default());
+    let leading: super::Running = Default::default();
+    let lease = tokio::spawn(hold_lease(
+        home.to_path_buf(),
+        advertise,
+        cfg,
+        switch.clone(),
+        leading.clone(),
+    ));
+    super::serve_until_signal(
+        "warren server",
+        listener,
+        switch.router(),
+        nofile,
+        leading.clone(),
+    )
+    .await?;
+    lease.abort();
     // Stops without touching a node: sandboxes run on, and a restarted
     // control plane reconciles with them.
-    up.control.shutdown(super::SHUTDOWN_GRACE).await;
+    if let Some(control) = leading.get() {
+        control.shutdown(super::SHUTDOWN_GRACE).await;
+    }
     eprintln!("warren server: stopped (nodes and their sandboxes keep running)");
     Ok(0)
+}
+
+/// Claims the leader lease every half second. Once it holds it, this
+/// replica starts its control plane and renews the lease; should a renewal
+/// fail past the lease's length, or another replica hold it, the process
+/// exits at once (its supervisor restarts it as a follower), so two
+/// replicas never place sandboxes at the same time.
+async fn hold_lease(
+    home: std::path::PathBuf,
+    advertise: String,
+    cfg: UpConfig,
+    switch: Arc<replica::Switch>,
+    leading: super::Running,
+) {
+    // A restarted replica is the same holder: it takes its lease back at
+    // once instead of waiting for it to expire.
+    let me = match warren_control::ensure_secret(&home.join("replica-id")) {
+        Ok(id) => id,
+        Err(e) => fatal(&format!("replica id under {}: {e}", home.display())),
+    };
+    let store = match warren_control::open_store(&home, cfg.database.as_deref()).await {
+        Ok(store) => store,
+        Err(e) => fatal(&e),
+    };
+    let mut cfg = Some(cfg);
+    let mut renewed = std::time::Instant::now();
+    loop {
+        match store.claim_leader(&me, &advertise, replica::LEASE_MS).await {
+            Ok(lease) if lease.holder == me => {
+                renewed = std::time::Instant::now();
+                if let Some(cfg) = cfg.take() {
+                    eprintln!("warren server: this replica leads ({advertise})");
+                    match warren_control::start(cfg).await {
+                        Ok((up, router)) => {
+                            let _ = leading.set(up.control.clone());
+                            switch.lead(router);
+                        }
+                        Err(e) => fatal(&e),
+                    }
+                }
+            }
+            Ok(lease) => {
+                if switch.leads() {
+                    fatal(&format!(
+                        "the leader lease went to {}: stopping so that only one replica places",
+                        lease.url
+                    ));
+                }
+                switch.follow(&lease.url);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming the leader lease");
+                if switch.leads()
+                    && renewed.elapsed().as_millis() as i64 >= replica::LEASE_MS - 1000
+                {
+                    fatal("the leader lease could not be renewed: stopping so that only one replica places");
+                }
+            }
+        }
+        let every = if switch.leads() { 1000 } else { 500 };
+        tokio::time::sleep(std::time::Duration::from_millis(every)).await;
+    }
+}
+
+fn fatal(message: &str) -> ! {
+    eprintln!("warren server: {message}");
+    std::process::exit(75)
 }
 
 /// Prints the join token, making it first (or anew with `rotate`).

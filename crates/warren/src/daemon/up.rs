@@ -39,7 +39,9 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         home.join("token").display(),
         log_path.display()
     );
-    super::serve_until_signal("warren up", listener, router, nofile, &up.control).await?;
+    let running: super::Running = Default::default();
+    let _ = running.set(up.control.clone());
+    super::serve_until_signal("warren up", listener, router, nofile, running).await?;
     eprintln!("warren up: destroying live sandboxes");
     up.control.shutdown(super::SHUTDOWN_GRACE).await;
     eprintln!("warren up: stopped");

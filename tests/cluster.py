@@ -3,28 +3,21 @@
 enough that placement decisions are visible."""
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
-from conftest import WARREN, Warren, free_port
+import helpers
+from conftest import WARREN, Warren, free_port, stop_process
 
 
 def wait_until(what, check, timeout=20.0, every=0.1):
-    deadline = time.time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    """helpers.wait_until, with the cluster's longer default wait."""
+    return helpers.wait_until(check, timeout=timeout, interval=every, what=what)
 
 
 class Server(Warren):
@@ -102,13 +95,7 @@ class Node:
         return wait_until(f"node {self.name} to be ready", ready, timeout=timeout)
 
     def stop(self, sig=signal.SIGINT):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig)
 
     def leftovers(self):
         """Sandbox directories this node still has on the host."""

@@ -30,6 +30,17 @@ def free_port() -> int:
 UP_ARGS = os.environ.get("WARREN_TEST_UP_ARGS", "").split()
 
 
+def stop_process(proc, sig=signal.SIGINT):
+    """Signals a daemon and waits for it; killed if it takes over 30 s."""
+    if proc and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Warren:
     def __init__(self, home: Path, port: int, extra_args=(), extra_env=None, preexec=None):
         self.extra_args = list(extra_args)
@@ -72,13 +83,7 @@ class Warren:
         )
 
     def stop(self, sig=signal.SIGINT):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig)
 
     def log_text(self):
         """What the daemon wrote: its terminal output (warnings, its own

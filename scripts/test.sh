@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run the tests as root: they create namespaces, cgroups and mounts" >&2; exit 1; }
 scripts/install-deps.sh --test
+# The deployment files (deploy/): Kubernetes manifests and systemd units, in
+# seconds, before the long steps.
+scripts/validate-deploy.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets

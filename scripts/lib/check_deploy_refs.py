@@ -114,6 +114,9 @@ def main(root: Path) -> int:
             svc = d["spec"].get("serviceName")
             if svc and not any(x["kind"] == "Service" and x["metadata"]["name"] == svc for _, x in docs):
                 problems.append(f"{who}: serviceName {svc} is not a Service here")
+        elif d["kind"] == "PodDisruptionBudget":
+            if not selects(d["spec"]["selector"].get("matchLabels", {})):
+                problems.append(f"{who}: its selector matches no pod")
         elif d["kind"] == "NetworkPolicy":
             selectors = [d["spec"]["podSelector"].get("matchLabels", {})]
             for rule in d["spec"].get("ingress", []):

@@ -48,6 +48,16 @@ impl Lifecycle {
         }
     }
 
+    /// Waits until recovery is over; how many open records it went through.
+    pub async fn recovered(&self) -> usize {
+        let mut rx = self.progress.subscribe();
+        let total = match rx.wait_for(|p| p.2).await {
+            Ok(p) => p.1,
+            Err(_) => 0,
+        };
+        total
+    }
+
     /// Waits until recovery is over; an error (503) when it takes too long.
     pub async fn wait_ready(&self) -> Result<(), ApiError> {
         let mut rx = self.progress.subscribe();

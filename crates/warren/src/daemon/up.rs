@@ -39,6 +39,15 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         home.join("token").display(),
         log_path.display()
     );
+    // The one line a restart deserves on the terminal (the details are in
+    // the log).
+    let control = up.control.clone();
+    tokio::spawn(async move {
+        let n = control.lifecycle.recovered().await;
+        if n > 0 {
+            eprintln!("warren up: ready; {n} sandboxes from before the restart reconciled (details in the log)");
+        }
+    });
     let running: super::Running = Default::default();
     let _ = running.set(up.control.clone());
     super::serve_until_signal("warren up", listener, router, nofile, running).await?;

@@ -311,6 +311,12 @@ def test_prewarm_and_batches_pull_once_per_node_and_keep_their_digest(images, tm
             out = c.server.cli("image", "prewarm", ref, "--node-selector", "gpu=h200").stdout.decode().split()
             assert out == ["b", ref, digest], out
             assert reg.blob_gets(repo, last) == 1
+            # The three nodes are empty and alike, so placement ties: the one
+            # that holds the image already wins (after its next heartbeat).
+            time.sleep(1.5)
+            near = create(c, image=ref, cpu=0.1, memory="32M")
+            assert near["node"] == "b", near["node"]
+            drop(c, near["id"])
             # A batch resolves the tag once and prewarms every node it may
             # use: one download on each node that lacked the image.
             r = c.server.http.post("/v1/batches", json={"count": 3, "spec": {"image": ref, "cpu": 1, "memory": "32M"}})

@@ -25,15 +25,22 @@ pub struct Request {
     pub pids: u32,
     pub selector: Labels,
     pub placement: Placement,
+    /// The image's digest (a node that holds it wins a tie).
+    pub image: Option<String>,
 }
 
 impl Request {
-    pub fn of(spec: &warren_core::SandboxSpec, r: &warren_core::ResolvedResources) -> Request {
+    pub fn of(
+        spec: &warren_core::SandboxSpec,
+        r: &warren_core::ResolvedResources,
+        digest: &str,
+    ) -> Request {
         Request {
             need: Need::of(r),
             pids: r.pids,
             selector: spec.node_selector.clone(),
             placement: spec.placement,
+            image: (!digest.is_empty()).then(|| digest.to_string()),
         }
     }
 
@@ -43,6 +50,7 @@ impl Request {
             pids: self.pids,
             selector: &self.selector,
             placement: self.placement,
+            image: self.image.as_deref(),
         }
     }
 }
@@ -87,6 +95,8 @@ struct Slot {
     labels: Labels,
     /// Ready and not cordoned.
     schedulable: bool,
+    /// Digests of the images it holds, as it last reported.
+    images: std::collections::HashSet<String>,
     used: Need,
     initializing: u32,
 }
@@ -144,6 +154,7 @@ impl State {
             schedulable: s.schedulable,
             initializing: s.initializing,
             sandboxes: s.used.slots,
+            images: &s.images,
         })
     }
 
@@ -233,6 +244,7 @@ impl Admission {
                     max_pids,
                     labels,
                     schedulable: false,
+                    images: Default::default(),
                     used: Need::default(),
                     initializing: 0,
                 });
@@ -250,6 +262,17 @@ impl Admission {
         }
         if schedulable {
             s.start_queued();
+        }
+    }
+
+    /// What images the node holds (placement prefers it for those).
+    pub fn set_images(&self, name: &str, images: &[String]) {
+        let mut s = self.lock();
+        if let Some(slot) = s.slot(name) {
+            if slot.images.len() != images.len() || !images.iter().all(|d| slot.images.contains(d))
+            {
+                slot.images = images.iter().cloned().collect();
+            }
         }
     }
 
@@ -437,6 +460,7 @@ mod tests {
             pids: 8,
             selector: Labels::new(),
             placement: Placement::Spread,
+            image: None,
         }
     }
 

@@ -163,6 +163,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
                     allocatable: Default::default(),
                     max_pids: 0,
                     load: Default::default(),
+                    images: Vec::new(),
                 };
                 control.add_node(
                     api,

@@ -5,9 +5,9 @@
 //! after what it already lends. Among those, `spread` takes the node with
 //! the most left of the resource the request makes scarcest (the smallest
 //! remaining share, after placing, of cpu, memory and sandbox slots), and
-//! `pack` the one with the least; ties go to the node with fewer sandboxes
-//! initialising, then fewer sandboxes, then the name (so a decision is
-//! reproducible).
+//! `pack` the one with the least; ties go to a node that holds the image
+//! already (no download), then to fewer sandboxes initialising, then fewer
+//! sandboxes, then the name (so a decision is reproducible).
 
 use warren_core::spec::Placement;
 use warren_core::Labels;
@@ -27,6 +27,8 @@ pub struct Candidate<'a> {
     pub schedulable: bool,
     pub initializing: u32,
     pub sandboxes: u32,
+    /// Digests of the images it holds.
+    pub images: &'a std::collections::HashSet<String>,
 }
 
 /// One request.
@@ -36,6 +38,8 @@ pub struct Request<'a> {
     pub pids: u32,
     pub selector: &'a Labels,
     pub placement: Placement,
+    /// The image's digest, when known (locality breaks ties).
+    pub image: Option<&'a str>,
 }
 
 pub fn fits(need: &Resources, used: &Resources, total: &Resources) -> bool {
@@ -99,7 +103,11 @@ where
         initializing: u32,
         sandboxes: u32,
         name: &'a str,
+        images: &'a std::collections::HashSet<String>,
     }
+    // Looked at only on a tie, so the common pass stays a few compares.
+    let holds =
+        |images: &std::collections::HashSet<String>| req.image.is_some_and(|d| images.contains(d));
     let mut best: Option<Best<'a>> = None;
     let any_label = !req.selector.is_empty();
     for c in candidates {
@@ -119,7 +127,8 @@ where
             None => true,
             Some(b) if score != b.score => score > b.score,
             Some(b) => {
-                (c.initializing, c.sandboxes, c.name) < (b.initializing, b.sandboxes, b.name)
+                (!holds(c.images), c.initializing, c.sandboxes, c.name)
+                    < (!holds(b.images), b.initializing, b.sandboxes, b.name)
             }
         };
         if better {
@@ -128,6 +137,7 @@ where
                 initializing: c.initializing,
                 sandboxes: c.sandboxes,
                 name: c.name,
+                images: c.images,
             });
         }
     }
@@ -153,6 +163,7 @@ mod tests {
         used: Resources,
         schedulable: bool,
         initializing: u32,
+        images: std::collections::HashSet<String>,
     }
 
     fn n(name: &'static str, total: Resources, used: Resources) -> N {
@@ -163,6 +174,7 @@ mod tests {
             used,
             schedulable: true,
             initializing: 0,
+            images: Default::default(),
         }
     }
 
@@ -179,6 +191,7 @@ mod tests {
                 schedulable: n.schedulable,
                 initializing: n.initializing,
                 sandboxes: n.used.slots,
+                images: &n.images,
             }),
         )
     }
@@ -192,6 +205,7 @@ mod tests {
             pids: 64,
             selector: &none,
             placement,
+            image: Some("sha256:img"),
         };
         let spread = Placement::Spread;
         let pack = Placement::Pack;
@@ -250,6 +264,19 @@ mod tests {
                 Some("b"),
             ),
             (
+                "ties go first to a node that holds the image",
+                req(1000, 1 << 20, spread),
+                vec![
+                    N {
+                        initializing: 2,
+                        images: ["sha256:img".to_string()].into(),
+                        ..n("c", res(8000, 8 << 30, 100), res(0, 0, 0))
+                    },
+                    n("a", res(8000, 8 << 30, 100), res(0, 0, 0)),
+                ],
+                Some("c"),
+            ),
+            (
                 "ties go to fewer initialising, then the name",
                 req(1000, 1 << 20, spread),
                 vec![
@@ -288,6 +315,7 @@ mod tests {
                 schedulable: true,
                 initializing: 0,
                 sandboxes: 0,
+                images: &n.images,
             }
         }
         assert!(!could_ever(&on_gpu, &c(&nodes[0])));

@@ -142,6 +142,7 @@ impl NodeApi for FakeNode {
                 sandboxes: self.state().sandboxes.len() as u32,
                 ..Default::default()
             },
+            images: Vec::new(),
         })
     }
 

@@ -37,6 +37,10 @@ pub struct NodeInfo {
     /// Most processes one sandbox may ask for.
     pub max_pids: u32,
     pub load: Load,
+    /// Digests of the images it holds (placement prefers a node that needs
+    /// no download).
+    #[serde(default)]
+    pub images: Vec<String>,
 }
 
 /// How busy the node is now.

@@ -164,6 +164,7 @@ impl NodeApi for FakeNode {
                 disk_pressure: false,
                 sandboxes: 1,
             },
+            images: vec!["sha256:aa".into()],
         })
     }
 

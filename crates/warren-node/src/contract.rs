@@ -115,6 +115,15 @@ impl NodeApi for LocalNode {
     async fn info(&self) -> NodeResult<NodeInfo> {
         let n = &self.node;
         let sandboxes = lock(&n.live).len() as u32;
+        let images = n.images.clone();
+        // A store that cannot be read reports no images (placement then
+        // only loses its locality preference for this node).
+        let images = tokio::task::spawn_blocking(move || images.list())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|list| list.into_iter().map(|r| r.digest).collect())
+            .unwrap_or_default();
         Ok(NodeInfo {
             name: n.name.clone(),
             labels: n.labels.clone(),
@@ -125,6 +134,7 @@ impl NodeApi for LocalNode {
                 disk_pressure: n.disk_pressure(),
                 sandboxes,
             },
+            images,
         })
     }
 

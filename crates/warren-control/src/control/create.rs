@@ -111,7 +111,7 @@ impl Control {
         let id = new_id();
         let admit = self
             .admission
-            .admit(&id, Request::of(&spec, &resources))
+            .admit(&id, Request::of(&spec, &resources, &image.digest))
             .map_err(admit_error)?;
         let (queued, node) = match &admit {
             Admit::Now(node) => (false, node.clone()),

@@ -75,6 +75,7 @@ impl Control {
         });
         self.admission
             .set_node(name, info.allocatable, info.max_pids, info.labels);
+        self.admission.set_images(name, &info.images);
         self.admission.set_schedulable(name, schedulable);
         if was != Health::Ready {
             tracing::info!(node = %name, "node heard from again");

@@ -293,9 +293,10 @@ impl Control {
     /// A create that was waiting for capacity when the daemon stopped: its
     /// client was told `queued`, so it queues again (in its old order).
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
-        let admitted = self
-            .admission
-            .admit(&row.id, Request::of(&row.spec, &row.resources));
+        let admitted = self.admission.admit(
+            &row.id,
+            Request::of(&row.spec, &row.resources, &row.image_digest),
+        );
         let this = self.clone();
         match admitted {
             Ok(Admit::Now(node)) => {

@@ -71,6 +71,7 @@ fn measure(nodes: usize, decisions: usize) -> Result<(f64, f64)> {
         pids: 1024,
         selector: Default::default(),
         placement: Default::default(),
+        image: Some("sha256:bench".into()),
     };
     let start = Instant::now();
     for i in 0..decisions {

@@ -163,6 +163,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 pids: warren_core::spec::MIN_PIDS,
                 selector: Default::default(),
                 placement: Default::default(),
+                image: None,
             };
             match admission.admit(&id, ask) {
                 Ok(Admit::Now(_)) => {

@@ -139,6 +139,14 @@ class Cluster:
         return node
 
     def __exit__(self, *exc):
+        if exc[0] is not None:
+            # The processes' own words are the best clue to a failure; the
+            # homes are removed below, so they are printed (pytest shows
+            # them with the failure).
+            for log in sorted(self.base.glob("*.log")):
+                with contextlib.suppress(OSError):
+                    tail = log.read_bytes()[-6000:].decode(errors="replace")
+                    print(f"----- {log.name} (last 6000 bytes) -----\n{tail}")
         with contextlib.suppress(Exception):
             if self.server.proc.poll() is None:
                 for s in self.server.http.get("/v1/sandboxes").json():

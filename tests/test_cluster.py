@@ -391,10 +391,22 @@ def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, pos
                 killed = time.time()
                 leader.proc.kill()
                 leader.proc.wait()
+                # While no replica leads, a create with its body unread is
+                # refused on a connection the follower closes: it says so,
+                # or the client's next request on it fails.
+                r = follower.http.post("/v1/sandboxes", json={"image": BB, "cpu": 0.01, "memory": "16M"})
+                if r.status_code == 503:
+                    assert r.headers.get("connection") == "close", r.headers
+                    assert r.headers.get("retry-after"), r.headers
+                elif r.status_code in (200, 201):
+                    follower.http.delete(f"/v1/sandboxes/{r.json()['id']}")
                 # The follower takes over within the lease (about 4.5 s)
                 # and answers once it has reconciled the nodes.
-                wait_until("the follower to lead", lambda: follower.http.get("/healthz", timeout=5).text.strip() == "ok",
-                           timeout=20, every=0.05)
+                def follower_leads():
+                    assert follower.proc.poll() is None, f"the follower exited with {follower.proc.returncode}"
+                    return follower.http.get("/healthz", timeout=5).text.strip() == "ok"
+
+                wait_until("the follower to lead", follower_leads, timeout=20, every=0.05)
                 took = time.time() - killed
                 answers = [f.result() for f in futures]
             print(f"leader failover: {took:.2f} s from kill -9 to the follower answering")

@@ -47,7 +47,15 @@ impl Switch {
     /// The router to serve: it dispatches to this replica's own control
     /// plane or to the leader's.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new().fallback(dispatch).with_state(self.clone())
+        // A create answered 503 while the leader is away leaves its body
+        // unread, and the connection is then closed under the client: it
+        // must be told, or its next request on that connection fails.
+        Router::new()
+            .fallback(dispatch)
+            .layer(axum::middleware::from_fn(
+                crate::api::close_after_unread_body,
+            ))
+            .with_state(self.clone())
     }
 
     /// This replica leads from now on: its own control plane answers.

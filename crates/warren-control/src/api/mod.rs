@@ -168,7 +168,7 @@ async fn ready_gate(State(st): St, req: Request, next: Next) -> Response {
 
 /// An error answered before the request body was read leaves that body in
 /// the connection; say `Connection: close` so clients do not reuse it.
-async fn close_after_unread_body(req: Request, next: Next) -> Response {
+pub(crate) async fn close_after_unread_body(req: Request, next: Next) -> Response {
     let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
         || req
             .headers()

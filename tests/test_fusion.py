@@ -1,0 +1,270 @@
+"""SandboxFusion's `/run_code` on Warren (`warren up --sandbox-fusion`),
+driven by the real clients: the `sandbox-fusion` package and verl's own
+reward helper, unmodified, each from PyPI (pinned) in a cached venv."""
+
+import base64
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from conftest import Warren, free_port
+from debian import CACHE, debian_python_layout
+
+SANDBOX_FUSION = "0.3.7"
+VERL = "0.9.1"
+VENV = CACHE / "venvs" / f"fusion-sf{SANDBOX_FUSION}-verl{VERL}"
+VERL_UTILS = "verl/utils/reward_score/sandbox_fusion/utils.py"
+IMAGE = "fusion-deb:1"
+FRONT = "warren.dev/front=sandbox-fusion"
+
+
+@pytest.fixture(scope="module")
+def clients():
+    """The venv's python and verl's utils.py, extracted from the wheel (not
+    imported as a package: `import verl` pulls in torch)."""
+    py = VENV / "bin" / "python"
+    utils = VENV / "verl-utils" / "utils.py"
+    if not (py.exists() and utils.exists()):
+        partial = VENV.with_suffix(".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run(["python3", "-m", "venv", partial], check=True)
+        pip = [partial / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
+        got = subprocess.run([*pip, f"sandbox-fusion=={SANDBOX_FUSION}"], capture_output=True, text=True)
+        wheels = partial / "wheels"
+        if got.returncode == 0:
+            got = subprocess.run(
+                [partial / "bin" / "pip", "download", "-q", "--no-deps", f"verl=={VERL}", "-d", wheels],
+                capture_output=True, text=True,
+            )
+        if got.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            pytest.skip(f"cannot install the clients from PyPI: {got.stderr[-500:]}")
+        (wheel,) = wheels.glob("verl-*.whl")
+        (partial / "verl-utils").mkdir()
+        with zipfile.ZipFile(wheel) as z:
+            (partial / "verl-utils" / "utils.py").write_bytes(z.read(VERL_UTILS))
+        # The venv's scripts name its path; moving it would break them, so
+        # it is made in place under its final name.
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run(["python3", "-m", "venv", VENV], check=True)
+        subprocess.run([VENV / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
+                        f"sandbox-fusion=={SANDBOX_FUSION}"], check=True)
+        shutil.move(partial / "verl-utils", VENV / "verl-utils")
+        shutil.rmtree(partial, ignore_errors=True)
+    return SimpleNamespace(python=py, verl_utils=utils)
+
+
+@pytest.fixture(scope="module")
+def fusion(tmp_path_factory):
+    # Builds the cached image if need be; `image import` takes its tar.
+    debian_python_layout(tmp_path_factory.mktemp("fusion-image"))
+    image_tar = CACHE / "debian-bookworm-python3-oci.tar"
+    base = Path(tempfile.mkdtemp(prefix="warren-fusion-"))
+    port = free_port()
+    w = Warren(base / "home", free_port(),
+               extra_args=["--sandbox-fusion", f"127.0.0.1:{port}", "--sandbox-fusion-image", IMAGE])
+    w.home.mkdir()
+    w.start()
+    try:
+        w.cli("image", "import", str(image_tar), "--name", IMAGE, timeout=300)
+        yield SimpleNamespace(warren=w, url=f"http://127.0.0.1:{port}")
+    finally:
+        crashed = w.proc.poll()
+        w.stop()
+        log = w.log_text()[-4000:]
+        shutil.rmtree(base, ignore_errors=True)
+        assert crashed is None, f"warren up died (exit {crashed}); log tail:\n{log}"
+
+
+def fusion_sandboxes(w):
+    r = w.http.get("/v1/sandboxes", params={"label": FRONT})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_no_fusion_sandboxes(w, timeout=30):
+    deadline = time.time() + timeout
+    while (left := fusion_sandboxes(w)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert left == [], [(s["id"], s["state"]) for s in left]
+
+
+def client(clients, fusion, body):
+    """Runs `body` in the clients' venv with `url` and `utils` (verl's
+    file) defined; returns what it prints as JSON."""
+    prelude = textwrap.dedent(f"""
+        import importlib.util, json
+        url = {fusion.url!r}
+        def verl():
+            spec = importlib.util.spec_from_file_location("verl_sandbox_fusion_utils", {str(clients.verl_utils)!r})
+            m = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(m)
+            return m
+    """)
+    p = subprocess.run([clients.python, "-c", prelude + textwrap.dedent(body)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def post(fusion, body, timeout=60):
+    return httpx.post(fusion.url + "/run_code", json=body, timeout=timeout)
+
+
+def test_ping(fusion):
+    r = httpx.get(fusion.url + "/v1/ping")
+    assert r.status_code == 200 and r.json() == "pong"
+
+
+def test_sandbox_fusion_client(clients, fusion):
+    out = client(clients, fusion, """
+        from sandbox_fusion import RunCodeRequest, run_code, set_endpoint
+        set_endpoint(url)
+        def res(**kw):
+            return json.loads(run_code(RunCodeRequest(**kw)).json())
+        rev = res(code="print(input()[::-1])", stdin="abc", language="python")
+        tle = res(code="import time; time.sleep(5)", run_timeout=1, language="python")
+        files = res(code="import os\\nd = open('in/data.txt').read()\\nopen('out.txt', 'w').write(d.upper())\\nprint(os.getcwd())",
+                    language="python", files={"in/data.txt": "aGVsbG8="}, fetch_files=["out.txt", "missing.txt"])
+        sh = res(code="echo $((6 * 7)); echo oops >&2; exit 3", language="bash")
+        print(json.dumps({"rev": rev, "tle": tle, "files": files, "sh": sh}, ))
+    """)
+    rev = out["rev"]
+    assert rev["status"] == "Success", rev
+    assert rev["run_result"]["stdout"] == "cba\n" and rev["compile_result"] is None
+    assert rev["run_result"]["return_code"] == 0 and rev["run_result"]["execution_time"] > 0
+
+    tle = out["tle"]
+    assert tle["status"] == "Failed", tle
+    assert tle["run_result"]["status"] == "TimeLimitExceeded"
+    assert tle["run_result"]["return_code"] is None
+    assert 0.9 < tle["run_result"]["execution_time"] < 4
+
+    files = out["files"]
+    assert files["status"] == "Success", files
+    assert files["run_result"]["stdout"].startswith("/tmp/tmp")
+    assert files["files"] == {"out.txt": base64.b64encode(b"HELLO").decode()}
+
+    sh = out["sh"]
+    assert sh["status"] == "Failed", sh
+    assert sh["run_result"]["stdout"] == "42\n" and sh["run_result"]["stderr"] == "oops\n"
+    assert sh["run_result"]["return_code"] == 3
+
+
+def test_bare_code_post_is_python(fusion):
+    r = post(fusion, {"code": "import sys; print(1); print(sys.stdin.read() == '')"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
+    assert body["status"] == "Success" and body["message"] == "" and body["files"] == {}
+    assert body["run_result"]["stdout"] == "1\nTrue\n"
+    assert set(body["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
+
+
+def test_bad_requests_are_422_with_the_reason(fusion):
+    r = post(fusion, {"language": "python"})
+    assert r.status_code == 422 and "code" in r.text, r.text
+    r = post(fusion, {"code": "x", "language": "cobol"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "language"] and "'python'" in r.text
+    r = post(fusion, {"code": "x", "language": "junit"})
+    assert r.status_code == 422 and "Warren runs: python" in r.text, r.text
+    r = post(fusion, {"code": "x", "files": {"a.txt": "not base64!"}})
+    assert r.status_code == 422 and "base64" in r.text, r.text
+    assert fusion_sandboxes(fusion.warren) == []
+
+
+def test_missing_toolchain_names_the_binary_and_the_flag(fusion):
+    # The Debian test image has no g++: the answer says so, and how to fix it.
+    r = post(fusion, {"code": "int main() { return 0; }", "language": "cpp"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "SandboxError", body
+    assert "g++" in body["message"] and "--sandbox-fusion-image" in body["message"], body
+    assert body["compile_result"]["status"] == "Error" and body["run_result"] is None
+
+
+def test_memory_limit_kills_a_program_over_it(fusion):
+    hog = "x = bytearray(400 * 1024 * 1024); print(len(x))"
+    small = post(fusion, {"code": hog, "memory_limit_MB": 128}).json()
+    assert small["status"] == "Failed", small
+    assert small["run_result"]["return_code"] != 0
+    big = post(fusion, {"code": hog, "memory_limit_MB": 1024}).json()
+    assert big["status"] == "Success", big
+
+
+def test_verl_reward_helper(clients, fusion):
+    out = client(clients, fusion, """
+        m = verl()
+        run_url = url + "/run_code"
+        def case(code, stdin, expected, timeout=3):
+            return m._process_single_case(0, stdin, expected, run_url, code, timeout, 1024, "python")
+        ok, _ = case("a, b = map(int, input().split())\\nprint(a + b)", "1 2", "3")
+        wrong, _ = case("print(4)", "", "3")
+        _, slow = case("import time\\ntime.sleep(10)", "", "", timeout=1)
+        _, crash = case("raise SystemExit(1)", "", "")
+        res, meta = m.check_correctness(run_url, {"inputs": ["1 2", "5 5"], "outputs": ["3", "10"]},
+                                        "a, b = map(int, input().split())\\nprint(a + b)", timeout=5)
+        bad_cpp = m._process_single_case(0, "", "", run_url, "int main() { return 0; }", 3, 1024, "cpp")
+        print(json.dumps({"ok": ok, "wrong": wrong, "slow": slow["status"], "crash": crash["status"],
+                          "check": res, "cpp": [bad_cpp[0], bad_cpp[1]["status"]]}))
+    """)
+    assert out["ok"] is True and out["wrong"] is False, out
+    assert out["slow"] == "timeout" and out["crash"] == "runtime_error", out
+    assert out["check"] == [True, True], out
+    # No compiler in the test image: verl counts the sandbox's error as -1.
+    assert out["cpp"] == [-1, "sandbox_error"], out
+
+
+def test_256_concurrent_requests(fusion):
+    w = fusion.warren
+
+    def one(i):
+        r = post(fusion, {"code": f"print({i} * 2)"}, timeout=300)
+        return r.status_code, r.json() if r.status_code == 200 else r.text
+
+    started = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=256) as pool:
+        results = list(pool.map(one, range(256)))
+    elapsed = time.time() - started
+    bad = [(i, r) for i, r in enumerate(results) if r[0] != 200 or r[1]["status"] != "Success"]
+    assert bad == [], bad[:3]
+    assert [r[1]["run_result"]["stdout"] for r in results] == [f"{i * 2}\n" for i in range(256)]
+    print(f"256 concurrent /run_code: {elapsed:.1f} s")
+    wait_no_fusion_sandboxes(w, timeout=10)
+
+
+def test_client_gone_mid_request_destroys_its_sandbox(fusion):
+    w = fusion.warren
+    body = json.dumps({"code": "import time; time.sleep(120)", "run_timeout": 120}).encode()
+    port = int(fusion.url.rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        live = [x for x in fusion_sandboxes(w) if x["state"] == "running"]
+        if live:
+            break
+        time.sleep(0.1)
+    assert live, "the request's sandbox never ran"
+    # The program runs in it now; the client goes away.
+    time.sleep(0.5)
+    s.close()
+    started = time.time()
+    wait_no_fusion_sandboxes(w, timeout=20)
+    assert time.time() - started < 15
+    r = w.http.get(f"/v1/sandboxes/{live[0]['id']}")
+    assert r.json()["state"] == "destroyed", r.text

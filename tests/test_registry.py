@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from conftest import free_port
+from debian import debian_python_layout
 from helpers import ImageBuilder, flip_bytes, run, uniq, wait_until
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -696,38 +697,6 @@ def test_a_sandbox_on_a_moved_tag_survives_a_restart(images, registry, builder):
         assert w.http.get(f"/v1/sandboxes/{a}").json()["state"] == "running"
         assert sh(w, a, "cat /version") == "one"
         w.destroy(a)
-
-
-CACHE = Path(os.environ.get("WARREN_TEST_CACHE", "/var/cache/warren-tests"))
-
-
-def debian_python_layout(tmp_path):
-    """An OCI layout (tag `deb`) of a Debian bookworm userland with python3,
-    built with mmdebstrap once and cached as a tar between runs."""
-    cached = CACHE / "debian-bookworm-python3-oci.tar"
-    if not cached.exists():
-        if not shutil.which("mmdebstrap"):
-            pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        work = tmp_path / "build"
-        work.mkdir()
-        rootfs = work / "rootfs.tar"
-        # No device nodes: images may not carry them (Warren's own /dev is used).
-        run("mmdebstrap", "--quiet", "--variant=essential", "--include=python3", "--mode=root",
-            "--skip=output/dev", "bookworm", rootfs)
-        layout = work / "oci"
-        run("umoci", "init", "--layout", layout)
-        run("umoci", "new", "--image", f"{layout}:deb")
-        run("umoci", "unpack", "--image", f"{layout}:deb", work / "bundle")
-        run("tar", "-C", work / "bundle" / "rootfs", "-xf", rootfs)
-        run("umoci", "repack", "--image", f"{layout}:deb", work / "bundle")
-        partial = cached.with_suffix(".partial")
-        run("tar", "-C", layout, "-cf", partial, ".")
-        partial.rename(cached)
-    layout = tmp_path / "debian-oci"
-    layout.mkdir()
-    run("tar", "-C", layout, "-xf", cached)
-    return layout
 
 
 def test_a_debian_userland_with_python_runs_from_the_registry(warren, registry, sandbox, tmp_path):

@@ -28,6 +28,11 @@ use std::sync::Arc;
 
 use warren_node_api::NodeApi;
 
+/// The control plane a daemon runs, once it runs one: set when `warren up`
+/// starts, or when a server replica takes the lead (never while it follows).
+/// Front doors other than the API (E2B, SandboxFusion) answer through it.
+pub type ControlCell = Arc<tokio::sync::OnceCell<Arc<control::Control>>>;
+
 pub struct UpConfig {
     /// Where the store and the API token live.
     pub home: PathBuf,

@@ -4,7 +4,7 @@
 
 use futures_util::StreamExt;
 use warren_core::{ApiError, SandboxState, Selector};
-use warren_node_api::{ByteStream, FileRead, ImageInfo, Tunnel, WriteFile};
+use warren_node_api::{ByteStream, FileRead, ImageInfo, PathEntry, PathOp, Tunnel, WriteFile};
 
 use crate::control::{node_error, Control};
 use crate::store::SandboxRow;
@@ -52,6 +52,16 @@ impl Control {
         self.file_access(id)
             .await?
             .read_file(id, path)
+            .await
+            .map_err(node_error)
+    }
+
+    /// Looks at or changes paths in the sandbox (stat, list, make a
+    /// directory, rename, remove).
+    pub async fn path_op(&self, id: &str, op: PathOp) -> Result<Vec<PathEntry>, ApiError> {
+        self.file_access(id)
+            .await?
+            .path_op(id, op)
             .await
             .map_err(node_error)
     }

@@ -109,6 +109,10 @@ pub trait NodeApi: Send + Sync {
     /// Reads a file (raw) or a directory (a tar archive).
     async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead>;
 
+    /// Looks at or changes paths: the entries looked at or made (one for
+    /// stat, make_dir and rename; a directory's for list; none for remove).
+    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>>;
+
     /// The sandbox's log as whole JSON lines; with `follow`, until the
     /// sandbox is over (destroyed, or held after it finished).
     async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream>;

@@ -258,6 +258,10 @@ impl NodeApi for FakeNode {
         self.with(id, |_| ())
     }
 
+    async fn path_op(&self, _id: &str, _op: PathOp) -> NodeResult<Vec<PathEntry>> {
+        unsupported("files")
+    }
+
     async fn read_file(&self, _id: &str, _path: &str) -> NodeResult<FileRead> {
         unsupported("files")
     }

@@ -196,6 +196,57 @@ pub struct WriteFile {
     pub tar: bool,
 }
 
+/// A look at, or a change to, paths in a sandbox besides reading and
+/// writing files (what E2B's filesystem service and file browsers need).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum PathOp {
+    /// What the path is (a final symlink described, not followed).
+    Stat { path: String },
+    /// A directory's entries, down to `depth` levels (1: its own).
+    List {
+        path: String,
+        #[serde(default = "one")]
+        depth: u32,
+    },
+    /// Makes a directory and its parents; conflict if the path exists.
+    MakeDir { path: String },
+    /// Renames `from` to `to`, making `to`'s parents.
+    Rename { from: String, to: String },
+    /// Removes a file, link, or a directory with all it holds.
+    Remove { path: String },
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PathKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// A path in a sandbox as its processes see it (owner ids inside its user
+/// namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PathEntry {
+    pub path: String,
+    pub kind: PathKind,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Last modification, Unix time in milliseconds.
+    pub modified_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
 /// What a read of a sandbox path found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]

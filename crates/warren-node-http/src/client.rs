@@ -15,8 +15,8 @@ use warren_core::spec::NetworkSpec;
 use warren_core::{ExecEvent, ExecRequest, Usage};
 use warren_node_api::{
     ByteStream, CreateSandbox, FileKind, FileRead, GcReport, ImageInfo, LogNote, NodeApi,
-    NodeError, NodeInfo, NodeResult, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced,
-    Tunnel, WriteFile,
+    NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
+    SandboxStatus, Sequenced, Tunnel, WriteFile,
 };
 
 use crate::ndjson::Lines;
@@ -477,6 +477,11 @@ impl NodeApi for HttpNode {
             kind,
             body: self.bytes_of(resp),
         })
+    }
+
+    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
+        let rb = self.post_json(&["sandboxes", id, "paths"], &op)?;
+        self.call_json(rb, Deadline::Quick).await
     }
 
     async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use warren_core::spec::NetworkSpec;
 use warren_core::ExecRequest;
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, LogNote, NodeApi, NodeError, WriteFile,
+    ByteStream, CreateSandbox, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
 };
 
 use crate::ndjson;
@@ -67,6 +67,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /sandboxes/{id}/exec` | `exec` (`ExecRequest`) | NDJSON `ExecEvent` |
 /// | `PUT /sandboxes/{id}/files?path=&mode=&tar=` | `write_file` (raw body) | 204 |
 /// | `GET /sandboxes/{id}/files?path=` | `read_file` | raw body, `x-warren-file-kind` |
+/// | `POST /sandboxes/{id}/paths` | `path_op` (a `PathOp`) | JSON `[PathEntry]` |
 /// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
@@ -99,6 +100,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/note", post(note))
         .route("/sandboxes/{id}/exec", post(exec))
         .route("/sandboxes/{id}/files", put(write_file).get(read_file))
+        .route("/sandboxes/{id}/paths", post(path_op))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/sandboxes/{id}/ports/{port}", post(connect_port))
         .route("/sandboxes/{id}/network", put(set_network))
@@ -521,6 +523,14 @@ async fn check_network(
 ) -> Answer<Response> {
     node.check_network(spec).await?;
     Ok(done())
+}
+
+async fn path_op(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(op): JsonBody<PathOp>,
+) -> Answer<Response> {
+    Ok(Json(node.path_op(&id, op).await?).into_response())
 }
 
 async fn set_network(

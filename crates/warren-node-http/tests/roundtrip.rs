@@ -355,6 +355,32 @@ impl NodeApi for FakeNode {
         Ok(())
     }
 
+    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
+        self.need(id)?;
+        self.record(format!("path_op {id} {}", serde_json::to_string(&op).unwrap()));
+        let entry = |path: &str, kind| PathEntry {
+            path: path.into(),
+            kind,
+            size: 3,
+            mode: 0o644,
+            uid: 0,
+            gid: 1000,
+            modified_ms: 1_700_000_000_123,
+            symlink_target: (kind == PathKind::Symlink).then(|| "/etc".into()),
+        };
+        Ok(match op {
+            PathOp::List { path, .. } => vec![
+                entry(&format!("{path}/a"), PathKind::File),
+                entry(&format!("{path}/l"), PathKind::Symlink),
+            ],
+            PathOp::Remove { .. } => vec![],
+            PathOp::MakeDir { path } if path == "/exists" => {
+                return Err(NodeError::conflict("/exists: already exists"))
+            }
+            _ => vec![entry("/x", PathKind::Dir)],
+        })
+    }
+
     async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {
         self.need(id)?;
         let files = self.files.lock().unwrap();
@@ -699,6 +725,21 @@ async fn every_method_crosses_the_wire() {
     assert_eq!(&back, b"ping");
     drop(tunnel);
 
+    // Paths.
+    let listed = node
+        .path_op("sb-2", PathOp::List { path: "/w".into(), depth: 2 })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[1].symlink_target.as_deref(), Some("/etc"));
+    assert_eq!(listed[0].modified_ms, 1_700_000_000_123);
+    assert!(node.path_op("sb-2", PathOp::Remove { path: "/w".into() }).await.unwrap().is_empty());
+    let exists = node
+        .path_op("sb-2", PathOp::MakeDir { path: "/exists".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(exists.kind, ErrorKind::Conflict);
+
     // Network.
     let spec = NetworkSpec {
         mode: NetworkMode::Allowlist,
@@ -774,6 +815,7 @@ async fn every_method_crosses_the_wire() {
         "write_file sb-2 /work/hello.txt 640 false".into(),
         "write_file sb-2 /work/dir 755 true".into(),
         "check_network pypi.org:443".into(),
+        r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");

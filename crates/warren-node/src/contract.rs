@@ -14,10 +14,10 @@ use warren_core::{ExecEvent, ExecRequest, Usage};
 use warren_node_api as api;
 use warren_node_api::{
     ByteStream, CreateSandbox, FileKind, FileRead, GcReport, ImageInfo, LogNote, NodeApi, NodeInfo,
-    NodeResult, Phase, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel,
-    WriteFile,
+    NodeResult, PathEntry, PathKind, PathOp, Phase, PolicyChange, PullUpdate, Pushed,
+    SandboxStatus, Sequenced, Tunnel, WriteFile,
 };
-use warren_runtime::{files, RuntimeError};
+use warren_runtime::{file_ops, files, RuntimeError};
 
 use crate::{Node, NodeError};
 use warren_core::sync::lock;
@@ -45,11 +45,38 @@ pub fn contract_error(e: NodeError) -> api::NodeError {
         NodeError::Conflict(m) => E::conflict(m),
         NodeError::Runtime(RuntimeError::NotFound(m)) => E::not_found(m),
         NodeError::Runtime(RuntimeError::BadPath(m)) => E::invalid(format!("invalid path {m}")),
+        NodeError::Runtime(RuntimeError::Exists(m)) => E::conflict(m),
         NodeError::Runtime(RuntimeError::BadImage(m)) => E::invalid(m),
         NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
         NodeError::Image(e) => image_error(e),
         NodeError::Net(warren_net::NetError::Rule(e)) => E::invalid(e.to_string()),
         other => E::internal(other.to_string()),
+    }
+}
+
+/// A path as the sandbox's processes see it: host owner ids mapped back
+/// into its user namespace (an id outside its range shows as nobody).
+fn path_entry(s: warren_runtime::file_ops::Stat, id_base: Option<u32>) -> PathEntry {
+    use warren_runtime::file_ops::Kind;
+    let inside = |host: u32| match id_base {
+        None => host,
+        Some(base) if (base..base + 65536).contains(&host) => host - base,
+        Some(_) => 65534,
+    };
+    PathEntry {
+        path: s.path,
+        kind: match s.kind {
+            Kind::File => PathKind::File,
+            Kind::Dir => PathKind::Dir,
+            Kind::Symlink => PathKind::Symlink,
+            Kind::Other => PathKind::Other,
+        },
+        size: s.size,
+        mode: s.mode,
+        uid: inside(s.uid),
+        gid: inside(s.gid),
+        modified_ms: (s.modified_unix_ns / 1_000_000) as i64,
+        symlink_target: s.symlink_target,
     }
 }
 
@@ -311,6 +338,29 @@ impl NodeApi for LocalNode {
                 }
             }
         })
+    }
+
+    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
+        self.node.renew_lease(id);
+        let root = self.node.root(id).map_err(contract_error)?;
+        let base = self.node.host_id_base(id);
+        let stats =
+            tokio::task::spawn_blocking(move || -> Result<Vec<file_ops::Stat>, RuntimeError> {
+                Ok(match op {
+                    PathOp::Stat { path } => vec![file_ops::stat(&root, &path)?],
+                    PathOp::List { path, depth } => file_ops::list(&root, &path, depth)?,
+                    PathOp::MakeDir { path } => vec![file_ops::make_dir(&root, &path)?],
+                    PathOp::Rename { from, to } => vec![file_ops::rename(&root, &from, &to)?],
+                    PathOp::Remove { path } => {
+                        file_ops::remove(&root, &path)?;
+                        vec![]
+                    }
+                })
+            })
+            .await
+            .map_err(joined)?
+            .map_err(|e| contract_error(e.into()))?;
+        Ok(stats.into_iter().map(|s| path_entry(s, base)).collect())
     }
 
     async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {

@@ -220,6 +220,10 @@ async fn pump_streams(
                     return Err(NodeError::ClientGone);
                 }
             },
+            // A client that drops its stream kills the exec now, not at
+            // the next output or keepalive (E2B's kill of a process is
+            // exactly that).
+            _ = tx.closed(), if !job.spec.main => return Err(NodeError::ClientGone),
         }
     }
     let (code, sig) = match outcome {

@@ -700,13 +700,13 @@ impl Node {
     }
 
     /// The sandbox's root directory, for the confined file API.
-    fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
+    pub(crate) fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
         let live = self.get(id)?;
         Ok(files::open_root(live.pid)?)
     }
 
     /// Host id of root in the sandbox, if it has a user namespace.
-    fn host_id_base(&self, id: &str) -> Option<u32> {
+    pub(crate) fn host_id_base(&self, id: &str) -> Option<u32> {
         self.runtime.id_range(id).map(|r| r.base)
     }
 

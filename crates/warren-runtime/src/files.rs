@@ -38,7 +38,12 @@ fn check_path(path: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-fn open_in(root: &OwnedFd, path: &str, flags: OFlags, mode: u32) -> Result<OwnedFd, RuntimeError> {
+pub(crate) fn open_in(
+    root: &OwnedFd,
+    path: &str,
+    flags: OFlags,
+    mode: u32,
+) -> Result<OwnedFd, RuntimeError> {
     check_path(path)?;
     openat2(
         root,
@@ -83,7 +88,7 @@ pub fn open_read(root: &OwnedFd, path: &str) -> Result<Entry, RuntimeError> {
 }
 
 /// Splits a sandbox path into its parent directory and final name.
-fn split(path: &str) -> Result<(String, String), RuntimeError> {
+pub(crate) fn split(path: &str) -> Result<(String, String), RuntimeError> {
     let p = Path::new(path);
     let name = p
         .file_name()
@@ -103,14 +108,14 @@ fn split(path: &str) -> Result<(String, String), RuntimeError> {
 /// What one upload created, so that a refused or failed upload can take
 /// it back instead of leaving half a tree in the sandbox.
 #[derive(Default)]
-struct Created(Vec<(OwnedFd, OsString, bool)>);
+pub(crate) struct Created(Vec<(OwnedFd, OsString, bool)>);
 
 impl Created {
     /// Records a new entry, and gives it the owner of its directory: in a
     /// sandbox with a user namespace the daemon's uid 0 is unmapped, and
     /// what it wrote would show as `nobody` and be unwritable to the
     /// sandbox's root.
-    fn note(&mut self, dir: &OwnedFd, name: &OsStr, is_dir: bool) {
+    pub(crate) fn note(&mut self, dir: &OwnedFd, name: &OsStr, is_dir: bool) {
         if let Ok(st) = rustix::fs::fstat(dir) {
             let _ = rustix::fs::chownat(
                 dir,
@@ -161,7 +166,7 @@ pub fn mkdir_all(root: &OwnedFd, path: &str) -> Result<OwnedFd, RuntimeError> {
     mkdir_all_noting(root, path, &mut Created::default())
 }
 
-fn mkdir_all_noting(
+pub(crate) fn mkdir_all_noting(
     root: &OwnedFd,
     path: &str,
     created: &mut Created,

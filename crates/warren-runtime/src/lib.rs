@@ -13,6 +13,7 @@ pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;
 mod exec_tree;
+pub mod file_ops;
 pub mod files;
 pub mod host;
 pub mod host_tables;
@@ -46,6 +47,9 @@ pub enum RuntimeError {
     NotFound(String),
     #[error("invalid path {0}")]
     BadPath(String),
+    /// Something is in the way (a directory to make exists already).
+    #[error("{0}")]
+    Exists(String),
     /// The image cannot be run safely as it is.
     #[error("{0}")]
     BadImage(String),

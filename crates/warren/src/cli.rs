@@ -365,6 +365,26 @@ pub struct NodeOpts {
     pub capacity_memory: Option<String>,
 }
 
+/// Other clients' protocols, each on a listener of its own (`warren up` and
+/// `warren server`); off unless given an address.
+#[derive(Args)]
+pub struct CompatOpts {
+    /// Serve E2B's control API here (`E2B_API_URL`; the API key is Warren's
+    /// API token).
+    #[arg(long, value_name = "ADDR")]
+    pub e2b_api: Option<SocketAddr>,
+    /// Serve E2B's sandbox traffic (envd and ports) here (`E2B_SANDBOX_URL`).
+    #[arg(long, value_name = "ADDR")]
+    pub e2b_sandbox: Option<SocketAddr>,
+    /// Serve SandboxFusion's `/run_code` here. It takes no token (its
+    /// clients send none): keep it on loopback.
+    #[arg(long, value_name = "ADDR")]
+    pub sandbox_fusion: Option<SocketAddr>,
+    /// The image `/run_code` runs code in (it needs the languages' toolchains).
+    #[arg(long, value_name = "REF", default_value = "python:3.11-slim")]
+    pub sandbox_fusion_image: String,
+}
+
 /// How the control plane admits and learns (`warren up` and `warren server`).
 #[derive(Args)]
 pub struct ControlOpts {
@@ -396,6 +416,8 @@ pub struct UpArgs {
     pub control: ControlOpts,
     #[command(flatten)]
     pub node: NodeOpts,
+    #[command(flatten)]
+    pub compat: CompatOpts,
 }
 
 #[derive(Args)]
@@ -414,6 +436,8 @@ pub struct ServerArgs {
     pub advertise: Option<String>,
     #[command(flatten)]
     pub control: ControlOpts,
+    #[command(flatten)]
+    pub compat: CompatOpts,
     #[command(subcommand)]
     pub command: Option<ServerCmd>,
 }

@@ -23,7 +23,7 @@ mod batches;
 mod files;
 mod images;
 mod logs;
-mod network;
+pub mod network;
 mod nodes;
 mod profiles;
 mod sandboxes;

@@ -148,16 +148,6 @@ async fn proxy_http(
     req: Request,
 ) -> ApiResult<Response> {
     let port = port_of(&port)?;
-    let upstream = open_port(&st, &id, port).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
-        .await
-        .map_err(|e| {
-            ApiError::conflict(format!(
-                "port {port} in sandbox {id} does not speak HTTP: {e}"
-            ))
-        })?;
-    tokio::spawn(conn);
-    let mut sender = sender;
     let (mut parts, body) = req.into_parts();
     let query = parts
         .uri
@@ -169,6 +159,30 @@ async fn proxy_http(
         .map_err(|e| ApiError::bad_request(format!("path {path:?}: {e}")))?;
     // The trainer's token is for Warren, not for the sandbox.
     parts.headers.remove(header::AUTHORIZATION);
+    Ok(forward_http(&st.control, &id, port, Request::from_parts(parts, body)).await?)
+}
+
+/// Sends `req` (its URI a path and query) to `port` on the sandbox's
+/// loopback over HTTP/1.1 and answers what the server there answers, the
+/// bodies streamed both ways. Also what other front doors (E2B's port
+/// routing) forward with.
+pub async fn forward_http(
+    control: &crate::control::Control,
+    id: &str,
+    port: u16,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let upstream = control.connect_port(id, port).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
+        .await
+        .map_err(|e| {
+            ApiError::conflict(format!(
+                "port {port} in sandbox {id} does not speak HTTP: {e}"
+            ))
+        })?;
+    tokio::spawn(conn);
+    let mut sender = sender;
+    let (mut parts, body) = req.into_parts();
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));

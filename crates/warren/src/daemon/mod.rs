@@ -2,6 +2,7 @@
 //! (a cluster's control plane) and `warren node` (a node agent), and what
 //! they share: logging, signals, the node's settings from its flags.
 
+mod compat;
 pub mod node_agent;
 pub mod server;
 pub mod up;
@@ -223,8 +224,7 @@ pub fn hostname() -> String {
 
 /// The control plane a daemon runs, once it runs one (a server replica
 /// runs none while it follows another).
-pub type Running =
-    std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<warren_control::control::Control>>>;
+pub type Running = warren_control::ControlCell;
 
 /// Serves the public API until the first SIGINT or SIGTERM (a second one
 /// exits at once, leaving sandboxes for the next start); from the first

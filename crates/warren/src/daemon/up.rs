@@ -33,6 +33,9 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
+    let running: super::Running = Default::default();
+    let _ = running.set(up.control.clone());
+    super::compat::start("warren up", home, &args.compat, running.clone()).await?;
     eprintln!(
         "warren up: listening on http://{listen} (home {}, token in {}, log in {})",
         home.display(),
@@ -48,8 +51,6 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
             eprintln!("warren up: ready; {n} sandboxes from before the restart reconciled (details in the log)");
         }
     });
-    let running: super::Running = Default::default();
-    let _ = running.set(up.control.clone());
     super::serve_until_signal("warren up", listener, router, nofile, running).await?;
     eprintln!("warren up: destroying live sandboxes");
     up.control.shutdown(super::SHUTDOWN_GRACE).await;

@@ -1,0 +1,483 @@
+//! E2B's control API (`E2B_API_URL`): sandboxes are created, listed,
+//! connected to, paused, given a new timeout and killed here, each through
+//! Warren's control plane. Error bodies are `{code, message}`; 429 and 503
+//! carry Retry-After, which the SDK honours.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use warren_control::control::Control;
+use warren_core::state::reason;
+use warren_core::{ApiError, ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
+
+use crate::{E2b, ENVD_VERSION, FRONT_LABEL, TEMPLATE_LABEL};
+
+type St = State<Arc<E2b>>;
+
+/// E2B's own default when a create names no timeout.
+const DEFAULT_TIMEOUT_SECS: u64 = 300;
+
+pub fn router(e2b: Arc<E2b>) -> Router {
+    Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(detail).delete(kill))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(e2b.clone(), auth))
+        .with_state(e2b)
+}
+
+/// An E2B error: `{code, message}` with the HTTP status as code.
+pub struct E2bError {
+    status: StatusCode,
+    message: String,
+}
+
+impl E2bError {
+    fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(id: &str) -> E2bError {
+        E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox {id:?} not found (killed, timed out, or never made)"),
+        )
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        let status =
+            StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        E2bError::new(status, e.message)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+type E2bResult<T> = Result<T, E2bError>;
+
+async fn auth(State(e2b): St, req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if e2b.api_key_ok(key) {
+        next.run(req).await
+    } else {
+        E2bError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: set E2B_API_KEY to Warren's API token (<home>/token), bare or as e2b_<token>",
+        )
+        .into_response()
+    }
+}
+
+fn control(e2b: &E2b) -> E2bResult<Arc<Control>> {
+    e2b.control().ok_or_else(|| {
+        E2bError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this Warren replica does not lead the cluster yet; retry in a moment",
+        )
+    })
+}
+
+/// A JSON body, with a clear answer when it is not one.
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
+    let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
+    serde_json::from_slice(bytes).map_err(|e| {
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    network: Option<Network>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Network {
+    #[serde(default)]
+    allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    deny_out: Option<Vec<String>>,
+}
+
+async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Response> {
+    let req: NewSandbox = body(&raw)?;
+    let control = control(&e2b)?;
+    if req.template_id.trim().is_empty() {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "templateID is empty: name an image or an alias from e2b-templates.toml",
+        ));
+    }
+    let mut labels: Labels = req.metadata.unwrap_or_default();
+    labels.insert(FRONT_LABEL.0.into(), FRONT_LABEL.1.into());
+    if warren_core::labels::validate_value(TEMPLATE_LABEL, &req.template_id).is_ok() {
+        labels.insert(TEMPLATE_LABEL.into(), req.template_id.clone());
+    }
+    if let Err(e) = warren_core::labels::validate(&labels) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("metadata becomes Warren labels, and {e}"),
+        ));
+    }
+    let mut spec = SandboxSpec {
+        image: e2b.templates.image(&req.template_id),
+        env: req.env_vars.unwrap_or_default(),
+        labels,
+        ttl: Some(warren_core::spec::Dur(Duration::from_secs(
+            req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1),
+        ))),
+        request_id: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|k| format!("e2b-{k}")),
+        ..Default::default()
+    };
+    if let Some(n) = req.network {
+        spec.network.allow = n.allow_out.unwrap_or_default();
+        spec.network.deny = n.deny_out.unwrap_or_default();
+    }
+    let (info, _) = control.create(spec, true).await.map_err(|e| {
+        if e.code == ErrorCode::NotFound {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                format!("{}; {}", e.message, e2b.templates.hint(&req.template_id)),
+            )
+        } else {
+            e.into()
+        }
+    })?;
+    if info.state != SandboxState::Running {
+        return Err(E2bError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "sandbox {} did not start: it is {} ({})",
+                info.id, info.state, info.reason
+            ),
+        ));
+    }
+    Ok((StatusCode::CREATED, Json(sandbox(&e2b, &info))).into_response())
+}
+
+/// The template a sandbox was made from, as E2B names it.
+fn template(info: &SandboxInfo) -> String {
+    info.spec
+        .labels
+        .get(TEMPLATE_LABEL)
+        .cloned()
+        .unwrap_or_else(|| info.spec.image.clone())
+}
+
+/// What a client may not see of the labels: Warren's own.
+fn metadata(info: &SandboxInfo) -> BTreeMap<String, String> {
+    info.spec
+        .labels
+        .iter()
+        .filter(|(k, _)| k.as_str() != FRONT_LABEL.0 && k.as_str() != TEMPLATE_LABEL)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// E2B's `Sandbox`: what create and connect answer.
+fn sandbox(e2b: &E2b, info: &SandboxInfo) -> Value {
+    json!({
+        "templateID": template(info),
+        "sandboxID": info.id,
+        "clientID": info.node,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e2b.access_token(&info.id),
+        "trafficAccessToken": null,
+        "domain": null,
+    })
+}
+
+fn e2b_state(state: SandboxState) -> &'static str {
+    if state == SandboxState::Paused {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
+fn end_at(info: &SandboxInfo) -> String {
+    let left = Duration::from_millis(info.ttl_remaining_ms.unwrap_or(0));
+    let end = time::OffsetDateTime::now_utc() + left;
+    end.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// E2B's `ListedSandbox` (and the common part of `SandboxDetail`).
+fn listed(info: &SandboxInfo) -> Value {
+    json!({
+        "templateID": template(info),
+        "sandboxID": info.id,
+        "clientID": info.node,
+        "startedAt": info.started_at.clone().unwrap_or_else(|| info.created_at.clone()),
+        "endAt": end_at(info),
+        "cpuCount": info.resources.cpu_millis.div_ceil(1000).max(1),
+        "memoryMB": info.resources.memory >> 20,
+        "diskSizeMB": info.resources.disk >> 20,
+        "state": e2b_state(info.state),
+        "envdVersion": ENVD_VERSION,
+        "metadata": metadata(info),
+    })
+}
+
+/// A live sandbox (running or paused), or 404 as E2B answers for one that
+/// was killed.
+async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> {
+    let row = control.get(id).await.map_err(|e| {
+        if e.code == ErrorCode::NotFound {
+            E2bError::not_found(id)
+        } else {
+            e.into()
+        }
+    })?;
+    if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+        return Err(E2bError::not_found(id));
+    }
+    Ok(control.info(row, false).await)
+}
+
+async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
+    let control = control(&e2b)?;
+    let info = live(&control, &id).await?;
+    let mut v = listed(&info);
+    if let Value::Object(m) = &mut v {
+        m.insert("envdAccessToken".into(), e2b.access_token(&id).into());
+        m.insert("domain".into(), Value::Null);
+        m.insert(
+            "lifecycle".into(),
+            json!({"autoResume": false, "onTimeout": "kill"}),
+        );
+    }
+    Ok(Json(v))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response> {
+    let control = control(&e2b)?;
+    let states: Vec<SandboxState> = match q.state.as_deref().filter(|s| !s.is_empty()) {
+        None => vec![SandboxState::Running, SandboxState::Paused],
+        Some(s) => s
+            .split(',')
+            .map(|st| match st.trim() {
+                "running" => Ok(SandboxState::Running),
+                "paused" => Ok(SandboxState::Paused),
+                other => Err(E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown state {other:?}: use running and/or paused"),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // `metadata` is itself URL-encoded `k=v&k2=v2`.
+    let mut selector = format!("{}={}", FRONT_LABEL.0, FRONT_LABEL.1);
+    if let Some(m) = q.metadata.as_deref().filter(|m| !m.is_empty()) {
+        for pair in m.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let (k, v) = (percent_decode(k), percent_decode(v));
+            if warren_core::labels::validate_key(&k).is_err()
+                || warren_core::labels::validate_value(&k, &v).is_err()
+            {
+                // No sandbox can carry it as a label, so none matches.
+                return Ok(Json(Vec::<Value>::new()).into_response());
+            }
+            selector.push_str(&format!(",{k}={v}"));
+        }
+    }
+    let selector = Selector::parse(&selector)
+        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("metadata filter: {e}")))?;
+    let mut all = control.list(&states, &selector).await?;
+    all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+    let start = match &q.next_token {
+        Some(t) => all
+            .iter()
+            .position(|s| &s.id == t)
+            .map_or(all.len(), |i| i + 1),
+        None => 0,
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let page: Vec<&SandboxInfo> = all.iter().skip(start).take(limit).collect();
+    let more = start + page.len() < all.len();
+    let mut resp = Json(page.iter().map(|i| listed(i)).collect::<Vec<_>>()).into_response();
+    if more {
+        if let Some(last) = page.last() {
+            if let Ok(v) = HeaderValue::from_str(&last.id) {
+                resp.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(resp)
+}
+
+/// A query value as forms encode it (`+` for space, `%XX`).
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+#[derive(Deserialize, Default)]
+struct Timeout {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// Connect (and resume): a paused sandbox is resumed (201), a running one
+/// answered as it is (200); a timeout given becomes its new TTL.
+async fn connect(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
+    let req: Timeout = body(&raw)?;
+    let control = control(&e2b)?;
+    let info = live(&control, &id).await?;
+    let resumed = info.state == SandboxState::Paused;
+    if resumed {
+        control.set_paused(&id, false).await?;
+    }
+    if let Some(t) = req.timeout.filter(|t| *t > 0) {
+        control.set_ttl(&id, Duration::from_secs(t)).await?;
+    }
+    let info = live(&control, &id).await?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(sandbox(&e2b, &info))).into_response())
+}
+
+async fn set_timeout(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResult<StatusCode> {
+    let req: Timeout = body(&raw)?;
+    let control = control(&e2b)?;
+    let Some(secs) = req.timeout else {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "timeout (seconds from now) is required",
+        ));
+    };
+    live(&control, &id).await?;
+    control
+        .set_ttl(&id, Duration::from_secs(secs.max(1)))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn kill(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    let control = control(&e2b)?;
+    live(&control, &id).await?;
+    control.destroy(&id, reason::USER_DELETED).await?;
+    e2b.processes.forget_sandbox(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
+    let control = control(&e2b)?;
+    let info = live(&control, &id).await?;
+    if info.state == SandboxState::Paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    control.set_paused(&id, true).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The sandbox's usage now, as one E2B metric point (Warren samples usage
+/// but keeps the running summary, not a series).
+async fn metrics(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
+    let control = control(&e2b)?;
+    let row = control
+        .get(&id)
+        .await
+        .map_err(|_| E2bError::not_found(&id))?;
+    let info = control.info(row, true).await;
+    let Some(u) = &info.usage else {
+        return Ok(Json(json!([])));
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let cpus = info.resources.cpu_millis.div_ceil(1000).max(1);
+    let cpu_pct = u.cpu_millis_mean as f64 / (cpus * 1000) as f64 * 100.0;
+    Ok(Json(json!([{
+        "timestamp": now.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+        "timestampUnix": now.unix_timestamp(),
+        "cpuCount": cpus,
+        "cpuUsedPct": (cpu_pct * 100.0).round() / 100.0,
+        "memUsed": u.memory_bytes,
+        "memTotal": info.resources.memory,
+        "memCache": 0,
+        "diskUsed": u.disk_bytes,
+        "diskTotal": info.resources.disk,
+    }])))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn metadata_filters_are_percent_decoded() {
+        assert_eq!(super::percent_decode("a%3Db%20c+d"), "a=b c d");
+        assert_eq!(super::percent_decode("100%"), "100%");
+        assert_eq!(super::percent_decode("%zz"), "%zz");
+    }
+}

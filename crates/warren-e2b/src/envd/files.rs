@@ -1,0 +1,300 @@
+//! envd's `/files`: `GET` downloads a file, `POST` uploads one or more
+//! (multipart, one part per file named by its destination path, or a raw
+//! octet-stream body, gzip allowed). Bodies stream through; nothing is held
+//! whole. A request carries the sandbox's access token or a URL signed
+//! with it (the SDK's `download_url`/`upload_url`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::Digest;
+use warren_core::{ApiError, ErrorCode};
+use warren_node_api::{ByteStream, FileKind, NodeError, WriteFile};
+
+use super::{paths, plain_error, Target};
+use crate::E2b;
+
+#[derive(Deserialize, Default)]
+pub struct FileQuery {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    signature: Option<String>,
+    #[serde(default)]
+    signature_expiration: Option<i64>,
+}
+
+/// envd's `/files` errors: `{message, code}`.
+fn error(e: ApiError) -> Response {
+    let status = match e.code {
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::BadRequest | ErrorCode::Conflict => StatusCode::BAD_REQUEST,
+        ErrorCode::Unavailable => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    plain_error(status, e.message)
+}
+
+/// The token, or a signature made with it for this path, operation and
+/// user (`v1_` + unpadded base64 of SHA-256 over
+/// `path:operation:user:token[:expiration]`).
+fn authorized(e2b: &E2b, id: &str, headers: &HeaderMap, q: &FileQuery, operation: &str) -> bool {
+    let token = e2b.access_token(id);
+    let given = headers
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if e2b.token_ok(id, given) {
+        return true;
+    }
+    let Some(signature) = &q.signature else {
+        return false;
+    };
+    if let Some(exp) = q.signature_expiration {
+        if exp < time::OffsetDateTime::now_utc().unix_timestamp() {
+            return false;
+        }
+    }
+    let mut text = format!(
+        "{}:{operation}:{}:{token}",
+        q.path.as_deref().unwrap_or(""),
+        q.username.as_deref().unwrap_or("")
+    );
+    if let Some(exp) = q.signature_expiration {
+        text.push_str(&format!(":{exp}"));
+    }
+    let want = format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD
+            .encode(sha2::Sha256::digest(text.as_bytes()))
+    );
+    use subtle::ConstantTimeEq;
+    want.as_bytes().ct_eq(signature.as_bytes()).into()
+}
+
+fn unauthorized() -> Response {
+    plain_error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong X-Access-Token (or URL signature) for /files",
+    )
+}
+
+pub async fn read(
+    State(e2b): State<Arc<E2b>>,
+    Extension(target): Extension<Target>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&e2b, &target.id, &headers, &q, "read") {
+        return unauthorized();
+    }
+    let Some(path) = q.path.as_deref().filter(|p| !p.is_empty()) else {
+        return plain_error(
+            StatusCode::BAD_REQUEST,
+            "path is required: /files?path=FILE",
+        );
+    };
+    let user = q
+        .username
+        .as_deref()
+        .or(None)
+        .map(str::to_string)
+        .or_else(|| paths::user(&headers));
+    let path = paths::resolve(path, user.as_deref());
+    match target.control.read_file(&target.id, &path).await {
+        Err(e) => error(e),
+        Ok(r) => match r.kind {
+            FileKind::Dir => plain_error(
+                StatusCode::BAD_REQUEST,
+                format!("{path} is a directory; read files one by one (list it first)"),
+            ),
+            FileKind::File { size } => {
+                let body = Body::from_stream(r.body.map_err(|e| std::io::Error::other(e.message)));
+                (
+                    [
+                        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                        (header::CONTENT_LENGTH, size.to_string()),
+                    ],
+                    body,
+                )
+                    .into_response()
+            }
+        },
+    }
+}
+
+pub async fn write(
+    State(e2b): State<Arc<E2b>>,
+    Extension(target): Extension<Target>,
+    Query(q): Query<FileQuery>,
+    req: Request,
+) -> Response {
+    if !authorized(&e2b, &target.id, req.headers(), &q, "write") {
+        return unauthorized();
+    }
+    let user = q.username.clone().or_else(|| paths::user(req.headers()));
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let result = if content_type.starts_with("multipart/form-data") {
+        write_multipart(&target, &q, user.as_deref(), req).await
+    } else {
+        write_raw(&target, &q, user.as_deref(), req).await
+    };
+    match result {
+        Ok(written) => Json(written).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+fn written(path: &str) -> Value {
+    json!({"name": path.rsplit('/').next().unwrap_or_default(), "type": "file", "path": path})
+}
+
+async fn write_one(target: &Target, path: &str, body: ByteStream) -> Result<Value, ApiError> {
+    let req = WriteFile {
+        path: path.to_string(),
+        mode: 0o644,
+        tar: false,
+    };
+    target.control.write_file(&target.id, req, body).await?;
+    Ok(written(path))
+}
+
+async fn write_raw(
+    target: &Target,
+    q: &FileQuery,
+    user: Option<&str>,
+    req: Request,
+) -> Result<Vec<Value>, ApiError> {
+    let Some(path) = q.path.as_deref().filter(|p| !p.is_empty()) else {
+        return Err(ApiError::bad_request(
+            "path is required for a raw upload: /files?path=FILE",
+        ));
+    };
+    let path = paths::resolve(path, user);
+    let gzip = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
+    let body: ByteStream = req
+        .into_body()
+        .into_data_stream()
+        .map_err(|e| NodeError::invalid(format!("reading the upload: {e}")))
+        .boxed();
+    let body = if gzip { gunzip(body) } else { body };
+    Ok(vec![write_one(target, &path, body).await?])
+}
+
+async fn write_multipart(
+    target: &Target,
+    q: &FileQuery,
+    user: Option<&str>,
+    req: Request,
+) -> Result<Vec<Value>, ApiError> {
+    let mut multipart = Multipart::from_request(req, &())
+        .await
+        .map_err(|e| ApiError::bad_request(format!("malformed multipart upload: {e}")))?;
+    let mut out = Vec::new();
+    while let Some(mut field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("malformed multipart upload: {e}")))?
+    {
+        // With one file the query names it; with several, each part's
+        // file name is its destination.
+        let dest = match (q.path.as_deref().filter(|p| !p.is_empty()), field.file_name()) {
+            (Some(p), _) if out.is_empty() => p.to_string(),
+            (_, Some(name)) if !name.is_empty() => name.to_string(),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "each multipart part needs a file name (its destination path), or give ?path= for a single file",
+                ))
+            }
+        };
+        let path = paths::resolve(&dest, user);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, NodeError>>(8);
+        let body: ByteStream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
+            )
+            .boxed();
+        let pump = async move {
+            loop {
+                match field.chunk().await {
+                    Ok(Some(chunk)) => {
+                        if tx.send(Ok(chunk)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(NodeError::invalid(format!("reading the upload: {e}"))))
+                            .await;
+                        break;
+                    }
+                }
+            }
+        };
+        let (_, written) = tokio::join!(pump, write_one(target, &path, body));
+        out.push(written?);
+    }
+    if out.is_empty() {
+        return Err(ApiError::bad_request(
+            "the multipart upload holds no file part",
+        ));
+    }
+    Ok(out)
+}
+
+/// Decompresses a gzip body as it streams (on a blocking thread: flate2
+/// reads synchronously).
+fn gunzip(body: ByteStream) -> ByteStream {
+    let reader =
+        tokio_util::io::StreamReader::new(body.map_err(|e| std::io::Error::other(e.message)));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, NodeError>>(8);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let bridge = tokio_util::io::SyncIoBridge::new(reader);
+        let mut gz = flate2::read::GzDecoder::new(bridge);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match gz.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if tx
+                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(NodeError::invalid(format!(
+                        "the upload is not valid gzip: {e}"
+                    ))));
+                    break;
+                }
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+        .boxed()
+}

@@ -1,0 +1,156 @@
+//! The sandbox side of E2B (`E2B_SANDBOX_URL`): what envd serves inside an
+//! E2B sandbox, served here for Warren sandboxes. Every request names its
+//! sandbox with `E2b-Sandbox-Id` (old SDKs only send the access token,
+//! which identifies it too) and a port with `E2b-Sandbox-Port`: envd's port
+//! is answered here, any other is forwarded to that port in the sandbox.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use warren_control::control::Control;
+use warren_core::{SandboxState, Selector};
+
+use crate::{E2b, ENVD_PORT, FRONT_LABEL};
+
+pub mod files;
+pub mod filesystem;
+pub mod paths;
+pub mod ports;
+pub mod process;
+
+/// The sandbox a request is for, once routing found it live.
+#[derive(Clone)]
+pub struct Target {
+    pub id: String,
+    pub control: Arc<Control>,
+}
+
+pub fn router(e2b: Arc<E2b>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        // Uploads stream to the sandbox, whatever their size.
+        .route(
+            "/files",
+            get(files::read)
+                .post(files::write)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/process.Process/{method}", post(process::rpc))
+        .route("/filesystem.Filesystem/{method}", post(filesystem::rpc))
+        .layer(middleware::from_fn_with_state(e2b.clone(), route))
+        .with_state(e2b)
+}
+
+/// E2B's answer for a sandbox that is not there: the SDK recognises "was
+/// not found" and reports the sandbox as not running.
+fn not_found(id: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(json!({"sandboxId": id, "message": "The sandbox was not found", "code": 502})),
+    )
+        .into_response()
+}
+
+fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
+    let message = message.into();
+    (
+        status,
+        Json(json!({"code": status.as_u16(), "message": message})),
+    )
+        .into_response()
+}
+
+async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Response {
+    let Some(control) = e2b.control() else {
+        let mut resp = plain_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this Warren replica does not lead the cluster yet; retry in a moment",
+        );
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        return resp;
+    };
+    let headers = req.headers();
+    let token = header(headers, "x-access-token");
+    let id = match header(headers, "e2b-sandbox-id") {
+        Some(id) => id.to_string(),
+        None => match token {
+            Some(t) => match by_token(&e2b, &control, t).await {
+                Some(id) => id,
+                None => return not_found(""),
+            },
+            None => {
+                return plain_error(
+                    StatusCode::BAD_REQUEST,
+                    "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL and use e2b >= 2.7, whose SDK sends it",
+                )
+            }
+        },
+    };
+    let live = matches!(
+        control.get(&id).await.map(|r| r.state),
+        Ok(SandboxState::Running)
+    );
+    if !live {
+        return not_found(&id);
+    }
+    let port = match header(headers, "e2b-sandbox-port").map(str::parse::<u16>) {
+        None => ENVD_PORT,
+        Some(Ok(p)) => p,
+        Some(Err(_)) => {
+            return plain_error(
+                StatusCode::BAD_REQUEST,
+                "E2b-Sandbox-Port must be a port number",
+            )
+        }
+    };
+    if port != ENVD_PORT {
+        return ports::forward(&control, &id, port, req).await;
+    }
+    // envd's own token rule: everything but the health probe needs the
+    // sandbox's access token; /files may instead carry a signed URL,
+    // which its handler checks.
+    let path = req.uri().path();
+    let exempt = path == "/health" || path == "/files";
+    if !exempt && !token.is_some_and(|t| e2b.token_ok(&id, t)) {
+        return plain_error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong X-Access-Token: use the envdAccessToken the create or connect call returned",
+        );
+    }
+    req.extensions_mut().insert(Target { id, control });
+    next.run(req).await
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// The live E2B sandbox whose access token this is (old SDKs send no
+/// sandbox id after `connect`).
+async fn by_token(e2b: &E2b, control: &Control, token: &str) -> Option<String> {
+    let selector = Selector::parse(&format!("{}={}", FRONT_LABEL.0, FRONT_LABEL.1)).ok()?;
+    let live = control
+        .list(&[SandboxState::Running, SandboxState::Paused], &selector)
+        .await
+        .ok()?;
+    live.into_iter()
+        .map(|s| s.id)
+        .find(|id| e2b.token_ok(id, token))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}

@@ -1,0 +1,30 @@
+//! `E2b-Sandbox-Port` other than envd's: the request goes to that port on
+//! the sandbox's loopback (how `e2b_code_interpreter` reaches the Jupyter
+//! server in its template), with E2B's routing headers taken off.
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::Response;
+use warren_control::control::Control;
+
+pub async fn forward(control: &Control, id: &str, port: u16, mut req: Request) -> Response {
+    for h in [
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+        "x-access-token",
+        "e2b-traffic-access-token",
+    ] {
+        req.headers_mut().remove(h);
+    }
+    match warren_control::api::network::forward_http(control, id, port, req).await {
+        Ok(resp) => resp,
+        // E2B's proxy says "port is not open", which the SDK recognises.
+        Err(e) => super::plain_error(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "The sandbox is running but port is not open: port {port} in sandbox {id} ({})",
+                e.message
+            ),
+        ),
+    }
+}

@@ -1,0 +1,450 @@
+//! envd's `process.Process` service on Warren's exec. A process is a
+//! Warren exec whose event stream a task here owns: it fans the output out
+//! to the `Start` stream and any `Connect` streams, and killing the process
+//! drops that stream, which makes the node kill the exec's whole cgroup.
+//! A finished process is kept a minute so that a late `Connect` still gets
+//! its end.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::Extension;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+use warren_core::sync::lock;
+use warren_core::{ExecEvent, ExecRequest};
+
+use super::{paths, Target};
+use crate::connect::{self, Code, Item, RpcError};
+use crate::E2b;
+
+/// How long a finished process stays for `Connect`.
+const KEEP_FINISHED: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+pub struct Processes {
+    by_sandbox: Mutex<HashMap<String, HashMap<u32, Arc<Proc>>>>,
+}
+
+struct Proc {
+    pid: u32,
+    config: Value,
+    tag: Option<String>,
+    subscribers: Mutex<Vec<mpsc::Sender<Msg>>>,
+    /// The end event, once the process has ended.
+    ended: Mutex<Option<Value>>,
+    kill: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+/// What a process's readers get: its events, or word that its deadline
+/// (`Connect-Timeout-Ms`) passed, which ends a stream with
+/// `deadline_exceeded` as envd's does.
+#[derive(Clone)]
+enum Msg {
+    Event(Value),
+    Deadline,
+}
+
+impl Proc {
+    /// Sends an event to every stream still reading (waiting for slow
+    /// ones: their backlog slows the process's output, nothing is lost).
+    async fn publish(&self, event: Msg) {
+        let subs: Vec<_> = lock(&self.subscribers).clone();
+        for s in &subs {
+            let _ = s.send(event.clone()).await;
+        }
+        lock(&self.subscribers).retain(|s| !s.is_closed());
+    }
+
+    fn subscribe(&self) -> mpsc::Receiver<Msg> {
+        let (tx, rx) = mpsc::channel(64);
+        lock(&self.subscribers).push(tx);
+        rx
+    }
+}
+
+impl Processes {
+    fn insert(&self, sandbox: &str, proc: Arc<Proc>) {
+        lock(&self.by_sandbox)
+            .entry(sandbox.to_string())
+            .or_default()
+            .insert(proc.pid, proc);
+    }
+
+    fn find(&self, sandbox: &str, selector: &Selector) -> Option<Arc<Proc>> {
+        let table = lock(&self.by_sandbox);
+        let procs = table.get(sandbox)?;
+        match selector {
+            Selector { pid: Some(pid), .. } => procs.get(pid).cloned(),
+            Selector { tag: Some(tag), .. } => procs
+                .values()
+                .find(|p| p.tag.as_deref() == Some(tag.as_str()))
+                .cloned(),
+            _ => None,
+        }
+    }
+
+    fn running(&self, sandbox: &str) -> Vec<Arc<Proc>> {
+        lock(&self.by_sandbox)
+            .get(sandbox)
+            .map(|m| {
+                m.values()
+                    .filter(|p| lock(&p.ended).is_none())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn remove(&self, sandbox: &str, proc: &Arc<Proc>) {
+        let mut table = lock(&self.by_sandbox);
+        if let Some(m) = table.get_mut(sandbox) {
+            if m.get(&proc.pid).is_some_and(|p| Arc::ptr_eq(p, proc)) {
+                m.remove(&proc.pid);
+            }
+            if m.is_empty() {
+                table.remove(sandbox);
+            }
+        }
+    }
+
+    /// Drops what is known of a killed sandbox's processes (their streams
+    /// end as the sandbox goes).
+    pub fn forget_sandbox(&self, sandbox: &str) {
+        lock(&self.by_sandbox).remove(sandbox);
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct Selector {
+    #[serde(default)]
+    pid: Option<u32>,
+    #[serde(default)]
+    tag: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct StartRequest {
+    process: Value,
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default)]
+    pty: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ProcessRequest {
+    #[serde(default)]
+    process: Selector,
+    #[serde(default)]
+    signal: Option<Value>,
+}
+
+pub async fn rpc(
+    State(e2b): State<Arc<E2b>>,
+    Extension(target): Extension<Target>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match method.as_str() {
+        "Start" => match start(&e2b, &target, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => connect::stream_error(e),
+        },
+        "Connect" => match attach(&e2b, &target, &headers, &body) {
+            Ok(r) => r,
+            Err(e) => connect::stream_error(e),
+        },
+        "List" => connect::unary(Ok(list(&e2b, &target))),
+        "SendSignal" => connect::unary(signal(&e2b, &target, &headers, &body)),
+        "SendInput" | "StreamInput" | "CloseStdin" | "Update" => {
+            connect::unary::<Value>(Err(RpcError::new(
+                Code::Unimplemented,
+                format!(
+                    "process.Process/{method} is not supported by Warren: a process's stdin is given when it starts (pipe input into the command, e.g. with a here-document) and PTYs are not offered"
+                ),
+            )))
+        }
+        other => connect::unary::<Value>(Err(RpcError::new(
+            Code::Unimplemented,
+            format!("process.Process has no method {other:?}"),
+        ))),
+    }
+}
+
+async fn start(
+    e2b: &Arc<E2b>,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, RpcError> {
+    // The deadline runs from the request, as the client's does: the
+    // stream must end before the client gives up reading it.
+    let deadline = connect::timeout(headers).map(|t| tokio::time::Instant::now() + t);
+    let req: StartRequest = connect::decode(headers, body)?;
+    if req.pty.is_some() {
+        return Err(RpcError::new(
+            Code::Unimplemented,
+            "PTY processes are not supported by Warren; run the command without a PTY",
+        ));
+    }
+    let config: ProcessConfig = serde_json::from_value(req.process.clone())
+        .map_err(|e| RpcError::new(Code::InvalidArgument, format!("process: {e}")))?;
+    let user = paths::user(headers);
+    let exec = ExecRequest {
+        cmd: std::iter::once(config.cmd).chain(config.args).collect(),
+        env: config.envs,
+        cwd: config
+            .cwd
+            .filter(|c| !c.is_empty())
+            .map(|c| paths::resolve(&c, user.as_deref())),
+        stdin: None,
+        timeout: connect::timeout(headers).map(warren_core::spec::Dur),
+        user: user.filter(|u| u != "root"),
+    };
+    let mut events = target.control.exec(&target.id, &exec).await?;
+    let pid = match events.next().await {
+        Some(ExecEvent::Start { pid, .. }) => pid.max(0) as u32,
+        Some(ExecEvent::Error { message }) => return Err(RpcError::new(Code::Internal, message)),
+        _ => {
+            return Err(RpcError::new(
+                Code::Internal,
+                "the process did not start: its exec stream ended at once",
+            ))
+        }
+    };
+    let (kill_tx, kill_rx) = oneshot::channel();
+    let proc = Arc::new(Proc {
+        pid,
+        config: req.process,
+        tag: req.tag,
+        subscribers: Mutex::new(Vec::new()),
+        ended: Mutex::new(None),
+        kill: Mutex::new(Some(kill_tx)),
+    });
+    let rx = proc.subscribe();
+    e2b.processes.insert(&target.id, proc.clone());
+    tokio::spawn(drive(
+        e2b.clone(),
+        target.id.clone(),
+        proc,
+        events,
+        kill_rx,
+        deadline,
+    ));
+    Ok(event_stream(pid, rx, None, connect::keepalive(headers)))
+}
+
+/// Owns the exec's stream: output to the readers, then the end.
+async fn drive(
+    e2b: Arc<E2b>,
+    sandbox: String,
+    proc: Arc<Proc>,
+    mut events: BoxStream<'static, ExecEvent>,
+    mut kill: oneshot::Receiver<()>,
+    deadline: Option<tokio::time::Instant>,
+) {
+    let past_deadline = async move {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(past_deadline);
+    let mut timed_out = false;
+    let end = loop {
+        tokio::select! {
+            _ = &mut kill => {
+                // Dropping the stream is what kills the exec.
+                break killed("signal: killed");
+            }
+            _ = &mut past_deadline => {
+                timed_out = true;
+                break killed("signal: killed");
+            }
+            ev = events.next() => match ev {
+                Some(ExecEvent::Stdout { data }) => proc.publish(Msg::Event(json!({"data": {"stdout": data}}))).await,
+                Some(ExecEvent::Stderr { data }) => proc.publish(Msg::Event(json!({"data": {"stderr": data}}))).await,
+                Some(ExecEvent::Exit { code, signal, timed_out, .. }) => {
+                    break if timed_out || signal.is_some() {
+                        killed(match signal {
+                            Some(15) => "signal: terminated",
+                            _ => "signal: killed",
+                        })
+                    } else {
+                        exited(code)
+                    };
+                }
+                Some(ExecEvent::Error { message }) => break json!({"exitCode": -1, "exited": false, "status": "error", "error": message}),
+                Some(_) => {}
+                None => break killed("signal: killed"),
+            }
+        }
+    };
+    drop(events);
+    *lock(&proc.ended) = Some(end.clone());
+    proc.publish(if timed_out {
+        Msg::Deadline
+    } else {
+        Msg::Event(json!({"end": end}))
+    })
+    .await;
+    lock(&proc.subscribers).clear();
+    tokio::time::sleep(KEEP_FINISHED).await;
+    e2b.processes.remove(&sandbox, &proc);
+}
+
+/// Go's `ProcessState` for a normal exit, as envd reports it.
+fn exited(code: i32) -> Value {
+    let status = format!("exit status {code}");
+    if code == 0 {
+        json!({"exited": true, "status": status})
+    } else {
+        json!({"exitCode": code, "exited": true, "status": status, "error": status})
+    }
+}
+
+fn killed(status: &str) -> Value {
+    json!({"exitCode": -1, "exited": false, "status": status, "error": status})
+}
+
+/// A process's events as a Connect stream: `start` with the pid first
+/// (the SDK insists), then output, keepalives while quiet, the end.
+fn event_stream(
+    pid: u32,
+    rx: mpsc::Receiver<Msg>,
+    ended: Option<Value>,
+    keepalive: Duration,
+) -> Response {
+    let start =
+        futures_util::stream::iter([Item::Message(json!({"event": {"start": {"pid": pid}}}))]);
+    let rest: BoxStream<'static, Item> = match ended {
+        Some(end) => futures_util::stream::iter([
+            Item::Message(json!({"event": {"end": end}})),
+            Item::End(Ok(())),
+        ])
+        .boxed(),
+        None => futures_util::stream::unfold(Some(rx), move |rx| async move {
+            let mut rx = rx?;
+            match tokio::time::timeout(keepalive, rx.recv()).await {
+                Err(_) => Some((Item::Message(json!({"event": {"keepalive": {}}})), Some(rx))),
+                Ok(Some(Msg::Deadline)) => Some((
+                    Item::End(Err(RpcError::new(
+                        Code::DeadlineExceeded,
+                        "the command ran past its timeout and was killed",
+                    ))),
+                    None,
+                )),
+                Ok(Some(Msg::Event(ev))) => {
+                    let last = ev.get("end").is_some();
+                    let item = Item::Message(json!({"event": ev}));
+                    Some((item, if last { None } else { Some(rx) }))
+                }
+                Ok(None) => Some((Item::End(Ok(())), None)),
+            }
+        })
+        .chain(futures_util::stream::iter([Item::End(Ok(()))]))
+        .boxed(),
+    };
+    connect::server_stream(start.chain(rest))
+}
+
+fn attach(
+    e2b: &Arc<E2b>,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, RpcError> {
+    let req: ProcessRequest = connect::decode(headers, body)?;
+    let proc = e2b
+        .processes
+        .find(&target.id, &req.process)
+        .ok_or_else(|| no_process(&req.process))?;
+    let rx = proc.subscribe();
+    let ended = lock(&proc.ended).clone();
+    Ok(event_stream(
+        proc.pid,
+        rx,
+        ended,
+        connect::keepalive(headers),
+    ))
+}
+
+fn no_process(s: &Selector) -> RpcError {
+    let what = match (&s.pid, &s.tag) {
+        (Some(pid), _) => format!("pid {pid}"),
+        (None, Some(tag)) => format!("tag {tag:?}"),
+        _ => "a process (name it by pid or tag)".into(),
+    };
+    RpcError::new(
+        Code::NotFound,
+        format!("no process with {what} in this sandbox"),
+    )
+}
+
+fn list(e2b: &E2b, target: &Target) -> Value {
+    let processes: Vec<Value> = e2b
+        .processes
+        .running(&target.id)
+        .iter()
+        .map(|p| {
+            let mut v = json!({"config": p.config, "pid": p.pid});
+            if let Some(tag) = &p.tag {
+                v["tag"] = json!(tag);
+            }
+            v
+        })
+        .collect();
+    json!({ "processes": processes })
+}
+
+/// SIGKILL and SIGTERM both end the process: Warren kills the exec's
+/// whole cgroup (a process tree cannot escape it by forking).
+fn signal(e2b: &E2b, target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<Value, RpcError> {
+    let req: ProcessRequest = connect::decode(headers, body)?;
+    let known = matches!(
+        req.signal
+            .as_ref()
+            .and_then(|s| s
+                .as_str()
+                .map(str::to_string)
+                .or_else(|| s.as_i64().map(|n| n.to_string())))
+            .as_deref(),
+        Some("SIGNAL_SIGKILL" | "SIGNAL_SIGTERM" | "9" | "15")
+    );
+    if !known {
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM",
+        ));
+    }
+    let proc = e2b
+        .processes
+        .find(&target.id, &req.process)
+        .filter(|p| lock(&p.ended).is_none())
+        .ok_or_else(|| no_process(&req.process))?;
+    if let Some(kill) = lock(&proc.kill).take() {
+        let _ = kill.send(());
+    }
+    Ok(json!({}))
+}

@@ -1,0 +1,107 @@
+//! E2B's protocols on Warren, so code written for the E2B SDK (Python or
+//! JavaScript) runs unchanged with `E2B_API_URL`, `E2B_SANDBOX_URL` and
+//! `E2B_API_KEY` pointed at Warren:
+//!
+//! * the control API (`api`): create, list, connect, timeout, pause, kill,
+//!   metrics — each a call on Warren's control plane;
+//! * the sandbox side (`envd`): the per-sandbox daemon's Connect-JSON
+//!   services (`process.Process`, `filesystem.Filesystem`), `/files` and
+//!   `/health`, routed by the `E2b-Sandbox-Id` header.
+//!
+//! Both listen on their own addresses (E2B's control API must ignore the
+//! sandbox headers some SDK versions send it). They answer through the
+//! control plane the daemon runs; a server replica that does not lead
+//! answers 503 with Retry-After, which the SDK retries.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hmac::{KeyInit, Mac};
+use sha2::Digest;
+use warren_control::control::Control;
+use warren_control::ControlCell;
+
+pub mod api;
+pub mod connect;
+pub mod envd;
+pub mod templates;
+
+/// The envd version Warren reports: the SDK turns features on by it, and
+/// 0.5.7 is the highest whose features (stdin-less starts, octet-stream and
+/// gzip uploads) Warren serves.
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// The port envd listens on in an E2B sandbox; requests for any other port
+/// go to that port inside the sandbox.
+pub const ENVD_PORT: u16 = 49983;
+
+/// The label that marks sandboxes made through E2B's API (what its list
+/// shows).
+pub const FRONT_LABEL: (&str, &str) = ("warren.dev/front", "e2b");
+/// The template a sandbox was made from, when it is a valid label value.
+pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
+
+pub struct E2b {
+    cell: ControlCell,
+    api_token: String,
+    templates: templates::Templates,
+    processes: envd::process::Processes,
+}
+
+impl E2b {
+    /// `home` holds the template aliases (`e2b-templates.toml`).
+    pub fn new(
+        cell: ControlCell,
+        api_token: String,
+        home: &Path,
+    ) -> Result<Arc<E2b>, templates::TemplateError> {
+        Ok(Arc::new(E2b {
+            cell,
+            api_token,
+            templates: templates::Templates::load(home)?,
+            processes: Default::default(),
+        }))
+    }
+
+    /// The control plane, while this process runs one.
+    fn control(&self) -> Option<Arc<Control>> {
+        self.cell.get().cloned()
+    }
+
+    /// The sandbox's envd access token: a MAC of its id under the API
+    /// token, so it needs no storage, survives restarts, and is worthless
+    /// for any other sandbox.
+    pub fn access_token(&self, sandbox_id: &str) -> String {
+        // HMAC's own key rule (RFC 2104): a key longer than the block is
+        // hashed first, a shorter one padded with zeros.
+        let mut key = [0u8; 64];
+        let token = self.api_token.as_bytes();
+        if token.len() > key.len() {
+            key[..32].copy_from_slice(&sha2::Sha256::digest(token));
+        } else {
+            key[..token.len()].copy_from_slice(token);
+        }
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new(&key.into());
+        mac.update(b"e2b-envd-access:");
+        mac.update(sandbox_id.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        tag.iter().take(20).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `token` is the sandbox's access token.
+    fn token_ok(&self, sandbox_id: &str, token: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        self.access_token(sandbox_id)
+            .as_bytes()
+            .ct_eq(token.as_bytes())
+            .into()
+    }
+
+    /// Whether `key` (E2B's `X-API-KEY`) is Warren's token, bare or in the
+    /// `e2b_…` shape some SDK versions insist on.
+    fn api_key_ok(&self, key: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let key = key.strip_prefix("e2b_").unwrap_or(key);
+        key.as_bytes().ct_eq(self.api_token.as_bytes()).into()
+    }
+}

@@ -1,0 +1,330 @@
+//! Looking at and changing paths inside a sandbox from the host, beyond
+//! reading and writing files: stat, list, make a directory, rename,
+//! remove. The same confinement as `files`: every path is resolved with
+//! `openat2(RESOLVE_IN_ROOT)`, and a walk goes descriptor by descriptor, so
+//! nothing reaches outside the sandbox's root, whatever symlinks it plants.
+
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{AtFlags, FileType, OFlags};
+
+use crate::files::{mkdir_all_noting, open_in, split, Created};
+use crate::RuntimeError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// What a path is; `uid`/`gid` as the host sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub path: String,
+    pub kind: Kind,
+    pub size: u64,
+    /// Permission bits (and setuid/setgid/sticky).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_unix_ns: i128,
+    /// Where a symlink points, as written in it.
+    pub symlink_target: Option<String>,
+}
+
+fn kind(mode: u32) -> Kind {
+    match FileType::from_raw_mode(mode) {
+        FileType::RegularFile => Kind::File,
+        FileType::Directory => Kind::Dir,
+        FileType::Symlink => Kind::Symlink,
+        _ => Kind::Other,
+    }
+}
+
+fn err(path: &str) -> impl Fn(rustix::io::Errno) -> RuntimeError + '_ {
+    move |e| match e {
+        rustix::io::Errno::NOENT => {
+            RuntimeError::NotFound(format!("{path}: no such file or directory in the sandbox"))
+        }
+        rustix::io::Errno::NOTDIR => {
+            RuntimeError::BadPath(format!("{path}: a component is not a directory"))
+        }
+        e => RuntimeError::Files(format!("{path}: {e}")),
+    }
+}
+
+/// `name` in `dir`, not following a final symlink.
+fn stat_at(dir: &OwnedFd, name: &OsStr, path: String) -> Result<Stat, RuntimeError> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(&path))?;
+    let kind = kind(st.st_mode);
+    let symlink_target = if kind == Kind::Symlink {
+        rustix::fs::readlinkat(dir, name, Vec::new())
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    Ok(Stat {
+        path,
+        kind,
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        modified_unix_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+        symlink_target,
+    })
+}
+
+/// The parent directory of `path` (resolved in the root) and its name.
+fn parent_of(root: &OwnedFd, path: &str) -> Result<(OwnedFd, String), RuntimeError> {
+    let (parent, name) = split(path)?;
+    let dir = open_in(root, &parent, OFlags::PATH | OFlags::DIRECTORY, 0)?;
+    Ok((dir, name))
+}
+
+/// Joins a directory path and a name without doubling the slash.
+fn join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+/// What `path` is; a final symlink is described, not followed.
+pub fn stat(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
+    if path.trim_end_matches('/').is_empty() {
+        let fd = open_in(root, "/", OFlags::PATH | OFlags::DIRECTORY, 0)?;
+        return stat_at(&fd, OsStr::new("."), "/".into());
+    }
+    let (dir, name) = parent_of(root, path)?;
+    stat_at(
+        &dir,
+        OsStr::new(&name),
+        path.trim_end_matches('/').to_string(),
+    )
+}
+
+/// The entries of directory `path`, and of its subdirectories down to
+/// `depth` levels (1: the directory's own entries). Symlinked directories
+/// are listed as links, never entered.
+pub fn list(root: &OwnedFd, path: &str, depth: u32) -> Result<Vec<Stat>, RuntimeError> {
+    let dir = open_in(root, path, OFlags::RDONLY | OFlags::DIRECTORY, 0).map_err(|e| match e {
+        RuntimeError::Files(m) if m.contains("Not a directory") => {
+            RuntimeError::BadPath(format!("{path}: is not a directory"))
+        }
+        e => e,
+    })?;
+    let mut out = Vec::new();
+    walk(dir, path.trim_end_matches('/'), depth.max(1), &mut out)?;
+    Ok(out)
+}
+
+/// The most entries one listing returns (a recursive listing of `/` must
+/// not exhaust the daemon).
+const MAX_ENTRIES: usize = 100_000;
+
+fn walk(dir: OwnedFd, path: &str, depth: u32, out: &mut Vec<Stat>) -> Result<(), RuntimeError> {
+    let mut subdirs = Vec::new();
+    {
+        let dup = dir
+            .try_clone()
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let entries = rustix::fs::Dir::read_from(&dup).map_err(err(path))?;
+        for entry in entries {
+            let entry = entry.map_err(err(path))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let name = OsStr::new(std::str::from_utf8(name).unwrap_or_default()).to_os_string();
+            if name.is_empty() {
+                continue;
+            }
+            let full = join(
+                if path.is_empty() { "/" } else { path },
+                &name.to_string_lossy(),
+            );
+            // The sandbox may remove entries as we list: skip those.
+            let Ok(st) = stat_at(&dir, &name, full) else {
+                continue;
+            };
+            if out.len() >= MAX_ENTRIES {
+                return Err(RuntimeError::BadPath(format!(
+                    "{path}: more than {MAX_ENTRIES} entries; list a smaller tree or a lower depth"
+                )));
+            }
+            if st.kind == Kind::Dir && depth > 1 {
+                subdirs.push((name, st.path.clone()));
+            }
+            out.push(st);
+        }
+    }
+    for (name, full) in subdirs {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        // Opened by name in the directory already open, never by path: a
+        // symlink swapped in meanwhile is refused (NOFOLLOW), not entered.
+        if let Ok(sub) =
+            rustix::fs::openat(&dir, name.as_os_str(), flags, rustix::fs::Mode::empty())
+        {
+            walk(sub, &full, depth - 1, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes directory `path` and any missing parents; an existing entry is
+/// `Exists`.
+pub fn make_dir(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
+    match stat(root, path) {
+        Ok(_) => {
+            return Err(RuntimeError::Exists(format!(
+                "{path}: already exists in the sandbox"
+            )))
+        }
+        Err(RuntimeError::NotFound(_)) => {}
+        Err(e) => return Err(e),
+    }
+    let mut created = Created::default();
+    mkdir_all_noting(root, path, &mut created)?;
+    stat(root, path)
+}
+
+/// Renames `from` to `to` (replacing a file there, as rename(2) does);
+/// `to`'s parent directories are made.
+pub fn rename(root: &OwnedFd, from: &str, to: &str) -> Result<Stat, RuntimeError> {
+    let (from_dir, from_name) = parent_of(root, from)?;
+    let (to_parent, to_name) = split(to)?;
+    let mut created = Created::default();
+    let to_dir = mkdir_all_noting(root, &to_parent, &mut created)?;
+    rustix::fs::renameat(&from_dir, from_name.as_str(), &to_dir, to_name.as_str()).map_err(
+        |e| match e {
+            rustix::io::Errno::NOENT => {
+                RuntimeError::NotFound(format!("{from}: no such file or directory in the sandbox"))
+            }
+            rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST => {
+                RuntimeError::Exists(format!("{to}: a directory is in the way"))
+            }
+            e => RuntimeError::Files(format!("rename {from} to {to}: {e}")),
+        },
+    )?;
+    stat(root, to)
+}
+
+/// Removes `path`: a file or link, or a directory with everything in it.
+pub fn remove(root: &OwnedFd, path: &str) -> Result<(), RuntimeError> {
+    if path.trim_end_matches('/').is_empty() {
+        return Err(RuntimeError::BadPath(
+            "/: the sandbox's root cannot be removed".into(),
+        ));
+    }
+    let (dir, name) = parent_of(root, path)?;
+    remove_at(&dir, OsStr::new(&name), path)
+}
+
+fn remove_at(dir: &OwnedFd, name: &OsStr, path: &str) -> Result<(), RuntimeError> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err(path))?;
+    if kind(st.st_mode) != Kind::Dir {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(err(path));
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let sub = rustix::fs::openat(dir, name, flags, rustix::fs::Mode::empty()).map_err(err(path))?;
+    let names: Vec<std::ffi::OsString> = {
+        let dup = sub
+            .try_clone()
+            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        rustix::fs::Dir::read_from(&dup)
+            .map_err(err(path))?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_bytes().to_vec())
+            .filter(|n| n != b"." && n != b"..")
+            .map(std::os::unix::ffi::OsStringExt::from_vec)
+            .collect()
+    };
+    for n in names {
+        let child = join(path, &n.to_string_lossy());
+        match remove_at(&sub, &n, &child) {
+            Err(RuntimeError::NotFound(_)) | Ok(()) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).map_err(err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(dir: &std::path::Path) -> OwnedFd {
+        rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("open root")
+    }
+
+    #[test]
+    fn stat_list_mkdir_rename_remove_stay_in_the_root() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let r = root(t.path());
+        std::fs::create_dir_all(t.path().join("a/b")).expect("mkdir");
+        std::fs::write(t.path().join("a/f.txt"), b"abc").expect("write");
+        std::os::unix::fs::symlink("/etc", t.path().join("a/etc")).expect("symlink");
+
+        let st = stat(&r, "/a/f.txt").expect("stat");
+        assert_eq!((st.kind, st.size), (Kind::File, 3));
+        let link = stat(&r, "/a/etc").expect("stat link");
+        assert_eq!(link.kind, Kind::Symlink);
+        assert_eq!(link.symlink_target.as_deref(), Some("/etc"));
+
+        let mut names: Vec<String> = list(&r, "/a", 1)
+            .expect("list")
+            .into_iter()
+            .map(|s| s.path)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["/a/b", "/a/etc", "/a/f.txt"]);
+        // Depth 2 enters b/, never the link to /etc.
+        std::fs::write(t.path().join("a/b/g"), b"").expect("write");
+        let deep = list(&r, "/a", 2).expect("list");
+        assert!(deep.iter().any(|s| s.path == "/a/b/g"));
+        assert!(deep.iter().all(|s| !s.path.starts_with("/a/etc/")));
+
+        assert!(matches!(make_dir(&r, "/a/b"), Err(RuntimeError::Exists(_))));
+        assert_eq!(make_dir(&r, "/x/y").expect("mkdir").kind, Kind::Dir);
+        assert_eq!(
+            rename(&r, "/a/f.txt", "/x/y/z.txt").expect("rename").size,
+            3
+        );
+        assert!(matches!(
+            stat(&r, "/a/f.txt"),
+            Err(RuntimeError::NotFound(_))
+        ));
+        remove(&r, "/a").expect("remove tree");
+        assert!(!t.path().join("a").exists());
+        // The link led out of the root; removing /a removed the link, not /etc.
+        assert!(
+            std::path::Path::new("/etc/hostname").exists() || std::path::Path::new("/etc").exists()
+        );
+        assert!(matches!(
+            remove(&r, "/nope"),
+            Err(RuntimeError::NotFound(_))
+        ));
+        assert!(matches!(remove(&r, "/"), Err(RuntimeError::BadPath(_))));
+    }
+
+    #[test]
+    fn an_escaping_symlink_is_resolved_inside_the_root() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let r = root(t.path());
+        std::fs::create_dir(t.path().join("etc")).expect("mkdir");
+        std::os::unix::fs::symlink("/etc", t.path().join("up")).expect("symlink");
+        // /up/ resolves to the sandbox's /etc (empty), not the host's.
+        assert!(list(&r, "/up", 1).expect("list").is_empty());
+        assert!(matches!(
+            stat(&r, "/up/passwd"),
+            Err(RuntimeError::NotFound(_))
+        ));
+    }
+}

@@ -1,0 +1,42 @@
+"""A Debian bookworm userland with bash and python3 as an OCI layout: the
+image for tests that need a real distribution (the registry tests, the E2B
+and SandboxFusion front doors). Built once with mmdebstrap and cached."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run
+
+CACHE = Path(os.environ.get("WARREN_TEST_CACHE", "/var/cache/warren-tests"))
+
+
+def debian_python_layout(tmp_path):
+    """An OCI layout (tag `deb`) of a Debian bookworm userland with python3,
+    built with mmdebstrap once and cached as a tar between runs."""
+    cached = CACHE / "debian-bookworm-python3-oci.tar"
+    if not cached.exists():
+        if not shutil.which("mmdebstrap"):
+            pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        work = tmp_path / "build"
+        work.mkdir()
+        rootfs = work / "rootfs.tar"
+        # No device nodes: images may not carry them (Warren's own /dev is used).
+        run("mmdebstrap", "--quiet", "--variant=essential", "--include=python3", "--mode=root",
+            "--skip=output/dev", "bookworm", rootfs)
+        layout = work / "oci"
+        run("umoci", "init", "--layout", layout)
+        run("umoci", "new", "--image", f"{layout}:deb")
+        run("umoci", "unpack", "--image", f"{layout}:deb", work / "bundle")
+        run("tar", "-C", work / "bundle" / "rootfs", "-xf", rootfs)
+        run("umoci", "repack", "--image", f"{layout}:deb", work / "bundle")
+        partial = cached.with_suffix(".partial")
+        run("tar", "-C", layout, "-cf", partial, ".")
+        partial.rename(cached)
+    layout = tmp_path / "debian-oci"
+    layout.mkdir()
+    run("tar", "-C", layout, "-xf", cached)
+    return layout

@@ -1,0 +1,138 @@
+"""E2B SDK user code, unchanged: run by tests/test_e2b.py with a venv's
+python (a pinned `e2b` from PyPI) and only E2B_API_URL, E2B_SANDBOX_URL and
+E2B_API_KEY pointing at Warren. `sync` or `async` picks the flavour; every
+step asserts, so a failure exits non-zero with its traceback."""
+
+import asyncio
+import sys
+import time
+
+import e2b
+from e2b import AsyncSandbox, Sandbox
+from e2b.exceptions import TimeoutException
+
+TEMPLATE = sys.argv[2] if len(sys.argv) > 2 else "base"
+VERSION = tuple(int(x) for x in e2b.__version__.split(".")[:2]) if hasattr(e2b, "__version__") else (2, 63)
+
+
+def step(name):
+    print(f"step: {name}", flush=True)
+
+
+def exit_error():
+    # The exception's module moved between versions.
+    return getattr(e2b, "CommandExitException", None) or __import__(
+        "e2b.sandbox.commands.command_handle", fromlist=["CommandExitException"]
+    ).CommandExitException
+
+
+def not_running_error():
+    return getattr(e2b, "SandboxNotRunningException", None) or getattr(e2b, "SandboxException")
+
+
+def run_sync():
+    step("create")
+    sbx = Sandbox.create(TEMPLATE, timeout=120, metadata={"k": "v"}, envs={"FOO": "bar"})
+    try:
+        step("run")
+        r = sbx.commands.run("echo hi; echo err >&2; echo $FOO")
+        assert (r.stdout, r.stderr, r.exit_code) == ("hi\nbar\n", "err\n", 0), r
+        step("exit code")
+        try:
+            sbx.commands.run("exit 3")
+            raise AssertionError("exit 3 did not raise")
+        except exit_error() as e:
+            assert e.exit_code == 3, e
+        step("background, list, kill")
+        h = sbx.commands.run("sleep 30", background=True)
+        pids = [p.pid for p in sbx.commands.list()]
+        assert h.pid in pids, (h.pid, pids)
+        assert sbx.commands.kill(h.pid) is True
+        try:
+            h.wait()
+            raise AssertionError("a killed command's wait() did not raise")
+        except exit_error() as e:
+            assert e.exit_code == -1, e
+        assert h.pid not in [p.pid for p in sbx.commands.list()]
+        assert sbx.commands.kill(999999) is False
+        step("background wait")
+        h = sbx.commands.run("sleep 0.2; echo done", background=True)
+        assert h.wait().stdout == "done\n"
+        step("files")
+        sbx.files.write("/tmp/e2b/a.txt", "hello")
+        assert sbx.files.read("/tmp/e2b/a.txt") == "hello"
+        if hasattr(sbx.files, "write_files"):
+            from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+            sbx.files.write_files([WriteEntry(path="/tmp/e2b/m1", data="one"),
+                                   WriteEntry(path="/tmp/e2b/m2", data=b"two")])
+            assert sbx.files.read("/tmp/e2b/m2") == "two"
+        names = sorted(e.name for e in sbx.files.list("/tmp/e2b"))
+        assert "a.txt" in names, names
+        assert sbx.files.exists("/tmp/e2b/a.txt") is True
+        assert sbx.files.exists("/tmp/e2b/nope") is False
+        assert sbx.files.make_dir("/tmp/e2b/d") is True
+        assert sbx.files.make_dir("/tmp/e2b/d") is False
+        sbx.files.rename("/tmp/e2b/a.txt", "/tmp/e2b/d/b.txt")
+        assert sbx.files.get_info("/tmp/e2b/d/b.txt").size == 5
+        assert sbx.commands.run("cat /tmp/e2b/d/b.txt").stdout == "hello"
+        sbx.files.remove("/tmp/e2b/d")
+        assert sbx.files.exists("/tmp/e2b/d") is False
+        relative = sbx.files.write("rel.txt", "home")
+        assert sbx.commands.run("cat ~/rel.txt").stdout == "home", relative
+        step("timeout")
+        before = sbx.get_info().end_at
+        sbx.set_timeout(600)
+        after = sbx.get_info().end_at
+        assert after > before, (before, after)
+        step("list")
+        listed = Sandbox.list()
+        items = listed.next_items() if hasattr(listed, "next_items") else listed
+        assert sbx.sandbox_id in [s.sandbox_id for s in items]
+        step("connect")
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("echo again").stdout == "again\n"
+        step("command timeout")
+        t0 = time.time()
+        try:
+            sbx.commands.run("sleep 30", timeout=1)
+            raise AssertionError("a 1 s timeout did not fire")
+        except TimeoutException:
+            pass
+        assert time.time() - t0 < 10
+        assert "sleep 30" not in sbx.commands.run("ps -eo args 2>/dev/null || true").stdout
+        assert sbx.is_running() is True
+    finally:
+        step("kill")
+        assert sbx.kill() is True
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    assert sbx.is_running() is False
+    try:
+        sbx.commands.run("true")
+        raise AssertionError("a command in a killed sandbox did not raise")
+    except not_running_error():
+        pass
+    print("sync ok", flush=True)
+
+
+async def run_async():
+    step("async create")
+    sbx = await AsyncSandbox.create(TEMPLATE, timeout=120, envs={"FOO": "baz"})
+    try:
+        r = await sbx.commands.run("echo $FOO")
+        assert r.stdout == "baz\n", r
+        await sbx.files.write("/tmp/x", "async")
+        assert await sbx.files.read("/tmp/x") == "async"
+        assert [e.name for e in await sbx.files.list("/tmp") if e.name == "x"] == ["x"]
+        h = await sbx.commands.run("sleep 30", background=True)
+        assert await sbx.commands.kill(h.pid) is True
+    finally:
+        assert await sbx.kill() is True
+    print("async ok", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "sync":
+        run_sync()
+    else:
+        asyncio.run(run_async())

@@ -1,0 +1,153 @@
+"""E2B's protocols on Warren (`warren up --e2b-api --e2b-sandbox`), driven
+by the real E2B SDK from PyPI, pinned, each version in its own cached venv,
+running unchanged user code (tests/e2b_client.py) with only E2B_API_URL,
+E2B_SANDBOX_URL and E2B_API_KEY set."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import Warren, free_port
+from debian import CACHE, debian_python_layout
+
+IMAGE = "e2b-deb:1"
+CLIENT = Path(__file__).parent / "e2b_client.py"
+# The newest, the last with the v1 create route, the oldest that sends the
+# routing headers on connect.
+VERSIONS = ["2.63.0", "2.50.0", "2.26.0"]
+
+
+def venv(version):
+    """A venv with `e2b==version`, made once and cached (a marker says it
+    was made whole)."""
+    d = CACHE / "venvs" / f"e2b-{version}"
+    if not (d / "complete").exists():
+        shutil.rmtree(d, ignore_errors=True)
+        subprocess.run(["python3", "-m", "venv", d], check=True)
+        got = subprocess.run([d / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
+                              f"e2b=={version}"], capture_output=True, text=True)
+        assert got.returncode == 0, f"pip install e2b=={version}: {got.stderr[-2000:]}"
+        (d / "complete").write_text(version)
+    return d / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def e2b_warren(tmp_path_factory):
+    base = Path(tempfile.mkdtemp(prefix="warren-e2b-"))
+    api, sbx = free_port(), free_port()
+    w = Warren(base / "home", free_port(),
+               extra_args=["--e2b-api", f"127.0.0.1:{api}", "--e2b-sandbox", f"127.0.0.1:{sbx}"])
+    w.home.mkdir()
+    # `base`, the SDK's default template, is the Debian image here.
+    (w.home / "e2b-templates.toml").write_text(f'[templates]\nbase = "{IMAGE}"\n')
+    w.start()
+    try:
+        debian_python_layout(tmp_path_factory.mktemp("deb"))  # builds the cached archive
+        w.cli("image", "import", str(CACHE / "debian-bookworm-python3-oci.tar"), "--name", IMAGE, timeout=300)
+        w.e2b_env = {
+            "E2B_API_URL": f"http://127.0.0.1:{api}",
+            "E2B_SANDBOX_URL": f"http://127.0.0.1:{sbx}",
+            "E2B_API_KEY": "e2b_" + w.token,
+        }
+        yield w
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run_client(w, version, flavour, template="base"):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(w.e2b_env)
+    p = subprocess.run([venv(version), CLIENT, flavour, template], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"e2b {version} ({flavour}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    return p.stdout
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_e2b_sdk_runs_unchanged(e2b_warren, version):
+    out = run_client(e2b_warren, version, "sync")
+    assert "sync ok" in out
+    # Nothing is left of the killed sandboxes.
+    live = [s for s in e2b_warren.http.get("/v1/sandboxes", params={"label": "warren.dev/front=e2b"}).json()
+            if s["state"] not in ("destroyed", "failed")]
+    assert live == [], live
+
+
+def test_the_async_e2b_sdk_runs_unchanged(e2b_warren):
+    assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async")
+
+
+def test_a_template_may_be_an_image_reference(e2b_warren):
+    # No alias: the templateID is the image itself.
+    assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async", template=IMAGE)
+
+
+def test_the_api_key_is_warrens_token_and_errors_say_what_to_do(e2b_warren):
+    api = e2b_warren.e2b_env["E2B_API_URL"]
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": "e2b_00"})
+    assert r.status_code == 401 and "Warren's API token" in r.json()["message"], r.text
+    key = {"X-API-KEY": e2b_warren.token}
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "no-such-image:1"}, headers=key, timeout=60)
+    assert r.status_code == 404 and "e2b-templates.toml" in r.json()["message"], r.text
+    r = httpx.post(f"{api}/v2/sandboxes", content=b"{not json", headers=key)
+    assert r.status_code == 400 and r.json()["code"] == 400, r.text
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", "metadata": {"k": "has space"}}, headers=key)
+    assert r.status_code == 400 and "label" in r.json()["message"], r.text
+    assert e2b_warren.http.get("/v1/sandboxes").json() == [] or all(
+        s["state"] in ("destroyed", "failed") for s in e2b_warren.http.get("/v1/sandboxes").json())
+
+
+def test_envd_needs_the_sandboxs_token_and_unknown_sandboxes_are_not_found(e2b_warren):
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    s = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+    try:
+        h = {"E2b-Sandbox-Id": s["sandboxID"], "E2b-Sandbox-Port": "49983"}
+        assert httpx.get(f"{sbx_url}/health", headers=h).status_code == 204
+        r = httpx.post(f"{sbx_url}/filesystem.Filesystem/Stat", json={"path": "/"}, headers=h)
+        assert r.status_code == 401, r.text
+        r = httpx.post(f"{sbx_url}/filesystem.Filesystem/Stat", json={"path": "/"},
+                       headers={**h, "X-Access-Token": s["envdAccessToken"]})
+        assert r.status_code == 200 and r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY", r.text
+        # Old SDKs send only the token: it names the sandbox.
+        r = httpx.post(f"{sbx_url}/filesystem.Filesystem/Stat", json={"path": "/etc"},
+                       headers={"X-Access-Token": s["envdAccessToken"]})
+        assert r.status_code == 200, r.text
+        # A token of another sandbox is refused.
+        other = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+        r = httpx.post(f"{sbx_url}/filesystem.Filesystem/Stat", json={"path": "/"},
+                       headers={**h, "X-Access-Token": other["envdAccessToken"]})
+        assert r.status_code == 401, r.text
+        httpx.delete(f"{api}/sandboxes/{other['sandboxID']}", headers=key)
+    finally:
+        assert httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key).status_code == 204
+    r = httpx.get(f"{sbx_url}/health", headers={"E2b-Sandbox-Id": s["sandboxID"]})
+    assert r.status_code == 502 and "was not found" in r.json()["message"], r.text
+    assert httpx.get(f"{api}/sandboxes/{s['sandboxID']}", headers=key).status_code == 404
+
+
+def test_pause_and_connect_resume(e2b_warren):
+    api = e2b_warren.e2b_env["E2B_API_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    s = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+    sid = s["sandboxID"]
+    try:
+        assert httpx.post(f"{api}/sandboxes/{sid}/pause", headers=key).status_code == 204
+        assert httpx.post(f"{api}/sandboxes/{sid}/pause", headers=key).status_code == 409
+        assert httpx.get(f"{api}/sandboxes/{sid}", headers=key).json()["state"] == "paused"
+        paused = httpx.get(f"{api}/v2/sandboxes", params={"state": "paused"}, headers=key).json()
+        assert [x["sandboxID"] for x in paused] == [sid]
+        r = httpx.post(f"{api}/v2/sandboxes/{sid}/connect", json={"timeout": 60}, headers=key)
+        assert r.status_code == 201 and r.json()["sandboxID"] == sid, r.text
+        r = httpx.post(f"{api}/v2/sandboxes/{sid}/connect", json={}, headers=key)
+        assert r.status_code == 200
+        m = httpx.get(f"{api}/sandboxes/{sid}/metrics", headers=key).json()
+        assert isinstance(m, list)
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=key)

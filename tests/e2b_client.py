@@ -4,8 +4,11 @@ E2B_API_KEY pointing at Warren. `sync` or `async` picks the flavour; every
 step asserts, so a failure exits non-zero with its traceback."""
 
 import asyncio
+import os
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import e2b
 from e2b import AsyncSandbox, Sandbox
@@ -80,6 +83,28 @@ def run_sync():
         assert sbx.files.exists("/tmp/e2b/d") is False
         relative = sbx.files.write("rel.txt", "home")
         assert sbx.commands.run("cat ~/rel.txt").stdout == "home", relative
+        step("port")
+        sbx.files.write("/tmp/www/hello.txt", "served")
+        server = sbx.commands.run("cd /tmp/www && exec python3 -m http.server 8000", background=True, timeout=0)
+
+        def get(port, path):
+            req = urllib.request.Request(os.environ["E2B_SANDBOX_URL"] + path,
+                                         headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        for _ in range(100):
+            status, body = get(8000, "/hello.txt")
+            if status == 200:
+                break
+            time.sleep(0.1)
+        assert (status, body) == (200, "served"), (status, body)
+        status, body = get(8001, "/")
+        assert status == 502 and "port is not open" in body, (status, body)
+        server.kill()
         step("timeout")
         before = sbx.get_info().end_at
         sbx.set_timeout(600)

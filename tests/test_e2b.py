@@ -20,6 +20,7 @@ CLIENT = Path(__file__).parent / "e2b_client.py"
 # The newest, the last with the v1 create route, the oldest that sends the
 # routing headers on connect.
 VERSIONS = ["2.63.0", "2.50.0", "2.26.0"]
+NPM_VERSION = "2.51.0"
 
 
 def venv(version):
@@ -34,6 +35,20 @@ def venv(version):
         assert got.returncode == 0, f"pip install e2b=={version}: {got.stderr[-2000:]}"
         (d / "complete").write_text(version)
     return d / "bin" / "python"
+
+
+def npm_e2b():
+    """node_modules with npm `e2b@NPM_VERSION`, installed once and cached."""
+    d = CACHE / "npm" / f"e2b-{NPM_VERSION}"
+    if not (d / "complete").exists():
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        (d / "package.json").write_text('{"private": true, "type": "module"}\n')
+        got = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", f"e2b@{NPM_VERSION}"],
+                             cwd=d, capture_output=True, text=True, timeout=600)
+        assert got.returncode == 0, f"npm install e2b@{NPM_VERSION}: {got.stderr[-2000:]}"
+        (d / "complete").write_text(NPM_VERSION)
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +96,16 @@ def test_the_e2b_sdk_runs_unchanged(e2b_warren, version):
 
 def test_the_async_e2b_sdk_runs_unchanged(e2b_warren):
     assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async")
+
+
+def test_the_js_sdk_runs_unchanged_under_node(e2b_warren):
+    d = npm_e2b()
+    script = d / "client.mjs"
+    shutil.copy(Path(__file__).parent / "e2b_client.mjs", script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(e2b_warren.e2b_env)
+    p = subprocess.run(["node", script], cwd=d, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "node ok" in p.stdout, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
 
 
 def test_a_template_may_be_an_image_reference(e2b_warren):

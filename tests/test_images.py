@@ -55,6 +55,13 @@ def test_import_oci_and_docker_archives(warren, images):
     assert names["docker"] not in dict(image_names(warren))
 
 
+def test_importing_a_directory_says_to_make_an_archive(warren, tmp_path):
+    p = warren.cli("image", "import", str(tmp_path), "--name", uniq("dir") + ":1", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "is a directory" in err and "tar -C" in err, err
+    assert "cannot reach" not in err, err
+
+
 def test_layer_with_whiteouts(warren, images, tmp_path):
     b = ImageBuilder(images["oci"], tmp_path / "build")
 

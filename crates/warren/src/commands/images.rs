@@ -13,7 +13,18 @@ pub(super) async fn run(client: &Client, cmd: ImageCmd) -> Result<i32> {
             let f = tokio::fs::File::open(&file)
                 .await
                 .with_context(|| format!("open {}", file.display()))?;
-            let size = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+            let meta = f
+                .metadata()
+                .await
+                .with_context(|| format!("stat {}", file.display()))?;
+            if meta.is_dir() {
+                bail!(
+                    "{} is a directory; `warren image import` takes an archive: an OCI layout or                      `docker save` tar (for a layout directory: tar -C {} -cf image.tar .)",
+                    file.display(),
+                    file.display()
+                );
+            }
+            let size = meta.len();
             eprintln!("importing {} ({} bytes) as {name}...", file.display(), size);
             let rec = client.import_image(&name, f).await?;
             println!(

@@ -357,7 +357,10 @@ impl NodeApi for FakeNode {
 
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         self.need(id)?;
-        self.record(format!("path_op {id} {}", serde_json::to_string(&op).unwrap()));
+        self.record(format!(
+            "path_op {id} {}",
+            serde_json::to_string(&op).unwrap()
+        ));
         let entry = |path: &str, kind| PathEntry {
             path: path.into(),
             kind,
@@ -727,15 +730,30 @@ async fn every_method_crosses_the_wire() {
 
     // Paths.
     let listed = node
-        .path_op("sb-2", PathOp::List { path: "/w".into(), depth: 2 })
+        .path_op(
+            "sb-2",
+            PathOp::List {
+                path: "/w".into(),
+                depth: 2,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(listed.len(), 2);
     assert_eq!(listed[1].symlink_target.as_deref(), Some("/etc"));
     assert_eq!(listed[0].modified_ms, 1_700_000_000_123);
-    assert!(node.path_op("sb-2", PathOp::Remove { path: "/w".into() }).await.unwrap().is_empty());
+    assert!(node
+        .path_op("sb-2", PathOp::Remove { path: "/w".into() })
+        .await
+        .unwrap()
+        .is_empty());
     let exists = node
-        .path_op("sb-2", PathOp::MakeDir { path: "/exists".into() })
+        .path_op(
+            "sb-2",
+            PathOp::MakeDir {
+                path: "/exists".into(),
+            },
+        )
         .await
         .unwrap_err();
     assert_eq!(exists.kind, ErrorKind::Conflict);

@@ -14,39 +14,50 @@ pub async fn start(
     home: &std::path::Path,
     opts: &CompatOpts,
     control: warren_control::ControlCell,
+    nofile: u64,
 ) -> Result<()> {
     if opts.e2b_api.is_some() || opts.e2b_sandbox.is_some() {
         let token = warren_control::ensure_token(home).context("API token")?;
         let e2b = warren_e2b::E2b::new(control.clone(), token, home)
             .map_err(|e| anyhow::anyhow!("E2B templates: {e}"))?;
         if let Some(addr) = opts.e2b_api {
-            let at = serve(addr, warren_e2b::api::router(e2b.clone()), "--e2b-api").await?;
+            let at = serve(addr, warren_e2b::api::router(e2b.clone()), "--e2b-api", nofile).await?;
             eprintln!("{who}: E2B API on http://{at} (E2B_API_URL; the API key is Warren's token)");
         }
         if let Some(addr) = opts.e2b_sandbox {
-            let at = serve(addr, warren_e2b::envd::router(e2b), "--e2b-sandbox").await?;
+            let at = serve(addr, warren_e2b::envd::router(e2b), "--e2b-sandbox", nofile).await?;
             eprintln!("{who}: E2B sandbox traffic on http://{at} (E2B_SANDBOX_URL)");
         }
     }
     if let Some(addr) = opts.sandbox_fusion {
         let image = opts.sandbox_fusion_image.clone();
         let router = warren_fusion::router(control.clone(), image.clone());
-        let at = serve(addr, router, "--sandbox-fusion").await?;
+        let at = serve(addr, router, "--sandbox-fusion", nofile).await?;
         eprintln!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
     }
     Ok(())
 }
 
-/// Serves `router` on `addr` until the process ends; answers the address
-/// bound (a port 0 gets one).
-async fn serve(addr: SocketAddr, router: axum::Router, flag: &str) -> Result<SocketAddr> {
+/// Serves `router` on `addr` until the process ends, as the API is served
+/// (no Nagle delay on streamed answers, a connection limit); answers the
+/// address bound (a port 0 gets one).
+async fn serve(
+    addr: SocketAddr,
+    router: axum::Router,
+    flag: &'static str,
+    nofile: u64,
+) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("listen on {addr} ({flag})"))?;
     let at = listener.local_addr().context("listener address")?;
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(error = %e, "a front door stopped");
+        let limit = warren_control::serve::connection_limit(nofile);
+        let forever = std::future::pending::<()>();
+        if let Err(e) =
+            warren_control::serve::serve(listener, router, limit, forever, Default::default()).await
+        {
+            tracing::error!(error = %e, flag, "a front door stopped");
         }
     });
     Ok(at)

@@ -63,7 +63,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     );
     let switch = Arc::new(replica::Switch::default());
     let leading: super::Running = Default::default();
-    super::compat::start("warren server", home, &args.compat, leading.clone()).await?;
+    super::compat::start("warren server", home, &args.compat, leading.clone(), nofile).await?;
     let lease = tokio::spawn(hold_lease(
         home.to_path_buf(),
         advertise,

@@ -35,7 +35,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
     let running: super::Running = Default::default();
     let _ = running.set(up.control.clone());
-    super::compat::start("warren up", home, &args.compat, running.clone()).await?;
+    super::compat::start("warren up", home, &args.compat, running.clone(), nofile).await?;
     eprintln!(
         "warren up: listening on http://{listen} (home {}, token in {}, log in {})",
         home.display(),

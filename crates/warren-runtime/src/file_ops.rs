@@ -109,12 +109,7 @@ pub fn stat(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
 /// `depth` levels (1: the directory's own entries). Symlinked directories
 /// are listed as links, never entered.
 pub fn list(root: &OwnedFd, path: &str, depth: u32) -> Result<Vec<Stat>, RuntimeError> {
-    let dir = open_in(root, path, OFlags::RDONLY | OFlags::DIRECTORY, 0).map_err(|e| match e {
-        RuntimeError::Files(m) if m.contains("Not a directory") => {
-            RuntimeError::BadPath(format!("{path}: is not a directory"))
-        }
-        e => e,
-    })?;
+    let dir = open_in(root, path, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
     let mut out = Vec::new();
     walk(dir, path.trim_end_matches('/'), depth.max(1), &mut out)?;
     Ok(out)
@@ -204,6 +199,14 @@ pub fn rename(root: &OwnedFd, from: &str, to: &str) -> Result<Stat, RuntimeError
             }
             rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST => {
                 RuntimeError::Exists(format!("{to}: a directory is in the way"))
+            }
+            // Both names are single components here, so this is a
+            // directory moved onto something that is not one.
+            rustix::io::Errno::NOTDIR => {
+                RuntimeError::Exists(format!("{to}: a file is in the way of directory {from}"))
+            }
+            rustix::io::Errno::INVAL => {
+                RuntimeError::BadPath(format!("{from} cannot move into itself ({to})"))
             }
             e => RuntimeError::Files(format!("rename {from} to {to}: {e}")),
         },
@@ -312,6 +315,37 @@ mod tests {
             Err(RuntimeError::NotFound(_))
         ));
         assert!(matches!(remove(&r, "/"), Err(RuntimeError::BadPath(_))));
+    }
+
+    #[test]
+    fn a_path_through_a_file_is_a_bad_path() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let r = root(t.path());
+        std::fs::write(t.path().join("f"), b"x").expect("write");
+        assert!(matches!(stat(&r, "/f/x"), Err(RuntimeError::BadPath(_))));
+        assert!(matches!(list(&r, "/f", 1), Err(RuntimeError::BadPath(_))));
+        assert!(matches!(remove(&r, "/f/x"), Err(RuntimeError::BadPath(_))));
+        assert!(matches!(
+            make_dir(&r, "/f/x"),
+            Err(RuntimeError::BadPath(_))
+        ));
+        assert!(matches!(
+            rename(&r, "/f", "/f/x"),
+            Err(RuntimeError::BadPath(_))
+        ));
+        std::fs::create_dir_all(t.path().join("d/e")).expect("mkdir");
+        assert!(matches!(
+            rename(&r, "/d", "/f"),
+            Err(RuntimeError::Exists(_))
+        ));
+        assert!(matches!(
+            rename(&r, "/d", "/d/e/d"),
+            Err(RuntimeError::BadPath(_))
+        ));
+        assert!(matches!(
+            rename(&r, "/f", "/d"),
+            Err(RuntimeError::Exists(_))
+        ));
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub(crate) fn open_in(
         rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => {
             RuntimeError::BadPath(format!("{path}: path leaves the sandbox or loops"))
         }
+        // The caller named a path that cannot exist (through a file, or a
+        // file where a directory is needed): its mistake, not the node's.
+        rustix::io::Errno::NOTDIR => RuntimeError::BadPath(format!(
+            "{path}: not a directory, or a component of it is not"
+        )),
         e => RuntimeError::Files(format!("{path}: {e}")),
     })
 }

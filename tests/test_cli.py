@@ -1,10 +1,11 @@
 """The `warren` CLI contracts (docs/api.md) and the OpenAPI document."""
 
+import datetime
 import json
 import subprocess
 
 from conftest import WARREN, free_port
-from helpers import uniq
+from helpers import sh_ok, uniq
 
 
 def create_cli(warren, *args):
@@ -173,3 +174,52 @@ def test_errors_say_what_to_fix_not_http(warren, sandbox, tmp_path):
     )
     err = other.stderr.decode()
     assert other.returncode != 0 and "--home" in err and "root" not in err, err
+
+
+def test_ls_mkdir_mv_rm_paths(warren, sandbox):
+    sid = sandbox()["id"]
+    sh_ok(warren, sid, "mkdir -p /w/d && printf abc > /w/f && chmod 4755 /w/f && ln -s /etc /w/etc")
+    mtime = sh_ok(warren, sid, "stat -c %Y /w/f").strip()
+
+    # ls -l's columns: mode, uid:gid, size, modified (UTC), path, -> target.
+    lines = warren.cli("ls", sid, "/w").stdout.decode().splitlines()
+    rows = {l.split()[-1] if "->" not in l else l.split()[-3]: l.split() for l in lines}
+    assert set(rows) == {"/w/d", "/w/f", "/w/etc"}, lines
+    assert rows["/w/f"][:3] == ["-rwsr-xr-x", "0:0", "3"], lines
+    assert rows["/w/d"][0] == "drwxr-xr-x" and rows["/w/etc"][0] == "lrwxrwxrwx", lines
+    assert rows["/w/etc"][-2:] == ["->", "/etc"], lines
+    when = datetime.datetime.fromtimestamp(int(mtime), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    assert " ".join(rows["/w/f"][3:5]) == when, (lines, when)
+    # A link is shown itself; with a trailing slash, what it points to (the sandbox's /etc).
+    assert warren.cli("ls", sid, "/w/etc").stdout.decode().count("\n") == 1
+    assert "/w/etc/hostname" in warren.cli("ls", sid, "/w/etc/").stdout.decode()
+    # A file is described; --json is the API's answer; --depth descends.
+    [f] = json.loads(warren.cli("ls", sid, "/w/f", "--json").stdout)
+    assert f["path"] == "/w/f" and f["kind"] == "file" and f["mode"] == 0o4755
+    warren.cli("mkdir", sid, "/w/d/e/g")
+    deep = [e["path"] for e in json.loads(warren.cli("ls", sid, "/w", "--depth", "3", "--json").stdout)]
+    assert {"/w/d/e", "/w/d/e/g"} <= set(deep) and not [p for p in deep if p.startswith("/w/etc/")], deep
+
+    p = warren.cli("mkdir", sid, "/w/d", check=False)
+    assert p.returncode != 0 and "already exists" in p.stderr.decode(), p.stderr
+    warren.cli("mv", sid, "/w/d", "/new/place/d")
+    assert sh_ok(warren, sid, "ls /new/place/d") == "e\n"
+
+    # `rm ID PATH` removes a path (a whole tree), and the sandbox stays.
+    assert warren.cli("rm", sid, "/new").stdout == b""
+    assert sh_ok(warren, sid, "test -e /new || echo gone") == "gone\n"
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    p = warren.cli("rm", sid, "/new", check=False)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "/new" in err and "no such file" in err and "404" not in err, err
+    # A relative path is refused before anything is destroyed.
+    for args in (["tmp/x"], ["x"]):
+        p = warren.cli("rm", sid, *args, check=False)
+        err = p.stderr.decode()
+        assert p.returncode != 0 and f"warren rm ID /{args[0]}" in err, err
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    p = warren.cli("ls", sid, "/nope", check=False)
+    assert p.returncode != 0 and "/nope: no such file" in p.stderr.decode(), p.stderr
+    # The plain form still destroys.
+    warren.cli("rm", sid)
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "destroyed"

@@ -369,3 +369,147 @@ def test_rejected_upload_keeps_connection_usable(warren, sandbox):
         if not answered and b"connection: close" not in first:
             bad.append(i)
     assert bad == [], f"{len(bad)}/200 connections were closed after the 400 without 'Connection: close'"
+
+
+# ---------------------------------------------------------------- POST /v1/sandboxes/{id}/paths
+
+
+def paths(warren, sid, **op):
+    return warren.http.post(f"/v1/sandboxes/{sid}/paths", json=op)
+
+
+def entries(warren, sid, **op):
+    r = paths(warren, sid, **op)
+    assert r.status_code == 200, (op, r.status_code, r.text)
+    return r.json()
+
+
+def test_paths_stat_list_mkdir_rename_remove(warren, sandbox):
+    sid = sandbox()["id"]
+    sh_ok(warren, sid, "mkdir -p /w/a/b && printf hello > /w/a/f && chmod 640 /w/a/f && ln -s f /w/a/ln")
+
+    [f] = entries(warren, sid, op="stat", path="/w/a/f")
+    mtime = int(sh_ok(warren, sid, "stat -c %Y /w/a/f"))
+    assert {k: f[k] for k in ("path", "kind", "size", "mode", "uid", "gid")} == {
+        "path": "/w/a/f", "kind": "file", "size": 5, "mode": 0o640, "uid": 0, "gid": 0,
+    }, f
+    assert f["modified_ms"] // 1000 == mtime and "symlink_target" not in f, f
+    [ln] = entries(warren, sid, op="stat", path="/w/a/ln")
+    assert ln["kind"] == "symlink" and ln["symlink_target"] == "f", ln
+    [root] = entries(warren, sid, op="stat", path="/")
+    assert root["path"] == "/" and root["kind"] == "dir", root
+
+    # depth 1 (the default) is the directory's own entries; more descends.
+    assert [e["path"] for e in entries(warren, sid, op="list", path="/w")] == ["/w/a"]
+    deep = {e["path"]: e["kind"] for e in entries(warren, sid, op="list", path="/w/", depth=3)}
+    assert deep == {"/w/a": "dir", "/w/a/b": "dir", "/w/a/f": "file", "/w/a/ln": "symlink"}, deep
+
+    [d] = entries(warren, sid, op="make_dir", path="/w/new/deeper")
+    assert d["path"] == "/w/new/deeper" and d["kind"] == "dir", d
+    assert sh_ok(warren, sid, "test -d /w/new/deeper && echo yes") == "yes\n"
+    for existing in ("/w/new/deeper", "/w/a/f"):
+        r = paths(warren, sid, op="make_dir", path=existing)
+        assert r.status_code == 409 and error_body(r)["code"] == "conflict", r.text
+
+    # A rename makes the destination's parents and moves the whole tree.
+    [moved] = entries(warren, sid, op="rename", **{"from": "/w/a", "to": "/x/y/z"})
+    assert moved["path"] == "/x/y/z" and moved["kind"] == "dir", moved
+    assert sh_ok(warren, sid, "cat /x/y/z/f; readlink /x/y/z/ln; test -e /w/a || echo gone") == "hellof\ngone\n"
+
+    # Removing a link removes the link, not its target; a directory goes
+    # with everything in it.
+    assert entries(warren, sid, op="remove", path="/x/y/z/ln") == []
+    assert sh_ok(warren, sid, "cat /x/y/z/f") == "hello"
+    assert entries(warren, sid, op="remove", path="/x") == []
+    assert sh_ok(warren, sid, "test -e /x || echo gone; ls /w") == "gone\nnew\n"
+
+
+def test_paths_errors(warren, sandbox):
+    sid = sandbox()["id"]
+    sh_ok(warren, sid, "echo x > /tmp/file")
+    for op in (
+        {"op": "stat", "path": "/nope"},
+        {"op": "list", "path": "/nope/deeper"},
+        {"op": "remove", "path": "/nope"},
+        {"op": "rename", "from": "/nope", "to": "/tmp/new"},
+    ):
+        r = paths(warren, sid, **op)
+        assert r.status_code == 404, (op, r.text)
+        assert "/nope" in error_body(r)["message"], r.text
+    r = paths(warren, "sbx-000000000000", op="stat", path="/")
+    assert r.status_code == 404 and error_body(r)["code"] == "not_found", r.text
+
+    # Bodies that are not a PathOp, and paths that cannot be one.
+    for body in (b"{", b'{"op": "chmod", "path": "/tmp"}', b'{"op": "stat"}', b'{"op": "list", "path": "/", "depth": -1}'):
+        r = warren.http.post(f"/v1/sandboxes/{sid}/paths", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (body, r.text)
+        assert error_body(r)["code"] == "bad_request", r.text
+    for op in (
+        {"op": "list", "path": "/tmp/file"},
+        {"op": "remove", "path": "/"},
+        {"op": "stat", "path": "/tmp/file/x"},
+        {"op": "make_dir", "path": "/tmp/file/x"},
+        {"op": "rename", "from": "/tmp/file", "to": "/tmp/file/x"},
+        {"op": "rename", "from": "/tmp", "to": "/tmp/inside/tmp"},
+    ):
+        r = paths(warren, sid, **op)
+        assert r.status_code == 400, (op, r.text)
+        error_body(r)
+
+    # Something in the way of a rename: a file of a directory's, a
+    # directory of a file's.
+    sh_ok(warren, sid, "mkdir -p /d/full/x /e")
+    for src, dst in (("/e", "/tmp/file"), ("/tmp/file", "/d")):
+        r = paths(warren, sid, op="rename", **{"from": src, "to": dst})
+        assert r.status_code == 409 and error_body(r)["code"] == "conflict", (src, dst, r.text)
+    assert sh_ok(warren, sid, "cat /tmp/file; ls /d /e") == "x\n/d:\nfull\n\n/e:\n"
+
+    warren.destroy(sid)
+    r = paths(warren, sid, op="stat", path="/")
+    assert r.status_code == 409, r.text
+
+
+def test_paths_symlinks_never_lead_out(warren, sandbox, tmp_path):
+    """Links the sandbox plants (to /etc, to the host's paths, up and out)
+    are described, not followed out: listing through them lists the
+    sandbox's own files; removing a tree removes links, not their targets."""
+    sid = sandbox()["id"]
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    (host_dir / "keep").write_text("host\n")
+    sh_ok(
+        warren,
+        sid,
+        f"ln -s /etc /thelink && ln -s ../../../../.. /tmp/up && ln -s {host_dir} /tmp/hostdir && "
+        f"mkdir -p /tree/sub && ln -s {host_dir} /tree/sub/out && ln -s /etc /tree/etc && touch /tree/sub/f",
+    )
+    sandbox_etc = set(sh_ok(warren, sid, "ls -A /etc").split())
+    host_etc = set(os.listdir("/etc"))
+    assert sandbox_etc != host_etc  # else the check below could not tell them apart
+
+    [link] = entries(warren, sid, op="stat", path="/thelink")
+    assert link["kind"] == "symlink" and link["symlink_target"] == "/etc", link
+    # A listing of the whole root shows the link and does not enter it.
+    top = entries(warren, sid, op="list", path="/", depth=2)
+    assert {e["kind"] for e in top if e["path"] == "/thelink"} == {"symlink"}
+    assert not [e for e in top if e["path"].startswith("/thelink/")]
+    # Listing through it resolves it inside the sandbox: its own /etc.
+    listed = entries(warren, sid, op="list", path="/thelink", depth=3)
+    names = {e["path"].removeprefix("/thelink/") for e in listed if e["path"].count("/") == 2}
+    assert names == sandbox_etc, (names ^ sandbox_etc)
+    assert any(e["path"] == "/thelink/hostname" for e in listed)
+    assert names != host_etc
+    # `..` past the root stays at the sandbox's root.
+    up = {e["path"].removeprefix("/tmp/up/") for e in entries(warren, sid, op="list", path="/tmp/up")}
+    assert up == set(sh_ok(warren, sid, "ls -A /").split()), up
+    # A link to a host directory dangles inside.
+    r = paths(warren, sid, op="list", path="/tmp/hostdir")
+    assert r.status_code == 404, r.text
+    assert "keep" not in r.text
+
+    # Renaming onto a link's place or removing a tree never reaches the targets.
+    assert entries(warren, sid, op="remove", path="/tree") == []
+    assert entries(warren, sid, op="remove", path="/thelink") == []
+    assert (host_dir / "keep").read_text() == "host\n"
+    assert set(sh_ok(warren, sid, "ls -A /etc").split()) == sandbox_etc
+    assert sh_ok(warren, sid, "test -e /tree || echo gone; cat /etc/hostname") == "gone\nwarren-busybox\n"

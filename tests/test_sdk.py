@@ -64,6 +64,7 @@ MODELS = {
     models.ProfileDetail: "ProfileDetail",
     models.PrewarmResult: "PrewarmResult",
     models.PrewarmNode: "PrewarmNode",
+    models.PathEntry: "PathEntry",
 }
 
 
@@ -85,10 +86,13 @@ def test_models_follow_openapi(client):
     assert set(variants) == {"start", "stdout", "stderr", "exit", "keepalive", "error"}
     assert variants["exit"] == {f.name for f in dataclasses.fields(models.ExecExit)} - {"type"}
     assert variants["start"] == {f.name for f in dataclasses.fields(models.ExecStart)} - {"type"}
+    assert set(typing.get_args(models.PathKind)) == set(schemas["PathKind"]["enum"])
+    ops = {v["properties"]["op"]["enum"][0] for v in schemas["PathOp"]["oneOf"]}
+    assert ops == {"stat", "list", "make_dir", "rename", "remove"}, ops
     # Every path the SDK calls exists with that method.
     for method, path in [
         ("post", "/v1/sandboxes"), ("get", "/v1/sandboxes/{id}"), ("post", "/v1/sandboxes/{id}/exec"),
-        ("put", "/v1/sandboxes/{id}/files"), ("patch", "/v1/sandboxes/{id}/network"),
+        ("put", "/v1/sandboxes/{id}/files"), ("post", "/v1/sandboxes/{id}/paths"), ("patch", "/v1/sandboxes/{id}/network"),
         ("post", "/v1/sandboxes/{id}/commit"), ("post", "/v1/images/prewarm"), ("post", "/v1/images/pull"),
         ("get", "/v1/events"), ("post", "/v1/profiles/import"), ("post", "/v1/batches"),
     ]:
@@ -226,7 +230,7 @@ def test_files(sb, tmp_path):
     assert sb.files.read("/tmp/a.bin") == b"\x00\x01binary"
     assert sb.files.read_text("/tmp/it.txt") == "chunk1-chunk2"
     entries = {e.name: e for e in sb.files.list("/tmp")}
-    assert entries["a.bin"].type == "file" and entries["a.bin"].size == 8 and entries["a.bin"].mode == 0o600
+    assert entries["a.bin"].kind == "file" and entries["a.bin"].size == 8 and entries["a.bin"].mode == 0o600
     assert sb.files.exists("/tmp/t.txt") and not sb.files.exists("/tmp/nope")
     sb.files.remove("/tmp/t.txt")
     assert not sb.files.exists("/tmp/t.txt")
@@ -246,7 +250,7 @@ def test_files(sb, tmp_path):
     assert (dst / "top.txt").read_text() == "top"
     assert (dst / "sub" / "deep" / "x.bin").read_bytes() == (src / "sub" / "deep" / "x.bin").read_bytes()
     assert os.readlink(dst / "link") == "top.txt"
-    sb.files.remove("/work/proj", recursive=True)
+    sb.files.remove("/work/proj")
     assert not sb.files.exists("/work/proj")
 
     local = tmp_path / "up.txt"
@@ -256,6 +260,47 @@ def test_files(sb, tmp_path):
     sb.files.download("/tmp/up.txt", tmp_path / "down.txt")
     assert (tmp_path / "down.txt").read_bytes() == b"uploaded"
     assert sb.exec("stat -c %a /tmp/up.txt").stdout_text.strip() == "640"
+
+
+def test_files_paths(sb):
+    sb.exec("mkdir -p /p/a/b && printf 12345 > /p/a/f && ln -s /etc /p/a/etc && ln -s /nowhere /p/dangling", check=True)
+    f = sb.files.stat("/p/a/f")
+    assert isinstance(f, models.PathEntry)
+    assert (f.path, f.name, f.kind, f.size, f.mode, f.uid, f.gid) == ("/p/a/f", "f", "file", 5, 0o644, 0, 0)
+    assert f.is_file and not f.is_dir and f.symlink_target is None
+    assert int(f.modified.timestamp()) == int(sb.exec("stat -c %Y /p/a/f").stdout_text)
+    link = sb.files.stat("/p/a/etc")
+    assert link.is_symlink and link.symlink_target == "/etc"
+    assert sb.files.stat("/").path == "/" and sb.files.stat("/").name == "/"
+    with pytest.raises(sdk.NotFound):
+        sb.files.stat("/p/nope")
+    # exists: anything there, a dangling link too; not what is missing.
+    assert sb.files.exists("/p/a") and sb.files.exists("/p/dangling") and not sb.files.exists("/p/nope")
+
+    assert sorted(e.name for e in sb.files.list("/p/a")) == ["b", "etc", "f"]
+    deep = {e.path: e.kind for e in sb.files.list("/p", depth=3)}
+    assert deep == {"/p/a": "dir", "/p/a/b": "dir", "/p/a/f": "file", "/p/a/etc": "symlink", "/p/dangling": "symlink"}
+    with pytest.raises(ValueError):
+        sb.files.list("/p", depth=0)
+    with pytest.raises(sdk.BadRequest):
+        sb.files.list("/p/a/f")
+
+    made = sb.files.mkdir("/p/new/deeper")
+    assert made.is_dir and made.path == "/p/new/deeper"
+    with pytest.raises(sdk.Conflict):
+        sb.files.mkdir("/p/new/deeper")
+
+    moved = sb.files.rename("/p/a", "/q/r/a")
+    assert moved.is_dir and moved.path == "/q/r/a"
+    assert sb.files.read_text("/q/r/a/f") == "12345" and not sb.files.exists("/p/a")
+    with pytest.raises(sdk.NotFound):
+        sb.files.rename("/p/a", "/elsewhere")
+
+    assert sb.files.remove("/q") is None
+    assert not sb.files.exists("/q")
+    assert sb.exec("cat /etc/hostname").stdout_text == "warren-busybox\n"  # the link went, not /etc
+    with pytest.raises(sdk.NotFound):
+        sb.files.remove("/q")
 
 
 ROUND_TRIP = r"""

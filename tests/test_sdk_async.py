@@ -60,13 +60,25 @@ def test_async_exec_stream_spawn_files(warren, tmp_path):
                 await sb.files.write("/tmp/f", b"\x00data")
                 assert await sb.files.read("/tmp/f") == b"\x00data"
                 assert [e.name for e in await sb.files.list("/tmp")] == ["f"]
+                assert (await sb.files.stat("/tmp/f")).size == 5
+                made = await sb.files.mkdir("/m/n")
+                assert made.is_dir and made.path == "/m/n"
+                with pytest.raises(sdk.Conflict):
+                    await sb.files.mkdir("/m/n")
+                assert (await sb.files.rename("/tmp/f", "/m/n/f")).path == "/m/n/f"
+                assert [e.path for e in await sb.files.list("/m", depth=2)] == ["/m/n", "/m/n/f"]
+                await sb.files.remove("/m")
+                assert not await sb.files.exists("/m")
+                with pytest.raises(sdk.NotFound):
+                    await sb.files.stat("/m/n/f")
+                await sb.files.write("/tmp/f", b"\x00data")
                 src = tmp_path / "src"
                 (src / "d").mkdir(parents=True)
                 (src / "d" / "x").write_bytes(os.urandom(3000))
                 await sb.files.upload_dir(src, "/w")
                 await sb.files.download_dir("/w", tmp_path / "dst")
                 assert (tmp_path / "dst" / "d" / "x").read_bytes() == (src / "d" / "x").read_bytes()
-                await sb.files.remove("/w", recursive=True)
+                await sb.files.remove("/w")
                 assert not await sb.files.exists("/w")
 
                 assert (await sb.pause()).state == "paused"

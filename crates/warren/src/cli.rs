@@ -102,6 +102,48 @@ pub enum Command {
         /// LOCAL path, or ID:/absolute/path in a sandbox.
         dst: String,
     },
+    /// List a directory in a sandbox, or describe a file or link: mode,
+    /// owner (ids inside the sandbox), size, modification time (UTC), path.
+    #[command(
+        after_help = "A symlink is shown as a link (-> target), never followed; end the path\n\
+        with / to list the directory it points to (resolved inside the sandbox).\n\n\
+        Examples:\n  \
+        warren ls $id /work\n  \
+        warren ls $id /work --depth 3 --json     # every entry three levels down, as JSON"
+    )]
+    Ls {
+        /// The sandbox id (sbx-…).
+        id: String,
+        /// Path in the sandbox.
+        path: String,
+        /// Levels to descend into subdirectories (1: the directory's own entries).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        depth: u32,
+        /// One JSON array (as `POST /v1/sandboxes/{id}/paths` answers) instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a directory in a sandbox, and its missing parents.
+    #[command(after_help = "Example:\n  \
+        warren mkdir $id /work/out/logs")]
+    Mkdir {
+        /// The sandbox id (sbx-…).
+        id: String,
+        /// Path of the new directory; an existing path is an error.
+        path: String,
+    },
+    /// Rename or move a path in a sandbox (FROM's file or whole directory),
+    /// making TO's missing parent directories.
+    #[command(after_help = "Example:\n  \
+        warren mv $id /work/out /archive/run-1/out")]
+    Mv {
+        /// The sandbox id (sbx-…).
+        id: String,
+        /// The path to move.
+        from: String,
+        /// Its new path (a file there is replaced).
+        to: String,
+    },
     /// List sandboxes.
     #[command(after_help = "Examples:\n  \
         warren ps --label task=demo\n  \
@@ -158,12 +200,15 @@ pub enum Command {
         #[arg(long, short)]
         follow: bool,
     },
-    /// Destroy sandboxes by id or label selector.
+    /// Destroy sandboxes by id or label selector; or, with `ID /PATH`,
+    /// remove a file, link or whole directory in a sandbox.
     #[command(after_help = "Examples:\n  \
         warren rm $id\n  \
-        warren rm --label task=demo")]
+        warren rm --label task=demo\n  \
+        warren rm $id /work/tmp            # the directory and all it holds; the sandbox stays")]
     Rm {
-        /// Sandbox ids (sbx-…).
+        /// Sandbox ids (sbx-…); or one id and an absolute path in that sandbox.
+        #[arg(value_name = "ID|PATH")]
         ids: Vec<String>,
         /// Every sandbox with this label, KEY=VALUE. Repeatable (all must match).
         #[arg(long, value_name = "KEY=VALUE")]

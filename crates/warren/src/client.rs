@@ -18,6 +18,7 @@ use warren_core::profile::Profile;
 use warren_core::{
     BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
 };
+use warren_node_api::{PathEntry, PathOp};
 
 #[derive(Clone)]
 pub struct Client {
@@ -390,6 +391,16 @@ impl Client {
             == Some("application/x-tar");
         let data = resp.bytes().await?;
         Ok(RemoteFile { is_tar, data })
+    }
+
+    /// Looks at or changes paths in the sandbox; answers the entries the
+    /// operation found or made.
+    pub async fn path_op(&self, id: &str, op: &PathOp) -> Result<Vec<PathEntry>> {
+        self.json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/paths"))
+                .json(op),
+        )
+        .await
     }
 
     /// The sandbox's log so far, JSON lines.

@@ -18,6 +18,7 @@ mod images;
 mod logs;
 mod network;
 mod nodes;
+mod paths;
 mod port_forward;
 mod profiles;
 mod sandboxes;
@@ -39,6 +40,14 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Run { create, rm, cmd } => sandboxes::run(&client()?, &create, cmd, rm).await,
         Command::Exec(args) => sandboxes::exec(&client()?, args).await,
         Command::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
+        Command::Ls {
+            id,
+            path,
+            depth,
+            json,
+        } => paths::ls(&client()?, &id, &path, depth, json).await,
+        Command::Mkdir { id, path } => paths::mkdir(&client()?, &id, &path).await,
+        Command::Mv { id, from, to } => paths::mv(&client()?, &id, &from, &to).await,
         Command::Ps {
             label,
             state,
@@ -55,7 +64,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Logs {
             id: None, label, ..
         } => logs::logs_by_label(&client()?, &label).await,
-        Command::Rm { ids, label } => sandboxes::rm(&client()?, ids, label).await,
+        Command::Rm { ids, label } => match paths::removal(&ids, &label)? {
+            Some((id, path)) => paths::rm(&client()?, id, path).await,
+            None => sandboxes::rm(&client()?, ids, label).await,
+        },
         Command::Bench(args) => bench::run(&client()?, args).await,
         Command::BenchNet(args) => bench_net::run(&client()?, args).await,
         Command::Simulate(args) => simulate::run(args),

@@ -1,15 +1,18 @@
-//! `/v1/sandboxes/{id}/files`: uploads and downloads, streamed.
+//! `/v1/sandboxes/{id}/files`: uploads and downloads, streamed;
+//! `/v1/sandboxes/{id}/paths`: stat, list, make a directory, rename, remove.
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use warren_core::{ApiError, ErrorBody};
-use warren_node_api::{FileKind, WriteFile};
+use warren_node_api::{FileKind, PathEntry, PathOp, WriteFile};
 
 use super::{ApiResult, St};
+use crate::json_body::JsonBody;
 
 #[derive(Deserialize)]
 pub(crate) struct FileQuery {
@@ -103,4 +106,21 @@ pub(crate) async fn get_file(
             .into_response(),
         FileKind::Dir => ([(header::CONTENT_TYPE, "application/x-tar")], body).into_response(),
     })
+}
+
+/// Look at or change paths in the sandbox: `stat`, `list` (down to `depth`
+/// levels), `make_dir` (with parents; 409 if the path exists), `rename`
+/// (making the destination's parents), `remove` (a directory with all it
+/// holds). Final symlinks are described, never followed; every path
+/// resolves inside the sandbox. Answers the entries the operation found or
+/// made (`remove`: none).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/paths", request_body = PathOp,
+    responses((status = 200, body = Vec<PathEntry>), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn path_op(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(op): JsonBody<PathOp>,
+) -> ApiResult<Json<Vec<PathEntry>>> {
+    Ok(Json(st.control.path_op(&id, op).await?))
 }

@@ -59,9 +59,9 @@ from .models import (
     ExecOutput,
     ExecResult,
     ExecStart,
-    FileEntry,
     Image,
     LogLine,
+    PathEntry,
     SandboxInfo,
     Usage,
 )
@@ -113,9 +113,9 @@ __all__ = [
     "ExecOutput",
     "ExecResult",
     "ExecStart",
-    "FileEntry",
     "Image",
     "LogLine",
+    "PathEntry",
     "SandboxInfo",
     "Usage",
 ]

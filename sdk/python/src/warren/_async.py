@@ -612,13 +612,6 @@ class AsyncFiles:
                 f.write(b)
         os.replace(tmp, local_path)
 
-    async def exists(self, path: str) -> bool:
-        try:
-            await (await self._c._send(core.file_get_call(self._sb.id, path))).aclose()
-            return True
-        except errors.NotFound:
-            return False
-
     async def _spool(self, path: str) -> IO[bytes]:
         resp = await self._c._send(core.file_get_call(self._sb.id, path))
         if not core.is_tar(resp):
@@ -633,12 +626,27 @@ class AsyncFiles:
         spool.seek(0)
         return spool
 
-    async def list(self, path: str) -> list[models.FileEntry]:
-        with await self._spool(path) as f:
-            return core.list_tar(f)  # type: ignore[arg-type]
+    async def stat(self, path: str) -> models.PathEntry:
+        return core.one_entry(await self._c._call(core.path_call(self._sb.id, "stat", path=path)), "stat")
 
-    async def remove(self, path: str, *, recursive: bool = False) -> None:
-        await self._sb.exec(core.remove_cmd(path, recursive), check=True)
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+            return True
+        except errors.NotFound:
+            return False
+
+    async def list(self, path: str, depth: int = 1) -> builtins.list[models.PathEntry]:
+        return await self._c._call(core.list_dir_call(self._sb.id, path, depth))
+
+    async def mkdir(self, path: str) -> models.PathEntry:
+        return core.one_entry(await self._c._call(core.path_call(self._sb.id, "make_dir", path=path)), "mkdir")
+
+    async def rename(self, src: str, dst: str) -> models.PathEntry:
+        return core.one_entry(await self._c._call(core.rename_call(self._sb.id, src, dst)), "rename")
+
+    async def remove(self, path: str) -> None:
+        await self._c._call(core.path_call(self._sb.id, "remove", path=path))
 
     async def upload_dir(self, local_dir: str | os.PathLike[str], path: str) -> None:
         await self._c._send(core.file_put_call(self._sb.id, path, core.tar_stream(local_dir), tar=True))

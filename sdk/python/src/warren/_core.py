@@ -471,6 +471,40 @@ def file_get_call(sid: str, path: str) -> Call[None]:
     return Call("GET", sb_path(sid, "/files"), _none, params={"path": path}, idempotent=True, sandbox=sid, stream=True)
 
 
+def path_call(sid: str, op: str, **args: Any) -> Call[list[models.PathEntry]]:
+    """``POST /v1/sandboxes/{id}/paths``: ``op`` (``stat``, ``list``,
+    ``make_dir``, ``rename``, ``remove``) with its arguments; answers the
+    entries it found or made."""
+    return Call(
+        "POST",
+        sb_path(sid, "/paths"),
+        json_list(models.PathEntry),
+        json={"op": op, **args},
+        # Only looks are sent again: a repeated make_dir, rename or remove
+        # that had happened already would fail for its own effect (409,
+        # 404), or a rename move what has since taken the source's place.
+        idempotent=op in ("stat", "list"),
+        sandbox=sid,
+    )
+
+
+def list_dir_call(sid: str, path: str, depth: int) -> Call[list[models.PathEntry]]:
+    if depth < 1:
+        raise ValueError(f"depth must be 1 or more (1: the directory's own entries), not {depth}")
+    return path_call(sid, "list", path=path, depth=int(depth))
+
+
+def rename_call(sid: str, src: str, dst: str) -> Call[list[models.PathEntry]]:
+    return path_call(sid, "rename", **{"from": src, "to": dst})
+
+
+def one_entry(entries: list[models.PathEntry], what: str) -> models.PathEntry:
+    """The entry a stat, make_dir or rename answers (always exactly one)."""
+    if len(entries) != 1:
+        raise errors.WarrenError(f"{what}: the daemon answered {len(entries)} entries instead of one")
+    return entries[0]
+
+
 def is_tar(resp: httpx.Response) -> bool:
     return str(resp.headers.get("content-type", "")).startswith("application/x-tar")
 
@@ -576,31 +610,6 @@ class ChunkReader(io.RawIOBase):
         return n
 
 
-def list_tar(fileobj: io.RawIOBase) -> list[models.FileEntry]:
-    """The top-level entries of a directory tar (as ``GET files`` sends it)."""
-    out: list[models.FileEntry] = []
-    with tarfile.open(fileobj=fileobj, mode="r|") as t:
-        for m in t:
-            name = m.name
-            while name.startswith("./"):
-                name = name[2:]
-            name = name.rstrip("/")
-            if not name or name == "." or "/" in name:
-                continue
-            kind = "file" if m.isfile() else "dir" if m.isdir() else "symlink" if m.issym() else "other"
-            out.append(
-                models.FileEntry(
-                    name=name,
-                    type=kind,  # type: ignore[arg-type]
-                    size=m.size,
-                    mode=m.mode & 0o7777,
-                    mtime=float(m.mtime),
-                    link_target=m.linkname if m.issym() else None,
-                )
-            )
-    return out
-
-
 def extract_tar(fileobj: io.RawIOBase | io.BufferedIOBase | Any, dest: str | os.PathLike[str]) -> None:
     """Unpacks a tar stream into ``dest`` (refusing absolute paths, ``..``
     and links out of ``dest``: the sandbox's files are untrusted)."""
@@ -615,10 +624,6 @@ def extract_tar(fileobj: io.RawIOBase | io.BufferedIOBase | Any, dest: str | os.
                 if not (target == root or target.startswith(root + os.sep)) or m.issym() or m.islnk() or m.isdev():
                     continue
                 t.extract(m, root)
-
-
-def remove_cmd(path: str, recursive: bool) -> list[str]:
-    return ["rm", "-rf" if recursive else "-f", "--", path]
 
 
 # Background processes that take stdin later. The API sends an exec's stdin

@@ -311,7 +311,7 @@ class Sandbox:
         self.info = info
         self.id = info.id
         self.files = Files(self)
-        """Files: ``write``, ``read``, ``list``, ``remove``, ``upload_dir``, ``download_dir``…"""
+        """Files: ``write``, ``read``, ``stat``, ``list``, ``mkdir``, ``rename``, ``remove``, ``upload_dir``…"""
         self.network = Network(self)
         """Egress rules: ``network.set(allow=…, deny=…)``."""
 
@@ -664,28 +664,39 @@ class Files:
                     f.write(b)
             os.replace(tmp, local_path)
 
+    def stat(self, path: str) -> models.PathEntry:
+        """What ``path`` is: kind, size, mode, owner, modification time. A
+        final symlink is described, not followed. :class:`~warren.NotFound`
+        if nothing is there."""
+        return core.one_entry(self._c._call(core.path_call(self._sb.id, "stat", path=path)), "stat")
+
     def exists(self, path: str) -> bool:
+        """Whether anything is at ``path`` (a dangling symlink counts)."""
         try:
-            self._c._send(core.file_get_call(self._sb.id, path)).close()
+            self.stat(path)
             return True
         except errors.NotFound:
             return False
 
-    def list(self, path: str) -> list[models.FileEntry]:
-        """The entries of directory ``path`` (name, type, size, mode, mtime).
-        The API has no listing call: this reads the directory's tar stream."""
-        resp = self._c._send(core.file_get_call(self._sb.id, path))
-        try:
-            if not core.is_tar(resp):
-                raise NotADirectoryError(path)
-            return core.list_tar(core.ChunkReader(resp.iter_bytes()))
-        finally:
-            resp.close()
+    def list(self, path: str, depth: int = 1) -> builtins.list[models.PathEntry]:
+        """The entries of directory ``path``, and of its subdirectories down
+        to ``depth`` levels (1: its own). Symlinks are listed, never entered."""
+        return self._c._call(core.list_dir_call(self._sb.id, path, depth))
 
-    def remove(self, path: str, *, recursive: bool = False) -> None:
-        """Removes a file (or, ``recursive``, a directory tree). The API has
-        no delete call: this runs ``rm`` in the sandbox."""
-        self._sb.exec(core.remove_cmd(path, recursive), check=True)
+    def mkdir(self, path: str) -> models.PathEntry:
+        """Makes directory ``path`` and its missing parents;
+        :class:`~warren.Conflict` if ``path`` exists already."""
+        return core.one_entry(self._c._call(core.path_call(self._sb.id, "make_dir", path=path)), "mkdir")
+
+    def rename(self, src: str, dst: str) -> models.PathEntry:
+        """Moves ``src`` (a file or a whole directory) to ``dst``, making
+        ``dst``'s parents; a file at ``dst`` is replaced. Answers ``dst``."""
+        return core.one_entry(self._c._call(core.rename_call(self._sb.id, src, dst)), "rename")
+
+    def remove(self, path: str) -> None:
+        """Removes a file, a link (not what it points to) or a directory
+        with everything in it; :class:`~warren.NotFound` if nothing is there."""
+        self._c._call(core.path_call(self._sb.id, "remove", path=path))
 
     def upload_dir(self, local_dir: str | os.PathLike[str], path: str) -> None:
         """Copies the contents of local directory ``local_dir`` into ``path``

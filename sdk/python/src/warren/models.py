@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import sys
 import types
 import typing
@@ -43,7 +44,8 @@ __all__ = [
     "GcReport",
     "LogLine",
     "PullEvent",
-    "FileEntry",
+    "PathKind",
+    "PathEntry",
     "ExecStart",
     "ExecOutput",
     "ExecExit",
@@ -467,16 +469,48 @@ class LogLine:
         return b""
 
 
-@dataclass
-class FileEntry:
-    """An entry of a directory in a sandbox (see ``Files.list``)."""
+PathKind = Literal["file", "dir", "symlink", "other"]
+"""What a path is (``other``: a device, FIFO or socket)."""
 
-    name: str
-    type: Literal["file", "dir", "symlink", "other"]
+
+@dataclass
+class PathEntry:
+    """A path in a sandbox as its processes see it (``Files.stat``,
+    ``list``, ``mkdir``, ``rename``): owner ids inside the sandbox, ``mode``
+    its permission bits, ``modified_ms`` Unix milliseconds. A symlink is
+    described (``symlink_target``), never followed."""
+
+    path: str
+    kind: PathKind
     size: int
     mode: int
-    mtime: float
-    link_target: str | None = None
+    uid: int
+    gid: int
+    modified_ms: int
+    symlink_target: str | None = None
+    raw: dict[str, Any] = _raw()
+
+    @property
+    def name(self) -> str:
+        """The last component of ``path`` (``/`` for the root)."""
+        return self.path.rstrip("/").rsplit("/", 1)[-1] or "/"
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.kind == "symlink"
+
+    @property
+    def modified(self) -> datetime.datetime:
+        """``modified_ms`` as an aware UTC datetime."""
+        return datetime.datetime.fromtimestamp(self.modified_ms / 1000, tz=datetime.timezone.utc)
 
 
 # ---------------------------------------------------------------- exec

@@ -16,6 +16,9 @@ from conftest import Warren, free_port
 from debian import CACHE, debian_python_layout
 
 IMAGE = "e2b-deb:1"
+# The Debian image with a stand-in for E2B's code-interpreter server.
+INTERPRETER_IMAGE = "e2b-ci:1"
+INTERPRETER = "e2b-code-interpreter==2.11.5"
 CLIENT = Path(__file__).parent / "e2b_client.py"
 # The newest, the last with the v1 create route, the oldest that sends the
 # routing headers on connect.
@@ -23,17 +26,18 @@ VERSIONS = ["2.63.0", "2.50.0", "2.26.0"]
 NPM_VERSION = "2.51.0"
 
 
-def venv(version):
-    """A venv with `e2b==version`, made once and cached (a marker says it
-    was made whole)."""
-    d = CACHE / "venvs" / f"e2b-{version}"
+def venv(version, package=None):
+    """A venv with `e2b==version` (or `package`), made once and cached (a
+    marker says it was made whole)."""
+    package = package or f"e2b=={version}"
+    d = CACHE / "venvs" / package.replace("==", "-")
     if not (d / "complete").exists():
         shutil.rmtree(d, ignore_errors=True)
         subprocess.run(["python3", "-m", "venv", d], check=True)
         got = subprocess.run([d / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
-                              f"e2b=={version}"], capture_output=True, text=True)
-        assert got.returncode == 0, f"pip install e2b=={version}: {got.stderr[-2000:]}"
-        (d / "complete").write_text(version)
+                              package], capture_output=True, text=True)
+        assert got.returncode == 0, f"pip install {package}: {got.stderr[-2000:]}"
+        (d / "complete").write_text(package)
     return d / "bin" / "python"
 
 
@@ -58,12 +62,27 @@ def e2b_warren(tmp_path_factory):
     w = Warren(base / "home", free_port(),
                extra_args=["--e2b-api", f"127.0.0.1:{api}", "--e2b-sandbox", f"127.0.0.1:{sbx}"])
     w.home.mkdir()
-    # `base`, the SDK's default template, is the Debian image here.
-    (w.home / "e2b-templates.toml").write_text(f'[templates]\nbase = "{IMAGE}"\n')
+    # `base`, the SDK's default template, is the Debian image here; the
+    # code interpreter's default template starts its server in each sandbox.
+    (w.home / "e2b-templates.toml").write_text(
+        f'[templates]\nbase = "{IMAGE}"\n\n'
+        f'[templates.code-interpreter-v1]\nimage = "{INTERPRETER_IMAGE}"\n'
+        'cmd = ["python3", "/opt/e2b/interpreter.py"]\nready_port = 49999\n\n'
+        f'[templates.dead-server]\nimage = "{IMAGE}"\ncmd = ["python3", "-c", "raise SystemExit(3)"]\n'
+        'ready_port = 49999\n')
     w.start()
     try:
         debian_python_layout(tmp_path_factory.mktemp("deb"))  # builds the cached archive
         w.cli("image", "import", str(CACHE / "debian-bookworm-python3-oci.tar"), "--name", IMAGE, timeout=300)
+        # The interpreter image: the stand-in server committed into the
+        # Debian image, as a template build would bake it in.
+        s = w.http.post("/v1/sandboxes", json={"image": IMAGE}).json()
+        stub = (Path(__file__).parent / "e2b_interpreter_stub.py").read_bytes()
+        r = w.http.put(f"/v1/sandboxes/{s['id']}/files", params={"path": "/opt/e2b/interpreter.py"}, content=stub)
+        assert r.status_code in (200, 201, 204), r.text
+        r = w.http.post(f"/v1/sandboxes/{s['id']}/commit", json={"name": INTERPRETER_IMAGE}, timeout=120)
+        assert r.status_code in (200, 201), r.text
+        w.http.delete(f"/v1/sandboxes/{s['id']}")
         w.e2b_env = {
             "E2B_API_URL": f"http://127.0.0.1:{api}",
             "E2B_SANDBOX_URL": f"http://127.0.0.1:{sbx}",
@@ -76,11 +95,14 @@ def e2b_warren(tmp_path_factory):
 
 
 def run_client(w, version, flavour, template="base"):
+    return run_script(w, venv(version), [CLIENT, flavour, template], f"e2b {version} ({flavour})")
+
+
+def run_script(w, python, argv, what):
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(w.e2b_env)
-    p = subprocess.run([venv(version), CLIENT, flavour, template], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"e2b {version} ({flavour}) failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    p = subprocess.run([python, *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"{what} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return p.stdout
 
 
@@ -106,6 +128,25 @@ def test_the_js_sdk_runs_unchanged_under_node(e2b_warren):
     env.update(e2b_warren.e2b_env)
     p = subprocess.run(["node", script], cwd=d, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "node ok" in p.stdout, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+
+
+def test_the_code_interpreter_sdk_runs_against_a_template_that_starts_its_server(e2b_warren):
+    out = run_script(e2b_warren, venv(None, INTERPRETER), [Path(__file__).parent / "e2b_interpreter_client.py"],
+                     INTERPRETER)
+    assert "interpreter ok" in out
+
+
+def test_a_template_whose_server_exits_fails_the_create_and_leaves_nothing(e2b_warren):
+    api = e2b_warren.e2b_env["E2B_API_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    before = {s["id"] for s in e2b_warren.http.get("/v1/sandboxes").json()}
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "dead-server"}, headers=key, timeout=90)
+    assert r.status_code == 500, r.text
+    message = r.json()["message"]
+    assert "port 49999" in message and "exited" in message and "warren logs" in message, message
+    after = [s for s in e2b_warren.http.get("/v1/sandboxes", params={"all": "true"}).json()
+             if s["id"] not in before]
+    assert after and all(s["state"] not in ("running", "creating", "queued") for s in after), after
 
 
 def test_a_template_may_be_an_image_reference(e2b_warren):

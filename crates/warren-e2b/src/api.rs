@@ -173,8 +173,12 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             format!("metadata becomes Warren labels, and {e}"),
         ));
     }
+    let template = e2b.templates.get(&req.template_id);
     let mut spec = SandboxSpec {
-        image: e2b.templates.image(&req.template_id),
+        image: template.image.clone(),
+        cmd: template.cmd.clone(),
+        cpu: template_size(&req.template_id, "cpu", &template.cpu)?,
+        memory: template_size(&req.template_id, "memory", &template.memory)?,
         env: req.env_vars.unwrap_or_default(),
         labels,
         ttl: Some(warren_core::spec::Dur(Duration::from_secs(
@@ -209,7 +213,60 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             ),
         ));
     }
+    if let Some(port) = template.ready_port {
+        if let Err(e) = wait_for_port(&control, &info.id, port).await {
+            let _ = control.destroy(&info.id, reason::CREATE_FAILED).await;
+            return Err(e);
+        }
+    }
     Ok((StatusCode::CREATED, Json(sandbox(&e2b, &info))).into_response())
+}
+
+/// How long a template's server may take to listen.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
+/// Waits until `port` in the sandbox accepts a connection (the template's
+/// server is up), as E2B's create waits for a template's ready command.
+async fn wait_for_port(control: &Control, id: &str, port: u16) -> E2bResult<()> {
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    loop {
+        if control.connect_port(id, port).await.is_ok() {
+            return Ok(());
+        }
+        let state = control.get(id).await.map(|r| r.state);
+        let gone = !matches!(state, Ok(SandboxState::Running));
+        if gone || tokio::time::Instant::now() >= deadline {
+            return Err(E2bError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "the template's server did not listen on port {port} {}; see `warren logs {id}` for its output",
+                    if gone { "before it exited" } else { "within 60 s" }
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A size from the templates file (`"2"`, `"500m"`, `"2G"`), as the API
+/// reads it.
+fn template_size<T: serde::de::DeserializeOwned>(
+    template: &str,
+    what: &str,
+    v: &Option<String>,
+) -> E2bResult<Option<T>> {
+    v.as_ref()
+        .map(|v| serde_json::from_value(Value::String(v.clone())))
+        .transpose()
+        .map_err(|e| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "template {template:?}: {what} {v:?} in {} is not valid: {e}",
+                    crate::templates::FILE
+                ),
+            )
+        })
 }
 
 /// The template a sandbox was made from, as E2B names it.

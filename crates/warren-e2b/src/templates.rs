@@ -1,11 +1,20 @@
 //! E2B templates are Warren images: a `templateID` is an image reference
 //! (`debian:bookworm`, `registry:5000/team/env@sha256:…`) or an alias from
-//! `<home>/e2b-templates.toml`:
+//! `<home>/e2b-templates.toml`. An alias names an image, or an image with
+//! what its sandboxes start with: a main process (a template's server), the
+//! port that server answers on (a create answers once it does, as E2B's
+//! does once the template's ready command passes), and sizes.
 //!
 //! ```toml
 //! [templates]
 //! base = "debian:bookworm"
-//! code-interpreter-v1 = "registry.local/e2b/code-interpreter:1"
+//!
+//! [templates.code-interpreter-v1]
+//! image = "registry.local:5000/e2b/code-interpreter:1"
+//! cmd = ["/root/.jupyter/start-up.sh"]
+//! ready_port = 49999
+//! cpu = "2"
+//! memory = "2G"
 //! ```
 
 use std::collections::BTreeMap;
@@ -33,12 +42,36 @@ pub enum TemplateError {
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
-    templates: BTreeMap<String, String>,
+    templates: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Entry {
+    Image(String),
+    Full(Template),
+}
+
+/// What sandboxes of a template are made of.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub image: String,
+    /// The main process each sandbox starts with.
+    #[serde(default)]
+    pub cmd: Option<Vec<String>>,
+    /// A create answers once this port in the sandbox accepts connections.
+    #[serde(default)]
+    pub ready_port: Option<u16>,
+    #[serde(default)]
+    pub cpu: Option<String>,
+    #[serde(default)]
+    pub memory: Option<String>,
 }
 
 #[derive(Debug, Default)]
 pub struct Templates {
-    aliases: BTreeMap<String, String>,
+    aliases: BTreeMap<String, Template>,
     path: PathBuf,
 }
 
@@ -54,18 +87,29 @@ impl Templates {
             path: path.clone(),
             source,
         })?;
-        Ok(Templates {
-            aliases: file.templates,
-            path,
-        })
+        let aliases = file
+            .templates
+            .into_iter()
+            .map(|(name, e)| {
+                let t = match e {
+                    Entry::Image(image) => Template {
+                        image,
+                        ..Default::default()
+                    },
+                    Entry::Full(t) => t,
+                };
+                (name, t)
+            })
+            .collect();
+        Ok(Templates { aliases, path })
     }
 
-    /// The image a template names.
-    pub fn image(&self, template: &str) -> String {
-        self.aliases
-            .get(template)
-            .cloned()
-            .unwrap_or_else(|| template.to_string())
+    /// What a template names: its alias, or an image by that reference.
+    pub fn get(&self, template: &str) -> Template {
+        self.aliases.get(template).cloned().unwrap_or_else(|| Template {
+            image: template.to_string(),
+            ..Default::default()
+        })
     }
 
     /// Said with an image that could not be found, to show the way out.
@@ -91,10 +135,17 @@ mod tests {
     #[test]
     fn aliases_map_and_anything_else_is_an_image_reference() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join(FILE), "[templates]\nbase = \"bb:1\"\n").expect("write");
+        std::fs::write(
+            dir.path().join(FILE),
+            "[templates]\nbase = \"bb:1\"\n[templates.ci]\nimage = \"ci:1\"\ncmd = [\"serve\"]\nready_port = 49999\n",
+        )
+        .expect("write");
         let t = Templates::load(dir.path()).expect("loads");
-        assert_eq!(t.image("base"), "bb:1");
-        assert_eq!(t.image("reg:5000/x:y"), "reg:5000/x:y");
+        assert_eq!(t.get("base").image, "bb:1");
+        assert_eq!(t.get("reg:5000/x:y").image, "reg:5000/x:y");
+        let ci = t.get("ci");
+        assert_eq!((ci.image.as_str(), ci.ready_port), ("ci:1", Some(49999)));
+        assert_eq!(ci.cmd, Some(vec!["serve".to_string()]));
         std::fs::write(dir.path().join(FILE), "[templatez]\n").expect("write");
         let e = Templates::load(dir.path()).expect_err("unknown table");
         assert!(e.to_string().contains("[templates]"), "{e}");

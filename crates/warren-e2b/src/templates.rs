@@ -106,10 +106,13 @@ impl Templates {
 
     /// What a template names: its alias, or an image by that reference.
     pub fn get(&self, template: &str) -> Template {
-        self.aliases.get(template).cloned().unwrap_or_else(|| Template {
-            image: template.to_string(),
-            ..Default::default()
-        })
+        self.aliases
+            .get(template)
+            .cloned()
+            .unwrap_or_else(|| Template {
+                image: template.to_string(),
+                ..Default::default()
+            })
     }
 
     /// Said with an image that could not be found, to show the way out.

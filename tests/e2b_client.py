@@ -61,6 +61,32 @@ def run_sync():
         step("background wait")
         h = sbx.commands.run("sleep 0.2; echo done", background=True)
         assert h.wait().stdout == "done\n"
+        step("stdin")
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "hello ")
+        if hasattr(sbx.commands, "stream_input"):
+            sbx.commands.stream_input(h.pid, iter(["stream", "ed "]))
+        sbx.commands.send_stdin(h.pid, "world\n")
+        if hasattr(sbx.commands, "close_stdin"):
+            sbx.commands.close_stdin(h.pid)
+            out = h.wait().stdout
+        else:
+            # No close_stdin before e2b 2.27: the input is there, then kill.
+            time.sleep(0.5)
+            sbx.commands.kill(h.pid)
+            try:
+                h.wait()
+            except exit_error() as e:
+                out = e.stdout
+        want = "hello streamed world\n" if hasattr(sbx.commands, "stream_input") else "hello world\n"
+        assert out == want, (out, want)
+        h = sbx.commands.run("sleep 30", background=True)
+        try:
+            sbx.commands.send_stdin(h.pid, "x")
+            raise AssertionError("stdin to a command started without it did not raise")
+        except Exception as e:
+            assert "without stdin" in str(e), e
+        sbx.commands.kill(h.pid)
         step("files")
         sbx.files.write("/tmp/e2b/a.txt", "hello")
         assert sbx.files.read("/tmp/e2b/a.txt") == "hello"
@@ -125,7 +151,16 @@ def run_sync():
         except TimeoutException:
             pass
         assert time.time() - t0 < 10
-        assert "sleep 30" not in sbx.commands.run("ps -eo args 2>/dev/null || true").stdout
+        # Killed by Warren at the deadline (the kill may land just after
+        # the client's error).
+        for _ in range(50):
+            left = sbx.commands.run(
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 30' || true"
+            ).stdout.strip()
+            if left == "0":
+                break
+            time.sleep(0.1)
+        assert left == "0", left
         assert sbx.is_running() is True
     finally:
         step("kill")

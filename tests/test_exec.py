@@ -187,3 +187,48 @@ def test_exec_gets_default_signal_dispositions(warren, sandbox):
     lines = out.decode().split()
     assert lines[:2] == ["SigIgn:", "0000000000000000"], out
     assert lines[2:] == ["y", "y"]
+
+
+def test_a_dropped_exec_stream_kills_its_command_at_once(warren, sandbox):
+    """A client that goes away (closes the stream) takes its command with
+    it, whole tree, even when the command is silent."""
+    sid = sandbox()["id"]
+    with warren.http.stream("POST", f"/v1/sandboxes/{sid}/exec",
+                            json={"cmd": ["sh", "-c", "sleep 1007 & sleep 1008"]}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            assert '"start"' in line, line
+            break
+    deadline = time.monotonic() + 3
+    while "sleep 100" in (ps := sh_ok(warren, sid, "ps -o args")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "sleep 1007" not in ps and "sleep 1008" not in ps, ps
+
+
+def test_stdin_open_takes_input_while_the_command_runs(warren, box):
+    import json
+
+    with warren.http.stream("POST", f"/v1/sandboxes/{box}/exec",
+                            json={"cmd": ["cat"], "stdin": base64.b64encode(b"one ").decode(),
+                                  "stdin_open": True, "timeout": "30s"}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        start = json.loads(next(lines))
+        assert start["type"] == "start", start
+        url = f"/v1/sandboxes/{box}/execs/{start['exec_id']}/stdin"
+        assert warren.http.post(url, content=b"two ").status_code == 204
+        assert warren.http.post(url, content=b"three\n", params={"close": "true"}).status_code == 204
+        out, exit_ev = b"", None
+        for line in lines:
+            ev = json.loads(line)
+            if ev["type"] == "stdout":
+                out += base64.b64decode(ev["data"])
+            elif ev["type"] == "exit":
+                exit_ev = ev
+        assert exit_ev and exit_ev["code"] == 0 and not exit_ev["timed_out"], exit_ev
+        assert out == b"one two three\n", out
+    # Its stdin went with it; so does an exec that never took input.
+    r = warren.http.post(url, content=b"late")
+    assert r.status_code == 404 and "stdin_open" in error_body(r)["message"], r.text
+    ev, _, _, _ = warren.exec(box, ["true"])
+    assert ev["code"] == 0

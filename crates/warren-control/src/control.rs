@@ -349,6 +349,21 @@ impl Control {
         node.exec(id, req.clone()).await.map_err(node_error)
     }
 
+    /// More stdin for a running exec started with `stdin_open`.
+    pub async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: axum::body::Bytes,
+        close: bool,
+    ) -> Result<(), ApiError> {
+        let row = self.get(id).await?;
+        self.api(&row.node)?
+            .exec_input(id, exec_id, data, close)
+            .await
+            .map_err(node_error)
+    }
+
     /// Replaces a running sandbox's egress rules: recorded first (so a
     /// restart restores them), then applied, which cannot fail half-way: it
     /// closes the connections the new rules no longer allow, and reports

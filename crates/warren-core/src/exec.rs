@@ -24,6 +24,11 @@ pub struct ExecRequest {
     pub timeout: Option<Dur>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Keep stdin open after `stdin`: more is sent while the exec runs
+    /// (`POST /v1/sandboxes/{id}/execs/{exec_id}/stdin`) until a send
+    /// closes it or the exec's stream ends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
 }
 
 impl ExecRequest {

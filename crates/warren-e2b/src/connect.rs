@@ -240,6 +240,37 @@ pub fn decode<T: serde::de::DeserializeOwned>(
         .map_err(|e| RpcError::new(Code::InvalidArgument, format!("malformed request: {e}")))
 }
 
+/// The messages of a client stream: the body is envelopes, one after
+/// another (an end-of-stream envelope, if any, ends them).
+pub fn decode_stream<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, RpcError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        if rest.len() < 5 {
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                "a client stream must be Connect envelopes (flags, length, JSON)",
+            ));
+        }
+        let flags = rest[0];
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let msg = rest.get(5..5 + len).ok_or_else(|| {
+            RpcError::new(
+                Code::InvalidArgument,
+                "a Connect envelope is shorter than its length says",
+            )
+        })?;
+        if flags & END_STREAM != 0 {
+            break;
+        }
+        out.push(serde_json::from_slice(msg).map_err(|e| {
+            RpcError::new(Code::InvalidArgument, format!("malformed message: {e}"))
+        })?);
+        rest = &rest[5 + len..];
+    }
+    Ok(out)
+}
+
 /// How long a call may take (`Connect-Timeout-Ms`); None when not given.
 pub fn timeout(headers: &HeaderMap) -> Option<Duration> {
     headers
@@ -284,6 +315,16 @@ mod tests {
         let v: Value = decode(&h, &body).expect("decodes");
         assert_eq!(v["x"], 2);
         assert!(decode::<Value>(&h, &body[..6]).is_err());
+    }
+
+    #[test]
+    fn a_client_stream_is_its_envelopes_in_order() {
+        let mut body = envelope(0, br#"{"n":1}"#).to_vec();
+        body.extend_from_slice(&envelope(0, br#"{"n":2}"#));
+        body.extend_from_slice(&envelope(END_STREAM, b"{}"));
+        let v: Vec<Value> = decode_stream(&body).expect("decodes");
+        assert_eq!(v, vec![json!({"n": 1}), json!({"n": 2})]);
+        assert!(decode_stream::<Value>(&body[..3]).is_err());
     }
 
     #[tokio::test]

@@ -216,6 +216,7 @@ async fn steps(control: &Arc<Control>, image: &str, id: &str, job: &Job) -> RunC
         stdin: stdin.map(|s| base64::engine::general_purpose::STANDARD.encode(s)),
         timeout: Some(Dur(timeout)),
         user: None,
+        ..Default::default()
     };
     let compile_result = match lang.compile {
         Some(c) => Some(exec(control, id, image, lang, step(c, job.compile_timeout, None)).await),

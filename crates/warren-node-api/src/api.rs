@@ -103,6 +103,11 @@ pub trait NodeApi: Send + Sync {
     /// the command's whole process tree.
     async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>>;
 
+    /// More stdin for a running exec started with `stdin_open` (named by
+    /// the `exec_id` of its start event); `close` ends its stdin.
+    async fn exec_input(&self, id: &str, exec_id: &str, data: Bytes, close: bool)
+        -> NodeResult<()>;
+
     /// Writes a file (or unpacks a tar archive) from `body`, all or nothing.
     async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()>;
 

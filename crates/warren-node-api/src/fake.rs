@@ -258,6 +258,16 @@ impl NodeApi for FakeNode {
         self.with(id, |_| ())
     }
 
+    async fn exec_input(
+        &self,
+        _id: &str,
+        _exec_id: &str,
+        _data: bytes::Bytes,
+        _close: bool,
+    ) -> NodeResult<()> {
+        unsupported("exec input")
+    }
+
     async fn path_op(&self, _id: &str, _op: PathOp) -> NodeResult<Vec<PathEntry>> {
         unsupported("files")
     }

@@ -479,6 +479,25 @@ impl NodeApi for HttpNode {
         })
     }
 
+    async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: bytes::Bytes,
+        close: bool,
+    ) -> NodeResult<()> {
+        let close = close.to_string();
+        let rb = self
+            .request(
+                Method::POST,
+                &["sandboxes", id, "execs", exec_id, "stdin"],
+                &[("close", &close)],
+            )?
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(data);
+        self.call(rb, Deadline::Quick).await
+    }
+
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         let rb = self.post_json(&["sandboxes", id, "paths"], &op)?;
         self.call_json(rb, Deadline::Quick).await

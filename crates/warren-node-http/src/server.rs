@@ -68,6 +68,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `PUT /sandboxes/{id}/files?path=&mode=&tar=` | `write_file` (raw body) | 204 |
 /// | `GET /sandboxes/{id}/files?path=` | `read_file` | raw body, `x-warren-file-kind` |
 /// | `POST /sandboxes/{id}/paths` | `path_op` (a `PathOp`) | JSON `[PathEntry]` |
+/// | `POST /sandboxes/{id}/execs/{exec_id}/stdin?close=` | `exec_input` (raw body) | 204 |
 /// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
@@ -101,6 +102,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/exec", post(exec))
         .route("/sandboxes/{id}/files", put(write_file).get(read_file))
         .route("/sandboxes/{id}/paths", post(path_op))
+        .route("/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_input))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/sandboxes/{id}/ports/{port}", post(connect_port))
         .route("/sandboxes/{id}/network", put(set_network))
@@ -522,6 +524,22 @@ async fn check_network(
     JsonBody(spec): JsonBody<NetworkSpec>,
 ) -> Answer<Response> {
     node.check_network(spec).await?;
+    Ok(done())
+}
+
+#[derive(serde::Deserialize)]
+struct InputQuery {
+    #[serde(default)]
+    close: bool,
+}
+
+async fn exec_input(
+    State(node): Node,
+    P((id, exec_id)): P<(String, String)>,
+    Q(q): Q<InputQuery>,
+    body: Bytes,
+) -> Answer<Response> {
+    node.exec_input(&id, &exec_id, body, q.close).await?;
     Ok(done())
 }
 

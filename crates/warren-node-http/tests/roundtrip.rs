@@ -355,6 +355,26 @@ impl NodeApi for FakeNode {
         Ok(())
     }
 
+    async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: Bytes,
+        close: bool,
+    ) -> NodeResult<()> {
+        self.need(id)?;
+        if exec_id == "ended" {
+            return Err(NodeError::conflict(
+                "exec ended has ended; its stdin is closed",
+            ));
+        }
+        self.record(format!(
+            "exec_input {id} {exec_id} {} {close}",
+            String::from_utf8_lossy(&data)
+        ));
+        Ok(())
+    }
+
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         self.need(id)?;
         self.record(format!(
@@ -728,6 +748,16 @@ async fn every_method_crosses_the_wire() {
     assert_eq!(&back, b"ping");
     drop(tunnel);
 
+    // Stdin sent to a running exec, and to one that ended.
+    node.exec_input("sb-2", "ex-1", Bytes::from_static(b"line\n"), true)
+        .await
+        .unwrap();
+    let ended = node
+        .exec_input("sb-2", "ended", Bytes::new(), false)
+        .await
+        .unwrap_err();
+    assert_eq!(ended.kind, ErrorKind::Conflict);
+
     // Paths.
     let listed = node
         .path_op(
@@ -834,6 +864,7 @@ async fn every_method_crosses_the_wire() {
         "write_file sb-2 /work/dir 755 true".into(),
         "check_network pypi.org:443".into(),
         r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
+        "exec_input sb-2 ex-1 line\n true".into(),
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");

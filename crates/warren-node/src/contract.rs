@@ -340,6 +340,19 @@ impl NodeApi for LocalNode {
         })
     }
 
+    async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: Bytes,
+        close: bool,
+    ) -> NodeResult<()> {
+        self.node
+            .exec_input(id, exec_id, data, close)
+            .await
+            .map_err(contract_error)
+    }
+
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         self.node.renew_lease(id);
         let root = self.node.root(id).map_err(contract_error)?;

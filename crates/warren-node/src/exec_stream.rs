@@ -29,6 +29,9 @@ pub struct ExecJob {
     pub sandbox_cgroup: String,
     pub spec: ExecSpec,
     pub stdin: Option<Vec<u8>>,
+    /// More stdin while the exec runs (after `stdin`): `Some(bytes)` to
+    /// write, `None` to close it. Without it stdin ends after `stdin`.
+    pub more_stdin: Option<mpsc::Receiver<Option<bytes::Bytes>>>,
     pub timeout: Option<Duration>,
     pub exec_id: String,
     /// Where output is copied (main process and logged execs).
@@ -49,7 +52,11 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
             (None, None)
         }
     };
-    let started_exec = exec::start(&job.socket, &job.spec, job.stdin.take(), procs).await;
+    let stdin = match job.more_stdin {
+        Some(_) => exec::Stdin::Open,
+        None => exec::Stdin::Bytes(job.stdin.take()),
+    };
+    let started_exec = exec::start(&job.socket, &job.spec, stdin, procs).await;
     let running = match started_exec {
         Ok(Ok(r)) => r,
         Err(e) => {
@@ -86,11 +93,15 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
     };
     let exec::RunningExec {
         pid,
+        stdin,
         stdout,
         stderr,
         exit,
         signal,
     } = running;
+    if let (Some(pipe), Some(more)) = (stdin, job.more_stdin.take()) {
+        tokio::spawn(write_stdin(pipe, job.stdin.take(), more));
+    }
     pump(
         &job,
         pid,
@@ -103,6 +114,27 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
         started,
     )
     .await
+}
+
+/// Writes what stdin gets, in order: the bytes given at start, then each
+/// send, until a send closes it or every sender is gone (the exec ended).
+async fn write_stdin(
+    mut pipe: tokio::net::unix::pipe::Sender,
+    first: Option<Vec<u8>>,
+    mut more: mpsc::Receiver<Option<bytes::Bytes>>,
+) {
+    use tokio::io::AsyncWriteExt;
+    if let Some(first) = first.filter(|b| !b.is_empty()) {
+        if pipe.write_all(&first).await.is_err() {
+            return;
+        }
+    }
+    while let Some(Some(chunk)) = more.recv().await {
+        // A command that exits or closes its stdin ends the writes.
+        if pipe.write_all(&chunk).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Kills everything in the exec's cgroup (off the async threads: it waits
@@ -202,6 +234,15 @@ async fn pump_streams(
             },
             _ = sleep_until_opt(timer) => {
                 if drain_until.is_some() {
+                    // What the command wrote before it exited is in the
+                    // pipes already; a busy node can reach this timer before
+                    // it got to read them, and must not lose that output.
+                    if out_open {
+                        drain_ready(&mut stdout, &mut buf_out, &tx, job, false).await?;
+                    }
+                    if err_open {
+                        drain_ready(&mut stderr, &mut buf_err, &tx, job, true).await?;
+                    }
                     break;
                 }
                 timed_out = true;
@@ -244,6 +285,23 @@ async fn pump_streams(
     };
     let _ = tx.send(exit_event(exit, started)).await;
     Ok(exit)
+}
+
+/// Forwards what a pipe holds now, without waiting for more (background
+/// children may keep it open forever).
+async fn drain_ready(
+    pipe: &mut tokio::net::unix::pipe::Receiver,
+    buf: &mut [u8],
+    tx: &mpsc::Sender<ExecEvent>,
+    job: &ExecJob,
+    stderr: bool,
+) -> Result<(), NodeError> {
+    loop {
+        match pipe.try_read(buf) {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(n) => forward(tx, job, stderr, &buf[..n]).await?,
+        }
+    }
 }
 
 async fn forward(

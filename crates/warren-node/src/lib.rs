@@ -65,6 +65,9 @@ pub enum NodeError {
 /// fill a link from a nearby registry without starving sandboxes' traffic.
 const MAX_DOWNLOADS: usize = 6;
 
+/// Where an exec's further stdin goes: `Some(bytes)`, or `None` to close.
+type StdinSender = mpsc::Sender<Option<bytes::Bytes>>;
+
 struct Live {
     /// What the control plane asked for, with its network rules as they
     /// are now (journaled with what follows).
@@ -123,6 +126,9 @@ pub struct Node {
     disk_pressure: AtomicBool,
     feed: Arc<feed::Feed>,
     exec_seq: AtomicU64,
+    /// Where more stdin goes, for execs started with `stdin_open`, by
+    /// sandbox and exec id; gone when the exec ends.
+    stdin_senders: Mutex<HashMap<(String, String), StdinSender>>,
     egress: Arc<warren_net::Egress>,
 }
 
@@ -204,6 +210,7 @@ impl Node {
             // killed): they must never repeat, so they count on from the
             // boot clock, not from zero at every start.
             exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
+            stdin_senders: Default::default(),
             egress: warren_net::Egress::new(cap.egress.clone()),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
@@ -541,6 +548,7 @@ impl Node {
                 cgroup: false,
             },
             stdin,
+            more_stdin: None,
             timeout: req.timeout.map(|t| t.0),
             exec_id: if main {
                 "main".into()
@@ -554,7 +562,7 @@ impl Node {
     /// Starts an exec; its events arrive on the returned channel. Dropping
     /// the receiver kills the exec's process tree.
     pub async fn exec(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         req: &ExecRequest,
     ) -> Result<mpsc::Receiver<ExecEvent>, NodeError> {
@@ -562,7 +570,16 @@ impl Node {
         if live.destroying.load(Ordering::Acquire) {
             return Err(NodeError::NotRunning(id.to_string()));
         }
-        let job = self.exec_job(id, &live, req, false)?;
+        let mut job = self.exec_job(id, &live, req, false)?;
+        // Removed when the exec ends, which closes its stdin.
+        let input_key = req.stdin_open.then(|| {
+            let (input_tx, input_rx) = mpsc::channel(16);
+            job.more_stdin = Some(input_rx);
+            let key = (id.to_string(), job.exec_id.clone());
+            lock(&self.stdin_senders).insert(key.clone(), input_tx);
+            key
+        });
+        let senders = Arc::downgrade(self);
         let (tx, rx) = mpsc::channel(64);
         // Surface "cannot start" errors synchronously so the API can answer 409.
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
@@ -570,7 +587,14 @@ impl Node {
             let (inner_tx, mut inner_rx) = mpsc::channel::<ExecEvent>(64);
             let fwd = tokio::spawn(async move {
                 let mut first = Some(started_tx);
-                while let Some(ev) = inner_rx.recv().await {
+                loop {
+                    // A client that drops the stream is noticed now (the
+                    // exec then dies of it), not at its next event.
+                    let ev = tokio::select! {
+                        ev = inner_rx.recv() => ev,
+                        _ = tx.closed() => None,
+                    };
+                    let Some(ev) = ev else { break };
                     if let Some(s) = first.take() {
                         let _ = s.send(Ok(()));
                     }
@@ -581,6 +605,9 @@ impl Node {
                 first
             });
             let result = exec_stream::run(job, inner_tx).await;
+            if let (Some(key), Some(node)) = (input_key, senders.upgrade()) {
+                lock(&node.stdin_senders).remove(&key);
+            }
             if let (Err(e), Ok(Some(s))) = (result, fwd.await) {
                 let _ = s.send(Err(e));
             }
@@ -590,6 +617,32 @@ impl Node {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(NodeError::Internal("exec task ended early".into())),
         }
+    }
+
+    /// Sends more stdin to a running exec started with `stdin_open`;
+    /// `close` ends its stdin after `data`.
+    pub async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: bytes::Bytes,
+        close: bool,
+    ) -> Result<(), NodeError> {
+        let key = (id.to_string(), exec_id.to_string());
+        let sender = lock(&self.stdin_senders).get(&key).cloned().ok_or_else(|| {
+            NodeError::Runtime(RuntimeError::NotFound(format!(
+                "no exec {exec_id} with an open stdin in sandbox {id}: start it with stdin_open, and send while it runs"
+            )))
+        })?;
+        let gone = || NodeError::Conflict(format!("exec {exec_id} has ended; its stdin is closed"));
+        if !data.is_empty() {
+            sender.send(Some(data)).await.map_err(|_| gone())?;
+        }
+        if close {
+            lock(&self.stdin_senders).remove(&key);
+            sender.send(None).await.map_err(|_| gone())?;
+        }
+        Ok(())
     }
 
     /// Kills and removes everything of the sandbox, `why` being the last

@@ -44,6 +44,8 @@ async fn connect(socket: &Path) -> Result<tokio::net::UnixStream, RuntimeError> 
 
 pub struct RunningExec {
     pub pid: i32,
+    /// The write end of the command's stdin, when it was kept open.
+    pub stdin: Option<pipe::Sender>,
     pub stdout: pipe::Receiver,
     pub stderr: pipe::Receiver,
     pub exit: ExitWait,
@@ -54,13 +56,21 @@ pub enum ExecOutcome {
     Exited { code: i32, signal: Option<i32> },
 }
 
+/// What the command's stdin gets.
+pub enum Stdin {
+    /// These bytes (maybe none), then end of file.
+    Bytes(Option<Vec<u8>>),
+    /// Left open: the caller writes to `RunningExec::stdin`.
+    Open,
+}
+
 /// Starts a command through init. `stdin` is written in full and then
-/// closed. `cgroup` is the exec cgroup's `cgroup.procs` (see exec_cgroup),
+/// closed, or kept open for the caller. `cgroup` is the exec cgroup's `cgroup.procs` (see exec_cgroup),
 /// sent along when `spec.cgroup` says so.
 pub async fn start(
     socket: &Path,
     spec: &ExecSpec,
-    stdin: Option<Vec<u8>>,
+    stdin: Stdin,
     cgroup: Option<OwnedFd>,
 ) -> Result<Result<RunningExec, (String, i32)>, RuntimeError> {
     let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
@@ -94,9 +104,18 @@ pub async fn start(
     .await?;
     match reply {
         InitReply::Started { pid } => {
-            feed_stdin(in_w, stdin)?;
+            let stdin = match stdin {
+                Stdin::Bytes(data) => {
+                    feed_stdin(in_w, data)?;
+                    None
+                }
+                Stdin::Open => {
+                    Some(pipe::Sender::from_owned_fd(in_w).map_err(RuntimeError::io("pipe"))?)
+                }
+            };
             Ok(Ok(RunningExec {
                 pid,
+                stdin,
                 stdout: receiver(out_r)?,
                 stderr: receiver(err_r)?,
                 exit: ExitWait {

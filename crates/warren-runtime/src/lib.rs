@@ -29,7 +29,7 @@ pub mod userns;
 
 use std::path::{Path, PathBuf};
 
-pub use exec::{ExecOutcome, ExecSignal, ExitWait, RunningExec};
+pub use exec::{ExecOutcome, ExecSignal, ExitWait, RunningExec, Stdin};
 pub use proto::ExecSpec;
 use warren_core::ResolvedResources;
 

@@ -185,6 +185,28 @@ pub(crate) async fn exec(
     Ok(ndjson(&st, events))
 }
 
+#[derive(Deserialize)]
+pub(crate) struct StdinQuery {
+    #[serde(default)]
+    close: bool,
+}
+
+/// More stdin for a running exec started with `stdin_open` (the body, raw;
+/// `close=true` ends its stdin after it). `exec_id` is in the exec's
+/// `start` event.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/execs/{exec_id}/stdin", params(("close" = Option<bool>, Query)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204, description = "written"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn exec_stdin(
+    State(st): St,
+    Path((id, exec_id)): Path<(String, String)>,
+    Query(q): Query<StdinQuery>,
+    body: axum::body::Bytes,
+) -> ApiResult<StatusCode> {
+    st.control.exec_input(&id, &exec_id, body, q.close).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Body of `POST /v1/sandboxes/{id}/commit`.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

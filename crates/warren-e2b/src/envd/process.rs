@@ -36,6 +36,10 @@ pub struct Processes {
 
 struct Proc {
     pid: u32,
+    /// Warren's name for the exec, for sending it stdin.
+    exec_id: String,
+    /// Started with `stdin: true`: input may follow.
+    stdin: bool,
     config: Value,
     tag: Option<String>,
     subscribers: Mutex<Vec<mpsc::Sender<Msg>>>,
@@ -147,6 +151,9 @@ struct StartRequest {
     process: Value,
     #[serde(default)]
     tag: Option<String>,
+    /// envd's default when absent is true (older SDKs send nothing).
+    #[serde(default)]
+    stdin: Option<bool>,
     #[serde(default)]
     pty: Option<Value>,
 }
@@ -177,14 +184,20 @@ pub async fn rpc(
         },
         "List" => connect::unary(Ok(list(&e2b, &target))),
         "SendSignal" => connect::unary(signal(&e2b, &target, &headers, &body)),
-        "SendInput" | "StreamInput" | "CloseStdin" | "Update" => {
-            connect::unary::<Value>(Err(RpcError::new(
-                Code::Unimplemented,
-                format!(
-                    "process.Process/{method} is not supported by Warren: a process's stdin is given when it starts (pipe input into the command, e.g. with a here-document) and PTYs are not offered"
-                ),
-            )))
-        }
+        "SendInput" => connect::unary(send_input(&e2b, &target, &headers, &body).await),
+        "CloseStdin" => connect::unary(close_stdin(&e2b, &target, &headers, &body).await),
+        // A client stream answers as a stream: its one message, then the end.
+        "StreamInput" => match stream_input(&e2b, &target, &body).await {
+            Ok(v) => connect::server_stream(futures_util::stream::iter([
+                Item::Message(v),
+                Item::End(Ok(())),
+            ])),
+            Err(e) => connect::stream_error(e),
+        },
+        "Update" => connect::unary::<Value>(Err(RpcError::new(
+            Code::Unimplemented,
+            "PTY processes are not supported by Warren, so there is no PTY to resize",
+        ))),
         other => connect::unary::<Value>(Err(RpcError::new(
             Code::Unimplemented,
             format!("process.Process has no method {other:?}"),
@@ -221,10 +234,11 @@ async fn start(
         stdin: None,
         timeout: connect::timeout(headers).map(warren_core::spec::Dur),
         user: user.filter(|u| u != "root"),
+        stdin_open: req.stdin.unwrap_or(true),
     };
     let mut events = target.control.exec(&target.id, &exec).await?;
-    let pid = match events.next().await {
-        Some(ExecEvent::Start { pid, .. }) => pid.max(0) as u32,
+    let (pid, exec_id) = match events.next().await {
+        Some(ExecEvent::Start { pid, exec_id }) => (pid.max(0) as u32, exec_id),
         Some(ExecEvent::Error { message }) => return Err(RpcError::new(Code::Internal, message)),
         _ => {
             return Err(RpcError::new(
@@ -236,6 +250,8 @@ async fn start(
     let (kill_tx, kill_rx) = oneshot::channel();
     let proc = Arc::new(Proc {
         pid,
+        exec_id,
+        stdin: req.stdin.unwrap_or(true),
         config: req.process,
         tag: req.tag,
         subscribers: Mutex::new(Vec::new()),
@@ -416,6 +432,121 @@ fn list(e2b: &E2b, target: &Target) -> Value {
         })
         .collect();
     json!({ "processes": processes })
+}
+
+#[derive(Deserialize, Default)]
+struct Input {
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    pty: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct InputRequest {
+    #[serde(default)]
+    process: Selector,
+    #[serde(default)]
+    input: Input,
+}
+
+/// The running process a stdin call is for, if it took stdin.
+fn stdin_target(e2b: &E2b, target: &Target, selector: &Selector) -> Result<Arc<Proc>, RpcError> {
+    let proc = e2b
+        .processes
+        .find(&target.id, selector)
+        .filter(|p| lock(&p.ended).is_none())
+        .ok_or_else(|| no_process(selector))?;
+    if !proc.stdin {
+        return Err(RpcError::new(
+            Code::FailedPrecondition,
+            format!(
+                "process {} was started without stdin; start it with stdin=True",
+                proc.pid
+            ),
+        ));
+    }
+    Ok(proc)
+}
+
+fn input_bytes(input: &Input) -> Result<Bytes, RpcError> {
+    if input.pty.is_some() {
+        return Err(RpcError::new(
+            Code::Unimplemented,
+            "PTY input is not supported by Warren (no PTYs); send stdin",
+        ));
+    }
+    let data = input.stdin.as_deref().unwrap_or("");
+    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data)
+        .map(Bytes::from)
+        .map_err(|_| RpcError::new(Code::InvalidArgument, "stdin must be base64"))
+}
+
+async fn write_input(
+    target: &Target,
+    proc: &Proc,
+    data: Bytes,
+    close: bool,
+) -> Result<(), RpcError> {
+    target
+        .control
+        .exec_input(&target.id, &proc.exec_id, data, close)
+        .await
+        .map_err(RpcError::from)
+}
+
+async fn send_input(
+    e2b: &E2b,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    let req: InputRequest = connect::decode(headers, body)?;
+    let proc = stdin_target(e2b, target, &req.process)?;
+    write_input(target, &proc, input_bytes(&req.input)?, false).await?;
+    Ok(json!({}))
+}
+
+async fn close_stdin(
+    e2b: &E2b,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    let req: ProcessRequest = connect::decode(headers, body)?;
+    let proc = stdin_target(e2b, target, &req.process)?;
+    write_input(target, &proc, Bytes::new(), true).await?;
+    Ok(json!({}))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamInputMessage {
+    #[serde(default)]
+    start: Option<ProcessRequest>,
+    #[serde(default)]
+    data: Option<InputRequest>,
+}
+
+/// A client stream: `start` naming the process, then `data` messages
+/// written in order (keepalives skipped).
+async fn stream_input(e2b: &E2b, target: &Target, body: &[u8]) -> Result<Value, RpcError> {
+    let messages: Vec<StreamInputMessage> = connect::decode_stream(body)?;
+    let mut proc = None;
+    for m in messages {
+        if let Some(start) = m.start {
+            proc = Some(stdin_target(e2b, target, &start.process)?);
+        } else if let Some(data) = m.data {
+            let p = proc.as_ref().ok_or_else(|| {
+                RpcError::new(
+                    Code::InvalidArgument,
+                    "a StreamInput stream starts with a start message naming the process",
+                )
+            })?;
+            write_input(target, p, input_bytes(&data.input)?, false).await?;
+        }
+    }
+    Ok(json!({}))
 }
 
 /// SIGKILL and SIGTERM both end the process: Warren kills the exec's

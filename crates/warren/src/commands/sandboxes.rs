@@ -140,6 +140,7 @@ pub(super) async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
             .map(|t| quantity::parse_duration(t).map(Dur))
             .transpose()?,
         user: a.user,
+        ..Default::default()
     };
     let exit = client.exec(&a.id, &req, write_output).await?;
     Ok(exit_code(&exit))

@@ -218,6 +218,14 @@ def test_background_process_wait_kill_and_stdin(sb):
     assert r.stdout == b"got:one\ngot:two\neof\n", r
     with pytest.raises(sdk.WarrenError):
         sb.spawn("true").send_stdin("x")
+    # An exec stream takes stdin as it runs, too (no shell needed).
+    with sb.exec_stream(["cat"], stdin="a", stdin_open=True) as s:
+        next(iter(s))
+        s.send_stdin("b")
+        s.close_stdin()
+        for _ in s:
+            pass
+        assert s.result.stdout == b"ab" and s.result.exit_code == 0, s.result
 
 
 # ---------------------------------------------------------------- files

@@ -392,9 +392,11 @@ class AsyncSandbox:
         timeout: Seconds | None = None,
         stdin: bytes | str | None = None,
         user: str | None = None,
+        stdin_open: bool = False,
     ) -> AsyncExecStream:
-        """Starts ``cmd``; ``async for ev in stream`` yields its events as they happen."""
-        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user)
+        """Starts ``cmd``; ``async for ev in stream`` yields its events as they
+        happen. ``stdin_open`` keeps its stdin open for :meth:`AsyncExecStream.send_stdin`."""
+        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open)
         return AsyncExecStream(self._c, await self._c._send(call), self.id)
 
     async def spawn(
@@ -409,13 +411,8 @@ class AsyncSandbox:
     ) -> AsyncProcess:
         """Starts ``cmd`` in the background; its output is read by a task as
         it comes (see :meth:`warren.Sandbox.spawn`)."""
-        fifo = None
-        args = core.argv(cmd)
-        if stdin:
-            fifo = core.fifo_path()
-            args = ["sh", "-c", core.STDIN_WRAPPER, "sh", fifo, *args]
-        stream = await self.exec_stream(args, env=env, cwd=cwd, timeout=timeout, user=user)
-        proc = AsyncProcess(self, stream, fifo)
+        stream = await self.exec_stream(cmd, env=env, cwd=cwd, timeout=timeout, user=user, stdin_open=stdin)
+        proc = AsyncProcess(self, stream, stdin)
         await proc._start()
         return proc
 
@@ -482,6 +479,20 @@ class AsyncExecStream:
         self._done = True
         await self._resp.aclose()
 
+    async def send_stdin(self, data: bytes | str) -> None:
+        """Writes ``data`` to the command's stdin (started with
+        ``stdin_open=True``); sends arrive in order."""
+        await self._stdin_call(data, close=False)
+
+    async def close_stdin(self) -> None:
+        """Ends the command's stdin (it reads end-of-file)."""
+        await self._stdin_call(b"", close=True)
+
+    async def _stdin_call(self, data: bytes | str, close: bool) -> None:
+        if self.exec_id is None:
+            raise errors.WarrenError("the command has not started (read its start event first)")
+        await self._c._call(core.exec_stdin_call(self._sandbox_id, self.exec_id, data, close))
+
     async def _kill(self) -> None:
         if self._collector.start is not None and self._sandbox_id:
             with contextlib.suppress(errors.WarrenError):
@@ -497,10 +508,10 @@ class AsyncExecStream:
 class AsyncProcess:
     """A command running in the background, its output drained by a task."""
 
-    def __init__(self, sandbox: AsyncSandbox, stream: AsyncExecStream, fifo: str | None) -> None:
+    def __init__(self, sandbox: AsyncSandbox, stream: AsyncExecStream, stdin: bool) -> None:
         self._sb = sandbox
         self._stream = stream
-        self._fifo = fifo
+        self._stdin = stdin
         self._killed = False
         self._started = asyncio.get_running_loop().create_future()
         self._task = asyncio.get_running_loop().create_task(self._drain())
@@ -556,14 +567,16 @@ class AsyncProcess:
         await self._stream._kill()
 
     async def send_stdin(self, data: bytes | str) -> None:
-        if self._fifo is None:
+        """Writes ``data`` to the command's stdin (spawned with ``stdin=True``)."""
+        if not self._stdin:
             raise errors.WarrenError("spawn the process with stdin=True to send it input")
-        await self._sb.exec(["sh", "-c", core.STDIN_WRITE, "sh", self._fifo], stdin=data, check=True)
+        await self._stream.send_stdin(data)
 
     async def close_stdin(self) -> None:
-        if self._fifo is None:
+        """Ends the command's stdin (it reads end-of-file)."""
+        if not self._stdin:
             raise errors.WarrenError("spawn the process with stdin=True to send it input")
-        await self._sb.exec(["sh", "-c", core.STDIN_CLOSE, "sh", self._fifo], check=True)
+        await self._stream.close_stdin()
 
 
 class AsyncFiles:

@@ -405,8 +405,11 @@ def exec_call(
     timeout: Seconds | None = None,
     stdin: bytes | str | None = None,
     user: str | None = None,
+    stdin_open: bool = False,
 ) -> Call[None]:
     body: dict[str, Any] = {"cmd": argv(cmd)}
+    if stdin_open:
+        body["stdin_open"] = True
     if env:
         body["env"] = {str(k): str(v) for k, v in env.items()}
     if cwd is not None:
@@ -418,6 +421,15 @@ def exec_call(
     if user is not None:
         body["user"] = str(user)
     return Call("POST", sb_path(sid, "/exec"), _none, json=body, sandbox=sid, stream=True)
+
+
+def exec_stdin_call(sid: str, exec_id: str, data: bytes | str, close: bool) -> Call[None]:
+    """More stdin for a running exec started with ``stdin_open`` (not
+    replayed: a repeated write would repeat the input)."""
+    body = data.encode() if isinstance(data, str) else bytes(data)
+    params = {"close": "true"} if close else None
+    return Call("POST", sb_path(sid, f"/execs/{exec_id}/stdin"), _none, content=body,
+                params=params, sandbox=sid)
 
 
 def logs_call(sid: str, follow: bool) -> Call[None]:
@@ -626,32 +638,11 @@ def extract_tar(fileobj: io.RawIOBase | io.BufferedIOBase | Any, dest: str | os.
                 t.extract(m, root)
 
 
-# Background processes that take stdin later. The API sends an exec's stdin
-# once, at the start; so the command reads a pipe whose writing end a holder
-# process (`sleep`) keeps open. Each `send_stdin` is an exec that writes into
-# that pipe through /proc/<holder>/fd/1 (sandboxes may not make FIFOs);
-# `close_stdin` stops the holder, and the command reads end-of-file.
-STDIN_WRAPPER = (
-    'f=$1; shift; '
-    "sh -c 'echo $$ >\"$1\"; exec sleep 2147483647' sh \"$f\" | "
-    '{ "$@"; c=$?; while [ ! -s "$f" ]; do sleep 0.01; done; '
-    'kill $(cat "$f") 2>/dev/null; rm -f "$f"; exit $c; }'
-)
-_WAIT_PID = 'i=0; while [ ! -s "$1" ]; do i=$((i+1)); [ $i -gt 1000 ] && exit 1; sleep 0.01; done; '
-STDIN_WRITE = _WAIT_PID + 'cat >"/proc/$(cat "$1")/fd/1"'
-STDIN_CLOSE = _WAIT_PID + 'kill $(cat "$1")'
-
-
 def kill_cmd(pid: int) -> list[str]:
     """Kills an exec's process group (each exec leads its own). Closing an
-    exec stream also kills the exec's whole tree, but the daemon notices a
-    closed stream only when it next writes to it (output, or a keepalive
-    every 15 s), so a quiet command is killed explicitly too."""
+    exec stream kills the exec's whole tree too; killing it explicitly
+    keeps the stream open, so it still reports the exit."""
     return ["sh", "-c", 'kill -9 -- "-$1" 2>/dev/null; kill -9 "$1" 2>/dev/null; true', "sh", str(int(pid))]
-
-
-def fifo_path() -> str:
-    return f"/tmp/.warren-stdin-{uuid.uuid4().hex[:12]}.pid"
 
 
 # ---------------------------------------------------------------- exec streams

@@ -431,13 +431,15 @@ class Sandbox:
         timeout: Seconds | None = None,
         stdin: bytes | str | None = None,
         user: str | None = None,
+        stdin_open: bool = False,
     ) -> ExecStream:
         """Starts ``cmd`` and returns a stream of its events as they happen:
         :class:`~warren.models.ExecStart`, :class:`~warren.models.ExecOutput`
         (stdout and stderr interleaved as produced, bytes), then
         :class:`~warren.models.ExecExit`. Closing the stream early kills the
-        command."""
-        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user)
+        command. ``stdin_open`` keeps its stdin open after ``stdin`` for
+        :meth:`ExecStream.send_stdin`."""
+        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open)
         return ExecStream(self._c, self._c._send(call), self.id)
 
     def spawn(
@@ -455,15 +457,9 @@ class Sandbox:
         you ``wait`` or iterate (as with ``subprocess.Popen``'s pipes, a
         process that writes much more than a socket buffer pauses until
         then; send chatty output to a file). ``stdin=True`` lets you feed it
-        input later with ``send_stdin`` (it needs ``sh``, ``mkfifo`` and
-        ``sleep`` in the image)."""
-        fifo = None
-        args = core.argv(cmd)
-        if stdin:
-            fifo = core.fifo_path()
-            args = ["sh", "-c", core.STDIN_WRAPPER, "sh", fifo, *args]
-        stream = self.exec_stream(args, env=env, cwd=cwd, timeout=timeout, user=user)
-        proc = Process(self, stream, fifo)
+        input later with ``send_stdin`` and end it with ``close_stdin``."""
+        stream = self.exec_stream(cmd, env=env, cwd=cwd, timeout=timeout, user=user, stdin_open=stdin)
+        proc = Process(self, stream, stdin)
         proc._await_start()
         return proc
 
@@ -540,6 +536,20 @@ class ExecStream:
         self._done = True
         self._resp.close()
 
+    def send_stdin(self, data: bytes | str) -> None:
+        """Writes ``data`` to the command's stdin (started with
+        ``stdin_open=True``); sends arrive in order."""
+        self._stdin_call(data, close=False)
+
+    def close_stdin(self) -> None:
+        """Ends the command's stdin (it reads end-of-file)."""
+        self._stdin_call(b"", close=True)
+
+    def _stdin_call(self, data: bytes | str, close: bool) -> None:
+        if self.exec_id is None:
+            raise errors.WarrenError("the command has not started (read its start event first)")
+        self._c._call(core.exec_stdin_call(self._sandbox_id, self.exec_id, data, close))
+
     def _kill(self) -> None:
         if self._collector.start is not None and self._sandbox_id:
             with contextlib.suppress(errors.WarrenError):
@@ -555,11 +565,11 @@ class ExecStream:
 class Process(ExecStream):
     """A command running in the background (see :meth:`Sandbox.spawn`)."""
 
-    def __init__(self, sandbox: Sandbox, stream: ExecStream, fifo: str | None) -> None:
+    def __init__(self, sandbox: Sandbox, stream: ExecStream, stdin: bool) -> None:
         super().__init__(stream._c, stream._resp, sandbox.id)
         self._lines = stream._lines
         self._sb = sandbox
-        self._fifo = fifo
+        self._stdin = stdin
         self._killed = False
 
     def _await_start(self) -> None:
@@ -602,15 +612,15 @@ class Process(ExecStream):
 
     def send_stdin(self, data: bytes | str) -> None:
         """Writes ``data`` to the command's stdin (spawned with ``stdin=True``)."""
-        if self._fifo is None:
+        if not self._stdin:
             raise errors.WarrenError("spawn the process with stdin=True to send it input")
-        self._sb.exec(["sh", "-c", core.STDIN_WRITE, "sh", self._fifo], stdin=data, check=True)
+        super().send_stdin(data)
 
     def close_stdin(self) -> None:
         """Ends the command's stdin (it reads end-of-file)."""
-        if self._fifo is None:
+        if not self._stdin:
             raise errors.WarrenError("spawn the process with stdin=True to send it input")
-        self._sb.exec(["sh", "-c", core.STDIN_CLOSE, "sh", self._fifo], check=True)
+        super().close_stdin()
 
 
 class Files:

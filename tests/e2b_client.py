@@ -196,3 +196,9 @@ if __name__ == "__main__":
         run_sync()
     else:
         asyncio.run(run_async())
+        # e2b 2.63's async transport (pyqwest, a Rust extension) sometimes
+        # aborts in interpreter teardown after everything has run and been
+        # checked; the result is what was printed above, so leave without
+        # a teardown.
+        sys.stdout.flush()
+        os._exit(0)

@@ -13,19 +13,21 @@ from helpers import run
 CACHE = Path(os.environ.get("WARREN_TEST_CACHE", "/var/cache/warren-tests"))
 
 
-def debian_python_layout(tmp_path):
-    """An OCI layout (tag `deb`) of a Debian bookworm userland with python3,
-    built with mmdebstrap once and cached as a tar between runs."""
-    cached = CACHE / "debian-bookworm-python3-oci.tar"
+def debian_archive(tmp_path, packages=("python3",)):
+    """An OCI archive (tag `deb`) of a Debian bookworm userland with
+    `packages`, built with mmdebstrap once and cached between runs; its
+    path (for `warren image import`)."""
+    name = "-".join(p.replace("+", "p") for p in packages)
+    cached = CACHE / f"debian-bookworm-{name}-oci.tar"
     if not cached.exists():
         if not shutil.which("mmdebstrap"):
             pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
         CACHE.mkdir(parents=True, exist_ok=True)
-        work = tmp_path / "build"
+        work = tmp_path / f"build-{name}"
         work.mkdir()
         rootfs = work / "rootfs.tar"
         # No device nodes: images may not carry them (Warren's own /dev is used).
-        run("mmdebstrap", "--quiet", "--variant=essential", "--include=python3", "--mode=root",
+        run("mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(packages)}", "--mode=root",
             "--skip=output/dev", "bookworm", rootfs)
         layout = work / "oci"
         run("umoci", "init", "--layout", layout)
@@ -36,6 +38,12 @@ def debian_python_layout(tmp_path):
         partial = cached.with_suffix(".partial")
         run("tar", "-C", layout, "-cf", partial, ".")
         partial.rename(cached)
+    return cached
+
+
+def debian_python_layout(tmp_path):
+    """The python3 archive unpacked as an OCI layout directory."""
+    cached = debian_archive(tmp_path)
     layout = tmp_path / "debian-oci"
     layout.mkdir()
     run("tar", "-C", layout, "-xf", cached)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import Warren, free_port
-from debian import CACHE, debian_python_layout
+from debian import CACHE, debian_archive
 
 IMAGE = "e2b-deb:1"
 # The Debian image with a stand-in for E2B's code-interpreter server.
@@ -72,8 +72,7 @@ def e2b_warren(tmp_path_factory):
         'ready_port = 49999\n')
     w.start()
     try:
-        debian_python_layout(tmp_path_factory.mktemp("deb"))  # builds the cached archive
-        w.cli("image", "import", str(CACHE / "debian-bookworm-python3-oci.tar"), "--name", IMAGE, timeout=300)
+        w.cli("image", "import", str(debian_archive(tmp_path_factory.mktemp("deb"))), "--name", IMAGE, timeout=300)
         # The interpreter image: the stand-in server committed into the
         # Debian image, as a template build would bake it in.
         s = w.http.post("/v1/sandboxes", json={"image": IMAGE}).json()

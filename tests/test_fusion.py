@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from conftest import Warren, free_port
-from debian import CACHE, debian_python_layout
+from debian import CACHE, debian_archive
 
 SANDBOX_FUSION = "0.3.7"
 VERL = "0.9.1"
@@ -70,9 +70,9 @@ def clients():
 
 @pytest.fixture(scope="module")
 def fusion(tmp_path_factory):
-    # Builds the cached image if need be; `image import` takes its tar.
-    debian_python_layout(tmp_path_factory.mktemp("fusion-image"))
-    image_tar = CACHE / "debian-bookworm-python3-oci.tar"
+    # Debian with python3 and g++ (built once and cached): python, bash and
+    # cpp run; the other languages' toolchains are missing.
+    image_tar = debian_archive(tmp_path_factory.mktemp("fusion-image"), ("python3", "g++"))
     base = Path(tempfile.mkdtemp(prefix="warren-fusion-"))
     port = free_port()
     w = Warren(base / "home", free_port(),
@@ -189,13 +189,24 @@ def test_bad_requests_are_422_with_the_reason(fusion):
 
 
 def test_missing_toolchain_names_the_binary_and_the_flag(fusion):
-    # The Debian test image has no g++: the answer says so, and how to fix it.
-    r = post(fusion, {"code": "int main() { return 0; }", "language": "cpp"})
+    # The test image has no Go: the answer says so, and how to fix it.
+    r = post(fusion, {"code": "package main\nfunc main() {}", "language": "go"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["status"] == "SandboxError", body
-    assert "g++" in body["message"] and "--sandbox-fusion-image" in body["message"], body
+    assert "go" in body["message"] and "--sandbox-fusion-image" in body["message"], body
     assert body["compile_result"]["status"] == "Error" and body["run_result"] is None
+
+
+def test_cpp_compiles_runs_and_reports_compile_errors(fusion):
+    ok = post(fusion, {"code": "#include <iostream>\nint main() { int a, b; std::cin >> a >> b; std::cout << a * b << std::endl; }",
+                       "language": "cpp", "stdin": "6 7"}).json()
+    assert ok["status"] == "Success", ok
+    assert ok["compile_result"]["return_code"] == 0 and ok["run_result"]["stdout"] == "42\n", ok
+    bad = post(fusion, {"code": "int main() { return undefined_name; }", "language": "cpp"}).json()
+    assert bad["status"] == "Failed", bad
+    assert bad["compile_result"]["status"] == "Finished" and bad["compile_result"]["return_code"] != 0, bad
+    assert "undefined_name" in bad["compile_result"]["stderr"] and bad["run_result"] is None, bad
 
 
 def test_memory_limit_kills_a_program_over_it(fusion):
@@ -219,15 +230,20 @@ def test_verl_reward_helper(clients, fusion):
         _, crash = case("raise SystemExit(1)", "", "")
         res, meta = m.check_correctness(run_url, {"inputs": ["1 2", "5 5"], "outputs": ["3", "10"]},
                                         "a, b = map(int, input().split())\\nprint(a + b)", timeout=5)
-        bad_cpp = m._process_single_case(0, "", "", run_url, "int main() { return 0; }", 3, 1024, "cpp")
+        bad_cpp, cpp_meta = m._process_single_case(0, "", "", run_url, "int main() { return nope; }", 10, 1024, "cpp")
+        good_cpp, _ = m._process_single_case(0, "", "1", run_url, "#include <cstdio>\\nint main() { puts(\\"1\\"); }", 10, 1024, "cpp")
+        no_go = m._process_single_case(0, "", "", run_url, "package main\\nfunc main() {}", 3, 1024, "go")
         print(json.dumps({"ok": ok, "wrong": wrong, "slow": slow["status"], "crash": crash["status"],
-                          "check": res, "cpp": [bad_cpp[0], bad_cpp[1]["status"]]}))
+                          "check": res, "cpp": [bad_cpp, cpp_meta["status"], good_cpp],
+                          "go": [no_go[0], no_go[1]["status"]]}))
     """)
     assert out["ok"] is True and out["wrong"] is False, out
     assert out["slow"] == "timeout" and out["crash"] == "runtime_error", out
     assert out["check"] == [True, True], out
-    # No compiler in the test image: verl counts the sandbox's error as -1.
-    assert out["cpp"] == [-1, "sandbox_error"], out
+    # verl scores a compile error -4 (its own code) and says why.
+    assert out["cpp"] == [-4, "compile_error", True], out
+    # No Go in the test image: verl counts the sandbox's error as -1.
+    assert out["go"] == [-1, "sandbox_error"], out
 
 
 def test_256_concurrent_requests(fusion):

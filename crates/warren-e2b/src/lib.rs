@@ -17,7 +17,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hmac::{KeyInit, Mac};
-use sha2::Digest;
 use warren_control::control::Control;
 use warren_control::ControlCell;
 
@@ -41,23 +40,32 @@ pub const FRONT_LABEL: (&str, &str) = ("warren.dev/front", "e2b");
 /// The template a sandbox was made from, when it is a valid label value.
 pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
 
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("E2B templates: {0}")]
+    Templates(#[from] templates::TemplateError),
+    #[error("the API token cannot key the envd access tokens: {0}")]
+    Key(String),
+}
+
 pub struct E2b {
     cell: ControlCell,
     api_token: String,
+    /// Keyed by the API token once; each access token is a copy fed the id.
+    token_mac: hmac::Hmac<sha2::Sha256>,
     templates: templates::Templates,
     processes: envd::process::Processes,
 }
 
 impl E2b {
     /// `home` holds the template aliases (`e2b-templates.toml`).
-    pub fn new(
-        cell: ControlCell,
-        api_token: String,
-        home: &Path,
-    ) -> Result<Arc<E2b>, templates::TemplateError> {
+    pub fn new(cell: ControlCell, api_token: String, home: &Path) -> Result<Arc<E2b>, SetupError> {
+        let token_mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(api_token.as_bytes())
+            .map_err(|e| SetupError::Key(e.to_string()))?;
         Ok(Arc::new(E2b {
             cell,
             api_token,
+            token_mac,
             templates: templates::Templates::load(home)?,
             processes: Default::default(),
         }))
@@ -72,16 +80,7 @@ impl E2b {
     /// token, so it needs no storage, survives restarts, and is worthless
     /// for any other sandbox.
     pub fn access_token(&self, sandbox_id: &str) -> String {
-        // HMAC's own key rule (RFC 2104): a key longer than the block is
-        // hashed first, a shorter one padded with zeros.
-        let mut key = [0u8; 64];
-        let token = self.api_token.as_bytes();
-        if token.len() > key.len() {
-            key[..32].copy_from_slice(&sha2::Sha256::digest(token));
-        } else {
-            key[..token.len()].copy_from_slice(token);
-        }
-        let mut mac = hmac::Hmac::<sha2::Sha256>::new(&key.into());
+        let mut mac = self.token_mac.clone();
         mac.update(b"e2b-envd-access:");
         mac.update(sandbox_id.as_bytes());
         let tag = mac.finalize().into_bytes();

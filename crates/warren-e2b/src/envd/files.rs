@@ -105,12 +105,7 @@ pub async fn read(
             "path is required: /files?path=FILE",
         );
     };
-    let user = q
-        .username
-        .as_deref()
-        .or(None)
-        .map(str::to_string)
-        .or_else(|| paths::user(&headers));
+    let user = q.username.clone().or_else(|| paths::user(&headers));
     let path = paths::resolve(path, user.as_deref());
     match target.control.read_file(&target.id, &path).await {
         Err(e) => error(e),
@@ -229,12 +224,7 @@ async fn write_multipart(
         };
         let path = paths::resolve(&dest, user);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, NodeError>>(8);
-        let body: ByteStream =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|c| (c, rx)) },
-            )
-            .boxed();
+        let body = received(rx);
         let pump = async move {
             loop {
                 match field.chunk().await {
@@ -295,6 +285,11 @@ fn gunzip(body: ByteStream) -> ByteStream {
             }
         }
     });
+    received(rx)
+}
+
+/// What arrives on `rx`, as an upload body.
+fn received(rx: tokio::sync::mpsc::Receiver<Result<Bytes, NodeError>>) -> ByteStream {
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
         .boxed()
 }

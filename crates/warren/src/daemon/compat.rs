@@ -18,8 +18,7 @@ pub async fn start(
 ) -> Result<()> {
     if opts.e2b_api.is_some() || opts.e2b_sandbox.is_some() {
         let token = warren_control::ensure_token(home).context("API token")?;
-        let e2b = warren_e2b::E2b::new(control.clone(), token, home)
-            .map_err(|e| anyhow::anyhow!("E2B templates: {e}"))?;
+        let e2b = warren_e2b::E2b::new(control.clone(), token, home).map_err(anyhow::Error::new)?;
         if let Some(addr) = opts.e2b_api {
             let at = serve(
                 addr,

@@ -317,3 +317,119 @@ def image_names(warren):
     r = warren.http.get("/v1/images")
     assert r.status_code == 200, r.text
     return sorted((i["name"], i["digest"]) for i in r.json())
+
+
+# ---------------------------------------------------------------- WebSocket
+
+
+class WebSocket:
+    """A minimal WebSocket client (RFC 6455) on a plain socket, for the exec
+    WebSocket: the handshake, masked frames out, whole messages in. No
+    package needed (neither `websockets` nor `httpx-ws` is installed)."""
+
+    def __init__(self, url, path, token=None, timeout=10):
+        import base64 as _b64
+        import socket as _socket
+        from urllib.parse import urlparse
+
+        u = urlparse(url)
+        self.sock = _socket.create_connection((u.hostname, u.port), timeout=timeout)
+        self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        key = _b64.b64encode(secrets.token_bytes(16)).decode()
+        head = [f"GET {path} HTTP/1.1", f"Host: {u.hostname}:{u.port}", "Upgrade: websocket",
+                "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+        if token is not None:
+            head.append(f"Authorization: Bearer {token}")
+        self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                break
+            self.buf += chunk
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode(errors="replace").split("\r\n")
+        self.status = int(lines[0].split()[1])
+        self.headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+        self.body = b""
+        if self.status != 101:
+            # An HTTP answer instead of the upgrade: read its body.
+            want = int(self.headers.get("content-length", "0"))
+            while len(self.buf) < want:
+                chunk = self.sock.recv(4096)
+                if not chunk:
+                    break
+                self.buf += chunk
+            self.body = self.buf[:want]
+
+    def send(self, payload, opcode=None):
+        """A text message for str, binary for bytes (or `opcode` as given)."""
+        import struct
+
+        if opcode is None:
+            opcode = 1 if isinstance(payload, str) else 2
+        data = payload.encode() if isinstance(payload, str) else bytes(payload)
+        mask = secrets.token_bytes(4)
+        n = len(data)
+        if n < 126:
+            head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+        elif n < 1 << 16:
+            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+        else:
+            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+        self.sock.sendall(head + mask + masked)
+
+    def send_json(self, obj):
+        import json as _json
+
+        self.send(_json.dumps(obj))
+
+    def close(self, code=1000):
+        import struct
+
+        try:
+            self.send(struct.pack("!H", code), opcode=8)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _read(self, n):
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("the WebSocket's connection closed")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv(self):
+        """The next message as (kind, payload): ("text", str), ("binary",
+        bytes), ("close", (code, reason)); pings are answered and skipped."""
+        import struct
+
+        message, kind = b"", None
+        while True:
+            b0, b1 = self._read(2)
+            opcode, n = b0 & 0x0F, b1 & 0x7F
+            if n == 126:
+                (n,) = struct.unpack("!H", self._read(2))
+            elif n == 127:
+                (n,) = struct.unpack("!Q", self._read(8))
+            mask = self._read(4) if b1 & 0x80 else None
+            data = self._read(n)
+            if mask:
+                data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+            if opcode == 9:
+                self.send(data, opcode=10)
+                continue
+            if opcode == 10:
+                continue
+            if opcode == 8:
+                code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else None
+                return "close", (code, data[2:].decode(errors="replace"))
+            if opcode in (1, 2):
+                kind = "text" if opcode == 1 else "binary"
+            message += data
+            if b0 & 0x80:
+                return kind, (message.decode() if kind == "text" else message)

@@ -10,7 +10,7 @@ use rand::Rng;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
-use warren_node_api::{ErrorKind, LogNote, NodeError, SandboxStatus};
+use warren_node_api::{ErrorKind, LogNote, NodeApi, NodeError, SandboxStatus};
 
 use crate::admission::Admission;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
@@ -364,6 +364,28 @@ impl Control {
             .map_err(node_error)
     }
 
+    /// Sets the window size of a running exec's terminal.
+    pub async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: warren_core::WindowSize,
+    ) -> Result<(), ApiError> {
+        self.exec_handle(id, exec_id).await?.resize(size).await
+    }
+
+    /// A running exec's input and terminal, for a session that sends many
+    /// (a WebSocket): the sandbox's node is looked up once, not per
+    /// keystroke.
+    pub async fn exec_handle(&self, id: &str, exec_id: &str) -> Result<ExecHandle, ApiError> {
+        let row = self.get(id).await?;
+        Ok(ExecHandle {
+            node: self.api(&row.node)?,
+            id: id.to_string(),
+            exec_id: exec_id.to_string(),
+        })
+    }
+
     /// Replaces a running sandbox's egress rules: recorded first (so a
     /// restart restores them), then applied, which cannot fail half-way: it
     /// closes the connections the new rules no longer allow, and reports
@@ -446,5 +468,32 @@ impl Control {
             .await?;
         let _ = node.note(id, note(to.as_str(), why, "")).await;
         self.get(id).await
+    }
+}
+
+/// See [`Control::exec_handle`].
+pub struct ExecHandle {
+    node: Arc<dyn NodeApi>,
+    id: String,
+    exec_id: String,
+}
+
+impl ExecHandle {
+    /// More stdin; `close` ends it after `data`.
+    pub async fn input(&self, data: axum::body::Bytes, close: bool) -> Result<(), ApiError> {
+        self.node
+            .exec_input(&self.id, &self.exec_id, data, close)
+            .await
+            .map_err(node_error)
+    }
+
+    /// Sets the terminal's window size.
+    pub async fn resize(&self, size: warren_core::WindowSize) -> Result<(), ApiError> {
+        size.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.node
+            .exec_resize(&self.id, &self.exec_id, size)
+            .await
+            .map_err(node_error)
     }
 }

@@ -22,7 +22,7 @@ pub mod sync;
 pub use batch::{BatchInfo, BatchRequest};
 pub use error::{ApiError, ErrorBody, ErrorCode};
 pub use event::Event;
-pub use exec::{ExecEvent, ExecRequest};
+pub use exec::{ExecEvent, ExecRequest, WindowSize};
 pub use labels::{Labels, Selector};
 pub use sandbox::{SandboxInfo, Usage};
 pub use spec::{ResolvedResources, SandboxSpec};

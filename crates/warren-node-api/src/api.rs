@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use warren_core::spec::NetworkSpec;
-use warren_core::{ExecEvent, ExecRequest, Usage};
+use warren_core::{ExecEvent, ExecRequest, Usage, WindowSize};
 
 use crate::error::{NodeError, NodeResult};
 use crate::types::*;
@@ -107,6 +107,11 @@ pub trait NodeApi: Send + Sync {
     /// the `exec_id` of its start event); `close` ends its stdin.
     async fn exec_input(&self, id: &str, exec_id: &str, data: Bytes, close: bool)
         -> NodeResult<()>;
+
+    /// Sets the window size of a running exec's terminal (one started with
+    /// `tty`): NotFound when no such exec runs, Conflict when it has no
+    /// terminal, Invalid for a zero size.
+    async fn exec_resize(&self, id: &str, exec_id: &str, size: WindowSize) -> NodeResult<()>;
 
     /// Writes a file (or unpacks a tar archive) from `body`, all or nothing.
     async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()>;

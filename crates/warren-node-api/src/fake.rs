@@ -268,6 +268,15 @@ impl NodeApi for FakeNode {
         unsupported("exec input")
     }
 
+    async fn exec_resize(
+        &self,
+        _id: &str,
+        _exec_id: &str,
+        _size: warren_core::WindowSize,
+    ) -> NodeResult<()> {
+        unsupported("terminals")
+    }
+
     async fn path_op(&self, _id: &str, _op: PathOp) -> NodeResult<Vec<PathEntry>> {
         unsupported("files")
     }

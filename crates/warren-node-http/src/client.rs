@@ -498,6 +498,16 @@ impl NodeApi for HttpNode {
         self.call(rb, Deadline::Quick).await
     }
 
+    async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: warren_core::WindowSize,
+    ) -> NodeResult<()> {
+        let rb = self.post_json(&["sandboxes", id, "execs", exec_id, "resize"], &size)?;
+        self.call(rb, Deadline::Quick).await
+    }
+
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         let rb = self.post_json(&["sandboxes", id, "paths"], &op)?;
         self.call_json(rb, Deadline::Quick).await

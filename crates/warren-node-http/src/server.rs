@@ -69,6 +69,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `GET /sandboxes/{id}/files?path=` | `read_file` | raw body, `x-warren-file-kind` |
 /// | `POST /sandboxes/{id}/paths` | `path_op` (a `PathOp`) | JSON `[PathEntry]` |
 /// | `POST /sandboxes/{id}/execs/{exec_id}/stdin?close=` | `exec_input` (raw body) | 204 |
+/// | `POST /sandboxes/{id}/execs/{exec_id}/resize` | `exec_resize` (a `WindowSize`) | 204 |
 /// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
@@ -103,6 +104,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/files", put(write_file).get(read_file))
         .route("/sandboxes/{id}/paths", post(path_op))
         .route("/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_input))
+        .route("/sandboxes/{id}/execs/{exec_id}/resize", post(exec_resize))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/sandboxes/{id}/ports/{port}", post(connect_port))
         .route("/sandboxes/{id}/network", put(set_network))
@@ -540,6 +542,15 @@ async fn exec_input(
     body: Bytes,
 ) -> Answer<Response> {
     node.exec_input(&id, &exec_id, body, q.close).await?;
+    Ok(done())
+}
+
+async fn exec_resize(
+    State(node): Node,
+    P((id, exec_id)): P<(String, String)>,
+    JsonBody(size): JsonBody<warren_core::WindowSize>,
+) -> Answer<Response> {
+    node.exec_resize(&id, &exec_id, size).await?;
     Ok(done())
 }
 

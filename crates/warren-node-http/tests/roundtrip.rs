@@ -162,6 +162,7 @@ impl NodeApi for FakeNode {
             load: Load {
                 cpu_busy: 0.25,
                 disk_pressure: false,
+                memory_pressure: false,
                 sandboxes: 1,
             },
             images: vec!["sha256:aa".into()],
@@ -373,6 +374,26 @@ impl NodeApi for FakeNode {
             String::from_utf8_lossy(&data)
         ));
         Ok(())
+    }
+
+    async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: warren_core::WindowSize,
+    ) -> NodeResult<()> {
+        self.need(id)?;
+        match exec_id {
+            "ended" => Err(NodeError::not_found("no running exec ended")),
+            "plain" => Err(NodeError::conflict("exec plain has no terminal to resize")),
+            _ => {
+                self.record(format!(
+                    "exec_resize {id} {exec_id} {}x{}",
+                    size.rows, size.cols
+                ));
+                Ok(())
+            }
+        }
     }
 
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
@@ -648,6 +669,8 @@ fn create_req(id: &str) -> CreateSandbox {
             pids: 128,
             disk: 0,
             gpus: 0,
+            cpu_request_millis: Some(100),
+            memory_request: Some(64 << 20),
         },
         image_digest: "sha256:feed".into(),
     }
@@ -758,6 +781,23 @@ async fn every_method_crosses_the_wire() {
         .unwrap_err();
     assert_eq!(ended.kind, ErrorKind::Conflict);
 
+    // A terminal resized; one that ended, one without a terminal.
+    let size = |rows, cols| warren_core::WindowSize { rows, cols };
+    node.exec_resize("sb-2", "ex-1", size(50, 132))
+        .await
+        .unwrap();
+    let ended = node
+        .exec_resize("sb-2", "ended", size(1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(ended.kind, ErrorKind::NotFound);
+    assert!(ended.message.contains("no running exec"), "{ended:?}");
+    let plain = node
+        .exec_resize("sb-2", "plain", size(1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(plain.kind, ErrorKind::Conflict);
+
     // Paths.
     let listed = node
         .path_op(
@@ -865,6 +905,7 @@ async fn every_method_crosses_the_wire() {
         "check_network pypi.org:443".into(),
         r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
         "exec_input sb-2 ex-1 line\n true".into(),
+        "exec_resize sb-2 ex-1 50x132".into(),
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");

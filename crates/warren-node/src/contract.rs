@@ -159,6 +159,7 @@ impl NodeApi for LocalNode {
             load: api::Load {
                 cpu_busy: n.cpu_busy(),
                 disk_pressure: n.disk_pressure(),
+                memory_pressure: n.memory_pressure(),
                 sandboxes,
             },
             images,
@@ -191,6 +192,12 @@ impl NodeApi for LocalNode {
             return Err(api::NodeError::new(
                 api::ErrorKind::NoRoom,
                 "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)",
+            ));
+        }
+        if self.node.memory_pressure() {
+            return Err(api::NodeError::new(
+                api::ErrorKind::NoRoom,
+                "the host's available memory is below the node's floor; no sandboxes start until memory is freed (see docs/configuration.md, \"Requests and limits\")",
             ));
         }
         let id = req.id.clone();
@@ -349,6 +356,18 @@ impl NodeApi for LocalNode {
     ) -> NodeResult<()> {
         self.node
             .exec_input(id, exec_id, data, close)
+            .await
+            .map_err(contract_error)
+    }
+
+    async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: warren_core::WindowSize,
+    ) -> NodeResult<()> {
+        self.node
+            .exec_resize(id, exec_id, size)
             .await
             .map_err(contract_error)
     }

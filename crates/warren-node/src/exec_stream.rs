@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use warren_core::ExecEvent;
+use warren_core::WindowSize;
 use warren_runtime::exec_cgroup::ExecCgroup;
-use warren_runtime::{exec, ExecOutcome, ExecSpec};
+use warren_runtime::{exec, ExecIo, ExecOutcome, ExecSpec, Pty};
 
 use crate::logs::SandboxLog;
 use crate::NodeError;
@@ -29,13 +30,60 @@ pub struct ExecJob {
     pub sandbox_cgroup: String,
     pub spec: ExecSpec,
     pub stdin: Option<Vec<u8>>,
-    /// More stdin while the exec runs (after `stdin`): `Some(bytes)` to
-    /// write, `None` to close it. Without it stdin ends after `stdin`.
-    pub more_stdin: Option<mpsc::Receiver<Option<bytes::Bytes>>>,
+    /// What reaches the exec while it runs: more stdin (after `stdin`),
+    /// its end, terminal resizes. Without it stdin ends after `stdin`.
+    pub more_stdin: Option<mpsc::Receiver<ExecInput>>,
     pub timeout: Option<Duration>,
     pub exec_id: String,
     /// Where output is copied (main process and logged execs).
     pub log: Option<Arc<SandboxLog>>,
+}
+
+/// What reaches a running exec after its start, in order.
+#[derive(Debug)]
+pub enum ExecInput {
+    Data(bytes::Bytes),
+    /// The end of stdin: the pipe closes; a terminal gets ^D, as typing it
+    /// would give (a terminal itself has no end of input).
+    Close,
+    Resize(WindowSize),
+}
+
+/// The byte a terminal in canonical mode reads as end of input (VEOF's
+/// default, ^D).
+const TERMINAL_EOF: u8 = 0x04;
+
+/// Where an exec's output is read from.
+pub enum Output {
+    Pipe(tokio::net::unix::pipe::Receiver),
+    /// A terminal: stdout and stderr in one.
+    Pty(Pty),
+    /// Nothing (a terminal exec's stderr).
+    None,
+}
+
+impl Output {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Pipe(p) => p.read(buf).await,
+            Output::Pty(p) => p.read(buf).await,
+            Output::None => Ok(0),
+        }
+    }
+
+    fn try_read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Output::Pipe(p) => p.try_read(buf),
+            Output::Pty(p) => p.try_read(buf),
+            Output::None => Ok(0),
+        }
+    }
+}
+
+/// Where an exec's further input goes.
+enum Input {
+    Pipe(tokio::net::unix::pipe::Sender),
+    Pty(Pty),
 }
 
 /// How an exec ended (the contract's `Exit`).
@@ -93,14 +141,28 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
     };
     let exec::RunningExec {
         pid,
-        stdin,
-        stdout,
-        stderr,
+        io,
         exit,
         signal,
     } = running;
-    if let (Some(pipe), Some(more)) = (stdin, job.more_stdin.take()) {
-        tokio::spawn(write_stdin(pipe, job.stdin.take(), more));
+    let (input, stdout, stderr) = match io {
+        ExecIo::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => (
+            stdin.map(Input::Pipe),
+            Output::Pipe(stdout),
+            Output::Pipe(stderr),
+        ),
+        ExecIo::Pty(pty) => (
+            Some(Input::Pty(pty.clone())),
+            Output::Pty(pty),
+            Output::None,
+        ),
+    };
+    if let (Some(input), Some(more)) = (input, job.more_stdin.take()) {
+        tokio::spawn(write_input(input, job.stdin.take(), more));
     }
     pump(
         &job,
@@ -117,22 +179,52 @@ pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitIn
 }
 
 /// Writes what stdin gets, in order: the bytes given at start, then each
-/// send, until a send closes it or every sender is gone (the exec ended).
-async fn write_stdin(
-    mut pipe: tokio::net::unix::pipe::Sender,
-    first: Option<Vec<u8>>,
-    mut more: mpsc::Receiver<Option<bytes::Bytes>>,
-) {
+/// send, until a send closes it or every sender is gone (the exec ended);
+/// a terminal's resizes come in the same order.
+async fn write_input(input: Input, first: Option<Vec<u8>>, mut more: mpsc::Receiver<ExecInput>) {
     use tokio::io::AsyncWriteExt;
-    if let Some(first) = first.filter(|b| !b.is_empty()) {
-        if pipe.write_all(&first).await.is_err() {
-            return;
+    match input {
+        Input::Pipe(mut pipe) => {
+            if let Some(first) = first.filter(|b| !b.is_empty()) {
+                if pipe.write_all(&first).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(msg) = more.recv().await {
+                match msg {
+                    // A command that exits or closes its stdin ends the writes.
+                    ExecInput::Data(chunk) => {
+                        if pipe.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                    ExecInput::Close => return,
+                    // Refused before it gets here: the exec has no terminal.
+                    ExecInput::Resize(_) => {}
+                }
+            }
         }
-    }
-    while let Some(Some(chunk)) = more.recv().await {
-        // A command that exits or closes its stdin ends the writes.
-        if pipe.write_all(&chunk).await.is_err() {
-            return;
+        Input::Pty(pty) => {
+            let mut open = true;
+            if let Some(first) = first.filter(|b| !b.is_empty()) {
+                open = pty.write_all(&first).await.is_ok();
+            }
+            while let Some(msg) = more.recv().await {
+                match msg {
+                    ExecInput::Data(chunk) if open => {
+                        open = pty.write_all(&chunk).await.is_ok();
+                    }
+                    ExecInput::Close if open => {
+                        let _ = pty.write_all(&[TERMINAL_EOF]).await;
+                        open = false;
+                    }
+                    ExecInput::Data(_) | ExecInput::Close => {}
+                    ExecInput::Resize(size) => {
+                        // Fails only once the terminal is gone.
+                        let _ = pty.resize(size);
+                    }
+                }
+            }
         }
     }
 }
@@ -151,8 +243,8 @@ async fn kill_cgroup(cgroup: &Option<ExecCgroup>) {
 pub async fn pump(
     job: &ExecJob,
     pid: i32,
-    stdout: tokio::net::unix::pipe::Receiver,
-    stderr: tokio::net::unix::pipe::Receiver,
+    stdout: Output,
+    stderr: Output,
     exit: warren_runtime::ExitWait,
     signal: Option<warren_runtime::ExecSignal>,
     cgroup: Option<ExecCgroup>,
@@ -182,8 +274,8 @@ pub async fn pump(
 async fn pump_streams(
     job: &ExecJob,
     pid: i32,
-    mut stdout: tokio::net::unix::pipe::Receiver,
-    mut stderr: tokio::net::unix::pipe::Receiver,
+    mut stdout: Output,
+    mut stderr: Output,
     exit: warren_runtime::ExitWait,
     mut signal: Option<warren_runtime::ExecSignal>,
     cgroup: &Option<ExecCgroup>,
@@ -207,7 +299,7 @@ async fn pump_streams(
         .filter(|_| signal.is_some())
         .map(|t| tokio::time::Instant::now() + t);
     let mut timed_out = false;
-    let (mut out_open, mut err_open) = (true, true);
+    let (mut out_open, mut err_open) = (true, !matches!(stderr, Output::None));
     let mut outcome = None;
     let mut drain_until: Option<tokio::time::Instant> = None;
     let mut buf_out = vec![0u8; 64 * 1024];
@@ -290,7 +382,7 @@ async fn pump_streams(
 /// Forwards what a pipe holds now, without waiting for more (background
 /// children may keep it open forever).
 async fn drain_ready(
-    pipe: &mut tokio::net::unix::pipe::Receiver,
+    pipe: &mut Output,
     buf: &mut [u8],
     tx: &mpsc::Sender<ExecEvent>,
     job: &ExecJob,

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
-use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
+use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage, WindowSize};
 use warren_image::{ImageRecord, ImageStore, Pin, Puller};
 use warren_node_api::{CreateSandbox, NodeEvent, Phase, Resources};
 use warren_runtime::{files, CreateRequest, ExecSpec, Runtime, RuntimeConfig, RuntimeError};
@@ -65,8 +65,15 @@ pub enum NodeError {
 /// fill a link from a nearby registry without starving sandboxes' traffic.
 const MAX_DOWNLOADS: usize = 6;
 
-/// Where an exec's further stdin goes: `Some(bytes)`, or `None` to close.
-type StdinSender = mpsc::Sender<Option<bytes::Bytes>>;
+/// How the API reaches a running exec after its start (every exec but
+/// the main process has one while it runs).
+struct ExecControl {
+    /// Where its further input and resizes go, when it takes any.
+    input: Option<mpsc::Sender<exec_stream::ExecInput>>,
+    /// It was started with `stdin_open`, and its stdin was not closed yet.
+    stdin: bool,
+    tty: bool,
+}
 
 struct Live {
     /// What the control plane asked for, with its network rules as they
@@ -99,6 +106,10 @@ struct Live {
     disk_limit: u64,
     /// A disk overrun has been reported (once per sandbox).
     disk_reported: AtomicBool,
+    /// What it reserved: under host memory pressure the sandbox furthest
+    /// above it goes first.
+    memory_request: u64,
+    memory_reported: AtomicBool,
 }
 
 pub struct Node {
@@ -124,11 +135,14 @@ pub struct Node {
     disk_floor: Option<u64>,
     /// Free space under the home is below the floor: no new sandboxes.
     disk_pressure: AtomicBool,
+    /// Host memory the node keeps available (see NodeSettings).
+    memory_floor: u64,
+    memory_pressure: AtomicBool,
     feed: Arc<feed::Feed>,
     exec_seq: AtomicU64,
     /// Where more stdin goes, for execs started with `stdin_open`, by
     /// sandbox and exec id; gone when the exec ends.
-    stdin_senders: Mutex<HashMap<(String, String), StdinSender>>,
+    exec_controls: Mutex<HashMap<(String, String), ExecControl>>,
     egress: Arc<warren_net::Egress>,
 }
 
@@ -203,6 +217,11 @@ impl Node {
             default_disk: cfg.settings.default_disk,
             disk_floor: cfg.settings.disk_floor,
             disk_pressure: AtomicBool::new(false),
+            memory_floor: cfg
+                .settings
+                .memory_floor
+                .unwrap_or_else(|| settings::default_memory_floor(host_memory())),
+            memory_pressure: AtomicBool::new(false),
             // Sequence numbers grow across node restarts on one boot.
             feed: Arc::new(feed::Feed::new(lifetime::boot_ms().max(1) as u64 * 1000)),
             // Exec ids name cgroups that can outlive a daemon (an exec left
@@ -210,7 +229,7 @@ impl Node {
             // killed): they must never repeat, so they count on from the
             // boot clock, not from zero at every start.
             exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
-            stdin_senders: Default::default(),
+            exec_controls: Default::default(),
             egress: warren_net::Egress::new(cap.egress.clone()),
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
@@ -465,6 +484,7 @@ impl Node {
             self.default_disk
         };
         let main_cmd = spec.cmd.clone();
+        let memory_request = resources.memory_request();
         let live = Arc::new(Live {
             create: Mutex::new(create),
             phase: Mutex::new(phase),
@@ -485,6 +505,8 @@ impl Node {
             usage: Mutex::new(sampler::UsageTracker::new()),
             disk_limit,
             disk_reported: AtomicBool::new(false),
+            memory_request,
+            memory_reported: AtomicBool::new(false),
         });
         {
             let mut m = lock(&self.live);
@@ -530,6 +552,10 @@ impl Node {
             .map_err(|e| NodeError::BadRequest(e.to_string()))?;
         let mut env = live.env.clone();
         env.extend(req.env.clone());
+        if req.tty {
+            env.entry("TERM".into())
+                .or_insert_with(|| "xterm-256color".into());
+        }
         let root = files::open_root(live.pid)?;
         let user_spec = req.user.clone().unwrap_or_else(|| live.user.clone());
         let user = user::resolve(&root, &user_spec).map_err(NodeError::BadRequest)?;
@@ -546,6 +572,7 @@ impl Node {
                 groups: vec![],
                 main,
                 cgroup: false,
+                tty: req.tty.then(|| req.window_size()),
             },
             stdin,
             more_stdin: None,
@@ -572,13 +599,20 @@ impl Node {
         }
         let mut job = self.exec_job(id, &live, req, false)?;
         // Removed when the exec ends, which closes its stdin.
-        let input_key = req.stdin_open.then(|| {
+        let input = (req.stdin_open || req.tty).then(|| {
             let (input_tx, input_rx) = mpsc::channel(16);
             job.more_stdin = Some(input_rx);
-            let key = (id.to_string(), job.exec_id.clone());
-            lock(&self.stdin_senders).insert(key.clone(), input_tx);
-            key
+            input_tx
         });
+        let control_key = (id.to_string(), job.exec_id.clone());
+        lock(&self.exec_controls).insert(
+            control_key.clone(),
+            ExecControl {
+                input,
+                stdin: req.stdin_open,
+                tty: req.tty,
+            },
+        );
         let senders = Arc::downgrade(self);
         let (tx, rx) = mpsc::channel(64);
         // Surface "cannot start" errors synchronously so the API can answer 409.
@@ -605,8 +639,8 @@ impl Node {
                 first
             });
             let result = exec_stream::run(job, inner_tx).await;
-            if let (Some(key), Some(node)) = (input_key, senders.upgrade()) {
-                lock(&node.stdin_senders).remove(&key);
+            if let Some(node) = senders.upgrade() {
+                lock(&node.exec_controls).remove(&control_key);
             }
             if let (Err(e), Ok(Some(s))) = (result, fwd.await) {
                 let _ = s.send(Err(e));
@@ -628,21 +662,68 @@ impl Node {
         data: bytes::Bytes,
         close: bool,
     ) -> Result<(), NodeError> {
+        use exec_stream::ExecInput;
         let key = (id.to_string(), exec_id.to_string());
-        let sender = lock(&self.stdin_senders).get(&key).cloned().ok_or_else(|| {
-            NodeError::Runtime(RuntimeError::NotFound(format!(
-                "no exec {exec_id} with an open stdin in sandbox {id}: start it with stdin_open, and send while it runs"
-            )))
-        })?;
+        let sender = {
+            let mut controls = lock(&self.exec_controls);
+            let open = controls.get_mut(&key).filter(|c| c.stdin).and_then(|c| {
+                // Closed now: a later send finds it closed, in order.
+                c.stdin = !close;
+                c.input.clone()
+            });
+            open.ok_or_else(|| {
+                NodeError::Runtime(RuntimeError::NotFound(format!(
+                    "no exec {exec_id} with an open stdin in sandbox {id}: start it with stdin_open, and send while it runs"
+                )))
+            })?
+        };
         let gone = || NodeError::Conflict(format!("exec {exec_id} has ended; its stdin is closed"));
         if !data.is_empty() {
-            sender.send(Some(data)).await.map_err(|_| gone())?;
+            sender
+                .send(ExecInput::Data(data))
+                .await
+                .map_err(|_| gone())?;
         }
         if close {
-            lock(&self.stdin_senders).remove(&key);
-            sender.send(None).await.map_err(|_| gone())?;
+            sender.send(ExecInput::Close).await.map_err(|_| gone())?;
         }
         Ok(())
+    }
+
+    /// Sets the window size of a running exec's terminal.
+    pub async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: WindowSize,
+    ) -> Result<(), NodeError> {
+        size.validate()
+            .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let key = (id.to_string(), exec_id.to_string());
+        let sender = {
+            let controls = lock(&self.exec_controls);
+            let control = controls.get(&key).ok_or_else(|| {
+                NodeError::Runtime(RuntimeError::NotFound(format!(
+                    "no running exec {exec_id} in sandbox {id} (it has ended, or never ran)"
+                )))
+            })?;
+            match (&control.input, control.tty) {
+                (Some(input), true) => input.clone(),
+                _ => {
+                    return Err(NodeError::Conflict(format!(
+                        "exec {exec_id} has no terminal to resize: start it with \"tty\": true"
+                    )))
+                }
+            }
+        };
+        sender
+            .send(exec_stream::ExecInput::Resize(size))
+            .await
+            .map_err(|_| {
+                NodeError::Runtime(RuntimeError::NotFound(format!(
+                    "exec {exec_id} in sandbox {id} has ended"
+                )))
+            })
     }
 
     /// Kills and removes everything of the sandbox, `why` being the last

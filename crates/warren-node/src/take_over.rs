@@ -171,7 +171,15 @@ impl Node {
                 self.supervise_main(id, async move |tx| {
                     let started = std::time::Instant::now();
                     exec_stream::pump(
-                        &job, main_pid, stdout, stderr, exit, None, cgroup, tx, started,
+                        &job,
+                        main_pid,
+                        exec_stream::Output::Pipe(stdout),
+                        exec_stream::Output::Pipe(stderr),
+                        exit,
+                        None,
+                        cgroup,
+                        tx,
+                        started,
                     )
                     .await
                 });

@@ -1,7 +1,7 @@
 //! The daemon side of an exec: pipes for stdio, a connection to the
 //! sandbox's init, and the control stream that reports the exit.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use nix::fcntl::OFlag;
 use tokio::net::unix::pipe;
 
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+use crate::pty::Pty;
 use crate::RuntimeError;
 
 /// How long the daemon waits for a sandbox's init to accept a connection
@@ -44,12 +45,22 @@ async fn connect(socket: &Path) -> Result<tokio::net::UnixStream, RuntimeError> 
 
 pub struct RunningExec {
     pub pid: i32,
-    /// The write end of the command's stdin, when it was kept open.
-    pub stdin: Option<pipe::Sender>,
-    pub stdout: pipe::Receiver,
-    pub stderr: pipe::Receiver,
+    pub io: ExecIo,
     pub exit: ExitWait,
     pub signal: ExecSignal,
+}
+
+/// How the daemon reaches a running exec's stdio.
+pub enum ExecIo {
+    Pipes {
+        /// The write end of the command's stdin, when it was kept open.
+        stdin: Option<pipe::Sender>,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+    },
+    /// The master of the exec's terminal: its output (stdout and stderr
+    /// both), its input (when kept open), its window size.
+    Pty(Pty),
 }
 
 pub enum ExecOutcome {
@@ -58,34 +69,38 @@ pub enum ExecOutcome {
 
 /// What the command's stdin gets.
 pub enum Stdin {
-    /// These bytes (maybe none), then end of file.
+    /// These bytes (maybe none), then end of file (for a terminal: nothing
+    /// more).
     Bytes(Option<Vec<u8>>),
-    /// Left open: the caller writes to `RunningExec::stdin`.
+    /// Left open: the caller writes to the stdin pipe of `ExecIo::Pipes`,
+    /// or to the terminal.
     Open,
 }
 
 /// Starts a command through init. `stdin` is written in full and then
 /// closed, or kept open for the caller. `cgroup` is the exec cgroup's `cgroup.procs` (see exec_cgroup),
-/// sent along when `spec.cgroup` says so.
+/// sent along when `spec.cgroup` says so. With `spec.tty` init opens a
+/// terminal for the command and hands its master back.
 pub async fn start(
     socket: &Path,
     spec: &ExecSpec,
     stdin: Stdin,
     cgroup: Option<OwnedFd>,
 ) -> Result<Result<RunningExec, (String, i32)>, RuntimeError> {
-    let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
-    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
-    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"))?;
+    let pipes = match spec.tty {
+        Some(_) => None,
+        None => Some(Pipes::new()?),
+    };
     let conn = connect(socket).await?;
-    let mut fds = vec![in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+    let mut fds = pipes.as_ref().map(Pipes::for_init).unwrap_or_default();
     let mut spec = spec.clone();
     spec.cgroup = cgroup.is_some();
     if let Some(c) = &cgroup {
         fds.push(c.as_raw_fd());
     }
-    if spec.main {
+    if let (true, Some(p)) = (spec.main, &pipes) {
         // Init keeps these so the main process survives a daemon restart.
-        fds.extend([out_r.as_raw_fd(), err_r.as_raw_fd()]);
+        fds.extend([p.out_r.as_raw_fd(), p.err_r.as_raw_fd()]);
     }
     let request = InitRequest::Exec(spec);
     within("take the request", async {
@@ -94,16 +109,26 @@ pub async fn start(
             .map_err(RuntimeError::from)
     })
     .await?;
-    drop((in_r, out_w, err_w, cgroup));
-    let (mut reader, writer) = conn.into_split();
-    let reply = within("start the command", async {
-        proto::recv_async::<InitReply>(&mut reader)
+    drop(cgroup);
+    let pipes = pipes.map(Pipes::sent);
+    let (reply, mut reply_fds) = within("start the command", async {
+        proto::recv_async_fds::<InitReply>(&conn)
             .await
             .map_err(RuntimeError::from)
     })
     .await?;
-    match reply {
-        InitReply::Started { pid } => {
+    let (reader, writer) = conn.into_split();
+    let pid = match reply {
+        InitReply::Started { pid } => pid,
+        InitReply::Failed { message, code } => return Ok(Err((message, code))),
+        other => {
+            return Err(RuntimeError::Exec(format!(
+                "unexpected reply from init: {other:?}"
+            )))
+        }
+    };
+    let io = match pipes {
+        Some((in_w, out_r, err_r)) => {
             let stdin = match stdin {
                 Stdin::Bytes(data) => {
                     feed_stdin(in_w, data)?;
@@ -113,22 +138,89 @@ pub async fn start(
                     Some(pipe::Sender::from_owned_fd(in_w).map_err(RuntimeError::io("pipe"))?)
                 }
             };
-            Ok(Ok(RunningExec {
-                pid,
+            ExecIo::Pipes {
                 stdin,
                 stdout: receiver(out_r)?,
                 stderr: receiver(err_r)?,
-                exit: ExitWait {
-                    reader,
-                    _writer: None,
-                },
-                signal: ExecSignal { writer },
-            }))
+            }
         }
-        InitReply::Failed { message, code } => Ok(Err((message, code))),
-        other => Err(RuntimeError::Exec(format!(
-            "unexpected reply from init: {other:?}"
-        ))),
+        None => {
+            if reply_fds.len() != 1 {
+                return Err(RuntimeError::Exec(format!(
+                    "init started a terminal exec but sent {} descriptors, not its terminal",
+                    reply_fds.len()
+                )));
+            }
+            let pty = Pty::new(reply_fds.remove(0)).map_err(RuntimeError::io("terminal"))?;
+            if let Stdin::Bytes(Some(data)) = stdin.filter_empty() {
+                let pty = pty.clone();
+                tokio::spawn(async move {
+                    // A command that exits first leaves this unwritten; fine.
+                    let _ = pty.write_all(&data).await;
+                });
+            }
+            ExecIo::Pty(pty)
+        }
+    };
+    Ok(Ok(RunningExec {
+        pid,
+        io,
+        exit: ExitWait {
+            reader,
+            _writer: None,
+        },
+        signal: ExecSignal { writer },
+    }))
+}
+
+impl Stdin {
+    fn filter_empty(self) -> Stdin {
+        match self {
+            Stdin::Bytes(Some(d)) if d.is_empty() => Stdin::Bytes(None),
+            other => other,
+        }
+    }
+}
+
+/// The three pipes of an exec without a terminal.
+struct Pipes {
+    in_r: OwnedFd,
+    in_w: OwnedFd,
+    out_r: OwnedFd,
+    out_w: OwnedFd,
+    err_r: OwnedFd,
+    err_w: OwnedFd,
+}
+
+impl Pipes {
+    fn new() -> Result<Pipes, RuntimeError> {
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"));
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        Ok(Pipes {
+            in_r,
+            in_w,
+            out_r,
+            out_w,
+            err_r,
+            err_w,
+        })
+    }
+
+    /// The command's ends, in the order init takes them.
+    fn for_init(&self) -> Vec<RawFd> {
+        vec![
+            self.in_r.as_raw_fd(),
+            self.out_w.as_raw_fd(),
+            self.err_w.as_raw_fd(),
+        ]
+    }
+
+    /// Once init holds the command's ends, the daemon keeps only its own
+    /// (stdin's write end, the read ends of the outputs).
+    fn sent(self) -> (OwnedFd, OwnedFd, OwnedFd) {
+        (self.in_w, self.out_r, self.err_r)
     }
 }
 

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use crate::exec_tree;
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+use crate::pty;
 
 /// The descriptor number at which the spawner hands init its listening socket.
 pub const LISTEN_FD: RawFd = 3;
@@ -298,21 +299,41 @@ impl Init {
     }
 
     fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
-        let cgroup = (spec.cgroup && fds.len() >= 4).then(|| fds.remove(3));
+        let stdio_fds = if spec.tty.is_some() { 0 } else { 3 };
+        let cgroup = (spec.cgroup && fds.len() > stdio_fds).then(|| fds.remove(stdio_fds));
         let readers = if spec.main && fds.len() == 5 {
             fds.split_off(3)
         } else {
             vec![]
         };
-        match spawn(&spec, &fds, cgroup.as_ref()) {
+        // Opened here, in the sandbox's mount namespace: the terminal is one
+        // of the sandbox's devpts instance, as if the sandbox had opened it.
+        let terminal = match spec.tty.map(pty::open).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                let message = format!("cannot open a terminal in the sandbox: {}", e.desc());
+                let _ = proto::send(&conn, &InitReply::Failed { message, code: 126 }, &[]);
+                return;
+            }
+        };
+        let stdio: Vec<BorrowedFd> = match &terminal {
+            Some(t) => vec![t.slave.as_fd(); 3],
+            None => fds.iter().map(|f| f.as_fd()).collect(),
+        };
+        match spawn(&spec, &stdio, cgroup.as_ref()) {
             Ok(Spawned { shim, pid }) => {
+                drop(stdio);
                 drop((fds, cgroup));
                 if spec.main {
                     self.main_pid = Some(shim);
                     self.main_exit = None;
                     self.main_output = readers;
                 }
-                let _ = proto::send(&conn, &InitReply::Started { pid }, &[]);
+                // The master goes to the daemon; init keeps neither end, so
+                // the terminal hangs up when the command's side closes.
+                let master: Vec<RawFd> = terminal.iter().map(|t| t.master.as_raw_fd()).collect();
+                let _ = proto::send(&conn, &InitReply::Started { pid }, &master);
+                drop(terminal);
                 self.execs.insert(
                     shim,
                     Exec {
@@ -339,7 +360,11 @@ struct Spawned {
 /// Forks the exec's shim, which forks and execs the command. Returns once
 /// execve succeeded (the error pipe closed empty) or with the reason it
 /// failed.
-fn spawn(spec: &ExecSpec, fds: &[OwnedFd], cgroup: Option<&OwnedFd>) -> Result<Spawned, InitReply> {
+fn spawn(
+    spec: &ExecSpec,
+    fds: &[BorrowedFd],
+    cgroup: Option<&OwnedFd>,
+) -> Result<Spawned, InitReply> {
     let fail = |message: String, code: i32| InitReply::Failed { message, code };
     if fds.len() != 3 {
         return Err(fail(
@@ -488,7 +513,7 @@ fn read_within(fd: OwnedFd, buf: &mut [u8]) -> Option<usize> {
 /// Runs in the forked child; returns only on failure, with the errno.
 fn child(
     spec: &ExecSpec,
-    fds: &[OwnedFd],
+    fds: &[BorrowedFd],
     candidates: &[CString],
     argv: &[CString],
     env: &[CString],
@@ -537,10 +562,22 @@ fn child(
             return Errno::last();
         }
     }
-    // Only fds 0-2 survive execve.
-    close_from_on_exec(3);
     let gid = nix::unistd::Gid::from_raw(spec.gid);
     let uid = nix::unistd::Uid::from_raw(spec.uid);
+    if spec.tty.is_some() {
+        // The new session's controlling terminal (and its foreground
+        // process group), so job control, ^C and /dev/tty work.
+        if let Err(e) = rustix::process::ioctl_tiocsctty(fds[0]) {
+            return Errno::from_raw(e.raw_os_error());
+        }
+        // The user's own terminal, as a login gives one; a sandbox without
+        // CAP_CHOWN keeps it root's, which the user can still use.
+        if !uid.is_root() {
+            let _ = nix::unistd::fchown(fds[0].as_raw_fd(), Some(uid), None);
+        }
+    }
+    // Only fds 0-2 survive execve.
+    close_from_on_exec(3);
     let groups: Vec<nix::unistd::Gid> = spec
         .groups
         .iter()

@@ -23,14 +23,16 @@ pub mod oci;
 mod pool;
 mod procstat;
 pub mod proto;
+pub mod pty;
 pub mod rootfs;
 pub mod spawner;
 pub mod userns;
 
 use std::path::{Path, PathBuf};
 
-pub use exec::{ExecOutcome, ExecSignal, ExitWait, RunningExec, Stdin};
+pub use exec::{ExecIo, ExecOutcome, ExecSignal, ExitWait, RunningExec, Stdin};
 pub use proto::ExecSpec;
+pub use pty::Pty;
 use warren_core::ResolvedResources;
 
 #[derive(Debug, thiserror::Error)]

@@ -249,7 +249,8 @@ pub async fn send_async<T: Serialize>(
 }
 
 /// What the daemon asks a sandbox's init to do. The stdio descriptors of an
-/// `Exec` (stdin, stdout, stderr, in that order) ride along with the frame;
+/// `Exec` (stdin, stdout, stderr, in that order; none with `tty`) ride along
+/// with the frame;
 /// a main process's also carries copies of the stdout and stderr read ends,
 /// which init holds so the main process outlives a daemon restart (its
 /// writes block instead of failing) and hands back on `AttachMain`.
@@ -286,6 +287,11 @@ pub struct ExecSpec {
     /// the host, whatever the sandbox does to its processes.
     #[serde(default)]
     pub cgroup: bool,
+    /// Run on a new terminal of this size, which init opens in the sandbox:
+    /// no stdio descriptors come with the request, and the terminal's master
+    /// comes back with `Started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<warren_core::WindowSize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -86,7 +86,8 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         warren exec $id -- sh -c 'hostname; ps'\n  \
         warren exec $id --timeout 2s -- sleep 100        # killed with its whole tree: exit 137\n  \
-        echo data | warren exec -i $id -- wc -c")]
+        echo data | warren exec -i $id -- wc -c\n  \
+        warren exec -it $id -- sh                        # a shell on a terminal in the sandbox")]
     Exec(ExecArgs),
     /// Copy files: `warren cp LOCAL ID:PATH` or `warren cp ID:PATH LOCAL`.
     #[command(
@@ -336,7 +337,8 @@ pub struct NodeOpts {
     /// Spawner processes (parallel sandbox creations); default: one per core.
     #[arg(long)]
     pub spawners: Option<usize>,
-    /// Sum of sandbox CPU limits allowed per core (CPU is compressible).
+    /// Sum of sandbox CPU requests allowed per core (CPU is compressible:
+    /// requests are weights, limits are quotas); 1 makes requests binding.
     #[arg(long, default_value_t = 8.0)]
     pub cpu_overcommit: f64,
     /// CPU kept back for the system and Warren (cores or millicores).
@@ -368,6 +370,12 @@ pub struct NodeOpts {
     /// 5% of the file system).
     #[arg(long)]
     pub disk_floor: Option<String>,
+    /// Host memory kept available (MemAvailable): below it creates are
+    /// refused and the sandbox using the most above its memory request is
+    /// stopped with reason memory_pressure (default: the larger of 256M and
+    /// 2% of the host's memory).
+    #[arg(long)]
+    pub memory_floor: Option<String>,
     /// Most bytes the image store may hold (e.g. 50G): after each pull,
     /// registry images no sandbox uses are removed, oldest first, until it
     /// fits. Imported images are never removed.
@@ -697,12 +705,22 @@ pub struct CreateArgs {
     /// Image name (as imported or pulled) or registry reference.
     #[arg(long)]
     pub image: String,
-    /// CPU cores (0.5) or millicores (500m).
+    /// CPU limit, enforced by the cgroup: cores (0.5) or millicores (500m).
+    /// Default 1.
     #[arg(long)]
     pub cpu: Option<String>,
-    /// Memory hard limit (256M, 1G); no swap.
+    /// Memory hard limit (256M, 1G); no swap. Default 512M.
     #[arg(long)]
     pub memory: Option<String>,
+    /// CPU the scheduler reserves (admission and placement count requests,
+    /// not limits); also the sandbox's CPU weight under contention.
+    /// Default: the learned profile's, else --cpu if given, else 10m.
+    #[arg(long)]
+    pub cpu_request: Option<String>,
+    /// Memory the scheduler reserves; the kernel reclaims from it last.
+    /// Default: the learned profile's, else --memory if given, else 16M.
+    #[arg(long)]
+    pub memory_request: Option<String>,
     /// Most processes and threads at once.
     #[arg(long)]
     pub pids: Option<u32>,
@@ -790,9 +808,15 @@ pub struct ExecArgs {
     /// User to run as: name, UID or UID:GID.
     #[arg(long)]
     pub user: Option<String>,
-    /// Send this process's stdin to the command.
-    #[arg(long, short = 'i')]
+    /// Send this process's stdin to the command (with -t: as it is typed).
+    #[arg(long = "interactive", visible_alias = "stdin", short = 'i')]
     pub stdin: bool,
+    /// Give the command a terminal in the sandbox, like `docker exec -t`:
+    /// with -i (`-it`) this terminal goes raw and is the command's, window
+    /// size included; the exit code is the command's. Needs stdin to be a
+    /// terminal.
+    #[arg(long, short = 't')]
+    pub tty: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<String>,

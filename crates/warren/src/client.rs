@@ -20,6 +20,10 @@ use warren_core::{
 };
 use warren_node_api::{PathEntry, PathOp};
 
+/// The exec WebSocket (see [`Client::exec_ws`]).
+pub type ExecSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -311,6 +315,54 @@ impl Client {
         Err(anyhow!(
             "the exec stream ended without an exit event (sandbox destroyed?)"
         ))
+    }
+
+    /// Opens the exec WebSocket of a sandbox (`GET
+    /// /v1/sandboxes/{id}/exec/ws`); the caller sends the request first.
+    pub async fn exec_ws(&self, id: &str) -> Result<ExecSocket> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = match self.base.split_once("://") {
+            Some(("http", rest)) => format!("ws://{rest}/v1/sandboxes/{id}/exec/ws"),
+            _ => bail!(
+                "`warren exec -t` speaks plain ws:// to an http:// WARREN_URL; {} is not one",
+                self.base
+            ),
+        };
+        let mut req = url
+            .into_client_request()
+            .with_context(|| format!("the WebSocket address of sandbox {id}"))?;
+        let bearer = header::HeaderValue::from_str(&format!("Bearer {}", self.token))
+            .context("the API token is not a valid header value")?;
+        req.headers_mut().insert(header::AUTHORIZATION, bearer);
+        // Keystrokes are single bytes: each goes out at once.
+        match tokio_tungstenite::connect_async_with_config(req, None, true).await {
+            Ok((socket, _)) => Ok(socket),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                let status = resp.status();
+                if status == StatusCode::UNAUTHORIZED {
+                    bail!(
+                        "warren up at {} refused {}: give the --home of that daemon (its token is \
+                         <home>/token), or set --token / WARREN_TOKEN to its token",
+                        self.base,
+                        self.token_source
+                    );
+                }
+                let body = resp.body().as_deref().unwrap_or_default();
+                match serde_json::from_slice::<ErrorBody>(body) {
+                    Ok(b) => bail!(b.error.message),
+                    Err(_) => bail!(
+                        "warren up at {} answered {status} to the exec WebSocket: {}",
+                        self.base,
+                        String::from_utf8_lossy(body).trim()
+                    ),
+                }
+            }
+            Err(e) => Err(anyhow!(
+                "cannot open the exec WebSocket of warren up at {} ({e}): start it with `warren up`, \
+                 or point --url / WARREN_URL at the one running",
+                self.base
+            )),
+        }
     }
 
     /// Stores the sandbox's filesystem changes as image `name`; returns the

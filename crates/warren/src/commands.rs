@@ -24,6 +24,7 @@ mod profiles;
 mod sandboxes;
 mod simulate;
 mod spec;
+mod terminal;
 
 pub async fn run(cli: Cli) -> Result<i32> {
     let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);

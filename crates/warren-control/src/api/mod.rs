@@ -20,6 +20,7 @@ use warren_core::{
 use crate::control::Control;
 
 mod batches;
+mod exec_ws;
 mod files;
 mod images;
 mod logs;
@@ -29,6 +30,7 @@ mod profiles;
 mod sandboxes;
 
 use batches::*;
+use exec_ws::*;
 use files::*;
 use images::*;
 use logs::*;
@@ -74,8 +76,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, exec_stdin, heartbeat, pause, resume, set_ttl, put_file, get_file, path_op, logs, network::set_network, network::port_connect, network::port_http, events, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
-    components(schemas(PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
+    paths(list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, put_file, get_file, path_op, logs, network::set_network, network::port_connect, network::port_http, events, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
+    components(schemas(PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -106,6 +108,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_stdin))
+        .route(
+            "/v1/sandboxes/{id}/execs/{exec_id}/resize",
+            post(exec_resize),
+        )
+        .route("/v1/sandboxes/{id}/exec/ws", get(exec_ws))
         .route("/v1/sandboxes/{id}/heartbeat", post(heartbeat))
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))

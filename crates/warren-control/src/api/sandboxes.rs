@@ -8,6 +8,7 @@ use serde::Deserialize;
 use warren_core::state::reason;
 use warren_core::{
     ApiError, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
+    WindowSize,
 };
 
 use super::{ndjson, ApiResult, St};
@@ -204,6 +205,20 @@ pub(crate) async fn exec_stdin(
     body: axum::body::Bytes,
 ) -> ApiResult<StatusCode> {
     st.control.exec_input(&id, &exec_id, body, q.close).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Set the window size of a running exec's terminal (one started with
+/// `tty`); its foreground process gets SIGWINCH.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/execs/{exec_id}/resize", request_body = WindowSize,
+    responses((status = 204, description = "resized"), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn exec_resize(
+    State(st): St,
+    Path((id, exec_id)): Path<(String, String)>,
+    JsonBody(size): JsonBody<WindowSize>,
+) -> ApiResult<StatusCode> {
+    st.control.exec_resize(&id, &exec_id, size).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -235,6 +235,7 @@ async fn start(
         timeout: connect::timeout(headers).map(warren_core::spec::Dur),
         user: user.filter(|u| u != "root"),
         stdin_open: req.stdin.unwrap_or(true),
+        ..Default::default()
     };
     let mut events = target.control.exec(&target.id, &exec).await?;
     let (pid, exec_id) = match events.next().await {

@@ -120,7 +120,7 @@ fn exit_code(ev: &ExecEvent) -> i32 {
 }
 
 pub(super) async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
-    let stdin = if a.stdin {
+    let stdin = if a.stdin && !a.tty {
         let mut buf = Vec::new();
         std::io::stdin()
             .read_to_end(&mut buf)
@@ -142,6 +142,9 @@ pub(super) async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
         user: a.user,
         ..Default::default()
     };
+    if a.tty {
+        return super::terminal::exec(client, &a.id, req, a.stdin).await;
+    }
     let exit = client.exec(&a.id, &req, write_output).await?;
     Ok(exit_code(&exit))
 }

@@ -416,3 +416,59 @@ def test_closing_the_websocket_kills_the_exec(warren, box):
     ws_output_until(ws, rb"up")
     ws.close()
     wait_until(lambda: "sleep 4242" not in sh_ok(warren, box, "ps -o args"), what="the exec to be killed")
+
+
+def test_sdk_exec_stream_on_a_terminal(warren, box):
+    import asyncio
+
+    import warren as sdk
+    from warren import models
+
+    with sdk.Client(warren.url, token=warren.token) as c:
+        sb = c.sandboxes.get(box)
+        with sb.exec_stream(["sh"], tty=True, rows=22, cols=77, stdin_open=True, timeout=30) as s:
+            out = b""
+
+            def until(pattern):
+                nonlocal out
+                for ev in s:
+                    if isinstance(ev, models.ExecOutput):
+                        assert ev.stream == "stdout", ev
+                        out += ev.data
+                        if re.search(pattern, out):
+                            return
+                raise AssertionError(f"{pattern!r} not in {out!r}")
+
+            until(rb"# ")
+            s.send_stdin("stty size\n")
+            until(rb"22 77\r\n")
+            s.resize(44, 99)
+            s.send_stdin("stty size; exit 6\n")
+            until(rb"44 99\r\n")
+            for _ in s:
+                pass
+            assert s.result.exit_code == 6
+
+    async def main():
+        async with sdk.AsyncClient(warren.url, token=warren.token) as c:
+            sb = await c.sandboxes.get(box)
+            async with await sb.exec_stream("stty size; read x; stty size", tty=True, stdin_open=True) as s:
+                seen = b""
+                async for ev in s:
+                    if isinstance(ev, models.ExecOutput):
+                        seen += ev.data
+                        if seen.endswith(b"24 80\r\n"):
+                            await s.resize(10, 20)
+                            await s.send_stdin("\n")
+                assert seen.endswith(b"10 20\r\n"), seen
+                assert s.result.exit_code == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_openapi_describes_terminals(warren):
+    doc = warren.http.get("/openapi.json").json()
+    assert "post" in doc["paths"]["/v1/sandboxes/{id}/execs/{exec_id}/resize"]
+    assert "get" in doc["paths"]["/v1/sandboxes/{id}/exec/ws"]
+    assert {"tty", "rows", "cols"} <= set(doc["components"]["schemas"]["ExecRequest"]["properties"])
+    assert set(doc["components"]["schemas"]["WindowSize"]["required"]) == {"rows", "cols"}

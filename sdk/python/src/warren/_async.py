@@ -393,10 +393,15 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         user: str | None = None,
         stdin_open: bool = False,
+        tty: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
     ) -> AsyncExecStream:
         """Starts ``cmd``; ``async for ev in stream`` yields its events as they
-        happen. ``stdin_open`` keeps its stdin open for :meth:`AsyncExecStream.send_stdin`."""
-        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open)
+        happen. ``stdin_open`` keeps its stdin open for :meth:`AsyncExecStream.send_stdin`;
+        ``tty`` runs it on a terminal (see :meth:`warren.Sandbox.exec_stream`),
+        resized with :meth:`AsyncExecStream.resize`."""
+        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open, tty, rows, cols)
         return AsyncExecStream(self._c, await self._c._send(call), self.id)
 
     async def spawn(
@@ -485,8 +490,16 @@ class AsyncExecStream:
         await self._stdin_call(data, close=False)
 
     async def close_stdin(self) -> None:
-        """Ends the command's stdin (it reads end-of-file)."""
+        """Ends the command's stdin (it reads end-of-file; on a terminal
+        this sends ^D)."""
         await self._stdin_call(b"", close=True)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Sets the window size of the command's terminal (started with
+        ``tty=True``); its foreground process gets SIGWINCH."""
+        if self.exec_id is None:
+            raise errors.WarrenError("the command has not started (read its start event first)")
+        await self._c._call(core.exec_resize_call(self._sandbox_id, self.exec_id, rows, cols))
 
     async def _stdin_call(self, data: bytes | str, close: bool) -> None:
         if self.exec_id is None:

@@ -406,10 +406,19 @@ def exec_call(
     stdin: bytes | str | None = None,
     user: str | None = None,
     stdin_open: bool = False,
+    tty: bool = False,
+    rows: int | None = None,
+    cols: int | None = None,
 ) -> Call[None]:
     body: dict[str, Any] = {"cmd": argv(cmd)}
     if stdin_open:
         body["stdin_open"] = True
+    if tty:
+        body["tty"] = True
+    if rows is not None:
+        body["rows"] = rows
+    if cols is not None:
+        body["cols"] = cols
     if env:
         body["env"] = {str(k): str(v) for k, v in env.items()}
     if cwd is not None:
@@ -430,6 +439,13 @@ def exec_stdin_call(sid: str, exec_id: str, data: bytes | str, close: bool) -> C
     params = {"close": "true"} if close else None
     return Call("POST", sb_path(sid, f"/execs/{exec_id}/stdin"), _none, content=body,
                 params=params, sandbox=sid)
+
+
+def exec_resize_call(sid: str, exec_id: str, rows: int, cols: int) -> Call[None]:
+    """The window size of a running exec's terminal (idempotent: the same
+    size twice is one size)."""
+    return Call("POST", sb_path(sid, f"/execs/{exec_id}/resize"), _none,
+                json={"rows": rows, "cols": cols}, idempotent=True, sandbox=sid)
 
 
 def logs_call(sid: str, follow: bool) -> Call[None]:

@@ -192,7 +192,9 @@ class Client:
         """Creates a sandbox and returns it once an exec would succeed.
 
         ``spec`` takes the API's spec fields: ``cpu`` (cores or ``"500m"``),
-        ``memory``/``disk`` (``"2G"`` or bytes), ``pids``, ``gpus``, ``env``,
+        ``memory``/``disk`` (``"2G"`` or bytes), ``cpu_request`` and
+        ``memory_request`` (what the scheduler reserves; ``cpu``/``memory``
+        are the enforced limits), ``pids``, ``gpus``, ``env``,
         ``labels``, ``ttl``/``lease``/``keep_for`` (seconds, ``"30m"`` or a
         ``timedelta``), ``reclaim``, ``profile``, ``cmd`` (argv, or a string
         for ``sh -c``), ``cwd``, ``user``, ``request_id``, ``network``, and
@@ -432,14 +434,20 @@ class Sandbox:
         stdin: bytes | str | None = None,
         user: str | None = None,
         stdin_open: bool = False,
+        tty: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
     ) -> ExecStream:
         """Starts ``cmd`` and returns a stream of its events as they happen:
         :class:`~warren.models.ExecStart`, :class:`~warren.models.ExecOutput`
         (stdout and stderr interleaved as produced, bytes), then
         :class:`~warren.models.ExecExit`. Closing the stream early kills the
         command. ``stdin_open`` keeps its stdin open after ``stdin`` for
-        :meth:`ExecStream.send_stdin`."""
-        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open)
+        :meth:`ExecStream.send_stdin`. ``tty`` runs it on a terminal of the
+        sandbox (``rows`` x ``cols``, default 24x80; all output arrives as
+        stdout, with the terminal's ``\\r\\n``), resized with
+        :meth:`ExecStream.resize`."""
+        call = core.exec_call(self.id, cmd, env, cwd, timeout, stdin, user, stdin_open, tty, rows, cols)
         return ExecStream(self._c, self._c._send(call), self.id)
 
     def spawn(
@@ -542,8 +550,16 @@ class ExecStream:
         self._stdin_call(data, close=False)
 
     def close_stdin(self) -> None:
-        """Ends the command's stdin (it reads end-of-file)."""
+        """Ends the command's stdin (it reads end-of-file; on a terminal
+        this sends ^D)."""
         self._stdin_call(b"", close=True)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Sets the window size of the command's terminal (started with
+        ``tty=True``); its foreground process gets SIGWINCH."""
+        if self.exec_id is None:
+            raise errors.WarrenError("the command has not started (read its start event first)")
+        self._c._call(core.exec_resize_call(self._sandbox_id, self.exec_id, rows, cols))
 
     def _stdin_call(self, data: bytes | str, close: bool) -> None:
         if self.exec_id is None:

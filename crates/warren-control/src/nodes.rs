@@ -61,6 +61,7 @@ impl View {
             && self.reconciled
             && !self.cordoned
             && !self.info.load.disk_pressure
+            && !self.info.load.memory_pressure
     }
 }
 

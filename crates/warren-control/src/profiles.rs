@@ -75,12 +75,16 @@ impl Control {
         let Some(p) = self.store.profile(&name).await? else {
             return Ok(());
         };
-        if spec.cpu.is_none() {
-            spec.cpu = Some(warren_core::spec::Cpu(p.current.cpu_millis));
-        }
-        if spec.memory.is_none() {
-            spec.memory = Some(warren_core::spec::ByteSize(p.current.memory));
-        }
+        use warren_core::spec::{ByteSize, Cpu};
+        // The profile sets the requests (what the scheduler reserves: the
+        // learned peak with its margin) and, where the spec names none, the
+        // limits too; a request never exceeds the limit it runs under.
+        let cpu = *spec.cpu.get_or_insert(Cpu(p.current.cpu_millis));
+        let memory = *spec.memory.get_or_insert(ByteSize(p.current.memory));
+        spec.cpu_request
+            .get_or_insert(Cpu(p.current.cpu_millis.min(cpu.0)));
+        spec.memory_request
+            .get_or_insert(ByteSize(p.current.memory.min(memory.0)));
         Ok(())
     }
 

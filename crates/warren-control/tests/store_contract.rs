@@ -143,6 +143,8 @@ fn row(id: &str, state: SandboxState, created_at: &str) -> SandboxRow {
             pids: 128,
             disk: 0,
             gpus: 0,
+            cpu_request_millis: Some(100),
+            memory_request: Some(64 << 20),
         },
         node: "node-1".into(),
         image_digest: "sha256:abc".into(),

@@ -20,6 +20,12 @@ pub const MIN_PIDS: u32 = 8;
 pub const MAX_CPU_MILLIS: u64 = 1024 * 1000;
 pub const DEFAULT_CPU_MILLIS: u64 = 1000;
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
+/// What a sandbox that names no request (and has no learned profile) holds
+/// in admission: an idle sandbox costs the host about 1.3 MB and almost no
+/// CPU, so small requests let a node hold thousands of them, while its
+/// limits (`cpu`, `memory`) still bound what it may use.
+pub const DEFAULT_CPU_REQUEST_MILLIS: u64 = 10;
+pub const DEFAULT_MEMORY_REQUEST: u64 = 16 << 20;
 pub const DEFAULT_PIDS: u32 = 1024;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_KEEP_FOR: Duration = Duration::from_secs(3600);
@@ -211,6 +217,15 @@ pub struct SandboxSpec {
     pub cpu: Option<Cpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<ByteSize>,
+    /// CPU the scheduler reserves (admission and placement count requests;
+    /// `cpu` is the limit the cgroup enforces). Default: the learned
+    /// profile's, else `cpu` if given (as Kubernetes), else 10m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_request: Option<Cpu>,
+    /// Memory the scheduler reserves; `memory` is the enforced limit.
+    /// Default: the learned profile's, else `memory` if given, else 16M.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<ByteSize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,12 +271,32 @@ pub struct SandboxSpec {
 /// A spec with every resource decided; this is what a node runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResolvedResources {
+    /// The CPU limit (the cgroup's quota).
     pub cpu_millis: u64,
+    /// The memory limit.
     pub memory: u64,
+    /// What admission and placement count. Records written before requests
+    /// existed have none: their request was their limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_request_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<u64>,
     pub pids: u32,
     /// Bytes of the sandbox's own file system; 0 = no limit of its own.
     pub disk: u64,
     pub gpus: u32,
+}
+
+impl ResolvedResources {
+    /// Millicores the scheduler reserves for this sandbox.
+    pub fn cpu_request(&self) -> u64 {
+        self.cpu_request_millis.unwrap_or(self.cpu_millis)
+    }
+
+    /// Bytes of memory the scheduler reserves for this sandbox.
+    pub fn memory_request(&self) -> u64 {
+        self.memory_request.unwrap_or(self.memory)
+    }
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -288,6 +323,12 @@ pub enum SpecError {
     DiskTooLarge(u64),
     #[error("command, environment and cwd take {0} bytes; at most {MAX_ARGS_BYTES} are accepted: pass large data as a file or on stdin")]
     ArgsTooLarge(usize),
+    #[error("cpu_request {request} cores is above the cpu limit of {limit} cores: a request is what the scheduler reserves and must fit within the limit (raise --cpu or lower --cpu-request)")]
+    CpuRequestAboveLimit { request: f64, limit: f64 },
+    #[error("memory_request {request} bytes is above the memory limit of {limit} bytes: a request is what the scheduler reserves and must fit within the limit (raise --memory or lower --memory-request)")]
+    MemoryRequestAboveLimit { request: u64, limit: u64 },
+    #[error("memory_request must be at least 1M, got {0} bytes")]
+    MemoryRequestTooSmall(u64),
     #[error("gpus: this node has no GPU support yet; leave --gpus out or set it to 0")]
     Gpus,
     #[error("{0}")]
@@ -385,6 +426,31 @@ impl SandboxSpec {
         if memory > MAX_MEMORY {
             return Err(SpecError::MemoryTooLarge(memory));
         }
+        let cpu_request = match self.cpu_request {
+            Some(c) if c.0 == 0 || c.0 > cpu_millis => {
+                return Err(SpecError::CpuRequestAboveLimit {
+                    request: c.0 as f64 / 1000.0,
+                    limit: cpu_millis as f64 / 1000.0,
+                })
+            }
+            Some(c) => c.0,
+            // As Kubernetes: a limit given without a request is also the
+            // request; with neither, the small default.
+            None if self.cpu.is_some() => cpu_millis,
+            None => DEFAULT_CPU_REQUEST_MILLIS,
+        };
+        let memory_request = match self.memory_request {
+            Some(m) if m.0 < 1 << 20 => return Err(SpecError::MemoryRequestTooSmall(m.0)),
+            Some(m) if m.0 > memory => {
+                return Err(SpecError::MemoryRequestAboveLimit {
+                    request: m.0,
+                    limit: memory,
+                })
+            }
+            Some(m) => m.0,
+            None if self.memory.is_some() => memory,
+            None => DEFAULT_MEMORY_REQUEST,
+        };
         let disk = self.disk.map_or(0, |d| d.0);
         if self.disk.is_some() && disk < MIN_DISK {
             return Err(SpecError::DiskTooSmall(disk));
@@ -438,6 +504,8 @@ impl SandboxSpec {
         Ok(ResolvedResources {
             cpu_millis,
             memory,
+            cpu_request_millis: Some(cpu_request),
+            memory_request: Some(memory_request),
             pids,
             disk,
             gpus,
@@ -610,6 +678,59 @@ mod tests {
             spec(r#"{"image":"a","ttl":0.0004}"#).unwrap().resolve(),
             Err(SpecError::ZeroTtl)
         );
+    }
+
+    #[test]
+    fn requests_default_small_and_never_exceed_limits() {
+        let r = spec(r#"{"image":"a"}"#).unwrap().resolve().unwrap();
+        assert_eq!(
+            (r.cpu_millis, r.memory),
+            (DEFAULT_CPU_MILLIS, DEFAULT_MEMORY)
+        );
+        assert_eq!(
+            (r.cpu_request(), r.memory_request()),
+            (DEFAULT_CPU_REQUEST_MILLIS, DEFAULT_MEMORY_REQUEST)
+        );
+        // A limit given alone is also the request (as in Kubernetes).
+        let r = spec(r#"{"image":"a","cpu":"5m","memory":"1G"}"#)
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!((r.cpu_request(), r.memory_request()), (5, 1 << 30));
+        let r = spec(r#"{"image":"a","cpu":2}"#).unwrap().resolve().unwrap();
+        assert_eq!(
+            (r.cpu_request(), r.memory_request()),
+            (2000, DEFAULT_MEMORY_REQUEST)
+        );
+        let r = spec(
+            r#"{"image":"a","cpu":2,"cpu_request":"1.5","memory_request":"1G","memory":"2G"}"#,
+        )
+        .unwrap()
+        .resolve()
+        .unwrap();
+        assert_eq!((r.cpu_request(), r.memory_request()), (1500, 1 << 30));
+        assert!(matches!(
+            spec(r#"{"image":"a","cpu_request":2}"#).unwrap().resolve(),
+            Err(SpecError::CpuRequestAboveLimit { .. })
+        ));
+        assert!(matches!(
+            spec(r#"{"image":"a","memory_request":"1G"}"#)
+                .unwrap()
+                .resolve(),
+            Err(SpecError::MemoryRequestAboveLimit { .. })
+        ));
+        assert_eq!(
+            spec(r#"{"image":"a","memory_request":0}"#)
+                .unwrap()
+                .resolve(),
+            Err(SpecError::MemoryRequestTooSmall(0))
+        );
+        // A record stored before requests existed reserved its limits.
+        let old: ResolvedResources = serde_json::from_str(
+            r#"{"cpu_millis":1000,"memory":536870912,"pids":1024,"disk":0,"gpus":0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.cpu_request(), old.memory_request()), (1000, 512 << 20));
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub mod reason {
     /// Its writable layer outgrew its disk limit, or the node's disk ran
     /// low and it wrote the most.
     pub const DISK_EXCEEDED: &str = "disk_exceeded";
+    /// The host's available memory fell under the node's floor and it used
+    /// the most above its memory request.
+    pub const MEMORY_PRESSURE: &str = "memory_pressure";
     /// Its stored record could not be read (see the store's recovery).
     pub const CORRUPT_RECORD: &str = "corrupt_record";
 }

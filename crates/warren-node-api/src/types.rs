@@ -15,11 +15,11 @@ pub struct Resources {
 }
 
 impl Resources {
-    /// What one sandbox holds.
+    /// What one sandbox holds: its requests, not its limits.
     pub fn of(r: &ResolvedResources) -> Resources {
         Resources {
-            cpu_millis: r.cpu_millis,
-            memory: r.memory,
+            cpu_millis: r.cpu_request(),
+            memory: r.memory_request(),
             slots: 1,
         }
     }
@@ -51,6 +51,10 @@ pub struct Load {
     /// Free space under the node's home is below its floor: it starts no
     /// sandbox until there is room again.
     pub disk_pressure: bool,
+    /// The host's available memory is below the node's floor: it starts no
+    /// sandbox, and stops the ones furthest above their memory request.
+    #[serde(default)]
+    pub memory_pressure: bool,
     /// Sandboxes it holds.
     pub sandboxes: u32,
 }
@@ -143,6 +147,15 @@ pub enum NodeEvent {
         limit: u64,
         node_full: bool,
     },
+    /// The host's available memory fell under the node's floor and this
+    /// sandbox uses the most above its memory request: it must go (a kept,
+    /// frozen sandbox would still hold its memory).
+    MemoryPressure {
+        id: String,
+        used: u64,
+        request: u64,
+        available: u64,
+    },
     /// The node's CPU stayed above 85% busy; once per episode.
     CpuSaturated {
         busy: f64,
@@ -161,7 +174,8 @@ impl NodeEvent {
             NodeEvent::MainExited { id, .. }
             | NodeEvent::Expired { id, .. }
             | NodeEvent::InitDied { id, .. }
-            | NodeEvent::DiskExceeded { id, .. } => Some(id),
+            | NodeEvent::DiskExceeded { id, .. }
+            | NodeEvent::MemoryPressure { id, .. } => Some(id),
             NodeEvent::CpuSaturated { .. } | NodeEvent::ImagePull { .. } => None,
         }
     }

@@ -41,6 +41,11 @@ pub struct NodeSettings {
     /// refused and the sandbox writing the most is stopped. None: the larger
     /// of 1 GiB and 5% of the file system.
     pub disk_floor: Option<u64>,
+    /// Host memory (MemAvailable) the node keeps free: below it, creates
+    /// are refused and the sandbox using the most above its memory request
+    /// is stopped (`memory_pressure`), one per sample, until it is back.
+    /// None: the larger of 256 MiB and 2% of the host's memory.
+    pub memory_floor: Option<u64>,
     /// How often every sandbox's cgroup is sampled.
     pub sample_interval: std::time::Duration,
     /// The egress proxy: global allowlist, fixed name resolution, limits.
@@ -82,6 +87,7 @@ impl Default for NodeSettings {
             log_max: logs::DEFAULT_MAX,
             default_disk: DEFAULT_DISK,
             disk_floor: None,
+            memory_floor: None,
             sample_interval: sampler::DEFAULT_INTERVAL,
             egress: warren_net::Settings::default(),
             image_budget: None,
@@ -90,13 +96,24 @@ impl Default for NodeSettings {
         }
     }
 }
+pub(crate) fn default_memory_floor(host_memory: u64) -> u64 {
+    (host_memory / 50).max(256 << 20)
+}
+
+/// The host's MemAvailable (what can be allocated without swapping).
+pub(crate) fn available_memory() -> Option<u64> {
+    meminfo("MemAvailable:")
+}
+
 pub(crate) fn host_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    meminfo("MemTotal:").unwrap_or(0)
+}
+
+fn meminfo(key: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    })
 }

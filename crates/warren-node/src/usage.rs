@@ -49,6 +49,7 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
                 }
             }
             n.check_disk_floor(&live);
+            n.check_memory_floor(&live);
         })
         .await;
     }
@@ -136,6 +137,60 @@ impl Node {
             .max_by_key(|(used, _, _)| *used);
         if let Some((used, id, l)) = largest {
             self.report_disk(id, l, used, l.disk_limit, true);
+        }
+    }
+
+    /// Whether the host's available memory is below the node's floor
+    /// (creates are refused meanwhile).
+    pub fn memory_pressure(&self) -> bool {
+        self.memory_pressure.load(Ordering::Acquire)
+    }
+
+    /// Requests are what admission counts, so the limits of the sandboxes
+    /// on a node may add up to more than its memory. When their real use
+    /// drains the host's available memory below the floor, the sandbox
+    /// using the most above its own request is stopped (one per check);
+    /// a sandbox within its request is never chosen, so a request is a
+    /// guarantee and the limit a ceiling.
+    pub(crate) fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
+        let Some(available) = crate::settings::available_memory() else {
+            return;
+        };
+        let pressure = available < self.memory_floor;
+        if self.memory_pressure.swap(pressure, Ordering::AcqRel) != pressure {
+            if pressure {
+                tracing::warn!(available, floor = self.memory_floor, "host memory is below the node's floor: creates refused, the sandbox furthest above its request is stopped");
+            } else {
+                tracing::info!(
+                    available,
+                    floor = self.memory_floor,
+                    "host memory is above the node's floor again"
+                );
+            }
+        }
+        if !pressure {
+            return;
+        }
+        let furthest = live
+            .iter()
+            .filter(|(_, l)| {
+                !l.destroying.load(Ordering::Acquire) && !l.memory_reported.load(Ordering::Acquire)
+            })
+            .filter_map(|(id, l)| {
+                let used = lock(&l.usage).usage().memory_bytes;
+                let over = used.checked_sub(l.memory_request).filter(|o| *o > 0)?;
+                Some((over, used, id, l))
+            })
+            .max_by_key(|(over, ..)| *over);
+        if let Some((_, used, id, l)) = furthest {
+            if !l.memory_reported.swap(true, Ordering::AcqRel) {
+                self.feed.push(NodeEvent::MemoryPressure {
+                    id: id.clone(),
+                    used,
+                    request: l.memory_request,
+                    available,
+                });
+            }
         }
     }
 

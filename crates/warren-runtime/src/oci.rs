@@ -128,6 +128,11 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
     let caps = CAPABILITIES;
     let r = input.resources;
     let quota = (r.cpu_millis * CPU_PERIOD_US / 1000).max(1000);
+    // Requests become the kernel's shares of contended resources: CPU
+    // weight in proportion to the request (as the kubelet: 1024 per core,
+    // at least 2), and the memory the kernel reclaims from last under host
+    // pressure (v1 soft limit, v2 memory.low).
+    let shares = (r.cpu_request() * 1024 / 1000).max(2);
     json!({
         "ociVersion": "1.2.0",
         "root": { "path": input.rootfs, "readonly": false },
@@ -178,8 +183,11 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
                 // could queue hundreds of MiB in loopback connections that
                 // its memory limit never saw. A quarter of the limit on top
                 // of it (v2 charges them to memory.current; this is ignored).
-                "memory": { "limit": r.memory, "swap": r.memory, "kernelTCP": tcp_limit(r.memory) },
-                "cpu": { "quota": quota, "period": CPU_PERIOD_US },
+                "memory": {
+                    "limit": r.memory, "swap": r.memory, "kernelTCP": tcp_limit(r.memory),
+                    "reservation": r.memory_request()
+                },
+                "cpu": { "quota": quota, "period": CPU_PERIOD_US, "shares": shares },
                 "pids": { "limit": r.pids },
                 // cgroup v2: an OOM kill takes the sandbox's whole process
                 // group, not one process of it. libcgroups writes `unified`
@@ -229,6 +237,8 @@ mod tests {
             resources: &ResolvedResources {
                 cpu_millis,
                 memory: 64 << 20,
+                cpu_request_millis: Some(cpu_millis / 2),
+                memory_request: Some(16 << 20),
                 pids: 64,
                 disk,
                 gpus: 0,
@@ -268,6 +278,8 @@ mod tests {
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
         assert_eq!(c["linux"]["resources"]["memory"]["kernelTCP"], 16 << 20);
+        assert_eq!(c["linux"]["resources"]["memory"]["reservation"], 16 << 20);
+        assert_eq!(c["linux"]["resources"]["cpu"]["shares"], 256);
         assert_eq!(c["linux"]["resources"]["unified"]["memory.oom.group"], "1");
         assert_eq!(c["hostname"], "sbx-1");
         assert_eq!(c["process"]["noNewPrivileges"], true);

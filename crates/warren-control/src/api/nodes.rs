@@ -23,6 +23,7 @@ pub struct Join {
 pub(crate) struct NodeLoad {
     cpu_busy: f64,
     disk_pressure: bool,
+    memory_pressure: bool,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -79,6 +80,7 @@ pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
                     load: NodeLoad {
                         cpu_busy: v.info.load.cpu_busy,
                         disk_pressure: v.info.load.disk_pressure,
+                        memory_pressure: v.info.load.memory_pressure,
                     },
                     last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
                     queued,

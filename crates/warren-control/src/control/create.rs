@@ -74,11 +74,11 @@ impl Control {
         }
         candidates
             .into_iter()
-            .find(|(v, _)| !v.info.load.disk_pressure)
+            .find(|(v, _)| !v.info.load.disk_pressure && !v.info.load.memory_pressure)
             .map(|(_, n)| n.api.clone())
             .ok_or_else(|| ApiError {
                 code: warren_core::ErrorCode::NoCapacity,
-                message: "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)".into(),
+                message: "the node's free disk or memory is below its floor; no sandboxes start until some is freed (see `warren ps` and docs/configuration.md)".into(),
                 retry_after_ms: Some(5000),
             })
     }

@@ -105,6 +105,22 @@ impl Control {
                 // node short of disk needs the space back.
                 (id.clone(), true, reason::DISK_EXCEEDED, !*node_full)
             }
+            NodeEvent::MemoryPressure {
+                id,
+                used,
+                request,
+                available,
+            } => {
+                let message = format!(
+                    "the host's available memory fell to {available} bytes, under the node's floor, and this sandbox used the most above its memory request ({used} bytes used, {request} requested)"
+                );
+                if let Some(api) = self.reachable(node) {
+                    let _ = api
+                        .note(id, note("running", reason::MEMORY_PRESSURE, &message))
+                        .await;
+                }
+                (id.clone(), true, reason::MEMORY_PRESSURE, false)
+            }
             NodeEvent::CpuSaturated { busy } => {
                 let message = format!("node {node} CPU {:.0}% busy for over 30s", busy * 100.0);
                 tracing::warn!("{message}");
@@ -146,14 +162,15 @@ impl Control {
             SandboxState::Kept if matches!(ev, NodeEvent::InitDied { .. }) => {
                 return self.destroy_locked(&id, why).await.map(|_| ());
             }
-            // Held sandboxes give their disk back when the node runs out.
+            // Held sandboxes give their disk and memory back when the node
+            // runs out.
             SandboxState::Kept | SandboxState::Stopping
                 if matches!(
                     ev,
                     NodeEvent::DiskExceeded {
                         node_full: true,
                         ..
-                    }
+                    } | NodeEvent::MemoryPressure { .. }
                 ) =>
             {
                 return self.destroy_locked(&id, why).await.map(|_| ());

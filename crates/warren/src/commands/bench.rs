@@ -33,15 +33,68 @@ impl Samples {
     }
 }
 
-/// 64 MiB sandboxes, so that the hundreds alive at once fit the node's
-/// memory; CPU stays at the default core (a small quota would throttle the
-/// very start-up being measured), so the benchmark's daemon needs a high
-/// `--cpu-overcommit` (scripts/lib/bench-daemon.sh).
+/// Default sizes (limits of 1 core and 512M, requests of 10m and 16M), so
+/// the hundreds alive at once fit a default node; every sandbox carries the
+/// run's label, by which an interrupted or failed run removes them all.
 fn spec(image: &str) -> SandboxSpec {
     SandboxSpec {
         image: image.to_string(),
-        memory: Some(warren_core::spec::ByteSize(64 << 20)),
+        labels: [("bench".to_string(), run_label())].into(),
         ..Default::default()
+    }
+}
+
+fn run_label() -> String {
+    format!("bench-{}", std::process::id())
+}
+
+/// Runs a benchmark and removes every sandbox carrying `label` when it
+/// fails or is interrupted (Ctrl-C), so nothing is left running.
+pub(crate) async fn removing_on_exit<F>(client: &Client, label: &str, bench: F) -> Result<i32>
+where
+    F: std::future::Future<Output = Result<i32>>,
+{
+    let outcome = tokio::select! {
+        r = bench => r,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("warren bench: interrupted; removing its sandboxes (label {label})");
+            Err(anyhow::anyhow!("interrupted"))
+        }
+    };
+    if outcome.is_err() {
+        match client.delete_sandboxes(&[label.to_string()]).await {
+            Ok(gone) => eprintln!("warren bench: removed {} sandboxes", gone.len()),
+            Err(e) => eprintln!(
+                "warren bench: could not remove its sandboxes ({e:#}); run `warren rm --label {label}`"
+            ),
+        }
+    }
+    outcome
+}
+
+/// Progress on stderr for the people watching: each phase's count, at most
+/// every half second (stdout keeps the results only).
+pub(crate) struct Progress {
+    phase: &'static str,
+    total: usize,
+    shown: Instant,
+}
+
+impl Progress {
+    pub(crate) fn new(phase: &'static str, total: usize) -> Progress {
+        eprintln!("warren bench: {phase} 0/{total}");
+        Progress {
+            phase,
+            total,
+            shown: Instant::now(),
+        }
+    }
+
+    pub(crate) fn tick(&mut self, done: usize) {
+        if done == self.total || self.shown.elapsed() >= Duration::from_millis(500) {
+            self.shown = Instant::now();
+            eprintln!("warren bench: {} {done}/{}", self.phase, self.total);
+        }
     }
 }
 
@@ -77,6 +130,11 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
+    let label = format!("bench={}", run_label());
+    removing_on_exit(client, &label, measure(client, args)).await
+}
+
+async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
     let n = args.iterations.max(1);
     let mut results = Vec::new();
     // Warm up caches and connections.
@@ -86,22 +144,28 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
 
     let (mut create, mut destroy) = (Samples::default(), Samples::default());
     let mut ids = Vec::with_capacity(n);
-    for _ in 0..n {
+    let mut progress = Progress::new("create_to_ready", n);
+    for i in 0..n {
         let t = Instant::now();
         ids.push(client.create_sandbox(&spec(&args.image)).await?.id);
         create.0.push(t.elapsed());
+        progress.tick(i + 1);
     }
     let mut exec = Samples::default();
     let target = ids.first().cloned().context("no sandbox created")?;
-    for _ in 0..n {
+    let mut progress = Progress::new("exec_true_round_trip", n);
+    for i in 0..n {
         let t = Instant::now();
         exec_ok(client, &target).await?;
         exec.0.push(t.elapsed());
+        progress.tick(i + 1);
     }
-    for id in &ids {
+    let mut progress = Progress::new("destroy", n);
+    for (i, id) in ids.iter().enumerate() {
         let t = Instant::now();
         client.delete_sandbox(id).await?;
         destroy.0.push(t.elapsed());
+        progress.tick(i + 1);
     }
     results.push(create.summary("create_to_ready", None));
     results.push(exec.summary("exec_true_round_trip", None));
@@ -115,6 +179,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
         let sem = Arc::new(Semaphore::new(conc));
         let t = Instant::now();
         let mut tasks = Vec::with_capacity(n);
+        let mut progress = Progress::new(if conc == 1 { "cycle_c1" } else { "cycle" }, n);
         for _ in 0..n {
             let permit = sem.clone().acquire_owned().await?;
             let (client, image) = (client.clone(), args.image.clone());
@@ -127,6 +192,7 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
         let mut s = Samples::default();
         for task in tasks {
             s.0.push(task.await??);
+            progress.tick(s.0.len());
         }
         results.push(s.summary(&format!("cycle_c{conc}"), Some(t.elapsed())));
     }
@@ -135,8 +201,10 @@ pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
         let before = args.daemon_pid.and_then(rss_kib);
         let mut idle = Vec::with_capacity(args.idle);
         let t = Instant::now();
-        for _ in 0..args.idle {
+        let mut progress = Progress::new("idle_sandboxes", args.idle);
+        for i in 0..args.idle {
             idle.push(client.create_sandbox(&spec(&args.image)).await?.id);
+            progress.tick(i + 1);
         }
         let created_in = t.elapsed();
         let after = args.daemon_pid.and_then(rss_kib);

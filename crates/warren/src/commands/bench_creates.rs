@@ -10,12 +10,17 @@ use anyhow::Result;
 use tokio::sync::Semaphore;
 use warren_core::SandboxSpec;
 
-use super::bench::Samples;
+use super::bench::{removing_on_exit, Progress, Samples};
 use crate::cli::BenchCreatesArgs;
 use crate::client::Client;
 
 pub(super) async fn run(client: &Client, args: &BenchCreatesArgs) -> Result<i32> {
     let run_label = format!("creates-{}", std::process::id());
+    let label = format!("bench={run_label}");
+    removing_on_exit(client, &label, measure(client, args, run_label)).await
+}
+
+async fn measure(client: &Client, args: &BenchCreatesArgs, run_label: String) -> Result<i32> {
     let spec = SandboxSpec {
         image: args.image.clone(),
         cpu: Some(warren_core::spec::Cpu(warren_core::quantity::parse_cpu(
@@ -31,8 +36,11 @@ pub(super) async fn run(client: &Client, args: &BenchCreatesArgs) -> Result<i32>
     let client = Arc::new(client.clone());
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(args.count);
-    for _ in 0..args.count {
+    let mut progress = Progress::new("creates", args.count);
+    for i in 0..args.count {
         let permit = permits.clone().acquire_owned().await?;
+        // Started minus those still holding a permit: the ones finished.
+        progress.tick(i.saturating_sub(args.concurrency.max(1) - 1));
         let (client, spec) = (client.clone(), spec.clone());
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
@@ -52,6 +60,7 @@ pub(super) async fn run(client: &Client, args: &BenchCreatesArgs) -> Result<i32>
                 first_error.get_or_insert_with(|| format!("{e:#}"));
             }
         }
+        progress.tick(samples.0.len() + failed);
     }
     let wall = start.elapsed();
     let created = samples.0.len();

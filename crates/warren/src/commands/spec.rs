@@ -58,6 +58,12 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
             .transpose()
             .map_err(Into::into)
     };
+    let cpu = |s: &Option<String>| -> Result<Option<Cpu>> {
+        s.as_deref()
+            .map(|c| quantity::parse_cpu(c).map(Cpu))
+            .transpose()
+            .map_err(Into::into)
+    };
     let dur = |s: &Option<String>| -> Result<Option<Dur>> {
         s.as_deref()
             .map(|v| quantity::parse_duration(v).map(Dur))
@@ -66,12 +72,10 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
     };
     Ok(SandboxSpec {
         image: a.image.clone(),
-        cpu: a
-            .cpu
-            .as_deref()
-            .map(|c| quantity::parse_cpu(c).map(Cpu))
-            .transpose()?,
+        cpu: cpu(&a.cpu)?,
         memory: size(&a.memory)?,
+        cpu_request: cpu(&a.cpu_request)?,
+        memory_request: size(&a.memory_request)?,
         pids: a.pids,
         disk: size(&a.disk)?,
         gpus: a.gpus,

@@ -119,6 +119,12 @@ pub fn start_node(
             .map(warren_core::quantity::parse_size)
             .transpose()
             .context("--disk-floor")?,
+        memory_floor: args
+            .memory_floor
+            .as_deref()
+            .map(warren_core::quantity::parse_size)
+            .transpose()
+            .context("--memory-floor")?,
         sample_interval: warren_core::quantity::parse_duration(&args.sample_interval)?,
         egress: egress_settings(args, nofile)?,
         image_budget: args

@@ -136,12 +136,16 @@ class NetworkSpec:
 @dataclass
 class SandboxSpec:
     """What a sandbox was asked for (as the server echoes it back): sizes
-    (``cpu`` in cores, ``memory``/``disk`` in bytes or text), lifetimes as
-    text (``"10m"``), the main command if any."""
+    (``cpu`` in cores, ``memory``/``disk`` in bytes or text; ``cpu`` and
+    ``memory`` are the enforced limits, ``cpu_request``/``memory_request``
+    what the scheduler reserves), lifetimes as text (``"10m"``), the main
+    command if any."""
 
     image: str
     cpu: float | str | None = None
     memory: int | str | None = None
+    cpu_request: float | str | None = None
+    memory_request: int | str | None = None
     pids: int | None = None
     disk: int | str | None = None
     gpus: int | None = None
@@ -163,13 +167,16 @@ class SandboxSpec:
 
 @dataclass
 class ResolvedResources:
-    """The resources a sandbox was given once defaults and profiles applied."""
+    """The resources a sandbox was given once defaults and profiles applied:
+    limits (``cpu_millis``, ``memory``) and what admission reserved."""
 
     cpu_millis: int
     memory: int
     pids: int
     disk: int
     gpus: int
+    cpu_request_millis: int | None = None
+    memory_request: int | None = None
 
 
 @dataclass

@@ -16,7 +16,11 @@
 //! NDJSON stream does.
 //!
 //! Authentication is the API's (the bearer token, checked before the
-//! upgrade by the router's middleware).
+//! upgrade by the router's middleware). Browsers cannot set that header on
+//! a WebSocket: when the console gets a cookie session, the `auth`
+//! middleware is where it is accepted, and this route must then check
+//! `Origin` as well, since a cookie rides along on a cross-site WebSocket
+//! where a header does not.
 
 use std::time::Duration;
 

@@ -19,6 +19,7 @@ mod create;
 mod node_events;
 mod node_set;
 mod recovery;
+mod run;
 
 pub struct Control {
     pub store: Arc<dyn Store>,

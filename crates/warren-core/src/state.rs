@@ -95,6 +95,8 @@ pub mod reason {
     pub const READY: &str = "ready";
     pub const MAIN_EXITED: &str = "main_exited";
     pub const USER_DELETED: &str = "user_deleted";
+    /// Made by `POST /v1/run` for one command, which has ended.
+    pub const RUN_ENDED: &str = "run_ended";
     pub const TTL_EXPIRED: &str = "ttl_expired";
     pub const LEASE_EXPIRED: &str = "lease_expired";
     pub const KEEP_EXPIRED: &str = "keep_expired";

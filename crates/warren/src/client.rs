@@ -289,6 +289,32 @@ impl Client {
         self.json(req).await
     }
 
+    /// `POST /v1/run`: one command in a sandbox made for it and removed
+    /// after it; calls `on_event` for each line and returns the exit event.
+    pub async fn run(
+        &self,
+        req: &warren_core::RunRequest,
+        mut on_event: impl FnMut(&warren_core::RunEvent),
+    ) -> Result<ExecEvent> {
+        use warren_core::RunEvent;
+        let resp = self
+            .send(self.request(Method::POST, "/v1/run").json(req))
+            .await?;
+        let mut lines = LineStream::new(resp);
+        while let Some(line) = lines.next_line().await? {
+            let ev: RunEvent = serde_json::from_slice(&line).context("decoding a run event")?;
+            on_event(&ev);
+            match ev {
+                RunEvent::Exec(ev @ ExecEvent::Exit { .. }) => return Ok(ev),
+                RunEvent::Exec(ExecEvent::Error { message }) => bail!("run failed: {message}"),
+                _ => {}
+            }
+        }
+        Err(anyhow!(
+            "the run's stream ended without an exit event (daemon stopping?)"
+        ))
+    }
+
     /// Starts an exec and calls `on_event` for each event; returns the exit event.
     pub async fn exec(
         &self,

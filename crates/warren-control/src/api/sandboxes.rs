@@ -7,8 +7,8 @@ use axum::Json;
 use serde::Deserialize;
 use warren_core::state::reason;
 use warren_core::{
-    ApiError, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec, SandboxState, Selector,
-    WindowSize,
+    ApiError, ErrorBody, ExecEvent, ExecRequest, RunEvent, RunRequest, SandboxInfo, SandboxSpec,
+    SandboxState, Selector, WindowSize,
 };
 
 use super::{ndjson, ApiResult, St};
@@ -39,6 +39,19 @@ pub(crate) async fn create_sandbox(
         (false, _) => StatusCode::OK,
     };
     Ok((status, Json(info)).into_response())
+}
+
+/// One command in a sandbox made for it, removed after it: the answer is
+/// an NDJSON stream of the sandbox's state (`{"sandbox":{…}}`, with its
+/// queue position while it waits) and then the command's exec events; it
+/// ends with the exit event while the sandbox is removed.
+#[utoipa::path(post, path = "/v1/run", request_body = RunRequest,
+    responses((status = 200, body = RunEvent, content_type = "application/x-ndjson"),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry")))]
+pub(crate) async fn run(State(st): St, JsonBody(req): JsonBody<RunRequest>) -> ApiResult<Response> {
+    let events = st.control.run(req).await?;
+    Ok(ndjson(&st, events))
 }
 
 #[derive(Deserialize, Default)]

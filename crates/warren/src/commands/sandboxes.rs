@@ -75,6 +75,9 @@ pub(super) async fn run(
     rm: bool,
 ) -> Result<i32> {
     pull_for_create(client, &a.image).await?;
+    if rm {
+        return run_removed(client, spec_from(a, Some(cmd))?).await;
+    }
     let info = create_and_wait(client, &spec_from(a, Some(cmd))?, true).await?;
     let id = info.id.clone();
     let result = follow_log(client, &id, true).await;
@@ -90,6 +93,28 @@ pub(super) async fn run(
         } else {
             1
         }))
+}
+
+/// `warren run --rm`: one request (`POST /v1/run`) that creates, runs,
+/// streams and removes; nothing is polled.
+async fn run_removed(client: &Client, spec: warren_core::SandboxSpec) -> Result<i32> {
+    use warren_core::RunEvent;
+    let req = warren_core::RunRequest {
+        spec,
+        ..Default::default()
+    };
+    let exit = client
+        .run(&req, |ev| match ev {
+            RunEvent::Sandbox { sandbox } if sandbox.state == SandboxState::Queued => eprintln!(
+                "{}: queued at position {} until a node has room (Ctrl-C cancels it)",
+                sandbox.id,
+                sandbox.queue_position.unwrap_or(0)
+            ),
+            RunEvent::Sandbox { .. } => {}
+            RunEvent::Exec(ev) => write_output(ev),
+        })
+        .await?;
+    Ok(exit_code(&exit))
 }
 
 fn write_output(ev: &ExecEvent) {

@@ -1,0 +1,129 @@
+//! One command in a sandbox made for it and removed after it, in one
+//! request (`POST /v1/run`, what `warren run --rm` sends).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use warren_core::run::{RunEvent, RunRequest, RunSandbox};
+use warren_core::state::reason;
+use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxState};
+
+use crate::control::Control;
+
+impl Control {
+    /// Admits and creates the sandbox (errors answer the request: bad spec,
+    /// queue full, no node), then streams its state and the command's
+    /// events. The sandbox goes once the command ends or the client leaves;
+    /// the stream ends with the exit event, not after the removal.
+    pub async fn run(
+        self: &Arc<Self>,
+        req: RunRequest,
+    ) -> Result<BoxStream<'static, RunEvent>, ApiError> {
+        let RunRequest {
+            mut spec,
+            stdin,
+            timeout,
+        } = req;
+        let cmd = spec.cmd.take().ok_or_else(|| {
+            ApiError::bad_request(
+                "run needs a command: give spec.cmd, e.g. [\"sh\", \"-c\", \"...\"] (`warren run --rm --image IMG -- CMD`)",
+            )
+        })?;
+        let exec = ExecRequest {
+            cmd,
+            stdin,
+            timeout,
+            ..Default::default()
+        };
+        exec.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let (info, _) = self.create(spec, false).await?;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(self.clone().drive_run(info.id, exec, tx));
+        Ok(futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) },
+        )
+        .boxed())
+    }
+
+    async fn drive_run(self: Arc<Self>, id: String, exec: ExecRequest, tx: mpsc::Sender<RunEvent>) {
+        if let Err(message) = self.run_command(&id, &exec, &tx).await {
+            let _ = tx.send(RunEvent::Exec(ExecEvent::Error { message })).await;
+        }
+        // The answer ends here; the removal goes on without the client.
+        drop(tx);
+        if let Err(e) = self.destroy(&id, reason::RUN_ENDED).await {
+            tracing::warn!(%id, error = %e.message, "could not remove a run's sandbox; the reconciler retries");
+        }
+    }
+
+    /// Waits for the sandbox to run (showing its place while it queues),
+    /// then forwards the command's events until its exit or the client's
+    /// departure.
+    async fn run_command(
+        &self,
+        id: &str,
+        exec: &ExecRequest,
+        tx: &mpsc::Sender<RunEvent>,
+    ) -> Result<(), String> {
+        let sandbox = |state, queue_position| RunEvent::Sandbox {
+            sandbox: RunSandbox {
+                id: id.to_string(),
+                state,
+                queue_position,
+            },
+        };
+        let mut shown = None;
+        loop {
+            let row = self.get(id).await.map_err(|e| e.message)?;
+            match row.state {
+                SandboxState::Running => break,
+                SandboxState::Queued | SandboxState::Creating => {
+                    if row.state == SandboxState::Queued {
+                        let position = self.info(row, false).await.queue_position;
+                        // Between leaving the queue and starting it has none.
+                        if position.is_some() && position != shown {
+                            shown = position;
+                            if tx.send(sandbox(SandboxState::Queued, position)).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                        _ = tx.closed() => return Ok(()),
+                    }
+                }
+                state => {
+                    return Err(format!(
+                        "sandbox {id} is {state} ({}) and cannot run the command; see `warren inspect {id}`",
+                        row.reason
+                    ))
+                }
+            }
+        }
+        if tx.send(sandbox(SandboxState::Running, None)).await.is_err() {
+            return Ok(());
+        }
+        let mut events = self.exec(id, exec).await.map_err(|e| e.message)?;
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(ev) => {
+                        let last = matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. });
+                        if tx.send(RunEvent::Exec(ev)).await.is_err() || last {
+                            return Ok(());
+                        }
+                    }
+                    None => return Err(format!("the command's stream in sandbox {id} ended without an exit (the sandbox was destroyed?)")),
+                },
+                // Dropping the exec stream kills the command at once.
+                _ = tx.closed() => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+"""`POST /v1/run` and `warren run --rm`: one request creates a sandbox for a
+command, streams its state and output, answers its exit and removes it;
+a run that has to queue says where it stands; a client that leaves takes
+its sandbox with it."""
+
+import base64
+import json
+import subprocess
+import threading
+import time
+
+from conftest import WARREN, own_daemon
+
+
+def lines(resp):
+    return [json.loads(l) for l in resp.iter_lines() if l]
+
+
+def wait_gone(w, sid, timeout=10):
+    deadline = time.time() + timeout
+    while True:
+        rows = [r for r in w.http.get("/v1/sandboxes", params={"all": "true"}).json() if r["id"] == sid]
+        if rows and rows[0]["state"] == "destroyed":
+            return rows[0]
+        assert time.time() < deadline, rows
+        time.sleep(0.05)
+
+
+def test_run_streams_state_output_and_exit_then_removes(warren):
+    body = {
+        "spec": {"image": "busybox:latest", "cmd": ["sh", "-c", "read x; echo out $x; echo err >&2; exit 3"], "labels": {"t": "run"}},
+        "stdin": base64.b64encode(b"fed\n").decode(),
+    }
+    with warren.http.stream("POST", "/v1/run", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+        evs = lines(r)
+    assert evs[0]["sandbox"]["state"] == "running", evs
+    sid = evs[0]["sandbox"]["id"]
+    out = b"".join(base64.b64decode(e["data"]) for e in evs if e.get("type") == "stdout")
+    err = b"".join(base64.b64decode(e["data"]) for e in evs if e.get("type") == "stderr")
+    assert (out, err) == (b"out fed\n", b"err\n")
+    assert evs[-1]["type"] == "exit" and evs[-1]["code"] == 3
+    row = wait_gone(warren, sid)
+    assert row["reason"] == "run_ended" and row["spec"]["labels"] == {"t": "run"}
+
+
+def test_run_refuses_bad_input_before_making_anything(warren):
+    before = len(warren.http.get("/v1/sandboxes", params={"all": "true"}).json())
+    r = warren.http.post("/v1/run", json={"spec": {"image": "busybox:latest"}})
+    assert r.status_code == 400 and "needs a command" in r.json()["error"]["message"], r.text
+    r = warren.http.post("/v1/run", json={"spec": {"image": "busybox:latest", "cmd": ["true"], "memory": "1M"}})
+    assert r.status_code == 400 and "memory" in r.json()["error"]["message"], r.text
+    r = warren.http.post("/v1/run", json={"spec": {"image": "busybox:latest", "cmd": ["true"]}, "stdin": "not base64!"})
+    assert r.status_code == 400, r.text
+    r = warren.http.post("/v1/run", json={"spec": {"image": "no-such-image:1", "cmd": ["true"]}})
+    assert r.status_code == 404, r.text
+    assert len(warren.http.get("/v1/sandboxes", params={"all": "true"}).json()) == before
+
+
+def test_cli_run_rm_is_one_request_and_leaves_nothing(warren):
+    p = warren.cli("run", "--rm", "--image", "busybox:latest", "--label", "t=clirm", "--", "sh", "-c", "echo hi; exit 4", check=False)
+    assert (p.returncode, p.stdout) == (4, b"hi\n"), p.stderr
+    rows = warren.http.get("/v1/sandboxes", params={"all": "true", "label": "t=clirm"}).json()
+    assert len(rows) == 1
+    # Removed as a run is (an exec in an idle sandbox), not as a main
+    # process that exited and was then deleted.
+    assert wait_gone(warren, rows[0]["id"])["reason"] == "run_ended"
+
+
+def test_a_queued_run_says_where_it_waits_and_a_client_that_leaves_takes_its_sandbox(images):
+    with own_daemon(images, ["--max-sandboxes", "1"]) as w:
+        holder = w.create()["id"]
+        # A run that has to wait: its first line says so, with its place.
+        got = {}
+
+        def run_queued():
+            with w.client() as c, c.stream("POST", "/v1/run", json={"spec": {"image": "busybox:latest", "cmd": ["echo", "late"]}}) as r:
+                got["status"] = r.status_code
+                got["events"] = lines(r)
+
+        t = threading.Thread(target=run_queued)
+        t.start()
+        deadline = time.time() + 10
+        while not [s for s in w.http.get("/v1/sandboxes").json() if s["state"] == "queued"]:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        w.destroy(holder)
+        t.join(30)
+        evs = got["events"]
+        assert evs[0]["sandbox"]["state"] == "queued" and evs[0]["sandbox"]["queue_position"] == 1, evs
+        assert evs[1]["sandbox"]["state"] == "running"
+        assert base64.b64decode(evs[2 if evs[2].get("type") == "stdout" else 3]["data"]) == b"late\n", evs
+        assert evs[-1] == {**evs[-1], "type": "exit", "code": 0}
+        # The CLI prints the queue position on stderr while it waits.
+        holder = w.create()["id"]
+        proc = subprocess.Popen([str(WARREN), "run", "--rm", "--image", "busybox:latest", "--", "echo", "later"],
+                                env=w.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 10
+        while not [s for s in w.http.get("/v1/sandboxes").json() if s["state"] == "queued"]:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        w.destroy(holder)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and out == b"later\n", err
+        assert b"queued at position 1" in err, err
+        # A client that leaves mid-command: the command and its sandbox go.
+        with w.client() as c, c.stream("POST", "/v1/run", json={"spec": {"image": "busybox:latest", "cmd": ["sleep", "300"]}}) as r:
+            first = json.loads(next(r.iter_lines()))
+            sid = first["sandbox"]["id"]
+        row = wait_gone(w, sid, timeout=10)
+        assert row["reason"] == "run_ended"

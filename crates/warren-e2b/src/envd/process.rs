@@ -3,7 +3,8 @@
 //! to the `Start` stream and any `Connect` streams, and killing the process
 //! drops that stream, which makes the node kill the exec's whole cgroup.
 //! A finished process is kept a minute so that a late `Connect` still gets
-//! its end.
+//! its end. A PTY process is a Warren exec on a terminal: its output goes
+//! out as `pty` data, its input is `pty` input, and `Update` resizes it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use warren_core::sync::lock;
-use warren_core::{ExecEvent, ExecRequest};
+use warren_core::{ExecEvent, ExecRequest, WindowSize};
 
 use super::{paths, Target};
 use crate::connect::{self, Code, Item, RpcError};
@@ -40,6 +41,8 @@ struct Proc {
     exec_id: String,
     /// Started with `stdin: true`: input may follow.
     stdin: bool,
+    /// Runs on a terminal: input and output are `pty`, not stdin/stdout.
+    pty: bool,
     config: Value,
     tag: Option<String>,
     subscribers: Mutex<Vec<mpsc::Sender<Msg>>>,
@@ -155,7 +158,43 @@ struct StartRequest {
     #[serde(default)]
     stdin: Option<bool>,
     #[serde(default)]
-    pty: Option<Value>,
+    pty: Option<Pty>,
+}
+
+/// envd's `PTY`. Connect-JSON leaves out zero numbers, so every field may
+/// be missing.
+#[derive(Deserialize, Default)]
+struct Pty {
+    #[serde(default)]
+    size: Option<PtySize>,
+}
+
+#[derive(Deserialize, Default)]
+struct PtySize {
+    #[serde(default)]
+    rows: u32,
+    #[serde(default)]
+    cols: u32,
+}
+
+impl PtySize {
+    /// Rows and columns as Warren's exec takes them; a zero is `None` (it
+    /// is what Connect-JSON makes of a number left out, and a terminal of
+    /// no size is no use).
+    fn dims(&self) -> Result<(Option<u16>, Option<u16>), RpcError> {
+        let dim = |n: u32, what: &str| -> Result<Option<u16>, RpcError> {
+            if n == 0 {
+                return Ok(None);
+            }
+            u16::try_from(n).map(Some).map_err(|_| {
+                RpcError::new(
+                    Code::InvalidArgument,
+                    format!("pty size: {what} must be at most {}", u16::MAX),
+                )
+            })
+        };
+        Ok((dim(self.rows, "rows")?, dim(self.cols, "cols")?))
+    }
 }
 
 #[derive(Deserialize)]
@@ -194,10 +233,7 @@ pub async fn rpc(
             ])),
             Err(e) => connect::stream_error(e),
         },
-        "Update" => connect::unary::<Value>(Err(RpcError::new(
-            Code::Unimplemented,
-            "PTY processes are not supported by Warren, so there is no PTY to resize",
-        ))),
+        "Update" => connect::unary(update(&e2b, &target, &headers, &body).await),
         other => connect::unary::<Value>(Err(RpcError::new(
             Code::Unimplemented,
             format!("process.Process has no method {other:?}"),
@@ -215,12 +251,19 @@ async fn start(
     // stream must end before the client gives up reading it.
     let deadline = connect::timeout(headers).map(|t| tokio::time::Instant::now() + t);
     let req: StartRequest = connect::decode(headers, body)?;
-    if req.pty.is_some() {
-        return Err(RpcError::new(
-            Code::Unimplemented,
-            "PTY processes are not supported by Warren; run the command without a PTY",
-        ));
-    }
+    let (rows, cols) = match &req.pty {
+        Some(pty) => pty
+            .size
+            .as_ref()
+            .map(PtySize::dims)
+            .transpose()?
+            .unwrap_or_default(),
+        None => (None, None),
+    };
+    let pty = req.pty.is_some();
+    // A terminal always takes input, as envd's does (its `stdin` flag is
+    // about a pipe, which a PTY process has none of).
+    let stdin = pty || req.stdin.unwrap_or(true);
     let config: ProcessConfig = serde_json::from_value(req.process.clone())
         .map_err(|e| RpcError::new(Code::InvalidArgument, format!("process: {e}")))?;
     let user = paths::user(headers);
@@ -234,8 +277,10 @@ async fn start(
         stdin: None,
         timeout: connect::timeout(headers).map(warren_core::spec::Dur),
         user: user.filter(|u| u != "root"),
-        stdin_open: req.stdin.unwrap_or(true),
-        ..Default::default()
+        stdin_open: stdin,
+        tty: pty,
+        rows,
+        cols,
     };
     let mut events = target.control.exec(&target.id, &exec).await?;
     let (pid, exec_id) = match events.next().await {
@@ -252,7 +297,8 @@ async fn start(
     let proc = Arc::new(Proc {
         pid,
         exec_id,
-        stdin: req.stdin.unwrap_or(true),
+        stdin,
+        pty,
         config: req.process,
         tag: req.tag,
         subscribers: Mutex::new(Vec::new()),
@@ -300,6 +346,8 @@ async fn drive(
                 break killed("signal: killed");
             }
             ev = events.next() => match ev {
+                // A terminal's output (stdout and stderr in one) is `pty`.
+                Some(ExecEvent::Stdout { data }) if proc.pty => proc.publish(Msg::Event(json!({"data": {"pty": data}}))).await,
                 Some(ExecEvent::Stdout { data }) => proc.publish(Msg::Event(json!({"data": {"stdout": data}}))).await,
                 Some(ExecEvent::Stderr { data }) => proc.publish(Msg::Event(json!({"data": {"stderr": data}}))).await,
                 Some(ExecEvent::Exit { code, signal, timed_out, .. }) => {
@@ -470,17 +518,35 @@ fn stdin_target(e2b: &E2b, target: &Target, selector: &Selector) -> Result<Arc<P
     Ok(proc)
 }
 
-fn input_bytes(input: &Input) -> Result<Bytes, RpcError> {
-    if input.pty.is_some() {
-        return Err(RpcError::new(
-            Code::Unimplemented,
-            "PTY input is not supported by Warren (no PTYs); send stdin",
-        ));
-    }
-    let data = input.stdin.as_deref().unwrap_or("");
+/// The bytes of an input message for `proc`: `pty` input for a process
+/// on a terminal, `stdin` for one on pipes (as envd, which has nowhere
+/// else to put either).
+fn input_bytes(proc: &Proc, input: &Input) -> Result<Bytes, RpcError> {
+    let data = match (&input.stdin, &input.pty) {
+        (Some(_), _) if proc.pty => {
+            return Err(RpcError::new(
+                Code::FailedPrecondition,
+                format!(
+                    "process {} runs on a PTY: send its input as pty input (sbx.pty.send_stdin)",
+                    proc.pid
+                ),
+            ))
+        }
+        (_, Some(_)) if !proc.pty => {
+            return Err(RpcError::new(
+                Code::FailedPrecondition,
+                format!(
+                    "process {} has no PTY: send its input as stdin (sbx.commands.send_stdin)",
+                    proc.pid
+                ),
+            ))
+        }
+        (Some(d), _) | (None, Some(d)) => d.as_str(),
+        (None, None) => "",
+    };
     base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data)
         .map(Bytes::from)
-        .map_err(|_| RpcError::new(Code::InvalidArgument, "stdin must be base64"))
+        .map_err(|_| RpcError::new(Code::InvalidArgument, "input must be base64"))
 }
 
 async fn write_input(
@@ -504,7 +570,7 @@ async fn send_input(
 ) -> Result<Value, RpcError> {
     let req: InputRequest = connect::decode(headers, body)?;
     let proc = stdin_target(e2b, target, &req.process)?;
-    write_input(target, &proc, input_bytes(&req.input)?, false).await?;
+    write_input(target, &proc, input_bytes(&proc, &req.input)?, false).await?;
     Ok(json!({}))
 }
 
@@ -516,7 +582,62 @@ async fn close_stdin(
 ) -> Result<Value, RpcError> {
     let req: ProcessRequest = connect::decode(headers, body)?;
     let proc = stdin_target(e2b, target, &req.process)?;
+    if proc.pty {
+        // envd's answer too: a terminal has no pipe to close.
+        return Err(RpcError::new(
+            Code::FailedPrecondition,
+            format!(
+                "process {} runs on a PTY, which has no stdin to close; send Ctrl-D (0x04) as pty input",
+                proc.pid
+            ),
+        ));
+    }
     write_input(target, &proc, Bytes::new(), true).await?;
+    Ok(json!({}))
+}
+
+#[derive(Deserialize)]
+struct UpdateRequest {
+    #[serde(default)]
+    process: Selector,
+    #[serde(default)]
+    pty: Option<Pty>,
+}
+
+/// Resizes a PTY process's terminal; an update without a size changes
+/// nothing, as in envd.
+async fn update(
+    e2b: &E2b,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    let req: UpdateRequest = connect::decode(headers, body)?;
+    let proc = e2b
+        .processes
+        .find(&target.id, &req.process)
+        .filter(|p| lock(&p.ended).is_none())
+        .ok_or_else(|| no_process(&req.process))?;
+    let Some(size) = req.pty.and_then(|p| p.size) else {
+        return Ok(json!({}));
+    };
+    if !proc.pty {
+        return Err(RpcError::new(
+            Code::FailedPrecondition,
+            format!("process {} has no PTY to resize", proc.pid),
+        ));
+    }
+    let (Some(rows), Some(cols)) = size.dims()? else {
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            "pty size: a terminal needs at least 1 row and 1 column",
+        ));
+    };
+    let size = WindowSize { rows, cols };
+    target
+        .control
+        .exec_resize(&target.id, &proc.exec_id, size)
+        .await?;
     Ok(json!({}))
 }
 
@@ -544,7 +665,7 @@ async fn stream_input(e2b: &E2b, target: &Target, body: &[u8]) -> Result<Value, 
                     "a StreamInput stream starts with a start message naming the process",
                 )
             })?;
-            write_input(target, p, input_bytes(&data.input)?, false).await?;
+            write_input(target, p, input_bytes(p, &data.input)?, false).await?;
         }
     }
     Ok(json!({}))
@@ -579,4 +700,68 @@ fn signal(e2b: &E2b, target: &Target, headers: &HeaderMap, body: &[u8]) -> Resul
         let _ = kill.send(());
     }
     Ok(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(pty: bool) -> Proc {
+        Proc {
+            pid: 7,
+            exec_id: "x".into(),
+            stdin: true,
+            pty,
+            config: json!({}),
+            tag: None,
+            subscribers: Mutex::new(Vec::new()),
+            ended: Mutex::new(None),
+            kill: Mutex::new(None),
+        }
+    }
+
+    fn input(json: Value) -> Input {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn pty_sizes_leave_out_zeros_and_refuse_what_a_terminal_cannot_be() {
+        let req: StartRequest = serde_json::from_value(
+            json!({"process": {"cmd": "bash"}, "pty": {"size": {"rows": 30}}}),
+        )
+        .unwrap();
+        let size = req.pty.and_then(|p| p.size).unwrap();
+        assert_eq!(size.dims().unwrap(), (Some(30), None));
+        let empty: StartRequest =
+            serde_json::from_value(json!({"process": {"cmd": "bash"}, "pty": {}})).unwrap();
+        assert!(empty.pty.is_some_and(|p| p.size.is_none()));
+        let huge = PtySize {
+            rows: 70_000,
+            cols: 80,
+        };
+        assert_eq!(huge.dims().unwrap_err().code, Code::InvalidArgument);
+    }
+
+    #[test]
+    fn input_goes_to_the_pty_of_a_pty_process_and_to_stdin_of_another() {
+        let hi = json!({"pty": "aGk="});
+        assert_eq!(input_bytes(&proc(true), &input(hi.clone())).unwrap(), "hi");
+        assert_eq!(
+            input_bytes(&proc(false), &input(hi)).unwrap_err().code,
+            Code::FailedPrecondition
+        );
+        let stdin = json!({"stdin": "aGk="});
+        assert_eq!(
+            input_bytes(&proc(false), &input(stdin.clone())).unwrap(),
+            "hi"
+        );
+        let e = input_bytes(&proc(true), &input(stdin)).unwrap_err();
+        assert!(e.message.contains("pty input"), "{}", e.message);
+        assert_eq!(
+            input_bytes(&proc(true), &input(json!({"pty": "%%"})))
+                .unwrap_err()
+                .code,
+            Code::InvalidArgument
+        );
+    }
 }

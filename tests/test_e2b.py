@@ -119,6 +119,14 @@ def test_the_async_e2b_sdk_runs_unchanged(e2b_warren):
     assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async")
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_e2b_ptys_are_warren_terminals(e2b_warren, version):
+    # sbx.pty: output, input, resize (stty size), a second reader
+    # (connect), exit codes, ^D, kill; sync and async.
+    out = run_client(e2b_warren, version, "pty")
+    assert "sync pty ok" in out and "\npty ok" in out, out
+
+
 def test_the_js_sdk_runs_unchanged_under_node(e2b_warren):
     d = npm_e2b()
     script = d / "client.mjs"

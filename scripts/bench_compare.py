@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--image-tar", required=True, help="OCI layout tar of the busybox image")
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--warren-bin", help="also time `warren run --rm -- true` through the CLI (WARREN_URL set)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -63,6 +64,11 @@ def main():
         rootfs = bundle / "rootfs"
 
         runtimes = {}
+        if args.warren_bin:
+            # The whole CLI process: start, one POST /v1/run, output, exit.
+            runtimes["warren run --rm (CLI)"] = lambda i: [
+                args.warren_bin, "run", "--rm", "--image", "busybox:latest", "--", "true",
+            ]
         if shutil.which("runc"):
             runtimes["runc run"] = lambda i: ["runc", "run", "--bundle", str(bundle), f"bench-{os.getpid()}-{i}"]
         if shutil.which("bwrap"):

@@ -12,9 +12,9 @@ start_bench_daemon() {
     home=$work/home
     trap 'stop_bench_daemon' EXIT
     scripts/make-busybox-image.sh "$work/busybox.tar" >/dev/null
-    # Hundreds of one-core sandboxes alive at once on a few cores: admit
-    # them all (each is still capped by its own quota).
-    "$bin" up --home "$home" --listen 127.0.0.1:"$port" --cpu-overcommit 256 "$@" 2>"$work/up.log" &
+    # Default flags: sandboxes of default sizes reserve 10m and 16M, so the
+    # hundreds alive at once fit (each is still capped by its own limits).
+    "$bin" up --home "$home" --listen 127.0.0.1:"$port" "$@" 2>"$work/up.log" &
     pid=$!
     export WARREN_URL=http://127.0.0.1:$port WARREN_HOME=$home
     for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done

@@ -27,6 +27,8 @@ pub struct Request {
     pub placement: Placement,
     /// The image's digest (a node that holds it wins a tie).
     pub image: Option<String>,
+    /// Only this node may take it (a fork's children go to their source's).
+    pub node: Option<String>,
 }
 
 impl Request {
@@ -41,6 +43,7 @@ impl Request {
             selector: spec.node_selector.clone(),
             placement: spec.placement,
             image: (!digest.is_empty()).then(|| digest.to_string()),
+            node: None,
         }
     }
 
@@ -51,6 +54,7 @@ impl Request {
             selector: &self.selector,
             placement: self.placement,
             image: self.image.as_deref(),
+            node: self.node.as_deref(),
         }
     }
 }
@@ -341,16 +345,34 @@ impl Admission {
         })
     }
 
+    /// Reserves room only if some node has it now and nobody is waiting:
+    /// background work (a warm pool's refill) never queues and never
+    /// overtakes a create.
+    pub fn try_admit(&self, id: &str, req: Request) -> Option<String> {
+        let mut s = self.lock();
+        if s.closed || !s.queue.is_empty() {
+            return None;
+        }
+        let node = s.place(&req)?;
+        s.take(id, &node, req.need, true);
+        Some(node)
+    }
+
     /// Refuses what no known node could ever run, instead of queueing it
     /// for ever.
     fn check_possible(s: &State, req: &Request) -> Result<(), AdmitError> {
         let p = req.placement();
         let matching: Vec<Candidate<'_>> = s
             .candidates()
-            .filter(|c| placement::selects(&req.selector, c.labels))
+            .filter(|c| {
+                placement::selects(&req.selector, c.labels)
+                    && req.node.as_deref().is_none_or(|n| n == c.name)
+            })
             .collect();
         if matching.is_empty() {
-            let which = if req.selector.is_empty() {
+            let which = if let Some(n) = &req.node {
+                format!("named {n} is known (it left the cluster)")
+            } else if req.selector.is_empty() {
                 "has joined".to_string()
             } else {
                 let sel: Vec<String> = req
@@ -461,6 +483,7 @@ mod tests {
             selector: Labels::new(),
             placement: Placement::Spread,
             image: None,
+            node: None,
         }
     }
 
@@ -537,5 +560,26 @@ mod tests {
         a.release("a");
         assert_eq!(ready.try_recv().ok(), Some(first.clone()));
         assert_eq!(a.node_of("c"), Some(first));
+    }
+
+    #[test]
+    fn a_pinned_request_goes_to_its_node_or_waits_for_it() {
+        let a = Admission::new(10);
+        one_node(&a, "n1", 1000);
+        one_node(&a, "n2", 1000);
+        let on = |node: &str, cpu| Request {
+            node: Some(node.into()),
+            ..req(cpu)
+        };
+        assert!(matches!(a.admit("a", on("n2", 800)), Ok(Admit::Now(n)) if n == "n2"));
+        // n1 has room, but the request is n2's.
+        let Ok(Admit::Queued { mut ready, .. }) = a.admit("b", on("n2", 800)) else {
+            panic!("b waits for n2")
+        };
+        a.release("a");
+        assert_eq!(ready.try_recv().ok().as_deref(), Some("n2"));
+        assert!(
+            matches!(a.admit("c", on("gone", 1)), Err(AdmitError::NoNode(m)) if m.contains("gone"))
+        );
     }
 }

@@ -16,6 +16,7 @@ use crate::admission::Admission;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod create;
+mod fork;
 mod node_events;
 mod node_set;
 mod recovery;
@@ -41,6 +42,7 @@ pub struct Control {
     /// How profiles learn (margins, window, growth cap).
     pub policy: warren_core::profile::Policy,
     pub lifecycle: crate::lifecycle::Lifecycle,
+    pub pools: crate::pools::Pools,
 }
 
 impl From<StoreError> for ApiError {
@@ -111,6 +113,7 @@ impl Control {
             sandbox_locks: Default::default(),
             policy,
             lifecycle: Default::default(),
+            pools: Default::default(),
         }
     }
 
@@ -249,7 +252,7 @@ impl Control {
     }
 
     /// `destroy` for a caller that holds the sandbox's lock.
-    async fn destroy_locked(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
+    pub(crate) async fn destroy_locked(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
         let row = self.get(id).await?;
         if row.state.is_final() {
             return Ok(row);

@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod nodes;
 pub mod placement;
+pub mod pools;
 pub mod profiles;
 pub mod replica;
 mod sandbox_io;
@@ -200,6 +201,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         }
     });
     tokio::spawn(control.clone().reconcile());
+    tokio::spawn(control.clone().keep_pools());
     tokio::spawn(control.clone().watch_nodes());
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),

@@ -32,6 +32,8 @@ pub struct Metrics {
     sandbox_cpu: Family<Labels, FloatGauge>,
     sandbox_memory: Family<Labels, Gauge>,
     sandbox_throttled: Family<Labels, Gauge>,
+    pool_ready: Family<Labels, Gauge>,
+    pool_claimed: Family<Labels, Gauge>,
     cpu_busy: FloatGauge,
 }
 
@@ -65,6 +67,8 @@ impl Metrics {
             sandbox_cpu: Family::default(),
             sandbox_memory: Family::default(),
             sandbox_throttled: Family::default(),
+            pool_ready: Family::default(),
+            pool_claimed: Family::default(),
             cpu_busy: Gauge::default(),
             registry: Registry::default(),
         };
@@ -125,6 +129,16 @@ impl Metrics {
             m.sandbox_throttled.clone(),
         );
         registry.register(
+            "pool_ready_sandboxes",
+            "Ready sandboxes a warm pool holds",
+            m.pool_ready.clone(),
+        );
+        registry.register(
+            "pool_claimed",
+            "Creates a warm pool served since the control plane started",
+            m.pool_claimed.clone(),
+        );
+        registry.register(
             "node_cpu_busy_ratio",
             "Share of the node's CPU time spent busy (saturation signal)",
             m.cpu_busy.clone(),
@@ -165,6 +179,17 @@ impl Metrics {
         self.sandbox_cpu.clear();
         self.sandbox_memory.clear();
         self.sandbox_throttled.clear();
+        self.pool_ready.clear();
+        self.pool_claimed.clear();
+        for p in control.pools.infos() {
+            let labels = l(&[("pool", p.name.as_str())]);
+            self.pool_ready
+                .get_or_create(&labels)
+                .set(i64::from(p.ready));
+            self.pool_claimed
+                .get_or_create(&labels)
+                .set(p.claimed as i64);
+        }
         if let Ok(rows) = control.store.list(&[]).await {
             let held = control.inventory().await;
             for st in SandboxState::ALL {

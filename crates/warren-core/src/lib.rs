@@ -12,6 +12,7 @@ pub mod exec;
 pub mod image_ref;
 pub mod labels;
 pub mod network;
+pub mod pool;
 pub mod profile;
 pub mod quantity;
 pub mod run;

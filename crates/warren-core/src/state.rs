@@ -90,6 +90,9 @@ impl FromStr for SandboxState {
 /// do not break old clients.
 pub mod reason {
     pub const CREATED: &str = "created";
+    /// Made by a fork of another sandbox (its first event; the source
+    /// gets one too, naming its children).
+    pub const FORKED: &str = "forked";
     pub const QUEUED: &str = "queued";
     pub const ADMITTED: &str = "admitted";
     pub const READY: &str = "ready";
@@ -97,6 +100,9 @@ pub mod reason {
     pub const USER_DELETED: &str = "user_deleted";
     /// Made by `POST /v1/run` for one command, which has ended.
     pub const RUN_ENDED: &str = "run_ended";
+    /// A warm pool's ready sandbox removed: the pool shrank, was removed,
+    /// or gave memory back under pressure.
+    pub const POOL_SHRUNK: &str = "pool_shrunk";
     pub const TTL_EXPIRED: &str = "ttl_expired";
     pub const LEASE_EXPIRED: &str = "lease_expired";
     pub const KEEP_EXPIRED: &str = "keep_expired";

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use warren_core::spec::NetworkSpec;
-use warren_core::{ExecEvent, ExecRequest, Usage, WindowSize};
+use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage, WindowSize};
 
 use crate::error::{NodeError, NodeResult};
 use crate::types::*;
@@ -91,6 +91,11 @@ pub trait NodeApi: Send + Sync {
     /// The sandbox may live `ttl` from now.
     async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()>;
 
+    /// A warm pool's sandbox taken by a create: it becomes `spec`'s (exec
+    /// environment, working directory and user, TTL and lease from now,
+    /// network policy); its resources stay.
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()>;
+
     /// Renews the sandbox's lease; a sandbox the node does not hold is no
     /// error (there is nothing to keep alive). Exec, file and port calls,
     /// TTL changes and commits renew it on their own.
@@ -139,6 +144,17 @@ pub trait NodeApi: Send + Sync {
     /// The sandbox's filesystem changes as a new image `name` (a running
     /// sandbox is frozen while the layer is written).
     async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo>;
+
+    /// Copies the sandbox's filesystem changes once into a new read-only
+    /// fork layer (a running sandbox is frozen meanwhile; its processes are
+    /// not copied). A create whose `spec.fork.layers` are the answer's is
+    /// built on it, with its own empty upper directory. The node keeps the
+    /// layer until `release_fork_layer` and its last such sandbox is gone.
+    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer>;
+
+    /// No more sandboxes will be made on the fork layer: it goes once the
+    /// last one built on it is destroyed. An unknown layer is no error.
+    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()>;
 
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>>;
 

@@ -238,6 +238,11 @@ impl NodeApi for FakeNode {
         self.with(id, |s| s.ttl_remaining_ms = ttl.as_millis() as u64)
     }
 
+    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<()> {
+        self.call("claim", id)?;
+        self.with(id, |s| s.ttl_remaining_ms = spec.ttl().as_millis() as u64)
+    }
+
     async fn renew_lease(&self, _id: &str) -> NodeResult<()> {
         Ok(())
     }
@@ -304,6 +309,22 @@ impl NodeApi for FakeNode {
 
     async fn commit(&self, _id: &str, _name: &str) -> NodeResult<ImageInfo> {
         unsupported("image store")
+    }
+
+    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+        self.call("fork_layer", id)?;
+        self.with(id, |_| ())?;
+        let n = self.state().calls.len();
+        Ok(ForkLayer {
+            layers: vec![format!("fk-fake{n:08}")],
+            bytes: 0,
+            entries: 0,
+            frozen_ms: 0,
+        })
+    }
+
+    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
+        self.call("release_fork_layer", layer)
     }
 
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {

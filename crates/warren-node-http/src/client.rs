@@ -12,10 +12,10 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use warren_core::spec::NetworkSpec;
-use warren_core::{ExecEvent, ExecRequest, Usage};
+use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, FileRead, GcReport, ImageInfo, LogNote, NodeApi,
-    NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
+    ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
+    NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
     SandboxStatus, Sequenced, Tunnel, WriteFile,
 };
 
@@ -434,6 +434,11 @@ impl NodeApi for HttpNode {
         self.call(rb, Deadline::Quick).await
     }
 
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()> {
+        let rb = self.post_json(&["sandboxes", id, "claim"], &spec)?;
+        self.call(rb, Deadline::Quick).await
+    }
+
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {
         let rb = self.request(Method::POST, &["sandboxes", id, "lease"], &[])?;
         self.call(rb, Deadline::Quick).await
@@ -578,6 +583,16 @@ impl NodeApi for HttpNode {
             Deadline::Open,
         )
         .await
+    }
+
+    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+        let rb = self.request(Method::POST, &["sandboxes", id, "fork-layer"], &[])?;
+        self.call_json(rb, Deadline::Open).await
+    }
+
+    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
+        let rb = self.request(Method::DELETE, &["fork-layers", layer], &[])?;
+        self.call(rb, Deadline::Open).await
     }
 
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {

@@ -19,7 +19,7 @@ use futures_util::{Stream, StreamExt, TryStreamExt};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use warren_core::spec::NetworkSpec;
-use warren_core::ExecRequest;
+use warren_core::{ExecRequest, SandboxSpec};
 use warren_node_api::{
     ByteStream, CreateSandbox, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
 };
@@ -62,6 +62,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /sandboxes/{id}/paused` | `set_paused` (`{"paused"}`) | 204 |
 /// | `POST /sandboxes/{id}/hold` | `hold` (`{"hold_for_ms","note"}`) | `Usage` or `null` |
 /// | `POST /sandboxes/{id}/ttl` | `set_ttl` (`{"ttl_ms"}`) | 204 |
+/// | `POST /sandboxes/{id}/claim` | `claim` (a `SandboxSpec`) | 204 |
 /// | `POST /sandboxes/{id}/lease` | `renew_lease` | 204 |
 /// | `POST /sandboxes/{id}/note` | `note` (`LogNote`) | 204 |
 /// | `POST /sandboxes/{id}/exec` | `exec` (`ExecRequest`) | NDJSON `ExecEvent` |
@@ -74,6 +75,8 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
 /// | `POST /sandboxes/{id}/commit` | `commit` (`{"name"}`) | `ImageInfo` |
+/// | `POST /sandboxes/{id}/fork-layer` | `fork_layer` | `ForkLayer` |
+/// | `DELETE /fork-layers/{layer}` | `release_fork_layer` | 204 |
 /// | `POST /network/check` | `check_network` (`NetworkSpec`) | 204 |
 /// | `GET /images` | `image_list` | `[ImageInfo]` |
 /// | `DELETE /images?reference=` | `image_remove` | `ImageInfo` |
@@ -98,6 +101,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/paused", post(set_paused))
         .route("/sandboxes/{id}/hold", post(hold))
         .route("/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/sandboxes/{id}/claim", post(claim))
         .route("/sandboxes/{id}/lease", post(renew_lease))
         .route("/sandboxes/{id}/note", post(note))
         .route("/sandboxes/{id}/exec", post(exec))
@@ -109,6 +113,11 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/ports/{port}", post(connect_port))
         .route("/sandboxes/{id}/network", put(set_network))
         .route("/sandboxes/{id}/commit", post(commit))
+        .route("/sandboxes/{id}/fork-layer", post(fork_layer))
+        .route(
+            "/fork-layers/{layer}",
+            axum::routing::delete(release_fork_layer),
+        )
         .route("/network/check", post(check_network))
         .route("/images", get(image_list).delete(image_remove))
         .route("/images/for-create", post(image_for_create))
@@ -400,6 +409,15 @@ async fn set_ttl(
     Ok(done())
 }
 
+async fn claim(
+    State(node): Node,
+    P(id): P<String>,
+    JsonBody(spec): JsonBody<SandboxSpec>,
+) -> Answer<Response> {
+    node.claim(&id, spec).await?;
+    Ok(done())
+}
+
 async fn renew_lease(State(node): Node, P(id): P<String>) -> Answer<Response> {
     node.renew_lease(&id).await?;
     Ok(done())
@@ -576,6 +594,15 @@ async fn commit(
     JsonBody(b): JsonBody<CommitBody>,
 ) -> Answer<Response> {
     Ok(Json(node.commit(&id, &b.name).await?).into_response())
+}
+
+async fn fork_layer(State(node): Node, P(id): P<String>) -> Answer<Response> {
+    Ok(Json(node.fork_layer(&id).await?).into_response())
+}
+
+async fn release_fork_layer(State(node): Node, P(layer): P<String>) -> Answer<Response> {
+    node.release_fork_layer(&layer).await?;
+    Ok(done())
 }
 
 async fn image_list(State(node): Node) -> Answer<Response> {

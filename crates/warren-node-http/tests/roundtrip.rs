@@ -267,6 +267,12 @@ impl NodeApi for FakeNode {
         Ok(())
     }
 
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()> {
+        self.need(id)?;
+        self.record(format!("claim {id} {}", spec.labels.len()));
+        Ok(())
+    }
+
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {
         self.record(format!("renew_lease {id}"));
         Ok(())
@@ -496,6 +502,22 @@ impl NodeApi for FakeNode {
         Ok(image(name))
     }
 
+    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+        self.need(id)?;
+        self.record(format!("fork_layer {id}"));
+        Ok(ForkLayer {
+            layers: vec!["fk-000000000002".into(), "fk-000000000001".into()],
+            bytes: 50 << 20,
+            entries: 1201,
+            frozen_ms: 37,
+        })
+    }
+
+    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
+        self.record(format!("release_fork_layer {layer}"));
+        Ok(())
+    }
+
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
         Ok(vec![image("base:1"), image("tools:2")])
     }
@@ -714,6 +736,16 @@ async fn every_method_crosses_the_wire() {
         .unwrap();
     node.renew_lease("sb-2").await.unwrap();
     node.renew_lease("nobody").await.unwrap();
+    node.claim(
+        "sb-2",
+        SandboxSpec {
+            image: "bb".into(),
+            labels: [("task".to_string(), "t".to_string())].into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     node.note("sb-2", note("running")).await.unwrap();
 
     // exec: argv and stdin come back as output, then the exit.
@@ -844,6 +876,22 @@ async fn every_method_crosses_the_wire() {
         }
     );
 
+    // Forks.
+    assert_eq!(
+        node.fork_layer("sb-2").await.unwrap(),
+        ForkLayer {
+            layers: vec!["fk-000000000002".into(), "fk-000000000001".into()],
+            bytes: 50 << 20,
+            entries: 1201,
+            frozen_ms: 37,
+        }
+    );
+    assert_eq!(
+        node.fork_layer("nobody").await.unwrap_err().kind,
+        ErrorKind::NotFound
+    );
+    node.release_fork_layer("fk-000000000002").await.unwrap();
+
     // Images.
     assert_eq!(
         node.commit("sb-2", "mine:1").await.unwrap(),
@@ -899,6 +947,7 @@ async fn every_method_crosses_the_wire() {
         "set_ttl sb-2 600000".into(),
         "renew_lease sb-2".into(),
         "renew_lease nobody".into(),
+        "claim sb-2 1".into(),
         "note sb-2 running/test".into(),
         "write_file sb-2 /work/hello.txt 640 false".into(),
         "write_file sb-2 /work/dir 755 true".into(),
@@ -906,6 +955,8 @@ async fn every_method_crosses_the_wire() {
         r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
         "exec_input sb-2 ex-1 line\n true".into(),
         "exec_resize sb-2 ex-1 50x132".into(),
+        "fork_layer sb-2".into(),
+        "release_fork_layer fk-000000000002".into(),
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");

@@ -13,9 +13,9 @@ use warren_core::spec::NetworkSpec;
 use warren_core::{ExecEvent, ExecRequest, Usage};
 use warren_node_api as api;
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, FileRead, GcReport, ImageInfo, LogNote, NodeApi, NodeInfo,
-    NodeResult, PathEntry, PathKind, PathOp, Phase, PolicyChange, PullUpdate, Pushed,
-    SandboxStatus, Sequenced, Tunnel, WriteFile,
+    ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
+    NodeApi, NodeInfo, NodeResult, PathEntry, PathKind, PathOp, Phase, PolicyChange, PullUpdate,
+    Pushed, SandboxStatus, Sequenced, Tunnel, WriteFile,
 };
 use warren_runtime::{file_ops, files, RuntimeError};
 
@@ -48,6 +48,7 @@ pub fn contract_error(e: NodeError) -> api::NodeError {
         NodeError::Runtime(RuntimeError::Exists(m)) => E::conflict(m),
         NodeError::Runtime(RuntimeError::BadImage(m)) => E::invalid(m),
         NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
+        NodeError::Runtime(RuntimeError::NoRoom(m)) => E::new(api::ErrorKind::NoRoom, m),
         NodeError::Image(e) => image_error(e),
         NodeError::Net(warren_net::NetError::Rule(e)) => E::invalid(e.to_string()),
         other => E::internal(other.to_string()),
@@ -267,6 +268,10 @@ impl NodeApi for LocalNode {
         self.node.set_ttl(id, ttl).map_err(contract_error)
     }
 
+    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<()> {
+        self.node.claim(id, spec).await.map_err(contract_error)
+    }
+
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {
         self.node.renew_lease(id);
         Ok(())
@@ -453,6 +458,16 @@ impl NodeApi for LocalNode {
             .await
             .map(|r| image_info(&r))
             .map_err(contract_error)
+    }
+
+    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+        self.node.renew_lease(id);
+        self.node.fork_layer(id).await.map_err(contract_error)
+    }
+
+    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
+        self.node.release_fork_layer(layer).await;
+        Ok(())
     }
 
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {

@@ -8,6 +8,7 @@
 mod contract;
 pub mod exec_stream;
 mod feed;
+mod forks;
 mod images;
 mod journal;
 pub mod lifetime;
@@ -75,6 +76,35 @@ struct ExecControl {
     tty: bool,
 }
 
+/// The environment, working directory and user an exec inherits.
+struct ExecDefaults {
+    env: BTreeMap<String, String>,
+    cwd: String,
+    user: String,
+}
+
+impl ExecDefaults {
+    /// The image's settings under the spec's.
+    fn of(image: &ImageRecord, spec: &SandboxSpec, cpu_millis: u64) -> ExecDefaults {
+        let mut env = warren_core::spec::sandbox_env(&image.config.env, cpu_millis, &spec.env);
+        if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
+            for (k, v) in warren_net::proxy_env() {
+                env.entry(k).or_insert(v);
+            }
+        }
+        let cwd = spec
+            .cwd
+            .clone()
+            .or_else(|| Some(image.config.working_dir.clone()).filter(|w| w.starts_with('/')))
+            .unwrap_or_else(|| "/".into());
+        let user = spec
+            .user
+            .clone()
+            .unwrap_or_else(|| image.config.user.clone());
+        ExecDefaults { env, cwd, user }
+    }
+}
+
 struct Live {
     /// What the control plane asked for, with its network rules as they
     /// are now (journaled with what follows).
@@ -83,9 +113,9 @@ struct Live {
     pid: i32,
     socket: PathBuf,
     cgroup_path: String,
-    env: BTreeMap<String, String>,
-    cwd: String,
-    user: String,
+    /// What every exec starts with unless it says otherwise; a pool
+    /// member takes its claimer's.
+    exec_defaults: Mutex<ExecDefaults>,
     image_digest: String,
     /// Keeps the image's layers while the sandbox runs, even when its name
     /// is pulled anew and points at another digest.
@@ -144,6 +174,8 @@ pub struct Node {
     /// sandbox and exec id; gone when the exec ends.
     exec_controls: Mutex<HashMap<(String, String), ExecControl>>,
     egress: Arc<warren_net::Egress>,
+    /// Read-only copies of sandboxes' changes that forks are built on.
+    forks: Arc<forks::ForkLayers>,
 }
 
 impl Node {
@@ -192,6 +224,7 @@ impl Node {
             Err(e) => tracing::warn!(error = %e, "could not size the host's open-file table"),
         }
         let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
+        let forks = Arc::new(forks::ForkLayers::open(&cfg.home)?);
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
@@ -231,6 +264,7 @@ impl Node {
             exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
             exec_controls: Default::default(),
             egress: warren_net::Egress::new(cap.egress.clone()),
+            forks,
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         tokio::spawn(sample_usage(
@@ -315,17 +349,28 @@ impl Node {
             .acquire()
             .await
             .map_err(|_| NodeError::Internal("node is shutting down".into()))?;
-        let handle = self
+        // A fork's child: the source's fork layers above the image's.
+        let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
+        layers.extend(lower_dirs);
+        let created = self
             .runtime
             .create(CreateRequest {
                 id: id.to_string(),
-                lower_dirs,
+                lower_dirs: layers,
                 resources: resources.clone(),
             })
-            .await?;
+            .await;
         drop(permit);
+        let handle = match created {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.forks.release_child(id).await;
+                return Err(e.into());
+            }
+        };
         if let Err(e) = self.attach_network(id, handle.pid, spec, &log).await {
             let _ = self.runtime.destroy(id, Some(handle.pid)).await;
+            self.forks.release_child(id).await;
             return Err(e);
         }
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
@@ -420,6 +465,32 @@ impl Node {
         Ok(change)
     }
 
+    /// A warm pool's sandbox taken by a create: from now on it is that
+    /// create's (environment, working directory and user of its execs, TTL,
+    /// lease, network policy), journaled. Its resources stay (the control
+    /// plane only claims a member whose resources match).
+    pub async fn claim(&self, id: &str, spec: SandboxSpec) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        let cpu_millis = live.create().resources.cpu_millis;
+        *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis);
+        *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        let network = spec.network.clone();
+        {
+            let mut c = lock(&live.create);
+            let old_network = std::mem::take(&mut c.spec.network);
+            c.spec = SandboxSpec {
+                network: old_network,
+                ..spec
+            };
+        }
+        if network != lock(&live.create).spec.network {
+            self.update_network(id, &network).await?;
+        } else {
+            self.journal(&live)?;
+        }
+        Ok(())
+    }
+
     /// Checks rules against the node's global defaults.
     pub fn check_network(&self, network: &warren_core::spec::NetworkSpec) -> Result<(), NodeError> {
         if network.mode == warren_core::spec::NetworkMode::Allowlist {
@@ -461,22 +532,7 @@ impl Node {
         lifetime: lifetime::Lifetime,
     ) -> Arc<Live> {
         let (id, spec, resources) = (create.id.clone(), &create.spec, &create.resources);
-        let mut env =
-            warren_core::spec::sandbox_env(&image.config.env, resources.cpu_millis, &spec.env);
-        if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
-            for (k, v) in warren_net::proxy_env() {
-                env.entry(k).or_insert(v);
-            }
-        }
-        let cwd = spec
-            .cwd
-            .clone()
-            .or_else(|| Some(image.config.working_dir.clone()).filter(|w| w.starts_with('/')))
-            .unwrap_or_else(|| "/".into());
-        let user = spec
-            .user
-            .clone()
-            .unwrap_or_else(|| image.config.user.clone());
+        let exec_defaults = ExecDefaults::of(image, spec, resources.cpu_millis);
         let handle = self.runtime.handle(&id, pid);
         let disk_limit = if resources.disk > 0 {
             0
@@ -491,9 +547,7 @@ impl Node {
             pid,
             socket: handle.socket,
             cgroup_path: handle.cgroup_path,
-            env,
-            cwd,
-            user,
+            exec_defaults: Mutex::new(exec_defaults),
             image_digest: image.digest.clone(),
             _image_pin: self.images.pin_image(image),
             image: image.clone(),
@@ -550,14 +604,17 @@ impl Node {
         let stdin = req
             .validate()
             .map_err(|e| NodeError::BadRequest(e.to_string()))?;
-        let mut env = live.env.clone();
+        let (mut env, default_cwd, default_user) = {
+            let d = lock(&live.exec_defaults);
+            (d.env.clone(), d.cwd.clone(), d.user.clone())
+        };
         env.extend(req.env.clone());
         if req.tty {
             env.entry("TERM".into())
                 .or_insert_with(|| "xterm-256color".into());
         }
         let root = files::open_root(live.pid)?;
-        let user_spec = req.user.clone().unwrap_or_else(|| live.user.clone());
+        let user_spec = req.user.clone().unwrap_or(default_user);
         let user = user::resolve(&root, &user_spec).map_err(NodeError::BadRequest)?;
         let seq = self.exec_seq.fetch_add(1, Ordering::Relaxed);
         Ok(exec_stream::ExecJob {
@@ -566,7 +623,7 @@ impl Node {
             spec: ExecSpec {
                 argv: req.cmd.clone(),
                 env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                cwd: req.cwd.clone().unwrap_or_else(|| live.cwd.clone()),
+                cwd: req.cwd.clone().unwrap_or(default_cwd),
                 uid: user.uid,
                 gid: user.gid,
                 groups: vec![],
@@ -756,6 +813,8 @@ impl Node {
             let mut m = lock(&self.live);
             m.remove(id);
         }
+        // The fork layers only it kept go with it.
+        self.forks.release_child(id).await;
         Ok(last_usage)
     }
 

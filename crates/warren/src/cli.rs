@@ -174,6 +174,16 @@ pub enum Command {
         /// The sandbox id (sbx-…).
         id: String,
     },
+    /// Make N new sandboxes that start from a running or paused sandbox's
+    /// filesystem as it is now, and print their ids, one per line.
+    #[command(after_help = "The sandbox's changes are copied once (a running one is frozen for the copy);\n\
+        each child writes to its own layer on top, unseen by the source and its siblings.\n\
+        Processes are not carried over: each child runs the source's main process anew,\n\
+        if it has one. Labels, sizes and lifetimes are the source's unless given here.\n\n\
+        Examples:\n  \
+        warren fork $id --count 8 --label branch=a      # one environment state, 8 rollouts\n  \
+        warren rm --label warren.dev/fork-of=$id        # every child of $id")]
+    Fork(ForkArgs),
     /// Store a sandbox's filesystem changes as a new image: one layer on top
     /// of the image it runs (push it with `warren image push`).
     Commit {
@@ -218,6 +228,9 @@ pub enum Command {
     /// Resource profiles: learned requests per task.
     #[command(subcommand)]
     Profile(ProfileCmd),
+    /// Warm pools: ready sandboxes that matching creates take at once.
+    #[command(subcommand)]
+    Pool(PoolCmd),
     /// Batches: N sandboxes from one spec.
     #[command(subcommand)]
     Batch(BatchCmd),
@@ -639,6 +652,44 @@ pub enum ImageCmd {
 }
 
 #[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Create or resize a pool: keep SIZE ready sandboxes of this image and
+    /// size; a create asking for the same image and sizes (no command, own
+    /// disk or node selector) takes one and gets its labels, env, TTL,
+    /// lease and network policy at that moment.
+    #[command(after_help = "Example:\n  \
+        warren pool set py --image python:3.12 --memory 1G --size 16\n  \
+        warren create --image python:3.12 --memory 1G --label task=t1   # served from the pool")]
+    Set {
+        name: String,
+        #[arg(long)]
+        image: String,
+        /// CPU limit (as `warren create --cpu`).
+        #[arg(long)]
+        cpu: Option<String>,
+        /// Memory limit.
+        #[arg(long)]
+        memory: Option<String>,
+        #[arg(long)]
+        cpu_request: Option<String>,
+        #[arg(long)]
+        memory_request: Option<String>,
+        #[arg(long)]
+        pids: Option<u32>,
+        /// Ready sandboxes to keep.
+        #[arg(long)]
+        size: u32,
+    },
+    /// List pools: size, ready sandboxes, creates served.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a pool and its ready sandboxes (ones already taken stay).
+    Rm { name: String },
+}
+
+#[derive(Subcommand)]
 pub enum ProfileCmd {
     /// List profiles: each task's observed peaks and recommended requests.
     Ls,
@@ -698,6 +749,45 @@ pub enum BatchCmd {
         /// The batch id.
         id: String,
     },
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    /// The sandbox to fork (sbx-…).
+    pub id: String,
+    /// Children to make, 1 to 256.
+    #[arg(long, short = 'n', default_value_t = 1)]
+    pub count: u32,
+    /// Label KEY=VALUE added to (and over) the source's. Repeatable.
+    #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// CPU limit instead of the source's.
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Memory limit instead of the source's.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// CPU request instead of the source's.
+    #[arg(long)]
+    pub cpu_request: Option<String>,
+    /// Memory request instead of the source's.
+    #[arg(long)]
+    pub memory_request: Option<String>,
+    /// Process limit instead of the source's.
+    #[arg(long)]
+    pub pids: Option<u32>,
+    /// Disk limit (each child's own file system) instead of the source's.
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// Lifetime from creation instead of the source's.
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// Lease instead of the source's.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// Print the children as one JSON array instead of their ids.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Clone)]

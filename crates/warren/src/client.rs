@@ -391,6 +391,19 @@ impl Client {
         }
     }
 
+    /// Makes children of a sandbox from its filesystem as it is now.
+    pub async fn fork_sandbox(
+        &self,
+        id: &str,
+        req: &warren_core::spec::ForkRequest,
+    ) -> Result<Vec<SandboxInfo>> {
+        self.json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/fork"))
+                .json(req),
+        )
+        .await
+    }
+
     /// Stores the sandbox's filesystem changes as image `name`; returns the
     /// image record.
     pub async fn commit_sandbox(&self, id: &str, name: &str) -> Result<Value> {
@@ -651,6 +664,27 @@ impl Client {
                 .body(toml),
         )
         .await
+    }
+
+    pub async fn pools(&self) -> Result<Vec<warren_core::pool::PoolInfo>> {
+        self.json(self.request(Method::GET, "/v1/pools")).await
+    }
+
+    pub async fn set_pool(
+        &self,
+        name: &str,
+        spec: &warren_core::pool::PoolSpec,
+    ) -> Result<warren_core::pool::PoolInfo> {
+        self.json(
+            self.request(Method::PUT, &format!("/v1/pools/{name}"))
+                .json(spec),
+        )
+        .await
+    }
+
+    pub async fn delete_pool(&self, name: &str) -> Result<warren_core::pool::PoolInfo> {
+        self.json(self.request(Method::DELETE, &format!("/v1/pools/{name}")))
+            .await
     }
 
     pub async fn reset_profile(&self, name: &str) -> Result<Profile> {

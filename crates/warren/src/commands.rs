@@ -14,11 +14,13 @@ mod bench_net;
 mod bench_placement;
 pub mod doctor;
 mod files;
+mod fork;
 mod images;
 mod logs;
 mod network;
 mod nodes;
 mod paths;
+mod pools;
 mod port_forward;
 mod profiles;
 mod sandboxes;
@@ -55,6 +57,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             all,
             json,
         } => sandboxes::ps(&client()?, label, state, all, json).await,
+        Command::Fork(args) => fork::fork(&client()?, &args).await,
         Command::Commit { id, name } => images::commit(&client()?, &id, &name).await,
         Command::Inspect { id } => sandboxes::inspect(&client()?, &id).await,
         Command::Logs {
@@ -79,6 +82,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,
         Command::Profile(cmd) => profiles::run(&client()?, cmd).await,
+        Command::Pool(cmd) => pools::run(&client()?, cmd).await,
         Command::Events {
             sandbox,
             label,

@@ -93,6 +93,11 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
+        if spec.fork.is_some() {
+            return Err(ApiError::bad_request(
+                "fork is set by a fork (POST /v1/sandboxes/{id}/fork, `warren fork ID`) on its children; a create cannot name one",
+            ));
+        }
         self.apply_profile(&mut spec).await?;
         let resources = spec
             .resolve()
@@ -102,6 +107,12 @@ impl Control {
                 let settled = self.settled(existing, wait).await?;
                 return Ok((self.info(settled, false).await, false));
             }
+        }
+        if let Some(info) = self.claim_from_pool(&spec).await? {
+            self.metrics
+                .create_seconds
+                .observe(started.elapsed().as_secs_f64());
+            return Ok((info, true));
         }
         let image = self
             .resolver(&spec.node_selector)?
@@ -117,28 +128,19 @@ impl Control {
             Admit::Now(node) => (false, node.clone()),
             Admit::Queued { .. } => (true, String::new()),
         };
-        let row = SandboxRow {
-            id: id.clone(),
-            state: if queued {
-                SandboxState::Queued
-            } else {
-                SandboxState::Creating
-            },
-            reason: if queued {
-                reason::QUEUED.into()
-            } else {
-                reason::CREATED.into()
-            },
-            spec: spec.clone(),
-            resources: resources.clone(),
-            node,
-            image_digest: image.digest.clone(),
-            created_at: now_rfc3339(),
-            started_at: None,
-            finished_at: None,
-            exit_code: None,
-            grace: false,
+        let state = if queued {
+            SandboxState::Queued
+        } else {
+            SandboxState::Creating
         };
+        let row = SandboxRow::new(
+            &id,
+            spec.clone(),
+            resources.clone(),
+            node,
+            image.digest.clone(),
+            state,
+        );
         let this = self.clone();
         let task = match admit {
             Admit::Now(_) => tokio::spawn(async move { this.create_admitted(row).await }),

@@ -109,6 +109,39 @@ pub struct SandboxRow {
     pub grace: bool,
 }
 
+impl SandboxRow {
+    /// The record of a create admitted (`creating`, on `node`) or waiting
+    /// for capacity (`queued`, no node yet).
+    pub fn new(
+        id: &str,
+        spec: SandboxSpec,
+        resources: ResolvedResources,
+        node: String,
+        image_digest: String,
+        state: SandboxState,
+    ) -> SandboxRow {
+        let reason = if state == SandboxState::Queued {
+            warren_core::state::reason::QUEUED
+        } else {
+            warren_core::state::reason::CREATED
+        };
+        SandboxRow {
+            id: id.to_string(),
+            state,
+            reason: reason.into(),
+            spec,
+            resources,
+            node,
+            image_digest,
+            created_at: warren_core::clock::now_rfc3339(),
+            started_at: None,
+            finished_at: None,
+            exit_code: None,
+            grace: false,
+        }
+    }
+}
+
 /// Fields a transition may set besides state and reason.
 #[derive(Debug, Default, Clone)]
 pub struct Transition<'a> {
@@ -171,6 +204,16 @@ pub trait Store: Send + Sync {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError>;
+    /// A pool member taken by a create: its spec becomes the create's, it
+    /// takes the create's request id, and an event says so, at once.
+    async fn claim_pooled(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        request_id: Option<&str>,
+        time: &str,
+        message: &str,
+    ) -> Result<(), StoreError>;
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError>;
     async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
     async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError>;
@@ -228,6 +271,14 @@ pub trait Store: Send + Sync {
     /// A node-level event (type `node`); its sandbox id is empty.
     async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
     /// Adds or replaces a node (a join, a re-join, a cordon).
+    async fn put_pool(
+        &self,
+        name: &str,
+        spec: &warren_core::pool::PoolSpec,
+        time: &str,
+    ) -> Result<(), StoreError>;
+    async fn pools(&self) -> Result<Vec<(String, warren_core::pool::PoolSpec)>, StoreError>;
+    async fn delete_pool(&self, name: &str) -> Result<bool, StoreError>;
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;

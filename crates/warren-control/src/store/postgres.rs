@@ -299,6 +299,27 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn claim_pooled(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        request_id: Option<&str>,
+        time: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("UPDATE sandboxes SET spec = $1, request_id = $2 WHERE id = $3")
+            .bind(json(spec))
+            .bind(request_id)
+            .bind(id)
+            .execute(tx.conn())
+            .await?;
+        insert_event(tx.conn(), time, id, None, "claimed", message).await?;
+        tx.commit().await?;
+        self.wrote_event();
+        Ok(())
+    }
+
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
         sqlx::query("UPDATE sandboxes SET exit_code = $1 WHERE id = $2")
             .bind(code)
@@ -594,6 +615,55 @@ impl Store for PgStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn put_pool(
+        &self,
+        name: &str,
+        spec: &warren_core::pool::PoolSpec,
+        time: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO pools (name, spec, size, updated_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, size = excluded.size,
+                updated_at = excluded.updated_at",
+        )
+        .bind(name)
+        .bind(json(spec))
+        .bind(i64::from(spec.size))
+        .bind(time)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn pools(&self) -> Result<Vec<(String, warren_core::pool::PoolSpec)>, StoreError> {
+        let rows = sqlx::query("SELECT name, spec FROM pools ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let name: String = r.try_get("name")?;
+                let spec: String = r.try_get("spec")?;
+                let spec = serde_json::from_str(&spec)
+                    .map_err(|e| StoreError::Corrupt(format!("pool {name}"), e.to_string()))?;
+                Ok((name, spec))
+            })
+            .collect()
+    }
+
+    async fn delete_pool(&self, name: &str) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let gone = sqlx::query("DELETE FROM pools WHERE name = $1")
+            .bind(name)
+            .execute(tx.conn())
+            .await?
+            .rows_affected()
+            > 0;
+        tx.commit().await?;
+        Ok(gone)
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {

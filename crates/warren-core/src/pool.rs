@@ -1,0 +1,136 @@
+//! Warm pools: a node keeps `size` ready sandboxes of one image and size,
+//! and a create that matches takes one instead of making a sandbox.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use utoipa::ToSchema;
+
+use crate::labels::{self, LabelError};
+use crate::spec::{ByteSize, Cpu, SandboxSpec, SpecError};
+
+/// The label every pool member carries until it is claimed.
+pub const POOL_LABEL: &str = "warren.pool";
+/// Most ready sandboxes one pool may keep.
+pub const MAX_POOL_SIZE: u32 = 4096;
+
+/// What `PUT /v1/pools/{name}` takes: the image and sizes a create must
+/// ask for to be served from the pool, and how many to keep ready.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_request: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    pub size: u32,
+}
+
+/// A pool and how many of its sandboxes are ready now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PoolInfo {
+    pub name: String,
+    pub spec: PoolSpec,
+    pub ready: u32,
+    /// Creates it has served since the control plane started.
+    pub claimed: u64,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum PoolError {
+    #[error("pool name: {0}")]
+    Name(LabelError),
+    #[error("pool size {0} is above the most a pool keeps ({MAX_POOL_SIZE})")]
+    TooLarge(u32),
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+}
+
+impl PoolSpec {
+    /// The spec its members are made from (and a create must match).
+    pub fn template(&self, name: &str) -> SandboxSpec {
+        SandboxSpec {
+            image: self.image.clone(),
+            cpu: self.cpu,
+            memory: self.memory,
+            cpu_request: self.cpu_request,
+            memory_request: self.memory_request,
+            pids: self.pids,
+            labels: [(POOL_LABEL.to_string(), name.to_string())].into(),
+            // Waiting is its job; a claim gives it the create's TTL.
+            ttl: Some(crate::spec::Dur(std::time::Duration::from_secs(24 * 3600))),
+            ..Default::default()
+        }
+    }
+
+    pub fn validate(&self, name: &str) -> Result<(), PoolError> {
+        labels::validate_value(POOL_LABEL, name).map_err(PoolError::Name)?;
+        if self.size > MAX_POOL_SIZE {
+            return Err(PoolError::TooLarge(self.size));
+        }
+        self.template(name).resolve()?;
+        Ok(())
+    }
+
+    /// Whether a create asking for `spec` may take a member of this pool:
+    /// the same image and resources, nothing that only a new sandbox can
+    /// give (a main command, its own disk, a node selector, GPUs). Labels,
+    /// env, TTL, lease, network policy, cwd and user are applied at claim.
+    pub fn serves(&self, name: &str, spec: &SandboxSpec) -> bool {
+        let (Ok(want), Ok(have)) = (spec.resolve(), self.template(name).resolve()) else {
+            return false;
+        };
+        spec.image == self.image
+            && spec.cmd.is_none()
+            && spec.disk.is_none()
+            && spec.node_selector.is_empty()
+            && spec.placement.is_spread()
+            && want == have
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(json: &str) -> PoolSpec {
+        serde_json::from_str(json).expect(json)
+    }
+
+    #[test]
+    fn a_create_matches_by_image_and_resolved_resources() {
+        let p = pool(r#"{"image":"bb:1","memory":"256M","size":4}"#);
+        p.validate("py").unwrap();
+        let spec = |json: &str| -> SandboxSpec { serde_json::from_str(json).expect(json) };
+        assert!(p.serves("py", &spec(r#"{"image":"bb:1","memory":"256M","labels":{"task":"x"},"env":{"A":"1"},"ttl":"5m"}"#)));
+        // Same resources written another way.
+        assert!(p.serves(
+            "py",
+            &spec(r#"{"image":"bb:1","memory":268435456,"memory_request":"256M"}"#)
+        ));
+        for other in [
+            r#"{"image":"bb:2","memory":"256M"}"#,
+            r#"{"image":"bb:1"}"#,
+            r#"{"image":"bb:1","memory":"256M","cmd":["true"]}"#,
+            r#"{"image":"bb:1","memory":"256M","disk":"1G"}"#,
+            r#"{"image":"bb:1","memory":"256M","node_selector":{"gpu":"a"}}"#,
+        ] {
+            assert!(!p.serves("py", &spec(other)), "{other}");
+        }
+        assert!(pool(r#"{"image":"bb:1","size":5000}"#)
+            .validate("py")
+            .is_err());
+        assert!(pool(r#"{"image":"bb:1","memory":"1M","size":1}"#)
+            .validate("py")
+            .is_err());
+        assert!(pool(r#"{"image":"bb:1","size":1}"#)
+            .validate("bad name!")
+            .is_err());
+    }
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Create latency as the number of live sandboxes grows: at each level of
+--live, fills the node to that many idle sandboxes of default sizes (with
+progress), then times --samples single creates (each destroyed at once)
+and prints a Markdown row per level. Everything it made carries one label
+and is removed at the end, also when interrupted.
+
+    WARREN_URL=... WARREN_HOME=... scripts/bench-live.py --live 0,1000,5000
+
+Needs a `warren up` (or server) with busybox:latest; default flags admit
+thousands of default-sized sandboxes (10m / 16M requests)."""
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def client():
+    url = os.environ.get("WARREN_URL", "http://127.0.0.1:7070")
+    token = os.environ.get("WARREN_TOKEN") or (Path(os.environ.get("WARREN_HOME", "/var/lib/warren")) / "token").read_text().strip()
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, round(p / 100 * (len(v) - 1)))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--live", default="0,1000", help="comma-separated live counts, increasing")
+    ap.add_argument("--samples", type=int, default=40)
+    ap.add_argument("--fill-concurrency", type=int, default=16)
+    ap.add_argument("--image", default="busybox:latest")
+    ap.add_argument("--fill-request", metavar="CPU,MEMORY",
+                    help="requests of the filling sandboxes, e.g. 1m,4M to fit 5,000 on a small node (default: default sizes)")
+    args = ap.parse_args()
+    label = f"bench-live-{os.getpid()}"
+    spec = {"image": args.image, "labels": {"bench": label}}
+    fill = dict(spec)
+    if args.fill_request:
+        cpu, mem = args.fill_request.split(",")
+        fill.update(cpu_request=cpu, memory_request=mem)
+    c = client()
+    live = 0
+    rows = []
+    base = None
+    try:
+        for level in [int(x) for x in args.live.split(",")]:
+            t0 = time.time()
+            with concurrent.futures.ThreadPoolExecutor(args.fill_concurrency) as pool:
+                def one(_):
+                    with client() as cc:
+                        r = cc.post("/v1/sandboxes", json=fill)
+                        r.raise_for_status()
+                futs = [pool.submit(one, i) for i in range(level - live)]
+                for i, f in enumerate(concurrent.futures.as_completed(futs), 1):
+                    f.result()
+                    if i % 100 == 0 or i == len(futs):
+                        print(f"fill: {live + i}/{level} live ({time.time() - t0:.0f} s)", file=sys.stderr)
+            live = level
+            lat = []
+            for _ in range(args.samples):
+                t = time.perf_counter()
+                r = c.post("/v1/sandboxes", json=spec)
+                lat.append((time.perf_counter() - t) * 1000)
+                r.raise_for_status()
+                c.delete(f"/v1/sandboxes/{r.json()['id']}")
+            p50 = statistics.median(lat)
+            base = base or p50
+            rows.append((level, p50, pct(lat, 99), p50 / base))
+            print(f"live {level}: create p50 {p50:.1f} ms, p99 {pct(lat, 99):.1f} ms", file=sys.stderr)
+    finally:
+        t = time.time()
+        gone = c.request("DELETE", "/v1/sandboxes", params={"label": f"bench={label}"}).json()
+        print(f"removed {len(gone)} sandboxes in {time.time() - t:.1f} s", file=sys.stderr)
+    print("| live sandboxes | create p50 ms | create p99 ms | p50 vs empty |")
+    print("|---:|---:|---:|---:|")
+    for level, p50, p99, ratio in rows:
+        print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

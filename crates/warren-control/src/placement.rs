@@ -40,6 +40,8 @@ pub struct Request<'a> {
     pub placement: Placement,
     /// The image's digest, when known (locality breaks ties).
     pub image: Option<&'a str>,
+    /// Only this node may take it (a fork's children go to their source's).
+    pub node: Option<&'a str>,
 }
 
 pub fn fits(need: &Resources, used: &Resources, total: &Resources) -> bool {
@@ -57,6 +59,7 @@ pub fn selects(selector: &Labels, labels: &Labels) -> bool {
 /// node can ever hold is refused instead of queued forever).
 pub fn could_ever(req: &Request<'_>, c: &Candidate<'_>) -> bool {
     selects(req.selector, c.labels)
+        && req.node.is_none_or(|n| n == c.name)
         && req.pids <= c.max_pids
         && fits(&req.need, &Resources::default(), &c.total)
 }
@@ -115,6 +118,7 @@ where
             || req.pids > c.max_pids
             || !fits(&req.need, &c.used, &c.total)
             || (any_label && !selects(req.selector, c.labels))
+            || req.node.is_some_and(|n| n != c.name)
         {
             continue;
         }
@@ -206,6 +210,7 @@ mod tests {
             selector: &none,
             placement,
             image: Some("sha256:img"),
+            node: None,
         };
         let spread = Placement::Spread;
         let pack = Placement::Pack;

@@ -508,3 +508,108 @@ async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> Tes
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_fork_makes_all_its_children_or_none() -> TestResult {
+    use warren_core::spec::{ForkRequest, FORK_LABEL};
+    let node = node(4);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    let (source, _) = c
+        .create(spec(serde_json::json!({"labels": {"task": "t"}})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let fork = |count| ForkRequest {
+        count,
+        labels: [("run".to_string(), "2".to_string())].into(),
+        ..Default::default()
+    };
+    let children = c.fork(&source.id, fork(2)).await.map_err(|e| e.message)?;
+    assert_eq!(children.len(), 2);
+    let calls = node.calls();
+    let layer = children[0].spec.fork.as_ref().map(|f| f.layers.clone());
+    for child in &children {
+        assert_eq!(child.state, SandboxState::Running);
+        assert_eq!(child.spec.labels[FORK_LABEL], source.id);
+        assert_eq!(child.spec.labels["task"], "t");
+        assert_eq!(child.spec.labels["run"], "2");
+        assert_eq!(child.spec.fork.as_ref().map(|f| f.layers.clone()), layer);
+        assert_eq!(node.phase(&child.id), Some(Phase::Running));
+        assert_eq!(
+            c.get(&child.id).await.map_err(|e| e.message)?.reason,
+            "ready"
+        );
+        let first = c
+            .events(Some(&child.id), 0, 10)
+            .await
+            .map_err(|e| e.message)?;
+        assert_eq!(first[0].reason, reason::FORKED);
+    }
+    let top = layer.and_then(|l| l.first().cloned()).unwrap_or_default();
+    let at = |call: &str| calls.iter().position(|c| c == call);
+    assert!(
+        at(&format!("fork_layer {}", source.id)) < at(&format!("create {}", children[0].id)),
+        "{calls:?}"
+    );
+    assert!(
+        at(&format!("create {}", children[1].id)) < at(&format!("release_fork_layer {top}")),
+        "{calls:?}"
+    );
+    let noted = c
+        .events(Some(&source.id), 0, 100)
+        .await
+        .map_err(|e| e.message)?;
+    assert!(noted
+        .iter()
+        .any(|e| e.reason == reason::FORKED && e.message.contains(&children[1].id)));
+
+    // Bad input changes nothing.
+    let before = (node.calls().len(), c.admission.nodes()[0].used.slots);
+    for (count, code) in [(0, 400), (257, 400)] {
+        let e = c.fork(&source.id, fork(count)).await.unwrap_err();
+        assert_eq!(e.code.http_status(), code, "{}", e.message);
+    }
+    let e = c.fork("sbx-nosuchsandbx", fork(1)).await.unwrap_err();
+    assert_eq!(e.code.http_status(), 404);
+    // More children than there is room and queue for: refused whole.
+    let e = c.fork(&source.id, fork(40)).await.unwrap_err();
+    assert_eq!(e.code.http_status(), 429, "{}", e.message);
+    let mut forged = spec(serde_json::json!({}));
+    forged.fork = children[0].spec.fork.clone();
+    let e = c.create(forged, true).await.unwrap_err();
+    assert_eq!(e.code.http_status(), 400, "{}", e.message);
+    assert_eq!(
+        before,
+        (node.calls().len(), c.admission.nodes()[0].used.slots)
+    );
+
+    // A child that cannot be made takes its siblings with it.
+    node.fail_next("create", NodeError::internal("disk on fire"));
+    let e = c.fork(&source.id, fork(1)).await.unwrap_err();
+    assert!(e.message.contains("disk on fire"), "{}", e.message);
+    assert_eq!(c.admission.nodes()[0].used.slots, 3);
+    assert!(
+        node.calls()
+            .iter()
+            .filter(|c| c.starts_with("release_fork_layer"))
+            .count()
+            == 2
+    );
+
+    // Only a running or paused sandbox forks.
+    c.set_paused(&source.id, true)
+        .await
+        .map_err(|e| e.message)?;
+    let more = c.fork(&source.id, fork(1)).await.map_err(|e| e.message)?;
+    c.destroy(&more[0].id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    c.destroy(&source.id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    let e = c.fork(&source.id, fork(1)).await.unwrap_err();
+    assert_eq!(e.code.http_status(), 409, "{}", e.message);
+    // The children live on without their source.
+    assert_eq!(node.phase(&children[0].id), Some(Phase::Running));
+    Ok(())
+}

@@ -266,6 +266,103 @@ pub struct SandboxSpec {
     pub node_selector: Labels,
     #[serde(default, skip_serializing_if = "Placement::is_spread")]
     pub placement: Placement,
+    /// Set on the children of a fork (`POST /v1/sandboxes/{id}/fork`):
+    /// the sandbox they were forked from and the layers their root is
+    /// built on. A create that names one is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
+}
+
+/// Where a forked sandbox's filesystem comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkOrigin {
+    /// The sandbox it was forked from.
+    pub source: String,
+    /// The read-only layers of the source's filesystem its root is built
+    /// on (above the image's), topmost first: names on the source's node.
+    #[serde(default)]
+    pub layers: Vec<String>,
+}
+
+/// Every child of a fork carries this label with its source's id.
+pub const FORK_LABEL: &str = "warren.dev/fork-of";
+/// Most children one fork makes.
+pub const MAX_FORK: u32 = 256;
+
+/// What `POST /v1/sandboxes/{id}/fork` takes: how many children, labels
+/// added over the source's, and sizes and lifetimes that differ from the
+/// source's (everything else is the source's spec).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// Children to make, 1 to 256.
+    pub count: u32,
+    /// Added to (and over) the source's labels.
+    #[serde(default)]
+    pub labels: Labels,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_request: Option<Cpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Dur>,
+}
+
+impl ForkRequest {
+    /// The spec of each child of `source_id` (whose spec is `source`):
+    /// the source's, without its request id, with this request's labels
+    /// and overrides, and the fork's origin (its layers are the node's to
+    /// fill in); batch labels are not inherited. A limit overridden
+    /// without its request drops the
+    /// source's request, so the usual default (request = limit) applies.
+    pub fn child_spec(
+        &self,
+        source_id: &str,
+        source: &SandboxSpec,
+    ) -> Result<SandboxSpec, SpecError> {
+        if self.count == 0 || self.count > MAX_FORK {
+            return Err(SpecError::ForkCount(self.count));
+        }
+        let mut spec = source.clone();
+        spec.request_id = None;
+        // A child is no member of its source's batch.
+        for batch in [crate::batch::BATCH_LABEL, crate::batch::RETRY_LABEL] {
+            spec.labels.remove(batch);
+        }
+        spec.labels.extend(self.labels.clone());
+        spec.labels.insert(FORK_LABEL.into(), source_id.into());
+        if let Some(cpu) = self.cpu {
+            spec.cpu = Some(cpu);
+            spec.cpu_request = None;
+        }
+        if let Some(memory) = self.memory {
+            spec.memory = Some(memory);
+            spec.memory_request = None;
+        }
+        spec.cpu_request = self.cpu_request.or(spec.cpu_request);
+        spec.memory_request = self.memory_request.or(spec.memory_request);
+        spec.pids = self.pids.or(spec.pids);
+        spec.disk = self.disk.or(spec.disk);
+        spec.ttl = self.ttl.or(spec.ttl);
+        spec.lease = self.lease.or(spec.lease);
+        spec.fork = Some(ForkOrigin {
+            source: source_id.into(),
+            layers: vec![],
+        });
+        spec.resolve()?;
+        Ok(spec)
+    }
 }
 
 /// A spec with every resource decided; this is what a node runs.
@@ -355,6 +452,8 @@ pub enum SpecError {
     ShortLease,
     #[error("request_id must be 1-128 characters of letters, digits, '-', '_', '.' or ':'")]
     RequestId,
+    #[error("count must be between 1 and {MAX_FORK} children, got {0}")]
+    ForkCount(u32),
 }
 
 /// Checks that argv, environment and working directory together stay
@@ -659,6 +758,52 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(s.resolve(), Err(SpecError::ArgsTooLarge(_))));
+    }
+
+    #[test]
+    fn fork_children_inherit_the_source_with_overrides() {
+        let source = spec(
+            r#"{"image":"busybox","cpu":1,"cpu_request":0.5,"memory":"256M","labels":{"task":"a","run":"1","warren.dev/batch":"b-1"},"request_id":"r-1","ttl":"10m","cmd":["sleep","9"]}"#,
+        )
+        .unwrap();
+        let req: ForkRequest =
+            serde_json::from_str(r#"{"count":3,"labels":{"run":"2"},"cpu":0.25,"lease":"30s"}"#)
+                .unwrap();
+        let child = req.child_spec("sbx-source000000", &source).unwrap();
+        assert_eq!(child.request_id, None);
+        assert_eq!(child.labels["task"], "a");
+        assert_eq!(child.labels["run"], "2");
+        assert_eq!(child.labels[FORK_LABEL], "sbx-source000000");
+        assert!(!child.labels.contains_key(crate::batch::BATCH_LABEL));
+        // A new limit without a request: the request follows the limit.
+        assert_eq!((child.cpu, child.cpu_request), (Some(Cpu(250)), None));
+        assert_eq!(child.memory, Some(ByteSize(256 << 20)));
+        assert_eq!(child.ttl, Some(Dur(Duration::from_secs(600))));
+        assert_eq!(child.lease, Some(Dur(Duration::from_secs(30))));
+        assert_eq!(child.cmd, source.cmd);
+        assert_eq!(
+            child.fork.as_ref().map(|f| f.source.as_str()),
+            Some("sbx-source000000")
+        );
+        for count in [0, MAX_FORK + 1] {
+            let bad = ForkRequest {
+                count,
+                ..req.clone()
+            };
+            assert_eq!(
+                bad.child_spec("sbx-x", &source),
+                Err(SpecError::ForkCount(count))
+            );
+        }
+        let bad = ForkRequest {
+            memory: Some(ByteSize(1)),
+            ..req.clone()
+        };
+        assert!(matches!(
+            bad.child_spec("sbx-x", &source),
+            Err(SpecError::MemoryTooSmall(1))
+        ));
+        assert!(serde_json::from_str::<ForkRequest>(r#"{"count":1,"image":"x"}"#).is_err());
     }
 
     // Found by the `spec` fuzz target: sub-millisecond durations did not

@@ -181,6 +181,21 @@ impl NodeEvent {
     }
 }
 
+/// A sandbox's filesystem changes, copied once into a read-only layer that
+/// the sandboxes forked from it are built on (see [`crate::NodeApi::fork_layer`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkLayer {
+    /// What a child's `spec.fork.layers` names: the new layer, then the
+    /// source's own fork layers (it may be a fork itself), topmost first.
+    pub layers: Vec<String>,
+    /// Bytes of file data copied.
+    pub bytes: u64,
+    /// Files, directories, links and whiteouts copied.
+    pub entries: u64,
+    /// How long the source was frozen for the copy (0: it was paused).
+    pub frozen_ms: u64,
+}
+
 /// An event with its place in the node's feed: a consumer that saw `seq`
 /// asks for what came after it, and loses nothing across a gap.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

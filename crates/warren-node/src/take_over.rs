@@ -41,6 +41,8 @@ impl Node {
                 tracing::info!(sandbox = %id, "swept orphaned sandbox resources");
             }
         }
+        // Fork layers no sandbox taken over claims.
+        self.forks.sweep().await;
         self.ready.send_replace(true);
     }
 
@@ -99,6 +101,7 @@ impl Node {
             entry.create.spec.lease.map(|l| l.0).filter(|_| working),
         );
         let has_main = entry.create.spec.cmd.is_some();
+        self.forks.adopt(id, entry.create.spec.fork.as_ref());
         let live = self.register(entry.create, entry.pid, entry.phase, &image, log, lifetime);
         // Execs that were running died with their streams (their cgroups
         // go), and a kill the crash interrupted is finished.

@@ -15,6 +15,7 @@ pub mod exec_cgroup;
 mod exec_tree;
 pub mod file_ops;
 pub mod files;
+pub mod fork_layer;
 pub mod host;
 pub mod host_tables;
 pub mod init;
@@ -65,6 +66,9 @@ pub enum RuntimeError {
     /// A sandbox process (init, a spawner) did not answer in time.
     #[error("{0}")]
     Unresponsive(String),
+    /// The node's disk has no room for it.
+    #[error("{0}")]
+    NoRoom(String),
 }
 
 impl RuntimeError {

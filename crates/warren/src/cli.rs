@@ -176,13 +176,15 @@ pub enum Command {
     },
     /// Make N new sandboxes that start from a running or paused sandbox's
     /// filesystem as it is now, and print their ids, one per line.
-    #[command(after_help = "The sandbox's changes are copied once (a running one is frozen for the copy);\n\
+    #[command(
+        after_help = "The sandbox's changes are copied once (a running one is frozen for the copy);\n\
         each child writes to its own layer on top, unseen by the source and its siblings.\n\
         Processes are not carried over: each child runs the source's main process anew,\n\
         if it has one. Labels, sizes and lifetimes are the source's unless given here.\n\n\
         Examples:\n  \
         warren fork $id --count 8 --label branch=a      # one environment state, 8 rollouts\n  \
-        warren rm --label warren.dev/fork-of=$id        # every child of $id")]
+        warren rm --label warren.dev/fork-of=$id        # every child of $id"
+    )]
     Fork(ForkArgs),
     /// Store a sandbox's filesystem changes as a new image: one layer on top
     /// of the image it runs (push it with `warren image push`).

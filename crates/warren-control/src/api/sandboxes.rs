@@ -1,4 +1,4 @@
-//! `/v1/sandboxes`: create, list, inspect, delete, lifetimes, pause, exec, commit.
+//! `/v1/sandboxes`: create, list, inspect, delete, lifetimes, pause, exec, commit, fork.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -256,4 +256,25 @@ pub(crate) async fn commit_sandbox(
 ) -> ApiResult<Response> {
     let image = st.control.commit(&id, &req.name).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
+}
+
+/// Make `count` new sandboxes that start from this one's filesystem as it
+/// is now: its changes are copied once (a running sandbox is frozen
+/// meanwhile), and each child gets its own writable layer on top. Processes
+/// are not carried over; each child runs the source's main process anew,
+/// if it has one. Labels, sizes and lifetimes are the source's unless the
+/// body says otherwise. All or none: 201 with the children once every one
+/// is running.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", request_body = warren_core::spec::ForkRequest,
+    responses((status = 201, body = [SandboxInfo]), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry"),
+        (status = 503, body = ErrorBody)))]
+pub(crate) async fn fork_sandbox(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<warren_core::spec::ForkRequest>,
+) -> ApiResult<Response> {
+    let children = st.control.fork(&id, req).await?;
+    Ok((StatusCode::CREATED, Json(children)).into_response())
 }

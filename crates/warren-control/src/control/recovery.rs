@@ -293,10 +293,12 @@ impl Control {
     /// A create that was waiting for capacity when the daemon stopped: its
     /// client was told `queued`, so it queues again (in its old order).
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
-        let admitted = self.admission.admit(
-            &row.id,
-            Request::of(&row.spec, &row.resources, &row.image_digest),
-        );
+        let mut ask = Request::of(&row.spec, &row.resources, &row.image_digest);
+        // A fork's child can only be made where its source's layers are.
+        if let Some(fork) = &row.spec.fork {
+            ask.node = self.store.get(&fork.source).await?.map(|s| s.node);
+        }
+        let admitted = self.admission.admit(&row.id, ask);
         let this = self.clone();
         match admitted {
             Ok(Admit::Now(node)) => {

@@ -72,6 +72,7 @@ fn measure(nodes: usize, decisions: usize) -> Result<(f64, f64)> {
         selector: Default::default(),
         placement: Default::default(),
         image: Some("sha256:bench".into()),
+        node: None,
     };
     let start = Instant::now();
     for i in 0..decisions {

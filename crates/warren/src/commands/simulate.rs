@@ -164,6 +164,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 selector: Default::default(),
                 placement: Default::default(),
                 image: None,
+                node: None,
             };
             match admission.admit(&id, ask) {
                 Ok(Admit::Now(_)) => {

@@ -97,5 +97,6 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         request_id: a.request_id.clone(),
         node_selector,
         placement,
+        fork: None,
     })
 }

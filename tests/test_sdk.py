@@ -47,6 +47,7 @@ def sb(client):
 # model -> schema in /openapi.json
 MODELS = {
     models.SandboxSpec: "SandboxSpec",
+    models.ForkOrigin: "ForkOrigin",
     models.NetworkSpec: "NetworkSpec",
     models.SandboxInfo: "SandboxInfo",
     models.ResolvedResources: "ResolvedResources",
@@ -93,7 +94,7 @@ def test_models_follow_openapi(client):
     for method, path in [
         ("post", "/v1/sandboxes"), ("get", "/v1/sandboxes/{id}"), ("post", "/v1/sandboxes/{id}/exec"),
         ("put", "/v1/sandboxes/{id}/files"), ("post", "/v1/sandboxes/{id}/paths"), ("patch", "/v1/sandboxes/{id}/network"),
-        ("post", "/v1/sandboxes/{id}/commit"), ("post", "/v1/images/prewarm"), ("post", "/v1/images/pull"),
+        ("post", "/v1/sandboxes/{id}/commit"), ("post", "/v1/sandboxes/{id}/fork"), ("post", "/v1/images/prewarm"), ("post", "/v1/images/pull"),
         ("get", "/v1/events"), ("post", "/v1/profiles/import"), ("post", "/v1/batches"),
     ]:
         assert method in doc["paths"][path], (method, path)

@@ -434,6 +434,17 @@ class AsyncSandbox:
     async def commit(self, name: str) -> models.Image:
         return await self._c._call(core.commit_call(self.id, name))
 
+    async def fork(
+        self, count: int = 1, *, labels: Mapping[str, str] | None = None, keep_alive: bool = True, **overrides: Any
+    ) -> list[AsyncSandbox]:
+        """See :meth:`warren.Sandbox.fork`."""
+        infos = await self._c._call(core.fork_call(self.id, count, labels, overrides))
+        children = [AsyncSandbox(self._c, i) for i in infos]
+        if keep_alive:
+            for child in children:
+                child.keep_alive()
+        return children
+
 
 class AsyncExecStream:
     """The events of a running command, as an async iterator and context manager."""

@@ -275,7 +275,8 @@ def b64(data: bytes | str) -> str:
     return base64.b64encode(data).decode()
 
 
-_SPEC_FIELDS = {f.name for f in dataclasses.fields(models.SandboxSpec)}
+# `fork` is set by a fork on its children, never by a create.
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(models.SandboxSpec)} - {"fork"}
 _DURATIONS = {"ttl", "lease", "keep_for"}
 
 
@@ -390,6 +391,27 @@ def network_call(sid: str, allow: Sequence[str], deny: Sequence[str]) -> Call[mo
         json={"allow": list(allow), "deny": list(deny)},
         idempotent=True,
         sandbox=sid,
+    )
+
+
+_FORK_FIELDS = {"cpu", "memory", "cpu_request", "memory_request", "pids", "disk", "ttl", "lease"}
+
+
+def fork_call(
+    sid: str, count: int, labels: Mapping[str, str] | None, overrides: Mapping[str, Any]
+) -> Call[list[models.SandboxInfo]]:
+    """``POST /v1/sandboxes/{id}/fork``. Not retried: a repeat would fork again."""
+    body: dict[str, Any] = {"count": count}
+    if labels:
+        body["labels"] = {str(k): str(v) for k, v in labels.items()}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in _FORK_FIELDS:
+            raise TypeError(f"a fork cannot change {key!r} (it may change: {', '.join(sorted(_FORK_FIELDS))})")
+        body[key] = duration_value(value) if key in ("ttl", "lease") else value
+    return Call(
+        "POST", sb_path(sid, "/fork"), json_list(models.SandboxInfo), json=body, sandbox=sid, no_read_timeout=True
     )
 
 

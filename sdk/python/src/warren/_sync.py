@@ -491,6 +491,24 @@ class Sandbox:
         """Stores the sandbox's filesystem changes as image ``name`` (``repo:tag``)."""
         return self._c._call(core.commit_call(self.id, name))
 
+    def fork(
+        self, count: int = 1, *, labels: Mapping[str, str] | None = None, keep_alive: bool = True, **overrides: Any
+    ) -> list[Sandbox]:
+        """``count`` new sandboxes that start from this one's filesystem as
+        it is now (a running sandbox is frozen while its changes are
+        copied, once): each writes to a layer of its own, unseen by this
+        sandbox and the others. Processes are not carried over (each child
+        runs the source's main ``cmd`` anew, if it has one). ``labels`` are
+        added over the source's; ``cpu``, ``memory``, ``cpu_request``,
+        ``memory_request``, ``pids``, ``disk``, ``ttl`` and ``lease`` replace
+        the source's. All or none: the children once every one is running."""
+        infos = self._c._call(core.fork_call(self.id, count, labels, overrides))
+        children = [Sandbox(self._c, i) for i in infos]
+        if keep_alive:
+            for child in children:
+                child.keep_alive()
+        return children
+
 
 class ExecStream:
     """The events of a running command, as an iterator and context manager.

@@ -134,6 +134,16 @@ class NetworkSpec:
 
 
 @dataclass
+class ForkOrigin:
+    """Where a forked sandbox's filesystem came from: the sandbox it was
+    forked from and the read-only layers (on that sandbox's node) its root
+    is built on, topmost first."""
+
+    source: str
+    layers: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SandboxSpec:
     """What a sandbox was asked for (as the server echoes it back): sizes
     (``cpu`` in cores, ``memory``/``disk`` in bytes or text; ``cpu`` and
@@ -163,6 +173,8 @@ class SandboxSpec:
     request_id: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     placement: Literal["spread", "pack"] = "spread"
+    fork: ForkOrigin | None = None
+    """Set on the children of a fork (:meth:`warren.Sandbox.fork`)."""
 
 
 @dataclass
@@ -314,6 +326,7 @@ class NodeLoad:
 
     cpu_busy: float = 0.0
     disk_pressure: bool = False
+    memory_pressure: bool = False
 
 
 @dataclass

@@ -78,8 +78,11 @@ def main():
             print(f"live {level}: create p50 {p50:.1f} ms, p99 {pct(lat, 99):.1f} ms", file=sys.stderr)
     finally:
         t = time.time()
-        gone = c.request("DELETE", "/v1/sandboxes", params={"label": f"bench={label}"}).json()
-        print(f"removed {len(gone)} sandboxes in {time.time() - t:.1f} s", file=sys.stderr)
+        r = c.request("DELETE", "/v1/sandboxes", params={"label": f"bench={label}"}, timeout=600)
+        if r.status_code == 200:
+            print(f"removed {len(r.json())} sandboxes in {time.time() - t:.1f} s", file=sys.stderr)
+        else:
+            print(f"removing the sandboxes failed: {r.text}; run `warren rm --label bench={label}`", file=sys.stderr)
     print("| live sandboxes | create p50 ms | create p99 ms | p50 vs empty |")
     print("|---:|---:|---:|---:|")
     for level, p50, p99, ratio in rows:

@@ -4,6 +4,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use warren_core::state::reason;
 use warren_core::{
@@ -155,6 +156,9 @@ pub(crate) async fn delete_sandbox(
     Ok(Json(st.control.info(row, false).await))
 }
 
+/// Destroys a bulk delete runs at once.
+const BULK_DESTROYS: usize = 32;
+
 /// Delete every live sandbox matching a label selector (required).
 #[utoipa::path(delete, path = "/v1/sandboxes", params(("label" = String, Query)), responses((status = 200, body = [SandboxInfo])))]
 pub(crate) async fn delete_sandboxes(
@@ -172,12 +176,38 @@ pub(crate) async fn delete_sandboxes(
         ..q
     })?;
     let victims = st.control.list(&states, &selector).await?;
-    let deletes = victims
-        .iter()
-        .map(|s| st.control.destroy(&s.id, reason::USER_DELETED));
-    let mut out = Vec::new();
-    for r in futures_util::future::join_all(deletes).await {
-        out.push(st.control.info(r?, false).await);
+    let total = victims.len();
+    // A few at a time: thousands of destroys at once only queue on the
+    // node's cores and time out. Every one is tried; one failure does not
+    // leave the rest running.
+    let results: Vec<Result<_, ApiError>> = futures_util::stream::iter(victims)
+        .map(|s| {
+            let control = st.control.clone();
+            async move { control.destroy(&s.id, reason::USER_DELETED).await }
+        })
+        .buffer_unordered(BULK_DESTROYS)
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(total);
+    let mut failed = Vec::new();
+    for r in results {
+        match r {
+            Ok(row) => out.push(st.control.info(row, false).await),
+            Err(e) => failed.push(e),
+        }
+    }
+    if let Some(first) = failed.first() {
+        return Err(ApiError {
+            code: first.code,
+            message: format!(
+                "destroyed {} of {total} sandboxes; {} failed (first: {}); they stay `stopping` and are retried every 10 s",
+                out.len(),
+                failed.len(),
+                first.message
+            ),
+            retry_after_ms: Some(10_000),
+        }
+        .into());
     }
     Ok(Json(out))
 }

@@ -39,9 +39,11 @@ def test_run_streams_state_output_and_exit_then_removes(warren):
     out = b"".join(base64.b64decode(e["data"]) for e in evs if e.get("type") == "stdout")
     err = b"".join(base64.b64decode(e["data"]) for e in evs if e.get("type") == "stderr")
     assert (out, err) == (b"out fed\n", b"err\n")
-    assert evs[-1]["type"] == "exit" and evs[-1]["code"] == 3
-    row = wait_gone(warren, sid)
-    assert row["reason"] == "run_ended" and row["spec"]["labels"] == {"t": "run"}
+    assert evs[-2]["type"] == "exit" and evs[-2]["code"] == 3
+    # The last line comes once the sandbox is gone.
+    assert evs[-1] == {"sandbox": {"id": sid, "state": "destroyed"}}
+    row = next(r for r in warren.http.get("/v1/sandboxes", params={"all": "true"}).json() if r["id"] == sid)
+    assert row["state"] == "destroyed" and row["reason"] == "run_ended" and row["spec"]["labels"] == {"t": "run"}
 
 
 def test_run_refuses_bad_input_before_making_anything(warren):
@@ -90,7 +92,8 @@ def test_a_queued_run_says_where_it_waits_and_a_client_that_leaves_takes_its_san
         assert evs[0]["sandbox"]["state"] == "queued" and evs[0]["sandbox"]["queue_position"] == 1, evs
         assert evs[1]["sandbox"]["state"] == "running"
         assert base64.b64decode(evs[2 if evs[2].get("type") == "stdout" else 3]["data"]) == b"late\n", evs
-        assert evs[-1] == {**evs[-1], "type": "exit", "code": 0}
+        assert evs[-2] == {**evs[-2], "type": "exit", "code": 0}
+        assert evs[-1]["sandbox"]["state"] == "destroyed"
         # The CLI prints the queue position on stderr while it waits.
         holder = w.create()["id"]
         proc = subprocess.Popen([str(WARREN), "run", "--rm", "--image", "busybox:latest", "--", "echo", "later"],

@@ -294,7 +294,8 @@ impl Client {
     }
 
     /// `POST /v1/run`: one command in a sandbox made for it and removed
-    /// after it; calls `on_event` for each line and returns the exit event.
+    /// after it; calls `on_event` for each line and returns the exit event
+    /// once the sandbox is gone.
     pub async fn run(
         &self,
         req: &warren_core::RunRequest,
@@ -305,18 +306,20 @@ impl Client {
             .send(self.request(Method::POST, "/v1/run").json(req))
             .await?;
         let mut lines = LineStream::new(resp);
+        let mut exit = None;
+        // On to the end: its last line comes once the sandbox is removed.
         while let Some(line) = lines.next_line().await? {
             let ev: RunEvent = serde_json::from_slice(&line).context("decoding a run event")?;
             on_event(&ev);
             match ev {
-                RunEvent::Exec(ev @ ExecEvent::Exit { .. }) => return Ok(ev),
+                RunEvent::Exec(ev @ ExecEvent::Exit { .. }) => exit = Some(ev),
                 RunEvent::Exec(ExecEvent::Error { message }) => bail!("run failed: {message}"),
                 _ => {}
             }
         }
-        Err(anyhow!(
-            "the run's stream ended without an exit event (daemon stopping?)"
-        ))
+        exit.ok_or_else(|| {
+            anyhow!("the run's stream ended without an exit event (daemon stopping?)")
+        })
     }
 
     /// Starts an exec and calls `on_event` for each event; returns the exit event.

@@ -17,7 +17,7 @@ impl Control {
     /// Admits and creates the sandbox (errors answer the request: bad spec,
     /// queue full, no node), then streams its state and the command's
     /// events. The sandbox goes once the command ends or the client leaves;
-    /// the stream ends with the exit event, not after the removal.
+    /// the stream's last line says it is destroyed.
     pub async fn run(
         self: &Arc<Self>,
         req: RunRequest,
@@ -54,10 +54,24 @@ impl Control {
         if let Err(message) = self.run_command(&id, &exec, &tx).await {
             let _ = tx.send(RunEvent::Exec(ExecEvent::Error { message })).await;
         }
-        // The answer ends here; the removal goes on without the client.
-        drop(tx);
-        if let Err(e) = self.destroy(&id, reason::RUN_ENDED).await {
-            tracing::warn!(%id, error = %e.message, "could not remove a run's sandbox; the reconciler retries");
+        // The last line says the sandbox is gone, so a client that reads on
+        // (`warren run --rm`, as `docker run --rm`) leaves nothing behind; one
+        // that needs only the exit may stop at it.
+        match self.destroy(&id, reason::RUN_ENDED).await {
+            Ok(row) => {
+                let _ = tx
+                    .send(RunEvent::Sandbox {
+                        sandbox: RunSandbox {
+                            id: row.id,
+                            state: row.state,
+                            queue_position: None,
+                        },
+                    })
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(%id, error = %e.message, "could not remove a run's sandbox; the reconciler retries");
+            }
         }
     }
 
@@ -114,6 +128,13 @@ impl Control {
             tokio::select! {
                 ev = events.next() => match ev {
                     Some(ev) => {
+                        // The sandbox's record keeps the command's exit code,
+                        // as it keeps a main process's.
+                        if let ExecEvent::Exit { code, .. } = &ev {
+                            if let Err(e) = self.store.set_exit_code(id, *code).await {
+                                tracing::warn!(%id, error = %e, "could not record a run's exit code");
+                            }
+                        }
                         let last = matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. });
                         if tx.send(RunEvent::Exec(ev)).await.is_err() || last {
                             return Ok(());

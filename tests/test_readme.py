@@ -206,6 +206,8 @@ TOUR = [
     ("> train.py", 0, None),
     ("warren cp train.py", 0, None),
     ("warren cp $id:/work ./out", 0, None),
+    ("warren fork $id", 0, None),
+    ("for k in $kids", 0, r"\Atrain.py\ntrain.py\n\Z"),
     ("warren run --image busybox --rm", 0, r"\Ahello\n3\n\Z"),
     ("warren batch create", 0, None),
     ("warren batch inspect", 0, r'"count": 50'),

@@ -223,7 +223,9 @@ fn copy_entry(
                 Mode::from_raw_mode(0o600),
             )
             .map_err(io_err("create"))?;
-            copy_data(&s, &d, st.st_size as u64, at, ctx)?;
+            // Blocks for every byte: no holes to look for.
+            let dense = (st.st_blocks as u64).saturating_mul(512) >= st.st_size as u64;
+            copy_data(&s, &d, st.st_size as u64, dense, at, ctx)?;
             finish_node(&s, &d, st, false, ctx).map_err(io_err("copy attributes of"))
         }
         FileType::Symlink => {
@@ -265,6 +267,7 @@ fn copy_data(
     src: &OwnedFd,
     dst: &OwnedFd,
     size: u64,
+    dense: bool,
     at: &Path,
     ctx: &mut Ctx<'_>,
 ) -> Result<(), RuntimeError> {
@@ -275,6 +278,13 @@ fn copy_data(
             source: e.into(),
         }
     };
+    if dense {
+        if size > 0 {
+            ctx.spend(size, at)?;
+            copy_range(src, dst, 0, size, at)?;
+        }
+        return Ok(());
+    }
     let mut pos = 0u64;
     while pos < size {
         let start = match rustix::fs::seek(src, SeekFrom::Data(pos)) {
@@ -293,38 +303,41 @@ fn copy_data(
             break;
         }
         ctx.spend(end - start, at)?;
-        let (mut off_in, mut off_out) = (start, start);
-        while off_in < end {
-            let len = usize::try_from(end - off_in)
-                .unwrap_or(usize::MAX)
-                .min(1 << 30);
-            let n = match rustix::fs::copy_file_range(
-                src,
-                Some(&mut off_in),
-                dst,
-                Some(&mut off_out),
-                len,
-            ) {
-                Ok(n) => n,
-                Err(Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                    copy_plain(src, dst, &mut off_in, &mut off_out, end).map_err(|source| {
-                        RuntimeError::Io {
-                            what: format!("copy /{}", at.display()),
-                            source,
-                        }
-                    })?;
-                    break;
-                }
-                Err(e) => return Err(io_err("copy")(e)),
-            };
-            if n == 0 {
-                // The file shrank under us (the sandbox was not frozen).
-                break;
-            }
-        }
+        copy_range(src, dst, start, end, at)?;
         pos = end;
     }
     rustix::fs::ftruncate(dst, size).map_err(io_err("size"))
+}
+
+/// Copies bytes `start..end` to the same offsets, in the kernel where it
+/// can (`copy_file_range`).
+fn copy_range(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    start: u64,
+    end: u64,
+    at: &Path,
+) -> Result<(), RuntimeError> {
+    let failed = |source: io::Error| RuntimeError::Io {
+        what: format!("copy /{}", at.display()),
+        source,
+    };
+    let (mut off_in, mut off_out) = (start, start);
+    while off_in < end {
+        let len = usize::try_from(end - off_in)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len) {
+            // The file shrank under us (the sandbox was not frozen).
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                return copy_plain(src, dst, &mut off_in, &mut off_out, end).map_err(failed);
+            }
+            Err(e) => return Err(failed(e.into())),
+        }
+    }
+    Ok(())
 }
 
 fn copy_plain(

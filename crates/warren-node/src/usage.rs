@@ -32,15 +32,32 @@ pub(crate) fn proc_stat_cpu() -> Option<(u64, u64)> {
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
     Some((total, idle))
 }
-/// Samples every live sandbox's cgroup once per `interval`.
+/// Cgroup readings per second the sampler allows itself: each is a few
+/// file reads, so sampling every sandbox each second would cost a node
+/// with thousands of them a good part of a core.
+pub const MAX_SAMPLES_PER_SECOND: f64 = 1000.0;
+
+/// How long one round over `live` sandboxes takes at most: `interval`, or
+/// longer where the budget of readings per second says so.
+pub(crate) fn round_interval(interval: std::time::Duration, live: usize) -> std::time::Duration {
+    interval.max(std::time::Duration::from_secs_f64(
+        live as f64 / MAX_SAMPLES_PER_SECOND,
+    ))
+}
+
+/// Samples every live sandbox's cgroup once per `interval` (less often
+/// beyond `MAX_SAMPLES_PER_SECOND`; the disk and memory guards run each
+/// round).
 pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::time::Duration) {
+    let mut wait = interval;
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(wait).await;
         let Some(n) = node.upgrade() else { return };
         let live: Vec<(String, Arc<Live>)> = lock(&n.live)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        wait = round_interval(interval, live.len());
         let _ = tokio::task::spawn_blocking(move || {
             n.sample_cpu();
             for (id, l) in &live {
@@ -227,5 +244,19 @@ impl Node {
             c.high_since = None;
             c.reported = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sampling_slows_down_past_its_budget() {
+        let second = Duration::from_secs(1);
+        assert_eq!(round_interval(second, 0), second);
+        assert_eq!(round_interval(second, 1000), second);
+        assert_eq!(round_interval(second, 5000), Duration::from_secs(5));
     }
 }

@@ -613,3 +613,53 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
     assert_eq!(node.phase(&children[0].id), Some(Phase::Running));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_fork_child_that_waits_for_room_is_made_when_room_frees() -> TestResult {
+    use warren_core::spec::ForkRequest;
+    let node = node(3);
+    let p = plane(&node).await?;
+    let c = p.control.clone();
+    let (source, _) = c
+        .create(spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let (other, _) = c
+        .create(spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let req = ForkRequest {
+        count: 2,
+        ..Default::default()
+    };
+    let forking = {
+        let c = c.clone();
+        let id = source.id.clone();
+        tokio::spawn(async move { c.fork(&id, req).await })
+    };
+    // One child fits now; the other waits in the queue, recorded as queued.
+    let queued = async {
+        loop {
+            let rows = c
+                .list(&[SandboxState::Queued], &Default::default())
+                .await
+                .map_err(|e| e.message)?;
+            if let Some(q) = rows.first() {
+                return Ok::<_, String>(q.id.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let waiting = tokio::time::timeout(Duration::from_secs(5), queued).await??;
+    assert!(!forking.is_finished());
+    c.destroy(&other.id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    let children = forking.await?.map_err(|e| e.message)?;
+    assert_eq!(children.len(), 2);
+    assert!(children.iter().any(|ch| ch.id == waiting));
+    for ch in &children {
+        assert_eq!(node.phase(&ch.id), Some(Phase::Running));
+    }
+    Ok(())
+}

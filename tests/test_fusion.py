@@ -175,6 +175,25 @@ def test_bare_code_post_is_python(fusion):
     assert set(body["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
 
 
+def test_run_code_takes_its_sandbox_from_a_warm_pool(fusion):
+    w = fusion.warren
+    # Python's sizes on /run_code (0.5 core, 256M): a pool of them serves it.
+    r = w.http.put("/v1/pools/fusion-py", json={"image": IMAGE, "cpu": "500m", "memory": "256M", "size": 2})
+    assert r.status_code == 200, r.text
+    try:
+        deadline = time.time() + 60
+        while w.http.get("/v1/pools/fusion-py").json()["ready"] < 2:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        for i in range(3):
+            r = post(fusion, {"code": f"print({i} * 7)", "language": "python"})
+            assert r.status_code == 200 and r.json()["run_result"]["stdout"] == f"{i * 7}\n", r.text
+        assert w.http.get("/v1/pools/fusion-py").json()["claimed"] >= 2
+    finally:
+        assert w.http.delete("/v1/pools/fusion-py").status_code == 200
+    wait_no_fusion_sandboxes(w)
+
+
 def test_bad_requests_are_422_with_the_reason(fusion):
     r = post(fusion, {"language": "python"})
     assert r.status_code == 422 and "code" in r.text, r.text

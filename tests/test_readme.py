@@ -207,6 +207,8 @@ TOUR = [
     ("warren cp train.py", 0, None),
     ("warren cp $id:/work ./out", 0, None),
     ("warren fork $id", 0, None),
+    ("warren pool set small", 0, r"^small size 2 ready \d"),
+    ("warren pool ls", 0, r"(?m)^small +busybox +2 "),
     ("for k in $kids", 0, r"\Atrain.py\ntrain.py\n\Z"),
     ("warren run --image busybox --rm", 0, r"\Ahello\n3\n\Z"),
     ("warren batch create", 0, None),

@@ -84,6 +84,7 @@ cases![
     profile_and_node_events,
     nodes,
     leader_lease,
+    pools_and_claims,
 ];
 
 #[tokio::test]
@@ -440,6 +441,56 @@ async fn unreadable_rows(f: &Fixture) -> TestResult {
     let fixed = s.get("sbx-bad-spec").await?.unwrap();
     assert_eq!(fixed.state, SandboxState::Failed);
     assert_eq!(fixed.finished_at.as_deref(), Some("t9"));
+    Ok(())
+}
+
+async fn pools_and_claims(f: &Fixture) -> TestResult {
+    use warren_core::pool::PoolSpec;
+    let s = &f.store;
+    let pool = |size| PoolSpec {
+        image: "bb:1".into(),
+        cpu: None,
+        memory: Some(warren_core::spec::ByteSize(64 << 20)),
+        cpu_request: None,
+        memory_request: None,
+        pids: None,
+        size,
+    };
+    s.put_pool("b", &pool(2), "t0").await?;
+    s.put_pool("a", &pool(1), "t0").await?;
+    s.put_pool("b", &pool(5), "t1").await?;
+    let got = s.pools().await?;
+    assert_eq!(
+        got,
+        vec![("a".to_string(), pool(1)), ("b".to_string(), pool(5))]
+    );
+    assert!(s.delete_pool("a").await?);
+    assert!(!s.delete_pool("a").await?, "a second delete finds nothing");
+    assert_eq!(s.pools().await?.len(), 1);
+
+    // A claim gives the member the create's spec and request id, with an
+    // event, in one write.
+    s.insert(&row("sbx-p", SandboxState::Running, "t0"), None)
+        .await?;
+    let mut rx = s.subscribe_events();
+    rx.borrow_and_update();
+    let mine = spec("bb:1");
+    s.claim_pooled(
+        "sbx-p",
+        &mine,
+        Some("req-7"),
+        "t2",
+        "taken from warm pool b",
+    )
+    .await?;
+    woken(&mut rx, "claim_pooled").await?;
+    assert_eq!(s.get("sbx-p").await?.unwrap().spec, mine);
+    assert_eq!(s.by_request_id("req-7").await?.unwrap().id, "sbx-p");
+    let last = s.events(Some("sbx-p"), 0, 10).await?.pop().unwrap();
+    assert_eq!(
+        (last.reason.as_str(), last.message.as_str()),
+        ("claimed", "taken from warm pool b")
+    );
     Ok(())
 }
 

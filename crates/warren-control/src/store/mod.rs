@@ -109,6 +109,16 @@ pub struct SandboxRow {
     pub grace: bool,
 }
 
+/// A row of the pools table, as both stores read it.
+fn decode_pool(
+    name: String,
+    spec: &str,
+) -> Result<(String, warren_core::pool::PoolSpec), StoreError> {
+    let spec = serde_json::from_str(spec)
+        .map_err(|e| StoreError::Corrupt(format!("pool {name}"), e.to_string()))?;
+    Ok((name, spec))
+}
+
 impl SandboxRow {
     /// The record of a create admitted (`creating`, on `node`) or waiting
     /// for capacity (`queued`, no node yet).

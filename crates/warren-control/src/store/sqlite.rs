@@ -505,13 +505,7 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|r| {
-                let name: String = r.try_get("name")?;
-                let spec: String = r.try_get("spec")?;
-                let spec = serde_json::from_str(&spec)
-                    .map_err(|e| StoreError::Corrupt(format!("pool {name}"), e.to_string()))?;
-                Ok((name, spec))
-            })
+            .map(|r| super::decode_pool(r.try_get("name")?, &r.try_get::<String, _>("spec")?))
             .collect()
     }
 

@@ -663,19 +663,24 @@ pub enum PoolCmd {
         warren pool set py --image python:3.12 --memory 1G --size 16\n  \
         warren create --image python:3.12 --memory 1G --label task=t1   # served from the pool")]
     Set {
+        /// The pool's name (a label value: letters, digits, '-', '_', '.').
         name: String,
+        /// The image its sandboxes run (as `warren create --image`).
         #[arg(long)]
         image: String,
         /// CPU limit (as `warren create --cpu`).
         #[arg(long)]
         cpu: Option<String>,
-        /// Memory limit.
+        /// Memory limit (as `warren create --memory`).
         #[arg(long)]
         memory: Option<String>,
+        /// CPU reserved (as `warren create --cpu-request`).
         #[arg(long)]
         cpu_request: Option<String>,
+        /// Memory reserved (as `warren create --memory-request`).
         #[arg(long)]
         memory_request: Option<String>,
+        /// Most processes (as `warren create --pids`).
         #[arg(long)]
         pids: Option<u32>,
         /// Ready sandboxes to keep.
@@ -684,11 +689,15 @@ pub enum PoolCmd {
     },
     /// List pools: size, ready sandboxes, creates served.
     Ls {
+        /// The pools as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Remove a pool and its ready sandboxes (ones already taken stay).
-    Rm { name: String },
+    Rm {
+        /// The pool's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -37,6 +37,36 @@ pub enum PullUpdate {
     },
 }
 
+/// What happened to an entry of a watched directory (inotify's events as
+/// Go's fsnotify names them, which E2B's envd reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    /// Made, or moved in.
+    Create,
+    Write,
+    Remove,
+    /// Moved away (its new name, if inside, comes as a `Create`).
+    Rename,
+    /// Permissions or other attributes changed.
+    Chmod,
+}
+
+/// One line of a directory watch: an event, or the error that ended it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchEvent {
+    /// `name` is relative to the watched directory (`sub/file` when
+    /// watching recursively).
+    Event {
+        name: String,
+        kind: WatchKind,
+    },
+    Error {
+        error: NodeError,
+    },
+}
+
 /// A read of a sandbox path: what it is, then its bytes.
 pub struct FileRead {
     pub kind: FileKind,
@@ -127,6 +157,18 @@ pub trait NodeApi: Send + Sync {
     /// Looks at or changes paths: the entries looked at or made (one for
     /// stat, make_dir and rename; a directory's for list; none for remove).
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>>;
+
+    /// Events of the directory `path` in the sandbox (and, with
+    /// `recursive`, of its subdirectories, up to a bound) as they happen.
+    /// NotFound for a missing path, Invalid for one that is not a
+    /// directory. It ends when the stream is dropped or the directory (or
+    /// the sandbox) goes; an error that ends it early is its last item.
+    async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> NodeResult<BoxStream<'static, WatchEvent>>;
 
     /// The sandbox's log as whole JSON lines; with `follow`, until the
     /// sandbox is over (destroyed, or held after it finished).

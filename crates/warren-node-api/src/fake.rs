@@ -286,6 +286,15 @@ impl NodeApi for FakeNode {
         unsupported("files")
     }
 
+    async fn watch(
+        &self,
+        _id: &str,
+        _path: &str,
+        _recursive: bool,
+    ) -> NodeResult<BoxStream<'static, crate::WatchEvent>> {
+        unsupported("files")
+    }
+
     async fn read_file(&self, _id: &str, _path: &str) -> NodeResult<FileRead> {
         unsupported("files")
     }

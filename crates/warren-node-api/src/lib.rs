@@ -13,6 +13,8 @@ pub mod error;
 pub mod fake;
 pub mod types;
 
-pub use api::{failed_stream, ByteStream, FileRead, NodeApi, PullUpdate, Tunnel};
+pub use api::{
+    failed_stream, ByteStream, FileRead, NodeApi, PullUpdate, Tunnel, WatchEvent, WatchKind,
+};
 pub use error::{ErrorKind, NodeError, NodeResult};
 pub use types::*;

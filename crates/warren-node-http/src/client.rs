@@ -16,7 +16,7 @@ use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_node_api::{
     ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
     NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
-    SandboxStatus, Sequenced, Tunnel, WriteFile,
+    SandboxStatus, Sequenced, Tunnel, WatchEvent, WriteFile,
 };
 
 use crate::ndjson::Lines;
@@ -472,6 +472,22 @@ impl NodeApi for HttpNode {
             .body(uploaded(body, &failed));
         let result = self.call(rb, Deadline::Open).await;
         upload_failure(result, &failed)
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> NodeResult<BoxStream<'static, WatchEvent>> {
+        let recursive = recursive.to_string();
+        let query = [("path", path), ("recursive", recursive.as_str())];
+        let rb = self.request(Method::GET, &["sandboxes", id, "watch"], &query)?;
+        let resp = self.send(rb, Deadline::Open).await?;
+        // Dropping the stream drops the connection, which ends the watch.
+        Ok(self.values_of(self.bytes_of(resp), |error| {
+            Some(WatchEvent::Error { error })
+        }))
     }
 
     async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {

@@ -71,6 +71,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /sandboxes/{id}/paths` | `path_op` (a `PathOp`) | JSON `[PathEntry]` |
 /// | `POST /sandboxes/{id}/execs/{exec_id}/stdin?close=` | `exec_input` (raw body) | 204 |
 /// | `POST /sandboxes/{id}/execs/{exec_id}/resize` | `exec_resize` (a `WindowSize`) | 204 |
+/// | `GET /sandboxes/{id}/watch?path=&recursive=` | `watch` | NDJSON `WatchEvent` |
 /// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
@@ -109,6 +110,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         .route("/sandboxes/{id}/paths", post(path_op))
         .route("/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_input))
         .route("/sandboxes/{id}/execs/{exec_id}/resize", post(exec_resize))
+        .route("/sandboxes/{id}/watch", get(watch))
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/sandboxes/{id}/ports/{port}", post(connect_port))
         .route("/sandboxes/{id}/network", put(set_network))
@@ -457,6 +459,11 @@ async fn write_file(
     upload.linger().await;
     result?;
     Ok(done())
+}
+
+async fn watch(State(node): Node, P(id): P<String>, Q(q): Q<WatchQuery>) -> Answer<Response> {
+    let events = node.watch(&id, &q.path, q.recursive).await?;
+    Ok(ndjson_response(ndjson::encode(events)))
 }
 
 async fn read_file(State(node): Node, P(id): P<String>, Q(q): Q<PathQuery>) -> Answer<Response> {

@@ -78,6 +78,14 @@ pub(crate) struct PathQuery {
     pub path: String,
 }
 
+/// A directory watch's arguments.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WatchQuery {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
 /// A write's arguments ride in the query because its body is the file.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct WriteQuery {

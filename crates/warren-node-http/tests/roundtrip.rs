@@ -402,6 +402,34 @@ impl NodeApi for FakeNode {
         }
     }
 
+    async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> NodeResult<BoxStream<'static, WatchEvent>> {
+        self.need(id)?;
+        if path == "/missing" {
+            return Err(NodeError::not_found("/missing: no such file or directory"));
+        }
+        let mut events = vec![
+            WatchEvent::Event {
+                name: "a b.txt".into(),
+                kind: WatchKind::Create,
+            },
+            WatchEvent::Event {
+                name: "sub/c".into(),
+                kind: WatchKind::Rename,
+            },
+        ];
+        if recursive {
+            events.push(WatchEvent::Error {
+                error: NodeError::invalid(format!("{path}: more than 4096 directories")),
+            });
+        }
+        Ok(stream::iter(events).boxed())
+    }
+
     async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
         self.need(id)?;
         self.record(format!(
@@ -859,6 +887,44 @@ async fn every_method_crosses_the_wire() {
         .await
         .unwrap_err();
     assert_eq!(exists.kind, ErrorKind::Conflict);
+
+    // Directory watches: events as NDJSON, the error that ends one, and a
+    // refusal before any event.
+    let events: Vec<WatchEvent> = node
+        .watch("sb-2", "/w", false)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(
+        events,
+        vec![
+            WatchEvent::Event {
+                name: "a b.txt".into(),
+                kind: WatchKind::Create
+            },
+            WatchEvent::Event {
+                name: "sub/c".into(),
+                kind: WatchKind::Rename
+            },
+        ]
+    );
+    let events: Vec<WatchEvent> = node
+        .watch("sb-2", "/w", true)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events.len(), 3);
+    match &events[2] {
+        WatchEvent::Error { error } => {
+            assert_eq!(error.kind, ErrorKind::Invalid);
+            assert!(error.message.contains("more than 4096"), "{error:?}");
+        }
+        other => panic!("expected the error last, got {other:?}"),
+    }
+    let missing = node.watch("sb-2", "/missing", false).await.err().unwrap();
+    assert_eq!(missing.kind, ErrorKind::NotFound);
 
     // Network.
     let spec = NetworkSpec {

@@ -15,7 +15,7 @@ use warren_node_api as api;
 use warren_node_api::{
     ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
     NodeApi, NodeInfo, NodeResult, PathEntry, PathKind, PathOp, Phase, PolicyChange, PullUpdate,
-    Pushed, SandboxStatus, Sequenced, Tunnel, WriteFile,
+    Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent, WatchKind, WriteFile,
 };
 use warren_runtime::{file_ops, files, RuntimeError};
 
@@ -398,6 +398,67 @@ impl NodeApi for LocalNode {
             .map_err(joined)?
             .map_err(|e| contract_error(e.into()))?;
         Ok(stats.into_iter().map(|s| path_entry(s, base)).collect())
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> NodeResult<BoxStream<'static, WatchEvent>> {
+        use warren_runtime::watch::{Change, Watch};
+        self.node.renew_lease(id);
+        let root = self.node.root(id).map_err(contract_error)?;
+        let path = path.to_string();
+        let mut watch = tokio::task::spawn_blocking(move || Watch::new(root, &path, recursive))
+            .await
+            .map_err(joined)?
+            .map_err(|e| contract_error(e.into()))?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<WatchEvent>(256);
+        let (node, id) = (Arc::downgrade(&self.node), id.to_string());
+        // One thread per watch: it reads the (non-blocking) inotify
+        // descriptor every 100 ms and ends when the receiver is dropped,
+        // the directory goes, or the sandbox is no longer on the node.
+        let spawned = std::thread::Builder::new()
+            .name("warren-watch".into())
+            .spawn(move || loop {
+                if tx.is_closed() {
+                    return;
+                }
+                let alive = node.upgrade().is_some_and(|n| n.get(&id).is_ok());
+                if !alive {
+                    return;
+                }
+                match watch.read() {
+                    Ok(changes) => {
+                        for (name, change) in changes {
+                            let kind = match change {
+                                Change::Create => WatchKind::Create,
+                                Change::Write => WatchKind::Write,
+                                Change::Remove => WatchKind::Remove,
+                                Change::Rename => WatchKind::Rename,
+                                Change::Chmod => WatchKind::Chmod,
+                            };
+                            if tx.blocking_send(WatchEvent::Event { name, kind }).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let error = contract_error(e.into());
+                        let _ = tx.blocking_send(WatchEvent::Error { error });
+                        return;
+                    }
+                }
+                if watch.is_over() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            });
+        if let Err(e) = spawned {
+            return Err(api::NodeError::internal(format!("watch thread: {e}")));
+        }
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
     }
 
     async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {

@@ -28,6 +28,7 @@ pub mod pty;
 pub mod rootfs;
 pub mod spawner;
 pub mod userns;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 

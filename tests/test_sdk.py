@@ -422,6 +422,21 @@ def test_labels_get_list_delete(client):
     assert len(client.sandboxes.list({"sdk": tag}, all=True)) == 3
 
 
+def test_run_is_one_request_that_leaves_nothing(client):
+    tag = uniq()
+    r = client.run("busybox:latest", "read x; echo got $x; echo e >&2; exit 4", stdin=b"in\n", labels={"sdk": tag}, memory="32M")
+    assert (r.exit_code, r.stdout, r.stderr) == (4, b"got in\n", b"e\n")
+    # It returns once the sandbox is gone.
+    (gone,) = client.sandboxes.list({"sdk": tag}, all=True)
+    assert (gone.state, gone.info.reason, gone.info.exit_code) == ("destroyed", "run_ended", 4)
+    with pytest.raises(sdk.CommandFailed):
+        client.run("busybox:latest", ["false"], check=True)
+    with pytest.raises(sdk.ExecTimeout):
+        client.run("busybox:latest", "sleep 30", timeout=0.3)
+    with pytest.raises(sdk.BadRequest):
+        client.run("busybox:latest", ["true"], memory="1M")
+
+
 def test_commit_makes_an_image(client, sb):
     sb.exec("echo committed > /marker", check=True)
     name = f"sdk-commit-{uniq()}:v1"

@@ -30,6 +30,8 @@ def aclient(w):
 def test_async_exec_stream_spawn_files(warren, tmp_path):
     async def main():
         async with aclient(warren) as c:
+            ran = await c.run("busybox:latest", "echo one-shot; exit 2", memory="32M")
+            assert (ran.exit_code, ran.stdout) == (2, b"one-shot\n")
             async with c.sandbox(image="busybox:latest", memory="32M", labels={"a": uniq()}) as sb:
                 r = await sb.exec("echo out; echo err >&2; exit 3", env={"X": "1"})
                 assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")

@@ -213,6 +213,25 @@ class AsyncClient:
         """The logs of every sandbox matching ``labels``, as an async iterator."""
         return AsyncLogStream(self, core.logs_by_label_call(labels))
 
+    async def run(
+        self,
+        image: str | None,
+        cmd: Cmd,
+        *,
+        stdin: bytes | str | None = None,
+        timeout: Seconds | None = None,
+        check: bool = False,
+        raise_on_timeout: bool = True,
+        **spec: Any,
+    ) -> models.ExecResult:
+        """Runs ``cmd`` in a sandbox made for it and removed after it, in one
+        request (see :meth:`warren.Client.run`)."""
+        collector = core.ExecCollector()
+        resp = await self._send(core.run_call(image, cmd, stdin, timeout, spec))
+        async for line in self._lines(resp):
+            core.feed_run_line(collector, line)
+        return core.finish_exec(collector, raise_on_timeout, check)
+
     async def nodes(self) -> list[models.Node]:
         return await self._call(core.nodes_call())
 

@@ -419,6 +419,29 @@ def commit_call(sid: str, name: str) -> Call[models.Image]:
     return Call("POST", sb_path(sid, "/commit"), json_of(models.Image), json={"name": name}, sandbox=sid, no_read_timeout=True)
 
 
+def run_call(
+    image: str | None, cmd: Cmd, stdin: bytes | str | None, timeout: Seconds | None, spec: Mapping[str, Any]
+) -> Call[None]:
+    """``POST /v1/run``: one command in a sandbox made for it and removed after
+    it. Not retried: a repeat would run the command again."""
+    body: dict[str, Any] = {"spec": spec_body(image, {**spec, "cmd": cmd})}
+    if stdin is not None:
+        body["stdin"] = b64(stdin)
+    if timeout is not None:
+        body["timeout"] = duration_value(timeout)
+    return Call("POST", "/v1/run", _none, json=body, stream=True, no_read_timeout=True)
+
+
+def feed_run_line(collector: "ExecCollector", line: str) -> None:
+    """One NDJSON line of a run stream: the sandbox's state lines are
+    skipped (the last says it is destroyed), exec events collected."""
+    if not line.strip() or '"sandbox"' in line[:12]:
+        return
+    ev = parse_exec_line(line)
+    if ev is not None:
+        collector.feed(ev)
+
+
 def exec_call(
     sid: str,
     cmd: Cmd,

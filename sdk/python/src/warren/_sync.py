@@ -243,6 +243,27 @@ class Client:
         one after another; every line names its sandbox."""
         return LogStream(self, core.logs_by_label_call(labels))
 
+    def run(
+        self,
+        image: str | None,
+        cmd: Cmd,
+        *,
+        stdin: bytes | str | None = None,
+        timeout: Seconds | None = None,
+        check: bool = False,
+        raise_on_timeout: bool = True,
+        **spec: Any,
+    ) -> models.ExecResult:
+        """Runs ``cmd`` in a sandbox made for it (``spec`` as for
+        :meth:`sandbox`) and removed after it, in one request; returns once
+        the sandbox is gone. ``timeout``, ``check`` and ``raise_on_timeout``
+        as for :meth:`warren.Sandbox.exec`."""
+        collector = core.ExecCollector()
+        resp = self._send(core.run_call(image, cmd, stdin, timeout, spec))
+        for line in self._lines(resp):
+            core.feed_run_line(collector, line)
+        return core.finish_exec(collector, raise_on_timeout, check)
+
     def nodes(self) -> list[models.Node]:
         """Nodes with their allocatable and allocated capacity and queue length."""
         return self._call(core.nodes_call())

@@ -23,6 +23,7 @@ pub struct Metrics {
     pub create_seconds: Histogram,
     pub exec_start_seconds: Histogram,
     pub queue_wait_seconds: Histogram,
+    create_phase_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     allocatable: Family<Labels, FloatGauge>,
     allocated: Family<Labels, FloatGauge>,
     sandboxes: Family<Labels, Gauge>,
@@ -58,6 +59,9 @@ impl Metrics {
             create_seconds: latency(),
             exec_start_seconds: latency(),
             queue_wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 22)),
+            create_phase_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.00005, 2.0, 20))
+            }),
             allocatable: Family::default(),
             allocated: Family::default(),
             sandboxes: Family::default(),
@@ -86,6 +90,11 @@ impl Metrics {
             "queue_wait_seconds",
             "Time creates spent in the node's FIFO queue",
             m.queue_wait_seconds.clone(),
+        );
+        registry.register(
+            "create_phase_seconds",
+            "Time a create spent in each of its phases (docs/benchmarks.md)",
+            m.create_phase_seconds.clone(),
         );
         registry.register(
             "node_allocatable",
@@ -144,6 +153,14 @@ impl Metrics {
             m.cpu_busy.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Records how long one phase of a create took (`image_resolve`,
+    /// `admission`, `store_insert`, `node_create`, `answer`, …).
+    pub fn create_phase(&self, phase: &str, took: std::time::Duration) {
+        self.create_phase_seconds
+            .get_or_create(&l(&[("phase", phase)]))
+            .observe(took.as_secs_f64());
     }
 
     pub async fn render(&self, control: &Control) -> String {

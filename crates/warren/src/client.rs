@@ -501,6 +501,15 @@ impl Client {
         .await
     }
 
+    /// `GET /metrics`, the Prometheus text.
+    pub async fn metrics_text(&self) -> Result<String> {
+        Ok(self
+            .send(self.request(Method::GET, "/metrics"))
+            .await?
+            .text()
+            .await?)
+    }
+
     /// The sandbox's log so far, JSON lines.
     pub async fn sandbox_log(&self, id: &str) -> Result<bytes::Bytes> {
         Ok(self

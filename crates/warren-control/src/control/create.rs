@@ -21,6 +21,13 @@ pub(crate) fn create_request(row: &SandboxRow) -> CreateSandbox {
         image_digest: row.image_digest.clone(),
     }
 }
+/// A future's output and how long it took.
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Duration) {
+    let t = std::time::Instant::now();
+    let out = f.await;
+    (out, t.elapsed())
+}
+
 /// What a client is told when admission refuses.
 pub(crate) fn admit_error(e: AdmitError) -> ApiError {
     let code = match e {
@@ -114,16 +121,20 @@ impl Control {
                 .observe(started.elapsed().as_secs_f64());
             return Ok((info, true));
         }
+        let phase = std::time::Instant::now();
         let image = self
             .resolver(&spec.node_selector)?
             .image_for_create(&spec.image)
             .await
             .map_err(node_error)?;
+        self.metrics.create_phase("image_resolve", phase.elapsed());
         let id = new_id();
+        let phase = std::time::Instant::now();
         let admit = self
             .admission
             .admit(&id, Request::of(&spec, &resources, &image.digest))
             .map_err(admit_error)?;
+        self.metrics.create_phase("admission", phase.elapsed());
         let (queued, node) = match &admit {
             Admit::Now(node) => (false, node.clone()),
             Admit::Queued { .. } => (true, String::new()),
@@ -244,9 +255,14 @@ impl Control {
             }
         };
         let (inserted, created) = tokio::join!(
-            self.store.insert(&row, row.spec.request_id.as_deref()),
-            node.create(create_request(&row))
+            timed(self.store.insert(&row, row.spec.request_id.as_deref())),
+            timed(node.create(create_request(&row)))
         );
+        let ((inserted, insert_took), (created, create_took)) = (inserted, created);
+        self.metrics.create_phase("store_insert", insert_took);
+        if created.is_ok() {
+            self.metrics.create_phase("node_create", create_took);
+        }
         if let Err(e) = inserted {
             if created.is_ok() {
                 let _ = node.destroy(&id, reason::CREATE_FAILED).await;
@@ -289,7 +305,10 @@ impl Control {
             .transition(&id, SandboxState::Creating, reason::ADMITTED, &now, t)
             .await?;
         row.node = node;
-        let created = api.create(create_request(&row)).await;
+        let (created, took) = timed(api.create(create_request(&row))).await;
+        if created.is_ok() {
+            self.metrics.create_phase("node_create", took);
+        }
         self.finish_create(&id, created).await
     }
 
@@ -300,6 +319,7 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
             Ok(status) => {
+                let phase = std::time::Instant::now();
                 let started = now_rfc3339();
                 let t = Transition {
                     started_at: Some(&started),
@@ -317,7 +337,9 @@ impl Control {
                         "sandbox {id}: main process: {message}"
                     )));
                 }
-                Ok((self.info_with(row, Some(&status), false), true))
+                let info = self.info_with(row, Some(&status), false);
+                self.metrics.create_phase("answer", phase.elapsed());
+                Ok((info, true))
             }
             Err(e) => {
                 self.admission.release(id);

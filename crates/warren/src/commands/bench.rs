@@ -3,6 +3,7 @@
 //! Prints p50/p99 and throughput; scripts/bench.sh runs it beside runc, bwrap
 //! and podman and writes the ratios.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,6 +145,7 @@ async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
 
     let (mut create, mut destroy) = (Samples::default(), Samples::default());
     let mut ids = Vec::with_capacity(n);
+    let phases_before = phase_totals(client).await;
     let mut progress = Progress::new("create_to_ready", n);
     for i in 0..n {
         let t = Instant::now();
@@ -151,6 +153,9 @@ async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
         create.0.push(t.elapsed());
         progress.tick(i + 1);
     }
+    let phases = phases_before
+        .zip(phase_totals(client).await)
+        .map(|(before, after)| phase_means(&before, &after));
     let mut exec = Samples::default();
     let target = ids.first().cloned().context("no sandbox created")?;
     let mut progress = Progress::new("exec_true_round_trip", n);
@@ -168,6 +173,9 @@ async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
         progress.tick(i + 1);
     }
     results.push(create.summary("create_to_ready", None));
+    if let Some(phases) = phases.filter(|p| !p.is_empty()) {
+        results.push(json!({ "name": "create_phases", "phases": phases }));
+    }
     results.push(exec.summary("exec_true_round_trip", None));
     results.push(destroy.summary("destroy", None));
 
@@ -228,6 +236,63 @@ async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
     print_results(&results, args.json)
 }
 
+/// Each create phase's (sum of seconds, count) from `/metrics`'
+/// `warren_create_phase_seconds`; None when the daemon does not serve it.
+async fn phase_totals(client: &Client) -> Option<BTreeMap<String, (f64, f64)>> {
+    let text = client.metrics_text().await.ok()?;
+    Some(parse_phase_totals(&text))
+}
+
+pub(crate) fn parse_phase_totals(text: &str) -> BTreeMap<String, (f64, f64)> {
+    let mut totals: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("warren_create_phase_seconds_") else {
+            continue;
+        };
+        let (kind, rest) = match rest.split_once('{') {
+            Some(split) => split,
+            None => continue,
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let Some(phase) = labels
+            .split(',')
+            .find_map(|l| l.trim().strip_prefix("phase=\""))
+            .map(|p| p.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let entry = totals.entry(phase.to_string()).or_default();
+        match kind {
+            "sum" => entry.0 = value,
+            "count" => entry.1 = value,
+            _ => {}
+        }
+    }
+    totals
+}
+
+/// Mean milliseconds per create of each phase between two scrapes, keyed
+/// `<phase>_ms`.
+pub(crate) fn phase_means(
+    before: &BTreeMap<String, (f64, f64)>,
+    after: &BTreeMap<String, (f64, f64)>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut means = serde_json::Map::new();
+    for (phase, (sum, count)) in after {
+        let (sum0, count0) = before.get(phase).copied().unwrap_or_default();
+        let n = count - count0;
+        if n > 0.0 {
+            means.insert(format!("{phase}_ms"), json!((sum - sum0) / n * 1000.0));
+        }
+    }
+    means
+}
+
 /// JSON for scripts, one line per measurement for people.
 pub(crate) fn print_results(results: &[serde_json::Value], as_json: bool) -> Result<i32> {
     if as_json {
@@ -238,4 +303,30 @@ pub(crate) fn print_results(results: &[serde_json::Value], as_json: bool) -> Res
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_means_are_deltas_per_create() {
+        let before = parse_phase_totals(
+            "warren_create_phase_seconds_sum{phase=\"admission\"} 1.0\n\
+             warren_create_phase_seconds_count{phase=\"admission\"} 10\n",
+        );
+        let after = parse_phase_totals(
+            "# HELP x\n\
+             warren_create_phase_seconds_sum{phase=\"admission\"} 1.5\n\
+             warren_create_phase_seconds_count{phase=\"admission\"} 15\n\
+             warren_create_phase_seconds_bucket{le=\"0.1\",phase=\"admission\"} 15\n\
+             warren_create_phase_seconds_sum{phase=\"answer\"} 0.02\n\
+             warren_create_phase_seconds_count{phase=\"answer\"} 2\n",
+        );
+        let means = phase_means(&before, &after);
+        let admission = means["admission_ms"].as_f64().unwrap_or_default();
+        assert!((admission - 100.0).abs() < 1e-6, "{admission}");
+        let answer = means["answer_ms"].as_f64().unwrap_or_default();
+        assert!((answer - 10.0).abs() < 1e-6, "{answer}");
+    }
 }

@@ -123,6 +123,7 @@ fn status(id: &str, phase: Phase) -> SandboxStatus {
         ttl_remaining_ms: 3_600_000,
         lease_remaining_ms: None,
         usage: Some(Usage::default()),
+        phases: Vec::new(),
     }
 }
 

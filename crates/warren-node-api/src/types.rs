@@ -99,6 +99,26 @@ pub struct SandboxStatus {
     pub lease_remaining_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// On a create's answer: how long each of the node's phases took
+    /// (observed into `warren_create_phase_seconds`); empty elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseTiming>,
+}
+
+/// How long one phase of a create took on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseTiming {
+    pub phase: String,
+    pub micros: u64,
+}
+
+impl PhaseTiming {
+    pub fn new(phase: &str, took: std::time::Duration) -> PhaseTiming {
+        PhaseTiming {
+            phase: phase.to_string(),
+            micros: took.as_micros().min(u64::MAX as u128) as u64,
+        }
+    }
 }
 
 /// A line the control plane adds to a sandbox's log (its state changes).

@@ -63,6 +63,10 @@ fn status_of(id: &str) -> SandboxStatus {
         ttl_remaining_ms: 60_000,
         lease_remaining_ms: None,
         usage: Some(usage()),
+        phases: vec![warren_node_api::PhaseTiming {
+            phase: "runtime_create".into(),
+            micros: 1234,
+        }],
     }
 }
 

@@ -134,6 +134,7 @@ impl Node {
             ttl_remaining_ms: ttl,
             lease_remaining_ms: lease,
             usage: Some(usage),
+            phases: Vec::new(),
         })
     }
 }
@@ -202,6 +203,7 @@ impl NodeApi for LocalNode {
             ));
         }
         let id = req.id.clone();
+        let resolving = std::time::Instant::now();
         let image = match self.node.resolve_image(&req.image_digest).await {
             Ok(image) => image,
             // In a cluster the control plane may have resolved the tag on
@@ -229,13 +231,18 @@ impl NodeApi for LocalNode {
                 }
             },
         };
-        self.node
+        let mut phases = vec![api::PhaseTiming::new("node_image", resolving.elapsed())];
+        let (_, node_phases) = self
+            .node
             .create(req, &image)
             .await
             .map_err(contract_error)?;
-        self.node.status_of(&id, false).ok_or_else(|| {
+        phases.extend(node_phases);
+        let mut status = self.node.status_of(&id, false).ok_or_else(|| {
             api::NodeError::conflict(format!("sandbox {id} was destroyed as it was created"))
-        })
+        })?;
+        status.phases = phases;
+        Ok(status)
     }
 
     async fn start_main(&self, id: &str) -> NodeResult<()> {

@@ -328,8 +328,14 @@ impl Node {
         self: &Arc<Self>,
         req: CreateSandbox,
         image: &ImageRecord,
-    ) -> Result<i32, NodeError> {
+    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
+        let mut phases = Vec::new();
+        let mut phase = std::time::Instant::now();
+        let mut took = |name: &str, phase: &mut std::time::Instant| {
+            phases.push(warren_node_api::PhaseTiming::new(name, phase.elapsed()));
+            *phase = std::time::Instant::now();
+        };
         if self.is_live(id) {
             return Err(NodeError::Conflict(format!(
                 "sandbox {id} already exists on this node"
@@ -342,6 +348,7 @@ impl Node {
                 .await
                 .map_err(|e| NodeError::Internal(e.to_string()))??
         };
+        took("node_layers", &mut phase);
         let log = self.open_log(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
         let permit = self
@@ -352,6 +359,7 @@ impl Node {
         // A fork's child: the source's fork layers above the image's.
         let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
         layers.extend(lower_dirs);
+        took("node_slot_wait", &mut phase);
         let created = self
             .runtime
             .create(CreateRequest {
@@ -361,6 +369,7 @@ impl Node {
             })
             .await;
         drop(permit);
+        took("runtime_create", &mut phase);
         let handle = match created {
             Ok(handle) => handle,
             Err(e) => {
@@ -373,6 +382,7 @@ impl Node {
             self.forks.release_child(id).await;
             return Err(e);
         }
+        took("node_network", &mut phase);
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let live = self.register(
             req.clone(),
@@ -395,7 +405,8 @@ impl Node {
                 .await;
             return Err(e);
         }
-        Ok(handle.pid)
+        took("node_register", &mut phase);
+        Ok((handle.pid, phases))
     }
 
     /// Records the sandbox in the node's journal as it stands now.

@@ -319,6 +319,10 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
             Ok(status) => {
+                for p in &status.phases {
+                    self.metrics
+                        .create_phase(&p.phase, std::time::Duration::from_micros(p.micros));
+                }
                 let phase = std::time::Instant::now();
                 let started = now_rfc3339();
                 let t = Transition {

@@ -112,6 +112,14 @@ def main():
             if key in warren:
                 r = warren[key]
                 print(f"| {key} | {r['n']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        phases = warren.get("create_phases")
+        if phases and phases.get("phases"):
+            # Mean per create; node_*/runtime_* phases run inside node_create.
+            print()
+            print("| create phase | mean ms |")
+            print("|---|---:|")
+            for name, ms in phases["phases"].items():
+                print(f"| {name.removesuffix('_ms')} | {ms:.3f} |")
         idle = warren.get("idle_sandboxes")
         if idle:
             print()

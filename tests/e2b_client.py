@@ -192,6 +192,99 @@ async def run_async():
     print("async ok", flush=True)
 
 
+def names(events):
+    """(type, name) of each event, in order."""
+    return [(e.type.value, e.name) for e in events]
+
+
+def poll_until(handle, want, seen):
+    """Polls the watcher until every (type, name) in `want` was seen."""
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        seen.extend(names(handle.get_new_events()))
+        if all(w in seen for w in want):
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"wanted {want}, saw {seen}")
+
+
+def run_watch_sync():
+    """files.watch_dir: CreateWatcher, GetWatcherEvents, RemoveWatcher."""
+    step("watch create")
+    sbx = Sandbox.create(TEMPLATE, timeout=120)
+    try:
+        step("watch a missing directory")
+        try:
+            sbx.files.watch_dir("/tmp/no-such-dir")
+            raise AssertionError("watching a missing directory did not raise")
+        except e2b.NotFoundException:
+            pass
+        step("watch a file")
+        sbx.files.write("/tmp/plain", "x")
+        try:
+            sbx.files.watch_dir("/tmp/plain")
+            raise AssertionError("watching a file did not raise")
+        except (e2b.InvalidArgumentException, e2b.NotFoundException):
+            pass
+        sbx.files.make_dir("/tmp/w")
+        handle = sbx.files.watch_dir("/tmp/w")
+        step("watch: write, rename, remove")
+        sbx.files.write("/tmp/w/a.txt", "hello")
+        seen = poll_until(handle, [("create", "a.txt"), ("write", "a.txt")], [])
+        # No temporary upload names leak out.
+        assert all(n == "a.txt" for _, n in seen), seen
+        sbx.commands.run("mv /tmp/w/a.txt /tmp/w/b.txt && echo more >> /tmp/w/b.txt && chmod 600 /tmp/w/b.txt")
+        seen = poll_until(handle, [("rename", "a.txt"), ("create", "b.txt"), ("write", "b.txt"),
+                                   ("chmod", "b.txt")], [])
+        sbx.files.remove("/tmp/w/b.txt")
+        poll_until(handle, [("remove", "b.txt")], [])
+        step("watch: nothing new")
+        assert handle.get_new_events() == []
+        step("watch stop")
+        handle.stop()
+        try:
+            handle.get_new_events()
+            raise AssertionError("a stopped watcher gave events")
+        except e2b.SandboxException:
+            pass
+        step("watch recursive")
+        if VERSION >= (2, 0):
+            h2 = sbx.files.watch_dir("/tmp/w", recursive=True)
+            sbx.commands.run("mkdir -p /tmp/w/sub && sleep 0.5 && echo x > /tmp/w/sub/c")
+            poll_until(h2, [("create", "sub"), ("create", "sub/c")], [])
+            h2.stop()
+    finally:
+        assert sbx.kill() is True
+    print("sync watch ok", flush=True)
+
+
+async def run_watch_async():
+    """files.watch_dir on the async client: the WatchDir stream."""
+    step("async watch create")
+    sbx = await AsyncSandbox.create(TEMPLATE, timeout=120)
+    try:
+        try:
+            await sbx.files.watch_dir("/tmp/no-such-dir", on_event=lambda e: None)
+            raise AssertionError("watching a missing directory did not raise")
+        except e2b.NotFoundException:
+            pass
+        await sbx.files.make_dir("/tmp/aw")
+        seen = []
+        handle = await sbx.files.watch_dir("/tmp/aw", on_event=lambda e: seen.extend(names([e])))
+        await sbx.files.write("/tmp/aw/f", "1")
+        await sbx.commands.run("mv /tmp/aw/f /tmp/aw/g && rm /tmp/aw/g")
+        want = [("create", "f"), ("write", "f"), ("rename", "f"), ("create", "g"), ("remove", "g")]
+        for _ in range(75):
+            if all(w in seen for w in want):
+                break
+            await asyncio.sleep(0.2)
+        assert all(w in seen for w in want), (want, seen)
+        await handle.stop()
+    finally:
+        assert await sbx.kill() is True
+    print("async watch ok", flush=True)
+
+
 def screen_lines(out):
     """A terminal's output as lines: CR LF ends a line, and bash's
     bracketed-paste switches (ESC [ ? 2004 h/l) and other CSI sequences go."""
@@ -320,8 +413,13 @@ def run_pty_sync():
 if __name__ == "__main__":
     if sys.argv[1] == "sync":
         run_sync()
+    elif sys.argv[1] == "watch-sync":
+        run_watch_sync()
     else:
-        if sys.argv[1] == "pty":
+        if sys.argv[1] == "watch":
+            run_watch_sync()
+            asyncio.run(run_watch_async())
+        elif sys.argv[1] == "pty":
             run_pty_sync()
             asyncio.run(run_pty())
         else:

@@ -127,6 +127,20 @@ def test_e2b_ptys_are_warren_terminals(e2b_warren, version):
     assert "sync pty ok" in out and "\npty ok" in out, out
 
 
+def test_e2b_watch_dir_reports_filesystem_events(e2b_warren):
+    # files.watch_dir: the polled watcher (sync: CreateWatcher,
+    # GetWatcherEvents, RemoveWatcher) and the WatchDir stream (async):
+    # create/write/rename/chmod/remove with the right names, stop, a
+    # missing directory refused, recursive watches.
+    out = run_client(e2b_warren, VERSIONS[0], "watch")
+    assert "sync watch ok" in out and "async watch ok" in out, out
+
+
+@pytest.mark.parametrize("version", VERSIONS[1:])
+def test_older_e2b_sdks_watch_dirs(e2b_warren, version):
+    assert "sync watch ok" in run_client(e2b_warren, version, "watch-sync")
+
+
 def test_the_js_sdk_runs_unchanged_under_node(e2b_warren):
     d = npm_e2b()
     script = d / "client.mjs"

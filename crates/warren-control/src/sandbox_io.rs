@@ -2,9 +2,12 @@
 //! ports, its TTL, commits. The control plane checks the sandbox's state
 //! and renews its lease, then hands the call to the node.
 
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::{ApiError, SandboxState, Selector};
-use warren_node_api::{ByteStream, FileRead, ImageInfo, PathEntry, PathOp, Tunnel, WriteFile};
+use warren_node_api::{
+    ByteStream, FileRead, ImageInfo, PathEntry, PathOp, Tunnel, WatchEvent, WriteFile,
+};
 
 use crate::control::{node_error, Control};
 use crate::store::SandboxRow;
@@ -64,6 +67,24 @@ impl Control {
             .path_op(id, op)
             .await
             .map_err(node_error)
+    }
+
+    /// The events of directory `path` in the sandbox (with `recursive`,
+    /// of its subdirectories too) as they happen, until the stream is
+    /// dropped, the directory goes, or the control plane stops.
+    pub async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<BoxStream<'static, WatchEvent>, ApiError> {
+        let events = self
+            .file_access(id)
+            .await?
+            .watch(id, path, recursive)
+            .await
+            .map_err(node_error)?;
+        Ok(events.take_until(self.lifecycle.stopped()).boxed())
     }
 
     /// The sandbox's log; with `follow`, until it has ended (or is held).

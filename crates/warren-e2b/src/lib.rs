@@ -55,6 +55,7 @@ pub struct E2b {
     token_mac: hmac::Hmac<sha2::Sha256>,
     templates: templates::Templates,
     processes: envd::process::Processes,
+    watchers: envd::filesystem::Watchers,
 }
 
 impl E2b {
@@ -68,6 +69,7 @@ impl E2b {
             token_mac,
             templates: templates::Templates::load(home)?,
             processes: Default::default(),
+            watchers: Default::default(),
         }))
     }
 

@@ -5,7 +5,7 @@
 //! a host path. A recursive watch adds its subdirectories, and new ones as
 //! they appear, up to [`MAX_WATCHES`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -17,6 +17,9 @@ use crate::RuntimeError;
 
 /// The most directories one recursive watch covers.
 pub const MAX_WATCHES: usize = 4096;
+
+/// The names the file API writes through (see `files::write_file`).
+const UPLOAD_PREFIX: &str = ".warren-upload-";
 
 /// What happened to an entry, as Go's fsnotify (and so E2B's envd) names
 /// inotify's events.
@@ -40,6 +43,8 @@ pub struct Watch {
     dirs: HashMap<i32, String>,
     top: i32,
     buf: Vec<MaybeUninit<u8>>,
+    /// Cookies of file-API uploads renamed away from their temporary name.
+    uploads: VecDeque<u32>,
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -73,6 +78,7 @@ impl Watch {
             dirs: HashMap::new(),
             top: -1,
             buf: vec![MaybeUninit::uninit(); 64 * 1024],
+            uploads: VecDeque::new(),
         };
         w.top = w.add("")?;
         if recursive {
@@ -176,6 +182,7 @@ impl Watch {
                     Ok(ev) => raw.push((
                         ev.wd(),
                         ev.events(),
+                        ev.cookie(),
                         ev.file_name()
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_default(),
@@ -190,7 +197,10 @@ impl Watch {
             }
         }
         let mut out = Vec::new();
-        for (wd, flags, name) in raw {
+        // A write through the file API is a temporary file renamed into
+        // place: it is reported as envd reports a write, a create and a
+        // write of the file's own name.
+        for (wd, flags, cookie, name) in raw {
             if flags.contains(ReadFlags::IGNORED) || flags.contains(ReadFlags::DELETE_SELF) {
                 if wd == self.top || flags.contains(ReadFlags::IGNORED) {
                     self.dirs.remove(&wd);
@@ -206,7 +216,22 @@ impl Watch {
             if name.is_empty() {
                 continue;
             }
+            if name.starts_with(UPLOAD_PREFIX) {
+                if flags.contains(ReadFlags::MOVED_FROM) {
+                    if self.uploads.len() >= 64 {
+                        self.uploads.pop_front();
+                    }
+                    self.uploads.push_back(cookie);
+                }
+                continue;
+            }
             let rel = join(&dir, &name);
+            if flags.contains(ReadFlags::MOVED_TO) && self.uploads.contains(&cookie) {
+                self.uploads.retain(|c| *c != cookie);
+                out.push((rel.clone(), Change::Create));
+                out.push((rel, Change::Write));
+                continue;
+            }
             let is_dir = flags.contains(ReadFlags::ISDIR);
             let change = if flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
                 if is_dir && self.recursive {

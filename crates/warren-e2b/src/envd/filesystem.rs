@@ -2,20 +2,25 @@
 //! (stat, list, make a directory, rename, remove), which the node runs
 //! confined to the sandbox's root.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use warren_core::sync::lock;
 use warren_core::ErrorCode;
-use warren_node_api::{PathEntry, PathKind, PathOp};
+use warren_node_api::{PathEntry, PathKind, PathOp, WatchEvent, WatchKind};
 
 use super::{paths, Target};
-use crate::connect::{self, Code, RpcError};
+use crate::connect::{self, Code, Item, RpcError};
 use crate::E2b;
 
 #[derive(Deserialize)]
@@ -31,8 +36,56 @@ struct MoveRequest {
     destination: String,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchRequest {
+    path: String,
+    #[serde(default, alias = "recursive")]
+    recursive: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherRequest {
+    #[serde(alias = "watcher_id")]
+    watcher_id: String,
+}
+
+/// The most events a polled watcher holds between two `GetWatcherEvents`;
+/// older ones are dropped beyond it.
+const MAX_BUFFERED: usize = 10_000;
+/// The most polled watchers open at once (over all sandboxes).
+const MAX_WATCHERS: usize = 1024;
+
+/// The polled watchers (`CreateWatcher`): each buffers its events until
+/// `GetWatcherEvents` drains them, and goes with `RemoveWatcher`.
+#[derive(Default)]
+pub struct Watchers {
+    by_id: Mutex<HashMap<String, Arc<Watcher>>>,
+    next: AtomicU64,
+}
+
+struct Watcher {
+    sandbox: String,
+    state: Arc<Mutex<Buffered>>,
+    task: tokio::task::AbortHandle,
+}
+
+#[derive(Default)]
+struct Buffered {
+    events: VecDeque<Value>,
+    /// Why the watch ended early, reported once the events are drained.
+    error: Option<RpcError>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 pub async fn rpc(
-    State(_e2b): State<Arc<E2b>>,
+    State(e2b): State<Arc<E2b>>,
     Extension(target): Extension<Target>,
     Path(method): Path<String>,
     headers: HeaderMap,
@@ -43,16 +96,10 @@ pub async fn rpc(
             path_call(&target, &method, &headers, &body).await
         }
         "Move" => move_call(&target, &headers, &body).await,
-        "WatchDir" => {
-            return connect::stream_error(RpcError::new(
-                Code::Unimplemented,
-                "watching directories is not supported by Warren; poll with list instead",
-            ))
-        }
-        "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
-            Code::Unimplemented,
-            "watching directories is not supported by Warren; poll with list instead",
-        )),
+        "WatchDir" => return watch_dir(&target, &headers, &body).await,
+        "CreateWatcher" => create_watcher(&e2b.watchers, &target, &headers, &body).await,
+        "GetWatcherEvents" => watcher_events(&e2b.watchers, &target, &headers, &body),
+        "RemoveWatcher" => remove_watcher(&e2b.watchers, &target, &headers, &body),
         other => Err(RpcError::new(
             Code::Unimplemented,
             format!("filesystem.Filesystem has no method {other:?}"),
@@ -104,6 +151,161 @@ async fn move_call(target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<
     };
     let entries = target.control.path_op(&target.id, op).await?;
     Ok(json!({"entry": entries.first().map(entry)}))
+}
+
+/// The node's watch of the request's directory.
+async fn start_watch(
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<BoxStream<'static, WatchEvent>, RpcError> {
+    let req: WatchRequest = connect::decode(headers, body)?;
+    let user = paths::user(headers);
+    let path = paths::resolve(&req.path, user.as_deref());
+    Ok(target
+        .control
+        .watch(&target.id, &path, req.recursive)
+        .await?)
+}
+
+/// envd's `FilesystemEvent` in proto3 JSON; the error for an ending one.
+fn fs_event(ev: WatchEvent) -> Result<Value, RpcError> {
+    match ev {
+        WatchEvent::Event { name, kind } => {
+            let kind = match kind {
+                WatchKind::Create => "EVENT_TYPE_CREATE",
+                WatchKind::Write => "EVENT_TYPE_WRITE",
+                WatchKind::Remove => "EVENT_TYPE_REMOVE",
+                WatchKind::Rename => "EVENT_TYPE_RENAME",
+                WatchKind::Chmod => "EVENT_TYPE_CHMOD",
+            };
+            Ok(json!({"name": name, "type": kind}))
+        }
+        WatchEvent::Error { error } => Err(warren_control::control::node_error(error).into()),
+    }
+}
+
+/// `WatchDir`: a start event, then the directory's events (keepalives
+/// while quiet) until the client hangs up or the directory goes.
+async fn watch_dir(target: &Target, headers: &HeaderMap, body: &[u8]) -> Response {
+    let events = match start_watch(target, headers, body).await {
+        Ok(events) => events,
+        Err(e) => return connect::stream_error(e),
+    };
+    let keepalive = connect::keepalive(headers);
+    let start = futures_util::stream::iter([Item::Message(json!({"start": {}}))]);
+    let rest = futures_util::stream::unfold(Some(events), move |events| async move {
+        let mut events = events?;
+        match tokio::time::timeout(keepalive, events.next()).await {
+            Err(_) => Some((Item::Message(json!({"keepalive": {}})), Some(events))),
+            Ok(None) => Some((Item::End(Ok(())), None)),
+            Ok(Some(ev)) => match fs_event(ev) {
+                Ok(v) => Some((Item::Message(json!({"filesystem": v})), Some(events))),
+                Err(e) => Some((Item::End(Err(e)), None)),
+            },
+        }
+    });
+    connect::server_stream(start.chain(rest))
+}
+
+async fn create_watcher(
+    watchers: &Watchers,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    if lock(&watchers.by_id).len() >= MAX_WATCHERS {
+        return Err(RpcError::new(
+            Code::ResourceExhausted,
+            format!("{MAX_WATCHERS} watchers are open; remove some with RemoveWatcher"),
+        ));
+    }
+    let mut events = start_watch(target, headers, body).await?;
+    let state = Arc::new(Mutex::new(Buffered::default()));
+    let task = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = events.next().await {
+                let mut st = lock(&state);
+                match fs_event(ev) {
+                    Ok(v) => {
+                        if st.events.len() >= MAX_BUFFERED {
+                            st.events.pop_front();
+                        }
+                        st.events.push_back(v);
+                    }
+                    Err(e) => {
+                        st.error = Some(e);
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let n = watchers.next.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let id = format!("{nanos:08x}-{n}");
+    let watcher = Arc::new(Watcher {
+        sandbox: target.id.clone(),
+        state,
+        task: task.abort_handle(),
+    });
+    lock(&watchers.by_id).insert(id.clone(), watcher);
+    Ok(json!({"watcherId": id}))
+}
+
+/// The sandbox's watcher named by the request; not_found otherwise.
+fn watcher_of(
+    watchers: &Watchers,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(String, Arc<Watcher>), RpcError> {
+    let req: WatcherRequest = connect::decode(headers, body)?;
+    let found = lock(&watchers.by_id)
+        .get(&req.watcher_id)
+        .filter(|w| w.sandbox == target.id)
+        .cloned();
+    match found {
+        Some(w) => Ok((req.watcher_id, w)),
+        None => Err(RpcError::new(
+            Code::NotFound,
+            format!("watcher with id {} not found", req.watcher_id),
+        )),
+    }
+}
+
+/// `GetWatcherEvents`: what happened since the last call.
+fn watcher_events(
+    watchers: &Watchers,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    let (_, watcher) = watcher_of(watchers, target, headers, body)?;
+    let mut st = lock(&watcher.state);
+    if st.events.is_empty() {
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+    }
+    let events: Vec<Value> = st.events.drain(..).collect();
+    Ok(json!({"events": events}))
+}
+
+/// `RemoveWatcher`: stops the watch and forgets its events.
+fn remove_watcher(
+    watchers: &Watchers,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, RpcError> {
+    let (id, _) = watcher_of(watchers, target, headers, body)?;
+    lock(&watchers.by_id).remove(&id);
+    Ok(json!({}))
 }
 
 /// envd's `EntryInfo` in proto3 JSON (int64 as a string, enums by name).

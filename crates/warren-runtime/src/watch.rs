@@ -269,3 +269,75 @@ impl Watch {
         !self.dirs.contains_key(&self.top)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(w: &mut Watch) -> Vec<(String, Change)> {
+        let mut all = Vec::new();
+        for _ in 0..20 {
+            all.extend(w.read().expect("read"));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        all
+    }
+
+    #[test]
+    fn a_recursive_watch_reports_changes_by_relative_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("w")).expect("mkdir");
+        let root = || {
+            rustix::fs::open(
+                dir.path(),
+                OFlags::PATH | OFlags::DIRECTORY,
+                rustix::fs::Mode::empty(),
+            )
+            .expect("root")
+        };
+        let missing = Watch::new(root(), "/nope", false).err().expect("missing");
+        assert!(matches!(missing, RuntimeError::NotFound(_)), "{missing:?}");
+        std::fs::write(dir.path().join("file"), "x").expect("write");
+        let file = Watch::new(root(), "/file", false).err().expect("a file");
+        assert!(matches!(file, RuntimeError::BadPath(_)), "{file:?}");
+
+        let mut w = Watch::new(root(), "/w", true).expect("watch");
+        let base = dir.path().join("w");
+        std::fs::write(base.join("a"), "1").expect("write");
+        std::fs::create_dir(base.join("sub")).expect("mkdir");
+        // The new directory is watched once its create is read.
+        let first = changes(&mut w);
+        assert!(first.contains(&("a".into(), Change::Create)), "{first:?}");
+        assert!(first.contains(&("a".into(), Change::Write)), "{first:?}");
+        assert!(first.contains(&("sub".into(), Change::Create)), "{first:?}");
+        std::fs::write(base.join("sub/c"), "2").expect("write");
+        std::fs::rename(base.join("a"), base.join("b")).expect("rename");
+        std::fs::remove_file(base.join("b")).expect("rm");
+        // A file-API upload shows as a create and a write of its name.
+        std::fs::write(base.join(".warren-upload-0123"), "3").expect("write");
+        std::fs::rename(base.join(".warren-upload-0123"), base.join("up")).expect("rename");
+        let next = changes(&mut w);
+        let want = [
+            ("sub/c", Change::Create),
+            ("a", Change::Rename),
+            ("b", Change::Create),
+            ("b", Change::Remove),
+            ("up", Change::Create),
+            ("up", Change::Write),
+        ];
+        for (name, change) in want {
+            assert!(
+                next.contains(&(name.into(), change)),
+                "{name} {change:?} in {next:?}"
+            );
+        }
+        assert!(
+            next.iter().all(|(n, _)| !n.contains(".warren-upload")),
+            "{next:?}"
+        );
+        assert!(!w.is_over());
+        std::fs::remove_dir_all(&base).expect("rm -r");
+        changes(&mut w);
+        assert!(w.is_over());
+    }
+}

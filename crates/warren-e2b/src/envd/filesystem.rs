@@ -214,6 +214,14 @@ async fn create_watcher(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, RpcError> {
+    {
+        // At the bound, watchers whose watch is over (their sandbox or
+        // directory went) and that were never removed make room.
+        let mut table = lock(&watchers.by_id);
+        if table.len() >= MAX_WATCHERS {
+            table.retain(|_, w| !w.task.is_finished());
+        }
+    }
     if lock(&watchers.by_id).len() >= MAX_WATCHERS {
         return Err(RpcError::new(
             Code::ResourceExhausted,

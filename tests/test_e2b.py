@@ -3,6 +3,7 @@ by the real E2B SDK from PyPI, pinned, each version in its own cached venv,
 running unchanged user code (tests/e2b_client.py) with only E2B_API_URL,
 E2B_SANDBOX_URL and E2B_API_KEY set."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -134,6 +135,33 @@ def test_e2b_watch_dir_reports_filesystem_events(e2b_warren):
     # missing directory refused, recursive watches.
     out = run_client(e2b_warren, VERSIONS[0], "watch")
     assert "sync watch ok" in out and "async watch ok" in out, out
+
+
+def test_the_api_watch_route_streams_directory_events(e2b_warren):
+    w = e2b_warren
+    s = w.http.post("/v1/sandboxes", json={"image": IMAGE}).json()
+    try:
+        sid = s["id"]
+        r = w.http.get(f"/v1/sandboxes/{sid}/watch", params={"path": "/no/such"})
+        assert r.status_code == 404, r.text
+        r = w.http.post(f"/v1/sandboxes/{sid}/paths", json={"op": "make_dir", "path": "/w"})
+        assert r.status_code in (200, 201), r.text
+        with w.http.stream("GET", f"/v1/sandboxes/{sid}/watch", params={"path": "/w"}, timeout=30) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("application/x-ndjson")
+            r = w.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/w/a.txt"}, content=b"hi")
+            assert r.status_code in (200, 201, 204), r.text
+            seen = []
+            for line in resp.iter_lines():
+                if line.strip():
+                    ev = json.loads(line)
+                    assert ev["type"] == "event", ev
+                    seen.append((ev["kind"], ev["name"]))
+                if ("write", "a.txt") in seen:
+                    break
+            assert seen[:2] == [("create", "a.txt"), ("write", "a.txt")], seen
+    finally:
+        w.http.delete(f"/v1/sandboxes/{s['id']}")
 
 
 @pytest.mark.parametrize("version", VERSIONS[1:])

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use warren_core::{ApiError, ErrorBody, Selector};
 
-use super::{ndjson_lines, ApiResult, St};
+use super::{ndjson, ndjson_lines, ApiResult, St};
 use crate::control::Control;
 
 #[derive(Deserialize)]
@@ -30,6 +30,33 @@ pub(crate) async fn logs(
 ) -> ApiResult<Response> {
     let lines = st.control.logs(&id, q.follow.unwrap_or(false)).await?;
     Ok(ndjson_lines(lines))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WatchQuery {
+    path: String,
+    recursive: Option<bool>,
+}
+
+/// The events of a directory in the sandbox as they happen, one JSON line
+/// each: `{"type":"event","name":N,"kind":"create"|"write"|"remove"|
+/// "rename"|"chmod"}` (names relative to the directory), or a last
+/// `{"type":"error","error":…}` when the watch failed. Ends when the
+/// client hangs up or the directory goes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/watch",
+    params(("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    responses((status = 200, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody),
+        (status = 400, body = ErrorBody)))]
+pub(crate) async fn watch(
+    State(st): St,
+    Path(id): Path<String>,
+    Query(q): Query<WatchQuery>,
+) -> ApiResult<Response> {
+    let events = st
+        .control
+        .watch(&id, &q.path, q.recursive.unwrap_or(false))
+        .await?;
+    Ok(ndjson(&st, events))
 }
 
 #[derive(Deserialize)]

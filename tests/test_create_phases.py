@@ -7,8 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 PHASES = ("image_resolve", "admission", "store_insert", "node_create", "answer")
 # Measured on the node, inside node_create, and carried on its answer.
-NODE_PHASES = ("node_image", "node_layers", "node_slot_wait", "runtime_create",
-               "node_network", "node_register")
+NODE_PHASES = ("node_image", "node_layers", "node_slot_wait", "runtime_prepare",
+               "runtime_spawn", "node_network", "node_register")
 
 
 def phase_totals(warren):
@@ -43,7 +43,9 @@ def test_create_phases_are_on_metrics_and_fit_the_create(warren):
         s1, c1 = after[phase]
         s0, c0 = before.get(phase, (0.0, 0.0))
         assert c1 - c0 >= n, (phase, before, after)
-        assert s1 - s0 > 0, (phase, before, after)
+        # node_network is no work at all without an allowlist.
+        if phase != "node_network":
+            assert s1 - s0 > 0, (phase, before, after)
         means[phase] = (s1 - s0) / (c1 - c0)
     # The phases run one after another (store_insert beside node_create),
     # so their means cannot add up to more than a create as its client saw it.

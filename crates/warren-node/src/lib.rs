@@ -332,10 +332,6 @@ impl Node {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
         let mut phases = Vec::new();
         let mut phase = std::time::Instant::now();
-        let mut took = |name: &str, phase: &mut std::time::Instant| {
-            phases.push(warren_node_api::PhaseTiming::new(name, phase.elapsed()));
-            *phase = std::time::Instant::now();
-        };
         if self.is_live(id) {
             return Err(NodeError::Conflict(format!(
                 "sandbox {id} already exists on this node"
@@ -348,7 +344,7 @@ impl Node {
                 .await
                 .map_err(|e| NodeError::Internal(e.to_string()))??
         };
-        took("node_layers", &mut phase);
+        took(&mut phases, "node_layers", &mut phase);
         let log = self.open_log(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
         let permit = self
@@ -359,7 +355,7 @@ impl Node {
         // A fork's child: the source's fork layers above the image's.
         let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
         layers.extend(lower_dirs);
-        took("node_slot_wait", &mut phase);
+        took(&mut phases, "node_slot_wait", &mut phase);
         let created = self
             .runtime
             .create(CreateRequest {
@@ -369,7 +365,6 @@ impl Node {
             })
             .await;
         drop(permit);
-        took("runtime_create", &mut phase);
         let handle = match created {
             Ok(handle) => handle,
             Err(e) => {
@@ -377,12 +372,19 @@ impl Node {
                 return Err(e.into());
             }
         };
+        phases.extend(
+            handle
+                .phases
+                .iter()
+                .map(|(name, d)| warren_node_api::PhaseTiming::new(name, *d)),
+        );
+        phase = std::time::Instant::now();
         if let Err(e) = self.attach_network(id, handle.pid, spec, &log).await {
             let _ = self.runtime.destroy(id, Some(handle.pid)).await;
             self.forks.release_child(id).await;
             return Err(e);
         }
-        took("node_network", &mut phase);
+        took(&mut phases, "node_network", &mut phase);
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let live = self.register(
             req.clone(),
@@ -405,7 +407,7 @@ impl Node {
                 .await;
             return Err(e);
         }
-        took("node_register", &mut phase);
+        took(&mut phases, "node_register", &mut phase);
         Ok((handle.pid, phases))
     }
 
@@ -947,4 +949,14 @@ fn main_request(cmd: &[String]) -> ExecRequest {
         cmd: cmd.to_vec(),
         ..Default::default()
     }
+}
+
+/// Records how long a create's phase took since `since`, and starts the next.
+fn took(
+    phases: &mut Vec<warren_node_api::PhaseTiming>,
+    name: &str,
+    since: &mut std::time::Instant,
+) {
+    phases.push(warren_node_api::PhaseTiming::new(name, since.elapsed()));
+    *since = std::time::Instant::now();
 }

@@ -117,6 +117,10 @@ pub struct SandboxHandle {
     pub dir: PathBuf,
     pub socket: PathBuf,
     pub cgroup_path: String,
+    /// How long each phase of its create took (`runtime_prepare`: id range,
+    /// bundle and config; `runtime_spawn`: the spawner's mounts, namespaces,
+    /// cgroup and init ready); empty for a handle not made by a create.
+    pub phases: Vec<(&'static str, std::time::Duration)>,
 }
 
 pub struct Runtime {
@@ -167,12 +171,14 @@ impl Runtime {
             socket: dir.join("init.sock"),
             dir,
             cgroup_path: self.cgroup_path(id),
+            phases: Vec::new(),
         }
     }
 
     /// Creates and starts a sandbox; on failure nothing of it remains.
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxHandle, RuntimeError> {
         let handle = self.handle(&req.id, 0);
+        let preparing = std::time::Instant::now();
         let prepared = {
             let handle = handle.clone();
             let resources = req.resources.clone();
@@ -189,6 +195,8 @@ impl Runtime {
             }
         };
         crashpoint::hit("create:prepared");
+        let prepare_took = preparing.elapsed();
+        let spawning = std::time::Instant::now();
         let created = self
             .pool
             .create(proto::SpawnerRequest::Create {
@@ -204,7 +212,15 @@ impl Runtime {
         match created {
             Ok(pid) => {
                 crashpoint::hit("create:spawned");
-                Ok(SandboxHandle { pid, ..handle })
+                let phases = vec![
+                    ("runtime_prepare", prepare_took),
+                    ("runtime_spawn", spawning.elapsed()),
+                ];
+                Ok(SandboxHandle {
+                    pid,
+                    phases,
+                    ..handle
+                })
             }
             Err(e) => {
                 // The spawner may have got as far as starting init (it

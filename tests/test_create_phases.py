@@ -9,6 +9,9 @@ PHASES = ("image_resolve", "admission", "store_insert", "node_create", "answer")
 # Measured on the node, inside node_create, and carried on its answer.
 NODE_PHASES = ("node_image", "node_layers", "node_slot_wait", "runtime_prepare",
                "runtime_spawn", "node_network", "node_register")
+# Measured in the spawner process, inside runtime_spawn.
+SPAWNER_PHASES = ("spawn_mounts", "spawn_build", "spawn_loopback", "spawn_start",
+                  "spawn_unmount")
 
 
 def phase_totals(warren):
@@ -38,13 +41,13 @@ def test_create_phases_are_on_metrics_and_fit_the_create(warren):
         warren.destroy(s["id"])
     after = phase_totals(warren)
     means = {}
-    for phase in PHASES + NODE_PHASES:
+    for phase in PHASES + NODE_PHASES + SPAWNER_PHASES:
         assert phase in after, (phase, sorted(after))
         s1, c1 = after[phase]
         s0, c0 = before.get(phase, (0.0, 0.0))
         assert c1 - c0 >= n, (phase, before, after)
         # node_network is no work at all without an allowlist.
-        if phase != "node_network":
+        if phase not in ("node_network", "spawn_loopback", "spawn_unmount"):
             assert s1 - s0 > 0, (phase, before, after)
         means[phase] = (s1 - s0) / (c1 - c0)
     # The phases run one after another (store_insert beside node_create),
@@ -53,3 +56,5 @@ def test_create_phases_are_on_metrics_and_fit_the_create(warren):
     assert serial <= wall / n, (means, wall / n)
     on_node = sum(means[k] for k in NODE_PHASES)
     assert on_node <= means["node_create"] * 1.01 + 1e-4, means
+    in_spawner = sum(means[k] for k in SPAWNER_PHASES)
+    assert in_spawner <= means["runtime_spawn"] * 1.01 + 1e-4, means

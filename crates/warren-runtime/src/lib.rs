@@ -120,7 +120,7 @@ pub struct SandboxHandle {
     /// How long each phase of its create took (`runtime_prepare`: id range,
     /// bundle and config; `runtime_spawn`: the spawner's mounts, namespaces,
     /// cgroup and init ready); empty for a handle not made by a create.
-    pub phases: Vec<(&'static str, std::time::Duration)>,
+    pub phases: Vec<(String, std::time::Duration)>,
 }
 
 pub struct Runtime {
@@ -210,12 +210,17 @@ impl Runtime {
             })
             .await;
         match created {
-            Ok(pid) => {
+            Ok((pid, spawner_phases)) => {
                 crashpoint::hit("create:spawned");
-                let phases = vec![
-                    ("runtime_prepare", prepare_took),
-                    ("runtime_spawn", spawning.elapsed()),
+                let mut phases = vec![
+                    ("runtime_prepare".to_string(), prepare_took),
+                    ("runtime_spawn".to_string(), spawning.elapsed()),
                 ];
+                phases.extend(
+                    spawner_phases
+                        .into_iter()
+                        .map(|(name, micros)| (name, std::time::Duration::from_micros(micros))),
+                );
                 Ok(SandboxHandle {
                     pid,
                     phases,

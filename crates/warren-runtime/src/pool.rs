@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 
 use crate::proto::SpawnerRequest;
-use crate::spawner::SpawnerClient;
+use crate::spawner::{Created, SpawnerClient};
 use crate::RuntimeError;
 use warren_core::sync::lock;
 
@@ -32,7 +32,8 @@ impl SpawnerPool {
         })
     }
 
-    pub async fn create(&self, request: SpawnerRequest) -> Result<i32, RuntimeError> {
+    /// The sandbox's init pid and the spawner's phases (name, microseconds).
+    pub async fn create(&self, request: SpawnerRequest) -> Result<Created, RuntimeError> {
         let _permit = self
             .permits
             .acquire()

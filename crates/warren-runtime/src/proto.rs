@@ -338,6 +338,33 @@ pub enum SpawnerRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum SpawnerReply {
-    Created { pid: i32 },
-    Error { message: String },
+    Created {
+        pid: i32,
+        /// How long each of the spawner's steps took: (name, microseconds).
+        #[serde(default)]
+        phases: Vec<(String, u64)>,
+    },
+    Error {
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SpawnerReply;
+
+    #[test]
+    fn created_without_phases_still_parses() {
+        let old: SpawnerReply = match serde_json::from_str(r#"{"result":"created","pid":7}"#) {
+            Ok(reply) => reply,
+            Err(e) => panic!("old reply: {e}"),
+        };
+        assert!(matches!(old, SpawnerReply::Created { pid: 7, ref phases } if phases.is_empty()));
+        let new = SpawnerReply::Created {
+            pid: 8,
+            phases: vec![("spawn_build".into(), 12)],
+        };
+        let text = serde_json::to_string(&new).unwrap_or_default();
+        assert!(text.contains("spawn_build"), "{text}");
+    }
 }

@@ -64,7 +64,7 @@ pub fn main() -> ! {
                 disk,
                 id_base,
             } => match create(&id, &bundle, &state_root, &socket, &lower, disk, id_base) {
-                Ok(pid) => SpawnerReply::Created { pid },
+                Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
                 Err(e) => SpawnerReply::Error { message: e },
             },
         };
@@ -134,13 +134,28 @@ fn create(
     lower: &[PathBuf],
     disk: u64,
     id_base: Option<u32>,
-) -> Result<i32, String> {
+) -> Result<Created, String> {
+    let mut phases = Vec::new();
+    let mut since = std::time::Instant::now();
     let ids = id_base.map(|base| crate::userns::IdRange { base });
     let mounted = crate::mount_root(id, bundle, lower, disk, ids).map_err(plain);
-    let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket));
+    took(&mut phases, "spawn_mounts", &mut since);
+    let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket, &mut phases));
+    since = std::time::Instant::now();
     // The sandbox's namespace holds its own copy of these mounts now.
     let unmounted = crate::unmount_root(bundle, id).map_err(plain);
-    result.and_then(|pid| unmounted.map(|()| pid))
+    took(&mut phases, "spawn_unmount", &mut since);
+    result.and_then(|pid| unmounted.map(|()| (pid, phases)))
+}
+
+/// A sandbox's init pid and the spawner's phases (name, microseconds).
+pub type Created = (i32, Vec<(String, u64)>);
+
+/// Records a phase that took since `since`, and starts the next.
+fn took(phases: &mut Vec<(String, u64)>, name: &str, since: &mut std::time::Instant) {
+    let micros = since.elapsed().as_micros().min(u64::MAX as u128) as u64;
+    phases.push((name.to_string(), micros));
+    *since = std::time::Instant::now();
 }
 
 fn create_mounted(
@@ -148,6 +163,7 @@ fn create_mounted(
     bundle: &Path,
     state_root: &Path,
     socket: &Path,
+    phases: &mut Vec<(String, u64)>,
 ) -> Result<i32, String> {
     let _ = std::fs::remove_file(socket);
     let listener =
@@ -169,7 +185,7 @@ fn create_mounted(
         // SAFETY: dup2 just created LISTEN_FD for us; nothing else owns it.
         unsafe { OwnedFd::from_raw_fd(LISTEN_FD) }
     };
-    let result = build_and_start(id, bundle, state_root);
+    let result = build_and_start(id, bundle, state_root, phases);
     // The init has its own copy now.
     drop(at_listen_fd);
     if result.is_err() {
@@ -190,7 +206,13 @@ fn null() -> Result<OwnedFd, String> {
         .map_err(|e| format!("open /dev/null: {e}"))
 }
 
-fn build_and_start(id: &str, bundle: &Path, state_root: &Path) -> Result<i32, String> {
+fn build_and_start(
+    id: &str,
+    bundle: &Path,
+    state_root: &Path,
+    phases: &mut Vec<(String, u64)>,
+) -> Result<i32, String> {
+    let mut since = std::time::Instant::now();
     fn err(what: &'static str) -> impl Fn(libcontainer::error::LibcontainerError) -> String {
         move |e| format!("{what}: {e}")
     }
@@ -209,12 +231,17 @@ fn build_and_start(id: &str, bundle: &Path, state_root: &Path) -> Result<i32, St
         .with_detach(true)
         .build()
         .map_err(err("create"))?;
+    // Namespaces (user namespace and id maps included), cgroup, the init
+    // process created and waiting.
+    took(phases, "spawn_build", &mut since);
     let pid = container
         .pid()
         .ok_or("created sandbox has no pid")?
         .as_raw();
     crate::netns::loopback_up(pid).map_err(|e| format!("bring up loopback: {e}"))?;
+    took(phases, "spawn_loopback", &mut since);
     container.start().map_err(err("start"))?;
+    took(phases, "spawn_start", &mut since);
     Ok(pid)
 }
 
@@ -252,13 +279,13 @@ impl SpawnerClient {
     /// Blocking; call from a blocking thread. A spawner that does not
     /// answer within [`SPAWNER_DEADLINE`] is killed (the pool starts a new
     /// one), so a wedged create never holds the daemon.
-    pub fn create(&mut self, req: &SpawnerRequest) -> Result<i32, RuntimeError> {
+    pub fn create(&mut self, req: &SpawnerRequest) -> Result<Created, RuntimeError> {
         let _ = self.sock.set_write_timeout(Some(SPAWNER_DEADLINE));
         let _ = self.sock.set_read_timeout(Some(SPAWNER_DEADLINE));
         let reply = proto::send(&self.sock, req, &[])
             .and_then(|()| proto::recv::<SpawnerReply>(&self.sock));
         match reply {
-            Ok((SpawnerReply::Created { pid }, _)) => Ok(pid),
+            Ok((SpawnerReply::Created { pid, phases }, _)) => Ok((pid, phases)),
             Ok((SpawnerReply::Error { message }, _)) => Err(RuntimeError::Create(message)),
             Err(proto::ProtoError::Io(e))
                 if matches!(

@@ -15,6 +15,14 @@ try {
   assert.equal(await sbx.files.read('/tmp/js/a.txt'), 'from node')
   const names = (await sbx.files.list('/tmp/js')).map((e) => e.name)
   assert.deepEqual(names, ['a.txt'])
+  // watchDir: the WatchDir stream.
+  const seen = []
+  const watch = await sbx.files.watchDir('/tmp/js', (e) => { seen.push(`${e.type}:${e.name}`) })
+  await sbx.files.write('/tmp/js/b.txt', 'x')
+  await sbx.commands.run('rm /tmp/js/b.txt')
+  for (let i = 0; i < 75 && !seen.includes('remove:b.txt'); i++) await new Promise((r) => setTimeout(r, 200))
+  for (const want of ['create:b.txt', 'write:b.txt', 'remove:b.txt']) assert.ok(seen.includes(want), `${want} in ${seen}`)
+  await watch.stop()
   await sbx.setTimeout(300_000)
   const page = await Sandbox.list().nextItems()
   assert.ok(page.some((s) => s.sandboxId === sbx.sandboxId))

@@ -169,7 +169,7 @@ def test_older_e2b_sdks_watch_dirs(e2b_warren, version):
     assert "sync watch ok" in run_client(e2b_warren, version, "watch-sync")
 
 
-def test_the_js_sdk_runs_unchanged_under_node(e2b_warren):
+def test_the_js_sdk_runs_unchanged_under_node_and_watches(e2b_warren):
     d = npm_e2b()
     script = d / "client.mjs"
     shutil.copy(Path(__file__).parent / "e2b_client.mjs", script)

@@ -313,7 +313,13 @@ def test_demo_as_written(setting):
         assert not api_down(setting.url), "warren up is not running at the demo's end"
         # Ctrl-C: the whole foreground process group gets SIGINT.
         os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Seen once under load: say what the daemon was doing.
+            log = setting.home / "warren-up.log"
+            tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+            raise AssertionError(f"the demo did not stop within 60 s of Ctrl-C:\n{''.join(lines)}\nwarren-up.log:\n{tail}")
         reader.join(timeout=10)
         out = "".join(lines)
         assert api_down(setting.url), f"warren up still answers after Ctrl-C:\n{out}"

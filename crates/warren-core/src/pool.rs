@@ -83,15 +83,18 @@ impl PoolSpec {
     /// give (a main command, its own disk, a node selector, GPUs). Labels,
     /// env, TTL, lease, network policy, cwd and user are applied at claim.
     pub fn serves(&self, name: &str, spec: &SandboxSpec) -> bool {
-        let (Ok(want), Ok(have)) = (spec.resolve(), self.template(name).resolve()) else {
-            return false;
-        };
-        spec.image == self.image
+        // Every create asks each pool: the cheap checks first, so a create
+        // of another image never resolves a spec twice.
+        let shape = spec.image == self.image
             && spec.cmd.is_none()
             && spec.disk.is_none()
             && spec.node_selector.is_empty()
-            && spec.placement.is_spread()
-            && want == have
+            && spec.placement.is_spread();
+        shape
+            && matches!(
+                (spec.resolve(), self.template(name).resolve()),
+                (Ok(want), Ok(have)) if want == have
+            )
     }
 }
 

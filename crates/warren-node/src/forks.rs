@@ -399,14 +399,8 @@ impl Node {
     /// Bytes a fork layer may take: free space under the home above the
     /// node's disk floor (as the disk guard computes it).
     fn fork_budget(&self) -> u64 {
-        let Ok(st) = rustix::fs::statvfs(&self.home) else {
-            return u64::MAX;
-        };
-        let block = st.f_frsize.max(1);
-        let free = st.f_bavail.saturating_mul(block);
-        let size = st.f_blocks.saturating_mul(block);
-        let floor = self.disk_floor.unwrap_or((size / 20).max(1 << 30));
-        free.saturating_sub(floor)
+        crate::settings::disk_headroom(&self.home, self.disk_floor)
+            .map_or(u64::MAX, |(free, floor)| free.saturating_sub(floor))
     }
 
     pub async fn release_fork_layer(&self, name: &str) {

@@ -38,8 +38,8 @@ pub struct NodeSettings {
     /// (`disk_exceeded`). 0: no limit of its own (the node floor still holds).
     pub default_disk: u64,
     /// Free space under the home the node keeps: below it, creates are
-    /// refused and the sandbox writing the most is stopped. None: the larger
-    /// of 1 GiB and 5% of the file system.
+    /// refused and the sandbox writing the most is stopped. None: see
+    /// [`default_disk_floor`].
     pub disk_floor: Option<u64>,
     /// Host memory (MemAvailable) the node keeps free: below it, creates
     /// are refused and the sandbox using the most above its memory request
@@ -96,6 +96,26 @@ impl Default for NodeSettings {
         }
     }
 }
+
+/// 5% of the file system, at least 1 GiB and at most 4 GiB. The floor keeps
+/// room for the node's own writes (store, journal, logs) and the host's; a
+/// few GiB do that on any disk, while 5% of a large one is more than a
+/// thin-provisioned or shared file system may have free at all (one whose
+/// free space is far below its size minus its use), which would refuse
+/// every create there.
+pub(crate) fn default_disk_floor(fs_size: u64) -> u64 {
+    (fs_size / 20).clamp(1 << 30, 4 << 30)
+}
+
+/// Free bytes under `dir` and the floor the node keeps there.
+pub(crate) fn disk_headroom(dir: &std::path::Path, floor: Option<u64>) -> Option<(u64, u64)> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    let block = st.f_frsize.max(1);
+    let free = st.f_bavail.saturating_mul(block);
+    let size = st.f_blocks.saturating_mul(block);
+    Some((free, floor.unwrap_or_else(|| default_disk_floor(size))))
+}
+
 pub(crate) fn default_memory_floor(host_memory: u64) -> u64 {
     (host_memory / 50).max(256 << 20)
 }
@@ -116,4 +136,19 @@ fn meminfo(key: &str) -> Option<u64> {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_disk_floor;
+
+    #[test]
+    fn disk_floor_is_five_percent_between_one_and_four_gib() {
+        const G: u64 = 1 << 30;
+        assert_eq!(default_disk_floor(10 * G), G);
+        assert_eq!(default_disk_floor(40 * G), 2 * G);
+        // 252 GB, thin-provisioned with 80 GB free: 5% would be 12.6 GB.
+        assert_eq!(default_disk_floor(252 * G), 4 * G);
+        assert_eq!(default_disk_floor(0), G);
+    }
 }

@@ -127,13 +127,10 @@ impl Node {
     /// sandbox's writable layer and reports the largest (one per check: its
     /// removal may be enough).
     pub(crate) fn check_disk_floor(&self, live: &[(String, Arc<Live>)]) {
-        let Ok(st) = rustix::fs::statvfs(&self.home) else {
+        let Some((free, floor)) = crate::settings::disk_headroom(&self.home, self.disk_floor)
+        else {
             return;
         };
-        let block = st.f_frsize.max(1);
-        let free = st.f_bavail.saturating_mul(block);
-        let size = st.f_blocks.saturating_mul(block);
-        let floor = self.disk_floor.unwrap_or((size / 20).max(1 << 30));
         let pressure = free < floor;
         if self.disk_pressure.swap(pressure, Ordering::AcqRel) != pressure {
             if pressure {

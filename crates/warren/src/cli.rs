@@ -381,8 +381,8 @@ pub struct NodeOpts {
     #[arg(long, default_value = "10G")]
     pub default_disk: String,
     /// Free space kept under the home: below it creates are refused and the
-    /// sandbox that wrote the most is stopped (default: the larger of 1G and
-    /// 5% of the file system).
+    /// sandbox that wrote the most is stopped (default: 5% of the file
+    /// system, at least 1G and at most 4G).
     #[arg(long)]
     pub disk_floor: Option<String>,
     /// Host memory kept available (MemAvailable): below it creates are
@@ -465,6 +465,11 @@ pub struct ControlOpts {
     /// Profile recommendations for memory are the observed peak × this.
     #[arg(long, default_value_t = 1.5)]
     pub memory_margin: f64,
+    /// The URL browsers reach the web console at, when a proxy or TLS is in
+    /// front (e.g. https://warren.example); its origin is the one console
+    /// requests must come from (default: http:// and the request's Host).
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
 }
 
 #[derive(Args)]

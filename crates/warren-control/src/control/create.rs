@@ -79,13 +79,19 @@ impl Control {
             };
             return Err(admit_error(AdmitError::NoNode(which)));
         }
+        let disk_low = candidates.iter().all(|(v, _)| v.info.load.disk_pressure);
         candidates
             .into_iter()
             .find(|(v, _)| !v.info.load.disk_pressure && !v.info.load.memory_pressure)
             .map(|(_, n)| n.api.clone())
             .ok_or_else(|| ApiError {
                 code: warren_core::ErrorCode::NoCapacity,
-                message: "the node's free disk or memory is below its floor; no sandboxes start until some is freed (see `warren ps` and docs/configuration.md)".into(),
+                message: if disk_low {
+                    "free disk space under the node's home is below its --disk-floor; no sandboxes start until some is freed (remove sandboxes, images or other files there, or lower --disk-floor; see docs/configuration.md)"
+                } else {
+                    "the host's available memory is below the node's --memory-floor; no sandboxes start until some is freed (the sandbox furthest above its memory request is stopped; see `warren ps` and docs/configuration.md)"
+                }
+                .into(),
                 retry_after_ms: Some(5000),
             })
     }

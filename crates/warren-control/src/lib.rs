@@ -49,6 +49,9 @@ pub struct UpConfig {
     /// What the control plane drives: its own node (`warren up`), or the
     /// nodes that join it (a cluster).
     pub nodes: NodeSource,
+    /// Where browsers reach the console (`--public-url`, behind a proxy or
+    /// TLS); None: `http://` and the request's Host.
+    pub public_url: Option<String>,
 }
 
 pub enum NodeSource {
@@ -131,6 +134,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
     std::fs::create_dir_all(&cfg.home)
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
+    let console = api::console::Console::new(cfg.public_url.as_deref())?;
     let store = open_store(&cfg.home, cfg.database.as_deref()).await?;
     let liveness = match &cfg.nodes {
         NodeSource::Local(_) => None,
@@ -207,6 +211,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         control: control.clone(),
         token: token.clone(),
         join,
+        console,
     }));
     Ok((Up { control, token }, router))
 }

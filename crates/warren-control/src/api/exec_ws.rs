@@ -15,12 +15,12 @@
 //! 4409, ...). Closing the connection kills the exec, as dropping the
 //! NDJSON stream does.
 //!
-//! Authentication is the API's (the bearer token, checked before the
-//! upgrade by the router's middleware). Browsers cannot set that header on
-//! a WebSocket: when the console gets a cookie session, the `auth`
-//! middleware is where it is accepted, and this route must then check
-//! `Origin` as well, since a cookie rides along on a cross-site WebSocket
-//! where a header does not.
+//! Authentication is the API's, checked before the upgrade by the router's
+//! middleware: the bearer token, or (browsers cannot set that header on a
+//! WebSocket) the console's session cookie, which the middleware takes for
+//! an upgrade only with the console's own `Origin`, since a cookie rides
+//! along on a cross-site WebSocket where a header does not (see
+//! `console`).
 
 use std::time::Duration;
 

@@ -20,6 +20,7 @@ use warren_core::{
 use crate::control::Control;
 
 mod batches;
+pub mod console;
 mod exec_ws;
 mod files;
 mod images;
@@ -29,6 +30,7 @@ mod nodes;
 mod pools;
 mod profiles;
 mod sandboxes;
+mod usage;
 
 use batches::*;
 use exec_ws::*;
@@ -39,12 +41,15 @@ use nodes::*;
 use pools::*;
 use profiles::*;
 use sandboxes::*;
+use usage::*;
 
 pub struct AppState {
     pub control: Arc<Control>,
     pub token: String,
     /// How nodes join (a cluster's control plane); None for `warren up`.
     pub join: Option<Join>,
+    /// The web console's sessions (`/ui/`).
+    pub console: console::Console,
 }
 
 pub use nodes::Join;
@@ -78,8 +83,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_http, events, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
-    components(schemas(warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
+    components(schemas(warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -133,6 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/watch", get(watch))
         .merge(network::routes())
         .route("/v1/events", get(events))
+        .route("/v1/usage", get(usage))
         .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{name}/cordon", post(cordon))
@@ -163,6 +169,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .merge(nodes::agent_routes())
+        .merge(console::routes())
         .merge(api)
         // For bodies read whole (JSON); uploads and image imports stream.
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
@@ -215,23 +222,30 @@ pub(crate) async fn close_after_unread_body(req: Request, next: Next) -> Respons
     resp
 }
 
+/// The bearer token, or a console session's cookie (see `console`): one
+/// that changes something or opens a WebSocket must come from the console.
 async fn auth(State(st): St, req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.strip_prefix("Bearer "));
     use subtle::ConstantTimeEq;
-    if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
-        next.run(req).await
-    } else {
-        Failure(ApiError::new(
-            warren_core::ErrorCode::Unauthorized,
-            "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
-        ))
-        .into_response()
+    if let Some(given) = given {
+        if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
+            return next.run(req).await;
+        }
+    } else if st.console.has_session(req.headers()) {
+        return match st.console.same_site(req.method(), req.headers()) {
+            Ok(()) => next.run(req).await,
+            Err(why) => console::forbidden(why),
+        };
     }
+    Failure(ApiError::new(
+        warren_core::ErrorCode::Unauthorized,
+        "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
+    ))
+    .into_response()
 }
 
 /// A streamed answer of one JSON object per line; it ends when the daemon

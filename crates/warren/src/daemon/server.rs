@@ -37,6 +37,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         home: home.to_path_buf(),
         listen: args.listen,
         queue_limit: args.control.queue_limit,
+        public_url: args.control.public_url.clone(),
         policy,
         database: args.database.clone(),
         destroy_on_stop: false,

@@ -22,6 +22,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         home: home.to_path_buf(),
         listen,
         queue_limit: args.control.queue_limit,
+        public_url: args.control.public_url.clone(),
         policy,
         destroy_on_stop: true,
         database: None,

@@ -1,0 +1,197 @@
+// The console's shell: login, the hash router, and the live state every
+// view shares (one usage poll and one event stream for the whole page,
+// whatever the number of sandboxes).
+
+import { api, ndjson, AuthError } from './lib.js';
+import * as views from './views.js';
+
+const $ = (id) => document.getElementById(id);
+
+// What the views read: every live sandbox (from GET /v1/usage, refreshed
+// every 2 s and at once when the event stream names a sandbox it does not
+// know), its CPU rate (from the difference of two polls), the recent
+// events, and listeners that redraw on change.
+export const live = {
+  rows: new Map(),
+  time: 0,
+  events: [],
+  listeners: new Set(),
+  eventListeners: new Set(),
+  connected: false,
+  loaded: false,
+  pollTimer: 0,
+  refreshSoon: 0,
+  abort: null,
+
+  onChange(fn) { this.listeners.add(fn); return () => this.listeners.delete(fn); },
+  onEvent(fn) { this.eventListeners.add(fn); return () => this.eventListeners.delete(fn); },
+  emit() { for (const fn of this.listeners) fn(); },
+
+  async poll() {
+    const u = await api('/v1/usage');
+    const dt = this.time ? u.time_ms - this.time : 0;
+    const next = new Map();
+    for (const r of u.sandboxes) {
+      const old = this.rows.get(r.id);
+      if (old && dt > 0 && r.cpu_usage_ns !== undefined && old.cpu_usage_ns !== undefined) {
+        r.cpu_millis = Math.max(0, (r.cpu_usage_ns - old.cpu_usage_ns) / (dt * 1000));
+      } else if (old) {
+        r.cpu_millis = old.cpu_millis;
+      }
+      next.set(r.id, r);
+    }
+    // Sandboxes that ended since the last poll stay, with their final
+    // state from the event stream, until the next poll drops them.
+    for (const [id, old] of this.rows) {
+      if (!next.has(id) && old.final && !old.gone) { old.gone = true; next.set(id, old); }
+    }
+    this.rows = next;
+    this.time = u.time_ms;
+    this.loaded = true;
+    this.emit();
+  },
+
+  start() {
+    if (this.abort) return;
+    this.abort = new AbortController();
+    const tick = async () => {
+      try { await this.poll(); } catch (e) { if (e instanceof AuthError) { showLogin(); return; } }
+      this.pollTimer = setTimeout(tick, 2000);
+    };
+    tick();
+    this.follow(this.abort.signal);
+  },
+
+  stop() {
+    if (this.abort) this.abort.abort();
+    this.abort = null;
+    clearTimeout(this.pollTimer);
+    this.rows = new Map();
+    this.events = [];
+    this.time = 0;
+    this.loaded = false;
+  },
+
+  async follow(signal) {
+    let after = 0;
+    while (!signal.aborted) {
+      try {
+        this.setConnected(true);
+        await ndjson(`/v1/events?follow=true&after=${after}`, (ev) => {
+          if (typeof ev.seq === 'number') after = ev.seq;
+          this.apply(ev);
+        }, signal);
+      } catch (e) {
+        if (e instanceof AuthError) { showLogin(); return; }
+      }
+      this.setConnected(false);
+      if (!signal.aborted) await new Promise((r) => setTimeout(r, 1000));
+    }
+  },
+
+  setConnected(on) {
+    this.connected = on;
+    $('live').classList.toggle('on', on);
+  },
+
+  apply(ev) {
+    this.events.push(ev);
+    if (this.events.length > 200) this.events.splice(0, this.events.length - 200);
+    for (const fn of this.eventListeners) fn(ev);
+    if (!ev.state) return;
+    const r = this.rows.get(ev.sandbox_id);
+    const final = ['destroyed', 'failed', 'lost'].includes(ev.state);
+    if (r) {
+      r.state = ev.state;
+      r.reason = ev.reason;
+      r.final = final;
+    } else if (!final && this.loaded) {
+      // A sandbox we have not seen: its labels and sizes come with the
+      // next poll, brought forward (once per burst of creates).
+      if (!this.refreshSoon) {
+        this.refreshSoon = setTimeout(() => { this.refreshSoon = 0; this.poll().catch(() => {}); }, 300);
+      }
+    }
+    this.changed();
+  },
+
+  // Redraws at most once a frame, however many events arrive.
+  changed() {
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => { this.frame = 0; this.emit(); });
+  },
+};
+
+let current = null;
+
+function showLogin() {
+  live.stop();
+  if (current && current.stop) current.stop();
+  current = null;
+  $('top').hidden = true;
+  $('view').replaceChildren();
+  $('login').hidden = false;
+  $('token').focus();
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  const input = $('token');
+  $('login-error').textContent = '';
+  try {
+    await api('/ui/login', { method: 'POST', body: { token: input.value } });
+  } catch (e) {
+    $('login-error').textContent = e instanceof AuthError ? 'Wrong token.' : e.message;
+    return;
+  } finally {
+    // The token is dropped from the page as soon as it has been sent.
+    input.value = '';
+  }
+  $('login').hidden = true;
+  route();
+}
+
+async function logout() {
+  try { await api('/ui/logout', { method: 'POST' }); } catch (_) { /* the cookie is gone either way */ }
+  showLogin();
+}
+
+const ROUTES = {
+  '': views.overview,
+  fleet: views.fleet,
+  sandboxes: views.sandboxes,
+  sandbox: views.sandbox,
+  batches: views.batches,
+  batch: views.batches,
+  profiles: views.profiles,
+  images: views.images,
+  nodes: views.nodes,
+};
+
+async function route() {
+  const hash = location.hash.replace(/^#\/?/, '');
+  const [path, query = ''] = hash.split('?');
+  const [name, ...rest] = path.split('/');
+  const view = ROUTES[name] || views.overview;
+  try {
+    // One cheap authenticated call decides between the login and the app.
+    if (!live.abort) await api('/v1/nodes');
+  } catch (e) {
+    if (e instanceof AuthError) { showLogin(); return; }
+  }
+  $('login').hidden = true;
+  $('top').hidden = false;
+  live.start();
+  for (const a of document.querySelectorAll('#nav a')) {
+    a.classList.toggle('active', a.getAttribute('href') === `#/${name}`);
+  }
+  if (current && current.stop) current.stop();
+  const root = $('view');
+  root.replaceChildren();
+  current = view(root, { args: rest.map(decodeURIComponent), query: new URLSearchParams(query) }, live) || null;
+}
+
+$('login-form').addEventListener('submit', login);
+$('logout').addEventListener('click', logout);
+window.addEventListener('hashchange', route);
+route();

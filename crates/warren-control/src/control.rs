@@ -333,9 +333,11 @@ impl Control {
             req.validate()
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             let row = self.get(id).await?;
-            if row.state != SandboxState::Running {
+            // A kept sandbox's scene is there to be looked at: the node
+            // thaws it while an exec runs.
+            if !matches!(row.state, SandboxState::Running | SandboxState::Kept) {
                 return Err(ApiError::conflict(format!(
-                    "sandbox {id} is {}; exec needs a running sandbox",
+                    "sandbox {id} is {}; exec needs a running or kept sandbox",
                     row.state
                 )));
             }

@@ -173,6 +173,9 @@ pub struct Node {
     /// Where more stdin goes, for execs started with `stdin_open`, by
     /// sandbox and exec id; gone when the exec ends.
     exec_controls: Mutex<HashMap<(String, String), ExecControl>>,
+    /// Execs running in each kept (held, frozen) sandbox: it is thawed
+    /// while there is one, so a person can look at its scene in a terminal.
+    held_execs: tokio::sync::Mutex<HashMap<String, usize>>,
     egress: Arc<warren_net::Egress>,
     /// Read-only copies of sandboxes' changes that forks are built on.
     forks: Arc<forks::ForkLayers>,
@@ -263,6 +266,7 @@ impl Node {
             // boot clock, not from zero at every start.
             exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
             exec_controls: Default::default(),
+            held_execs: Default::default(),
             egress: warren_net::Egress::new(cap.egress.clone()),
             forks,
         });
@@ -667,7 +671,19 @@ impl Node {
         if live.destroying.load(Ordering::Acquire) {
             return Err(NodeError::NotRunning(id.to_string()));
         }
-        let mut job = self.exec_job(id, &live, req, false)?;
+        let held = live.phase() == Phase::Held;
+        if held {
+            self.thaw_held(id).await?;
+        }
+        let mut job = match self.exec_job(id, &live, req, false) {
+            Ok(job) => job,
+            Err(e) => {
+                if held {
+                    self.refreeze_held(id).await;
+                }
+                return Err(e);
+            }
+        };
         // Removed when the exec ends, which closes its stdin.
         let input = (req.stdin_open || req.tty).then(|| {
             let (input_tx, input_rx) = mpsc::channel(16);
@@ -711,6 +727,9 @@ impl Node {
             let result = exec_stream::run(job, inner_tx).await;
             if let Some(node) = senders.upgrade() {
                 lock(&node.exec_controls).remove(&control_key);
+                if held {
+                    node.refreeze_held(&control_key.0).await;
+                }
             }
             if let (Err(e), Ok(Some(s))) = (result, fwd.await) {
                 let _ = s.send(Err(e));
@@ -720,6 +739,38 @@ impl Node {
             Ok(Ok(())) => Ok(rx),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(NodeError::Internal("exec task ended early".into())),
+        }
+    }
+
+    /// Thaws a kept sandbox for an exec (the first of its execs does).
+    async fn thaw_held(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
+        let mut held = self.held_execs.lock().await;
+        let n = held.get(id).copied().unwrap_or(0);
+        if n == 0 {
+            self.freeze(id, false).await?;
+        }
+        held.insert(id.to_string(), n + 1);
+        Ok(())
+    }
+
+    /// Freezes a kept sandbox again when its last exec has ended (unless
+    /// it has gone meanwhile).
+    async fn refreeze_held(self: &Arc<Self>, id: &str) {
+        let mut held = self.held_execs.lock().await;
+        match held.get(id).copied() {
+            Some(n) if n > 1 => {
+                held.insert(id.to_string(), n - 1);
+            }
+            Some(_) => {
+                held.remove(id);
+                let still_held = self.get(id).is_ok_and(|l| l.phase() == Phase::Held);
+                if still_held {
+                    if let Err(e) = self.freeze(id, true).await {
+                        tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox again after an exec");
+                    }
+                }
+            }
+            None => {}
         }
     }
 

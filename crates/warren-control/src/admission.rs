@@ -80,6 +80,8 @@ pub enum AdmitError {
     NoNode(String),
     #[error("pids {pids} is more than any node's process table lends one sandbox ({max}): ask for fewer")]
     TooManyPids { pids: u32, max: u32 },
+    #[error("gpus {gpus} is more than any node has ({max} at most, of its --gpu-kind; `warren doctor` on a node lists its CDI devices, docs/gpu.md): ask for fewer")]
+    TooManyGpus { gpus: u32, max: u32 },
     #[error("the request (cpu {cpu} millicores, memory {memory} bytes) exceeds what any node can ever allocate (at most cpu {max_cpu} millicores, memory {max_memory} bytes); ask for less")]
     NeverFits {
         cpu: u64,
@@ -204,12 +206,14 @@ fn add(a: &mut Need, n: &Need) {
     a.cpu_millis += n.cpu_millis;
     a.memory += n.memory;
     a.slots += n.slots;
+    a.gpus += n.gpus;
 }
 
 fn sub(a: &mut Need, n: &Need) {
     a.cpu_millis = a.cpu_millis.saturating_sub(n.cpu_millis);
     a.memory = a.memory.saturating_sub(n.memory);
     a.slots = a.slots.saturating_sub(n.slots);
+    a.gpus = a.gpus.saturating_sub(n.gpus);
 }
 
 impl Admission {
@@ -387,6 +391,13 @@ impl Admission {
         if matching.iter().any(|c| placement::could_ever(&p, c)) {
             return Ok(());
         }
+        let max_gpus = matching.iter().map(|c| c.total.gpus).max().unwrap_or(0);
+        if req.need.gpus > max_gpus {
+            return Err(AdmitError::TooManyGpus {
+                gpus: req.need.gpus,
+                max: max_gpus,
+            });
+        }
         let max_pids = matching.iter().map(|c| c.max_pids).max().unwrap_or(0);
         if req.pids > max_pids {
             return Err(AdmitError::TooManyPids {
@@ -478,6 +489,7 @@ mod tests {
                 cpu_millis: cpu,
                 memory: 1,
                 slots: 1,
+                gpus: 0,
             },
             pids: 8,
             selector: Labels::new(),
@@ -494,6 +506,7 @@ mod tests {
                 cpu_millis: cpu,
                 memory: 100,
                 slots: 10,
+                gpus: 0,
             },
             u32::MAX,
             Labels::new(),

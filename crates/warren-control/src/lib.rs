@@ -174,6 +174,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
                     max_pids: 0,
                     load: Default::default(),
                     images: Vec::new(),
+                    devices: Vec::new(),
                 };
                 control.add_node(
                     api,

@@ -171,6 +171,7 @@ impl Metrics {
                 sum.cpu_millis += add.cpu_millis;
                 sum.memory += add.memory;
                 sum.slots += add.slots;
+                sum.gpus += add.gpus;
             }
         }
         let queued = admission.queued();
@@ -181,6 +182,8 @@ impl Metrics {
                 .set(need.memory as f64);
             fam.get_or_create(&l(&[("resource", "slots")]))
                 .set(need.slots as f64);
+            fam.get_or_create(&l(&[("resource", "gpus")]))
+                .set(f64::from(need.gpus));
         }
         self.queue_length.set(queued as i64);
         // The cluster's mean (the one node's figure for `warren up`).

@@ -48,6 +48,7 @@ pub fn fits(need: &Resources, used: &Resources, total: &Resources) -> bool {
     used.cpu_millis + need.cpu_millis <= total.cpu_millis
         && used.memory + need.memory <= total.memory
         && used.slots + need.slots <= total.slots
+        && used.gpus + need.gpus <= total.gpus
 }
 
 /// Whether the node carries every label the selector asks for.
@@ -90,6 +91,11 @@ fn scarcest_share_left(need: &Resources, c: &Candidate<'_>) -> f64 {
     if need.slots > 0 {
         let rest = total.slots - used.slots - need.slots;
         left = left.min(f64::from(rest) * c.inv_total[2]);
+    }
+    // Only GPU requests pay for this division (`fits` has checked room).
+    if need.gpus > 0 {
+        let rest = total.gpus - used.gpus - need.gpus;
+        left = left.min(f64::from(rest) / f64::from(total.gpus));
     }
     left
 }
@@ -157,6 +163,7 @@ mod tests {
             cpu_millis: cpu,
             memory: mem,
             slots,
+            gpus: 0,
         }
     }
 
@@ -298,6 +305,39 @@ mod tests {
         for (what, req, nodes, want) in &cases {
             assert_eq!(pick(req, nodes), *want, "{what}");
         }
+        // GPUs: a node without enough free ones is filtered out; pack
+        // fills the GPU node already in use, spread the emptier one.
+        let gpus = |total: u32, used: u32, name: &'static str| N {
+            total: Resources {
+                gpus: total,
+                ..res(8000, 8 << 30, 100)
+            },
+            used: Resources {
+                gpus: used,
+                ..res(0, 0, used)
+            },
+            ..n(name, res(0, 0, 0), res(0, 0, 0))
+        };
+        let want_gpus = |count: u32, placement| Request {
+            need: Resources {
+                gpus: count,
+                ..res(100, 1 << 20, 1)
+            },
+            ..req(100, 1 << 20, placement)
+        };
+        let gpu_nodes = vec![
+            gpus(0, 0, "cpu-only"),
+            gpus(8, 6, "busy"),
+            gpus(8, 1, "idle"),
+        ];
+        assert_eq!(pick(&want_gpus(2, spread), &gpu_nodes), Some("idle"));
+        assert_eq!(pick(&want_gpus(2, pack), &gpu_nodes), Some("busy"));
+        assert_eq!(pick(&want_gpus(3, pack), &gpu_nodes), Some("idle"));
+        assert_eq!(pick(&want_gpus(8, spread), &gpu_nodes), None);
+        assert_eq!(
+            pick(&want_gpus(0, spread), &gpu_nodes[..1]),
+            Some("cpu-only")
+        );
         // The node selector filters by label.
         let mut nodes = vec![
             n("a", res(8000, 8 << 30, 100), res(0, 0, 0)),

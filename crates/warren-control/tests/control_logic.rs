@@ -25,6 +25,7 @@ fn node(slots: u32) -> Arc<FakeNode> {
             cpu_millis: 1000 * slots as u64,
             memory: (slots as u64) << 30,
             slots,
+            gpus: 0,
         },
     )
 }

@@ -230,8 +230,15 @@ pub struct SandboxSpec {
     pub pids: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<ByteSize>,
+    /// Devices of the node's GPU kind (`--gpu-kind`, default
+    /// `nvidia.com/gpu`), any free ones; see docs/gpu.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
+    /// CDI devices by fully qualified name (`vendor/class=name`, e.g.
+    /// `nvidia.com/gpu=0`): the sandbox gets their device nodes, mounts and
+    /// environment, and holds them alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -426,8 +433,12 @@ pub enum SpecError {
     MemoryRequestAboveLimit { request: u64, limit: u64 },
     #[error("memory_request must be at least 1M, got {0} bytes")]
     MemoryRequestTooSmall(u64),
-    #[error("gpus: this node has no GPU support yet; leave --gpus out or set it to 0")]
-    Gpus,
+    #[error("gpus {0} is above the most one sandbox may ask for ({MAX_GPUS})")]
+    Gpus(u32),
+    #[error("device {0:?} is not a fully qualified CDI device name: write vendor/class=name, e.g. nvidia.com/gpu=0")]
+    Device(String),
+    #[error("device {0:?} is named twice")]
+    DeviceTwice(String),
     #[error("{0}")]
     Label(#[from] LabelError),
     #[error(
@@ -475,6 +486,35 @@ pub fn validate_args_size(
         + cwd.map_or(0, str::len);
     if bytes > MAX_ARGS_BYTES {
         return Err(SpecError::ArgsTooLarge(bytes));
+    }
+    Ok(())
+}
+
+/// Most devices of the GPU kind one sandbox may ask for.
+pub const MAX_GPUS: u32 = 256;
+
+/// Each name is `vendor/class=name` as CDI writes them (the vendor a
+/// DNS-like name, the class and the device name letters, digits and
+/// `_-.`, the device name also `:`), and named once.
+pub fn validate_devices(devices: &[String]) -> Result<(), SpecError> {
+    let part = |s: &str, extra: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+    };
+    let mut seen = std::collections::HashSet::new();
+    for d in devices {
+        let ok = d.split_once('=').is_some_and(|(kind, name)| {
+            kind.split_once('/')
+                .is_some_and(|(vendor, class)| part(vendor, "-_.") && part(class, "-_."))
+                && part(name, "-_.:")
+        });
+        if !ok || d.len() > 256 {
+            return Err(SpecError::Device(d.clone()));
+        }
+        if !seen.insert(d) {
+            return Err(SpecError::DeviceTwice(d.clone()));
+        }
     }
     Ok(())
 }
@@ -565,9 +605,10 @@ impl SandboxSpec {
             return Err(SpecError::PidsTooLarge(pids));
         }
         let gpus = self.gpus.unwrap_or(0);
-        if gpus > 0 {
-            return Err(SpecError::Gpus);
+        if gpus > MAX_GPUS {
+            return Err(SpecError::Gpus(gpus));
         }
+        validate_devices(&self.devices)?;
         labels::validate(&self.labels)?;
         labels::validate(&self.node_selector)?;
         // A profile is named like a label value (it is often the `task`
@@ -712,6 +753,36 @@ mod tests {
             spec(r#"{"image":""}"#).expect("parses").resolve(),
             Err(SpecError::MissingImage)
         );
+    }
+
+    #[test]
+    fn gpus_and_devices_are_checked() {
+        let r = spec(r#"{"image":"a","gpus":2,"devices":["nvidia.com/gpu=0","test.example/gpu=GPU-1:mig-2"]}"#)
+            .expect("parses")
+            .resolve()
+            .expect("resolves");
+        assert_eq!(r.gpus, 2);
+        for (json, want) in [
+            (r#"{"image":"a","gpus":257}"#, SpecError::Gpus(257)),
+            (
+                r#"{"image":"a","devices":["nvidia.com/gpu"]}"#,
+                SpecError::Device("nvidia.com/gpu".into()),
+            ),
+            (
+                r#"{"image":"a","devices":["gpu=0"]}"#,
+                SpecError::Device("gpu=0".into()),
+            ),
+            (
+                r#"{"image":"a","devices":["a.b/c=d e"]}"#,
+                SpecError::Device("a.b/c=d e".into()),
+            ),
+            (
+                r#"{"image":"a","devices":["a.b/c=0","a.b/c=0"]}"#,
+                SpecError::DeviceTwice("a.b/c=0".into()),
+            ),
+        ] {
+            assert_eq!(spec(json).expect("parses").resolve(), Err(want), "{json}");
+        }
     }
 
     // Found by a hostile run against the release build: each of these was

@@ -144,6 +144,7 @@ impl NodeApi for FakeNode {
                 ..Default::default()
             },
             images: Vec::new(),
+            devices: Vec::new(),
         })
     }
 

@@ -12,6 +12,10 @@ pub struct Resources {
     pub cpu_millis: u64,
     pub memory: u64,
     pub slots: u32,
+    /// Devices of the node's GPU kind (`gpus` requests; a device named
+    /// with `devices` is the node's to check). Absent from older peers: 0.
+    #[serde(default)]
+    pub gpus: u32,
 }
 
 impl Resources {
@@ -21,8 +25,24 @@ impl Resources {
             cpu_millis: r.cpu_request(),
             memory: r.memory_request(),
             slots: 1,
+            gpus: r.gpus,
         }
     }
+}
+
+/// The CDI devices of one kind a node has (see docs/gpu.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DeviceClass {
+    /// `vendor/class`, e.g. `nvidia.com/gpu`.
+    pub kind: String,
+    /// Qualified names (`vendor/class=name`) of every device of the kind.
+    pub devices: Vec<String>,
+    /// Those a live sandbox holds now.
+    #[serde(default)]
+    pub used: Vec<String>,
+    /// The kind `gpus` requests take on this node.
+    #[serde(default)]
+    pub gpu: bool,
 }
 
 /// A node as it describes itself.
@@ -41,6 +61,9 @@ pub struct NodeInfo {
     /// no download).
     #[serde(default)]
     pub images: Vec<String>,
+    /// Its CDI devices by kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceClass>,
 }
 
 /// How busy the node is now.
@@ -68,6 +91,15 @@ pub struct CreateSandbox {
     /// The image's manifest digest (`sha256:…`), resolved by the control
     /// plane: every sandbox of a batch runs the same one.
     pub image_digest: String,
+    /// The CDI devices the node gave it (those the spec names, and its
+    /// `gpus`): filled in by the node and journaled with the rest, so a
+    /// restarted node knows which devices are taken. Empty from the
+    /// control plane.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// The environment those devices' CDI specs set.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_env: BTreeMap<String, String>,
 }
 
 /// Where a sandbox stands on its node.

@@ -161,6 +161,7 @@ impl NodeApi for FakeNode {
                 cpu_millis: 8000,
                 memory: 16 << 30,
                 slots: 32,
+                gpus: 2,
             },
             max_pids: 4096,
             load: Load {
@@ -170,6 +171,12 @@ impl NodeApi for FakeNode {
                 sandboxes: 1,
             },
             images: vec!["sha256:aa".into()],
+            devices: vec![warren_node_api::DeviceClass {
+                kind: "nvidia.com/gpu".into(),
+                devices: vec!["nvidia.com/gpu=0".into(), "nvidia.com/gpu=1".into()],
+                used: vec!["nvidia.com/gpu=1".into()],
+                gpu: true,
+            }],
         })
     }
 
@@ -219,8 +226,13 @@ impl NodeApi for FakeNode {
             return Err(NodeError::conflict(format!("sandbox {} exists", req.id)));
         }
         self.record(format!(
-            "create {} {} {} {}",
-            req.id, req.spec.image, req.resources.cpu_millis, req.image_digest
+            "create {} {} {} {} {:?} {:?}",
+            req.id,
+            req.spec.image,
+            req.resources.cpu_millis,
+            req.image_digest,
+            req.devices,
+            req.device_env
         ));
         let mut st = status_of(&req.id);
         st.image_digest = req.image_digest;
@@ -727,6 +739,8 @@ fn create_req(id: &str) -> CreateSandbox {
             memory_request: Some(64 << 20),
         },
         image_digest: "sha256:feed".into(),
+        devices: vec!["nvidia.com/gpu=1".into()],
+        device_env: BTreeMap::from([("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]),
     }
 }
 
@@ -1009,7 +1023,7 @@ async fn every_method_crosses_the_wire() {
     // The arguments arrived as sent.
     let calls = fake.calls();
     for expected in [
-        "create sb-2 base:1 500 sha256:feed".to_string(),
+        r#"create sb-2 base:1 500 sha256:feed ["nvidia.com/gpu=1"] {"NVIDIA_VISIBLE_DEVICES": "void"}"#.to_string(),
         "start_main sb-2".into(),
         "set_paused sb-2 true".into(),
         "set_paused sb-2 false".into(),

@@ -156,7 +156,10 @@ impl NodeApi for LocalNode {
         Ok(NodeInfo {
             name: n.name.clone(),
             labels: n.labels.clone(),
-            allocatable: n.allocatable,
+            allocatable: api::Resources {
+                gpus: n.devices.gpus(),
+                ..n.allocatable
+            },
             max_pids: n.max_pids,
             load: api::Load {
                 cpu_busy: n.cpu_busy(),
@@ -165,6 +168,7 @@ impl NodeApi for LocalNode {
                 sandboxes,
             },
             images,
+            devices: n.devices.classes(),
         })
     }
 

@@ -93,6 +93,8 @@ mod tests {
                 resources: spec.resolve().expect("resolves"),
                 spec,
                 image_digest: "sha256:00".into(),
+                devices: vec!["test.example/gpu=0".into()],
+                device_env: [("TEST_GPU".to_string(), "0".to_string())].into(),
             },
             pid: 42,
             phase: Phase::Running,

@@ -6,9 +6,11 @@
 //! implemented by [`LocalNode`]), in `warren up` and in a cluster.
 
 mod contract;
+mod devices;
 pub mod exec_stream;
 mod feed;
 mod forks;
+pub mod gpu;
 mod images;
 mod journal;
 pub mod lifetime;
@@ -36,7 +38,7 @@ pub use contract::LocalNode;
 pub use exec_stream::ExitInfo;
 use logs::SandboxLog;
 use settings::host_memory;
-pub use settings::{NodeConfig, NodeSettings, DEFAULT_DISK};
+pub use settings::{NodeConfig, NodeSettings, DEFAULT_DISK, DEFAULT_GPU_KIND};
 use tasks::{enforce_lifetimes, expire_logs};
 use usage::{sample_usage, CpuBusy};
 pub use usage::{SATURATION, SATURATION_AFTER};
@@ -84,9 +86,20 @@ struct ExecDefaults {
 }
 
 impl ExecDefaults {
-    /// The image's settings under the spec's.
-    fn of(image: &ImageRecord, spec: &SandboxSpec, cpu_millis: u64) -> ExecDefaults {
+    /// The image's settings under the spec's; the environment its CDI
+    /// devices set goes over the image's and under the spec's.
+    fn of(
+        image: &ImageRecord,
+        spec: &SandboxSpec,
+        cpu_millis: u64,
+        device_env: &BTreeMap<String, String>,
+    ) -> ExecDefaults {
         let mut env = warren_core::spec::sandbox_env(&image.config.env, cpu_millis, &spec.env);
+        for (k, v) in device_env {
+            if !spec.env.contains_key(k) {
+                env.insert(k.clone(), v.clone());
+            }
+        }
         if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
             for (k, v) in warren_net::proxy_env() {
                 env.entry(k).or_insert(v);
@@ -179,6 +192,8 @@ pub struct Node {
     egress: Arc<warren_net::Egress>,
     /// Read-only copies of sandboxes' changes that forks are built on.
     forks: Arc<forks::ForkLayers>,
+    /// CDI devices and which sandbox holds each.
+    devices: devices::Devices,
 }
 
 impl Node {
@@ -228,6 +243,7 @@ impl Node {
         }
         let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
         let forks = Arc::new(forks::ForkLayers::open(&cfg.home)?);
+        let devices = devices::Devices::new(cap.cdi_dirs.clone(), cap.gpu_kind.clone());
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
@@ -269,6 +285,7 @@ impl Node {
             held_execs: Default::default(),
             egress: warren_net::Egress::new(cap.egress.clone()),
             forks,
+            devices,
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         tokio::spawn(sample_usage(
@@ -333,14 +350,39 @@ impl Node {
         req: CreateSandbox,
         image: &ImageRecord,
     ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        if self.is_live(&req.id) {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {} already exists on this node",
+                req.id
+            )));
+        }
+        let (devices, injection) =
+            self.devices
+                .claim(&req.id, &req.spec.devices, req.resources.gpus)?;
+        let req = CreateSandbox {
+            devices,
+            device_env: injection.env.clone(),
+            ..req
+        };
+        let id = req.id.clone();
+        let created = self.create_holding(req, image, injection).await;
+        if created.is_err() {
+            // Only this create holds devices under its id: one for a live
+            // sandbox's id was refused before the claim.
+            self.devices.release(&id);
+        }
+        created
+    }
+
+    async fn create_holding(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+        image: &ImageRecord,
+        injection: warren_runtime::cdi::Injection,
+    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
         let mut phases = Vec::new();
         let mut phase = std::time::Instant::now();
-        if self.is_live(id) {
-            return Err(NodeError::Conflict(format!(
-                "sandbox {id} already exists on this node"
-            )));
-        }
         let lower_dirs = {
             let images = self.images.clone();
             let image = image.clone();
@@ -366,6 +408,7 @@ impl Node {
                 id: id.to_string(),
                 lower_dirs: layers,
                 resources: resources.clone(),
+                devices: injection,
             })
             .await;
         drop(permit);
@@ -489,7 +532,8 @@ impl Node {
     pub async fn claim(&self, id: &str, spec: SandboxSpec) -> Result<(), NodeError> {
         let live = self.get(id)?;
         let cpu_millis = live.create().resources.cpu_millis;
-        *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis);
+        let device_env = live.create().device_env;
+        *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env);
         *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
         let network = spec.network.clone();
         {
@@ -549,7 +593,7 @@ impl Node {
         lifetime: lifetime::Lifetime,
     ) -> Arc<Live> {
         let (id, spec, resources) = (create.id.clone(), &create.spec, &create.resources);
-        let exec_defaults = ExecDefaults::of(image, spec, resources.cpu_millis);
+        let exec_defaults = ExecDefaults::of(image, spec, resources.cpu_millis, &create.device_env);
         let handle = self.runtime.handle(&id, pid);
         let disk_limit = if resources.disk > 0 {
             0
@@ -879,6 +923,8 @@ impl Node {
         }
         // The fork layers only it kept go with it.
         self.forks.release_child(id).await;
+        // Its devices are free once nothing of it is left to use them.
+        self.devices.release(id);
         Ok(last_usage)
     }
 

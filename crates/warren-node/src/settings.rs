@@ -7,6 +7,8 @@ use warren_node_api::Resources;
 
 /// The disk a sandbox that names none may fill (see NodeSettings).
 pub const DEFAULT_DISK: u64 = 10 << 30;
+/// The CDI kind of a GPU when the node is told no other.
+pub const DEFAULT_GPU_KIND: &str = "nvidia.com/gpu";
 pub struct NodeConfig {
     pub home: PathBuf,
     pub name: String,
@@ -59,6 +61,10 @@ pub struct NodeSettings {
     /// The host's size as the node counts it, when not the whole host
     /// (millicores, bytes): a node lending a share of a shared host.
     pub capacity: (Option<u64>, Option<u64>),
+    /// Where the node reads CDI specs (see warren_runtime::cdi).
+    pub cdi_dirs: Vec<PathBuf>,
+    /// The CDI kind `gpus` requests take, e.g. `nvidia.com/gpu`.
+    pub gpu_kind: String,
 }
 impl NodeSettings {
     /// What the node lends to sandboxes on a host of this size. The
@@ -69,6 +75,7 @@ impl NodeSettings {
                 .saturating_sub(self.reserve_cpu_millis),
             memory: host_memory.saturating_sub(self.reserve_memory),
             slots: self.max_sandboxes,
+            gpus: 0,
         }
     }
 }
@@ -93,6 +100,11 @@ impl Default for NodeSettings {
             image_budget: None,
             userns: true,
             capacity: (None, None),
+            cdi_dirs: warren_runtime::cdi::DEFAULT_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
+            gpu_kind: DEFAULT_GPU_KIND.into(),
         }
     }
 }

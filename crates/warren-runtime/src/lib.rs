@@ -9,6 +9,7 @@
 //! directories.
 
 pub use warren_core::crashpoint;
+pub mod cdi;
 pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;
@@ -106,6 +107,8 @@ pub struct CreateRequest {
     /// Image layer directories, topmost first.
     pub lower_dirs: Vec<PathBuf>,
     pub resources: ResolvedResources,
+    /// Device nodes, mounts and cgroup rules of its CDI devices.
+    pub devices: cdi::Injection,
 }
 
 /// Where a created sandbox lives on the host.
@@ -182,8 +185,9 @@ impl Runtime {
         let prepared = {
             let handle = handle.clone();
             let resources = req.resources.clone();
+            let devices = req.devices.clone();
             let userns = self.cfg.userns;
-            tokio::task::spawn_blocking(move || prepare(&handle, &resources, userns))
+            tokio::task::spawn_blocking(move || prepare(&handle, &resources, &devices, userns))
                 .await
                 .map_err(|e| RuntimeError::Create(format!("prepare task: {e}")))?
         };
@@ -365,6 +369,7 @@ fn rw_mount(id: &str) -> PathBuf {
 fn prepare(
     handle: &SandboxHandle,
     resources: &ResolvedResources,
+    devices: &cdi::Injection,
     userns: bool,
 ) -> Result<Option<userns::IdRange>, RuntimeError> {
     let dir = &handle.dir;
@@ -382,6 +387,7 @@ fn prepare(
         resources,
         nofile: nofile_limit(),
         ids,
+        devices,
     });
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| RuntimeError::Create(format!("serialise config: {e}")))?;

@@ -107,10 +107,13 @@ pub struct ConfigInput<'a> {
     pub nofile: u64,
     /// The sandbox's host id range: it gets a user namespace mapping it.
     pub ids: Option<crate::userns::IdRange>,
+    /// What its CDI devices add (see [`crate::cdi`]).
+    pub devices: &'a crate::cdi::Injection,
 }
 
 pub fn config(input: &ConfigInput<'_>) -> Value {
     let mut config = base_config(input);
+    add_devices(&mut config, input.devices);
     if let Some(ids) = input.ids {
         let map = json!([{ "containerID": 0, "hostID": ids.base, "size": crate::userns::SIZE }]);
         let linux = &mut config["linux"];
@@ -203,6 +206,40 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
     })
 }
 
+/// A sandbox's CDI devices. Each device node is a bind mount of the host's
+/// node, not an OCI `linux.devices` entry: in a user namespace mknod is
+/// impossible, and libcontainer then binds the host file at the
+/// container's path, which is wrong whenever the spec's `hostPath`
+/// differs from its `path`. The device cgroup (v1 rules; on v2
+/// libcontainer compiles the same list to an eBPF program) allows exactly
+/// these nodes on top of the defaults. The bind carries no `nodev`: the
+/// node's mount belongs to the host's user namespace, so the kernel lets
+/// the sandbox open it, and the device cgroup is what limits it.
+fn add_devices(config: &mut Value, d: &crate::cdi::Injection) {
+    if let Some(mounts) = config["mounts"].as_array_mut() {
+        for n in &d.nodes {
+            mounts.push(json!({
+                "destination": n.path, "type": "bind", "source": n.host_path,
+                "options": ["bind", "nosuid", "noexec"]
+            }));
+        }
+        for m in &d.mounts {
+            mounts.push(json!({
+                "destination": m.container_path, "type": "bind", "source": m.host_path,
+                "options": m.options
+            }));
+        }
+    }
+    if let Some(rules) = config["linux"]["resources"]["devices"].as_array_mut() {
+        for n in &d.nodes {
+            rules.push(json!({
+                "allow": true, "type": n.kind, "major": n.major, "minor": n.minor,
+                "access": n.access
+            }));
+        }
+    }
+}
+
 /// Socket buffer memory a sandbox may hold on cgroup v1 (see base_config).
 pub fn tcp_limit(memory: u64) -> u64 {
     (memory / 4).max(4 << 20)
@@ -229,7 +266,12 @@ mod tests {
     use super::*;
 
     fn sandbox_config(cpu_millis: u64, disk: u64) -> Value {
+        with_devices(cpu_millis, disk, &crate::cdi::Injection::default())
+    }
+
+    fn with_devices(cpu_millis: u64, disk: u64, devices: &crate::cdi::Injection) -> Value {
         config(&ConfigInput {
+            devices,
             id: "sbx-1",
             rootfs: Path::new("/tmp/r"),
             cgroup_path: "/warren/sbx-1",
@@ -270,6 +312,59 @@ mod tests {
             assert!(!allowed.contains(&denied), "{denied} must not be allowed");
         }
         assert_eq!(seccomp_profile()["architectures"], json!([native_arch()]));
+    }
+
+    #[test]
+    fn cdi_devices_are_bound_and_only_they_are_allowed() {
+        use crate::cdi::{Injection, MountEdit, NodeEdit};
+        let devices = Injection {
+            env: Default::default(),
+            nodes: vec![NodeEdit {
+                path: "/dev/testgpu0".into(),
+                host_path: "/srv/cdi/gpu0".into(),
+                kind: "c".into(),
+                major: 195,
+                minor: 0,
+                access: "rw".into(),
+            }],
+            mounts: vec![MountEdit {
+                host_path: "/srv/cdi/lib.so".into(),
+                container_path: "/usr/lib/lib.so".into(),
+                options: vec!["rbind".into(), "ro".into(), "nosuid".into()],
+            }],
+        };
+        let c = with_devices(1000, 0, &devices);
+        let mounts = c["mounts"].as_array().expect("mounts");
+        let node = mounts
+            .iter()
+            .find(|m| m["destination"] == "/dev/testgpu0")
+            .expect("the node is bound");
+        assert_eq!(node["source"], "/srv/cdi/gpu0");
+        assert!(!node["options"]
+            .as_array()
+            .expect("options")
+            .contains(&json!("nodev")));
+        assert!(mounts
+            .iter()
+            .any(|m| m["destination"] == "/usr/lib/lib.so" && m["options"][1] == "ro"));
+        let rules = c["linux"]["resources"]["devices"]
+            .as_array()
+            .expect("rules");
+        assert_eq!(
+            rules[0],
+            json!({ "allow": false, "access": "rwm" }),
+            "deny first"
+        );
+        assert_eq!(
+            rules.last(),
+            Some(&json!({ "allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw" }))
+        );
+        let plain = sandbox_config(1000, 0);
+        let plain_rules = plain["linux"]["resources"]["devices"]
+            .as_array()
+            .expect("rules");
+        assert_eq!(plain_rules.len() + 1, rules.len());
+        assert!(c["linux"]["devices"].is_null(), "no mknod list");
     }
 
     #[test]

@@ -331,6 +331,10 @@ pub enum Command {
         /// The checks as JSON.
         #[arg(long)]
         json: bool,
+        /// Read CDI specs here instead of /etc/cdi and /var/run/cdi (as the
+        /// node's --cdi-dir). Repeatable.
+        #[arg(long = "cdi-dir", value_name = "DIR")]
+        cdi_dirs: Vec<std::path::PathBuf>,
     },
     /// Replay a synthetic training workload against simulated nodes with
     /// fixed, learned and oracle requests (see docs/benchmarks.md).
@@ -431,6 +435,14 @@ pub struct NodeOpts {
     /// The node's memory, instead of the host's (e.g. 2G).
     #[arg(long)]
     pub capacity_memory: Option<String>,
+    /// A directory of CDI device specs (*.yaml, *.yml, *.json), instead of
+    /// /etc/cdi and /var/run/cdi; a later one wins over an earlier one for
+    /// a device of the same name. Repeatable. See docs/gpu.md.
+    #[arg(long = "cdi-dir", value_name = "DIR")]
+    pub cdi_dirs: Vec<std::path::PathBuf>,
+    /// The CDI kind (vendor/class) that --gpus requests take.
+    #[arg(long, default_value = warren_node::DEFAULT_GPU_KIND)]
+    pub gpu_kind: String,
 }
 
 /// Other clients' protocols, each on a listener of its own (`warren up` and
@@ -834,9 +846,15 @@ pub struct CreateArgs {
     /// default: warren up's --default-disk.
     #[arg(long)]
     pub disk: Option<String>,
-    /// GPUs requested (recorded in the spec; no device is attached yet).
+    /// GPUs: this many free devices of the node's GPU kind (its
+    /// --gpu-kind, default nvidia.com/gpu), held by this sandbox alone.
     #[arg(long)]
     pub gpus: Option<u32>,
+    /// A CDI device by its full name (vendor/class=name, e.g.
+    /// nvidia.com/gpu=0): its device nodes, mounts and environment, held by
+    /// this sandbox alone. Repeatable.
+    #[arg(long = "device", value_name = "NAME")]
+    pub devices: Vec<String>,
     /// Environment variable KEY=VALUE. Repeatable.
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,

@@ -23,8 +23,8 @@ fn main() {
         warren_runtime::spawner::main();
     }
     // The doctor forks to try namespaces and mounts: also before any thread.
-    if let cli::Command::Doctor { json } = args.command {
-        let code = commands::doctor::run(&args.home, json).unwrap_or_else(|e| {
+    if let cli::Command::Doctor { json, cdi_dirs } = args.command {
+        let code = commands::doctor::run(&args.home, json, &cdi_dirs).unwrap_or_else(|e| {
             eprintln!("error: {e:#}");
             1
         });

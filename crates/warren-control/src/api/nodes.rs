@@ -46,6 +46,9 @@ pub(crate) struct NodeInfo {
     last_seen_ms: u64,
     /// Creates waiting for room (the queue is the cluster's, shared).
     queued: usize,
+    /// Its CDI devices by kind, with those in use (docs/gpu.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    devices: Vec<warren_node_api::DeviceClass>,
 }
 
 /// Nodes with their state, labels, capacity, allocation and load.
@@ -84,6 +87,7 @@ pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
                     },
                     last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
                     queued,
+                    devices: v.info.devices.clone(),
                 }
             })
             .collect(),

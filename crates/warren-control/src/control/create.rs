@@ -19,6 +19,8 @@ pub(crate) fn create_request(row: &SandboxRow) -> CreateSandbox {
         spec: row.spec.clone(),
         resources: row.resources.clone(),
         image_digest: row.image_digest.clone(),
+        devices: Vec::new(),
+        device_env: Default::default(),
     }
 }
 /// A future's output and how long it took.
@@ -46,7 +48,9 @@ pub(crate) fn admit_error(e: AdmitError) -> ApiError {
             }
         }
         AdmitError::Closed => warren_core::ErrorCode::Unavailable,
-        AdmitError::NeverFits { .. } | AdmitError::TooManyPids { .. } => {
+        AdmitError::NeverFits { .. }
+        | AdmitError::TooManyPids { .. }
+        | AdmitError::TooManyGpus { .. } => {
             warren_core::ErrorCode::BadRequest
         }
     };

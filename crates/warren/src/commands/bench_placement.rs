@@ -49,6 +49,7 @@ fn measure(nodes: usize, decisions: usize) -> Result<(f64, f64)> {
                 cpu_millis: 64_000,
                 memory: 256 << 30,
                 slots: 4096,
+                gpus: 0,
             },
             32_768,
             labels,
@@ -59,6 +60,7 @@ fn measure(nodes: usize, decisions: usize) -> Result<(f64, f64)> {
             cpu_millis: rand() % 64_000,
             memory: rand() % (256u64 << 30),
             slots: (rand() % 2048) as u32,
+            gpus: 0,
         };
         admission.hold(&format!("held-{i}"), &name, held);
     }
@@ -67,6 +69,7 @@ fn measure(nodes: usize, decisions: usize) -> Result<(f64, f64)> {
             cpu_millis: 1000,
             memory: 2 << 30,
             slots: 1,
+            gpus: 0,
         },
         pids: 1024,
         selector: Default::default(),

@@ -3,8 +3,18 @@
 use anyhow::Result;
 use warren_runtime::host::{probe, Status};
 
-pub fn run(home: &std::path::Path, json: bool) -> Result<i32> {
-    let checks = probe(home);
+pub fn run(home: &std::path::Path, json: bool, cdi_dirs: &[std::path::PathBuf]) -> Result<i32> {
+    let mut checks = probe(home);
+    let dirs: Vec<std::path::PathBuf> = if cdi_dirs.is_empty() {
+        warren_runtime::cdi::DEFAULT_DIRS
+            .iter()
+            .map(std::path::PathBuf::from)
+            .collect()
+    } else {
+        cdi_dirs.to_vec()
+    };
+    checks.extend(warren_runtime::cdi::checks(&dirs));
+    checks.push(nvml_check());
     if json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {
@@ -31,4 +41,26 @@ pub fn run(home: &std::path::Path, json: bool) -> Result<i32> {
         );
     }
     Ok(if fatal { 1 } else { 0 })
+}
+
+/// Whether NVML loads: without it GPUs still work in sandboxes, but their
+/// use is not measured.
+fn nvml_check() -> warren_runtime::host::Check {
+    use warren_node::gpu::Nvml;
+    match Nvml::load() {
+        Ok(nvml) => warren_runtime::host::Check {
+            name: "nvml",
+            status: Status::Ok,
+            found: nvml.describe(),
+            meaning: "GPU memory and utilisation are sampled per sandbox".into(),
+        },
+        Err(e) => warren_runtime::host::Check {
+            name: "nvml",
+            status: Status::Ok,
+            found: format!("not loaded ({e})"),
+            meaning:
+                "no NVIDIA driver here: GPU use is not sampled (devices from CDI specs still work)"
+                    .into(),
+        },
+    }
 }

@@ -157,6 +157,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 cpu_millis: req.cpu_millis,
                 memory: req.memory,
                 slots: 1,
+                gpus: 0,
             };
             let ask = warren_control::admission::Request {
                 need,

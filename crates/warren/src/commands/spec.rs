@@ -79,6 +79,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         pids: a.pids,
         disk: size(&a.disk)?,
         gpus: a.gpus,
+        devices: a.devices.clone(),
         env: parse_env(&a.env)?,
         labels,
         ttl: dur(&a.ttl)?,

@@ -145,6 +145,19 @@ pub fn start_node(
                 .transpose()
                 .context("--capacity-memory")?,
         ),
+        cdi_dirs: if args.cdi_dirs.is_empty() {
+            defaults.cdi_dirs.clone()
+        } else {
+            args.cdi_dirs.clone()
+        },
+        gpu_kind: warren_runtime::cdi::parse_kind(&args.gpu_kind)
+            .map(|_| args.gpu_kind.clone())
+            .with_context(|| {
+                format!(
+                    "--gpu-kind {:?}: write a CDI kind vendor/class, e.g. nvidia.com/gpu",
+                    args.gpu_kind
+                )
+            })?,
     };
     std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let node = warren_node::Node::start(warren_node::NodeConfig {

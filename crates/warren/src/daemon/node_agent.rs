@@ -81,6 +81,7 @@ pub async fn fake_nodes(args: crate::cli::FakeNodesArgs) -> Result<i32> {
         cpu_millis: args.cpu * 1000,
         memory: args.memory_gib << 30,
         slots: 4096,
+        gpus: 0,
     };
     let mut agents = Vec::new();
     for i in 0..args.count {

@@ -59,6 +59,7 @@ MODELS = {
     models.Node: "NodeInfo",
     models.NodeLoad: "NodeLoad",
     models.Resources: "Resources",
+    models.DeviceClass: "DeviceClass",
     models.Profile: "Profile",
     models.ProfileRequest: "Request",
     models.ProfileRun: "Run",

@@ -194,7 +194,8 @@ class Client:
         ``spec`` takes the API's spec fields: ``cpu`` (cores or ``"500m"``),
         ``memory``/``disk`` (``"2G"`` or bytes), ``cpu_request`` and
         ``memory_request`` (what the scheduler reserves; ``cpu``/``memory``
-        are the enforced limits), ``pids``, ``gpus``, ``env``,
+        are the enforced limits), ``pids``, ``gpus``, ``devices`` (CDI
+        names, e.g. ``["nvidia.com/gpu=0"]``), ``env``,
         ``labels``, ``ttl``/``lease``/``keep_for`` (seconds, ``"30m"`` or a
         ``timedelta``), ``reclaim``, ``profile``, ``cmd`` (argv, or a string
         for ``sh -c``), ``cwd``, ``user``, ``request_id``, ``network``, and

@@ -159,6 +159,9 @@ class SandboxSpec:
     pids: int | None = None
     disk: int | str | None = None
     gpus: int | None = None
+    """Devices of the node's GPU kind (docs/gpu.md)."""
+    devices: list[str] = field(default_factory=list)
+    """CDI devices by full name, e.g. ``["nvidia.com/gpu=0"]``."""
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     ttl: str | int | float | None = None
@@ -318,6 +321,19 @@ class Resources:
     cpu_millis: int
     memory: int
     slots: int
+    gpus: int = 0
+    """Devices of the node's GPU kind (docs/gpu.md)."""
+
+
+@dataclass
+class DeviceClass:
+    """A node's CDI devices of one kind, and those a sandbox holds."""
+
+    kind: str
+    devices: list[str]
+    used: list[str] = field(default_factory=list)
+    gpu: bool = False
+    """The kind ``gpus`` requests take on that node."""
 
 
 @dataclass
@@ -346,6 +362,7 @@ class Node:
     sandboxes: int = 0
     load: NodeLoad = field(default_factory=NodeLoad)
     last_seen_ms: int = 0
+    devices: list[DeviceClass] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- profiles

@@ -327,7 +327,7 @@ class WebSocket:
     WebSocket: the handshake, masked frames out, whole messages in. No
     package needed (neither `websockets` nor `httpx-ws` is installed)."""
 
-    def __init__(self, url, path, token=None, timeout=10):
+    def __init__(self, url, path, token=None, timeout=10, headers=()):
         import base64 as _b64
         import socket as _socket
         from urllib.parse import urlparse
@@ -340,6 +340,8 @@ class WebSocket:
                 "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
         if token is not None:
             head.append(f"Authorization: Bearer {token}")
+        # More header lines ("Name: value"): a cookie, an Origin.
+        head.extend(headers)
         self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         self.buf = b""
         while b"\r\n\r\n" not in self.buf:

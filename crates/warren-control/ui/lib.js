@@ -147,7 +147,10 @@ export class Chart {
       g.fillText(`${s.name}: ${last === undefined ? '–' : (s.fmt || this.format)(last)}`, 6, 14 + 14 * idx);
     });
     this.draws++;
+    // For tests and people with devtools: how often it drew, and the
+    // latest value of each series.
     c.dataset.draws = String(this.draws);
+    c.dataset.last = this.series.map((s) => (s.values.length ? s.values[s.values.length - 1] : '')).join(',');
   }
 }
 
@@ -209,6 +212,8 @@ export class VirtualTable {
       out.push(row);
     }
     this.spacer.replaceChildren(...out);
+    // The first paint with rows, for scripts/bench-console.py.
+    if (out.length && !window.warrenFirstRows) window.warrenFirstRows = performance.now();
     this.el.dataset.rendered = String(out.length);
     this.el.dataset.total = String(this.rows.length);
   }

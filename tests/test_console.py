@@ -1,0 +1,337 @@
+"""The web console (/ui/, docs/dashboard.md) in Debian's Chromium, headless,
+driven by Playwright for Python (its own browsers are never downloaded:
+`executable_path` is the system Chromium). Each browser test saves a
+screenshot under its temp dir; the main ones are in docs/images/.
+
+Also the console's security: the token never in a URL or a page, the
+session cookie's flags, and cookie-authenticated requests from another
+site refused (a POST and a WebSocket)."""
+
+import json
+import re
+import secrets
+import shutil
+import time
+
+import httpx
+import pytest
+
+from helpers import WebSocket
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+EVIL = "https://evil.example"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+class Console:
+    """One logged-in browser page on the console, recording every URL it
+    asked for."""
+
+    def __init__(self, browser, warren, tmp_path):
+        self.warren = warren
+        self.tmp_path = tmp_path
+        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.page = self.context.new_page()
+        self.urls = []
+        self.errors = []
+        self.page.on("request", lambda r: self.urls.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: d.accept())
+
+    def login(self):
+        self.page.goto(self.warren.url + "/ui/")
+        self.page.wait_for_selector("#token", state="visible")
+        self.page.fill("#token", self.warren.token)
+        self.page.click("#login-form button")
+        self.page.wait_for_selector("#top", state="visible")
+        return self
+
+    def go(self, hash_):
+        self.page.evaluate("h => { location.hash = h; }", hash_)
+
+    def shot(self, name):
+        path = self.tmp_path / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
+
+    def terminal_text(self):
+        return self.page.evaluate(
+            """() => { const b = window.__warrenTerm.buffer.active; const out = [];
+               for (let i = 0; i < b.length; i++) out.push(b.getLine(i).translateToString(true));
+               return out.join('\\n'); }"""
+        )
+
+    def wait_terminal(self, pattern, timeout=20):
+        deadline = time.time() + timeout
+        text = ""
+        while time.time() < deadline:
+            text = self.terminal_text()
+            if re.search(pattern, text, re.M):
+                return text
+            time.sleep(0.1)
+        raise AssertionError(f"{pattern!r} never showed in the terminal:\n{text}")
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def console(browser, warren, tmp_path):
+    c = Console(browser, warren, tmp_path)
+    yield c
+    c.close()
+    assert not c.errors, c.errors
+
+
+def wait_until(fn, timeout=30, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rows(page):
+    """The sandbox table's rendered rows: [(id, state, labels)]."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('#sandbox-table .row')].map(r =>
+             [r.dataset.id, r.children[1].textContent, r.children[2].textContent])"""
+    )
+
+
+def batch(warren, task, count, **spec):
+    spec.setdefault("image", "busybox:latest")
+    spec.setdefault("cpu_request", "5m")
+    spec.setdefault("memory", "32M")
+    r = warren.http.post("/v1/batches", json={"count": count, "labels": {"task": task}, "spec": spec})
+    assert r.status_code in (200, 201, 202), r.text
+    return r.json()["id"]
+
+
+def delete_label(warren, sel):
+    warren.http.delete("/v1/sandboxes", params={"label": sel})
+
+
+def test_batch_appears_and_changes_state_live_and_filters_by_label(console, warren):
+    console.login()
+    # Marked once: a reload would lose it.
+    console.page.evaluate("() => { window.notReloaded = true; }")
+    console.go("#/sandboxes")
+    console.page.wait_for_selector("#sandbox-table")
+    a, b = f"ui-a-{secrets.token_hex(3)}", f"ui-b-{secrets.token_hex(3)}"
+    try:
+        batch(warren, a, 4)
+        batch(warren, b, 3)
+        console.page.fill("#filter-label", f"task={a}")
+        got = wait_until(lambda: [r for r in rows(console.page) if r[1] == "running"] if len(
+            [r for r in rows(console.page) if r[1] == "running"]) == 4 else None, what="4 running rows of batch a")
+        assert all(f"task={a}" in r[2] for r in got), got
+        assert not any(f"task={b}" in r[2] for r in rows(console.page))
+        console.shot("sandboxes")
+        # A state change made elsewhere shows without a reload.
+        victim = got[0][0]
+        assert warren.http.post(f"/v1/sandboxes/{victim}/pause").status_code == 200
+        wait_until(lambda: any(r[0] == victim and r[1] == "paused" for r in rows(console.page)),
+                   what="the pause to show")
+        console.page.fill("#filter-label", f"task={b}")
+        wait_until(lambda: len(rows(console.page)) == 3 and all(f"task={b}" in r[2] for r in rows(console.page)),
+                   what="batch b alone")
+        assert console.page.evaluate("() => window.notReloaded") is True
+        # The batches view: progress and counts by state.
+        console.go("#/batches")
+        console.page.wait_for_selector("[data-batch]")
+        console.shot("batches")
+    finally:
+        delete_label(warren, f"task={a}")
+        delete_label(warren, f"task={b}")
+
+
+def test_fleet_matrix_and_drill_down(console, warren):
+    task = f"ui-fleet-{secrets.token_hex(3)}"
+    try:
+        batch(warren, task, 3)
+        console.login()
+        console.go("#/fleet")
+        console.page.wait_for_selector("#fleet-key")
+        console.page.select_option("#fleet-key", "task")
+        cell = console.page.wait_for_selector(f'td.cell[data-value="{task}"][data-state="running"]', timeout=20000)
+        assert cell.query_selector(".n").text_content() == "3"
+        assert "CPU" in cell.text_content() and "mem" in cell.text_content()
+        console.shot("fleet")
+        cell.click()
+        console.page.wait_for_selector("#sandbox-table")
+        assert console.page.input_value("#filter-label") == f"task={task}"
+        wait_until(lambda: len(rows(console.page)) == 3, what="the cell's three sandboxes")
+    finally:
+        delete_label(warren, f"task={task}")
+
+
+def test_overview_shows_nodes_counts_and_events(console, warren, sandbox):
+    sandbox(labels={"task": "ui-overview"})
+    console.login()
+    console.page.wait_for_selector("[data-node]")
+    console.page.wait_for_selector("#live-count")
+    wait_until(lambda: int(console.page.text_content("#live-count")) >= 1, what="a live count")
+    assert "CPU busy" in console.page.text_content("[data-node]")
+    console.shot("overview")
+
+
+def test_sandbox_chart_moves_and_terminal_echoes(console, warren, sandbox):
+    box = sandbox(cmd=["sh", "-c", "while :; do :; done"], cpu="300m", labels={"task": "ui-busy"})
+    console.login()
+    console.go(f"#/sandbox/{box['id']}")
+    canvas = console.page.wait_for_selector("#usage-chart")
+    first = int(canvas.get_attribute("data-draws") or 0)
+    wait_until(lambda: int(canvas.get_attribute("data-draws") or 0) >= first + 4, what="the chart to redraw")
+    # The CPU series climbs to the busy loop's rate (limited to 300m).
+    wait_until(lambda: float((canvas.get_attribute("data-last") or "0").split(",")[0] or 0) > 50,
+               what="CPU above 50m on the chart")
+    console.page.click("#open-terminal")
+    console.wait_terminal(r"[#$] $")
+    console.page.click("#terminal")
+    console.page.keyboard.type("echo hi")
+    console.page.keyboard.press("Enter")
+    console.wait_terminal(r"^hi\s*$")
+    console.shot("sandbox")
+
+
+def test_kept_sandbox_terminal_shows_its_files(console, warren):
+    r = warren.http.post("/v1/sandboxes", json={
+        "image": "busybox:latest", "reclaim": "keep", "labels": {"task": "ui-kept"},
+        "cmd": ["sh", "-c", "echo scene > /tmp/scene-left-behind.txt; exit 3"]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    try:
+        wait_until(lambda: warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "kept", what="kept")
+        console.login()
+        console.go(f"#/sandbox/{sid}")
+        console.page.wait_for_selector("#timeline")
+        console.page.click("#open-terminal")
+        console.wait_terminal(r"[#$] $")
+        console.page.click("#terminal")
+        console.page.keyboard.type("ls /tmp; cat /tmp/scene-left-behind.txt")
+        console.page.keyboard.press("Enter")
+        text = console.wait_terminal(r"^scene\s*$")
+        assert "scene-left-behind.txt" in text
+        console.shot("kept")
+        # Still kept once the terminal has gone (the node froze it again).
+        console.go("#/")
+        assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "kept"
+    finally:
+        warren.http.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_delete_from_the_ui(console, warren):
+    box = warren.create(labels={"task": "ui-delete"})
+    console.login()
+    console.go(f"#/sandbox/{box['id']}")
+    console.page.click('button[data-action="Destroy"]')
+    wait_until(lambda: warren.http.get(f"/v1/sandboxes/{box['id']}").json()["state"] == "destroyed",
+               what="the sandbox destroyed")
+
+
+def test_logout_is_refused_afterwards(console, warren):
+    console.login()
+    cookie = next(c for c in console.context.cookies() if c["name"] == "warren_session")
+    console.page.click("#logout")
+    console.page.wait_for_selector("#login", state="visible")
+    status = console.page.evaluate("() => fetch('/v1/usage', {headers: {'X-Warren-Console': '1'}}).then(r => r.status)")
+    assert status == 401
+    # The old session id is dead on the server, not only in this browser.
+    r = httpx.get(warren.url + "/v1/usage", cookies={"warren_session": cookie["value"]})
+    assert r.status_code == 401
+
+
+def test_no_token_in_any_url_page_or_storage(console, warren):
+    console.login()
+    for view in ["#/", "#/fleet", "#/sandboxes", "#/batches", "#/profiles", "#/images", "#/nodes"]:
+        console.go(view)
+        console.page.wait_for_timeout(300)
+        assert warren.token not in console.page.content()
+    assert not any(warren.token in u for u in console.urls), console.urls
+    stored = console.page.evaluate(
+        "() => JSON.stringify([document.cookie, {...localStorage}, {...sessionStorage}, location.href])")
+    assert warren.token not in stored
+    assert "warren_session" not in console.page.evaluate("() => document.cookie")  # HttpOnly
+    for c in console.context.cookies():
+        assert warren.token not in c["value"]
+    for asset in ["", "app.js", "views.js", "lib.js", "index.html"]:
+        assert warren.token not in httpx.get(f"{warren.url}/ui/{asset}").text
+
+
+def login_cookie(warren):
+    r = httpx.post(warren.url + "/ui/login", json={"token": warren.token},
+                   headers={"Origin": warren.url})
+    assert r.status_code == 204, r.text
+    return r.headers["set-cookie"], r.cookies["warren_session"]
+
+
+def test_cookie_flags(console, warren):
+    header, value = login_cookie(warren)
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Path=/" in header
+    assert "Secure" not in header  # plain http here; --public-url https://… adds it
+    assert warren.token not in header and len(value) == 64
+    console.login()
+    c = next(c for c in console.context.cookies() if c["name"] == "warren_session")
+    assert c["httpOnly"] is True and c["sameSite"] == "Strict"
+    # A wrong token opens no session.
+    r = httpx.post(warren.url + "/ui/login", json={"token": "nope"}, headers={"Origin": warren.url})
+    assert r.status_code == 401 and "set-cookie" not in r.headers
+
+
+def test_cross_site_post_with_the_cookie_is_refused(warren):
+    _, session = login_cookie(warren)
+    jar = {"warren_session": session}
+    spec = {"image": "busybox:latest", "labels": {"task": "ui-csrf"}}
+    # Another site's form or script: its Origin, the cookie only.
+    r = httpx.post(warren.url + "/v1/sandboxes", json=spec, cookies=jar, headers={"Origin": EVIL})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+    # No Origin and not the console's header: refused too.
+    r = httpx.post(warren.url + "/v1/sandboxes", json=spec, cookies=jar)
+    assert r.status_code == 403, r.text
+    r = httpx.delete(warren.url + "/v1/sandboxes", params={"label": "task=ui-csrf"}, cookies=jar,
+                     headers={"Origin": EVIL})
+    assert r.status_code == 403
+    # Logging a browser into a session from elsewhere is refused as well.
+    r = httpx.post(warren.url + "/ui/login", json={"token": warren.token}, headers={"Origin": EVIL})
+    assert r.status_code == 403
+    # Reads with the cookie work (SameSite=Strict keeps other sites from
+    # sending it; the same-origin policy from reading the answer).
+    assert httpx.get(warren.url + "/v1/usage", cookies=jar).status_code == 200
+    # The console itself may: its own Origin.
+    r = httpx.post(warren.url + "/v1/sandboxes", json=spec, cookies=jar, headers={"Origin": warren.url})
+    assert r.status_code == 201, r.text
+    assert httpx.delete(f"{warren.url}/v1/sandboxes/{r.json()['id']}", cookies=jar,
+                        headers={"X-Warren-Console": "1"}).status_code == 200
+
+
+def test_cross_site_websocket_with_the_cookie_is_refused(warren, sandbox):
+    box = sandbox()
+    _, session = login_cookie(warren)
+    path = f"/v1/sandboxes/{box['id']}/exec/ws"
+    ws = WebSocket(warren.url, path, headers=[f"Cookie: warren_session={session}", f"Origin: {EVIL}"])
+    assert ws.status == 403, (ws.status, ws.body)
+    assert json.loads(ws.body)["error"]["code"] == "forbidden"
+    ws.sock.close()
+    # No Origin at all (a browser always sends one on a WebSocket).
+    ws = WebSocket(warren.url, path, headers=[f"Cookie: warren_session={session}", "X-Warren-Console: 1"])
+    assert ws.status == 403, ws.status
+    ws.sock.close()
+    # The console's own origin opens it.
+    ws = WebSocket(warren.url, path, headers=[f"Cookie: warren_session={session}", f"Origin: {warren.url}"])
+    assert ws.status == 101, (ws.status, ws.body)
+    ws.send(json.dumps({"cmd": ["echo", "ok"]}))
+    kind, start = ws.recv()
+    assert json.loads(start)["type"] == "start"
+    ws.sock.close()

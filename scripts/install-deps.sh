@@ -10,6 +10,9 @@ test=false
 pkgs=(libseccomp-dev pkg-config busybox-static umoci e2fsprogs curl)
 # The tests' comparisons, registries, fault injection and PostgreSQL.
 $test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry apache2-utils zstd mmdebstrap postgresql)
+# The web console's browser tests (tests/test_console.py): Debian's Chromium,
+# driven by Playwright for Python (its own browsers are never downloaded).
+$test && pkgs+=(chromium)
 need=()
 # Debian's python3 refuses pip installs outside a venv (PEP 668) unless told.
 pip_install() { python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"; }
@@ -30,7 +33,7 @@ $test || exit 0
 # The fuzz targets (fuzz/, run briefly by scripts/test.sh) need nightly and cargo-fuzz.
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-python3 -c "import pytest, httpx, prometheus_client, mypy" 2>/dev/null || pip_install pytest httpx prometheus-client mypy
+python3 -c "import pytest, httpx, prometheus_client, mypy, playwright" 2>/dev/null || pip_install pytest httpx prometheus-client mypy playwright
 # The Python SDK (sdk/python), installed as users install it; reinstalled on
 # every run so the tests never see a stale copy.
 pip_install --force-reinstall --no-deps "$(dirname "$0")/../sdk/python"

@@ -25,7 +25,18 @@ echo "== starting warren up (home $WARREN_HOME, $WARREN_URL)"
 # leaving sandboxes behind for the next start instead of destroying them.
 setsid "$bin" up --home "$WARREN_HOME" --listen "${WARREN_URL#http://}" &
 pid=$!
-trap 'kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+# Ctrl-C, a TERM or any exit stops warren up, which destroys the batch and
+# says "warren up: stopped". INT and TERM are trapped, not left to bash's
+# default: an untrapped SIGINT that lands while bash sits in `wait` takes a
+# path through bash's own handlers that once left the daemon running.
+stop() {
+    trap - EXIT INT TERM
+    kill -INT "$pid" 2>/dev/null || return 0
+    wait "$pid" 2>/dev/null || true
+}
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+trap stop EXIT
 for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 img=$(mktemp /tmp/warren-busybox.XXXXXX.tar)
 scripts/make-busybox-image.sh "$img" >/dev/null

@@ -2,6 +2,7 @@
 (`warren node`) that joined it, each with its own home and a small declared
 capacity, all on this machine."""
 
+import signal
 import time
 
 import httpx
@@ -429,4 +430,73 @@ def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, pos
             c.server = follower
         finally:
             if follower.proc.poll() is None and c.server is not follower:
+                follower.stop()
+
+
+def test_a_stalled_leader_is_fenced_off_by_its_nodes(images, postgres):
+    """A leader frozen past its lease (SIGSTOP) is replaced; the nodes learn
+    the new leader's epoch, refuse the old one's calls, and the old leader
+    stops once it runs again, without having touched a sandbox."""
+    import shutil
+
+    from cluster import Server
+    from conftest import free_port
+
+    url = postgres.create_database()
+    port = free_port()
+    with Cluster(images, database=url, nodes=[dict(name="a")], also=[f"http://127.0.0.1:{port}"]) as c:
+        leader = c.server
+        home = c.base / "server-b"
+        home.mkdir()
+        for f in ("token", "join-token"):
+            shutil.copy(leader.home / f, home / f)
+        follower = Server(home, port, database=url)
+        follower.start()
+        epoch_file = c.nodes["a"].home / "leader-epoch"
+        try:
+            s = create(c, cpu=0.1, memory="32M")
+            assert epoch_file.read_text().strip() == "1"
+            leader.proc.send_signal(signal.SIGSTOP)
+            try:
+                def follower_leads():
+                    # Until it leads, the follower forwards to the frozen
+                    # leader, which does not answer.
+                    try:
+                        return follower.http.get("/healthz", timeout=1).text.strip() == "ok"
+                    except httpx.TimeoutException:
+                        return False
+
+                wait_until("the follower to lead", follower_leads, timeout=30, every=0.1)
+                wait_until("node a to follow epoch 2", lambda: epoch_file.read_text().strip() == "2", timeout=20)
+                # The frozen leader's heartbeat deadlines have all passed:
+                # awake, it would take node a for lost and its sandbox
+                # with it, were the node to obey it.
+            finally:
+                leader.proc.send_signal(signal.SIGCONT)
+            assert leader.proc.wait(timeout=20) == 75, "the replaced leader did not stop"
+            said = (c.base / f"server-{leader.port}.log").read_text(errors="replace")
+            assert "went to another replica" in said or "lease went to" in said, said[-2000:]
+            # Deterministically, too: a call with the old epoch, sent by hand
+            # with the node's credential, is refused.
+            cred = postgres.psql("SELECT credential FROM nodes WHERE name = 'a'", url=url).strip()
+            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", headers={
+                "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "1"})
+            assert r.status_code == 412 and r.json()["kind"] == "fenced", r.text
+            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", headers={
+                "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "2"})
+            assert r.status_code == 200, r.text
+            # Nothing was touched: the sandbox runs on, and answers.
+            assert follower.http.get(f"/v1/sandboxes/{s['id']}").json()["state"] == "running"
+            exit_ev, out, _, _ = follower.exec(s["id"], ["echo", "still-here"])
+            assert out == b"still-here\n", (exit_ev, out)
+            assert s["id"] in c.nodes["a"].leftovers()
+            refused = (c.nodes["a"].home / "warren-node.log").read_text(errors="replace").count(
+                "refused a call of a replaced control plane")
+            print(f"node a refused {refused} calls of the replaced leader")
+            c.server = follower
+        finally:
+            if leader.proc.poll() is None:
+                leader.proc.send_signal(signal.SIGCONT)
+                leader.stop()
+            if c.server is not follower:
                 follower.stop()

@@ -63,6 +63,9 @@ pub fn node_error(e: NodeError) -> ApiError {
         ErrorKind::Unavailable => (ErrorCode::Unavailable, Some(1000)),
         ErrorKind::Upstream => (ErrorCode::BadGateway, None),
         ErrorKind::Internal => (ErrorCode::Internal, None),
+        // This replica was replaced as leader and exits within a second;
+        // a retry reaches the new leader.
+        ErrorKind::Fenced => (ErrorCode::Unavailable, Some(1000)),
     };
     ApiError {
         code,

@@ -1003,17 +1003,22 @@ async fn nodes(f: &Fixture) -> TestResult {
 
 async fn leader_lease(f: &Fixture) -> TestResult {
     let s = &f.store;
-    let holder = |l: warren_control::store::Leader| (l.holder, l.url);
-    let a = || ("a".to_string(), "http://a".to_string());
+    let holder = |l: warren_control::store::Leader| (l.holder, l.url, l.epoch);
+    let a = || ("a".to_string(), "http://a".to_string(), 1);
     assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), a());
     // Held: another replica only learns who leads.
     assert_eq!(holder(s.claim_leader("b", "http://b", 300).await?), a());
-    // Its holder renews it.
+    // Its holder renews it, in the same epoch.
     assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), a());
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    // Expired: the next claim takes it, and the old holder cannot renew.
-    let b = ("b".to_string(), "http://b".to_string());
-    assert_eq!(holder(s.claim_leader("b", "http://b", 60_000).await?), b);
+    // Expired: the next claim takes it in a new epoch, and the old holder
+    // cannot renew.
+    let b = ("b".to_string(), "http://b".to_string(), 2);
+    assert_eq!(holder(s.claim_leader("b", "http://b", 300).await?), b);
     assert_eq!(holder(s.claim_leader("a", "http://a", 300).await?), b);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Back to the first holder: an epoch of its own, not its old one.
+    let a3 = ("a".to_string(), "http://a".to_string(), 3);
+    assert_eq!(holder(s.claim_leader("a", "http://a", 60_000).await?), a3);
     Ok(())
 }

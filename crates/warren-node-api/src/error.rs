@@ -23,6 +23,9 @@ pub enum ErrorKind {
     Upstream,
     /// A bug or an unexpected failure of the host.
     Internal,
+    /// The caller is a control plane that another replica replaced (a
+    /// lower leader epoch than the node has seen): it must stop acting.
+    Fenced,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -47,6 +47,9 @@ pub struct HttpNode {
     /// The URL as configured, for messages.
     shown: Arc<str>,
     auth: HeaderValue,
+    /// The leader epoch of the replica that drives the node, sent on
+    /// every call (see [`crate::fence`]).
+    epoch: Option<HeaderValue>,
 }
 
 impl fmt::Debug for HttpNode {
@@ -127,7 +130,15 @@ impl HttpNode {
             base,
             shown: base_url.trim_end_matches('/').into(),
             auth,
+            epoch: None,
         })
+    }
+
+    /// Sends `epoch` with every call: the node refuses the calls once it
+    /// has seen a higher one (a newer leader).
+    pub fn with_leader_epoch(mut self, epoch: u64) -> HttpNode {
+        self.epoch = Some(HeaderValue::from(epoch));
+        self
     }
 
     /// The node's URL, as configured.
@@ -154,10 +165,14 @@ impl HttpNode {
         segments: &[&str],
         query: &[(&str, &str)],
     ) -> NodeResult<RequestBuilder> {
-        Ok(self
+        let rb = self
             .http
             .request(method, self.url_of(segments, query)?)
-            .header(header::AUTHORIZATION, self.auth.clone()))
+            .header(header::AUTHORIZATION, self.auth.clone());
+        Ok(match &self.epoch {
+            Some(epoch) => rb.header(crate::fence::LEADER_EPOCH, epoch.clone()),
+            None => rb,
+        })
     }
 
     /// Sends a request; an answer other than success is the node's error.

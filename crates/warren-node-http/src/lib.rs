@@ -14,7 +14,9 @@
 //! - files, logs and image archives are raw bytes streamed both ways, never
 //!   held whole in memory;
 //! - a port tunnel is an HTTP/1 upgrade (`Upgrade: tcp`), after which the
-//!   connection carries the port's bytes.
+//!   connection carries the port's bytes;
+//! - every call of a `warren server` replica carries its leader epoch
+//!   ([`fence`]): a node refuses the calls of a leader that was replaced.
 //!
 //! Plain HTTP only for now: the credential travels in clear, so a node's
 //! API belongs on a trusted network until TLS is added.
@@ -22,9 +24,11 @@
 #![forbid(unsafe_code)]
 
 mod client;
+pub mod fence;
 mod ndjson;
 mod server;
 mod wire;
 
 pub use client::HttpNode;
+pub use fence::Fence;
 pub use server::{router, serve, Credential};

@@ -21,9 +21,10 @@ use serde::de::DeserializeOwned;
 use warren_core::spec::NetworkSpec;
 use warren_core::{ExecRequest, SandboxSpec};
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
+    ByteStream, CreateSandbox, ErrorKind, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
 };
 
+use crate::fence::{Fence, Refusal, LEADER_EPOCH};
 use crate::ndjson;
 use crate::wire::{self, *};
 use warren_core::sync::lock;
@@ -88,7 +89,10 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 /// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
-pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Router {
+///
+/// `fence` refuses the calls of a control plane that another replica
+/// replaced (see [`crate::fence`]).
+pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: Fence) -> Router {
     let credential = credential.into();
     if lock(&credential.0).is_empty() {
         tracing::warn!("the node API has an empty credential: it refuses every request");
@@ -135,7 +139,46 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>) -> Rout
         // Only the JSON extractors buffer (through `Bytes`); file and
         // archive bodies are taken as a stream and are not bound by it.
         .layer(DefaultBodyLimit::max(JSON_LIMIT))
+        .layer(middleware::from_fn_with_state(fence, fenced))
         .layer(middleware::from_fn_with_state(credential, auth))
+}
+
+/// Runs after `auth`: only a caller with the node credential can move the
+/// fence. A call without an epoch (a control plane in the same process as
+/// its node, or one that leads alone) is let through.
+async fn fenced(State(fence): State<Fence>, req: Request, next: Next) -> Response {
+    let Some(given) = req.headers().get(LEADER_EPOCH) else {
+        return next.run(req).await;
+    };
+    let Some(given) = given.to_str().ok().and_then(|v| v.parse::<u64>().ok()) else {
+        let e = NodeError::invalid(format!("{LEADER_EPOCH} must be a number"));
+        return (StatusCode::BAD_REQUEST, Json(e)).into_response();
+    };
+    match fence.admit(given) {
+        Ok(()) => next.run(req).await,
+        Err(Refusal::Stale { current }) => {
+            tracing::warn!(
+                given,
+                current,
+                path = %req.uri().path(),
+                "refused a call of a replaced control plane"
+            );
+            let e = NodeError::new(
+                ErrorKind::Fenced,
+                format!(
+                    "this node follows a newer leader (epoch {current}); this control plane \
+                     (epoch {given}) was replaced and must not act on it"
+                ),
+            );
+            (wire::status_of(ErrorKind::Fenced), Json(e)).into_response()
+        }
+        Err(Refusal::Unsaved(e)) => {
+            tracing::error!(error = %e, "writing the leader epoch");
+            let e =
+                NodeError::unavailable(format!("the node could not record the leader epoch: {e}"));
+            (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response()
+        }
+    }
 }
 
 /// The credential the node API takes; a node that joins a cluster learns

@@ -36,6 +36,7 @@ pub(crate) fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Fenced => StatusCode::PRECONDITION_FAILED,
     }
 }
 

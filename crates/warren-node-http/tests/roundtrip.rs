@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use warren_core::spec::{NetworkMode, NetworkSpec};
 use warren_core::{ExecEvent, ExecRequest, ResolvedResources, SandboxSpec, Usage};
 use warren_node_api::*;
-use warren_node_http::{router, HttpNode};
+use warren_node_http::{router, Fence, HttpNode};
 
 const CREDENTIAL: &str = "node-credential-0123456789abcdef";
 const ECHO_PORT: u16 = 7;
@@ -655,7 +655,7 @@ async fn echo_server() -> SocketAddr {
 async fn serve(fake: Arc<FakeNode>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = router(fake, CREDENTIAL.to_string());
+    let app = router(fake, CREDENTIAL.to_string(), Fence::default());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }
@@ -1594,7 +1594,10 @@ async fn a_path_prefix_in_the_node_url_is_kept() {
     let fake = Arc::new(FakeNode::new(echo_server().await));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().nest("/nodes/n1", router(fake, CREDENTIAL.to_string()));
+    let app = axum::Router::new().nest(
+        "/nodes/n1",
+        router(fake, CREDENTIAL.to_string(), Fence::default()),
+    );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let node = HttpNode::new(&format!("http://{addr}/nodes/n1/"), CREDENTIAL).unwrap();
     assert_eq!(node.info().await.unwrap().name, "fake-1");
@@ -1603,4 +1606,48 @@ async fn a_path_prefix_in_the_node_url_is_kept() {
     let mut back = [0u8; 1];
     tunnel.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"x");
+}
+
+/// Two replicas of a control plane: once the node has seen the newer
+/// leader's epoch, the older leader's calls are refused (reads and
+/// destroys alike, with the `fenced` kind), the newer one's go on, and so
+/// do calls without an epoch (a node driven by a `warren up` in-process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_leader_is_fenced_off() {
+    let fake = Arc::new(FakeNode::new(echo_server().await));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fence = Fence::open(dir.path().join("leader-epoch")).unwrap();
+    let app = router(fake.clone(), CREDENTIAL.to_string(), fence.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}");
+    let old = HttpNode::new(&url, CREDENTIAL)
+        .unwrap()
+        .with_leader_epoch(1);
+    let new = HttpNode::new(&url, CREDENTIAL)
+        .unwrap()
+        .with_leader_epoch(2);
+
+    old.info().await.expect("epoch 1 leads at first");
+    new.info().await.expect("epoch 2 takes over");
+    assert_eq!(fence.epoch(), 2);
+    let e = old.info().await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fenced, "{e}");
+    assert!(e.message.contains("epoch 2"), "{}", e.message);
+    let e = old.destroy("sb-1", "stale").await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fenced);
+    new.info().await.expect("the new leader goes on");
+    HttpNode::new(&url, CREDENTIAL)
+        .unwrap()
+        .info()
+        .await
+        .expect("no epoch: not fenced");
+    // The node remembers across a restart.
+    assert_eq!(
+        Fence::open(dir.path().join("leader-epoch"))
+            .unwrap()
+            .epoch(),
+        2
+    );
 }

@@ -172,6 +172,9 @@ pub struct Leader {
     pub holder: String,
     /// Where the other replicas forward requests to.
     pub url: String,
+    /// One more each time the lease changes hands; the leader sends it on
+    /// every node call, and a node refuses a lower one than it has seen.
+    pub epoch: u64,
 }
 
 /// A node of a cluster, as the control plane remembers it.
@@ -294,7 +297,8 @@ pub trait Store: Send + Sync {
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
     /// Takes (or renews) the leader lease for `ttl_ms` when it is free,
     /// expired or already `holder`'s, by the database's clock; returns who
-    /// leads after the attempt.
+    /// leads after the attempt. Taken from another holder, the lease's
+    /// epoch grows by one; renewed, it stays.
     async fn claim_leader(
         &self,
         holder: &str,

@@ -681,13 +681,14 @@ impl Store for PgStore {
                 INSERT INTO leader (id, holder, url, expires_ms)
                 SELECT 1, $1, $2, ms + $3 FROM now
                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, url = excluded.url,
-                    expires_ms = excluded.expires_ms
+                    expires_ms = excluded.expires_ms,
+                    epoch = leader.epoch + CASE WHEN leader.holder = excluded.holder THEN 0 ELSE 1 END
                 WHERE leader.holder = excluded.holder OR leader.expires_ms < (SELECT ms FROM now)
-                RETURNING holder, url
+                RETURNING holder, url, epoch
              )
-             SELECT holder, url FROM claim
+             SELECT holder, url, epoch FROM claim
              UNION ALL
-             SELECT holder, url FROM leader WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM claim)",
+             SELECT holder, url, epoch FROM leader WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM claim)",
         )
         .bind(holder)
         .bind(url)
@@ -697,6 +698,7 @@ impl Store for PgStore {
         Ok(Leader {
             holder: row.try_get("holder")?,
             url: row.try_get("url")?,
+            epoch: row.try_get::<i64, _>("epoch")?.try_into().unwrap_or(0),
         })
     }
 

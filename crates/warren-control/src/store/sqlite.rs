@@ -539,7 +539,8 @@ impl Store for SqliteStore {
             "INSERT INTO leader (id, holder, url, expires_ms)
              VALUES (1, ?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + ?3)
              ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, url = excluded.url,
-                expires_ms = excluded.expires_ms
+                expires_ms = excluded.expires_ms,
+                epoch = leader.epoch + (leader.holder <> excluded.holder)
              WHERE leader.holder = excluded.holder
                 OR leader.expires_ms < CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
         )
@@ -548,13 +549,14 @@ impl Store for SqliteStore {
         .bind(ttl_ms)
         .execute(tx.conn())
         .await?;
-        let row = sqlx::query("SELECT holder, url FROM leader WHERE id = 1")
+        let row = sqlx::query("SELECT holder, url, epoch FROM leader WHERE id = 1")
             .fetch_one(tx.conn())
             .await?;
         tx.commit().await?;
         Ok(Leader {
             holder: row.try_get("holder")?,
             url: row.try_get("url")?,
+            epoch: row.try_get::<i64, _>("epoch")?.try_into().unwrap_or(0),
         })
     }
 

@@ -40,8 +40,10 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     let log_path = super::init_logging(home, "warren-node.log")?;
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
+    let fence = warren_node_http::Fence::open(home.join("leader-epoch"))?;
     let agent = Agent::serve(
         local,
+        fence,
         &name,
         args.listen,
         args.advertise.clone(),
@@ -88,7 +90,8 @@ pub async fn fake_nodes(args: crate::cli::FakeNodesArgs) -> Result<i32> {
         let name = format!("fake-{i:03}");
         let node: Arc<dyn NodeApi> = warren_node_api::fake::FakeNode::new(&name, lends);
         let listen = "127.0.0.1:0".parse().context("loopback address")?;
-        agents.push(Agent::serve(node, &name, listen, None, &args.server, &token).await?);
+        let fence = warren_node_http::Fence::default();
+        agents.push(Agent::serve(node, fence, &name, listen, None, &args.server, &token).await?);
     }
     eprintln!("{} fake nodes joining {}", agents.len(), args.server);
     let runs = futures_util::future::join_all(agents.iter().map(Agent::run));
@@ -129,6 +132,7 @@ impl Agent {
     /// answers) and prepares to join `server` as `name`.
     async fn serve(
         node: Arc<dyn NodeApi>,
+        fence: warren_node_http::Fence,
         name: &str,
         listen: std::net::SocketAddr,
         advertise: Option<String>,
@@ -140,7 +144,7 @@ impl Agent {
             .await
             .with_context(|| format!("node API: listen on {listen} (--listen)"))?;
         let listening = listener.local_addr().context("node API address")?;
-        let router = warren_node_http::router(node.clone(), credential.clone());
+        let router = warren_node_http::router(node.clone(), credential.clone(), fence);
         tokio::spawn(async move {
             if let Err(e) = warren_node_http::serve(listener, router).await {
                 tracing::error!(error = %e, "the node API stopped");

@@ -28,11 +28,18 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     let join_token = warren_control::ensure_secret(&join_token_path(home))
         .with_context(|| format!("join token {}", join_token_path(home).display()))?;
     let nofile = warren_runtime::host_tables::raise_nofile();
-    let connect: Connector = Arc::new(|url: &str, credential: &str| {
-        warren_node_http::HttpNode::new(url, credential)
-            .map(|n| Arc::new(n) as Arc<dyn NodeApi>)
-            .map_err(|e| e.to_string())
-    });
+    // The lease's epoch, set once this replica leads (before its control
+    // plane connects to any node): every node call carries it.
+    let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let connect: Connector = {
+        let epoch = epoch.clone();
+        Arc::new(move |url: &str, credential: &str| {
+            warren_node_http::HttpNode::new(url, credential)
+                .map(|n| n.with_leader_epoch(epoch.load(std::sync::atomic::Ordering::Acquire)))
+                .map(|n| Arc::new(n) as Arc<dyn NodeApi>)
+                .map_err(|e| e.to_string())
+        })
+    };
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen: args.listen,
@@ -68,6 +75,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     let lease = tokio::spawn(hold_lease(
         home.to_path_buf(),
         advertise,
+        epoch,
         cfg,
         switch.clone(),
         leading.clone(),
@@ -94,10 +102,13 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
 /// replica starts its control plane and renews the lease; should a renewal
 /// fail past the lease's length, or another replica hold it, the process
 /// exits at once (its supervisor restarts it as a follower), so two
-/// replicas never place sandboxes at the same time.
+/// replicas never place sandboxes at the same time. Should it stall past
+/// its lease and act before it notices, the nodes refuse it: they have seen
+/// the new leader's higher epoch.
 async fn hold_lease(
     home: std::path::PathBuf,
     advertise: String,
+    epoch: Arc<std::sync::atomic::AtomicU64>,
     cfg: UpConfig,
     switch: Arc<replica::Switch>,
     leading: super::Running,
@@ -118,8 +129,22 @@ async fn hold_lease(
         match store.claim_leader(&me, &advertise, replica::LEASE_MS).await {
             Ok(lease) if lease.holder == me => {
                 renewed = std::time::Instant::now();
+                let leads_in = epoch.load(std::sync::atomic::Ordering::Acquire);
+                if leads_in != 0 && leads_in != lease.epoch {
+                    // Another replica led in between: what this control
+                    // plane holds in memory is stale.
+                    fatal(&format!(
+                        "the leader lease went to another replica and back (epoch {leads_in} → {}): \
+                         stopping so that a fresh start takes over",
+                        lease.epoch
+                    ));
+                }
                 if let Some(cfg) = cfg.take() {
-                    eprintln!("warren server: this replica leads ({advertise})");
+                    epoch.store(lease.epoch, std::sync::atomic::Ordering::Release);
+                    eprintln!(
+                        "warren server: this replica leads ({advertise}, epoch {})",
+                        lease.epoch
+                    );
                     match warren_control::start(cfg).await {
                         Ok((up, router)) => {
                             let _ = leading.set(up.control.clone());

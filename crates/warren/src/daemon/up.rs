@@ -76,7 +76,9 @@ async fn node_transport(
                 format!("node API: listen on {} (--node-listen)", args.node_listen)
             })?;
             let addr = listener.local_addr().context("node API address")?;
-            let router = warren_node_http::router(Arc::new(node), credential.clone());
+            // Its one control plane is in this process: nothing to fence.
+            let fence = warren_node_http::Fence::default();
+            let router = warren_node_http::router(Arc::new(node), credential.clone(), fence);
             tokio::spawn(async move {
                 if let Err(e) = warren_node_http::serve(listener, router).await {
                     tracing::error!(error = %e, "the node API stopped");

@@ -75,4 +75,13 @@ pub struct Usage {
     pub samples: u64,
     #[serde(default)]
     pub runtime_ms: u64,
+    /// GPU memory its processes hold (NVML, on a node with NVIDIA's
+    /// driver, for a sandbox holding GPUs; else 0), now and at most.
+    #[serde(default)]
+    pub gpu_memory_bytes: u64,
+    #[serde(default)]
+    pub gpu_memory_peak_bytes: u64,
+    /// The busiest of its GPUs over NVML's last sample period, in percent.
+    #[serde(default)]
+    pub gpu_utilization_percent: u32,
 }

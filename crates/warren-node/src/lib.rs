@@ -194,6 +194,8 @@ pub struct Node {
     forks: Arc<forks::ForkLayers>,
     /// CDI devices and which sandbox holds each.
     devices: devices::Devices,
+    /// NVML, where it loads: GPU use per sandbox.
+    gpu_reader: Option<Box<dyn gpu::GpuReader>>,
 }
 
 impl Node {
@@ -244,6 +246,16 @@ impl Node {
         let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
         let forks = Arc::new(forks::ForkLayers::open(&cfg.home)?);
         let devices = devices::Devices::new(cap.cdi_dirs.clone(), cap.gpu_kind.clone());
+        let gpu_reader = match gpu::Nvml::load() {
+            Ok(nvml) => {
+                tracing::info!(nvml = %nvml.describe(), "GPU use is sampled per sandbox");
+                Some(Box::new(nvml) as Box<dyn gpu::GpuReader>)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no NVML: GPU use is not sampled");
+                None
+            }
+        };
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
             checked_images: Mutex::new(std::collections::HashSet::new()),
@@ -286,6 +298,7 @@ impl Node {
             egress: warren_net::Egress::new(cap.egress.clone()),
             forks,
             devices,
+            gpu_reader,
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         tokio::spawn(sample_usage(

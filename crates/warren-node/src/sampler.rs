@@ -30,6 +30,9 @@ pub struct UsageTracker {
     cpu_peak_millis: u64,
     memory_peak: u64,
     disk_bytes: u64,
+    /// The latest GPU reading (see crate::gpu) and the most memory seen.
+    gpu: crate::gpu::SandboxGpu,
+    gpu_memory_peak: u64,
 }
 
 impl UsageTracker {
@@ -43,7 +46,16 @@ impl UsageTracker {
             cpu_peak_millis: 0,
             memory_peak: 0,
             disk_bytes: 0,
+            gpu: Default::default(),
+            gpu_memory_peak: 0,
         }
+    }
+
+    /// Adds a GPU reading of the sandbox (nothing of it on any GPU: the
+    /// default, all zero).
+    pub fn add_gpu(&mut self, g: crate::gpu::SandboxGpu) {
+        self.gpu_memory_peak = self.gpu_memory_peak.max(g.memory);
+        self.gpu = g;
     }
 
     /// Adds one reading, taken at `at` (read the clock before the cgroup:
@@ -105,6 +117,9 @@ impl UsageTracker {
             disk_bytes: self.disk_bytes,
             samples: self.samples,
             runtime_ms: self.started.elapsed().as_millis() as u64,
+            gpu_memory_bytes: self.gpu.memory,
+            gpu_memory_peak_bytes: self.gpu_memory_peak,
+            gpu_utilization_percent: self.gpu.utilization_percent,
         }
     }
 }
@@ -146,6 +161,30 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_readings_show_the_latest_and_keep_the_peak() {
+        let mut t = UsageTracker::new();
+        assert_eq!(t.usage().gpu_memory_bytes, 0);
+        let reading = |mib: u64, util: u32| crate::gpu::SandboxGpu {
+            memory: mib << 20,
+            utilization_percent: util,
+            gpus: vec![0],
+        };
+        t.add_gpu(reading(900, 80));
+        t.add_gpu(reading(300, 15));
+        let u = t.usage();
+        assert_eq!(u.gpu_memory_bytes, 300 << 20);
+        assert_eq!(u.gpu_memory_peak_bytes, 900 << 20);
+        assert_eq!(u.gpu_utilization_percent, 15);
+        // Its processes left the GPU: a reading without it is all zero.
+        t.add_gpu(Default::default());
+        let u = t.usage();
+        assert_eq!(
+            (u.gpu_memory_bytes, u.gpu_memory_peak_bytes),
+            (0, 900 << 20)
+        );
+    }
 
     #[test]
     fn rates_and_peaks() {

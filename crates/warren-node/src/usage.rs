@@ -65,6 +65,7 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
                     n.sample_one(id, l, true);
                 }
             }
+            n.sample_gpus(&live);
             n.check_disk_floor(&live);
             n.check_memory_floor(&live);
         })
@@ -79,6 +80,33 @@ impl Node {
         self.sample_one(id, &live, false);
         let usage = lock(&live.usage).usage();
         Some(usage)
+    }
+
+    /// One NVML reading per round, split by sandbox, for the sandboxes
+    /// holding devices (only they can have processes on a GPU). Nothing is
+    /// read on a node without NVML or without such sandboxes.
+    pub(crate) fn sample_gpus(&self, live: &[(String, Arc<Live>)]) {
+        let Some(reader) = self.gpu_reader.as_deref() else {
+            return;
+        };
+        let holders: Vec<&(String, Arc<Live>)> = live
+            .iter()
+            .filter(|(_, l)| !lock(&l.create).devices.is_empty())
+            .collect();
+        if holders.is_empty() {
+            return;
+        }
+        let readings = match reader.read() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "NVML reading failed");
+                return;
+            }
+        };
+        let mut by = crate::gpu::attribute(&readings, crate::gpu::sandbox_of_pid);
+        for (id, l) in holders {
+            lock(&l.usage).add_gpu(by.remove(id).unwrap_or_default());
+        }
     }
 
     pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {

@@ -210,6 +210,10 @@ class Usage:
     disk_bytes: int = 0
     samples: int = 0
     runtime_ms: int = 0
+    gpu_memory_bytes: int = 0
+    """GPU memory its processes hold (NVML nodes, GPU sandboxes; else 0)."""
+    gpu_memory_peak_bytes: int = 0
+    gpu_utilization_percent: int = 0
 
 
 @dataclass

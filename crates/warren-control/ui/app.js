@@ -2,10 +2,11 @@
 // view shares (one usage poll and one event stream for the whole page,
 // whatever the number of sandboxes).
 
-import { api, ndjson, AuthError } from './lib.js';
+import { api, ndjson, AuthError, ALERT_CPU, ALERT_FOR_MS } from './lib.js';
 import * as views from './views.js';
 
 const $ = (id) => document.getElementById(id);
+
 
 // What the views read: every live sandbox (from GET /v1/usage, refreshed
 // every 2 s and at once when the event stream names a sandbox it does not
@@ -23,7 +24,38 @@ export const live = {
   refreshSoon: 0,
   abort: null,
 
+  // The nodes (GET /v1/nodes every 2 s, whatever the view, so the CPU
+  // alert knows the last ALERT_FOR_MS on arrival) and each one's readings.
+  nodes: [],
+  nodeListeners: new Set(),
+  cpuHistory: new Map(),
+  nodeTimer: 0,
+
   onChange(fn) { this.listeners.add(fn); return () => this.listeners.delete(fn); },
+  onNodes(fn) { this.nodeListeners.add(fn); return () => this.nodeListeners.delete(fn); },
+
+  async pollNodes() {
+    const nodes = await api('/v1/nodes');
+    const now = Date.now();
+    for (const n of nodes) {
+      const hist = this.cpuHistory.get(n.name) || [];
+      hist.push([now, n.load.cpu_busy]);
+      while (hist.length && now - hist[0][0] > 5 * 60_000) hist.shift();
+      this.cpuHistory.set(n.name, hist);
+    }
+    this.nodes = nodes;
+    for (const fn of this.nodeListeners) fn();
+  },
+
+  // A node is hot when every reading of the last ALERT_FOR_MS is above
+  // ALERT_CPU, and the readings span that long.
+  hot(name) {
+    const hist = this.cpuHistory.get(name) || [];
+    const now = Date.now();
+    const recent = hist.filter(([t]) => now - t <= ALERT_FOR_MS);
+    if (!recent.length || now - hist[0][0] < ALERT_FOR_MS * 0.8) return false;
+    return recent.every(([, v]) => v > ALERT_CPU);
+  },
   onEvent(fn) { this.eventListeners.add(fn); return () => this.eventListeners.delete(fn); },
   emit() { for (const fn of this.listeners) fn(); },
 
@@ -59,6 +91,11 @@ export const live = {
       this.pollTimer = setTimeout(tick, 2000);
     };
     tick();
+    const nodeTick = async () => {
+      try { await this.pollNodes(); } catch (_) { /* shown as stale; retried */ }
+      if (this.abort) this.nodeTimer = setTimeout(nodeTick, 2000);
+    };
+    nodeTick();
     this.follow(this.abort.signal);
   },
 
@@ -66,6 +103,8 @@ export const live = {
     if (this.abort) this.abort.abort();
     this.abort = null;
     clearTimeout(this.pollTimer);
+    clearTimeout(this.nodeTimer);
+    this.cpuHistory = new Map();
     this.rows = new Map();
     this.events = [];
     this.time = 0;

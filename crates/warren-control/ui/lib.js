@@ -4,6 +4,11 @@
 
 export class AuthError extends Error {}
 
+// A node whose CPU busy share stays above ALERT_CPU for ALERT_FOR_MS is
+// shown in red on the Overview.
+export const ALERT_CPU = 0.85;
+export const ALERT_FOR_MS = 10_000;
+
 // Every call says it comes from the console (the server refuses a
 // cookie-authenticated change without it or a same-origin Origin).
 const CONSOLE_HEADERS = { 'X-Warren-Console': '1' };

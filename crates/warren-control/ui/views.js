@@ -2,14 +2,8 @@
 // root, and returns {stop} to release its timers and streams.
 
 import {
-  api, ndjson, h, stateBadge, stateBar, fmtBytes, fmtCpu, fmtTime, pct, STATES, Chart, VirtualTable,
+  api, ndjson, h, stateBadge, ALERT_CPU, ALERT_FOR_MS, stateBar, fmtBytes, fmtCpu, fmtTime, pct, STATES, Chart, VirtualTable,
 } from './lib.js';
-
-const ALERT_CPU = 0.85;
-const ALERT_FOR_MS = 10_000;
-
-// Each node's CPU readings, kept across views so the alert remembers.
-const cpuHistory = new Map();
 
 function every(ms, fn) {
   let t = 0;
@@ -26,26 +20,6 @@ function countStates(rows) {
   const c = {};
   for (const r of rows) c[r.state] = (c[r.state] || 0) + 1;
   return c;
-}
-
-function recordCpu(nodes) {
-  const now = Date.now();
-  for (const n of nodes) {
-    const hist = cpuHistory.get(n.name) || [];
-    hist.push([now, n.load.cpu_busy]);
-    while (hist.length && now - hist[0][0] > 5 * 60_000) hist.shift();
-    cpuHistory.set(n.name, hist);
-  }
-}
-
-// A node is hot when every reading of the last ALERT_FOR_MS is above the
-// threshold, and there are readings spanning that long.
-function hot(name) {
-  const hist = cpuHistory.get(name) || [];
-  const now = Date.now();
-  const recent = hist.filter(([t]) => now - t <= ALERT_FOR_MS);
-  if (!recent.length || now - hist[0][0] < ALERT_FOR_MS * 0.8) return false;
-  return recent.every(([, v]) => v > ALERT_CPU);
 }
 
 function eventList(events, n = 20) {
@@ -76,14 +50,15 @@ export function overview(root, _p, live) {
   const events = h('div', { class: 'panel' });
   root.append(h('h1', {}, 'Overview'), alert, h('h2', {}, 'Nodes'), nodesEl,
     h('h2', {}, 'Sandboxes by state'), counts, h('h2', {}, 'Recent events'), events);
-  const stopNodes = every(2000, async () => {
-    const nodes = await api('/v1/nodes');
-    recordCpu(nodes);
+  const drawNodes = () => {
+    const nodes = live.nodes;
     nodesEl.replaceChildren(...nodeCards(nodes));
-    const hotNodes = nodes.filter((n) => hot(n.name));
-    alert.replaceChildren(...hotNodes.map((n) => h('div', { class: 'alert', role: 'alert' },
+    const hotNodes = nodes.filter((n) => live.hot(n.name));
+    alert.replaceChildren(...hotNodes.map((n) => h('div', { class: 'alert', role: 'alert', id: 'cpu-alert' },
       `Node ${n.name || '(local)'} has been above ${pct(ALERT_CPU)} CPU for ${ALERT_FOR_MS / 1000} s (now ${pct(n.load.cpu_busy)}).`)));
-  });
+  };
+  drawNodes();
+  const stopNodes = live.onNodes(drawNodes);
   const draw = () => {
     const rows = [...live.rows.values()];
     const c = countStates(rows);
@@ -441,19 +416,20 @@ export function images(root, _p, live) {
   return { stop };
 }
 
-export function nodes(root) {
+export function nodes(root, _p, live) {
   const cards = h('div', { class: 'cards' });
   const table = h('div', { class: 'panel' });
   root.append(h('h1', {}, 'Nodes'), cards, h('h2', {}, 'Details'), table);
-  const stop = every(2000, async () => {
-    const ns = await api('/v1/nodes');
-    recordCpu(ns);
+  const draw = () => {
+    const ns = live.nodes;
     cards.replaceChildren(...nodeCards(ns));
     table.replaceChildren(h('table', { class: 'plain' },
       h('tr', {}, ['name', 'state', 'labels', 'url', 'last seen'].map((t) => h('th', {}, t))),
       ns.map((n) => h('tr', {}, h('td', {}, n.name), h('td', {}, n.state + (n.cordoned ? ' (cordoned)' : '')),
         h('td', {}, Object.entries(n.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ')),
         h('td', {}, n.url || '(in process)'), h('td', {}, `${n.last_seen_ms} ms ago`)))));
-  });
+  };
+  draw();
+  const stop = live.onNodes(draw);
   return { stop };
 }

@@ -605,19 +605,25 @@ fn node_edit(device: &str, n: &DeviceNode) -> Result<NodeEdit, CdiError> {
     })
 }
 
-/// A CDI mount becomes a bind mount; `nosuid` is always added, and a spec
-/// that gives no options gets a read-only one.
+/// A CDI mount becomes a bind mount; `nosuid` and `nodev` are always
+/// added (a device reaches a sandbox only as a device node, which the
+/// device cgroup sees: on cgroup v2 hosts, where Warren's libcontainer
+/// enforces no device rules, `nodev` is what keeps a mounted node shut),
+/// and a spec that gives no options gets a read-only one.
 fn mount_edit(m: &Mount) -> MountEdit {
     let mut options = if m.options.is_empty() {
-        vec!["ro".to_string(), "nodev".to_string()]
+        vec!["ro".to_string()]
     } else {
         m.options.clone()
     };
+    options.retain(|o| o != "dev" && o != "suid");
     if !options.iter().any(|o| o == "bind" || o == "rbind") {
         options.insert(0, "rbind".into());
     }
-    if !options.iter().any(|o| o == "nosuid") {
-        options.push("nosuid".into());
+    for forced in ["nosuid", "nodev"] {
+        if !options.iter().any(|o| o == forced) {
+            options.push(forced.into());
+        }
     }
     MountEdit {
         host_path: m.host_path.clone(),
@@ -847,7 +853,14 @@ containerEdits:
             .expect("injects");
         assert_eq!(both.env.len(), 2, "{:?}", both.env);
         assert_eq!(both.mounts.len(), 1, "top-level edits come once");
-        assert_eq!(both.mounts[0].options, ["rbind", "ro", "nodev", "nosuid"]);
+        assert_eq!(both.mounts[0].options, ["rbind", "ro", "nosuid", "nodev"]);
+        let spec_opts = mount_edit(&Mount {
+            host_path: "/a".into(),
+            container_path: "/b".into(),
+            kind: None,
+            options: vec!["bind".into(), "rw".into(), "dev".into(), "suid".into()],
+        });
+        assert_eq!(spec_opts.options, ["bind", "rw", "nosuid", "nodev"]);
         assert_eq!(
             both.nodes,
             [

@@ -210,9 +210,10 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
 /// node, not an OCI `linux.devices` entry: in a user namespace mknod is
 /// impossible, and libcontainer then binds the host file at the
 /// container's path, which is wrong whenever the spec's `hostPath`
-/// differs from its `path`. The device cgroup (v1 rules; on v2
-/// libcontainer compiles the same list to an eBPF program) allows exactly
-/// these nodes on top of the defaults. The bind carries no `nodev`: the
+/// differs from its `path`. The device cgroup allows exactly these nodes
+/// on top of the defaults (v1 lists; on v2 libcontainer compiles the same
+/// list to eBPF only with its `cgroupsv2_devices` feature, which Warren
+/// does not build: docs/gpu.md says what holds there). The bind carries no `nodev`: the
 /// node's mount belongs to the host's user namespace, so the kernel lets
 /// the sandbox open it, and the device cgroup is what limits it.
 fn add_devices(config: &mut Value, d: &crate::cdi::Injection) {

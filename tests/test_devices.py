@@ -259,6 +259,8 @@ def test_gpus_take_devices_of_the_gpu_kind_and_capacity_counts_them(gpu_warren):
         assert out == "testgpu0\ntestgpu1\n1.0\n", (out, err)
         info = node_info(w)
         assert info["allocated"]["gpus"] == 2, info
+        table = w.cli("node", "ls").stdout.decode().splitlines()
+        assert table[0].split()[6] == "GPU" and table[1].split()[4] == "2/2", table
         # The node's own view of what is held comes with its next report.
         deadline = time.time() + 15
         while (used := sorted({c["kind"]: c for c in node_info(w)["devices"]}[KIND]["used"])) != [GPU0, GPU1, ALL]:

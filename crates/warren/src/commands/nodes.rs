@@ -15,8 +15,8 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:<20} {:<12} {:>15} {:>21} {:>5} {:>6}  LABELS",
-                "NAME", "STATE", "CPU (ALLOC/CAP)", "MEMORY (ALLOC/CAP)", "SBX", "CPU%"
+                "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>6}  LABELS",
+                "NAME", "STATE", "CPU (ALLOC/CAP)", "MEMORY (ALLOC/CAP)", "GPU", "SBX", "CPU%"
             );
             for n in &nodes {
                 let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -33,8 +33,13 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                             .collect()
                     })
                     .unwrap_or_default();
+                // GPUs (allocated/capacity), "-" on a node with none.
+                let gpus = match num(cap, "gpus") {
+                    0 => "-".to_string(),
+                    total => format!("{}/{total}", num(alloc, "gpus")),
+                };
                 println!(
-                    "{:<20} {:<12} {:>15} {:>21} {:>5} {:>5.0}%  {}",
+                    "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>5.0}%  {}",
                     n["name"].as_str().unwrap_or("?"),
                     state,
                     format!(
@@ -47,6 +52,7 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                         warren_core::quantity::format_size(num(alloc, "memory")),
                         warren_core::quantity::format_size(num(cap, "memory"))
                     ),
+                    gpus,
                     num(n, "sandboxes"),
                     n["load"]["cpu_busy"].as_f64().unwrap_or(0.0) * 100.0,
                     labels.join(",")

@@ -80,7 +80,8 @@ impl PoolSpec {
 
     /// Whether a create asking for `spec` may take a member of this pool:
     /// the same image and resources, nothing that only a new sandbox can
-    /// give (a main command, its own disk, a node selector, GPUs). Labels,
+    /// give (a main command, its own disk, a node selector, GPUs, CDI
+    /// devices: a member holds none). Labels,
     /// env, TTL, lease, network policy, cwd and user are applied at claim.
     pub fn serves(&self, name: &str, spec: &SandboxSpec) -> bool {
         // Every create asks each pool: the cheap checks first, so a create
@@ -88,6 +89,7 @@ impl PoolSpec {
         let shape = spec.image == self.image
             && spec.cmd.is_none()
             && spec.disk.is_none()
+            && spec.devices.is_empty()
             && spec.node_selector.is_empty()
             && spec.placement.is_spread();
         shape
@@ -123,6 +125,8 @@ mod tests {
             r#"{"image":"bb:1","memory":"256M","cmd":["true"]}"#,
             r#"{"image":"bb:1","memory":"256M","disk":"1G"}"#,
             r#"{"image":"bb:1","memory":"256M","node_selector":{"gpu":"a"}}"#,
+            r#"{"image":"bb:1","memory":"256M","gpus":1}"#,
+            r#"{"image":"bb:1","memory":"256M","devices":["nvidia.com/gpu=0"]}"#,
         ] {
             assert!(!p.serves("py", &spec(other)), "{other}");
         }

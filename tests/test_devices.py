@@ -165,6 +165,10 @@ def test_a_sandbox_gets_exactly_its_device_mount_and_env(gpu_warren):
         assert code != 0
         inspect = json.loads(w.cli("inspect", sid).stdout)
         assert inspect["spec"]["devices"] == [GPU0], inspect["spec"]
+        # No NVML here: the GPU figures are there, and 0.
+        assert inspect["usage"]["gpu_memory_bytes"] == 0, inspect["usage"]
+        metrics = w.http.get("/metrics").text
+        assert f'warren_sandbox_gpu_memory_bytes{{sandbox="{sid}"}} 0' in metrics, metrics[-2000:]
     finally:
         w.destroy(sid)
 

@@ -32,6 +32,8 @@ pub struct Metrics {
     profile_anomalous: Family<Labels, Gauge>,
     sandbox_cpu: Family<Labels, FloatGauge>,
     sandbox_memory: Family<Labels, Gauge>,
+    sandbox_gpu_memory: Family<Labels, Gauge>,
+    sandbox_gpu_busy: Family<Labels, FloatGauge>,
     sandbox_throttled: Family<Labels, Gauge>,
     pool_ready: Family<Labels, Gauge>,
     pool_claimed: Family<Labels, Gauge>,
@@ -70,6 +72,8 @@ impl Metrics {
             profile_anomalous: Family::default(),
             sandbox_cpu: Family::default(),
             sandbox_memory: Family::default(),
+            sandbox_gpu_memory: Family::default(),
+            sandbox_gpu_busy: Family::default(),
             sandbox_throttled: Family::default(),
             pool_ready: Family::default(),
             pool_claimed: Family::default(),
@@ -131,6 +135,16 @@ impl Metrics {
             "sandbox_memory_bytes",
             "Memory in use by a live sandbox",
             m.sandbox_memory.clone(),
+        );
+        registry.register(
+            "sandbox_gpu_memory_bytes",
+            "GPU memory held by a live sandbox's processes (sandboxes holding devices; NVML)",
+            m.sandbox_gpu_memory.clone(),
+        );
+        registry.register(
+            "sandbox_gpu_busy_ratio",
+            "Busiest GPU of a live sandbox over NVML's last sample period (sandboxes holding devices)",
+            m.sandbox_gpu_busy.clone(),
         );
         registry.register(
             "sandbox_cpu_throttled_periods",
@@ -198,6 +212,8 @@ impl Metrics {
         self.sandboxes.clear();
         self.sandbox_cpu.clear();
         self.sandbox_memory.clear();
+        self.sandbox_gpu_memory.clear();
+        self.sandbox_gpu_busy.clear();
         self.sandbox_throttled.clear();
         self.pool_ready.clear();
         self.pool_claimed.clear();
@@ -233,6 +249,14 @@ impl Metrics {
                         self.sandbox_throttled
                             .get_or_create(&labels)
                             .set(u.cpu_throttled_periods as i64);
+                        if r.resources.gpus > 0 || !r.spec.devices.is_empty() {
+                            self.sandbox_gpu_memory
+                                .get_or_create(&labels)
+                                .set(i64::try_from(u.gpu_memory_bytes).unwrap_or(i64::MAX));
+                            self.sandbox_gpu_busy
+                                .get_or_create(&labels)
+                                .set(f64::from(u.gpu_utilization_percent) / 100.0);
+                        }
                     }
                 }
             }

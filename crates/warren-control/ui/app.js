@@ -161,6 +161,10 @@ export const live = {
   },
 };
 
+// For scripts/bench-console.py and devtools (it holds no secret: the
+// session is an HttpOnly cookie).
+window.warrenLive = live;
+
 let current = null;
 
 function showLogin() {

@@ -50,9 +50,7 @@ pub(crate) fn admit_error(e: AdmitError) -> ApiError {
         AdmitError::Closed => warren_core::ErrorCode::Unavailable,
         AdmitError::NeverFits { .. }
         | AdmitError::TooManyPids { .. }
-        | AdmitError::TooManyGpus { .. } => {
-            warren_core::ErrorCode::BadRequest
-        }
+        | AdmitError::TooManyGpus { .. } => warren_core::ErrorCode::BadRequest,
     };
     ApiError::new(code, e.to_string())
 }

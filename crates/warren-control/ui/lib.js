@@ -42,14 +42,18 @@ export async function ndjson(path, onLine, signal) {
     const { value, done } = await reader.read();
     if (done) break;
     buf += dec.decode(value, { stream: true });
+    // One pass over the chunk (a replay of the event history can bring
+    // thousands of lines at once): cut the rest off once, at the end.
+    let start = 0;
     let i;
-    while ((i = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 1);
+    while ((i = buf.indexOf('\n', start)) >= 0) {
+      const line = buf.slice(start, i);
+      start = i + 1;
       if (line.trim()) {
         try { onLine(JSON.parse(line)); } catch (_) { onLine({ raw: line }); }
       }
     }
+    buf = buf.slice(start);
   }
 }
 

@@ -71,7 +71,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Job, Invalid> {
     // 0, SandboxFusion's default and what its client sends, is no limit.
     let cell_timeout = match req.cell_timeout {
         None => 0.0,
-        Some(s) if s == 0.0 => 0.0,
+        Some(0.0) => 0.0,
         Some(_) => timeout("cell_timeout", req.cell_timeout)?.as_secs_f64(),
     };
     let total = timeout(

@@ -23,8 +23,8 @@ def wait_until(what, check, timeout=20.0, every=0.1):
 class Server(Warren):
     """`warren server` with the Warren test client's helpers."""
 
-    def __init__(self, home: Path, port: int, database=None):
-        super().__init__(home, port)
+    def __init__(self, home: Path, port: int, database=None, extra_args=()):
+        super().__init__(home, port, extra_args=extra_args)
         self.database = database
 
     def start(self):
@@ -32,6 +32,7 @@ class Server(Warren):
         args = [str(WARREN), "server", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}"]
         if self.database:
             args += ["--database", self.database]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
         wait_until("warren server to answer", self._healthy, timeout=20, every=0.05)
         self.token = (self.home / "token").read_text().strip()
@@ -114,13 +115,13 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, images, nodes=(), database=None, also=()):
+    def __init__(self, images, nodes=(), database=None, also=(), server_args=()):
         # Other replicas' URLs the node agents also know.
         self.also = list(also)
         self.base = Path(tempfile.mkdtemp(prefix="warren-cluster-"))
         (self.base / "server").mkdir()
         self.images = images
-        self.server = Server(self.base / "server", free_port(), database=database)
+        self.server = Server(self.base / "server", free_port(), database=database, extra_args=server_args)
         self.node_specs = list(nodes)
         self.nodes = {}
 

@@ -500,3 +500,40 @@ def test_a_stalled_leader_is_fenced_off_by_its_nodes(images, postgres):
                 leader.stop()
             if c.server is not follower:
                 follower.stop()
+
+
+def test_the_e2b_and_sandbox_fusion_front_doors_serve_through_the_server(images, tmp_path):
+    """`warren server --e2b-api --e2b-sandbox --sandbox-fusion`: the real E2B
+    SDK and SandboxFusion's protocol reach sandboxes on the nodes."""
+    from conftest import free_port
+    from debian import debian_archive
+    from test_e2b import CLIENT, run_script, venv
+
+    api, sbx, fusion = free_port(), free_port(), free_port()
+    image = "deb-front:1"
+    args = ["--e2b-api", f"127.0.0.1:{api}", "--e2b-sandbox", f"127.0.0.1:{sbx}",
+            "--sandbox-fusion", f"127.0.0.1:{fusion}", "--sandbox-fusion-image", image]
+    with Cluster(images, nodes=[dict(name="a"), dict(name="b")], server_args=args) as c:
+        # Templates are read at start: written into the home before it.
+        c.server.cli("image", "import", str(debian_archive(tmp_path)), "--name", image, timeout=300)
+        (c.server.home / "e2b-templates.toml").write_text(f'[templates]\nbase = "{image}"\n')
+        c.server.stop()
+        c.server.start()
+        c.server.e2b_env = {
+            "E2B_API_URL": f"http://127.0.0.1:{api}",
+            "E2B_SANDBOX_URL": f"http://127.0.0.1:{sbx}",
+            "E2B_API_KEY": "e2b_" + c.server.token,
+        }
+        out = run_script(c.server, venv("2.63.0"), [CLIENT, "sync", "base"], "e2b 2.63.0 through warren server")
+        assert "step: create" in out, out
+        r = httpx.post(f"http://127.0.0.1:{fusion}/run_code", json={"code": "import socket; print(socket.gethostname())"},
+                       timeout=120)
+        assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+        r = httpx.post(f"http://127.0.0.1:{fusion}/run_jupyter", json={"cells": ["x = 6 * 7", "x"]}, timeout=120)
+        assert r.status_code == 200 and r.json()["status"] == "Success", r.text
+        assert r.json()["cells"][1]["display"] == [{"text/plain": "42"}], r.text
+        # Every sandbox they made ran on a node, and none is left.
+        made = c.server.http.get("/v1/sandboxes", params={"all": "true"}).json()
+        assert made and {s["node"] for s in made} <= {"a", "b"}, [(s["id"], s["node"]) for s in made]
+        wait_until("the front doors' sandboxes to be gone", lambda: not [
+            s for s in c.server.http.get("/v1/sandboxes").json() if s["state"] not in ("destroyed", "failed")])

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import Warren, free_port
+from conftest import ROOT, Warren, free_port
 from debian import CACHE, debian_archive
 
 SANDBOX_FUSION = "0.3.7"
@@ -70,9 +70,11 @@ def clients():
 
 @pytest.fixture(scope="module")
 def fusion(tmp_path_factory):
-    # Debian with python3 and g++ (built once and cached): python, bash and
-    # cpp run; the other languages' toolchains are missing.
-    image_tar = debian_archive(tmp_path_factory.mktemp("fusion-image"), ("python3", "g++"))
+    # Debian with python3, g++ and a Jupyter kernel (built once and
+    # cached): python, bash, cpp and /run_jupyter run; the other languages'
+    # toolchains are missing.
+    image_tar = debian_archive(tmp_path_factory.mktemp("fusion-image"),
+                               ("python3", "g++", "python3-ipykernel", "python3-jupyter-client"))
     base = Path(tempfile.mkdtemp(prefix="warren-fusion-"))
     port = free_port()
     w = Warren(base / "home", free_port(),
@@ -220,7 +222,7 @@ def test_missing_toolchain_names_the_binary_and_the_flag(fusion):
 def test_cpp_compiles_runs_and_reports_compile_errors(fusion):
     ok = post(fusion, {"code": "#include <iostream>\nint main() { int a, b; std::cin >> a >> b; std::cout << a * b << std::endl; }",
                        "language": "cpp", "stdin": "6 7"}).json()
-    assert ok["status"] == "Success", ok
+    assert ok["status"] == "Success", json.dumps(ok)[:3000]
     assert ok["compile_result"]["return_code"] == 0 and ok["run_result"]["stdout"] == "42\n", ok
     bad = post(fusion, {"code": "int main() { return undefined_name; }", "language": "cpp"}).json()
     assert bad["status"] == "Failed", bad
@@ -305,3 +307,81 @@ def test_client_gone_mid_request_destroys_its_sandbox(fusion):
     assert time.time() - started < 15
     r = w.http.get(f"/v1/sandboxes/{live[0]['id']}")
     assert r.json()["state"] == "destroyed", r.text
+
+
+# SandboxFusion's own tests of /run_jupyter (sandbox/tests/runners/test_jupyter.py)
+JUPYTER_CELLS = ['a = "hello"', 'a', 'print(a)',
+                 'import sys\nsys.stderr.write("This is an error message\\n")', 'assert False',
+                 'import os; os.system("echo from-a-child")', 'print(a)']
+
+
+def check_jupyter_cells(cells):
+    assert len(cells) == len(JUPYTER_CELLS), cells
+    assert cells[0]["stdout"] == "" and cells[0]["error"] == []
+    assert cells[1]["display"][0]["text/plain"] == "'hello'"
+    assert cells[2]["stdout"] == "hello\n"
+    assert cells[3]["stderr"] == "This is an error message\n"
+    assert cells[4]["error"][0]["ename"] == "AssertionError", cells[4]
+    assert any("assert False" in line or "AssertionError" in line for line in cells[4]["error"][0]["traceback"])
+    assert "from-a-child" in cells[5]["stdout"], cells[5]
+    # An error does not stop the cells after it.
+    assert cells[6]["stdout"] == "hello\n"
+
+
+def test_run_jupyter_with_the_client(clients, fusion):
+    out = client(clients, fusion, f"""
+        from sandbox_fusion import RunJupyterRequest, run_jupyter, set_endpoint
+        set_endpoint(url)
+        ok = json.loads(run_jupyter(RunJupyterRequest(cells={JUPYTER_CELLS!r},
+            files={{"data.txt": "NDI="}}, fetch_files=["out.txt"])).json())
+        state = json.loads(run_jupyter(RunJupyterRequest(cells=[
+            "print(open('data.txt').read())", "open('out.txt', 'w').write('done')"],
+            files={{"data.txt": "NDI="}}, fetch_files=["out.txt"])).json())
+        slow = json.loads(run_jupyter(RunJupyterRequest(cells=["import time; time.sleep(30)"],
+            total_timeout=2)).json())
+        print(json.dumps({{"ok": ok, "state": state, "slow": slow}}))
+    """)
+    ok = out["ok"]
+    assert ok["status"] == "Success", json.dumps(ok)[:3000]
+    # The image has ipykernel: a real Jupyter kernel ran the cells.
+    assert "(Jupyter)" in ok["driver"]["stdout"], ok["driver"]
+    check_jupyter_cells(ok["cells"])
+    state = out["state"]
+    assert state["status"] == "Success", state
+    assert state["cells"][0]["stdout"] == "42\n"
+    assert state["files"] == {"out.txt": base64.b64encode(b"done").decode()}
+    slow = out["slow"]
+    assert slow["status"] == "Failed" and slow["cells"] == [], slow
+    assert slow["driver"]["status"] == "TimeLimitExceeded", slow["driver"]
+    wait_no_fusion_sandboxes(fusion.warren)
+
+
+def test_run_jupyter_bad_requests(fusion):
+    r = httpx.post(fusion.url + "/run_jupyter", json={"cells": ["1"], "kernel": "julia"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kernel"], r.text
+    r = httpx.post(fusion.url + "/run_jupyter", json={"code": "1"})
+    assert r.status_code == 422 and "cells" in r.text, r.text
+
+
+def test_jupyter_driver_without_jupyter(tmp_path):
+    """Warren's own kernel in the driver, for images without Jupyter: the
+    same answers to SandboxFusion's cells, and a cell time-out. Run with
+    the host's python3 without site packages (so without ipykernel)."""
+    driver = ROOT / "crates" / "warren-fusion" / "src" / "jupyter_driver.py"
+    work = tmp_path / "work"
+    (work / "tmp" / "sandbox" / "configs").mkdir(parents=True)
+    shutil.copy(driver, work / "driver.py")
+
+    def run_cells(cells, cell_timeout=0):
+        (work / "tmp/sandbox/configs/input.json").write_text(json.dumps(
+            {"kernel": "python3", "cells": cells, "cell_timeout": cell_timeout, "total_timeout": 45}))
+        p = subprocess.run(["python3", "-S", "driver.py"], cwd=work, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert "built-in Python kernel" in p.stdout, p.stdout
+        return json.loads((work / "tmp/sandbox/configs/output.json").read_text())
+
+    out = run_cells(JUPYTER_CELLS)
+    assert out["status"] == "Finished"
+    check_jupyter_cells(out["cells"])
+    out = run_cells(["x = 1", "import time; time.sleep(10)", "print(x)"], cell_timeout=0.5)
+    assert out["status"] == "TimeLimitExceeded" and len(out["cells"]) == 2, out

@@ -86,10 +86,13 @@ const fn compiled(
     }
 }
 
+/// Python, which `/run_jupyter`'s driver is written in.
+pub const PYTHON: Language = lang("python", ".py", &["python3", "{file}"]);
+
 /// SandboxFusion runs `python`, from its own conda environment; images
 /// (Debian, python:*-slim) reliably have `python3`.
 const LANGUAGES: &[Language] = &[
-    lang("python", ".py", &["python3", "{file}"]),
+    PYTHON,
     lang("pytest", ".py", &["pytest", "{file}"]),
     compiled(
         "cpp",

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+mod jupyter;
 pub mod languages;
 pub mod protocol;
 pub mod run;
@@ -29,7 +30,7 @@ use run::{Job, Outcome};
 /// its own, Warren's API takes uploads of this order.
 const BODY_LIMIT: usize = 64 << 20;
 
-struct Fusion {
+pub(crate) struct Fusion {
     control: ControlCell,
     image: String,
 }
@@ -39,6 +40,7 @@ struct Fusion {
 pub fn router(control: ControlCell, image: String) -> Router {
     Router::new()
         .route("/run_code", post(run_code))
+        .route("/run_jupyter", post(jupyter::run_jupyter))
         .route("/v1/ping", get(ping))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(Arc::new(Fusion { control, image }))
@@ -58,15 +60,24 @@ fn unavailable(message: String, retry_after_s: u64) -> Response {
 }
 
 async fn run_code(State(st): State<Arc<Fusion>>, body: bytes::Bytes) -> Response {
-    let Some(control) = st.control.get().cloned() else {
-        return unavailable(
-            "this Warren server does not lead now; retry, or use the leading replica".into(),
-            1,
-        );
-    };
     let job = match parse(&body) {
         Ok(job) => job,
         Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, Json(e.detail())).into_response(),
+    };
+    match run_job(&st, job).await {
+        Ok(r) => Json(r).into_response(),
+        Err(refusal) => refusal,
+    }
+}
+
+/// Runs a job in a sandbox of its own; Err is the answer for a call no
+/// sandbox could be had for.
+pub(crate) async fn run_job(st: &Fusion, job: Job) -> Result<RunCodeResponse, Response> {
+    let Some(control) = st.control.get().cloned() else {
+        return Err(unavailable(
+            "this Warren server does not lead now; retry, or use the leading replica".into(),
+            1,
+        ));
     };
     // The call runs in a task of its own, so that a client that goes away
     // (which drops this future) cannot leave its sandbox behind: dropping
@@ -74,15 +85,12 @@ async fn run_code(State(st): State<Arc<Fusion>>, body: bytes::Bytes) -> Response
     let (_client, gone) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(run::run(control, st.image.clone(), job, gone));
     match task.await {
-        Ok(Outcome::Answer(r)) => Json(r).into_response(),
-        Ok(Outcome::Busy(e)) => unavailable(
+        Ok(Outcome::Answer(r)) => Ok(r),
+        Ok(Outcome::Busy(e)) => Err(unavailable(
             format!("no sandbox could be had: {}", e.message),
             e.retry_after_ms.unwrap_or(1000).div_ceil(1000),
-        ),
-        Err(e) => Json(RunCodeResponse::sandbox_error(format!(
-            "run_code task: {e}"
-        )))
-        .into_response(),
+        )),
+        Err(e) => Ok(RunCodeResponse::sandbox_error(format!("task: {e}"))),
     }
 }
 
@@ -125,9 +133,25 @@ pub fn parse(body: &[u8]) -> Result<Job, Invalid> {
             });
         }
     };
+    Ok(Job {
+        language,
+        code: req.code,
+        compile_timeout: timeout("compile_timeout", req.compile_timeout)?,
+        run_timeout: timeout("run_timeout", req.run_timeout)?,
+        memory_limit_mb: req.memory_limit_mb.unwrap_or(-1),
+        stdin: req.stdin.map(String::into_bytes),
+        files: decode_files(req.files)?,
+        fetch_files: req.fetch_files.unwrap_or_default(),
+    })
+}
+
+/// A request's `files`: relative path → base64 content.
+pub(crate) fn decode_files(
+    given: Option<std::collections::BTreeMap<String, Option<String>>>,
+) -> Result<Vec<(String, Vec<u8>)>, Invalid> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = Vec::new();
-    for (path, content) in req.files.unwrap_or_default() {
+    for (path, content) in given.unwrap_or_default() {
         // SandboxFusion's restore_files skips null contents and names
         // marked IGNORE_THIS_FILE.
         let Some(content) = content else { continue };
@@ -150,16 +174,7 @@ pub fn parse(body: &[u8]) -> Result<Job, Invalid> {
         })?;
         files.push((path, data));
     }
-    Ok(Job {
-        language,
-        code: req.code,
-        compile_timeout: timeout("compile_timeout", req.compile_timeout)?,
-        run_timeout: timeout("run_timeout", req.run_timeout)?,
-        memory_limit_mb: req.memory_limit_mb.unwrap_or(-1),
-        stdin: req.stdin.map(String::into_bytes),
-        files,
-        fetch_files: req.fetch_files.unwrap_or_default(),
-    })
+    Ok(files)
 }
 
 #[cfg(test)]

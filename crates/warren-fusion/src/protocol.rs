@@ -35,6 +35,42 @@ pub struct RunCodeRequest {
 /// SandboxFusion's defaults (`RunCodeRequest` in `sandbox_api.py`).
 pub const DEFAULT_TIMEOUT_SECS: f64 = 10.0;
 
+/// `POST /run_jupyter`: cells run in order in one Python kernel.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunJupyterRequest {
+    pub cells: Vec<String>,
+    /// Seconds for each cell; 0 (the default) for no limit of its own.
+    #[serde(default)]
+    pub cell_timeout: Option<f64>,
+    /// Seconds for all of them (default 45).
+    #[serde(default)]
+    pub total_timeout: Option<f64>,
+    #[serde(default)]
+    pub kernel: Option<String>,
+    #[serde(default, rename = "memory_limit_MB")]
+    pub memory_limit_mb: Option<i64>,
+    #[serde(default)]
+    pub files: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    pub fetch_files: Option<Vec<String>>,
+}
+
+/// SandboxFusion's default `total_timeout` (`RunJupyterRequest`).
+pub const DEFAULT_JUPYTER_TOTAL_SECS: f64 = 45.0;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunJupyterResponse {
+    pub status: RunStatus,
+    pub message: String,
+    /// The driver that ran the kernel, as a step.
+    pub driver: Option<CommandRunResult>,
+    /// Per cell: `stdout`, `stderr`, `display` (mime type → data),
+    /// `error` (`ename`, `evalue`, `traceback`), as the driver wrote them.
+    pub cells: Vec<serde_json::Value>,
+    pub executor_pod_name: Option<String>,
+    pub files: BTreeMap<String, String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum RunStatus {
     Success,

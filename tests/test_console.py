@@ -178,12 +178,31 @@ def test_fleet_matrix_and_drill_down(console, warren):
 
 
 def test_overview_shows_nodes_counts_and_events(console, warren, sandbox):
-    sandbox(labels={"task": "ui-overview"})
+    box = sandbox(labels={"task": "ui-overview"})
+    # GET /v1/usage: the sandbox with its usage, and where the event stream
+    # starts (at or after its last event).
+    def sampled():
+        u = warren.http.get("/v1/usage").json()
+        r = next(r for r in u["sandboxes"] if r["id"] == box["id"])
+        return (u, r) if r.get("memory_bytes") else None
+
+    u, row = wait_until(sampled, timeout=15, what="a usage sample")
+    assert row["state"] == "running" and row["labels"]["task"] == "ui-overview"
+    assert row["cpu_request_millis"] > 0 and row["memory_request"] > 0 and "cpu_usage_ns" in row
+    evs = warren.http.get("/v1/events", params={"sandbox": box["id"]}).json()
+    assert u["event_seq"] >= evs[-1]["seq"]
+    only = warren.http.get("/v1/usage", params={"label": "task=ui-overview"}).json()["sandboxes"]
+    assert [r["id"] for r in only] == [box["id"]]
+    assert warren.http.get("/v1/usage").status_code == 200
+    assert httpx.get(warren.url + "/v1/usage").status_code == 401
+    assert warren.http.get("/v1/usage", params={"state": "bogus"}).status_code == 400
     console.login()
     console.page.wait_for_selector("[data-node]")
     console.page.wait_for_selector("#live-count")
     wait_until(lambda: int(console.page.text_content("#live-count")) >= 1, what="a live count")
     assert "CPU busy" in console.page.text_content("[data-node]")
+    # Its events are among the recent ones (from before the page's stream).
+    wait_until(lambda: box["id"] in console.page.text_content("main"), what="its events on the Overview")
     console.shot("overview")
 
 

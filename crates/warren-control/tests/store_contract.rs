@@ -302,6 +302,7 @@ async fn events_filters_and_limits(f: &Fixture) -> TestResult {
     assert!(s.events(None, all[9].seq, 10).await?.is_empty());
     // A negative limit is no limit.
     assert_eq!(s.events(None, 0, -1).await?.len(), 10);
+    assert_eq!(s.last_event_seq().await?, all[9].seq);
     Ok(())
 }
 

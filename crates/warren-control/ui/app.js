@@ -23,6 +23,8 @@ export const live = {
   pollTimer: 0,
   refreshSoon: 0,
   abort: null,
+  // Where the event stream starts: the first usage answer's event_seq.
+  eventSeq: 0,
 
   // The nodes (GET /v1/nodes every 2 s, whatever the view, so the CPU
   // alert knows the last ALERT_FOR_MS on arrival) and each one's readings.
@@ -79,6 +81,7 @@ export const live = {
     }
     this.rows = next;
     this.time = u.time_ms;
+    if (!this.loaded) this.eventSeq = u.event_seq;
     this.loaded = true;
     this.emit();
   },
@@ -86,17 +89,33 @@ export const live = {
   start() {
     if (this.abort) return;
     this.abort = new AbortController();
+    const signal = this.abort.signal;
     const tick = async () => {
       try { await this.poll(); } catch (e) { if (e instanceof AuthError) { showLogin(); return; } }
-      this.pollTimer = setTimeout(tick, 2000);
+      if (!signal.aborted) this.pollTimer = setTimeout(tick, 2000);
     };
-    tick();
+    // The first answer says where the event stream starts: the changes
+    // after it, and the last few before it for the Overview; never the
+    // whole history.
+    (async () => {
+      let from = 0;
+      try {
+        await this.poll();
+        from = this.eventSeq;
+        const recent = await api(`/v1/events?after=${Math.max(0, from - 50)}&limit=50`);
+        this.events.push(...recent.filter((ev) => ev.seq <= from));
+      } catch (e) {
+        if (e instanceof AuthError) { showLogin(); return; }
+      }
+      if (signal.aborted) return;
+      this.pollTimer = setTimeout(tick, 2000);
+      this.follow(signal, from);
+    })();
     const nodeTick = async () => {
       try { await this.pollNodes(); } catch (_) { /* shown as stale; retried */ }
-      if (this.abort) this.nodeTimer = setTimeout(nodeTick, 2000);
+      if (!signal.aborted) this.nodeTimer = setTimeout(nodeTick, 2000);
     };
     nodeTick();
-    this.follow(this.abort.signal);
   },
 
   stop() {
@@ -111,8 +130,8 @@ export const live = {
     this.loaded = false;
   },
 
-  async follow(signal) {
-    let after = 0;
+  async follow(signal, from) {
+    let after = from;
     while (!signal.aborted) {
       try {
         this.setConnected(true);

@@ -40,6 +40,10 @@ pub(crate) struct UsageRow {
 pub(crate) struct UsageList {
     /// When the answer was made (Unix milliseconds).
     time_ms: u64,
+    /// The newest event's sequence number, read before the sandboxes:
+    /// `GET /v1/events?follow=true&after=event_seq` brings every change
+    /// since this answer, without the history before it.
+    event_seq: i64,
     sandboxes: Vec<UsageRow>,
 }
 
@@ -49,6 +53,12 @@ pub(crate) struct UsageList {
     responses((status = 200, body = UsageList), (status = 400, body = warren_core::ErrorBody)))]
 pub(crate) async fn usage(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Json<UsageList>> {
     let (states, selector) = list_filter(&q)?;
+    let event_seq = st
+        .control
+        .store
+        .last_event_seq()
+        .await
+        .map_err(warren_core::ApiError::from)?;
     let rows = st
         .control
         .store
@@ -89,5 +99,9 @@ pub(crate) async fn usage(State(st): St, Query(q): Query<ListQuery>) -> ApiResul
             }
         })
         .collect();
-    Ok(Json(UsageList { time_ms, sandboxes }))
+    Ok(Json(UsageList {
+        time_ms,
+        event_seq,
+        sandboxes,
+    }))
 }

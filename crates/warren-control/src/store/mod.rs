@@ -244,6 +244,9 @@ pub trait Store: Send + Sync {
         after: i64,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
+    /// The sequence number of the newest event (0 when there is none), so
+    /// a follower can start from now instead of replaying the history.
+    async fn last_event_seq(&self) -> Result<i64, StoreError>;
     async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError>;
     async fn delete_batch(&self, id: &str, time: &str) -> Result<(), StoreError>;
     async fn batches(&self, id: Option<&str>) -> Result<Vec<BatchRow>, StoreError>;

@@ -403,6 +403,13 @@ impl Store for PgStore {
         Ok(failed)
     }
 
+    async fn last_event_seq(&self) -> Result<i64, StoreError> {
+        let (seq,): (i64,) = sqlx::query_as("SELECT COALESCE(MAX(seq), 0)::BIGINT FROM events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(seq)
+    }
+
     async fn events(
         &self,
         sandbox_id: Option<&str>,

@@ -147,6 +147,11 @@ def test_batch_appears_and_changes_state_live_and_filters_by_label(console, warr
         console.page.fill("#filter-label", f"task={b}")
         wait_until(lambda: len(rows(console.page)) == 3 and all(f"task={b}" in r[2] for r in rows(console.page)),
                    what="batch b alone")
+        # The API's set syntax too.
+        console.page.fill("#filter-label", f"task in ({a}, {b})")
+        wait_until(lambda: len(rows(console.page)) == 7, what="both batches")
+        console.page.fill("#filter-label", f"task in ({a}, {b}),task notin ({a})")
+        wait_until(lambda: len(rows(console.page)) == 3, what="batch b through in and notin")
         assert console.page.evaluate("() => window.notReloaded") is True
         # The batches view: progress and counts by state.
         console.go("#/batches")

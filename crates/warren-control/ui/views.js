@@ -128,14 +128,36 @@ export function fleet(root, { query }, live) {
   return { stop: off };
 }
 
-// A label selector as the API takes it (k=v, k!=v, k, !k; comma = and),
-// matched here so the table filters without a request per keystroke.
+// A label selector as the API takes it (k=v, k==v, k!=v, k, !k,
+// k in (a,b), k notin (a,b); a comma outside parentheses = and), matched
+// here so the table filters without a request per keystroke. A part it
+// cannot read matches nothing, as the API would refuse it.
 export function parseSelector(text) {
-  return text.split(',').map((s) => s.trim()).filter(Boolean).map((t) => {
+  const parts = [];
+  let depth = 0;
+  let cur = '';
+  for (const c of text) {
+    if (c === '(') depth++;
+    if (c === ')') depth--;
+    if (c === ',' && depth === 0) { parts.push(cur); cur = ''; } else cur += c;
+  }
+  parts.push(cur);
+  const set = (t) => {
+    const m = t.trim().match(/^\((.*)\)$/);
+    return m ? m[1].split(',').map((v) => v.trim()) : null;
+  };
+  return parts.map((p) => p.trim()).filter(Boolean).map((t) => {
     let m;
     if ((m = t.match(/^([^!=]+)!=(.*)$/))) return (l) => l[m[1].trim()] !== m[2].trim();
     if ((m = t.match(/^([^!=]+)==?(.*)$/))) return (l) => l[m[1].trim()] === m[2].trim();
     if (t.startsWith('!')) return (l) => !(t.slice(1).trim() in l);
+    if ((m = t.match(/^(\S+)\s+(notin|in)\s*(.*)$/))) {
+      const vals = set(m[3]);
+      if (!vals) return () => false;
+      const k = m[1];
+      return m[2] === 'in' ? (l) => k in l && vals.includes(l[k]) : (l) => !(k in l) || !vals.includes(l[k]);
+    }
+    if (/\s/.test(t)) return () => false;
     return (l) => t in l;
   });
 }

@@ -228,6 +228,23 @@ def test_sandbox_chart_moves_and_terminal_echoes(console, warren, sandbox):
     console.page.keyboard.press("Enter")
     console.wait_terminal(r"^hi\s*$")
     console.shot("sandbox")
+    # The window's size follows the page's (xterm.js fit, then a resize
+    # message on the WebSocket).
+    console.page.keyboard.type("stty size")
+    console.page.keyboard.press("Enter")
+    before = re.findall(r"^(\d+) (\d+)\s*$", console.wait_terminal(r"^\d+ \d+\s*$"), re.M)[-1]
+    console.page.set_viewport_size({"width": 900, "height": 900})
+
+    def resized():
+        # Asked again each time: the resize may land after a `stty size`.
+        console.page.keyboard.type("clear; stty size")
+        console.page.keyboard.press("Enter")
+        time.sleep(0.3)
+        sizes = re.findall(r"^(\d+) (\d+)\s*$", console.terminal_text(), re.M)
+        return sizes and sizes[-1] != before and sizes[-1]
+
+    after = wait_until(resized, timeout=15, what="a new window size")
+    assert int(after[1]) < int(before[1]), (before, after)
 
 
 def test_kept_sandbox_terminal_shows_its_files(console, warren):

@@ -118,7 +118,9 @@ impl Control {
             requested: Request {
                 cpu_millis: row.resources.cpu_millis,
                 memory: row.resources.memory,
+                gpu_memory: 0,
             },
+            gpu_memory_peak: usage.gpu_memory_peak_bytes,
         };
         let now = now_rfc3339();
         let _serial = self.profile_lock.lock().await;
@@ -157,7 +159,8 @@ impl Control {
 }
 
 /// The baseline table as TOML: `[profiles.NAME]` with `cpu` (cores),
-/// `memory` ("4G"), `original_cpu`, `original_memory` and `anomalous`.
+/// `memory` ("4G"), `original_cpu`, `original_memory`, `gpu_memory` and
+/// `original_gpu_memory` (only for tasks that used a GPU) and `anomalous`.
 pub mod table {
     use std::collections::BTreeMap;
 
@@ -173,8 +176,16 @@ pub mod table {
         original_cpu: Option<f64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         original_memory: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_memory: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        original_gpu_memory: Option<String>,
         #[serde(default)]
         anomalous: bool,
+    }
+
+    fn gpu_size(bytes: u64) -> Option<String> {
+        (bytes > 0).then(|| quantity::format_size(bytes))
     }
 
     #[derive(Serialize, Deserialize, Default)]
@@ -197,6 +208,8 @@ pub mod table {
                     memory: quantity::format_size(p.current.memory),
                     original_cpu: Some(cores(p.original.cpu_millis)),
                     original_memory: Some(quantity::format_size(p.original.memory)),
+                    gpu_memory: gpu_size(p.current.gpu_memory),
+                    original_gpu_memory: gpu_size(p.original.gpu_memory),
                     anomalous: p.anomalous,
                 },
             );
@@ -216,16 +229,26 @@ pub mod table {
             Ok(Request {
                 cpu_millis: (cpu * 1000.0).round() as u64,
                 memory,
+                gpu_memory: 0,
             })
         };
         let mut out = Vec::new();
         for (name, e) in t.profiles {
             warren_core::labels::validate_value("profile", &name).map_err(|e| e.to_string())?;
-            let current = parse(&name, e.cpu, &e.memory)?;
-            let original = match (e.original_cpu, e.original_memory.as_deref()) {
+            let gpu = |given: Option<&str>| -> Result<u64, String> {
+                given.map_or(Ok(0), |g| {
+                    quantity::parse_size(g).map_err(|e| format!("profile {name}: gpu_memory: {e}"))
+                })
+            };
+            let mut current = parse(&name, e.cpu, &e.memory)?;
+            current.gpu_memory = gpu(e.gpu_memory.as_deref())?;
+            let mut original = match (e.original_cpu, e.original_memory.as_deref()) {
                 (Some(c), Some(m)) => parse(&name, c, m)?,
                 _ => current,
             };
+            if e.original_gpu_memory.is_some() {
+                original.gpu_memory = gpu(e.original_gpu_memory.as_deref())?;
+            }
             let mut p = Profile::new(&name, original);
             p.current = current;
             p.anomalous = e.anomalous;
@@ -235,5 +258,44 @@ pub mod table {
             out.push(p);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+    use warren_core::profile::{Profile, Request};
+
+    #[test]
+    fn the_table_keeps_gpu_memory_and_omits_it_for_cpu_tasks() {
+        let mut gpu = Profile::new(
+            "infer",
+            Request {
+                cpu_millis: 1000,
+                memory: 1 << 30,
+                gpu_memory: 15 << 30,
+            },
+        );
+        gpu.current.gpu_memory = 24 << 30;
+        let cpu = Profile::new(
+            "explore",
+            Request {
+                cpu_millis: 2000,
+                memory: 512 << 20,
+                gpu_memory: 0,
+            },
+        );
+        let text = table::export(&[gpu.clone(), cpu.clone()]).expect("export");
+        assert!(text.contains("gpu_memory = \"24G\""), "{text}");
+        assert_eq!(text.matches("gpu_memory").count(), 2, "{text}");
+        let back = table::import(&text).expect("import");
+        let by_name = |n: &str| back.iter().find(|p| p.name == n).cloned();
+        assert_eq!(
+            by_name("infer").map(|p| (p.current, p.original)),
+            Some((gpu.current, gpu.original))
+        );
+        assert_eq!(by_name("explore").map(|p| p.current), Some(cpu.current));
+        let bad = "[profiles.x]\ncpu = 1.0\nmemory = \"1G\"\ngpu_memory = \"lots\"\n";
+        assert!(table::import(bad).unwrap_err().contains("gpu_memory"));
     }
 }

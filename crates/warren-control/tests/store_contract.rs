@@ -585,6 +585,7 @@ async fn profiles_and_runs(f: &Fixture) -> TestResult {
     let req = Request {
         cpu_millis: 500,
         memory: 1 << 28,
+        gpu_memory: 3 << 30,
     };
     assert!(s.profile("swe").await?.is_none());
     let mut p = Profile::new("swe", req);
@@ -606,6 +607,7 @@ async fn profiles_and_runs(f: &Fixture) -> TestResult {
         oom_killed: false,
         throttled_ratio: 0.25,
         requested: req,
+        gpu_memory_peak: 2 << 30,
     };
     for i in 0..5u64 {
         assert!(s.add_run("swe", &format!("sbx-{i}"), &run(i), "t").await?);

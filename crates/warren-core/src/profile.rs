@@ -5,11 +5,17 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// A CPU and memory request.
+/// A CPU and memory request, and the GPU memory a task's runs suggest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 pub struct Request {
     pub cpu_millis: u64,
     pub memory: u64,
+    /// Bytes of GPU memory: peak × margin of the runs that used a GPU, 0
+    /// for a task that never did. A recommendation (for choosing a GPU or
+    /// a MIG slice, or packing), not a limit: a whole GPU's memory is not
+    /// divided between sandboxes.
+    #[serde(default)]
+    pub gpu_memory: u64,
 }
 
 /// One finished sandbox, as the sampler saw it.
@@ -22,6 +28,9 @@ pub struct Run {
     /// Share of CFS periods in which the sandbox hit its quota.
     pub throttled_ratio: f64,
     pub requested: Request,
+    /// Most GPU memory its processes held at once (NVML), 0 without GPUs.
+    #[serde(default)]
+    pub gpu_memory_peak: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -70,10 +79,17 @@ pub fn recommend(runs: &[Run], policy: &Policy) -> Option<Request> {
     }
     let cpu = runs.iter().map(|r| r.cpu_millis_peak).max().unwrap_or(0) as f64;
     let mem = runs.iter().map(|r| r.memory_peak).max().unwrap_or(0) as f64;
+    let gpu = runs.iter().map(|r| r.gpu_memory_peak).max().unwrap_or(0);
     Some(Request {
         cpu_millis: round_up(cpu * policy.cpu_margin, policy.cpu_step_millis),
         memory: round_up(mem * policy.memory_margin, policy.memory_step)
             .max(crate::spec::MIN_MEMORY),
+        // Like memory, GPU memory is not compressible: the same margin.
+        gpu_memory: if gpu == 0 {
+            0
+        } else {
+            round_up(gpu as f64 * policy.memory_margin, policy.memory_step)
+        },
     })
 }
 
@@ -138,7 +154,13 @@ impl Profile {
                 fresh_cpu,
             ),
             memory: adjust(self.current.memory, rec.memory, starved_mem, fresh_mem),
+            gpu_memory: rec.gpu_memory,
         };
+        // No request names GPU memory: the first recommendation is the
+        // baseline its growth is measured against.
+        if self.original.gpu_memory == 0 {
+            self.original.gpu_memory = next.gpu_memory;
+        }
         let cap = |orig: u64| (orig as f64 * policy.max_growth).round() as u64;
         let mut why = Vec::new();
         if next.cpu_millis > cap(self.original.cpu_millis) {
@@ -152,6 +174,13 @@ impl Profile {
             next.memory = cap(self.original.memory);
             why.push(format!(
                 "memory would exceed {}× the original request",
+                policy.max_growth
+            ));
+        }
+        if next.gpu_memory > cap(self.original.gpu_memory) {
+            next.gpu_memory = cap(self.original.gpu_memory);
+            why.push(format!(
+                "GPU memory would exceed {}× its first recommendation",
                 policy.max_growth
             ));
         }
@@ -179,6 +208,7 @@ mod tests {
             oom_killed: oom,
             throttled_ratio: 0.0,
             requested: req,
+            gpu_memory_peak: 0,
         }
     }
 
@@ -187,6 +217,7 @@ mod tests {
         let req = Request {
             cpu_millis: 4000,
             memory: 8192 * MIB,
+            gpu_memory: 0,
         };
         // The seed's example: peaks of 2 cores and 3.2 GB give 3 cores and 4.8 GB.
         let runs = [run(2000, 1800, false, req), run(1900, 3277, false, req)];
@@ -201,6 +232,7 @@ mod tests {
         let orig = Request {
             cpu_millis: 1000,
             memory: 512 * MIB,
+            gpu_memory: 0,
         };
         let mut prof = Profile::new("t", orig);
         let mut window = vec![run(200, 100, false, orig)];
@@ -209,7 +241,8 @@ mod tests {
             prof.current,
             Request {
                 cpu_millis: 300,
-                memory: 160 * MIB
+                memory: 160 * MIB,
+                gpu_memory: 0,
             }
         );
         // An OOM kill at the shrunk size grows memory by 1.5×.
@@ -228,5 +261,42 @@ mod tests {
         window.push(run(10, 10, false, before));
         prof.learn(&window, &p);
         assert_eq!(prof.current, before, "an anomalous profile stops adjusting");
+    }
+
+    #[test]
+    fn gpu_memory_is_recommended_from_its_peak_and_its_growth_flagged() {
+        let p = Policy::default();
+        let orig = Request {
+            cpu_millis: 1000,
+            memory: 512 * MIB,
+            gpu_memory: 0,
+        };
+        let gpu_run = |gib: u64| Run {
+            gpu_memory_peak: gib << 30,
+            ..run(500, 200, false, orig)
+        };
+        let mut prof = Profile::new("infer", orig);
+        // CPU-only runs recommend no GPU memory.
+        let mut window = vec![run(500, 200, false, orig)];
+        prof.learn(&window, &p);
+        assert_eq!(prof.current.gpu_memory, 0);
+        // 10 GiB at peak: 15 GiB recommended, the baseline for growth.
+        window.push(gpu_run(10));
+        prof.learn(&window, &p);
+        assert_eq!(prof.current.gpu_memory, 15 << 30);
+        assert_eq!(prof.original.gpu_memory, 15 << 30);
+        assert!(!prof.anomalous);
+        // Runs that hold ever more: past 2× the baseline it is capped and
+        // flagged, like memory.
+        window.push(gpu_run(19));
+        prof.learn(&window, &p);
+        assert!(!prof.anomalous, "28.5 GiB is within 30");
+        window.push(gpu_run(25));
+        assert!(prof.learn(&window, &p));
+        assert_eq!(prof.current.gpu_memory, 30 << 30);
+        assert!(prof.anomaly.contains("GPU memory"), "{}", prof.anomaly);
+        // Old profiles (JSON without the field) still read.
+        let old: Request = serde_json::from_str(r#"{"cpu_millis":1,"memory":2}"#).unwrap();
+        assert_eq!(old.gpu_memory, 0);
     }
 }

@@ -11,17 +11,22 @@ pub(super) async fn run(client: &Client, cmd: ProfileCmd) -> Result<i32> {
         ProfileCmd::Ls => {
             let list = client.list_profiles().await?;
             println!(
-                "{:<24} {:>8} {:>10} {:>13} {:>15} {:>6}  FLAG",
-                "PROFILE", "CPU", "MEMORY", "ORIGINAL CPU", "ORIGINAL MEMORY", "RUNS"
+                "{:<24} {:>8} {:>10} {:>13} {:>15} {:>10} {:>6}  FLAG",
+                "PROFILE", "CPU", "MEMORY", "ORIGINAL CPU", "ORIGINAL MEMORY", "GPU MEMORY", "RUNS"
             );
             for p in list {
                 println!(
-                    "{:<24} {:>8.2} {:>10} {:>13.2} {:>15} {:>6}  {}",
+                    "{:<24} {:>8.2} {:>10} {:>13.2} {:>15} {:>10} {:>6}  {}",
                     p.name,
                     p.current.cpu_millis as f64 / 1000.0,
                     quantity::format_size(p.current.memory),
                     p.original.cpu_millis as f64 / 1000.0,
                     quantity::format_size(p.original.memory),
+                    if p.current.gpu_memory > 0 {
+                        quantity::format_size(p.current.gpu_memory)
+                    } else {
+                        "-".into()
+                    },
                     p.runs,
                     if p.anomalous {
                         format!("ANOMALOUS: {}", p.anomaly)

@@ -102,6 +102,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
     let fixed = Request {
         cpu_millis: 4000,
         memory: 8 << 30,
+        gpu_memory: 0,
     };
     let policy = Policy {
         cpu_margin: args.cpu_margin,
@@ -150,6 +151,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 Mode::Oracle => Request {
                     cpu_millis: r.cpu_peak_millis,
                     memory: r.mem_peak,
+                    gpu_memory: 0,
                 },
             };
             let id = format!("s{next}");
@@ -222,6 +224,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                     0.0
                 },
                 requested: req,
+                gpu_memory_peak: 0,
             };
             let h = history.entry(r.task).or_default();
             h.push(run);

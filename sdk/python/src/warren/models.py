@@ -374,10 +374,12 @@ class Node:
 
 @dataclass
 class ProfileRequest:
-    """A CPU (millicores) and memory (bytes) request."""
+    """A CPU (millicores) and memory (bytes) request, and the GPU memory
+    (bytes) the task's runs suggest (0 for a task that used no GPU)."""
 
     cpu_millis: int
     memory: int
+    gpu_memory: int = 0
 
 
 @dataclass
@@ -402,6 +404,7 @@ class ProfileRun:
     oom_killed: bool
     throttled_ratio: float
     requested: ProfileRequest
+    gpu_memory_peak: int = 0
 
 
 @dataclass

@@ -247,14 +247,17 @@ def test_sandbox_chart_moves_and_terminal_echoes(console, warren, sandbox):
     assert int(after[1]) < int(before[1]), (before, after)
 
 
-def test_kept_sandbox_terminal_shows_its_files(console, warren):
+def test_oom_killed_kept_sandbox_terminal_shows_its_files(console, warren):
+    # Kept after an OOM kill: it wrote its scene, then ran out of memory.
     r = warren.http.post("/v1/sandboxes", json={
-        "image": "busybox:latest", "reclaim": "keep", "labels": {"task": "ui-kept"},
-        "cmd": ["sh", "-c", "echo scene > /tmp/scene-left-behind.txt; exit 3"]})
+        "image": "busybox:latest", "reclaim": "keep_on_failure", "memory": "32M", "labels": {"task": "ui-kept"},
+        "cmd": ["sh", "-c", "echo scene > /tmp/scene-left-behind.txt; x=$(head -c 200000000 /dev/zero | tr '\\0' a)"]})
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
     try:
-        wait_until(lambda: warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "kept", what="kept")
+        kept = wait_until(lambda: (lambda s: s if s["state"] == "kept" else None)(
+            warren.http.get(f"/v1/sandboxes/{sid}").json()), what="kept")
+        assert kept["reason"] == "oom_killed", kept
         console.login()
         console.go(f"#/sandbox/{sid}")
         console.page.wait_for_selector("#timeline")

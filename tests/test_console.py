@@ -276,10 +276,17 @@ def test_oom_killed_kept_sandbox_terminal_shows_its_files(console, warren):
         warren.http.delete(f"/v1/sandboxes/{sid}")
 
 
-def test_delete_from_the_ui(console, warren):
-    box = warren.create(labels={"task": "ui-delete"})
+def test_buttons_pause_resume_extend_and_delete(console, warren):
+    box = warren.create(labels={"task": "ui-delete"}, ttl="10m")
+    info = lambda: warren.http.get(f"/v1/sandboxes/{box['id']}").json()  # noqa: E731
     console.login()
     console.go(f"#/sandbox/{box['id']}")
+    console.page.click('button[data-action="Pause"]')
+    wait_until(lambda: info()["state"] == "paused", what="paused")
+    console.page.click('button[data-action="Resume"]')
+    wait_until(lambda: info()["state"] == "running", what="running again")
+    console.page.click('button[data-action="Extend TTL 1h"]')
+    wait_until(lambda: info()["ttl_remaining_ms"] > 30 * 60_000, what="the TTL extended")
     console.page.click('button[data-action="Destroy"]')
     wait_until(lambda: warren.http.get(f"/v1/sandboxes/{box['id']}").json()["state"] == "destroyed",
                what="the sandbox destroyed")

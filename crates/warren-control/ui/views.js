@@ -250,7 +250,8 @@ export function sandbox(root, { args }, live) {
     head.replaceChildren(...[stateBadge(s.state), h('span', { class: 'dim', id: 'reason' }, s.reason),
       s.state === 'running' ? act('Pause', () => api(`${path}/pause`, { method: 'POST' })) : null,
       s.state === 'paused' ? act('Resume', () => api(`${path}/resume`, { method: 'POST' })) : null,
-      ['running', 'paused', 'kept'].includes(s.state) ? act('Extend TTL 1h', () => api(`${path}/ttl`, { method: 'POST', body: { ttl: '1h' } })) : null,
+      // A kept sandbox's time is its keep_for, which the API does not extend.
+      ['running', 'paused'].includes(s.state) ? act('Extend TTL 1h', () => api(`${path}/ttl`, { method: 'POST', body: { ttl: '1h' } })) : null,
       ['destroyed', 'failed', 'lost'].includes(s.state) ? null
         : act(s.state === 'kept' ? 'Destroy (end keep)' : 'Destroy', async () => {
           if (confirm(`Destroy ${id}?`)) await api(path, { method: 'DELETE' });
@@ -274,7 +275,7 @@ export function sandbox(root, { args }, live) {
       ['memory', `request ${fmtBytes(r.memory_request ?? r.memory)}, limit ${fmtBytes(r.memory)}`],
       ['reclaim', `${s.spec.reclaim || 'destroy'}${s.spec.keep_for ? ` (keep for ${s.spec.keep_for})` : ''}`],
       ['network', JSON.stringify(s.spec.network)],
-      ['TTL left', s.ttl_remaining_ms !== undefined ? `${Math.round(s.ttl_remaining_ms / 1000)} s` : null],
+      [s.state === 'kept' ? 'kept for' : 'TTL left', s.ttl_remaining_ms !== undefined ? `${Math.round(s.ttl_remaining_ms / 1000)} s more` : null],
       ['exit code', s.exit_code], ['created', s.created_at], ['finished', s.finished_at],
       ['OOM kills', s.usage ? s.usage.oom_kills : null], ['peak memory', s.usage ? fmtBytes(s.usage.memory_peak_bytes) : null],
     ]));

@@ -347,6 +347,32 @@ mod tests {
     }
 
     #[test]
+    fn every_page_script_and_style_of_the_console_is_embedded() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ui");
+        let mut dirs = vec![root.clone()];
+        let mut found = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("ui dir") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if matches!(
+                    path.extension().and_then(|e| e.to_str()),
+                    Some("html" | "js" | "css")
+                ) {
+                    let rel = path.strip_prefix(&root).expect("under ui");
+                    found.push(rel.to_string_lossy().into_owned());
+                }
+            }
+        }
+        found.sort();
+        let mut served: Vec<String> = ASSETS.iter().map(|(n, _, _)| n.to_string()).collect();
+        served.sort();
+        assert_eq!(found, served);
+        assert_eq!(asset("../Cargo.toml").status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
     fn public_urls_become_origins() {
         assert_eq!(
             origin_of("https://Warren.example:443/ui/").as_deref(),

@@ -5,6 +5,7 @@ enough that placement decisions are visible."""
 import contextlib
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -66,7 +67,8 @@ class Node:
         self.home.mkdir(parents=True, exist_ok=True)
         self.server = server
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # The node API is TLS, with a certificate the server pins at join.
+        self.url = f"https://127.0.0.1:{self.port}"
         self.args = [
             "--capacity-cpu", cpu, "--capacity-memory", memory,
             "--cpu-overcommit", "1", "--reserve-cpu", "0", "--reserve-memory", "0",
@@ -97,6 +99,24 @@ class Node:
 
     def stop(self, sig=signal.SIGINT):
         stop_process(self.proc, sig)
+
+    def fingerprint(self):
+        """The SHA-256 of the certificate in the node's home."""
+        import hashlib
+        import ssl
+        pem = (self.home / "node-tls" / "cert.pem").read_text()
+        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+    def presented(self):
+        """The SHA-256 of the certificate its API presents."""
+        import hashlib
+        import ssl
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw) as tls:
+                return hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest()
 
     def leftovers(self):
         """Sandbox directories this node still has on the host."""

@@ -165,7 +165,7 @@ def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
     n = cluster.nodes["n1"]
     for auth in (None, f"Bearer {cluster.server.token}", "Bearer not-the-credential"):
         headers = {"Authorization": auth} if auth else {}
-        r = httpx.get(f"{n.url}/node/v1/sandboxes", headers=headers, timeout=5)
+        r = httpx.get(f"{n.url}/node/v1/sandboxes", headers=headers, timeout=5, verify=False)
         assert r.status_code == 401, (auth, r.status_code, r.text)
     # A heartbeat for a node with a wrong credential is refused too.
     r = httpx.post(f"{cluster.server.url}/v1/nodes/n1/heartbeat", headers={"Authorization": f"Bearer {cluster.server.token}"},
@@ -178,6 +178,22 @@ def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
                                                               "max_pids": 1, "load": {"cpu_busy": 0, "disk_pressure": False, "sandboxes": 0}}}, timeout=5)
     assert r.status_code == 401, r.text
     assert "evil" not in cluster.server.nodes()
+
+
+def test_the_node_api_is_tls_with_the_certificate_the_server_pinned(cluster):
+    n = cluster.nodes["n1"]
+    pin = n.fingerprint()
+    assert n.presented() == pin
+    assert cluster.server.nodes()["n1"]["url"] == n.url
+    if cluster.server.database is None:
+        import sqlite3
+        db = sqlite3.connect(f"file:{cluster.server.home / 'warren.db'}?mode=ro", uri=True)
+        (stored,) = db.execute("SELECT tls_fingerprint FROM nodes WHERE name = 'n1'").fetchone()
+        db.close()
+        assert stored == pin
+    # Plain HTTP to the node API gets no answer from it.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(n.url.replace("https://", "http://") + "/node/v1/info", timeout=5)
 
 
 def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
@@ -479,10 +495,10 @@ def test_a_stalled_leader_is_fenced_off_by_its_nodes(images, postgres):
             # Deterministically, too: a call with the old epoch, sent by hand
             # with the node's credential, is refused.
             cred = postgres.psql("SELECT credential FROM nodes WHERE name = 'a'", url=url).strip()
-            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", headers={
+            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", verify=False, headers={
                 "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "1"})
             assert r.status_code == 412 and r.json()["kind"] == "fenced", r.text
-            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", headers={
+            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", verify=False, headers={
                 "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "2"})
             assert r.status_code == 200, r.text
             # Nothing was touched: the sandbox runs on, and answers.

@@ -165,7 +165,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
             // Known nodes are expected back: silent ones are given up after
             // the liveness timeouts, counted from now.
             for rec in store.nodes().await.map_err(|e| e.to_string())? {
-                let api = connect(&rec.url, &rec.credential)
+                let api = connect(&rec.url, &rec.credential, rec.tls_fingerprint.as_deref())
                     .map_err(|e| format!("node {}: {e}", rec.name))?;
                 let info = warren_node_api::NodeInfo {
                     name: rec.name.clone(),

@@ -154,4 +154,7 @@ impl Nodes {
 /// Makes the contract client of a node the control plane reaches over the
 /// network (its URL and the credential it shows there). The binary supplies
 /// it (the HTTP transport), so the control plane names no transport.
-pub type Connector = Arc<dyn Fn(&str, &str) -> Result<Arc<dyn NodeApi>, String> + Send + Sync>;
+/// Makes the client for a node: its URL, its credential, and the SHA-256
+/// of its certificate when it serves TLS.
+pub type Connector =
+    Arc<dyn Fn(&str, &str, Option<&str>) -> Result<Arc<dyn NodeApi>, String> + Send + Sync>;

@@ -989,6 +989,8 @@ async fn nodes(f: &Fixture) -> TestResult {
         labels: serde_json::from_value(serde_json::json!({"gpu": "h200"})).unwrap(),
         cordoned,
         joined_at: "t1".into(),
+        // One node over TLS, one plain.
+        tls_fingerprint: (name == "n1").then(|| "ab".repeat(32)),
     };
     assert_eq!(s.nodes().await?, vec![]);
     s.put_node(&node("n2", false)).await?;

@@ -373,10 +373,15 @@ pub struct Pushed {
 /// plane, with the join token).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JoinRequest {
-    /// Where the control plane reaches the node's API (`http://host:port`).
+    /// Where the control plane reaches the node's API (`https://host:port`,
+    /// or `http://` for a node without TLS).
     pub url: String,
     /// The node as it describes itself (name, labels, what it lends).
     pub info: NodeInfo,
+    /// The SHA-256 (hex) of the certificate the node's API presents: the
+    /// control plane accepts that one only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
 }
 
 /// The control plane's answer to a join: the credential it will show the

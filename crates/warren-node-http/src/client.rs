@@ -72,19 +72,36 @@ impl HttpNode {
     /// A client for the node at `base_url` (`http://host:port`, or with a
     /// path prefix the node's API is mounted under). Nothing is sent yet.
     pub fn new(base_url: &str, credential: &str) -> Result<HttpNode, NodeError> {
+        Self::build(base_url, credential, None)
+    }
+
+    /// A client for a node that serves its API over TLS (`https://…`),
+    /// accepting only the certificate whose SHA-256 is `pin` (the one the
+    /// node joined with; see [`crate::tls`]).
+    pub fn pinned(base_url: &str, credential: &str, pin: &str) -> Result<HttpNode, NodeError> {
+        Self::build(base_url, credential, Some(pin))
+    }
+
+    fn build(base_url: &str, credential: &str, pin: Option<&str>) -> Result<HttpNode, NodeError> {
         let mut base = Url::parse(base_url)
             .map_err(|e| NodeError::invalid(format!("node URL {base_url:?}: {e}")))?;
-        match base.scheme() {
-            "http" => {}
-            "https" => {
+        match (base.scheme(), pin) {
+            ("http", None) | ("https", Some(_)) => {}
+            ("https", None) => {
                 return Err(NodeError::invalid(format!(
-                    "node URL {base_url:?}: https is not supported yet (this build has no TLS); \
-                     use http:// on a trusted network"
+                    "node URL {base_url:?}: https needs the node's certificate pin, which the \
+                     node sends when it joins"
                 )))
             }
-            other => {
+            ("http", Some(_)) => {
                 return Err(NodeError::invalid(format!(
-                    "node URL {base_url:?}: scheme {other:?} is not http"
+                    "node URL {base_url:?}: the node has a certificate pin but a plain http URL; \
+                     it serves https"
+                )))
+            }
+            (other, _) => {
+                return Err(NodeError::invalid(format!(
+                    "node URL {base_url:?}: scheme {other:?} is not http or https"
                 )))
             }
         }
@@ -115,7 +132,13 @@ impl HttpNode {
         auth.set_sensitive(true);
         // See Cargo.toml: a no-op when one is installed already.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(pin) = pin {
+            let config = crate::tls::pinned_client_config(pin)
+                .map_err(|e| NodeError::invalid(e.to_string()))?;
+            builder = builder.tls_backend_preconfigured(config);
+        }
+        let http = builder
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_keepalive(TCP_KEEPALIVE)
             .tcp_nodelay(true)

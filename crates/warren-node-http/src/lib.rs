@@ -18,8 +18,9 @@
 //! - every call of a `warren server` replica carries its leader epoch
 //!   ([`fence`]): a node refuses the calls of a leader that was replaced.
 //!
-//! Plain HTTP only for now: the credential travels in clear, so a node's
-//! API belongs on a trusted network until TLS is added.
+//! A node joined to a `warren server` serves its API over TLS with a
+//! self-signed certificate the control plane pins ([`tls`]); `warren up
+//! --node-transport http` keeps plain HTTP on loopback.
 
 #![forbid(unsafe_code)]
 
@@ -27,8 +28,9 @@ mod client;
 pub mod fence;
 mod ndjson;
 mod server;
+pub mod tls;
 mod wire;
 
 pub use client::HttpNode;
 pub use fence::Fence;
-pub use server::{router, serve, Credential};
+pub use server::{router, serve, serve_tls, Credential};

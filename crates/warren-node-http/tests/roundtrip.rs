@@ -1651,3 +1651,58 @@ async fn a_replaced_leader_is_fenced_off() {
         2
     );
 }
+
+/// The node API over TLS: a client pinned to the node's certificate makes
+/// calls, streams and a port tunnel (an upgrade inside TLS); a client
+/// pinned to another certificate, or speaking plain HTTP, gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_pinned_certificate() {
+    use warren_node_http::tls::Identity;
+    let fake = Arc::new(FakeNode::new(echo_server().await));
+    let dir = tempfile::tempdir().unwrap();
+    let identity = Identity::load_or_create(dir.path()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(fake.clone(), CREDENTIAL.to_string(), Fence::default());
+    tokio::spawn(warren_node_http::serve_tls(
+        listener,
+        app,
+        identity.acceptor().unwrap(),
+    ));
+    let url = format!("https://{addr}");
+    let node = HttpNode::pinned(&url, CREDENTIAL, &identity.fingerprint()).unwrap();
+    node.info().await.expect("info over TLS");
+    node.create(create_req("sb-t"))
+        .await
+        .expect("create over TLS");
+    let mut tunnel = node.connect_port("sb-t", ECHO_PORT).await.unwrap();
+    tunnel.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    tunnel.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    drop(tunnel);
+
+    // Another certificate: refused before any request is sent.
+    let other = Identity::load_or_create(tempfile::tempdir().unwrap().path()).unwrap();
+    let wrong = HttpNode::pinned(&url, CREDENTIAL, &other.fingerprint()).unwrap();
+    let e = wrong.info().await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+    // Plain HTTP to the TLS port gets no answer from the API.
+    let plain = HttpNode::new(&format!("http://{addr}"), CREDENTIAL).unwrap();
+    assert!(plain.info().await.is_err());
+    // A pin and a plain URL, or https without one, are refused at once.
+    assert_eq!(
+        HttpNode::pinned(
+            &format!("http://{addr}"),
+            CREDENTIAL,
+            &identity.fingerprint()
+        )
+        .unwrap_err()
+        .kind,
+        ErrorKind::Invalid
+    );
+    assert_eq!(
+        HttpNode::new(&url, CREDENTIAL).unwrap_err().kind,
+        ErrorKind::Invalid
+    );
+}

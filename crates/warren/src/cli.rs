@@ -553,7 +553,7 @@ pub struct NodeArgs {
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub listen: SocketAddr,
     /// The URL the control plane reaches this node's API at (default:
-    /// http:// and the --listen address; set it when listening on 0.0.0.0).
+    /// https:// and the --listen address; set it when listening on 0.0.0.0).
     #[arg(long)]
     pub advertise: Option<String>,
     /// This node's name in the cluster (default: the host name).

@@ -223,7 +223,8 @@ impl Control {
             .find(|n| n.name == name)
             .is_some_and(|n| n.cordoned);
         let credential = crate::new_secret();
-        let api = connect(&req.url, &credential).map_err(ApiError::bad_request)?;
+        let api = connect(&req.url, &credential, req.tls_fingerprint.as_deref())
+            .map_err(ApiError::bad_request)?;
         let now = now_rfc3339();
         self.store
             .put_node(&NodeRecord {
@@ -233,6 +234,7 @@ impl Control {
                 labels: req.info.labels.clone(),
                 cordoned,
                 joined_at: now.clone(),
+                tls_fingerprint: req.tls_fingerprint.clone(),
             })
             .await?;
         self.add_node(api, req.info, req.url.clone(), credential.clone(), cordoned);

@@ -189,6 +189,9 @@ pub struct NodeRecord {
     /// Takes no new sandboxes (an operator's `warren node cordon`).
     pub cordoned: bool,
     pub joined_at: String,
+    /// The SHA-256 of its API's certificate, pinned at join (None: plain
+    /// HTTP).
+    pub tls_fingerprint: Option<String>,
 }
 
 /// Where the control plane keeps its state: SQLite (`warren up`), and
@@ -444,6 +447,7 @@ where
         credential: r.text("credential")?,
         cordoned: r.flag("cordoned")?,
         joined_at: r.text("joined_at")?,
+        tls_fingerprint: r.text_opt("tls_fingerprint")?,
         name,
     })
 }

@@ -607,11 +607,12 @@ impl Store for PgStore {
 
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at)
-             VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at, tls_fingerprint)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (name) DO UPDATE SET url = excluded.url,
                 credential = excluded.credential, labels = excluded.labels,
-                cordoned = excluded.cordoned, joined_at = excluded.joined_at",
+                cordoned = excluded.cordoned, joined_at = excluded.joined_at,
+                tls_fingerprint = excluded.tls_fingerprint",
         )
         .bind(&node.name)
         .bind(&node.url)
@@ -619,6 +620,7 @@ impl Store for PgStore {
         .bind(json(&node.labels))
         .bind(node.cordoned)
         .bind(&node.joined_at)
+        .bind(&node.tls_fingerprint)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -467,11 +467,12 @@ impl Store for SqliteStore {
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         sqlx::query(
-            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at)
-             VALUES (?, ?, ?, ?, ?, ?)
+            "INSERT INTO nodes (name, url, credential, labels, cordoned, joined_at, tls_fingerprint)
+             VALUES (?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (name) DO UPDATE SET url = excluded.url,
                 credential = excluded.credential, labels = excluded.labels,
-                cordoned = excluded.cordoned, joined_at = excluded.joined_at",
+                cordoned = excluded.cordoned, joined_at = excluded.joined_at,
+                tls_fingerprint = excluded.tls_fingerprint",
         )
         .bind(&node.name)
         .bind(&node.url)
@@ -479,6 +480,7 @@ impl Store for SqliteStore {
         .bind(json(&node.labels))
         .bind(node.cordoned)
         .bind(&node.joined_at)
+        .bind(&node.tls_fingerprint)
         .execute(tx.conn())
         .await?;
         tx.commit().await?;

@@ -41,9 +41,11 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
     let fence = warren_node_http::Fence::open(home.join("leader-epoch"))?;
+    let identity = warren_node_http::tls::Identity::load_or_create(&home.join("node-tls"))?;
     let agent = Agent::serve(
         local,
         fence,
+        Some(identity),
         &name,
         args.listen,
         args.advertise.clone(),
@@ -91,7 +93,10 @@ pub async fn fake_nodes(args: crate::cli::FakeNodesArgs) -> Result<i32> {
         let node: Arc<dyn NodeApi> = warren_node_api::fake::FakeNode::new(&name, lends);
         let listen = "127.0.0.1:0".parse().context("loopback address")?;
         let fence = warren_node_http::Fence::default();
-        agents.push(Agent::serve(node, fence, &name, listen, None, &args.server, &token).await?);
+        // Plain HTTP: a benchmark of the control plane, on loopback.
+        agents.push(
+            Agent::serve(node, fence, None, &name, listen, None, &args.server, &token).await?,
+        );
     }
     eprintln!("{} fake nodes joining {}", agents.len(), args.server);
     let runs = futures_util::future::join_all(agents.iter().map(Agent::run));
@@ -123,16 +128,21 @@ struct Agent {
     token: String,
     name: String,
     advertise: String,
+    /// The SHA-256 of the node API's certificate, sent at join.
+    tls_fingerprint: Option<String>,
     node: Arc<dyn NodeApi>,
     credential: warren_node_http::Credential,
 }
 
 impl Agent {
     /// Serves `node`'s API on `listen` (refusing everything until the join
-    /// answers) and prepares to join `server` as `name`.
+    /// answers), over TLS with `identity`, and prepares to join `server` as
+    /// `name`.
+    #[allow(clippy::too_many_arguments)]
     async fn serve(
         node: Arc<dyn NodeApi>,
         fence: warren_node_http::Fence,
+        identity: Option<warren_node_http::tls::Identity>,
         name: &str,
         listen: std::net::SocketAddr,
         advertise: Option<String>,
@@ -145,8 +155,22 @@ impl Agent {
             .with_context(|| format!("node API: listen on {listen} (--listen)"))?;
         let listening = listener.local_addr().context("node API address")?;
         let router = warren_node_http::router(node.clone(), credential.clone(), fence);
+        let scheme = if identity.is_some() { "https" } else { "http" };
+        let tls_fingerprint = identity.as_ref().map(|i| i.fingerprint());
+        if let Some(given) = &advertise {
+            if !given.starts_with(&format!("{scheme}://")) {
+                anyhow::bail!(
+                    "--advertise {given:?}: the node API serves {scheme}; advertise {scheme}://HOST:PORT"
+                );
+            }
+        }
+        let acceptor = identity.as_ref().map(|i| i.acceptor()).transpose()?;
         tokio::spawn(async move {
-            if let Err(e) = warren_node_http::serve(listener, router).await {
+            let served = match acceptor {
+                Some(tls) => warren_node_http::serve_tls(listener, router, tls).await,
+                None => warren_node_http::serve(listener, router).await,
+            };
+            if let Err(e) = served {
                 tracing::error!(error = %e, "the node API stopped");
             }
         });
@@ -164,7 +188,8 @@ impl Agent {
             current: Default::default(),
             token: token.to_string(),
             name: name.to_string(),
-            advertise: advertise.unwrap_or_else(|| format!("http://{listening}")),
+            advertise: advertise.unwrap_or_else(|| format!("{scheme}://{listening}")),
+            tls_fingerprint,
             node,
             credential,
         })
@@ -208,6 +233,7 @@ impl Agent {
         let req = JoinRequest {
             url: self.advertise.clone(),
             info,
+            tls_fingerprint: self.tls_fingerprint.clone(),
         };
         let resp = self
             .http

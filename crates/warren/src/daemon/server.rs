@@ -33,11 +33,14 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     let epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let connect: Connector = {
         let epoch = epoch.clone();
-        Arc::new(move |url: &str, credential: &str| {
-            warren_node_http::HttpNode::new(url, credential)
-                .map(|n| n.with_leader_epoch(epoch.load(std::sync::atomic::Ordering::Acquire)))
-                .map(|n| Arc::new(n) as Arc<dyn NodeApi>)
-                .map_err(|e| e.to_string())
+        Arc::new(move |url: &str, credential: &str, pin: Option<&str>| {
+            match pin {
+                Some(pin) => warren_node_http::HttpNode::pinned(url, credential, pin),
+                None => warren_node_http::HttpNode::new(url, credential),
+            }
+            .map(|n| n.with_leader_epoch(epoch.load(std::sync::atomic::Ordering::Acquire)))
+            .map(|n| Arc::new(n) as Arc<dyn NodeApi>)
+            .map_err(|e| e.to_string())
         })
     };
     let cfg = UpConfig {

@@ -24,13 +24,15 @@ def wait_until(what, check, timeout=20.0, every=0.1):
 class Server(Warren):
     """`warren server` with the Warren test client's helpers."""
 
-    def __init__(self, home: Path, port: int, database=None, extra_args=()):
+    def __init__(self, home: Path, port: int, database=None, extra_args=(), host="127.0.0.1"):
         super().__init__(home, port, extra_args=extra_args)
         self.database = database
+        self.host = host
+        self.url = f"http://{host}:{port}"
 
     def start(self):
         self.log = open(self.home.parent / f"server-{self.port}.log", "ab")
-        args = [str(WARREN), "server", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}"]
+        args = [str(WARREN), "server", "--home", str(self.home), "--listen", f"{self.host}:{self.port}"]
         if self.database:
             args += ["--database", self.database]
         args += self.extra_args
@@ -50,6 +52,9 @@ class Server(Warren):
         except httpx.HTTPError:
             return False
 
+    def env(self):
+        return {**super().env(), "WARREN_URL": self.url}
+
     def nodes(self):
         r = self.http.get("/v1/nodes")
         assert r.status_code == 200, r.text
@@ -59,8 +64,11 @@ class Server(Warren):
 class Node:
     """`warren node` joined to `server`."""
 
-    def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=(), also=()):
+    def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=(), also=(),
+                 host=None):
         self.name = name
+        # A NetHost: the agent runs in its network namespace, at its address.
+        self.host = host
         # Every replica the agent may report to, in order.
         self.servers = [server.url, *also]
         self.home = base / name
@@ -68,7 +76,8 @@ class Node:
         self.server = server
         self.port = free_port()
         # The node API is TLS, with a certificate the server pins at join.
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.address = host.address if host else "127.0.0.1"
+        self.url = f"https://{self.address}:{self.port}"
         self.args = [
             "--capacity-cpu", cpu, "--capacity-memory", memory,
             "--cpu-overcommit", "1", "--reserve-cpu", "0", "--reserve-memory", "0",
@@ -80,10 +89,13 @@ class Node:
 
     def start(self):
         self.log = open(self.home.parent / f"node-{self.name}.log", "ab")
+        # nsenter, not `ip netns exec`: that one also remounts /sys, which
+        # would hide the cgroup hierarchies from the node.
+        wrap = ["nsenter", f"--net=/run/netns/{self.host.netns}"] if self.host else []
         self.proc = subprocess.Popen(
-            [str(WARREN), "node", "--home", str(self.home), "--server", ",".join(self.servers),
+            [*wrap, str(WARREN), "node", "--home", str(self.home), "--server", ",".join(self.servers),
              "--join-token", str(self.server.home / "join-token"), "--name", self.name,
-             "--listen", f"127.0.0.1:{self.port}", *self.args],
+             "--listen", f"{self.address}:{self.port}", *self.args],
             stdout=self.log, stderr=self.log,
         )
         self.wait_ready()
@@ -114,7 +126,7 @@ class Node:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as raw:
+        with socket.create_connection((self.address, self.port), timeout=5) as raw:
             with ctx.wrap_socket(raw) as tls:
                 return hashlib.sha256(tls.getpeercert(binary_form=True)).hexdigest()
 
@@ -135,13 +147,14 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, images, nodes=(), database=None, also=(), server_args=()):
+    def __init__(self, images, nodes=(), database=None, also=(), server_args=(), server_host="127.0.0.1"):
         # Other replicas' URLs the node agents also know.
         self.also = list(also)
         self.base = Path(tempfile.mkdtemp(prefix="warren-cluster-"))
         (self.base / "server").mkdir()
         self.images = images
-        self.server = Server(self.base / "server", free_port(), database=database, extra_args=server_args)
+        self.server = Server(self.base / "server", free_port(), database=database, extra_args=server_args,
+                             host=server_host)
         self.node_specs = list(nodes)
         self.nodes = {}
 
@@ -182,3 +195,47 @@ class Cluster:
 
     def where(self, sid):
         return self.server.http.get(f"/v1/sandboxes/{sid}").json()["node"]
+
+
+class NetHost:
+    """A network namespace standing in for a host of its own: a veth pair
+    to this machine, the namespace's end at `address`, a default route
+    back. Made with `ip`; removed by `remove` (the namespace's end of the
+    pair goes with it)."""
+
+    def __init__(self, tag: str, index: int, subnet: int):
+        self.netns = f"wn{tag}{index}"
+        self.outer = f"wvh{tag}{index}"
+        self.address = f"10.{subnet}.{index}.2"
+        self.gateway = f"10.{subnet}.{index}.1"
+        ip = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True)
+        ns = lambda *a: ip("-n", self.netns, *a)
+        ip("netns", "add", self.netns)
+        ip("link", "add", self.outer, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        ip("addr", "add", f"{self.gateway}/30", "dev", self.outer)
+        ip("link", "set", self.outer, "up")
+        ns("link", "set", "lo", "up")
+        ns("addr", "add", f"{self.address}/30", "dev", "eth0")
+        ns("link", "set", "eth0", "up")
+        ns("route", "add", "default", "via", self.gateway)
+
+    def cut(self, down=True):
+        """Takes the link down (a network partition) or up again."""
+        subprocess.run(["ip", "link", "set", self.outer, "down" if down else "up"], check=True)
+
+    def remove(self):
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+
+
+class ServerAddress:
+    """An address of this machine that every NetHost reaches through its
+    default route: on the loopback interface (no veth of its own to go
+    down with a partition; the kernel may lack the dummy interface)."""
+
+    def __init__(self, tag: str, subnet: int):
+        self.address = f"10.{subnet}.0.1"
+        subprocess.run(["ip", "addr", "add", f"{self.address}/32", "dev", "lo"], check=True, capture_output=True)
+
+    def remove(self):
+        subprocess.run(["ip", "addr", "del", f"{self.address}/32", "dev", "lo"], capture_output=True)

@@ -553,3 +553,64 @@ def test_the_e2b_and_sandbox_fusion_front_doors_serve_through_the_server(images,
         assert made and {s["node"] for s in made} <= {"a", "b"}, [(s["id"], s["node"]) for s in made]
         wait_until("the front doors' sandboxes to be gone", lambda: not [
             s for s in c.server.http.get("/v1/sandboxes").json() if s["state"] not in ("destroyed", "failed")])
+
+
+def test_nodes_in_network_namespaces_of_their_own_as_if_on_other_hosts(images):
+    """Each node agent in a network namespace with its own address, the
+    server on an address of this machine that both reach through their
+    default route: placement, exec, files and a port through the server to
+    either node; a partition (the link of one taken down) makes that node
+    lost and its sandboxes with it; the link back, it is reconciled."""
+    import random
+    import uuid
+
+    from cluster import NetHost, ServerAddress
+
+    tag, subnet = uuid.uuid4().hex[:4], random.randint(64, 250)
+    made = []
+    try:
+        server_at = ServerAddress(tag, subnet)
+        made.append(server_at)
+        hosts = {name: NetHost(tag, i, subnet) for i, name in ((1, "a"), (2, "b"))}
+        made += hosts.values()
+        with Cluster(images, server_host=server_at.address) as c:
+            for name, host in hosts.items():
+                c.add_node(name, host=host)
+            c.server.cli("image", "import", str(images["oci"]), "--name", BB)
+            nodes = c.server.nodes()
+            for name, host in hosts.items():
+                assert nodes[name]["url"] == f"https://{host.address}:{c.nodes[name].port}", nodes[name]
+            # Most room left: the second lands on the other node.
+            cmd = ["sh", "-c", "httpd -f -p 8080 -h /etc"]
+            first = create(c, cpu=0.5, memory="64M", cmd=cmd)
+            second = create(c, cpu=0.5, memory="64M", cmd=cmd)
+            assert {first["node"], second["node"]} == {"a", "b"}, (first["node"], second["node"])
+            for s in (first, second):
+                exit_ev, out, _, _ = c.server.exec(s["id"], ["sh", "-c", "echo $((6*7))"])
+                assert exit_ev and exit_ev["code"] == 0 and out == b"42\n", (s["node"], exit_ev, out)
+                r = c.server.http.put(f"/v1/sandboxes/{s['id']}/files", params={"path": "/tmp/x"}, content=b"x" * 5000)
+                assert r.status_code in (200, 204), r.text
+                assert c.server.http.get(f"/v1/sandboxes/{s['id']}/files", params={"path": "/tmp/x"}).content == b"x" * 5000
+                body = wait_until("the port to answer", lambda s=s: (
+                    lambda r: r if r.status_code == 200 else None)(
+                        c.server.http.get(f"/v1/sandboxes/{s['id']}/ports/8080/passwd")))
+                assert b"root:" in body.content
+            on_a = first if first["node"] == "a" else second
+            # A partition: node a's link goes down. It runs on, unreachable.
+            cut = time.time()
+            hosts["a"].cut()
+            wait_until("node a's sandbox to be lost", lambda: c.server.http.get(
+                f"/v1/sandboxes/{on_a['id']}").json()["state"] == "lost", timeout=25)
+            assert c.server.nodes()["a"]["state"] == "lost"
+            took = time.time() - cut
+            assert took <= 15, took
+            assert c.nodes["a"].proc.poll() is None, "the partitioned node keeps running"
+            # Healed: the node heartbeats again and gives up what the
+            # control plane declared lost.
+            hosts["a"].cut(down=False)
+            wait_until("node a to be ready again", lambda: c.server.nodes()["a"]["state"] == "ready", timeout=30)
+            wait_until("node a to remove its lost sandbox", lambda: c.nodes["a"].leftovers() == [], timeout=30)
+            drop(c, first["id"] if first is not on_a else second["id"])
+    finally:
+        for m in made:
+            m.remove()

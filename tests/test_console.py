@@ -287,6 +287,8 @@ def test_buttons_pause_resume_extend_and_delete(console, warren):
     wait_until(lambda: info()["state"] == "running", what="running again")
     console.page.click('button[data-action="Extend TTL 1h"]')
     wait_until(lambda: info()["ttl_remaining_ms"] > 30 * 60_000, what="the TTL extended")
+    console.page.click('button[data-action="Keep when it ends"]')
+    wait_until(lambda: info()["spec"]["reclaim"] == "keep", what="the reclaim policy set to keep")
     console.page.click('button[data-action="Destroy"]')
     wait_until(lambda: warren.http.get(f"/v1/sandboxes/{box['id']}").json()["state"] == "destroyed",
                what="the sandbox destroyed")

@@ -134,6 +134,42 @@ def test_keep_freezes_keeps_files_then_expires(warren):
     assert not (warren.home / "sandboxes" / sid).exists()
 
 
+def test_reclaim_changes_on_a_running_sandbox(warren):
+    """A sandbox made to be destroyed is told to keep its scene while it
+    runs: when its main process ends it is kept; the change is in its
+    spec and events; bad values and ended sandboxes are refused."""
+    sid = warren.create(cmd=["sh", "-c", "echo scene > /tmp/s; while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 4"])["id"]
+    r = warren.http.post(f"/v1/sandboxes/{sid}/reclaim", json={"reclaim": "keep", "keep_for": "30s"})
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["reclaim"] == "keep" and r.json()["spec"]["keep_for"] in (30, 30.0, "30s"), r.json()["spec"]
+    for bad in ({"reclaim": "forever"}, {"reclaim": "keep", "keep_for": "0s"}, {"reclaim": "keep", "ttl": "1h"}):
+        r = warren.http.post(f"/v1/sandboxes/{sid}/reclaim", json=bad)
+        assert r.status_code in (400, 422), (bad, r.status_code, r.text)
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["spec"]["reclaim"] == "keep"
+    # Still running (it waits for /tmp/go): now let it end.
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    ev, _, _, _ = warren.exec(sid, ["touch", "/tmp/go"])
+    assert ev and ev["code"] == 0, ev
+    row, _ = wait_final(warren, sid, 10)
+    assert row["state"] == "kept" and row["exit_code"] == 4, row
+    r = warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/s"})
+    assert r.content == b"scene\n"
+    events = warren.http.get("/v1/events", params={"sandbox": sid}).json()
+    assert any(e.get("reason") == "reclaim_changed" for e in events), events
+    # Kept now: its end is decided.
+    r = warren.http.post(f"/v1/sandboxes/{sid}/reclaim", json={"reclaim": "destroy"})
+    assert r.status_code == 409, r.text
+    warren.destroy(sid)
+    # The CLI says the same.
+    sid = warren.create()["id"]
+    out = warren.cli("reclaim", sid, "keep_on_failure", "--keep-for", "1m").stdout.decode()
+    assert out.split() == [sid, "running"], out
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["spec"]["reclaim"] == "keep_on_failure"
+    p = warren.cli("reclaim", sid, "keep", "--keep-for", "soon", check=False)
+    assert p.returncode != 0 and b"soon" in p.stderr, p.stderr
+    warren.destroy(sid)
+
+
 @pytest.mark.parametrize("code,expected", [(0, "destroyed"), (3, "kept")])
 def test_keep_on_failure(warren, code, expected):
     sid = warren.create(cmd=["sh", "-c", f"exit {code}"], reclaim="keep_on_failure")["id"]

@@ -359,6 +359,7 @@ def test_pause_resume_ttl_heartbeat_logs_usage(sb):
     assert 3_500_000 < info.ttl_remaining_ms <= 3_600_000
     assert sb.set_ttl(120).ttl_remaining_ms <= 120_000
     assert sb.heartbeat().id == sb.id
+    assert sb.set_reclaim("keep_on_failure", keep_for="10m").spec.reclaim == "keep_on_failure"
     sb.exec("echo logged; echo warned >&2")
     lines = sb.logs()
     assert any(l.kind == "stdout" and l.output == b"logged\n" for l in lines)

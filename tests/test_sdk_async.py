@@ -88,6 +88,7 @@ def test_async_exec_stream_spawn_files(warren, tmp_path):
                     await sb.exec("true")
                 assert (await sb.resume()).state == "running"
                 assert (await sb.set_ttl("5m")).ttl_remaining_ms <= 300_000
+                assert (await sb.set_reclaim("delay", keep_for=5)).spec.reclaim == "delay"
                 assert (await sb.heartbeat()).id == sb.id
                 assert any(l.reason == "paused" for l in await sb.logs())
                 assert (await sb.usage()).memory_bytes > 0

@@ -449,6 +449,50 @@ impl Control {
         Ok((self.get(id).await?, change))
     }
 
+    /// Changes what happens when a running or paused sandbox ends (its
+    /// main process exits, its TTL or lease runs out): its reclaim policy
+    /// and, when given, how long a kept one is held. Recorded with the
+    /// sandbox, so a restart keeps it; applied when the end is reported.
+    pub async fn set_reclaim(
+        &self,
+        id: &str,
+        reclaim: warren_core::spec::ReclaimPolicy,
+        keep_for: Option<warren_core::spec::Dur>,
+    ) -> Result<SandboxRow, ApiError> {
+        if keep_for.is_some_and(|d| d.0.is_zero()) {
+            return Err(ApiError::bad_request(
+                "keep_for must be greater than zero, e.g. \"2h\"",
+            ));
+        }
+        let _one = self.sandbox_locks.lock(id).await;
+        let row = self.get(id).await?;
+        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; only a running or paused sandbox has an end to decide",
+                row.state
+            )));
+        }
+        let mut spec = row.spec.clone();
+        spec.reclaim = reclaim;
+        if keep_for.is_some() {
+            spec.keep_for = keep_for;
+        }
+        let message = match spec.reclaim {
+            warren_core::spec::ReclaimPolicy::Keep
+            | warren_core::spec::ReclaimPolicy::KeepOnFailure => {
+                format!("reclaim {reclaim}, kept for {:?}", spec.keep_for())
+            }
+            warren_core::spec::ReclaimPolicy::Delay => {
+                format!("reclaim {reclaim}, grace {:?}", spec.delay_for())
+            }
+            warren_core::spec::ReclaimPolicy::Destroy => format!("reclaim {reclaim}"),
+        };
+        self.store
+            .set_spec(id, &spec, &now_rfc3339(), "reclaim_changed", &message)
+            .await?;
+        self.get(id).await
+    }
+
     /// Pauses (freezes) or resumes a running sandbox, under the sandbox's
     /// lock, so a pause can never land on a sandbox being destroyed.
     pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {

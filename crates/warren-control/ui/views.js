@@ -252,6 +252,9 @@ export function sandbox(root, { args }, live) {
       s.state === 'paused' ? act('Resume', () => api(`${path}/resume`, { method: 'POST' })) : null,
       // A kept sandbox's time is its keep_for, which the API does not extend.
       ['running', 'paused'].includes(s.state) ? act('Extend TTL 1h', () => api(`${path}/ttl`, { method: 'POST', body: { ttl: '1h' } })) : null,
+      // Keep the scene when it ends (frozen, files and logs readable).
+      ['running', 'paused'].includes(s.state) && s.spec && s.spec.reclaim !== 'keep'
+        ? act('Keep when it ends', () => api(`${path}/reclaim`, { method: 'POST', body: { reclaim: 'keep', keep_for: '2h' } })) : null,
       ['destroyed', 'failed', 'lost'].includes(s.state) ? null
         : act(s.state === 'kept' ? 'Destroy (end keep)' : 'Destroy', async () => {
           if (confirm(`Destroy ${id}?`)) await api(path, { method: 'DELETE' });

@@ -281,6 +281,21 @@ pub enum Command {
         /// How long from now, e.g. 90s, 30m, 2h.
         ttl: String,
     },
+    /// Change what happens when a running sandbox ends: e.g. keep its
+    /// scene (frozen, inspectable) to debug it.
+    #[command(after_help = "Example:\n  \
+        warren reclaim $id keep --keep-for 2h")]
+    Reclaim {
+        /// The sandbox id (sbx-…).
+        id: String,
+        /// destroy, delay, keep or keep_on_failure (as `create --reclaim`).
+        #[arg(value_parser = ["destroy", "delay", "keep", "keep_on_failure"])]
+        reclaim: String,
+        /// How long a kept sandbox is held (or a delayed one frozen), e.g.
+        /// 2h; unchanged when left out.
+        #[arg(long)]
+        keep_for: Option<String>,
+    },
     /// Replace an `allowlist` sandbox's egress rules; connections the new
     /// rules do not allow are closed.
     #[command(after_help = "Example:\n  \

@@ -285,6 +285,19 @@ impl Client {
             .await
     }
 
+    pub async fn set_reclaim(
+        &self,
+        id: &str,
+        reclaim: &str,
+        keep_for: Option<&str>,
+    ) -> Result<SandboxInfo> {
+        let mut body = serde_json::json!({ "reclaim": reclaim });
+        if let Some(k) = keep_for {
+            body["keep_for"] = serde_json::json!(k);
+        }
+        self.lifecycle(id, "reclaim", Some(body)).await
+    }
+
     async fn lifecycle(&self, id: &str, action: &str, body: Option<Value>) -> Result<SandboxInfo> {
         let mut req = self.request(Method::POST, &format!("/v1/sandboxes/{id}/{action}"));
         if let Some(b) = body {

@@ -99,6 +99,16 @@ pub async fn run(cli: Cli) -> Result<i32> {
             quantity::parse_duration(&ttl)?;
             sandboxes::ttl(&client()?, &id, &ttl).await
         }
+        Command::Reclaim {
+            id,
+            reclaim,
+            keep_for,
+        } => {
+            if let Some(k) = &keep_for {
+                quantity::parse_duration(k)?;
+            }
+            sandboxes::reclaim(&client()?, &id, &reclaim, keep_for.as_deref()).await
+        }
         Command::Network { id, allow, deny } => {
             network::set_rules(&client()?, &id, &allow, &deny).await
         }

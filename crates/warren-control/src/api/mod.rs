@@ -83,7 +83,7 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
     components(schemas(warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
     modifiers(&BearerAuth)
 )]
@@ -130,6 +130,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/v1/sandboxes/{id}/reclaim", post(set_reclaim))
         .route("/v1/sandboxes/{id}/commit", post(commit_sandbox))
         .route("/v1/sandboxes/{id}/fork", post(fork_sandbox))
         .route("/v1/sandboxes/{id}/files", get(get_file).put(put_file))

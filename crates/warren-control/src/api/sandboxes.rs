@@ -135,6 +135,34 @@ pub(crate) async fn set_ttl(
     Ok(Json(st.control.info(row, false).await))
 }
 
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReclaimBody {
+    /// What happens when the sandbox ends: destroy, delay, keep,
+    /// keep_on_failure.
+    reclaim: warren_core::spec::ReclaimPolicy,
+    /// How long a kept sandbox is held (or a delayed one frozen), e.g. "2h";
+    /// unchanged when left out.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    keep_for: Option<warren_core::spec::Dur>,
+}
+
+/// Change what happens when a running sandbox ends, e.g. keep its scene
+/// for debugging (`{"reclaim": "keep", "keep_for": "2h"}`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/reclaim", request_body = ReclaimBody, responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
+pub(crate) async fn set_reclaim(
+    State(st): St,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ReclaimBody>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let row = st
+        .control
+        .set_reclaim(&id, req.reclaim, req.keep_for)
+        .await?;
+    Ok(Json(st.control.info(row, false).await))
+}
+
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get_sandbox(
     State(st): St,

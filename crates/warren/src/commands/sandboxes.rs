@@ -261,6 +261,15 @@ pub(super) async fn ttl(client: &Client, id: &str, ttl: &str) -> Result<i32> {
     print_state(client.set_ttl(id, ttl).await?)
 }
 
+pub(super) async fn reclaim(
+    client: &Client,
+    id: &str,
+    reclaim: &str,
+    keep_for: Option<&str>,
+) -> Result<i32> {
+    print_state(client.set_reclaim(id, reclaim, keep_for).await?)
+}
+
 fn print_state(info: SandboxInfo) -> Result<i32> {
     println!("{} {}", info.id, info.state);
     Ok(0)

@@ -362,6 +362,10 @@ class AsyncSandbox:
         self.info = await self._c._call(core.ttl_call(self.id, ttl))
         return self.info
 
+    async def set_reclaim(self, reclaim: str, keep_for: Seconds | None = None) -> models.SandboxInfo:
+        self.info = await self._c._call(core.reclaim_call(self.id, reclaim, keep_for))
+        return self.info
+
     async def heartbeat(self) -> models.SandboxInfo:
         self.info = await self._c._call(core.action_call(self.id, "heartbeat"))
         return self.info

@@ -383,6 +383,13 @@ def ttl_call(sid: str, ttl: Seconds) -> Call[models.SandboxInfo]:
     return action_call(sid, "ttl", {"ttl": duration_value(ttl)})
 
 
+def reclaim_call(sid: str, reclaim: str, keep_for: Seconds | None) -> Call[models.SandboxInfo]:
+    body: dict[str, Any] = {"reclaim": reclaim}
+    if keep_for is not None:
+        body["keep_for"] = duration_value(keep_for)
+    return action_call(sid, "reclaim", body)
+
+
 def network_call(sid: str, allow: Sequence[str], deny: Sequence[str]) -> Call[models.NetworkChange]:
     return Call(
         "PATCH",

@@ -393,6 +393,13 @@ class Sandbox:
         self.info = self._c._call(core.ttl_call(self.id, ttl))
         return self.info
 
+    def set_reclaim(self, reclaim: str, keep_for: Seconds | None = None) -> models.SandboxInfo:
+        """What happens when the sandbox ends: ``"destroy"``, ``"delay"``,
+        ``"keep"`` (frozen and inspectable for ``keep_for``) or
+        ``"keep_on_failure"``."""
+        self.info = self._c._call(core.reclaim_call(self.id, reclaim, keep_for))
+        return self.info
+
     def heartbeat(self) -> models.SandboxInfo:
         """Renews the lease (any call on the sandbox does too)."""
         self.info = self._c._call(core.action_call(self.id, "heartbeat"))

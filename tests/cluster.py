@@ -166,6 +166,18 @@ class Cluster:
             self.server.cli("image", "import", str(self.images["oci"]), "--name", "busybox:latest")
         return self
 
+    def add_replica(self, port):
+        """A second `warren server` on the same database, with the first
+        one's tokens (an operator mounts the same secrets into every
+        replica's home), listening on `port`; started."""
+        home = self.base / "server-b"
+        home.mkdir()
+        for f in ("token", "join-token"):
+            shutil.copy(self.server.home / f, home / f)
+        replica = Server(home, port, database=self.server.database)
+        replica.start()
+        return replica
+
     def add_node(self, name, **kw):
         node = Node(self.base, self.server, name, also=self.also, **kw)
         node.start()

@@ -357,11 +357,9 @@ def test_prewarm_and_batches_pull_once_per_node_and_keep_their_digest(images, tm
 
 
 def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, postgres):
-    import shutil
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
-    from cluster import Server
     from conftest import free_port
 
     url = postgres.create_database()
@@ -369,14 +367,7 @@ def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, pos
     with Cluster(images, database=url, nodes=[dict(name="a"), dict(name="b")],
                  also=[f"http://127.0.0.1:{port}"]) as c:
         leader = c.server
-        # A second replica: same database, same tokens (an operator mounts
-        # the same secrets into every replica's home).
-        home = c.base / "server-b"
-        home.mkdir()
-        for f in ("token", "join-token"):
-            shutil.copy(leader.home / f, home / f)
-        follower = Server(home, port, database=url)
-        follower.start()
+        follower = c.add_replica(port)
         try:
             # The follower forwards: creates, exec streams and ports work
             # through it.
@@ -454,21 +445,13 @@ def test_a_stalled_leader_is_fenced_off_by_its_nodes(images, postgres):
     """A leader frozen past its lease (SIGSTOP) is replaced; the nodes learn
     the new leader's epoch, refuse the old one's calls, and the old leader
     stops once it runs again, without having touched a sandbox."""
-    import shutil
-
-    from cluster import Server
     from conftest import free_port
 
     url = postgres.create_database()
     port = free_port()
     with Cluster(images, database=url, nodes=[dict(name="a")], also=[f"http://127.0.0.1:{port}"]) as c:
         leader = c.server
-        home = c.base / "server-b"
-        home.mkdir()
-        for f in ("token", "join-token"):
-            shutil.copy(leader.home / f, home / f)
-        follower = Server(home, port, database=url)
-        follower.start()
+        follower = c.add_replica(port)
         epoch_file = c.nodes["a"].home / "leader-epoch"
         try:
             s = create(c, cpu=0.1, memory="32M")

@@ -26,9 +26,7 @@ echo "== starting warren up (home $WARREN_HOME, $WARREN_URL)"
 setsid "$bin" up --home "$WARREN_HOME" --listen "${WARREN_URL#http://}" &
 pid=$!
 # Ctrl-C, a TERM or any exit stops warren up, which destroys the batch and
-# says "warren up: stopped". INT and TERM are trapped, not left to bash's
-# default: an untrapped SIGINT that lands while bash sits in `wait` takes a
-# path through bash's own handlers that once left the daemon running.
+# says "warren up: stopped": one stop function for all three.
 stop() {
     trap - EXIT INT TERM
     kill -INT "$pid" 2>/dev/null || return 0

@@ -18,6 +18,18 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_V2 = not (CGROUP_ROOT / "memory").is_dir()
 
 
+def sigint_as_at_a_terminal():
+    """preexec_fn for a process a test later stops with Ctrl-C's SIGINT.
+
+    A shell started in the background without job control (as CI runners
+    and `cmd &` in scripts start things) ignores SIGINT, every process it
+    starts inherits that, and a shell that found SIGINT ignored on entry
+    can neither trap it nor be stopped by it: a test's Ctrl-C would go
+    unheard. A person's terminal never hands that down, so the test
+    restores what they have."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def uniq(prefix="t"):
     return f"{prefix}-{secrets.token_hex(4)}"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import sigint_as_at_a_terminal
+
 ROOT = Path(__file__).resolve().parent.parent
 WARREN = Path(os.environ.get("WARREN_BIN", ROOT / "target" / "debug" / "warren"))
 SEED = 20261130
@@ -28,7 +30,7 @@ def test_chaos_ten_rounds(tmp_path):
     # Its own session, so that on a timeout it gets SIGINT and cleans up
     # (daemon, sandboxes, loop mount) before it is killed.
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=sigint_as_at_a_terminal)
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

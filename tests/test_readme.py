@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, UP_ARGS, WARREN, free_port
+from helpers import sigint_as_at_a_terminal
 
 # The README starts `warren up` without flags: the suite's second pass
 # (another node transport) would only run the same thing again.
@@ -289,6 +290,7 @@ def test_demo_as_written(setting):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     lines = []
 
@@ -316,7 +318,7 @@ def test_demo_as_written(setting):
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # Seen once under load: say what the daemon was doing.
+            # Say what the daemon was doing.
             log = setting.home / "warren-up.log"
             tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
             raise AssertionError(f"the demo did not stop within 60 s of Ctrl-C:\n{''.join(lines)}\nwarren-up.log:\n{tail}")

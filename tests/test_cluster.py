@@ -9,8 +9,13 @@ import httpx
 import pytest
 
 from cluster import Cluster, wait_until
+from conftest import UP_ARGS
 
 BB = "busybox:latest"
+
+# A cluster's server drives its nodes over the node API's HTTP (TLS)
+# transport in every pass; the suite's second pass only changes `warren up`.
+pytestmark = pytest.mark.skipif(bool(UP_ARGS), reason="cluster mode always uses the HTTP transport; run once")
 
 
 def database(request, store):

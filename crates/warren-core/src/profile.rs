@@ -13,9 +13,14 @@ pub struct Request {
     /// Bytes of GPU memory: peak × margin of the runs that used a GPU, 0
     /// for a task that never did. A recommendation (for choosing a GPU or
     /// a MIG slice, or packing), not a limit: a whole GPU's memory is not
-    /// divided between sandboxes.
-    #[serde(default)]
+    /// divided between sandboxes. Left out of the JSON when 0, so a CPU
+    /// task's profile reads as it always did.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub gpu_memory: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// One finished sandbox, as the sampler saw it.
@@ -29,7 +34,7 @@ pub struct Run {
     pub throttled_ratio: f64,
     pub requested: Request,
     /// Most GPU memory its processes held at once (NVML), 0 without GPUs.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub gpu_memory_peak: u64,
 }
 
@@ -295,8 +300,13 @@ mod tests {
         assert!(prof.learn(&window, &p));
         assert_eq!(prof.current.gpu_memory, 30 << 30);
         assert!(prof.anomaly.contains("GPU memory"), "{}", prof.anomaly);
-        // Old profiles (JSON without the field) still read.
+        // Old profiles (JSON without the field) still read, and a CPU
+        // task's request is written as before.
         let old: Request = serde_json::from_str(r#"{"cpu_millis":1,"memory":2}"#).unwrap();
         assert_eq!(old.gpu_memory, 0);
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"cpu_millis":1,"memory":2}"#
+        );
     }
 }

@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,50 @@ def client():
     url = os.environ.get("WARREN_URL", "http://127.0.0.1:7070")
     token = os.environ.get("WARREN_TOKEN") or (Path(os.environ.get("WARREN_HOME", "/var/lib/warren")) / "token").read_text().strip()
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+
+
+def phase_totals(c):
+    """(sum seconds, count) of each create phase in the daemon's /metrics."""
+    out = {}
+    for line in c.get("/metrics").text.splitlines():
+        for kind in ("sum", "count"):
+            prefix = f"warren_create_phase_seconds_{kind}{{phase=\""
+            if line.startswith(prefix):
+                name, value = line[len(prefix):].split('"} ')
+                out.setdefault(name, [0.0, 0.0])[kind == "count"] = float(value)
+    return out
+
+
+def phase_mean_ms(before, after, name):
+    s0, n0 = before.get(name, (0.0, 0.0))
+    s1, n1 = after.get(name, (0.0, 0.0))
+    return (s1 - s0) / (n1 - n0) * 1000 if n1 > n0 else float("nan")
+
+
+def run_burst(spec, n):
+    """n creates released together, each on its own connection; returns
+    (n, failures, p50 ms, p99 ms, wall s). The sandboxes carry the
+    benchmark's label and go with the rest."""
+    start = threading.Barrier(n)
+
+    def one(_):
+        with client() as cc:
+            start.wait()
+            t = time.perf_counter()
+            try:
+                ok = cc.post("/v1/sandboxes", json=spec).status_code == 201
+            except httpx.HTTPError:
+                ok = False
+            return ok, (time.perf_counter() - t) * 1000
+
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(one, range(n)))
+    wall = time.time() - t0
+    lat = [ms for ok, ms in results if ok]
+    failures = n - len(lat)
+    print(f"burst {n}: {failures} failed, p50 {pct(lat, 50):.0f} ms, p99 {pct(lat, 99):.0f} ms", file=sys.stderr)
+    return n, failures, pct(lat, 50), pct(lat, 99), wall
 
 
 def pct(v, p):
@@ -38,6 +83,8 @@ def main():
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--fill-concurrency", type=int, default=16)
     ap.add_argument("--image", default="busybox:latest")
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="after the levels, send N creates all at once (N connections) and report failures and p50/p99")
     ap.add_argument("--fill-request", metavar="CPU,MEMORY",
                     help="requests of the filling sandboxes, e.g. 1m,4M to fit 5,000 on a small node (default: default sizes)")
     args = ap.parse_args()
@@ -51,6 +98,7 @@ def main():
     live = 0
     rows = []
     base = None
+    burst = None
     try:
         for level in [int(x) for x in args.live.split(",")]:
             t0 = time.time()
@@ -66,6 +114,7 @@ def main():
                         print(f"fill: {live + i}/{level} live ({time.time() - t0:.0f} s)", file=sys.stderr)
             live = level
             lat = []
+            before = phase_totals(c)
             for _ in range(args.samples):
                 t = time.perf_counter()
                 r = c.post("/v1/sandboxes", json=spec)
@@ -74,8 +123,12 @@ def main():
                 c.delete(f"/v1/sandboxes/{r.json()['id']}")
             p50 = statistics.median(lat)
             base = base or p50
-            rows.append((level, p50, pct(lat, 99), p50 / base))
+            # libcontainer's build: namespaces, cgroups, the init started.
+            build = phase_mean_ms(before, phase_totals(c), "spawn_build")
+            rows.append((level, p50, pct(lat, 99), p50 / base, build))
             print(f"live {level}: create p50 {p50:.1f} ms, p99 {pct(lat, 99):.1f} ms", file=sys.stderr)
+        if args.burst:
+            burst = run_burst(spec, args.burst)
     finally:
         t = time.time()
         r = c.request("DELETE", "/v1/sandboxes", params={"label": f"bench={label}"}, timeout=600)
@@ -83,10 +136,13 @@ def main():
             print(f"removed {len(r.json())} sandboxes in {time.time() - t:.1f} s", file=sys.stderr)
         else:
             print(f"removing the sandboxes failed: {r.text}; run `warren rm --label bench={label}`", file=sys.stderr)
-    print("| live sandboxes | create p50 ms | create p99 ms | p50 vs empty |")
-    print("|---:|---:|---:|---:|")
-    for level, p50, p99, ratio in rows:
-        print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x |")
+    print("| live sandboxes | create p50 ms | create p99 ms | p50 vs empty | spawn_build mean ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for level, p50, p99, ratio, build in rows:
+        print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x | {build:.1f} |")
+    if burst:
+        n, failures, p50, p99, wall = burst
+        print(f"\nBurst of {n} creates sent at once: {failures} failed, p50 {p50:.0f} ms, p99 {p99:.0f} ms, all answered in {wall:.1f} s")
 
 
 if __name__ == "__main__":

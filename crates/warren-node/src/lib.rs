@@ -238,6 +238,22 @@ impl Node {
         {
             tracing::warn!(error = %e, "could not cap the processes of all sandboxes together");
         }
+        match warren_runtime::cgroup_tuning::clone_cpusets(warren_core::RESOURCE_PREFIX) {
+            Ok(true) => tracing::info!("new sandbox cpusets now take their parent's CPUs and memory nodes when made (cgroup.clone_children)"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "could not set up the sandboxes' parent cpuset"),
+        }
+        if cap.favor_dynmods {
+            match warren_runtime::cgroup_tuning::favor_dynmods() {
+                Ok(Some(at)) => {
+                    tracing::info!(mount = %at.display(), "turned on favordynmods on the cgroup2 mount: moving a process between cgroups no longer waits for an RCU grace period (until the host restarts)")
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not turn on favordynmods; creates wait for an RCU grace period each")
+                }
+            }
+        }
         match warren_runtime::host_tables::size_file_table(total.memory) {
             Ok(Some((old, new))) => tracing::info!(old, new, "raised fs.file-max so that sandbox memory, not the host's file table, bounds open files"),
             Ok(None) => {}

@@ -65,6 +65,10 @@ pub struct NodeSettings {
     pub cdi_dirs: Vec<PathBuf>,
     /// The CDI kind `gpus` requests take, e.g. `nvidia.com/gpu`.
     pub gpu_kind: String,
+    /// Turn on `favordynmods` on the host's cgroup2 mount at start, so that
+    /// moving a sandbox's init into its cgroups does not wait for an RCU
+    /// grace period (see warren_runtime::cgroup_tuning).
+    pub favor_dynmods: bool,
 }
 impl NodeSettings {
     /// What the node lends to sandboxes on a host of this size. The
@@ -105,6 +109,7 @@ impl Default for NodeSettings {
                 .map(PathBuf::from)
                 .collect(),
             gpu_kind: DEFAULT_GPU_KIND.into(),
+            favor_dynmods: true,
         }
     }
 }

@@ -10,6 +10,7 @@
 
 pub use warren_core::crashpoint;
 pub mod cdi;
+pub mod cgroup_tuning;
 pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;

@@ -423,6 +423,13 @@ pub struct NodeOpts {
     /// For hosts where `warren doctor` finds no id-mapped mounts.
     #[arg(long)]
     pub no_userns: bool,
+    /// Leave the host's cgroup2 mount as it is. By default the node turns
+    /// on `favordynmods` there (until the host restarts), so that a create
+    /// does not wait for an RCU grace period while moving its init into its
+    /// cgroups; the price is a little more work in every fork and exit on
+    /// the host (docs/configuration.md).
+    #[arg(long)]
+    pub no_favor_dynmods: bool,
     /// Allow rule merged into every `allowlist` sandbox (object storage, log
     /// service, model registry), e.g. `logs.internal:443`. Repeatable.
     #[arg(long = "net-default-allow", value_name = "HOST:PORT")]

@@ -133,6 +133,7 @@ pub fn start_node(
             .map(warren_core::quantity::parse_size)
             .transpose()?,
         userns: !args.no_userns,
+        favor_dynmods: !args.no_favor_dynmods,
         capacity: (
             args.capacity_cpu
                 .as_deref()

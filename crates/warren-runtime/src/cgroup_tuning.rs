@@ -195,6 +195,41 @@ mod tests {
         assert_eq!(m.super_options, ["rw"]);
     }
 
+    /// Against the real kernel, on a cgroup v1 host (runs as root; a no-op
+    /// elsewhere): a cpuset made below the parent has CPUs and memory nodes
+    /// at once, without anyone writing them.
+    #[test]
+    fn cpusets_below_the_parent_start_with_cpus_and_memory_nodes() {
+        let root = Path::new(CPUSET_V1);
+        if !root.join("cpuset.cpus").exists() || !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let parent = format!("warren-test-clone-{}", std::process::id());
+        let dir = root.join(&parent);
+        let child = dir.join("sbx");
+        let result = std::panic::catch_unwind(|| {
+            assert!(clone_cpusets(&parent).expect("sets up the parent"));
+            assert!(
+                !clone_cpusets(&parent).expect("second time"),
+                "nothing left to change"
+            );
+            std::fs::create_dir(&child).expect("mkdir child");
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let theirs = read(&child.join(file)).expect("read child");
+                assert_eq!(
+                    theirs.trim(),
+                    read(&root.join(file)).expect("read root").trim(),
+                    "{file}"
+                );
+            }
+        });
+        let _ = std::fs::remove_dir(&child);
+        let _ = std::fs::remove_dir(&dir);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    }
+
     #[test]
     fn unescapes_mount_points() {
         assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");

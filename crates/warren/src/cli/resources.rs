@@ -1,0 +1,183 @@
+//! Subcommands over images, warm pools, profiles and batches.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use super::CreateArgs;
+
+#[derive(Subcommand)]
+pub enum ImageCmd {
+    /// Import an OCI image-layout tar or a docker-archive tar.
+    #[command(after_help = "Example:\n  \
+        warren image import /tmp/busybox.tar --name busybox:latest")]
+    Import {
+        /// The archive (e.g. from `skopeo copy … oci-archive:FILE` or `docker save`).
+        file: PathBuf,
+        /// Name to store it under, repo[:tag]; sandboxes use it as --image.
+        #[arg(long)]
+        name: String,
+    },
+    /// Pull an image from an OCI registry (host[:port]/repo[:tag|@sha256:digest]).
+    /// Credentials and plain-HTTP registries are configured in
+    /// <home>/registries.toml on the node.
+    Pull {
+        /// host[:port]/repo[:tag|@sha256:digest].
+        reference: String,
+        /// No progress lines on stderr.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Print the image record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Collect unreferenced image content; with --budget, also remove
+    /// registry images no sandbox uses (oldest first) until the store fits.
+    /// Prints a JSON report.
+    Gc {
+        /// Most bytes the image store may hold, e.g. 20G.
+        #[arg(long)]
+        budget: Option<String>,
+    },
+    /// Push a stored image to a registry (host[:port]/repo:tag).
+    Push {
+        /// host[:port]/repo:tag to push to.
+        reference: String,
+        /// The stored image to push under REFERENCE (default: the image
+        /// named REFERENCE).
+        #[arg(long)]
+        from: Option<String>,
+    },
+    /// Pull an image onto nodes before a batch needs it; answers once every
+    /// node holds the digest the reference names now.
+    Prewarm {
+        /// host[:port]/repo[:tag|@sha256:digest].
+        reference: String,
+        /// Node names, comma-separated, or `all` (the default).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Only nodes carrying this label, e.g. `gpu=h200`. Repeatable.
+        #[arg(long = "node-selector", value_name = "K=V")]
+        node_selector: Vec<String>,
+    },
+    /// List images.
+    Ls {
+        /// One JSON array instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image.
+    Rm {
+        /// Its name (repo[:tag]) or digest.
+        reference: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Create or resize a pool: keep SIZE ready sandboxes of this image and
+    /// size; a create asking for the same image and sizes (no command, own
+    /// disk or node selector) takes one and gets its labels, env, TTL,
+    /// lease and network policy at that moment.
+    #[command(after_help = "Example:\n  \
+        warren pool set py --image python:3.12 --memory 1G --size 16\n  \
+        warren create --image python:3.12 --memory 1G --label task=t1   # served from the pool")]
+    Set {
+        /// The pool's name (a label value: letters, digits, '-', '_', '.').
+        name: String,
+        /// The image its sandboxes run (as `warren create --image`).
+        #[arg(long)]
+        image: String,
+        /// CPU limit (as `warren create --cpu`).
+        #[arg(long)]
+        cpu: Option<String>,
+        /// Memory limit (as `warren create --memory`).
+        #[arg(long)]
+        memory: Option<String>,
+        /// CPU reserved (as `warren create --cpu-request`).
+        #[arg(long)]
+        cpu_request: Option<String>,
+        /// Memory reserved (as `warren create --memory-request`).
+        #[arg(long)]
+        memory_request: Option<String>,
+        /// Most processes (as `warren create --pids`).
+        #[arg(long)]
+        pids: Option<u32>,
+        /// Ready sandboxes to keep.
+        #[arg(long)]
+        size: u32,
+    },
+    /// List pools: size, ready sandboxes, creates served.
+    Ls {
+        /// The pools as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a pool and its ready sandboxes (ones already taken stay).
+    Rm {
+        /// The pool's name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ProfileCmd {
+    /// List profiles: each task's observed peaks and recommended requests.
+    Ls,
+    /// Show one profile as JSON.
+    Show {
+        /// The profile's name (a sandbox's --profile, or its task label).
+        name: String,
+    },
+    /// Print the profile table as TOML.
+    Export,
+    /// Load a TOML profile table (as written by export).
+    Import {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// Forget a profile's runs and anomaly flag.
+    Reset {
+        /// The profile's name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum BatchCmd {
+    /// Create COUNT sandboxes from one spec; prints progress, then the batch id.
+    #[command(after_help = "Example:\n  \
+        b=$(warren batch create --count 50 --batch-label task=swe --image busybox --memory 64M -- sh -c 'exit 0')\n  \
+        warren batch inspect $b")]
+    Create {
+        /// How many sandboxes.
+        #[arg(long)]
+        count: u32,
+        /// Batch label, e.g. task=swe (added to every sandbox's labels).
+        #[arg(long = "batch-label")]
+        batch_labels: Vec<String>,
+        /// Retry an OOM-killed sandbox once with the grown request.
+        #[arg(long)]
+        retry_on_oom: bool,
+        /// Retry a sandbox lost with its node once, on another node.
+        #[arg(long)]
+        retry_on_lost: bool,
+        #[command(flatten)]
+        create: Box<CreateArgs>,
+        /// Main command for every sandbox, after `--`.
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// List batches.
+    Ls,
+    /// Show a batch as JSON: counts per state, summed usage, failures.
+    Inspect {
+        /// The batch id.
+        id: String,
+    },
+    /// Destroy a batch's sandboxes.
+    Rm {
+        /// The batch id.
+        id: String,
+    },
+}

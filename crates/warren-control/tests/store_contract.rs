@@ -76,6 +76,7 @@ cases![
     transitions_and_event_order,
     events_filters_and_limits,
     duplicate_request_id,
+    concurrent_writes_answer_each,
     list_filters_and_order,
     unreadable_rows,
     set_spec_and_exit_code,
@@ -303,6 +304,79 @@ async fn events_filters_and_limits(f: &Fixture) -> TestResult {
     // A negative limit is no limit.
     assert_eq!(s.events(None, 0, -1).await?.len(), 10);
     assert_eq!(s.last_event_seq().await?, all[9].seq);
+    Ok(())
+}
+
+/// Writes sent at once (PostgreSQL commits them together): each gets its
+/// own answer, a clash fails only its own write, and every write that
+/// succeeded has its row and its one event.
+async fn concurrent_writes_answer_each(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    s.insert(
+        &row("sbx-taken", SandboxState::Creating, "t0"),
+        Some("req-taken"),
+    )
+    .await?;
+    let rows: Vec<(SandboxRow, String)> = (0..40)
+        .map(|i| {
+            let request = if i == 17 {
+                "req-taken".to_string()
+            } else {
+                format!("req-{i}")
+            };
+            (
+                row(&format!("sbx-{i:02}"), SandboxState::Creating, "t1"),
+                request,
+            )
+        })
+        .collect();
+    let results = futures_util::future::join_all(
+        rows.iter()
+            .map(|(r, request)| s.insert(r, Some(request.as_str()))),
+    )
+    .await;
+    for (i, result) in results.iter().enumerate() {
+        match (i, result) {
+            (17, Err(e)) => assert!(e.is_duplicate(), "{e}"),
+            (17, Ok(())) => panic!("a second create with one request id succeeded"),
+            (_, Err(e)) => panic!("write {i} failed beside a clash: {e}"),
+            (_, Ok(())) => {}
+        }
+    }
+    assert!(s.get("sbx-17").await?.is_none());
+    // Every state change of the survivors at once, too.
+    let ids: Vec<String> = (0..40)
+        .filter(|i| *i != 17)
+        .map(|i| format!("sbx-{i:02}"))
+        .collect();
+    let moved = futures_util::future::join_all(ids.iter().map(|id| {
+        s.transition(
+            id,
+            SandboxState::Running,
+            "ready",
+            "t2",
+            Transition {
+                started_at: Some("t2"),
+                finished_at: None,
+                exit_code: None,
+                grace: false,
+                message: "",
+                node: None,
+            },
+        )
+    }))
+    .await;
+    assert!(moved.iter().all(Result::is_ok), "{moved:?}");
+    for id in &ids {
+        assert_eq!(
+            s.get(id).await?.unwrap().state,
+            SandboxState::Running,
+            "{id}"
+        );
+    }
+    let events = s.events(None, 0, -1).await?;
+    assert_eq!(events.len(), 1 + 39 + 39);
+    assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
     Ok(())
 }
 

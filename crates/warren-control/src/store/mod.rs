@@ -11,6 +11,7 @@ use std::sync::Arc;
 use sqlx::Row;
 use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
+mod pg_commit;
 mod postgres;
 mod sqlite;
 
@@ -82,6 +83,10 @@ pub enum StoreError {
     Connect(String, #[source] sqlx::Error),
     #[error("corrupt record {0}: {1}")]
     Corrupt(String, String),
+    /// A write committed together with others (PostgreSQL's group commit)
+    /// whose shared commit failed; it may or may not have committed.
+    #[error("database commit: {0}")]
+    Commit(String),
 }
 
 impl StoreError {

@@ -13,12 +13,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 use tokio::sync::watch;
 use warren_core::{Event, SandboxSpec, SandboxState};
 
+use super::pg_commit::{GroupCommit, Tx, Write};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
     Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
@@ -42,6 +42,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The hot writes (creates, state changes, claims) go through it.
+    commits: GroupCommit,
     /// Bumped after every event this process commits, and by the listener
     /// for every notification (events of any process), so followers wait
     /// instead of polling.
@@ -104,26 +106,58 @@ impl PgStore {
             events_written.clone(),
         ));
         Ok(PgStore {
+            commits: GroupCommit::start(pool.clone()),
             pool,
             events_written,
             _listener: Arc::new(AbortOnDrop(task)),
         })
     }
 
-    async fn begin_write(&self) -> Result<PgTx, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        if let Err(e) = sqlx::query("BEGIN").execute(&mut *conn).await {
-            conn.close_on_drop();
-            return Err(e.into());
-        }
-        Ok(PgTx {
-            conn,
-            committed: false,
-        })
+    async fn begin_write(&self) -> Result<Tx, StoreError> {
+        Tx::begin(&self.pool).await
     }
 
     fn wrote_event(&self) {
         self.events_written.send_modify(|n| *n += 1);
+    }
+
+    /// A new spec (and, for a claim, a request id: `Some`) with its event,
+    /// through the group commit. `update` binds the spec as $1, the id as
+    /// $2 and the request id, when given, as $3.
+    #[allow(clippy::too_many_arguments)]
+    async fn spec_write(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        request_id: Option<Option<String>>,
+        time: &str,
+        reason: &str,
+        message: &str,
+        update: &'static str,
+    ) -> Result<(), StoreError> {
+        let args = Arc::new((
+            id.to_string(),
+            json(spec),
+            request_id,
+            time.to_string(),
+            reason.to_string(),
+            message.to_string(),
+        ));
+        let write: Write = Box::new(move |conn| {
+            let args = args.clone();
+            Box::pin(async move {
+                let (id, spec, request_id, time, reason, message) = &*args;
+                let mut q = sqlx::query(update).bind(spec).bind(id);
+                if let Some(request_id) = request_id {
+                    q = q.bind(request_id);
+                }
+                q.execute(&mut *conn).await?;
+                insert_event(conn, time, id, None, reason, message).await
+            })
+        });
+        self.commits.write(write).await?;
+        self.wrote_event();
+        Ok(())
     }
 }
 
@@ -215,32 +249,38 @@ impl Store for PgStore {
     }
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&row.id)
-        .bind(row.state.as_str())
-        .bind(&row.reason)
-        .bind(json(&row.spec))
-        .bind(json(&row.resources))
-        .bind(&row.node)
-        .bind(&row.image_digest)
-        .bind(request_id)
-        .bind(&row.created_at)
-        .execute(tx.conn())
-        .await?;
-        insert_event(
-            tx.conn(),
-            &row.created_at,
-            &row.id,
-            Some(row.state),
-            &row.reason,
-            "",
-        )
-        .await?;
-        tx.commit().await?;
+        let row = Arc::new((row.clone(), request_id.map(str::to_string)));
+        let write: Write = Box::new(move |conn| {
+            let row = row.clone();
+            Box::pin(async move {
+                let (row, request_id) = &*row;
+                sqlx::query(
+                    "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(&row.id)
+                .bind(row.state.as_str())
+                .bind(&row.reason)
+                .bind(json(&row.spec))
+                .bind(json(&row.resources))
+                .bind(&row.node)
+                .bind(&row.image_digest)
+                .bind(request_id)
+                .bind(&row.created_at)
+                .execute(&mut *conn)
+                .await?;
+                insert_event(
+                    conn,
+                    &row.created_at,
+                    &row.id,
+                    Some(row.state),
+                    &row.reason,
+                    "",
+                )
+                .await
+            })
+        });
+        self.commits.write(write).await?;
         self.wrote_event();
         Ok(())
     }
@@ -253,28 +293,44 @@ impl Store for PgStore {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "UPDATE sandboxes SET state = $1, reason = $2,
-                started_at = COALESCE($3, started_at),
-                finished_at = COALESCE($4, finished_at),
-                exit_code = COALESCE($5, exit_code),
-                grace = $6,
-                node = COALESCE($7, node)
-             WHERE id = $8",
-        )
-        .bind(state.as_str())
-        .bind(reason)
-        .bind(t.started_at)
-        .bind(t.finished_at)
-        .bind(t.exit_code)
-        .bind(t.grace)
-        .bind(t.node)
-        .bind(id)
-        .execute(tx.conn())
-        .await?;
-        insert_event(tx.conn(), time, id, Some(state), reason, t.message).await?;
-        tx.commit().await?;
+        let owned = |v: Option<&str>| v.map(str::to_string);
+        let args = Arc::new((
+            id.to_string(),
+            reason.to_string(),
+            time.to_string(),
+            owned(t.started_at),
+            owned(t.finished_at),
+            owned(t.node),
+            t.message.to_string(),
+        ));
+        let (exit_code, grace) = (t.exit_code, t.grace);
+        let write: Write = Box::new(move |conn| {
+            let args = args.clone();
+            Box::pin(async move {
+                let (id, reason, time, started_at, finished_at, node, message) = &*args;
+                sqlx::query(
+                    "UPDATE sandboxes SET state = $1, reason = $2,
+                        started_at = COALESCE($3, started_at),
+                        finished_at = COALESCE($4, finished_at),
+                        exit_code = COALESCE($5, exit_code),
+                        grace = $6,
+                        node = COALESCE($7, node)
+                     WHERE id = $8",
+                )
+                .bind(state.as_str())
+                .bind(reason)
+                .bind(started_at)
+                .bind(finished_at)
+                .bind(exit_code)
+                .bind(grace)
+                .bind(node)
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+                insert_event(conn, time, id, Some(state), reason, message).await
+            })
+        });
+        self.commits.write(write).await?;
         self.wrote_event();
         Ok(())
     }
@@ -287,16 +343,16 @@ impl Store for PgStore {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE sandboxes SET spec = $1 WHERE id = $2")
-            .bind(json(spec))
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        insert_event(tx.conn(), time, id, None, reason, message).await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
+        self.spec_write(
+            id,
+            spec,
+            None,
+            time,
+            reason,
+            message,
+            "UPDATE sandboxes SET spec = $1 WHERE id = $2",
+        )
+        .await
     }
 
     async fn claim_pooled(
@@ -307,17 +363,16 @@ impl Store for PgStore {
         time: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE sandboxes SET spec = $1, request_id = $2 WHERE id = $3")
-            .bind(json(spec))
-            .bind(request_id)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        insert_event(tx.conn(), time, id, None, "claimed", message).await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
+        self.spec_write(
+            id,
+            spec,
+            Some(request_id.map(str::to_string)),
+            time,
+            "claimed",
+            message,
+            "UPDATE sandboxes SET spec = $1, request_id = $3 WHERE id = $2",
+        )
+        .await
     }
 
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
@@ -717,35 +772,6 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(())
-    }
-}
-
-/// One write transaction, as `SqliteStore`'s: committed, its connection
-/// goes back to the pool; dropped or failed at any point, the connection is
-/// closed instead (the server rolls back what it had open), so no
-/// connection in a state nobody can vouch for is ever handed out again.
-struct PgTx {
-    conn: PoolConnection<Postgres>,
-    committed: bool,
-}
-
-impl PgTx {
-    fn conn(&mut self) -> &mut PgConnection {
-        &mut self.conn
-    }
-
-    async fn commit(mut self) -> Result<(), StoreError> {
-        sqlx::query("COMMIT").execute(&mut *self.conn).await?;
-        self.committed = true;
-        Ok(())
-    }
-}
-
-impl Drop for PgTx {
-    fn drop(&mut self) {
-        if !self.committed {
-            self.conn.close_on_drop();
-        }
     }
 }
 

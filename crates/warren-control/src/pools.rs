@@ -145,11 +145,14 @@ impl Control {
                 continue;
             }
             let claimed = async {
+                let phase = std::time::Instant::now();
                 self.api(&row.node)?
                     .claim(&id, spec.clone())
                     .await
                     .map_err(node_error)?;
-                self.store
+                self.metrics.create_phase("claim_node", phase.elapsed());
+                let phase = std::time::Instant::now();
+                let stored = self.store
                     .claim_pooled(
                         &id,
                         spec,
@@ -158,15 +161,20 @@ impl Control {
                         &format!("taken from warm pool {pool}"),
                     )
                     .await
-                    .map_err(ApiError::from)
+                    .map_err(ApiError::from);
+                self.metrics.create_phase("claim_store", phase.elapsed());
+                stored
             }
             .await;
             self.pools.wake.notify_one();
             match claimed {
                 Ok(()) => {
                     *lock(&self.pools.state).claimed.entry(pool).or_default() += 1;
+                    let phase = std::time::Instant::now();
                     let row = self.get(&id).await?;
-                    return Ok(Some(self.info(row, false).await));
+                    let info = self.info(row, false).await;
+                    self.metrics.create_phase("claim_answer", phase.elapsed());
+                    return Ok(Some(info));
                 }
                 Err(e) => {
                     // Half-claimed: it belongs to nobody; make a fresh one.

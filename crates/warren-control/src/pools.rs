@@ -152,7 +152,8 @@ impl Control {
                     .map_err(node_error)?;
                 self.metrics.create_phase("claim_node", phase.elapsed());
                 let phase = std::time::Instant::now();
-                let stored = self.store
+                let stored = self
+                    .store
                     .claim_pooled(
                         &id,
                         spec,

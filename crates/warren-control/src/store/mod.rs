@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sqlx::Row;
 use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
-mod pg_commit;
+mod group_commit;
 mod postgres;
 mod sqlite;
 

@@ -8,21 +8,28 @@
 //!   follower that reads "after the last seq I saw" never skips one;
 //! - followers are woken by `LISTEN warren_events` (the same trigger
 //!   notifies) as well as by this process's own writes.
+//!
+//! Because that trigger lets one transaction commit at a time, the hot
+//! writes (creates, state changes, spec changes, claims) share
+//! transactions: see [`super::group_commit`].
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Row};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::watch;
 use warren_core::{Event, SandboxSpec, SandboxState};
 
-use super::pg_commit::{GroupCommit, Tx, Write};
+use super::group_commit::{self, GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
     Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
+
+type Write = group_commit::Write<PgConnection>;
 
 /// The channel the `events` trigger notifies on.
 const EVENTS_CHANNEL: &str = "warren_events";
@@ -43,7 +50,7 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 pub struct PgStore {
     pool: PgPool,
     /// The hot writes (creates, state changes, claims) go through it.
-    commits: GroupCommit,
+    commits: GroupCommit<PgConnection>,
     /// Bumped after every event this process commits, and by the listener
     /// for every notification (events of any process), so followers wait
     /// instead of polling.
@@ -113,46 +120,28 @@ impl PgStore {
         })
     }
 
-    async fn begin_write(&self) -> Result<Tx, StoreError> {
-        Tx::begin(&self.pool).await
+    async fn begin_write(&self) -> Result<PgTx, StoreError> {
+        PgTx::begin(&self.pool).await
     }
 
     fn wrote_event(&self) {
         self.events_written.send_modify(|n| *n += 1);
     }
 
-    /// A new spec (and, for a claim, a request id: `Some`) with its event,
-    /// through the group commit. `update` binds the spec as $1, the id as
-    /// $2 and the request id, when given, as $3.
-    #[allow(clippy::too_many_arguments)]
-    async fn spec_write(
-        &self,
-        id: &str,
-        spec: &SandboxSpec,
-        request_id: Option<Option<String>>,
-        time: &str,
-        reason: &str,
-        message: &str,
-        update: &'static str,
-    ) -> Result<(), StoreError> {
-        let args = Arc::new((
-            id.to_string(),
-            json(spec),
-            request_id,
-            time.to_string(),
-            reason.to_string(),
-            message.to_string(),
-        ));
+    /// A new spec (and, for a claim, a request id) with its event, through
+    /// the group commit. `update` binds the spec as $1, the id as $2 and
+    /// the request id, when given, as $3.
+    async fn spec_write(&self, c: SpecChange, update: &'static str) -> Result<(), StoreError> {
+        let c = Arc::new(c);
         let write: Write = Box::new(move |conn| {
-            let args = args.clone();
+            let c = c.clone();
             Box::pin(async move {
-                let (id, spec, request_id, time, reason, message) = &*args;
-                let mut q = sqlx::query(update).bind(spec).bind(id);
-                if let Some(request_id) = request_id {
+                let mut q = sqlx::query(update).bind(&c.spec).bind(&c.id);
+                if let Some(request_id) = &c.request_id {
                     q = q.bind(request_id);
                 }
                 q.execute(&mut *conn).await?;
-                insert_event(conn, time, id, None, reason, message).await
+                insert_event(conn, &c.time, &c.id, None, &c.reason, &c.message).await
             })
         });
         self.commits.write(write).await?;
@@ -293,21 +282,10 @@ impl Store for PgStore {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
-        let owned = |v: Option<&str>| v.map(str::to_string);
-        let args = Arc::new((
-            id.to_string(),
-            reason.to_string(),
-            time.to_string(),
-            owned(t.started_at),
-            owned(t.finished_at),
-            owned(t.node),
-            t.message.to_string(),
-        ));
-        let (exit_code, grace) = (t.exit_code, t.grace);
+        let c = Arc::new(StateChange::new(id, state, reason, time, &t));
         let write: Write = Box::new(move |conn| {
-            let args = args.clone();
+            let c = c.clone();
             Box::pin(async move {
-                let (id, reason, time, started_at, finished_at, node, message) = &*args;
                 sqlx::query(
                     "UPDATE sandboxes SET state = $1, reason = $2,
                         started_at = COALESCE($3, started_at),
@@ -317,17 +295,17 @@ impl Store for PgStore {
                         node = COALESCE($7, node)
                      WHERE id = $8",
                 )
-                .bind(state.as_str())
-                .bind(reason)
-                .bind(started_at)
-                .bind(finished_at)
-                .bind(exit_code)
-                .bind(grace)
-                .bind(node)
-                .bind(id)
+                .bind(c.state.as_str())
+                .bind(&c.reason)
+                .bind(&c.started_at)
+                .bind(&c.finished_at)
+                .bind(c.exit_code)
+                .bind(c.grace)
+                .bind(&c.node)
+                .bind(&c.id)
                 .execute(&mut *conn)
                 .await?;
-                insert_event(conn, time, id, Some(state), reason, message).await
+                insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
             })
         });
         self.commits.write(write).await?;
@@ -343,16 +321,16 @@ impl Store for PgStore {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.spec_write(
-            id,
-            spec,
-            None,
-            time,
-            reason,
-            message,
-            "UPDATE sandboxes SET spec = $1 WHERE id = $2",
-        )
-        .await
+        let c = SpecChange {
+            id: id.into(),
+            spec: json(spec),
+            request_id: None,
+            time: time.into(),
+            reason: reason.into(),
+            message: message.into(),
+        };
+        self.spec_write(c, "UPDATE sandboxes SET spec = $1 WHERE id = $2")
+            .await
     }
 
     async fn claim_pooled(
@@ -363,13 +341,16 @@ impl Store for PgStore {
         time: &str,
         message: &str,
     ) -> Result<(), StoreError> {
+        let c = SpecChange {
+            id: id.into(),
+            spec: json(spec),
+            request_id: Some(request_id.map(str::to_string)),
+            time: time.into(),
+            reason: "claimed".into(),
+            message: message.into(),
+        };
         self.spec_write(
-            id,
-            spec,
-            Some(request_id.map(str::to_string)),
-            time,
-            "claimed",
-            message,
+            c,
             "UPDATE sandboxes SET spec = $1, request_id = $3 WHERE id = $2",
         )
         .await
@@ -772,6 +753,64 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+/// One write transaction, as `SqliteStore`'s: committed, its connection
+/// goes back to the pool; dropped or failed at any point, the connection is
+/// closed instead (the server rolls back what it had open), so no
+/// connection in a state nobody can vouch for is ever handed out again.
+pub(super) struct PgTx {
+    conn: PoolConnection<Postgres>,
+    committed: bool,
+}
+
+impl PgTx {
+    async fn begin(pool: &PgPool) -> Result<PgTx, StoreError> {
+        let mut conn = pool.acquire().await?;
+        if let Err(e) = sqlx::query("BEGIN").execute(&mut *conn).await {
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+        Ok(PgTx {
+            conn,
+            committed: false,
+        })
+    }
+
+    fn conn(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        sqlx::query("COMMIT").execute(&mut *self.conn).await?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+impl group_commit::Database for PgPool {
+    type Connection = PgConnection;
+    type Tx = PgTx;
+
+    async fn begin(&self) -> Result<PgTx, StoreError> {
+        PgTx::begin(self).await
+    }
+
+    fn conn(tx: &mut PgTx) -> &mut PgConnection {
+        tx.conn()
+    }
+
+    async fn commit(tx: PgTx) -> Result<(), StoreError> {
+        tx.commit().await
     }
 }
 

@@ -8,10 +8,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use warren_core::{Event, SandboxSpec, SandboxState};
 
+use super::group_commit::{self, GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
     Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
+
+type Write = group_commit::Write<SqliteConnection>;
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -19,6 +22,8 @@ pub struct SqliteStore {
     /// Bumped after every committed event, so followers wait instead of
     /// polling.
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    /// The hot writes (creates, state changes, claims) go through it.
+    commits: GroupCommit<SqliteConnection>,
 }
 
 impl SqliteStore {
@@ -36,26 +41,35 @@ impl SqliteStore {
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         Ok(SqliteStore {
+            commits: GroupCommit::start(pool.clone()),
             pool,
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
         })
     }
 
-    /// Starts a write: `BEGIN IMMEDIATE` on a connection of its own (the
-    /// write lock is taken at once, so two writers never deadlock upgrading
-    /// a read lock, which SQLite's busy timeout does not wait out).
     async fn begin_write(&self) -> Result<WriteTx, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            // Nothing is open on it; but a connection that fails to begin
-            // may hold state from a failure before, so it goes too.
-            conn.close_on_drop();
-            return Err(e.into());
-        }
-        Ok(WriteTx {
-            conn,
-            committed: false,
-        })
+        WriteTx::begin(&self.pool).await
+    }
+
+    /// A new spec (and, for a claim, a request id) with its event, through
+    /// the group commit. `update` binds the spec as ?1, the id as ?2 and
+    /// the request id, when given, as ?3.
+    async fn spec_write(&self, c: SpecChange, update: &'static str) -> Result<(), StoreError> {
+        let c = std::sync::Arc::new(c);
+        let write: Write = Box::new(move |conn| {
+            let c = c.clone();
+            Box::pin(async move {
+                let mut q = sqlx::query(update).bind(&c.spec).bind(&c.id);
+                if let Some(request_id) = &c.request_id {
+                    q = q.bind(request_id);
+                }
+                q.execute(&mut *conn).await?;
+                insert_event(conn, &c.time, &c.id, None, &c.reason, &c.message).await
+            })
+        });
+        self.commits.write(write).await?;
+        self.wrote_event();
+        Ok(())
     }
 
     fn wrote_event(&self) {
@@ -70,32 +84,38 @@ impl Store for SqliteStore {
     }
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&row.id)
-        .bind(row.state.as_str())
-        .bind(&row.reason)
-        .bind(json(&row.spec))
-        .bind(json(&row.resources))
-        .bind(&row.node)
-        .bind(&row.image_digest)
-        .bind(request_id)
-        .bind(&row.created_at)
-        .execute(tx.conn())
-        .await?;
-        insert_event(
-            tx.conn(),
-            &row.created_at,
-            &row.id,
-            Some(row.state),
-            &row.reason,
-            "",
-        )
-        .await?;
-        tx.commit().await?;
+        let row = std::sync::Arc::new((row.clone(), request_id.map(str::to_string)));
+        let write: Write = Box::new(move |conn| {
+            let row = row.clone();
+            Box::pin(async move {
+                let (row, request_id) = &*row;
+                sqlx::query(
+                    "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(&row.id)
+                .bind(row.state.as_str())
+                .bind(&row.reason)
+                .bind(json(&row.spec))
+                .bind(json(&row.resources))
+                .bind(&row.node)
+                .bind(&row.image_digest)
+                .bind(request_id)
+                .bind(&row.created_at)
+                .execute(&mut *conn)
+                .await?;
+                insert_event(
+                    conn,
+                    &row.created_at,
+                    &row.id,
+                    Some(row.state),
+                    &row.reason,
+                    "",
+                )
+                .await
+            })
+        });
+        self.commits.write(write).await?;
         self.wrote_event();
         Ok(())
     }
@@ -108,28 +128,33 @@ impl Store for SqliteStore {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "UPDATE sandboxes SET state = ?, reason = ?,
-                started_at = COALESCE(?, started_at),
-                finished_at = COALESCE(?, finished_at),
-                exit_code = COALESCE(?, exit_code),
-                grace = ?,
-                node = COALESCE(?, node)
-             WHERE id = ?",
-        )
-        .bind(state.as_str())
-        .bind(reason)
-        .bind(t.started_at)
-        .bind(t.finished_at)
-        .bind(t.exit_code)
-        .bind(t.grace)
-        .bind(t.node)
-        .bind(id)
-        .execute(tx.conn())
-        .await?;
-        insert_event(tx.conn(), time, id, Some(state), reason, t.message).await?;
-        tx.commit().await?;
+        let c = std::sync::Arc::new(StateChange::new(id, state, reason, time, &t));
+        let write: Write = Box::new(move |conn| {
+            let c = c.clone();
+            Box::pin(async move {
+                sqlx::query(
+                    "UPDATE sandboxes SET state = ?, reason = ?,
+                        started_at = COALESCE(?, started_at),
+                        finished_at = COALESCE(?, finished_at),
+                        exit_code = COALESCE(?, exit_code),
+                        grace = ?,
+                        node = COALESCE(?, node)
+                     WHERE id = ?",
+                )
+                .bind(c.state.as_str())
+                .bind(&c.reason)
+                .bind(&c.started_at)
+                .bind(&c.finished_at)
+                .bind(c.exit_code)
+                .bind(c.grace)
+                .bind(&c.node)
+                .bind(&c.id)
+                .execute(&mut *conn)
+                .await?;
+                insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
+            })
+        });
+        self.commits.write(write).await?;
         self.wrote_event();
         Ok(())
     }
@@ -142,16 +167,16 @@ impl Store for SqliteStore {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE sandboxes SET spec = ? WHERE id = ?")
-            .bind(json(spec))
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        insert_event(tx.conn(), time, id, None, reason, message).await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
+        let c = SpecChange {
+            id: id.into(),
+            spec: json(spec),
+            request_id: None,
+            time: time.into(),
+            reason: reason.into(),
+            message: message.into(),
+        };
+        self.spec_write(c, "UPDATE sandboxes SET spec = ?1 WHERE id = ?2")
+            .await
     }
 
     async fn claim_pooled(
@@ -162,17 +187,19 @@ impl Store for SqliteStore {
         time: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE sandboxes SET spec = ?, request_id = ? WHERE id = ?")
-            .bind(json(spec))
-            .bind(request_id)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
-        insert_event(tx.conn(), time, id, None, "claimed", message).await?;
-        tx.commit().await?;
-        self.wrote_event();
-        Ok(())
+        let c = SpecChange {
+            id: id.into(),
+            spec: json(spec),
+            request_id: Some(request_id.map(str::to_string)),
+            time: time.into(),
+            reason: "claimed".into(),
+            message: message.into(),
+        };
+        self.spec_write(
+            c,
+            "UPDATE sandboxes SET spec = ?1, request_id = ?3 WHERE id = ?2",
+        )
+        .await
     }
 
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
@@ -588,12 +615,29 @@ impl Store for SqliteStore {
 /// and every later write waited on it or, worse, was answered as committed
 /// while nothing was (the store made read-only for two seconds by the
 /// fault-injection suite).
-struct WriteTx {
+pub(super) struct WriteTx {
     conn: PoolConnection<Sqlite>,
     committed: bool,
 }
 
 impl WriteTx {
+    /// `BEGIN IMMEDIATE` on a connection of its own (the write lock is
+    /// taken at once, so two writers never deadlock upgrading a read lock,
+    /// which SQLite's busy timeout does not wait out).
+    async fn begin(pool: &SqlitePool) -> Result<WriteTx, StoreError> {
+        let mut conn = pool.acquire().await?;
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            // Nothing is open on it; but a connection that fails to begin
+            // may hold state from a failure before, so it goes too.
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+        Ok(WriteTx {
+            conn,
+            committed: false,
+        })
+    }
+
     fn conn(&mut self) -> &mut SqliteConnection {
         &mut self.conn
     }
@@ -617,6 +661,23 @@ impl Drop for WriteTx {
         if !self.committed {
             self.conn.close_on_drop();
         }
+    }
+}
+
+impl group_commit::Database for SqlitePool {
+    type Connection = SqliteConnection;
+    type Tx = WriteTx;
+
+    async fn begin(&self) -> Result<WriteTx, StoreError> {
+        WriteTx::begin(self).await
+    }
+
+    fn conn(tx: &mut WriteTx) -> &mut SqliteConnection {
+        tx.conn()
+    }
+
+    async fn commit(tx: WriteTx) -> Result<(), StoreError> {
+        tx.commit().await
     }
 }
 

@@ -69,6 +69,12 @@ def main():
             runtimes["warren run --rm (CLI)"] = lambda i: [
                 args.warren_bin, "run", "--rm", "--image", "busybox:latest", "--", "true",
             ]
+            if os.geteuid() == 0:
+                # The least kernel work for the same isolation, one process
+                # per cycle like runc (crates/warren-runtime/src/floor.rs).
+                runtimes["floor (kernel work only)"] = lambda i: [
+                    args.warren_bin, "bench-floor", "--rootfs", str(rootfs),
+                ]
         if shutil.which("runc"):
             runtimes["runc run"] = lambda i: ["runc", "run", "--bundle", str(bundle), f"bench-{os.getpid()}-{i}"]
         if shutil.which("bwrap"):
@@ -112,6 +118,12 @@ def main():
             if key in warren:
                 r = warren[key]
                 print(f"| {key} | {r['n']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+        floor = next((r for name, conc, r in rows if name.startswith("floor") and conc == 1), None)
+        if floor and "create_to_ready" in warren:
+            create = warren["create_to_ready"]["p50_ms"]
+            print()
+            print(f"Create p50 {create:.2f} ms against the floor's whole cycle p50 {floor['p50_ms']:.2f} ms "
+                  f"(its process start, namespaces, cgroups, overlay, /bin/true and teardown): {create / floor['p50_ms']:.2f}x.")
         phases = warren.get("create_phases")
         if phases and phases.get("phases"):
             # Mean per create; node_*/runtime_* phases run inside node_create.

@@ -17,6 +17,7 @@ pub mod exec_cgroup;
 mod exec_tree;
 pub mod file_ops;
 pub mod files;
+pub mod floor;
 pub mod fork_layer;
 pub mod host;
 pub mod host_tables;

@@ -10,6 +10,7 @@ use crate::client::Client;
 mod batches;
 mod bench;
 mod bench_creates;
+pub mod bench_floor;
 mod bench_net;
 mod bench_placement;
 pub mod doctor;
@@ -80,6 +81,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::FakeNodes(args) => crate::daemon::node_agent::fake_nodes(args).await,
         // Run by main before the async runtime starts (it forks).
         Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
+        Command::BenchFloor { .. } => {
+            anyhow::bail!("bench-floor runs before the async runtime starts")
+        }
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,
         Command::Profile(cmd) => profiles::run(&client()?, cmd).await,
         Command::Pool(cmd) => pools::run(&client()?, cmd).await,

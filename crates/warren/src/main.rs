@@ -22,6 +22,10 @@ fn main() {
             .init();
         warren_runtime::spawner::main();
     }
+    // The floor probe forks as well.
+    if let cli::Command::BenchFloor { rootfs } = &args.command {
+        std::process::exit(commands::bench_floor::run(rootfs));
+    }
     // The doctor forks to try namespaces and mounts: also before any thread.
     if let cli::Command::Doctor { json, cdi_dirs } = args.command {
         let code = commands::doctor::run(&args.home, json, &cdi_dirs).unwrap_or_else(|e| {

@@ -344,6 +344,16 @@ pub enum Command {
     /// Measure creates per second through the API: COUNT sandboxes at a
     /// concurrency, then their deletes (see docs/benchmarks.md).
     BenchCreates(BenchCreatesArgs),
+    /// One sandbox's worth of kernel work with nothing of Warren around it
+    /// (cgroup limits, overlay root, namespaces, pivot_root, /proc,
+    /// /bin/true, teardown): the floor that `scripts/bench.sh` times beside
+    /// the runtimes. Root only.
+    #[command(hide = true)]
+    BenchFloor {
+        /// The image's unpacked root file system (the overlay's lower layer).
+        #[arg(long)]
+        rootfs: PathBuf,
+    },
     /// Join COUNT in-memory nodes to a `warren server`: each speaks the real
     /// node API but makes no sandboxes (for control-plane benchmarks).
     #[command(hide = true)]

@@ -1,0 +1,20 @@
+//! `warren bench-floor`: one cycle of [`warren_runtime::floor`], for
+//! `scripts/bench.sh` to time as a process, as it times `runc run`.
+
+use std::path::Path;
+
+pub fn run(rootfs: &Path) -> i32 {
+    let scratch = std::env::temp_dir().join(format!("warren-floor-{}", std::process::id()));
+    let result = std::fs::create_dir(&scratch)
+        .map_err(|e| format!("scratch directory {}: {e}", scratch.display()))
+        .and_then(|()| warren_runtime::floor::cycle(rootfs, &scratch));
+    // The overlay was mounted in the probe's own mount namespace only.
+    let _ = std::fs::remove_dir_all(&scratch);
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}

@@ -28,34 +28,14 @@ const ID_COUNT: u32 = 65_536;
 pub fn cycle(rootfs: &Path, scratch: &Path) -> Result<(), String> {
     // Mounts stay in a namespace of the probe's own, as in Warren's
     // spawners, so the host's mount table never sees them.
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare mount namespace: {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("make / private: {e}"))?;
+    crate::spawner::unshare_private_mounts()?;
     let root = scratch.join("root");
     let (upper, work) = (scratch.join("upper"), scratch.join("work"));
     for d in [&root, &upper, &work] {
         std::fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
     }
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        rootfs.display(),
-        upper.display(),
-        work.display()
-    );
-    mount(
-        Some("overlay"),
-        &root,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(data.as_str()),
-    )
-    .map_err(|e| format!("mount overlay: {e}"))?;
+    crate::rootfs::mount_overlay(&[rootfs.to_path_buf()], &upper, &work, &root)
+        .map_err(|e| e.to_string())?;
     let cgroups = Cgroups::make(&format!("warren-floor-{}", std::process::id()))?;
     let ran = run_child(&root, &cgroups);
     let _ = umount2(&root, MntFlags::MNT_DETACH);

@@ -100,7 +100,10 @@ fn plain(e: RuntimeError) -> String {
     }
 }
 
-fn private_mount_namespace() -> Result<(), String> {
+/// Moves this (single-threaded) process into a mount namespace of its own
+/// whose mounts do not propagate to the host's: what it mounts, the host's
+/// mount table never sees.
+pub(crate) fn unshare_private_mounts() -> Result<(), String> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("unshare mount namespace: {e}"))?;
@@ -111,7 +114,12 @@ fn private_mount_namespace() -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("make mounts private: {e}"))?;
+    .map_err(|e| format!("make mounts private: {e}"))
+}
+
+fn private_mount_namespace() -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    unshare_private_mounts()?;
     // This spawner's own place for sandbox roots (see ROOTS_DIR); the host
     // directory under it stays empty.
     std::fs::create_dir_all(crate::ROOTS_DIR)

@@ -18,9 +18,12 @@
 //! the error, as a lone write would.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
+
+use warren_core::SandboxSpec;
 
 use super::StoreError;
 
@@ -37,8 +40,12 @@ pub(super) trait Database: Send + Sync + 'static {
 
 /// One write: statements run on the connection inside an open transaction.
 /// It may run twice (see the module's notes), so it owns what it binds.
-pub(super) type Write<C> =
+type Write<C> =
     Box<dyn for<'c> Fn(&'c mut C) -> BoxFuture<'c, Result<(), StoreError>> + Send + Sync>;
+
+/// The statements of a write, given its connection and owned arguments.
+pub(super) type Statements<C, A> =
+    for<'c> fn(&'c mut C, Arc<A>) -> BoxFuture<'c, Result<(), StoreError>>;
 
 /// Most writes in one transaction; more waiting go in the next.
 const MAX_BATCH: usize = 256;
@@ -68,8 +75,19 @@ impl<C: Send + 'static> GroupCommit<C> {
         GroupCommit { queue }
     }
 
-    /// Runs `write` and returns once it is committed (or failed).
-    pub(super) async fn write(&self, write: Write<C>) -> Result<(), StoreError> {
+    /// Runs `statements` with `args` in a shared transaction and returns
+    /// once it is committed (or failed).
+    pub(super) async fn write_with<A: Send + Sync + 'static>(
+        &self,
+        args: A,
+        statements: Statements<C, A>,
+    ) -> Result<(), StoreError> {
+        let args = Arc::new(args);
+        self.write(Box::new(move |conn| statements(conn, args.clone())))
+            .await
+    }
+
+    async fn write(&self, write: Write<C>) -> Result<(), StoreError> {
         let (done, answer) = oneshot::channel();
         self.queue
             .send(Pending { write, done })
@@ -187,4 +205,37 @@ pub(super) struct SpecChange {
     pub time: String,
     pub reason: String,
     pub message: String,
+}
+
+impl SpecChange {
+    pub(super) fn set(
+        id: &str,
+        spec: &SandboxSpec,
+        time: &str,
+        reason: &str,
+        message: &str,
+    ) -> SpecChange {
+        SpecChange {
+            id: id.into(),
+            spec: super::json(spec),
+            request_id: None,
+            time: time.into(),
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A pool member taken by a create: its spec and request id.
+    pub(super) fn claim(
+        id: &str,
+        spec: &SandboxSpec,
+        request_id: Option<&str>,
+        time: &str,
+        message: &str,
+    ) -> SpecChange {
+        SpecChange {
+            request_id: Some(request_id.map(str::to_string)),
+            ..SpecChange::set(id, spec, time, "claimed", message)
+        }
+    }
 }

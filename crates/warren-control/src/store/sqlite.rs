@@ -14,8 +14,6 @@ use super::{
     Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
-type Write = group_commit::Write<SqliteConnection>;
-
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -55,19 +53,19 @@ impl SqliteStore {
     /// the group commit. `update` binds the spec as ?1, the id as ?2 and
     /// the request id, when given, as ?3.
     async fn spec_write(&self, c: SpecChange, update: &'static str) -> Result<(), StoreError> {
-        let c = std::sync::Arc::new(c);
-        let write: Write = Box::new(move |conn| {
-            let c = c.clone();
-            Box::pin(async move {
-                let mut q = sqlx::query(update).bind(&c.spec).bind(&c.id);
-                if let Some(request_id) = &c.request_id {
-                    q = q.bind(request_id);
-                }
-                q.execute(&mut *conn).await?;
-                insert_event(conn, &c.time, &c.id, None, &c.reason, &c.message).await
+        self.commits
+            .write_with((c, update), |conn, args| {
+                Box::pin(async move {
+                    let (c, update) = &*args;
+                    let mut q = sqlx::query(*update).bind(&c.spec).bind(&c.id);
+                    if let Some(request_id) = &c.request_id {
+                        q = q.bind(request_id);
+                    }
+                    q.execute(&mut *conn).await?;
+                    insert_event(conn, &c.time, &c.id, None, &c.reason, &c.message).await
+                })
             })
-        });
-        self.commits.write(write).await?;
+            .await?;
         self.wrote_event();
         Ok(())
     }
@@ -84,38 +82,37 @@ impl Store for SqliteStore {
     }
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
-        let row = std::sync::Arc::new((row.clone(), request_id.map(str::to_string)));
-        let write: Write = Box::new(move |conn| {
-            let row = row.clone();
-            Box::pin(async move {
-                let (row, request_id) = &*row;
-                sqlx::query(
-                    "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                )
-                .bind(&row.id)
-                .bind(row.state.as_str())
-                .bind(&row.reason)
-                .bind(json(&row.spec))
-                .bind(json(&row.resources))
-                .bind(&row.node)
-                .bind(&row.image_digest)
-                .bind(request_id)
-                .bind(&row.created_at)
-                .execute(&mut *conn)
-                .await?;
-                insert_event(
-                    conn,
-                    &row.created_at,
-                    &row.id,
-                    Some(row.state),
-                    &row.reason,
-                    "",
-                )
-                .await
+        self.commits
+            .write_with((row.clone(), request_id.map(str::to_string)), |conn, args| {
+                Box::pin(async move {
+                    let (row, request_id) = &*args;
+                    sqlx::query(
+                        "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&row.id)
+                    .bind(row.state.as_str())
+                    .bind(&row.reason)
+                    .bind(json(&row.spec))
+                    .bind(json(&row.resources))
+                    .bind(&row.node)
+                    .bind(&row.image_digest)
+                    .bind(request_id)
+                    .bind(&row.created_at)
+                    .execute(&mut *conn)
+                    .await?;
+                    insert_event(
+                        conn,
+                        &row.created_at,
+                        &row.id,
+                        Some(row.state),
+                        &row.reason,
+                        "",
+                    )
+                    .await
+                })
             })
-        });
-        self.commits.write(write).await?;
+            .await?;
         self.wrote_event();
         Ok(())
     }
@@ -128,33 +125,32 @@ impl Store for SqliteStore {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
-        let c = std::sync::Arc::new(StateChange::new(id, state, reason, time, &t));
-        let write: Write = Box::new(move |conn| {
-            let c = c.clone();
-            Box::pin(async move {
-                sqlx::query(
-                    "UPDATE sandboxes SET state = ?, reason = ?,
+        self.commits
+            .write_with(StateChange::new(id, state, reason, time, &t), |conn, c| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE sandboxes SET state = ?, reason = ?,
                         started_at = COALESCE(?, started_at),
                         finished_at = COALESCE(?, finished_at),
                         exit_code = COALESCE(?, exit_code),
                         grace = ?,
                         node = COALESCE(?, node)
                      WHERE id = ?",
-                )
-                .bind(c.state.as_str())
-                .bind(&c.reason)
-                .bind(&c.started_at)
-                .bind(&c.finished_at)
-                .bind(c.exit_code)
-                .bind(c.grace)
-                .bind(&c.node)
-                .bind(&c.id)
-                .execute(&mut *conn)
-                .await?;
-                insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
+                    )
+                    .bind(c.state.as_str())
+                    .bind(&c.reason)
+                    .bind(&c.started_at)
+                    .bind(&c.finished_at)
+                    .bind(c.exit_code)
+                    .bind(c.grace)
+                    .bind(&c.node)
+                    .bind(&c.id)
+                    .execute(&mut *conn)
+                    .await?;
+                    insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
+                })
             })
-        });
-        self.commits.write(write).await?;
+            .await?;
         self.wrote_event();
         Ok(())
     }
@@ -167,16 +163,11 @@ impl Store for SqliteStore {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let c = SpecChange {
-            id: id.into(),
-            spec: json(spec),
-            request_id: None,
-            time: time.into(),
-            reason: reason.into(),
-            message: message.into(),
-        };
-        self.spec_write(c, "UPDATE sandboxes SET spec = ?1 WHERE id = ?2")
-            .await
+        self.spec_write(
+            SpecChange::set(id, spec, time, reason, message),
+            "UPDATE sandboxes SET spec = ?1 WHERE id = ?2",
+        )
+        .await
     }
 
     async fn claim_pooled(
@@ -187,16 +178,8 @@ impl Store for SqliteStore {
         time: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        let c = SpecChange {
-            id: id.into(),
-            spec: json(spec),
-            request_id: Some(request_id.map(str::to_string)),
-            time: time.into(),
-            reason: "claimed".into(),
-            message: message.into(),
-        };
         self.spec_write(
-            c,
+            SpecChange::claim(id, spec, request_id, time, message),
             "UPDATE sandboxes SET spec = ?1, request_id = ?3 WHERE id = ?2",
         )
         .await

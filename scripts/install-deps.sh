@@ -5,9 +5,11 @@
 set -euo pipefail
 test=false
 [ "${1:-}" = --test ] && test=true
-# libseccomp-dev and pkg-config to build; busybox-static and umoci for the
-# demo's image; e2fsprogs for per-sandbox disk limits; curl for the API.
-pkgs=(libseccomp-dev pkg-config busybox-static umoci e2fsprogs curl)
+# libseccomp-dev and pkg-config to build; libelf-dev and zlib1g-dev for the
+# libbpf that libcontainer's cgroup v2 device rules are built with;
+# busybox-static and umoci for the demo's image; e2fsprogs for per-sandbox
+# disk limits; curl for the API.
+pkgs=(libseccomp-dev pkg-config libelf-dev zlib1g-dev busybox-static umoci e2fsprogs curl)
 # The tests' comparisons, registries, fault injection and PostgreSQL.
 $test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry apache2-utils zstd mmdebstrap postgresql)
 # The web console's browser tests (tests/test_console.py): Debian's Chromium,

@@ -193,11 +193,6 @@ def test_a_sandbox_without_the_device_cannot_see_or_make_it(gpu_warren):
         w.destroy(plain)
 
 
-def cgroup_v2_only():
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1:3] == ["/sys/fs/cgroup", "cgroup2"] for line in f)
-
-
 def test_a_device_mounted_as_a_file_cannot_be_opened(gpu_warren):
     w = gpu_warren
     # The same host node (a copy of /dev/fuse, 10:229) as a CDI mount, not
@@ -212,7 +207,6 @@ def test_a_device_mounted_as_a_file_cannot_be_opened(gpu_warren):
         w.destroy(sid)
 
 
-@pytest.mark.skipif(cgroup_v2_only(), reason="libcontainer is built without cgroup v2 device rules (docs/gpu.md)")
 def test_the_device_cgroup_allows_each_node_as_the_spec_says(gpu_warren):
     w = gpu_warren
     # The same node (mode 0666, no nodev): the device cgroup alone decides.

@@ -1,5 +1,6 @@
 """Isolation, checked from inside a sandbox and from the host (docs/security.md)."""
 
+import resource
 import socket
 import subprocess
 import time
@@ -8,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import own_daemon
 from helpers import (
     CGROUP_V2,
     cgroup_read,
@@ -159,6 +161,33 @@ def test_privileged_operations_refused(warren, sandbox):
     # insmod got as far as the syscall, which was refused (not "file not found").
     assert "can't insert '/tmp/evil.ko'" in err and "No such file" not in err, err
     assert lines[-1] == sid, out
+
+
+def test_sandbox_rlimits_come_from_its_config_not_the_daemon(images):
+    """Open files and locked memory are set for each sandbox, not inherited:
+    on cgroup v2 libcontainer raises its own locked-memory limit to 128 MiB
+    to load the device program, and a sandbox must not keep that. A daemon
+    with low soft limits shows the difference: the sandbox gets soft = hard
+    = min(wanted, the daemon's hard limit)."""
+    _, memlock_hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    _, nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def low_soft_limits():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, memlock_hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, nofile_hard))
+
+    def cap(hard, wanted):
+        return wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+
+    with own_daemon(images, preexec=low_soft_limits) as w:
+        sid = w.create(cpu=0.1, memory="32M")["id"]
+        limits = sh_ok(w, sid, "cat /proc/self/limits")
+        rows = {line[:26].strip(): line[26:].split()[:2] for line in limits.splitlines()[1:]}
+        want_memlock = str(cap(memlock_hard, 8 << 20))
+        assert rows["Max locked memory"] == [want_memlock, want_memlock], limits
+        want_nofile = str(cap(nofile_hard, 65536))
+        assert rows["Max open files"] == [want_nofile, want_nofile], limits
+        w.destroy(sid)
 
 
 def test_fork_bomb_stops_at_pids_limit(warren, sandbox):

@@ -607,9 +607,9 @@ fn node_edit(device: &str, n: &DeviceNode) -> Result<NodeEdit, CdiError> {
 
 /// A CDI mount becomes a bind mount; `nosuid` and `nodev` are always
 /// added (a device reaches a sandbox only as a device node, which the
-/// device cgroup sees: on cgroup v2 hosts, where Warren's libcontainer
-/// enforces no device rules, `nodev` is what keeps a mounted node shut),
-/// and a spec that gives no options gets a read-only one.
+/// device cgroup sees; `nodev` keeps a mounted node shut even where the
+/// device rules would allow its numbers), and a spec that gives no options
+/// gets a read-only one.
 fn mount_edit(m: &Mount) -> MountEdit {
     let mut options = if m.options.is_empty() {
         vec!["ro".to_string()]

@@ -94,6 +94,16 @@ pub fn favor_dynmods() -> Result<Option<PathBuf>, String> {
     Ok(Some(m.point))
 }
 
+/// Where the host's cgroup2 hierarchy is mounted (`/sys/fs/cgroup` on v2,
+/// usually `/sys/fs/cgroup/unified` on a hybrid host), if it is.
+pub fn cgroup2_mount_point() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo
+        .lines()
+        .find_map(Cgroup2Mount::parse)
+        .map(|m| m.point)
+}
+
 /// One cgroup2 line of mountinfo.
 #[derive(Debug, PartialEq)]
 struct Cgroup2Mount {

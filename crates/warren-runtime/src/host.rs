@@ -65,6 +65,47 @@ fn effective_caps() -> u64 {
         .unwrap_or(0)
 }
 
+/// On cgroup v2 every sandbox's device rules are an eBPF program, and a
+/// create fails where libcontainer cannot load one: it first raises
+/// RLIMIT_MEMLOCK, which needs CAP_SYS_RESOURCE or a high enough hard
+/// limit, then the kernel must take the program.
+fn v2_device_rules(caps: u64) -> Check {
+    const NAME: &str = "device rules";
+    let wanted = crate::device_program::LIBCONTAINER_MEMLOCK;
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .map(|(_, hard)| hard)
+        .unwrap_or(0);
+    if caps & (1 << 24) == 0 && hard < wanted {
+        return check(
+            NAME,
+            Status::Missing,
+            format!("cgroup v2; no CAP_SYS_RESOURCE; locked-memory hard limit {hard} bytes"),
+            format!(
+                "every create fails: libcontainer raises RLIMIT_MEMLOCK to {} MiB before it \
+                 loads a sandbox's device program. Start the node with LimitMEMLOCK=infinity \
+                 (as deploy/systemd/warren-node.service sets), `--ulimit memlock=-1` for a \
+                 container, or from a root shell that has CAP_SYS_RESOURCE",
+                wanted >> 20
+            ),
+        );
+    }
+    match crate::device_program::load_check() {
+        Ok(len) => check(
+            NAME,
+            Status::Ok,
+            format!("cgroup v2 eBPF device program loads ({len} instructions)"),
+            "a sandbox opens only its default devices and the CDI devices it holds",
+        ),
+        Err(e) => check(
+            NAME,
+            Status::Missing,
+            e,
+            "every create fails: the node needs CAP_BPF or CAP_SYS_ADMIN in the host's \
+             user namespace and a kernel with CONFIG_CGROUP_BPF",
+        ),
+    }
+}
+
 /// The checks; `home` is Warren's home (the file system image layers and
 /// sandboxes live on).
 pub fn probe(home: &Path) -> Vec<Check> {
@@ -185,6 +226,9 @@ pub fn probe(home: &Path) -> Vec<Check> {
                 }
             };
             out.push(check("cgroups", status, format!("{setup:?}"), meaning));
+            if matches!(setup, libcgroups::common::CgroupSetup::Unified) {
+                out.push(v2_device_rules(caps));
+            }
         }
         Err(e) => out.push(check(
             "cgroups",
@@ -288,4 +332,32 @@ pub fn probe(home: &Path) -> Vec<Check> {
         )
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v2_device_rules_load_here_and_name_the_memlock_fix() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // With every capability the check only asks the kernel, which
+        // takes cgroup device programs from root on any host with cgroup2.
+        let loaded = v2_device_rules(u64::MAX);
+        assert_eq!(loaded.status, Status::Ok, "{loaded:?}");
+        assert!(loaded.found.contains("instructions"), "{loaded:?}");
+        let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+            .map(|(_, hard)| hard)
+            .unwrap_or(0);
+        if hard < crate::device_program::LIBCONTAINER_MEMLOCK {
+            let refused = v2_device_rules(0);
+            assert_eq!(refused.status, Status::Missing, "{refused:?}");
+            assert!(
+                refused.meaning.contains("LimitMEMLOCK=infinity"),
+                "{refused:?}"
+            );
+        }
+    }
 }

@@ -11,6 +11,7 @@
 pub use warren_core::crashpoint;
 pub mod cdi;
 pub mod cgroup_tuning;
+pub mod device_program;
 pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;
@@ -36,6 +37,7 @@ pub mod watch;
 use std::path::{Path, PathBuf};
 
 pub use exec::{ExecIo, ExecOutcome, ExecSignal, ExitWait, RunningExec, Stdin};
+use nix::sys::resource::Resource;
 pub use proto::ExecSpec;
 pub use pty::Pty;
 use warren_core::ResolvedResources;
@@ -387,7 +389,8 @@ fn prepare(
         rootfs: &root_mount(&handle.id),
         cgroup_path: &handle.cgroup_path,
         resources,
-        nofile: nofile_limit(),
+        nofile: capped_limit(Resource::RLIMIT_NOFILE, 65536, 1024),
+        memlock: capped_limit(Resource::RLIMIT_MEMLOCK, 8 << 20, 64 << 10),
         ids,
         devices,
     });
@@ -484,11 +487,13 @@ pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
     disk::remove(dir)
 }
 
-fn nofile_limit() -> u64 {
-    const WANTED: u64 = 65536;
-    match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        Ok((_, hard)) => hard.min(WANTED),
-        Err(_) => 1024,
+/// `wanted`, or the daemon's hard limit when that is lower: a sandbox's
+/// config may only lower a limit (raising one needs CAP_SYS_RESOURCE in the
+/// host's user namespace, which the sandbox's init does not have).
+fn capped_limit(resource: Resource, wanted: u64, fallback: u64) -> u64 {
+    match nix::sys::resource::getrlimit(resource) {
+        Ok((_, hard)) => hard.min(wanted),
+        Err(_) => fallback,
     }
 }
 

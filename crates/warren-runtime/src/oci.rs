@@ -105,6 +105,10 @@ pub struct ConfigInput<'a> {
     /// Open-file limit: 65536, or the daemon's hard limit when that is lower
     /// (raising it needs CAP_SYS_RESOURCE, which some hosts withhold).
     pub nofile: u64,
+    /// Locked-memory limit, the same way: on cgroup v2 libcontainer lifts
+    /// its own limit to load the device program, and the sandbox would
+    /// inherit "unlimited" unless its config names one.
+    pub memlock: u64,
     /// The sandbox's host id range: it gets a user namespace mapping it.
     pub ids: Option<crate::userns::IdRange>,
     /// What its CDI devices add (see [`crate::cdi`]).
@@ -113,7 +117,7 @@ pub struct ConfigInput<'a> {
 
 pub fn config(input: &ConfigInput<'_>) -> Value {
     let mut config = base_config(input);
-    add_devices(&mut config, input.devices);
+    add_device_mounts(&mut config, input.devices);
     if let Some(ids) = input.ids {
         let map = json!([{ "containerID": 0, "hostID": ids.base, "size": crate::userns::SIZE }]);
         let linux = &mut config["linux"];
@@ -154,6 +158,7 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
             },
             "rlimits": [
                 { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
+                { "type": "RLIMIT_MEMLOCK", "hard": input.memlock, "soft": input.memlock },
                 { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
             ]
         },
@@ -180,7 +185,7 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
             ],
             "cgroupsPath": input.cgroup_path,
             "resources": {
-                "devices": device_rules(),
+                "devices": device_rules(input.devices),
                 // cgroup v1 keeps socket buffers in a counter of their own,
                 // unlimited unless set: a sandbox in network mode `none`
                 // could queue hundreds of MiB in loopback connections that
@@ -206,17 +211,15 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
     })
 }
 
-/// A sandbox's CDI devices. Each device node is a bind mount of the host's
-/// node, not an OCI `linux.devices` entry: in a user namespace mknod is
-/// impossible, and libcontainer then binds the host file at the
-/// container's path, which is wrong whenever the spec's `hostPath`
-/// differs from its `path`. The device cgroup allows exactly these nodes
-/// on top of the defaults (v1 lists; on v2 libcontainer compiles the same
-/// list to eBPF only with its `cgroupsv2_devices` feature, which Warren
-/// does not build: docs/gpu.md says what holds there). The bind carries no `nodev`: the
+/// A sandbox's CDI device nodes and file mounts. Each device node is a
+/// bind mount of the host's node, not an OCI `linux.devices` entry: in a
+/// user namespace mknod is impossible, and libcontainer then binds the host
+/// file at the container's path, which is wrong whenever the spec's
+/// `hostPath` differs from its `path`. The bind carries no `nodev`: the
 /// node's mount belongs to the host's user namespace, so the kernel lets
-/// the sandbox open it, and the device cgroup is what limits it.
-fn add_devices(config: &mut Value, d: &crate::cdi::Injection) {
+/// the sandbox open it, and the device cgroup ([`device_rules`]) is what
+/// limits it.
+fn add_device_mounts(config: &mut Value, d: &crate::cdi::Injection) {
     if let Some(mounts) = config["mounts"].as_array_mut() {
         for n in &d.nodes {
             mounts.push(json!({
@@ -231,14 +234,14 @@ fn add_devices(config: &mut Value, d: &crate::cdi::Injection) {
             }));
         }
     }
-    if let Some(rules) = config["linux"]["resources"]["devices"].as_array_mut() {
-        for n in &d.nodes {
-            rules.push(json!({
-                "allow": true, "type": n.kind, "major": n.major, "minor": n.minor,
-                "access": n.access
-            }));
-        }
-    }
+}
+
+/// The same rules as libcontainer reads them from the config.
+pub fn device_cgroup_rules(
+    d: &crate::cdi::Injection,
+) -> Result<Vec<libcontainer::oci_spec::runtime::LinuxDeviceCgroup>, String> {
+    serde_json::from_value(Value::Array(device_rules(d)))
+        .map_err(|e| format!("device rules do not fit the OCI schema: {e}"))
 }
 
 /// Socket buffer memory a sandbox may hold on cgroup v1 (see base_config).
@@ -246,9 +249,13 @@ pub fn tcp_limit(memory: u64) -> u64 {
     (memory / 4).max(4 << 20)
 }
 
-/// /dev/null, zero, full, random, urandom, tty, ptmx and pts: the devices
-/// a program expects; everything else is denied by the device controller.
-fn device_rules() -> Vec<Value> {
+/// The device cgroup's rules: /dev/null, zero, full, random, urandom, tty,
+/// ptmx and pts (the devices a program expects), then exactly the sandbox's
+/// CDI device nodes with the access their spec gives; everything else is
+/// denied. libcontainer writes them to the v1 devices controller, and on
+/// cgroup v2 compiles them into the eBPF device program it attaches to the
+/// sandbox's cgroup (its `cgroupsv2_devices` feature).
+fn device_rules(d: &crate::cdi::Injection) -> Vec<Value> {
     let deny_all = json!({ "allow": false, "access": "rwm" });
     std::iter::once(deny_all)
         .chain([(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)]
@@ -259,6 +266,12 @@ fn device_rules() -> Vec<Value> {
         .chain(std::iter::once(
             json!({ "allow": true, "type": "c", "major": 136, "access": "rwm" }),
         ))
+        .chain(d.nodes.iter().map(|n| {
+            json!({
+                "allow": true, "type": n.kind, "major": n.major, "minor": n.minor,
+                "access": n.access
+            })
+        }))
         .collect()
 }
 
@@ -287,6 +300,7 @@ mod tests {
                 gpus: 0,
             },
             nofile: 1024,
+            memlock: 8 << 20,
         })
     }
 

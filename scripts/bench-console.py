@@ -26,8 +26,6 @@ Prints the results; removes everything at the end. Run as root.
 import argparse
 import concurrent.futures
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,29 +35,10 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+from bench_daemon import free_port, start, stop  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(warren, home, port, log):
-    proc = subprocess.Popen([warren, "up", "--home", str(home), "--listen", f"127.0.0.1:{port}"],
-                            stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).text.strip() == "ok":
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"warren up exited with {proc.returncode}")
-        time.sleep(0.05)
-    sys.exit("warren up did not become healthy in 60 s")
 
 
 def pct(values, q):
@@ -137,7 +116,7 @@ def main():
     home.mkdir()
     url = f"http://127.0.0.1:{port}"
     log = open(base / "daemon.log", "ab")
-    proc = start(args.warren, home, port, log)
+    proc, _, _ = start(args.warren, home, port, log, timeout=60)
     try:
         token = (home / "token").read_text().strip()
         http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
@@ -243,12 +222,7 @@ def main():
         http.delete("/v1/sandboxes", params={"label": "bench=console"}, timeout=600)
         return 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(base, ignore_errors=True)
+        stop(proc, base)
 
 
 if __name__ == "__main__":

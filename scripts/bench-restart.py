@@ -14,10 +14,7 @@ sandbox is back in its state. Removes everything at the end. Run as root.
 
 import argparse
 import concurrent.futures
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,35 +23,10 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+from bench_daemon import free_port, start, stop  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(warren, home, port, log):
-    proc = subprocess.Popen(
-        [warren, "up", "--home", str(home), "--listen", f"127.0.0.1:{port}", "--cpu-overcommit", "128"],
-        stdout=log, stderr=log,
-    )
-    t0 = time.monotonic()
-    first = None
-    while True:
-        try:
-            r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            first = first or time.monotonic() - t0
-            if r.text.strip() == "ok":
-                return proc, first, time.monotonic() - t0
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"warren up exited with {proc.returncode}")
-        if time.monotonic() - t0 > 120:
-            sys.exit("warren up did not become healthy in 120 s")
-        time.sleep(0.01)
 
 
 def main():
@@ -66,7 +38,7 @@ def main():
     home, port = base / "home", free_port()
     home.mkdir()
     log = open(base / "daemon.log", "ab")
-    proc, _, _ = start(args.warren, home, port, log)
+    proc, _, _ = start(args.warren, home, port, log, ("--cpu-overcommit", "128"))
     try:
         token = (home / "token").read_text().strip()
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=120)
@@ -104,7 +76,7 @@ def main():
             time.sleep(0.5)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        proc, first, ok = start(args.warren, home, port, log)
+        proc, first, ok = start(args.warren, home, port, log, ("--cpu-overcommit", "128"))
         print(f"restart with {args.count} sandboxes: /healthz answered after {first:.3f}s, 'ok' after {ok:.3f}s", flush=True)
         states = {s["id"]: s["state"] for s in http.get("/v1/sandboxes").json()}
         wrong = [(sid, k, states.get(sid)) for sid, k in made if states.get(sid) != want[k]]
@@ -114,12 +86,7 @@ def main():
         http.delete("/v1/sandboxes", params={"label": "bench=restart"}, timeout=600)
         return 1 if wrong or ok > 2.0 else 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(base, ignore_errors=True)
+        stop(proc, base)
 
 
 if __name__ == "__main__":

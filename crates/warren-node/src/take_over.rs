@@ -5,7 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::{exec_stream, journal, lifetime, main_request, ExitInfo, Live, Node, NodeError};
+use crate::exec::main_request;
+use crate::{exec_stream, journal, lifetime, ExitInfo, Live, Node, NodeError};
 use warren_node_api::{NodeEvent, Phase};
 
 /// Journal entries taken over at once after a restart.

@@ -1,0 +1,208 @@
+//! Making a sandbox: its CDI devices, the runtime's create under the
+//! node's cap on sandboxes initializing at once, the journal entry and its
+//! registration as live; and a warm pool member's claim by a create.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use warren_core::sync::lock;
+use warren_core::SandboxSpec;
+use warren_image::ImageRecord;
+use warren_node_api::{CreateSandbox, Phase};
+use warren_runtime::CreateRequest;
+
+use crate::exec::{main_request, ExecDefaults};
+use crate::logs::SandboxLog;
+use crate::{lifetime, monitor, sampler, took, Live, Node, NodeError};
+
+impl Node {
+    /// Creates a sandbox and, if the spec names one, starts its main process.
+    /// Returns once an exec into it would succeed.
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+        image: &ImageRecord,
+    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        if self.is_live(&req.id) {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {} already exists on this node",
+                req.id
+            )));
+        }
+        let (devices, injection) =
+            self.devices
+                .claim(&req.id, &req.spec.devices, req.resources.gpus)?;
+        let req = CreateSandbox {
+            devices,
+            device_env: injection.env.clone(),
+            ..req
+        };
+        let id = req.id.clone();
+        let created = self.create_holding(req, image, injection).await;
+        if created.is_err() {
+            // Only this create holds devices under its id: one for a live
+            // sandbox's id was refused before the claim.
+            self.devices.release(&id);
+        }
+        created
+    }
+
+    async fn create_holding(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+        image: &ImageRecord,
+        injection: warren_runtime::cdi::Injection,
+    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
+        let mut phases = Vec::new();
+        let mut phase = std::time::Instant::now();
+        let lower_dirs = {
+            let images = self.images.clone();
+            let image = image.clone();
+            tokio::task::spawn_blocking(move || images.lower_dirs(&image))
+                .await
+                .map_err(|e| NodeError::Internal(e.to_string()))??
+        };
+        took(&mut phases, "node_layers", &mut phase);
+        let log = self.open_log(id)?;
+        log.event("creating", warren_core::state::reason::CREATED, "");
+        let permit = self
+            .initializing
+            .acquire()
+            .await
+            .map_err(|_| NodeError::Internal("node is shutting down".into()))?;
+        // A fork's child: the source's fork layers above the image's.
+        let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
+        layers.extend(lower_dirs);
+        took(&mut phases, "node_slot_wait", &mut phase);
+        let created = self
+            .runtime
+            .create(CreateRequest {
+                id: id.to_string(),
+                lower_dirs: layers,
+                resources: resources.clone(),
+                devices: injection,
+            })
+            .await;
+        drop(permit);
+        let handle = match created {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.forks.release_child(id).await;
+                return Err(e.into());
+            }
+        };
+        phases.extend(
+            handle
+                .phases
+                .iter()
+                .map(|(name, d)| warren_node_api::PhaseTiming::new(name, *d)),
+        );
+        phase = std::time::Instant::now();
+        if let Err(e) = self.attach_network(id, handle.pid, spec, &log).await {
+            let _ = self.runtime.destroy(id, Some(handle.pid)).await;
+            self.forks.release_child(id).await;
+            return Err(e);
+        }
+        took(&mut phases, "node_network", &mut phase);
+        let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        let live = self.register(
+            req.clone(),
+            handle.pid,
+            Phase::Running,
+            image,
+            log,
+            lifetime,
+        );
+        // Resolve the main process's user now, so a bad one fails the create.
+        let checked = match &spec.cmd {
+            Some(cmd) => self
+                .exec_job(id, &live, &main_request(cmd), true)
+                .map(|_| ()),
+            None => Ok(()),
+        };
+        if let Err(e) = checked.and_then(|()| self.journal(&live)) {
+            let _ = self
+                .destroy(id, warren_core::state::reason::CREATE_FAILED)
+                .await;
+            return Err(e);
+        }
+        took(&mut phases, "node_register", &mut phase);
+        Ok((handle.pid, phases))
+    }
+
+    /// A warm pool's sandbox taken by a create: from now on it is that
+    /// create's (environment, working directory and user of its execs, TTL,
+    /// lease, network policy), journaled. Its resources stay (the control
+    /// plane only claims a member whose resources match).
+    pub async fn claim(&self, id: &str, spec: SandboxSpec) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        let cpu_millis = live.create().resources.cpu_millis;
+        let device_env = live.create().device_env;
+        *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env);
+        *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        let network = spec.network.clone();
+        {
+            let mut c = lock(&live.create);
+            let old_network = std::mem::take(&mut c.spec.network);
+            c.spec = SandboxSpec {
+                network: old_network,
+                ..spec
+            };
+        }
+        if network != lock(&live.create).spec.network {
+            self.update_network(id, &network).await?;
+        } else {
+            self.journal(&live)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        create: CreateSandbox,
+        pid: i32,
+        phase: Phase,
+        image: &ImageRecord,
+        log: Arc<SandboxLog>,
+        lifetime: lifetime::Lifetime,
+    ) -> Arc<Live> {
+        let (id, spec, resources) = (create.id.clone(), &create.spec, &create.resources);
+        let exec_defaults = ExecDefaults::of(image, spec, resources.cpu_millis, &create.device_env);
+        let handle = self.runtime.handle(&id, pid);
+        let disk_limit = if resources.disk > 0 {
+            0
+        } else {
+            self.default_disk
+        };
+        let main_cmd = spec.cmd.clone();
+        let memory_request = resources.memory_request();
+        let live = Arc::new(Live {
+            create: Mutex::new(create),
+            phase: Mutex::new(phase),
+            pid,
+            socket: handle.socket,
+            cgroup_path: handle.cgroup_path,
+            exec_defaults: Mutex::new(exec_defaults),
+            image_digest: image.digest.clone(),
+            _image_pin: self.images.pin_image(image),
+            image: image.clone(),
+            main_cmd,
+            log,
+            destroying: AtomicBool::new(false),
+            main_detached: AtomicBool::new(false),
+            lifetime: Mutex::new(lifetime),
+            usage: Mutex::new(sampler::UsageTracker::new()),
+            disk_limit,
+            disk_reported: AtomicBool::new(false),
+            memory_request,
+            memory_reported: AtomicBool::new(false),
+        });
+        {
+            let mut m = lock(&self.live);
+            m.insert(id.clone(), live.clone());
+        }
+        monitor::watch_init(self.clone(), id, pid);
+        live
+    }
+}

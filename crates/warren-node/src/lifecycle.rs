@@ -1,0 +1,132 @@
+//! The end and the pauses of a sandbox's life: destroy, TTL and lease,
+//! holding it frozen after its end, pause and resume, and its init's death.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use warren_core::sync::lock;
+use warren_core::Usage;
+use warren_node_api::{NodeEvent, Phase};
+
+use crate::{Node, NodeError};
+
+impl Node {
+    /// Kills and removes everything of the sandbox, `why` being the last
+    /// line of its log. Idempotent. Returns the sandbox's final usage when
+    /// it was live here.
+    pub async fn destroy(&self, id: &str, why: &str) -> Result<Option<Usage>, NodeError> {
+        let mut last_usage = None;
+        let live = self.get(id).ok();
+        let pid = live.as_ref().map(|live| {
+            live.destroying.store(true, Ordering::Release);
+            // The resource summary, read while the cgroup still exists.
+            self.sample_one(id, live, true);
+            {
+                let u = lock(&live.usage);
+                let usage = u.usage();
+                live.log
+                    .record("summary", serde_json::json!({ "usage": usage }));
+                last_usage = Some(usage);
+            }
+            live.pid
+        });
+        self.egress.detach(id);
+        self.runtime.destroy(id, pid).await?;
+        self.journal.remove(id);
+        if let Some(live) = live {
+            // Before it leaves the table, so a log follower reads it.
+            live.log.event("destroyed", why, "");
+        }
+        {
+            let mut m = lock(&self.live);
+            m.remove(id);
+        }
+        // The fork layers only it kept go with it.
+        self.forks.release_child(id).await;
+        // Its devices are free once nothing of it is left to use them.
+        self.devices.release(id);
+        Ok(last_usage)
+    }
+
+    /// Renews the sandbox's lease (heartbeat, or any API call on it).
+    pub fn renew_lease(&self, id: &str) {
+        if let Ok(live) = self.get(id) {
+            {
+                let mut l = lock(&live.lifetime);
+                l.renew();
+            }
+        }
+    }
+
+    /// Lets the sandbox live `ttl` from now.
+    pub fn set_ttl(&self, id: &str, ttl: std::time::Duration) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        lock(&live.lifetime).set_ttl(ttl);
+        self.journal(&live)
+    }
+
+    /// Freezes a finished sandbox and holds it for `hold_for` (a new
+    /// lifetime without lease: a kept sandbox's own expiry, or a grace
+    /// period). Answers the usage of its run.
+    pub async fn hold(
+        self: &Arc<Self>,
+        id: &str,
+        hold_for: std::time::Duration,
+        note: &warren_node_api::LogNote,
+    ) -> Result<Option<Usage>, NodeError> {
+        if let Err(e) = self.freeze(id, true).await {
+            tracing::warn!(sandbox = %id, error = %e, "freezing a finished sandbox");
+        }
+        let live = self.get(id)?;
+        {
+            let mut l = lock(&live.lifetime);
+            l.restart(hold_for);
+        }
+        live.set_phase(Phase::Held);
+        self.journal(&live)?;
+        live.log.event(&note.state, &note.reason, &note.message);
+        Ok(self.usage(id))
+    }
+
+    /// Pauses (freezes) or resumes (thaws) the sandbox, journaled.
+    pub async fn set_paused(self: &Arc<Self>, id: &str, paused: bool) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        if live.phase() == Phase::Held {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} has finished and is held; it cannot be paused or resumed"
+            )));
+        }
+        self.freeze(id, paused).await?;
+        live.set_phase(if paused {
+            Phase::Paused
+        } else {
+            Phase::Running
+        });
+        self.journal(&live)
+    }
+
+    /// Freezes (or thaws) every process of the sandbox with the cgroup freezer.
+    pub(crate) async fn freeze(self: &Arc<Self>, id: &str, frozen: bool) -> Result<(), NodeError> {
+        let live = self.get(id)?;
+        let path = live.cgroup_path.clone();
+        tokio::task::spawn_blocking(move || warren_runtime::cgroups::freeze(&path, frozen))
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??;
+        if !frozen && live.main_detached.swap(false, Ordering::AcqRel) {
+            self.spawn_attach_main(id);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn init_died(&self, id: &str) {
+        let Ok(live) = self.get(id) else { return };
+        if live.destroying.load(Ordering::Acquire) {
+            return;
+        }
+        let oom_killed = warren_runtime::cgroups::oom_kills(&live.cgroup_path) > 0;
+        self.feed.push(NodeEvent::InitDied {
+            id: id.to_string(),
+            oom_killed,
+        });
+    }
+}

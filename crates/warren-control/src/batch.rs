@@ -136,7 +136,7 @@ impl Control {
             // Read now (as `inspect` does): a sandbox created a moment ago
             // has no periodic sample yet.
             let status = match (m.state.is_live(), self.reachable(&m.node)) {
-                (true, Some(node)) => node.status(&m.id).await.ok(),
+                (true, Some(node)) => node.status(&m.id, true).await.ok(),
                 _ => None,
             };
             if let Some(status) = &status {

@@ -123,7 +123,8 @@ impl Control {
     /// A record as a client sees it, with what its node says of it now.
     pub async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
         let status = match (row.state.is_live(), self.reachable(&row.node)) {
-            (true, Some(node)) => node.status(&row.id).await.ok(),
+            // Only a detailed answer shows usage: read it now for that.
+            (true, Some(node)) => node.status(&row.id, detailed).await.ok(),
             _ => None,
         };
         self.info_with(row, status.as_ref(), detailed)

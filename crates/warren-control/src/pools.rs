@@ -167,20 +167,25 @@ impl Control {
                 stored
             }
             .await;
-            self.pools.wake.notify_one();
             match claimed {
                 Ok(()) => {
                     *lock(&self.pools.state).claimed.entry(pool).or_default() += 1;
                     let phase = std::time::Instant::now();
-                    let row = self.get(&id).await?;
-                    let info = self.info(row, false).await;
+                    let answer = match self.get(&id).await {
+                        Ok(row) => Ok(Some(self.info(row, false).await)),
+                        Err(e) => Err(e),
+                    };
                     self.metrics.create_phase("claim_answer", phase.elapsed());
-                    return Ok(Some(info));
+                    // The refill's create takes the CPUs for a while: only
+                    // once this create has its answer.
+                    self.pools.wake.notify_one();
+                    return answer;
                 }
                 Err(e) => {
                     // Half-claimed: it belongs to nobody; make a fresh one.
                     tracing::warn!(%id, %pool, error = %e.message, "a pool member could not be claimed; destroying it");
                     let _ = self.destroy_locked(&id, reason::POOL_SHRUNK).await;
+                    self.pools.wake.notify_one();
                 }
             }
         }

@@ -87,9 +87,11 @@ pub trait NodeApi: Send + Sync {
     /// answers once the node has taken over what it held before.
     async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>>;
 
-    /// One sandbox, with its usage read now; NotFound when the node does
-    /// not hold it.
-    async fn status(&self, id: &str) -> NodeResult<SandboxStatus>;
+    /// One sandbox; NotFound when the node does not hold it. Its usage is
+    /// read now with `read_usage` (inspect, batch totals), otherwise it is
+    /// the last periodic sample's (an answer that shows no usage need not
+    /// read the sandbox's cgroup files).
+    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus>;
 
     /// Events after `since` (0: all it still has), then new ones as they
     /// happen. A consumer remembers the last `seq` it handled.

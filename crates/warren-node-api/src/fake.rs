@@ -153,7 +153,7 @@ impl NodeApi for FakeNode {
         Ok(self.state().sandboxes.values().cloned().collect())
     }
 
-    async fn status(&self, id: &str) -> NodeResult<SandboxStatus> {
+    async fn status(&self, id: &str, _read_usage: bool) -> NodeResult<SandboxStatus> {
         self.with(id, |s| s.clone())
     }
 

@@ -412,9 +412,14 @@ impl NodeApi for HttpNode {
         .await
     }
 
-    async fn status(&self, id: &str) -> NodeResult<SandboxStatus> {
+    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus> {
+        let read_usage = if read_usage { "true" } else { "false" };
         self.call_json(
-            self.request(Method::GET, &["sandboxes", id], &[])?,
+            self.request(
+                Method::GET,
+                &["sandboxes", id],
+                &[("read_usage", read_usage)],
+            )?,
             Deadline::Quick,
         )
         .await

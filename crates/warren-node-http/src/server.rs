@@ -430,8 +430,8 @@ async fn inventory(State(node): Node) -> Answer<Response> {
     Ok(Json(node.inventory().await?).into_response())
 }
 
-async fn status(State(node): Node, P(id): P<String>) -> Answer<Response> {
-    Ok(Json(node.status(&id).await?).into_response())
+async fn status(State(node): Node, P(id): P<String>, Q(q): Q<StatusQuery>) -> Answer<Response> {
+    Ok(Json(node.status(&id, q.read_usage).await?).into_response())
 }
 
 async fn events(State(node): Node, Q(q): Q<SinceQuery>) -> Answer<Response> {

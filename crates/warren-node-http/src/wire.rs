@@ -63,6 +63,17 @@ pub(crate) struct SinceQuery {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StatusQuery {
+    /// Absent (a control plane older than the flag): read now, as it expects.
+    #[serde(default = "read_now")]
+    pub read_usage: bool,
+}
+
+fn read_now() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct WhyQuery {
     #[serde(default)]
     pub why: String,

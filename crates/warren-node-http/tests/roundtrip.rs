@@ -184,7 +184,8 @@ impl NodeApi for FakeNode {
         Ok(self.sandboxes.lock().unwrap().values().cloned().collect())
     }
 
-    async fn status(&self, id: &str) -> NodeResult<SandboxStatus> {
+    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus> {
+        self.record(format!("status {id} {read_usage}"));
         self.need(id)?;
         Ok(self.sandboxes.lock().unwrap()[id].clone())
     }
@@ -764,13 +765,17 @@ async fn every_method_crosses_the_wire() {
         inventory.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
         ["sb-1", "sb-2"]
     );
-    let st = node.status("sb-2").await.unwrap();
-    assert_eq!(st, fake.status("sb-2").await.unwrap());
+    let st = node.status("sb-2", true).await.unwrap();
+    assert_eq!(st, fake.status("sb-2", true).await.unwrap());
+    assert_eq!(node.status("sb-2", false).await.unwrap(), st);
     assert_eq!(st.image_digest, "sha256:feed");
 
     node.start_main("sb-2").await.unwrap();
     node.set_paused("sb-2", true).await.unwrap();
-    assert_eq!(node.status("sb-2").await.unwrap().phase, Phase::Paused);
+    assert_eq!(
+        node.status("sb-2", true).await.unwrap().phase,
+        Phase::Paused
+    );
     node.set_paused("sb-2", false).await.unwrap();
     let held = node
         .hold("sb-2", Duration::from_millis(90_500), note("kept"))
@@ -1032,6 +1037,8 @@ async fn every_method_crosses_the_wire() {
         "renew_lease sb-2".into(),
         "renew_lease nobody".into(),
         "claim sb-2 1".into(),
+        "status sb-2 true".into(),
+        "status sb-2 false".into(),
         "note sb-2 running/test".into(),
         "write_file sb-2 /work/hello.txt 640 false".into(),
         "write_file sb-2 /work/dir 755 true".into(),
@@ -1051,10 +1058,10 @@ async fn every_method_crosses_the_wire() {
 async fn errors_keep_their_kind_and_message() {
     let Harness { node, .. } = start().await;
 
-    let e = node.status("ghost").await.unwrap_err();
+    let e = node.status("ghost", true).await.unwrap_err();
     assert_eq!(e, NodeError::not_found("no sandbox \"ghost\" on this node"));
     // An id that needs escaping in a path arrives whole.
-    let e = node.status("we/ird id?ä").await.unwrap_err();
+    let e = node.status("we/ird id?ä", true).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::NotFound);
     assert_eq!(e.message, "no sandbox \"we/ird id?ä\" on this node");
 

@@ -181,9 +181,9 @@ impl NodeApi for LocalNode {
             .collect())
     }
 
-    async fn status(&self, id: &str) -> NodeResult<SandboxStatus> {
+    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus> {
         self.node
-            .status_of(id, true)
+            .status_of(id, read_usage)
             .ok_or_else(|| api::NodeError::not_found(format!("sandbox {id} is not on this node")))
     }
 

@@ -9,7 +9,10 @@ import subprocess
 import threading
 import time
 
+import httpx
+
 from conftest import WARREN, own_daemon
+from helpers import host_traces
 
 
 def lines(resp):
@@ -44,6 +47,47 @@ def test_run_streams_state_output_and_exit_then_removes(warren):
     assert evs[-1] == {"sandbox": {"id": sid, "state": "destroyed"}}
     row = next(r for r in warren.http.get("/v1/sandboxes", params={"all": "true"}).json() if r["id"] == sid)
     assert row["state"] == "destroyed" and row["reason"] == "run_ended" and row["spec"]["labels"] == {"t": "run"}
+
+
+def read_to_exit(client, body, daemon_dies=False):
+    """Reads a run's stream up to its exit line and stops there, as
+    `warren run --rm` does; returns (sandbox id, exit event). A daemon
+    that dies as it sends the exit may cut the stream before the line."""
+    sid = None
+    try:
+        with client.stream("POST", "/v1/run", json=body) as r:
+            for line in r.iter_lines():
+                ev = json.loads(line)
+                sid = ev.get("sandbox", {}).get("id", sid)
+                if ev.get("type") == "exit":
+                    return sid, ev
+    except httpx.RemoteProtocolError:
+        if daemon_dies and sid:
+            return sid, None
+        raise
+    raise AssertionError(f"no exit line for {sid}")
+
+
+def test_at_the_exit_line_the_sandbox_is_already_recorded_stopping(warren):
+    """A client may stop at the exit line: by then the record says the
+    sandbox is stopping (or gone), with the exit code; never running."""
+    sid, ev = read_to_exit(warren.http, {"spec": {"image": "busybox:latest", "cmd": ["sh", "-c", "exit 5"]}})
+    row = warren.http.get(f"/v1/sandboxes/{sid}").json()
+    assert ev["code"] == 5 and row["state"] in ("stopping", "destroyed") and row["exit_code"] == 5, row
+    row = wait_gone(warren, sid)
+    assert (row["reason"], row["exit_code"]) == ("run_ended", 5), row
+
+
+def test_a_daemon_that_dies_after_the_exit_line_removes_the_sandbox_on_restart(images):
+    with own_daemon(images, env={"WARREN_CRASH_AT": "run:exit_sent"}) as w:
+        sid, ev = read_to_exit(w.http, {"spec": {"image": "busybox:latest", "cmd": ["sh", "-c", "exit 7"]}}, daemon_dies=True)
+        assert ev is None or ev["code"] == 7, ev
+        assert w.proc.wait(timeout=10) != 0, "the daemon should have aborted"
+        w.extra_env = {}
+        w.start()
+        row = wait_gone(w, sid)
+        assert (row["reason"], row["exit_code"]) == ("run_ended", 7), row
+        assert host_traces(w, sid) == []
 
 
 def test_run_refuses_bad_input_before_making_anything(warren):

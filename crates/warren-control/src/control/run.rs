@@ -7,11 +7,13 @@ use std::time::Duration;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
+use warren_core::clock::now_rfc3339;
 use warren_core::run::{RunEvent, RunRequest, RunSandbox};
 use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxState};
 
 use crate::control::Control;
+use crate::store::Transition;
 
 impl Control {
     /// Admits and creates the sandbox (errors answer the request: bad spec,
@@ -75,6 +77,31 @@ impl Control {
         }
     }
 
+    /// Records the command's exit code (the record keeps it, as it keeps a
+    /// main process's) and the sandbox as `stopping`, in one write, before
+    /// the client hears the exit: `warren run --rm` returns at the exit, and
+    /// whatever happens to the daemon after it, the sandbox is then one a
+    /// restart and the reconciler remove.
+    async fn stop_after_run(&self, id: &str, code: i32) {
+        let _one = self.sandbox_locks.lock(id).await;
+        // A DELETE may have got there first.
+        if !matches!(self.get(id).await, Ok(row) if row.state == SandboxState::Running) {
+            return;
+        }
+        let t = Transition {
+            exit_code: Some(code),
+            ..Default::default()
+        };
+        let now = now_rfc3339();
+        if let Err(e) = self
+            .store
+            .transition(id, SandboxState::Stopping, reason::RUN_ENDED, &now, t)
+            .await
+        {
+            tracing::warn!(%id, error = %e, "could not record a run's exit; it is removed all the same");
+        }
+    }
+
     /// Waits for the sandbox to run (showing its place while it queues),
     /// then forwards the command's events until its exit or the client's
     /// departure.
@@ -128,15 +155,15 @@ impl Control {
             tokio::select! {
                 ev = events.next() => match ev {
                     Some(ev) => {
-                        // The sandbox's record keeps the command's exit code,
-                        // as it keeps a main process's.
                         if let ExecEvent::Exit { code, .. } = &ev {
-                            if let Err(e) = self.store.set_exit_code(id, *code).await {
-                                tracing::warn!(%id, error = %e, "could not record a run's exit code");
-                            }
+                            self.stop_after_run(id, *code).await;
                         }
                         let last = matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. });
-                        if tx.send(RunEvent::Exec(ev)).await.is_err() || last {
+                        let sent = tx.send(RunEvent::Exec(ev)).await.is_ok();
+                        if last {
+                            warren_core::crashpoint::hit("run:exit_sent");
+                        }
+                        if !sent || last {
                             return Ok(());
                         }
                     }

@@ -121,26 +121,17 @@ fn only_the_sandboxs_devices_open_under_the_v2_device_program() {
     denied(plain.open(&fuse, "<"));
     denied(plain.open(&fuse, ">"));
 
-    let held = Cgroup::new(
-        &root,
-        "held",
-        &Injection {
-            nodes: vec![node(&fuse, "/dev/fuse", "rwm")],
-            ..Injection::default()
-        },
-    );
+    // A sandbox holding the fuse copy as a CDI device, with `access`.
+    let holding = |access| Injection {
+        nodes: vec![node(&fuse, "/dev/fuse", access)],
+        ..Injection::default()
+    };
+    let held = Cgroup::new(&root, "held", &holding("rwm"));
     held.open(&fuse, "<>")
         .expect("the sandbox's own device opens");
     held.open(&null, "<>").expect("defaults still open");
 
-    let read_only = Cgroup::new(
-        &root,
-        "ro",
-        &Injection {
-            nodes: vec![node(&fuse, "/dev/fuse", "r")],
-            ..Injection::default()
-        },
-    );
+    let read_only = Cgroup::new(&root, "ro", &holding("r"));
     read_only.open(&fuse, "<").expect("opens for reading");
     denied(read_only.open(&fuse, ">"));
     denied(read_only.open(&fuse, "<>"));

@@ -5,6 +5,7 @@ survives a crash of the daemon, and removing it destroys its ready ones."""
 
 import signal
 import time
+from pathlib import Path
 
 from conftest import own_daemon
 
@@ -88,6 +89,21 @@ def test_pools_survive_a_crash_and_removal_destroys_the_ready_ones(images):
         # The claimed one is the create's, not the pool's: it stays.
         assert w.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
         w.destroy(sid)
+
+
+def test_a_clean_stop_while_the_pool_fills_leaves_no_sandbox(images):
+    """Found by a leak check: a stop while a pool's refills were being made
+    missed those whose record was written after it listed the sandboxes to
+    destroy, and their processes outlived the daemon and its home."""
+    for delay in (0.02, 0.05, 0.1):
+        with own_daemon(images) as w:
+            w.http.put("/v1/pools/fill", json={"image": "busybox:latest", "memory": "32M", "size": 8}).raise_for_status()
+            time.sleep(delay)
+            w.stop()
+            mine = str(w.home / "sandboxes")
+            claims = [c.name for c in Path("/run/warren/uids").iterdir() if c.read_text().startswith(mine)]
+            left = [p.name for p in (w.home / "sandboxes").iterdir()]
+            assert (claims, left) == ([], []), f"after a stop {delay} s into the refills"
 
 
 def test_bad_pools_are_refused_and_change_nothing(warren):

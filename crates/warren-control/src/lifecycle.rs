@@ -11,6 +11,9 @@ pub struct Lifecycle {
     /// (sandboxes recovered, sandboxes to recover, done)
     progress: watch::Sender<(usize, usize, bool)>,
     stopping: CancellationToken,
+    /// Creates under way, whose record may not be written yet: a clean
+    /// stop lists the sandboxes it destroys only once these are done.
+    creates: watch::Sender<usize>,
 }
 
 impl Default for Lifecycle {
@@ -18,6 +21,7 @@ impl Default for Lifecycle {
         Lifecycle {
             progress: watch::Sender::new((0, 0, false)),
             stopping: CancellationToken::new(),
+            creates: watch::Sender::new(0),
         }
     }
 }
@@ -88,6 +92,25 @@ impl Lifecycle {
         self.stopping.clone().cancelled_owned()
     }
 
+    /// Counts a create that is about to make a sandbox until the guard
+    /// drops; refused once the daemon is stopping. Counted first and
+    /// checked second, so a stop either sees it counted or it sees the stop.
+    pub fn begin_create(&self) -> Result<CreateUnderWay<'_>, ApiError> {
+        self.creates.send_modify(|n| *n += 1);
+        let under_way = CreateUnderWay(&self.creates);
+        self.refuse_if_stopping()?;
+        Ok(under_way)
+    }
+
+    /// Waits, at most `limit`, until no create is under way; false if one
+    /// still is.
+    pub async fn creates_done(&self, limit: Duration) -> bool {
+        let mut rx = self.creates.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     pub fn refuse_if_stopping(&self) -> Result<(), ApiError> {
         if self.is_stopping() {
             return Err(self
@@ -102,5 +125,14 @@ impl Lifecycle {
             message,
             retry_after_ms: Some(1000),
         }
+    }
+}
+
+/// A create counted by [`Lifecycle::begin_create`].
+pub struct CreateUnderWay<'a>(&'a watch::Sender<usize>);
+
+impl Drop for CreateUnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }

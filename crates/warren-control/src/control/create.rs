@@ -254,6 +254,13 @@ impl Control {
         row: SandboxRow,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
+        let _under_way = match self.lifecycle.begin_create() {
+            Ok(under_way) => under_way,
+            Err(e) => {
+                self.admission.release(&id);
+                return Err(e);
+            }
+        };
         let _one = self.sandbox_locks.lock(&id).await;
         let node = match self.api(&row.node) {
             Ok(node) => node,

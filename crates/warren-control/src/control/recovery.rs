@@ -356,14 +356,21 @@ impl Control {
     }
 
     /// Clean stop: creates are refused and the queue is emptied (queued
-    /// creates end `destroyed`, reason `shutdown`), streams end, then every
-    /// live sandbox is destroyed, each within `grace`. What is not done by
-    /// then stays for the next start to adopt or sweep.
+    /// creates end `destroyed`, reason `shutdown`), streams end, the creates
+    /// under way (a pool's refills among them) finish, then every live
+    /// sandbox is destroyed, each within `grace`. What is not done by then
+    /// stays for the next start to adopt or sweep.
     pub async fn shutdown(&self, grace: std::time::Duration) {
         self.lifecycle.stop();
         self.admission.close();
         if !self.destroy_on_stop {
             return;
+        }
+        // A create under way may write its record after the list below.
+        if !self.lifecycle.creates_done(grace).await {
+            tracing::warn!(
+                "creates still under way at shutdown; the next start sweeps what they leave"
+            );
         }
         let live: Vec<SandboxState> = SandboxState::ALL
             .into_iter()

@@ -8,6 +8,9 @@ scripts/install-deps.sh --test
 # The deployment files (deploy/): Kubernetes manifests and systemd units, in
 # seconds, before the long steps.
 scripts/validate-deploy.sh
+# Sandbox inits running before the tests (another Warren on this machine)
+# are not the tests' to answer for; any other one at the end is a leak.
+inits_before=$(pgrep -f '^/.warren-init' || true)
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
@@ -31,3 +34,12 @@ python3 -m pytest -q tests "$@"
 # Again, with every daemon's control plane driving its node through the
 # node API over loopback HTTP, as a cluster's control plane does.
 WARREN_TEST_UP_ARGS="--node-transport http" python3 -m pytest -q tests "$@"
+# Nothing the tests made may outlive them: every daemon they started has
+# stopped, so a sandbox init still running was leaked.
+leaked=$(comm -13 <(sort <<<"$inits_before") <(pgrep -f '^/.warren-init' | sort) | grep . || true)
+if [ -n "$leaked" ]; then
+    for p in $leaked; do
+        echo "leaked sandbox init: pid $p, $(grep -m1 pids: "/proc/$p/cgroup" 2>/dev/null || echo gone)" >&2
+    done
+    exit 1
+fi

@@ -87,7 +87,8 @@ pub enum Command {
     Run {
         #[command(flatten)]
         create: CreateArgs,
-        /// Remove the sandbox when the command ends.
+        /// Remove the sandbox when the command ends. Returns at the command's
+        /// exit, once the sandbox is recorded as stopping; the daemon removes it.
         #[arg(long)]
         rm: bool,
         /// The command and its arguments, after `--`.

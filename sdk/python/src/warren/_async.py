@@ -12,7 +12,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -130,7 +130,7 @@ class AsyncClient:
     async def _call(self, call: Call[T]) -> T:
         return call.parse(await self._send(call))
 
-    async def _lines(self, resp: httpx.Response) -> AsyncGenerator[str, None]:
+    async def _lines(self, resp: httpx.Response) -> AsyncIterator[str]:
         try:
             async for line in resp.aiter_lines():
                 yield line
@@ -228,10 +228,8 @@ class AsyncClient:
         request (see :meth:`warren.Client.run`)."""
         collector = core.ExecCollector()
         resp = await self._send(core.run_call(image, cmd, stdin, timeout, spec))
-        async with contextlib.aclosing(self._lines(resp)) as lines:
-            async for line in lines:
-                if core.feed_run_line(collector, line):
-                    break
+        async for line in self._lines(resp):
+            core.feed_run_line(collector, line)
         return core.finish_exec(collector, raise_on_timeout, check)
 
     async def nodes(self) -> list[models.Node]:

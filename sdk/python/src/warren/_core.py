@@ -439,17 +439,14 @@ def run_call(
     return Call("POST", "/v1/run", _none, json=body, stream=True, no_read_timeout=True)
 
 
-def feed_run_line(collector: "ExecCollector", line: str) -> bool:
+def feed_run_line(collector: "ExecCollector", line: str) -> None:
     """One NDJSON line of a run stream: the sandbox's state lines are
-    skipped, exec events collected. True at the exit line: the daemon has
-    recorded the sandbox as stopping by then and removes it, so the rest
-    of the stream (the sandbox destroyed) need not be waited for."""
+    skipped (the last says it is destroyed), exec events collected."""
     if not line.strip() or '"sandbox"' in line[:12]:
-        return False
+        return
     ev = parse_exec_line(line)
     if ev is not None:
         collector.feed(ev)
-    return collector.exit is not None
 
 
 def exec_call(

@@ -11,7 +11,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -128,7 +128,7 @@ class Client:
     def _call(self, call: Call[T]) -> T:
         return call.parse(self._send(call))
 
-    def _lines(self, resp: httpx.Response) -> Generator[str, None, None]:
+    def _lines(self, resp: httpx.Response) -> Iterator[str]:
         try:
             yield from resp.iter_lines()
         except httpx.TransportError as e:
@@ -256,16 +256,13 @@ class Client:
         **spec: Any,
     ) -> models.ExecResult:
         """Runs ``cmd`` in a sandbox made for it (``spec`` as for
-        :meth:`sandbox`) and removed after it, in one request; returns at
-        the command's exit, when the sandbox is recorded as stopping (the
-        daemon removes it). ``timeout``, ``check`` and ``raise_on_timeout``
+        :meth:`sandbox`) and removed after it, in one request; returns once
+        the sandbox is gone. ``timeout``, ``check`` and ``raise_on_timeout``
         as for :meth:`warren.Sandbox.exec`."""
         collector = core.ExecCollector()
         resp = self._send(core.run_call(image, cmd, stdin, timeout, spec))
-        with contextlib.closing(self._lines(resp)) as lines:
-            for line in lines:
-                if core.feed_run_line(collector, line):
-                    break
+        for line in self._lines(resp):
+            core.feed_run_line(collector, line)
         return core.finish_exec(collector, raise_on_timeout, check)
 
     def nodes(self) -> list[models.Node]:

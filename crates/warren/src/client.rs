@@ -307,10 +307,8 @@ impl Client {
     }
 
     /// `POST /v1/run`: one command in a sandbox made for it and removed
-    /// after it; calls `on_event` for each line and returns the exit event.
-    /// By then the daemon has recorded the sandbox as stopping, and it
-    /// removes it without the client (a restart finishes the removal too),
-    /// so the stream's last line, the sandbox destroyed, is not waited for.
+    /// after it; calls `on_event` for each line and returns the exit event
+    /// once the sandbox is gone.
     pub async fn run(
         &self,
         req: &warren_core::RunRequest,
@@ -321,18 +319,20 @@ impl Client {
             .send(self.request(Method::POST, "/v1/run").json(req))
             .await?;
         let mut lines = LineStream::new(resp);
+        let mut exit = None;
+        // On to the end: its last line comes once the sandbox is removed.
         while let Some(line) = lines.next_line().await? {
             let ev: RunEvent = serde_json::from_slice(&line).context("decoding a run event")?;
             on_event(&ev);
             match ev {
-                RunEvent::Exec(ev @ ExecEvent::Exit { .. }) => return Ok(ev),
+                RunEvent::Exec(ev @ ExecEvent::Exit { .. }) => exit = Some(ev),
                 RunEvent::Exec(ExecEvent::Error { message }) => bail!("run failed: {message}"),
                 _ => {}
             }
         }
-        Err(anyhow!(
-            "the run's stream ended without an exit event (daemon stopping?)"
-        ))
+        exit.ok_or_else(|| {
+            anyhow!("the run's stream ended without an exit event (daemon stopping?)")
+        })
     }
 
     /// Starts an exec and calls `on_event` for each event; returns the exit event.

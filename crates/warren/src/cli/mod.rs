@@ -87,8 +87,7 @@ pub enum Command {
     Run {
         #[command(flatten)]
         create: CreateArgs,
-        /// Remove the sandbox when the command ends. Returns at the command's
-        /// exit, once the sandbox is recorded as stopping; the daemon removes it.
+        /// Remove the sandbox when the command ends (returns once it is gone).
         #[arg(long)]
         rm: bool,
         /// The command and its arguments, after `--`.

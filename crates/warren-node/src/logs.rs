@@ -109,12 +109,8 @@ impl SandboxLog {
             if cur.size > 0 && cur.size + text.len() as u64 > self.file_max {
                 self.rotate(&mut cur);
             }
-            if let Some(f) = cur.file.as_mut() {
-                // A full disk must not take the sandbox down; the log is best effort.
-                if f.write_all(&text).is_ok() {
-                    cur.size += text.len() as u64;
-                }
-            }
+            // A full disk must not take the sandbox down; the log is best effort.
+            cur.append(&text);
         }
         self.written.send_modify(|n| *n += 1);
     }
@@ -136,10 +132,8 @@ impl SandboxLog {
             "kind": "event", "state": null, "reason": "log_rotated",
             "message": format!("the log reached its cap; lines before those in {}.jsonl.1 were dropped", self.id),
         });
-        if let (Some(text), Some(f)) = (self.line(note), cur.file.as_mut()) {
-            if f.write_all(&text).is_ok() {
-                cur.size += text.len() as u64;
-            }
+        if let Some(text) = self.line(note) {
+            cur.append(&text);
         }
     }
 
@@ -166,6 +160,21 @@ impl SandboxLog {
             }
         }
         self.write(line);
+    }
+}
+
+impl Current {
+    /// Appends one whole line. A line the disk took only part of (it
+    /// filled up mid-write) is cut off again, so the next line is not
+    /// glued onto it.
+    fn append(&mut self, text: &[u8]) {
+        let Some(f) = self.file.as_mut() else { return };
+        match f.write_all(text) {
+            Ok(()) => self.size += text.len() as u64,
+            Err(_) => {
+                let _ = f.set_len(self.size);
+            }
+        }
     }
 }
 

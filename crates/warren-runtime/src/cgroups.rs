@@ -2,16 +2,19 @@
 //! and the last-resort kill-and-remove used when a crash left a cgroup behind
 //! without libcontainer state. libcgroups handles v1, hybrid and v2 alike.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use libcgroups::common::{
     create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, FreezerState,
 };
 use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use warren_core::Usage;
 
 use crate::RuntimeError;
+
+const ROOT: &str = "/sys/fs/cgroup";
 
 fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
     let name = cgroup_path
@@ -27,35 +30,76 @@ fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
     .map_err(|e| RuntimeError::Destroy(format!("cgroup {cgroup_path}: {e}")))
 }
 
-/// Whether any hierarchy still has a cgroup directory at `cgroup_path`.
-pub fn exists(cgroup_path: &str) -> bool {
+/// The sandbox cgroup's directory in each hierarchy that has one: the
+/// unified one on cgroup v2, every mounted controller's on v1 and hybrid
+/// (links to a shared mount, such as `cpu` to `cpu,cpuacct`, counted once).
+fn hierarchy_dirs(cgroup_path: &str) -> Vec<PathBuf> {
     let rel = cgroup_path.trim_start_matches('/');
-    let root = std::path::Path::new("/sys/fs/cgroup");
-    if root.join(rel).exists() {
-        return true;
+    let root = Path::new(ROOT);
+    if root.join("cgroup.controllers").exists() {
+        let dir = root.join(rel);
+        return if dir.exists() { vec![dir] } else { Vec::new() };
     }
-    std::fs::read_dir(root)
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
-                .any(|e| e.path().join(rel).exists())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path().join(rel))
+                .filter(|d| d.exists())
+                .collect()
         })
-        .unwrap_or(false)
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
 }
 
+/// Whether any hierarchy still has a cgroup directory at `cgroup_path`.
+pub fn exists(cgroup_path: &str) -> bool {
+    !hierarchy_dirs(cgroup_path).is_empty()
+}
+
+/// `dir` and every cgroup below it, children before their parents (the
+/// order they can be removed in).
+fn subtree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(subtree(&e.path()));
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+    out
+}
+
+fn pids_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Kills every process left in the sandbox's cgroups and removes them, in
+/// every hierarchy. Read straight from the cgroup file system rather than
+/// through a libcgroups manager: building one reads the mount table once
+/// per v1 controller, which was 1.3 ms of each 7 ms destroy.
 pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
-    if !exists(cgroup_path) {
+    let dirs: Vec<PathBuf> = hierarchy_dirs(cgroup_path)
+        .iter()
+        .flat_map(|d| subtree(d))
+        .collect();
+    if dirs.is_empty() {
         return Ok(());
     }
     unthrottle(cgroup_path);
-    let m = manager(cgroup_path)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let pids = m.get_all_pids().unwrap_or_default();
+        let pids: Vec<i32> = dirs.iter().flat_map(|d| pids_in(d)).collect();
         if pids.is_empty() {
             break;
         }
         for p in pids {
-            let _ = kill(p, Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
         if Instant::now() > deadline {
             return Err(RuntimeError::Destroy(format!(
@@ -65,19 +109,24 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
         std::thread::sleep(Duration::from_millis(5));
     }
     // A cgroup whose last processes are still exiting refuses rmdir for a
-    // moment (libcgroups gives up after about a third of a second).
+    // moment.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match m.remove() {
-            Ok(()) => return Ok(()),
-            Err(e) if Instant::now() > deadline => {
-                return Err(RuntimeError::Destroy(format!(
-                    "remove cgroup {cgroup_path}: {e}"
-                )))
+    for dir in &dirs {
+        loop {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(RuntimeError::Destroy(format!(
+                        "remove cgroup {}: {e}",
+                        dir.display()
+                    )))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
+    Ok(())
 }
 
 /// Lifts the sandbox's CPU quota, when it is about to be destroyed: dying

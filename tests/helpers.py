@@ -3,6 +3,7 @@ tar building). Imported by the test modules; pytest puts tests/ on sys.path."""
 
 import contextlib
 import glob
+import hashlib
 import io
 import os
 import re
@@ -183,6 +184,13 @@ def daemon_family(warren):
     return fam
 
 
+
+def state_root(home):
+    """libcontainer's state of a home's sandboxes: /run/warren/state/ and the
+    first 16 hex digits of the SHA-256 of the home's absolute path."""
+    key = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:16]
+    return Path("/run/warren/state") / key
+
 def host_traces(warren, sid):
     """Everything a sandbox leaves on the host, as a list of descriptions:
     mounts (in this and the daemon's mount namespaces), its directories under
@@ -199,7 +207,7 @@ def host_traces(warren, sid):
         except OSError:
             continue
         left += [f"mount ({ns}): {line}" for line in mounts if sid in line]
-    for d in (warren.home / "sandboxes" / sid, warren.home / "run" / sid):
+    for d in (warren.home / "sandboxes" / sid, state_root(warren.home) / sid, warren.home / "run" / sid):
         if os.path.lexists(d):
             left.append(f"path: {d}")
     left += [f"cgroup: {d}" for d in cgroup_dirs(sid)]

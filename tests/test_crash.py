@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import own_daemon
-from helpers import host_traces
+from helpers import host_traces, state_root
 
 CREATE_POINTS = ["create:claimed", "create:prepared", "create:spawned", "create:recorded"]
 DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups"]
@@ -30,7 +30,7 @@ def restart_clean(w):
 
 def host_sandbox_ids(w):
     ids = {p.name for p in (w.home / "sandboxes").iterdir()}
-    ids |= {p.name for p in (w.home / "run").iterdir()}
+    ids |= {p.name for p in state_root(w.home).iterdir()}
     for ctrl in Path("/sys/fs/cgroup").iterdir():
         d = ctrl / "warren"
         if d.is_dir():

@@ -10,6 +10,7 @@ from helpers import (
     sandbox_host_pids,
     sandbox_init_host_pid,
     sh_ok,
+    state_root,
     uniq,
     wait_until,
 )
@@ -35,7 +36,7 @@ def assert_all_kinds_present(warren, sid):
     init = sandbox_init_host_pid(sid)
     assert sid in Path(f"/proc/{init}/mountinfo").read_text()
     assert any(f"sandboxes/{sid}" in t for t in traces if t.startswith("path"))
-    assert any(f"run/{sid}" in t for t in traces if t.startswith("path"))
+    assert any(str(state_root(warren.home) / sid) in t for t in traces if t.startswith("path"))
     assert len(sandbox_host_pids(sid)) >= 3  # init + two sleeps
 
 

@@ -133,17 +133,28 @@ pub struct SandboxHandle {
 pub struct Runtime {
     cfg: RuntimeConfig,
     pool: pool::SpawnerPool,
+    /// libcontainer's state of this home's sandboxes (see [`STATE_DIR`]).
+    state_root: PathBuf,
 }
 
 impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
-        for d in [cfg.home.join("sandboxes"), cfg.home.join("run")] {
-            std::fs::create_dir_all(&d).map_err(RuntimeError::io("create runtime dirs"))?;
-        }
+        std::fs::create_dir_all(cfg.home.join("sandboxes"))
+            .map_err(RuntimeError::io("create runtime dirs"))?;
+        sweep_state_roots();
+        let state_root = state_root_of(&cfg.home);
+        std::fs::create_dir_all(&state_root).map_err(RuntimeError::io("create runtime dirs"))?;
+        let home = std::fs::canonicalize(&cfg.home).unwrap_or_else(|_| cfg.home.clone());
+        std::fs::write(state_root.join("home"), home.as_os_str().as_encoded_bytes())
+            .map_err(RuntimeError::io("record the state directory's home"))?;
         userns::sweep(&cfg.home.join("sandboxes"));
         let pool =
             pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
-        Ok(Runtime { cfg, pool })
+        Ok(Runtime {
+            cfg,
+            pool,
+            state_root,
+        })
     }
 
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -163,6 +174,12 @@ impl Runtime {
     }
 
     fn state_root(&self) -> PathBuf {
+        self.state_root.clone()
+    }
+
+    /// Where a Warren before the state moved to [`STATE_DIR`] kept it: its
+    /// sandboxes are still destroyed and swept after an upgrade.
+    fn legacy_state_root(&self) -> PathBuf {
         self.cfg.home.join("run")
     }
 
@@ -249,9 +266,12 @@ impl Runtime {
     /// `init_pid`, when known, lets destroy kill the whole PID namespace at
     /// once instead of freezing and signalling every process.
     pub async fn destroy(&self, id: &str, init_pid: Option<i32>) -> Result<(), RuntimeError> {
-        let state = self.state_root().join(id);
+        let states = [
+            self.state_root().join(id),
+            self.legacy_state_root().join(id),
+        ];
         let cgroup_path = self.cgroup_path(id);
-        tokio::task::spawn_blocking(move || remove_container(init_pid, &state, &cgroup_path))
+        tokio::task::spawn_blocking(move || remove_container(init_pid, &states, &cgroup_path))
             .await
             .map_err(|e| RuntimeError::Destroy(format!("destroy task: {e}")))??;
         self.cleanup_dirs(&self.handle(id, 0)).await
@@ -298,7 +318,11 @@ impl Runtime {
     /// is shared by every Warren home on the host, and a sandbox's cgroup
     /// never outlives its directory (made before it, removed after it).
     pub fn list_host_sandboxes(&self) -> Vec<String> {
-        let places = [self.cfg.home.join("sandboxes"), self.state_root()];
+        let places = [
+            self.cfg.home.join("sandboxes"),
+            self.state_root(),
+            self.legacy_state_root(),
+        ];
         let mut ids: Vec<String> = places
             .iter()
             .filter_map(|p| std::fs::read_dir(p).ok())
@@ -343,6 +367,46 @@ pub fn is_sandbox_id(name: &str) -> bool {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
     })
+}
+
+/// libcontainer's state of each sandbox (`state.json`, its config, its
+/// notify socket), on tmpfs, as runc keeps its own in `/run/runc`: made and
+/// removed with every sandbox, in the home it cost the file system four new
+/// inodes a create. One directory per Warren home, named by the hash of the
+/// home's path, so one home's sweep never sees another's sandboxes.
+pub const STATE_DIR: &str = "/run/warren/state";
+
+/// `STATE_DIR/<first 16 hex digits of the SHA-256 of the home's absolute path>`.
+pub fn state_root_of(home: &Path) -> PathBuf {
+    use sha2::Digest;
+    let home = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_path_buf());
+    let digest = sha2::Sha256::digest(home.as_os_str().as_encoded_bytes());
+    Path::new(STATE_DIR).join(&hex::encode(digest)[..16])
+}
+
+/// Removes the state directories of Warren homes that no longer exist and
+/// hold no sandbox's state: each records its home's path in `home`, so a
+/// deleted home leaves nothing in `/run` past the next start of any Warren
+/// on the host.
+fn sweep_state_roots() {
+    use std::os::unix::ffi::OsStringExt;
+    let Ok(entries) = std::fs::read_dir(STATE_DIR) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let Ok(owner) = std::fs::read(dir.join("home")) else {
+            continue;
+        };
+        let owner = PathBuf::from(std::ffi::OsString::from_vec(owner));
+        let only_record = std::fs::read_dir(&dir).is_ok_and(|rd| {
+            rd.flatten()
+                .all(|e| e.file_name() == std::ffi::OsStr::new("home"))
+        });
+        if !owner.exists() && only_record {
+            let _ = std::fs::remove_file(dir.join("home"));
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
 }
 
 /// Where the spawner mounts sandbox roots: a tmpfs of its own (mounted over
@@ -499,7 +563,7 @@ fn capped_limit(resource: Resource, wanted: u64, fallback: u64) -> u64 {
 
 fn remove_container(
     init_pid: Option<i32>,
-    state: &Path,
+    states: &[PathBuf],
     cgroup_path: &str,
 ) -> Result<(), RuntimeError> {
     // Frozen processes (a kept or paused sandbox) cannot act on SIGKILL,
@@ -520,14 +584,19 @@ fn remove_container(
     exec_cgroup::remove_all(cgroup_path);
     cgroups::kill_and_remove(cgroup_path)?;
     crashpoint::hit("destroy:cgroups");
-    match std::fs::remove_dir_all(state) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(RuntimeError::Destroy(format!(
-            "remove {}: {e}",
-            state.display()
-        ))),
+    for state in states {
+        match std::fs::remove_dir_all(state) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(RuntimeError::Destroy(format!(
+                    "remove {}: {e}",
+                    state.display()
+                )))
+            }
+        }
     }
+    Ok(())
 }
 
 /// Whether `pid` is a live process in the sandbox cgroup `cgroup_path`, so a

@@ -388,7 +388,7 @@ pub fn state_root_of(home: &Path) -> PathBuf {
 /// hold no sandbox's state: each records its home's path in `home`, so a
 /// deleted home leaves nothing in `/run` past the next start of any Warren
 /// on the host.
-fn sweep_state_roots() {
+pub fn sweep_state_roots() {
     use std::os::unix::ffi::OsStringExt;
     let Ok(entries) = std::fs::read_dir(STATE_DIR) else {
         return;

@@ -290,16 +290,7 @@ impl Runtime {
             // matters for sandboxes created by an older Warren.
             unmount_root(&dir, &id)?;
             let ids = userns::recorded(&dir);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(RuntimeError::Destroy(format!(
-                        "remove {}: {e}",
-                        dir.display()
-                    )))
-                }
-            }
+            remove_tree(&dir)?;
             // Given back only once nothing of the sandbox is left to own.
             match ids {
                 Some(ids) => userns::release(&dir, ids),
@@ -584,19 +575,19 @@ fn remove_container(
     exec_cgroup::remove_all(cgroup_path);
     cgroups::kill_and_remove(cgroup_path)?;
     crashpoint::hit("destroy:cgroups");
-    for state in states {
-        match std::fs::remove_dir_all(state) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(RuntimeError::Destroy(format!(
-                    "remove {}: {e}",
-                    state.display()
-                )))
-            }
-        }
+    states.iter().try_for_each(|state| remove_tree(state))
+}
+
+/// Removes a directory and everything in it; one already gone is fine.
+fn remove_tree(dir: &Path) -> Result<(), RuntimeError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::Destroy(format!(
+            "remove {}: {e}",
+            dir.display()
+        ))),
     }
-    Ok(())
 }
 
 /// Whether `pid` is a live process in the sandbox cgroup `cgroup_path`, so a

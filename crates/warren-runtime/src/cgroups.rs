@@ -1,6 +1,7 @@
-//! Cgroup access outside libcontainer's lifecycle: usage sampling, freezing,
-//! and the last-resort kill-and-remove used when a crash left a cgroup behind
-//! without libcontainer state. libcgroups handles v1, hybrid and v2 alike.
+//! Cgroup access outside libcontainer's lifecycle: usage sampling, freezing
+//! (through libcgroups, which handles v1, hybrid and v2 alike), and the
+//! kill-and-remove every destroy ends with (straight through the cgroup file
+//! system, see `kill_and_remove`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,7 +15,12 @@ use warren_core::Usage;
 
 use crate::RuntimeError;
 
-const ROOT: &str = "/sys/fs/cgroup";
+pub(crate) const ROOT: &str = "/sys/fs/cgroup";
+
+/// Whether this host has the cgroup v2 unified hierarchy at `ROOT`.
+pub(crate) fn unified() -> bool {
+    Path::new(ROOT).join("cgroup.controllers").exists()
+}
 
 fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
     let name = cgroup_path
@@ -36,7 +42,7 @@ fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
 fn hierarchy_dirs(cgroup_path: &str) -> Vec<PathBuf> {
     let rel = cgroup_path.trim_start_matches('/');
     let root = Path::new(ROOT);
-    if root.join("cgroup.controllers").exists() {
+    if unified() {
         let dir = root.join(rel);
         return if dir.exists() { vec![dir] } else { Vec::new() };
     }
@@ -73,7 +79,8 @@ fn subtree(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn pids_in(dir: &Path) -> Vec<i32> {
+/// The processes in the cgroup `dir` (not in the cgroups below it).
+pub(crate) fn pids_in(dir: &Path) -> Vec<i32> {
     std::fs::read_to_string(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()

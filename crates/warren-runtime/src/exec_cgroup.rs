@@ -21,13 +21,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use crate::cgroups::{pids_in, unified, ROOT};
 use crate::RuntimeError;
-
-const ROOT: &str = "/sys/fs/cgroup";
-
-fn unified() -> bool {
-    Path::new(ROOT).join("cgroup.controllers").exists()
-}
 
 /// The sandbox's cgroup directory in the hierarchy execs are tracked in.
 fn tracking_dir(sandbox_cgroup: &str) -> PathBuf {
@@ -103,12 +98,6 @@ impl ExecCgroup {
             Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         }
     }
-}
-
-fn pids_in(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 fn kill_dir(dir: &Path, wait: Duration) {

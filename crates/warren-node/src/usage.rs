@@ -183,21 +183,20 @@ impl Node {
     }
 
     /// Whether the host's available memory is below the node's floor
-    /// (creates are refused meanwhile).
+    /// (creates are refused meanwhile). While the last sample said so,
+    /// memory is read again: a create that comes right after the stopped
+    /// sandbox freed its memory must not be refused on the old sample.
     pub fn memory_pressure(&self) -> bool {
         self.memory_pressure.load(Ordering::Acquire)
+            && self
+                .sample_memory_floor()
+                .is_none_or(|(pressure, _)| pressure)
     }
 
-    /// Requests are what admission counts, so the limits of the sandboxes
-    /// on a node may add up to more than its memory. When their real use
-    /// drains the host's available memory below the floor, the sandbox
-    /// using the most above its own request is stopped (one per check);
-    /// a sandbox within its request is never chosen, so a request is a
-    /// guarantee and the limit a ceiling.
-    pub(crate) fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
-        let Some(available) = crate::settings::available_memory() else {
-            return;
-        };
+    /// Reads the host's available memory and records whether it is below
+    /// the floor; None if it cannot be read (the last verdict stands).
+    fn sample_memory_floor(&self) -> Option<(bool, u64)> {
+        let available = crate::settings::available_memory()?;
         let pressure = available < self.memory_floor;
         if self.memory_pressure.swap(pressure, Ordering::AcqRel) != pressure {
             if pressure {
@@ -210,6 +209,19 @@ impl Node {
                 );
             }
         }
+        Some((pressure, available))
+    }
+
+    /// Requests are what admission counts, so the limits of the sandboxes
+    /// on a node may add up to more than its memory. When their real use
+    /// drains the host's available memory below the floor, the sandbox
+    /// using the most above its own request is stopped (one per check);
+    /// a sandbox within its request is never chosen, so a request is a
+    /// guarantee and the limit a ceiling.
+    pub(crate) fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
+        let Some((pressure, available)) = self.sample_memory_floor() else {
+            return;
+        };
         if !pressure {
             return;
         }

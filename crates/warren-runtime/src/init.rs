@@ -1,8 +1,10 @@
 //! Warren's init: PID 1 of every sandbox.
 //!
 //! It runs in the process libcontainer prepared (namespaces entered, rootfs
-//! pivoted, capabilities dropped, no_new_privs and seccomp applied), as an
-//! `Executor` that never calls execve itself. It accepts exec requests on the
+//! pivoted, capabilities dropped, no_new_privs set), as an `Executor` that
+//! never calls execve itself. Its first act is to install the seccomp filter
+//! the spawner compiled (see [`crate::syscall_filter`]); nothing the sandbox
+//! asks for is served before it. It accepts exec requests on the
 //! listening socket the spawner left at fd 3, forks and execs each command
 //! (so every exec inherits all of the sandbox's confinement), reaps every
 //! zombie in the sandbox, and forwards termination signals to the main
@@ -45,6 +47,11 @@ pub struct WarrenInit;
 
 impl Executor for WarrenInit {
     fn exec(&self, _spec: &Spec) -> Result<(), ExecutorError> {
+        if let Err(e) = crate::syscall_filter::install_prepared() {
+            // The create fails: the daemon never hears from this init.
+            eprintln!("warren init: {e}");
+            std::process::exit(1);
+        }
         let code = match run() {
             Ok(()) => 0,
             Err(_) => 1,

@@ -31,6 +31,7 @@ pub mod proto;
 pub mod pty;
 pub mod rootfs;
 pub mod spawner;
+pub mod syscall_filter;
 pub mod userns;
 pub mod watch;
 

@@ -34,6 +34,11 @@ pub fn main() -> ! {
     // enough to be cloned into each sandbox's own namespace, so the host's
     // mount table (which every new mount namespace copies) does not grow
     // with the number of live sandboxes.
+    // Once, for every init this spawner starts (they are copies of it).
+    if let Err(e) = crate::syscall_filter::prepare() {
+        eprintln!("warren spawner: {e}");
+        std::process::exit(2);
+    }
     if let Err(e) = private_mount_namespace() {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);

@@ -362,7 +362,8 @@ pub fn is_sandbox_id(name: &str) -> bool {
 }
 
 /// libcontainer's state of each sandbox (`state.json`, its config, its
-/// notify socket), on tmpfs, as runc keeps its own in `/run/runc`: made and
+/// notify socket), under `/run` (a tmpfs on systemd hosts), as runc keeps
+/// its own in `/run/runc`: made and
 /// removed with every sandbox, in the home it cost the file system four new
 /// inodes a create. One directory per Warren home, named by the hash of the
 /// home's path, so one home's sweep never sees another's sandboxes.

@@ -30,15 +30,15 @@ pub fn main() -> ! {
     }
     // SAFETY: `high` is a fresh descriptor owned by nobody else.
     let sock = unsafe { UnixStream::from_raw_fd(high) };
-    // A private mount namespace: sandbox roots are mounted here only long
-    // enough to be cloned into each sandbox's own namespace, so the host's
-    // mount table (which every new mount namespace copies) does not grow
-    // with the number of live sandboxes.
     // Once, for every init this spawner starts (they are copies of it).
     if let Err(e) = crate::syscall_filter::prepare() {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);
     }
+    // A private mount namespace: sandbox roots are mounted here only long
+    // enough to be cloned into each sandbox's own namespace, so the host's
+    // mount table (which every new mount namespace copies) does not grow
+    // with the number of live sandboxes.
     if let Err(e) = private_mount_namespace() {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);

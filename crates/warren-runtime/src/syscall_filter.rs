@@ -1,6 +1,7 @@
 //! The sandbox's seccomp filter, compiled once per spawner instead of once
 //! per sandbox. libcontainer compiles the OCI profile with libseccomp in
-//! every init it starts (about 1.3 ms of each create here: 293 rules); the
+//! every init it starts (293 rules; its build of a sandbox took 2-3 ms
+//! longer with it, docs/benchmarks.md); the
 //! profile is the same for every sandbox, so the spawner compiles it at its
 //! start and each init, a copy of the spawner's memory, installs the
 //! finished BPF program (see [`crate::init`]).

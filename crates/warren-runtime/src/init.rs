@@ -1,8 +1,9 @@
 //! Warren's init: PID 1 of every sandbox.
 //!
-//! It runs in the process libcontainer prepared (namespaces entered, rootfs
-//! pivoted, capabilities dropped, no_new_privs set), as an `Executor` that
-//! never calls execve itself. Its first act is to install the seccomp filter
+//! It runs in the process Warren's set-up prepared (namespaces entered,
+//! rootfs pivoted, capabilities dropped, no_new_privs set; see
+//! [`crate::setup`]; on cgroup v2 hosts libcontainer's, as an `Executor`),
+//! and never calls execve itself. Its first act is to install the seccomp filter
 //! the spawner compiled (see [`crate::syscall_filter`]); nothing the sandbox
 //! asks for is served before it. It accepts exec requests on the
 //! listening socket the spawner left at fd 3, forks and execs each command
@@ -47,21 +48,27 @@ pub struct WarrenInit;
 
 impl Executor for WarrenInit {
     fn exec(&self, _spec: &Spec) -> Result<(), ExecutorError> {
-        if let Err(e) = crate::syscall_filter::install_prepared() {
-            // The create fails: the daemon never hears from this init.
-            eprintln!("warren init: {e}");
-            std::process::exit(1);
-        }
-        let code = match run() {
-            Ok(()) => 0,
-            Err(_) => 1,
-        };
-        std::process::exit(code)
+        serve()
     }
 
     fn validate(&self, _spec: &Spec) -> Result<(), ExecutorValidationError> {
         Ok(())
     }
+}
+
+/// Becomes the sandbox's init in a process whose isolation is set up
+/// (by [`crate::setup`], or by libcontainer on cgroup v2 hosts).
+pub(crate) fn serve() -> ! {
+    if let Err(e) = crate::syscall_filter::install_prepared() {
+        // The create fails: the daemon never hears from this init.
+        eprintln!("warren init: {e}");
+        std::process::exit(1);
+    }
+    let code = match run() {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    std::process::exit(code)
 }
 
 struct Exec {

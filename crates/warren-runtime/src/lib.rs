@@ -3,8 +3,9 @@
 //! One [`Runtime`] per node. It lays out each sandbox under
 //! `<home>/sandboxes/<id>/` (overlay upper and work, the OCI bundle, its uid
 //! range, init's socket; the merged root is mounted only in the spawner's
-//! namespace, under [`ROOTS_DIR`]), asks a single-threaded spawner process to create
-//! the container with youki's libcontainer, and talks to the sandbox's own
+//! namespace, under [`ROOTS_DIR`]), asks a single-threaded spawner process to set
+//! the sandbox up (Warren's own [`setup`] on cgroup v1 hosts, youki's
+//! libcontainer on v2), and talks to the sandbox's own
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.
 
@@ -30,6 +31,7 @@ mod procstat;
 pub mod proto;
 pub mod pty;
 pub mod rootfs;
+mod setup;
 pub mod spawner;
 pub mod syscall_filter;
 pub mod userns;

@@ -48,12 +48,13 @@ pub const READONLY_PATHS: &[&str] = &[
     "/proc/irq",
     "/proc/sys",
     "/proc/sysrq-trigger",
-    // libcontainer 0.7 mounts each cgroup v1 hierarchy read-write whatever
-    // the /sys/fs/cgroup mount's options say, which let root in a sandbox
-    // write its own pids.max or memory limits and create cgroups. Each
-    // hierarchy is therefore bound read-only again (the tmpfs above them is
-    // one more); names a host lacks are skipped. On cgroup v2 the one mount
-    // at /sys/fs/cgroup is covered by the first entry.
+    // libcontainer 0.7 mounted each cgroup v1 hierarchy read-write whatever
+    // the /sys/fs/cgroup mount's options said, which let root in a sandbox
+    // write its own pids.max or memory limits and create cgroups. Warren's
+    // own set-up (setup/mounts.rs) mounts them read-only; each is still
+    // listed, so a hierarchy that is not read-only is made so (names a host
+    // lacks, and mounts already read-only, are skipped). On cgroup v2 the
+    // one mount at /sys/fs/cgroup is covered by the first entry.
     "/sys/fs/cgroup",
     "/sys/fs/cgroup/blkio",
     "/sys/fs/cgroup/cpu",

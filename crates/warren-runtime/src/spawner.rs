@@ -1,5 +1,6 @@
-//! The spawner: a single-threaded helper process that creates sandboxes
-//! with libcontainer. libcontainer clones and then runs a lot of Rust code in
+//! The spawner: a single-threaded helper process that creates sandboxes,
+//! with Warren's own set-up on cgroup v1 hosts ([`crate::setup`]) and
+//! libcontainer on v2. Both clone and then run Rust code in
 //! the child, which is only sound when the parent has a single thread (a
 //! lock another thread held at the clone stays locked in the child
 //! forever), so the multi-threaded daemon never calls it itself: it starts
@@ -198,7 +199,12 @@ fn create_mounted(
         // SAFETY: dup2 just created LISTEN_FD for us; nothing else owns it.
         unsafe { OwnedFd::from_raw_fd(LISTEN_FD) }
     };
-    let result = build_and_start(id, bundle, state_root, phases);
+    let result = if crate::cgroups::unified() {
+        build_and_start(id, bundle, state_root, phases)
+    } else {
+        let mut since = std::time::Instant::now();
+        crate::setup::spawn(id, bundle, &mut |name| took(phases, name, &mut since))
+    };
     // The init has its own copy now.
     drop(at_listen_fd);
     if result.is_err() {

@@ -1,0 +1,221 @@
+//! A sandbox's cgroups on a cgroup v1 (or hybrid) host, made by the
+//! spawner before the sandbox's init exists: one directory in each
+//! controller hierarchy, its limits written straight to the files.
+//! The hierarchies are read from the mount table once per spawner, where
+//! libcontainer's manager read it once per controller for every create.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::spec::Resources;
+
+/// One mounted v1 hierarchy.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    /// Where the host mounts it, e.g. `/sys/fs/cgroup/cpu,cpuacct`.
+    pub mount: PathBuf,
+    /// Its mount options that name it: controllers (`cpu,cpuacct`) or a
+    /// name (`name=systemd`).
+    pub options: String,
+}
+
+/// The controllers a sandbox gets a cgroup in (libcgroups' v1 list, which
+/// the node's sampling, freezing and destroy rely on).
+const CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "hugetlb",
+    "pids",
+    "perf_event",
+    "memory",
+    "blkio",
+    "net_prio",
+    "net_cls",
+    "freezer",
+];
+
+impl Hierarchy {
+    pub fn controllers(&self) -> impl Iterator<Item = &str> {
+        self.options.split(',').filter(|o| CONTROLLERS.contains(o))
+    }
+
+    /// A named hierarchy (`name=systemd`) has no controller.
+    pub fn is_named(&self) -> bool {
+        self.options.split(',').any(|o| o.starts_with("name="))
+    }
+
+    fn has(&self, controller: &str) -> bool {
+        self.controllers().any(|c| c == controller)
+    }
+}
+
+/// The host's v1 hierarchies under `/sys/fs/cgroup`, read once.
+pub fn hierarchies() -> Result<&'static [Hierarchy], String> {
+    static CACHE: OnceLock<Vec<Hierarchy>> = OnceLock::new();
+    if let Some(h) = CACHE.get() {
+        return Ok(h);
+    }
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    Ok(CACHE.get_or_init(|| parse(&table)))
+}
+
+fn parse(mountinfo: &str) -> Vec<Hierarchy> {
+    let mut found: Vec<Hierarchy> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            // "<id> <parent> <dev> <root> <mount point> <opts> [tags] - <type> <source> <super opts>"
+            let (left, right) = line.split_once(" - ")?;
+            let mount = left.split(' ').nth(4)?;
+            let mut right = right.split(' ');
+            if right.next()? != "cgroup" {
+                return None;
+            }
+            let super_options = right.nth(1)?;
+            if !mount.starts_with(crate::cgroups::ROOT) {
+                return None;
+            }
+            let options: Vec<&str> = super_options
+                .split(',')
+                .filter(|o| {
+                    CONTROLLERS.contains(o)
+                        || o.starts_with("name=")
+                        || *o == "rdma"
+                        || *o == "misc"
+                })
+                .collect();
+            Some(Hierarchy {
+                mount: PathBuf::from(mount.replace("\\040", " ")),
+                options: options.join(","),
+            })
+        })
+        .filter(|h| !h.options.is_empty())
+        .collect();
+    found.sort_by(|a, b| a.mount.cmp(&b.mount));
+    found.dedup_by(|a, b| a.options == b.options);
+    found
+}
+
+/// Makes the sandbox's cgroup `path` (relative to each hierarchy's root) in
+/// every hierarchy with a controller, writes `resources`' limits, and
+/// returns the directories to put the init's pid in. On an error, what it
+/// made is left for the caller's destroy, which removes the cgroups of a
+/// failed create.
+pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String> {
+    let mut dirs = Vec::new();
+    for h in hierarchies()?
+        .iter()
+        .filter(|h| h.controllers().next().is_some())
+    {
+        let dir = make_levels(&h.mount, path, h.has("cpuset"))?;
+        if h.has("cpu") {
+            write(&dir, "cpu.cfs_period_us", resources.cpu.period)?;
+            write(&dir, "cpu.cfs_quota_us", resources.cpu.quota)?;
+            write(&dir, "cpu.shares", resources.cpu.shares)?;
+        }
+        if h.has("memory") {
+            let m = &resources.memory;
+            write(&dir, "memory.limit_in_bytes", m.limit)?;
+            // Memory and swap together; the file exists only where the
+            // kernel accounts swap, and with no swap allowed beyond the
+            // limit there is nothing to write without it.
+            if dir.join("memory.memsw.limit_in_bytes").exists() {
+                write(&dir, "memory.memsw.limit_in_bytes", m.swap)?;
+            } else if m.swap > m.limit {
+                return Err(
+                    "this host does not account swap (memory.memsw files are missing), so a \
+                     sandbox's swap cannot be limited: boot with swapaccount=1"
+                        .into(),
+                );
+            }
+            write(&dir, "memory.kmem.tcp.limit_in_bytes", m.kernel_tcp)?;
+            write(&dir, "memory.soft_limit_in_bytes", m.reservation)?;
+        }
+        if h.has("pids") {
+            write(&dir, "pids.max", resources.pids.limit)?;
+        }
+        if h.has("devices") {
+            for rule in &resources.devices {
+                let line = format!(
+                    "{} {}:{} {}",
+                    rule.kind.as_deref().unwrap_or("a"),
+                    number(rule.major),
+                    number(rule.minor),
+                    rule.access
+                );
+                let file = if rule.allow {
+                    "devices.allow"
+                } else {
+                    "devices.deny"
+                };
+                write(&dir, file, line)?;
+            }
+        }
+        dirs.push(dir);
+    }
+    Ok(dirs)
+}
+
+fn number(n: Option<i64>) -> String {
+    n.map_or_else(|| "*".to_string(), |n| n.to_string())
+}
+
+/// Creates `path` under `mount` one level at a time. A new cpuset cgroup
+/// has no CPUs or memory nodes unless its parent has `clone_children` set
+/// (the node sets it on its parent, see `cgroup_tuning`); any level left
+/// empty gets its parent's, or no process could join it.
+fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, String> {
+    let mut dir = mount.to_path_buf();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let above = dir.clone();
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("create cgroup {}: {e}", dir.display())),
+        }
+        if cpuset {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let own = read(&dir.join(file))?;
+                if own.trim().is_empty() {
+                    write(&dir, file, read(&above.join(file))?.trim())?;
+                }
+            }
+        }
+    }
+    Ok(dir)
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))
+}
+
+fn write(dir: &Path, file: &str, value: impl ToString) -> Result<(), String> {
+    let path = dir.join(file);
+    let value = value.to_string();
+    std::fs::write(&path, &value).map_err(|e| format!("write {value} to {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hierarchies_come_from_the_mount_table() {
+        let table = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset,clone_children
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,favordynmods
+50 23 0:29 / /mnt/other rw,relatime - cgroup cgroup rw,cpu,cpuacct";
+        let h = parse(table);
+        let options: Vec<&str> = h.iter().map(|h| h.options.as_str()).collect();
+        assert_eq!(options, ["cpu,cpuacct", "cpuset", "name=systemd"]);
+        assert!(h[2].is_named());
+        assert_eq!(h[0].controllers().collect::<Vec<_>>(), ["cpu", "cpuacct"]);
+        assert!(h[2].controllers().next().is_none());
+    }
+}

@@ -1,0 +1,477 @@
+//! Inside a new sandbox, before its init serves anything: the root file
+//! system with the mounts of its config, the pivot into it, then the
+//! read-only and masked paths. Runs as root of the sandbox's user namespace
+//! in its new mount namespace; nothing of the sandbox runs yet, so the only
+//! hostile input is the image's own file tree, and every mount target in it
+//! is opened without following symbolic links out of the root.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use super::cgroup_v1::Hierarchy;
+use super::spec::{Config, Mount};
+
+/// Mounts the sandbox's root and everything its config lists, pivots into
+/// it, and applies the read-only and masked paths.
+pub fn enter_root(config: &Config, hierarchies: &[Hierarchy]) -> Result<(), String> {
+    let root = &config.root.path;
+    let propagation = match config.linux.rootfs_propagation.as_str() {
+        "private" => MsFlags::MS_PRIVATE,
+        "slave" => MsFlags::MS_SLAVE,
+        other => {
+            return Err(format!(
+                "root propagation {other:?} is not one Warren sets up"
+            ))
+        }
+    };
+    // Nothing mounted from here on reaches the spawner's namespace.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | propagation,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make the sandbox's mounts private: {e}"))?;
+    // pivot_root needs the new root to be a mount of this namespace.
+    mount(
+        Some(root),
+        root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("bind the root {} onto itself: {e}", root.display()))?;
+    let root_fd = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open the root {}: {e}", root.display()))?;
+    for m in &config.mounts {
+        mount_one(&root_fd, m, hierarchies)
+            .map_err(|e| format!("mount {} at {}: {e}", m.kind, m.destination))?;
+    }
+    devices(root)?;
+    pivot(root)?;
+    reopen_null()?;
+    for path in &config.linux.readonly_paths {
+        read_only(Path::new(path)).map_err(|e| format!("make {path} read-only: {e}"))?;
+    }
+    for path in &config.linux.masked_paths {
+        mask(Path::new(path)).map_err(|e| format!("mask {path}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A mount's options: the flags the kernel takes as bits and the rest,
+/// which go to the file system as its data.
+struct Options {
+    flags: MsFlags,
+    data: Vec<String>,
+}
+
+impl Options {
+    fn parse(options: &[String]) -> Options {
+        let mut flags = MsFlags::empty();
+        let mut data = Vec::new();
+        for o in options {
+            match o.as_str() {
+                "ro" => flags |= MsFlags::MS_RDONLY,
+                "nosuid" => flags |= MsFlags::MS_NOSUID,
+                "nodev" => flags |= MsFlags::MS_NODEV,
+                "noexec" => flags |= MsFlags::MS_NOEXEC,
+                "strictatime" => flags |= MsFlags::MS_STRICTATIME,
+                "relatime" => flags |= MsFlags::MS_RELATIME,
+                "noatime" => flags |= MsFlags::MS_NOATIME,
+                "nodiratime" => flags |= MsFlags::MS_NODIRATIME,
+                "bind" => flags |= MsFlags::MS_BIND,
+                "rbind" => flags |= MsFlags::MS_BIND | MsFlags::MS_REC,
+                // The defaults, and propagation: every mount of a sandbox
+                // is private already (see enter_root).
+                "rw" | "suid" | "dev" | "exec" | "private" | "rprivate" | "slave" | "rslave" => {}
+                _ => data.push(o.clone()),
+            }
+        }
+        Options { flags, data }
+    }
+
+    fn data(&self) -> Option<String> {
+        (!self.data.is_empty()).then(|| self.data.join(","))
+    }
+}
+
+fn mount_one(root: &OwnedFd, m: &Mount, hierarchies: &[Hierarchy]) -> Result<(), String> {
+    let opts = Options::parse(&m.options);
+    match m.kind.as_str() {
+        "bind" => bind(root, m, &opts),
+        "cgroup" => cgroup_v1(root, m, &opts, hierarchies),
+        "proc" | "sysfs" | "tmpfs" | "devpts" | "mqueue" => {
+            let at = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
+            mount(
+                Some(&m.source),
+                fd_path(&at).as_str(),
+                Some(m.kind.as_str()),
+                opts.flags,
+                opts.data().as_deref(),
+            )
+            .map_err(|e| e.to_string())
+        }
+        other => Err(format!("the mount type {other} is not one Warren sets up")),
+    }
+}
+
+/// A bind of a host path (a CDI device node or file). The destination may
+/// go through the image's own links (a merged `/usr`), resolved as if the
+/// root were `/`; the options other than the bind itself need a second,
+/// remounting call, which keeps the flags the kernel locks on the source.
+fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), String> {
+    let leaf = if m.source.is_dir() {
+        Leaf::Dir
+    } else {
+        Leaf::File
+    };
+    let at = target(root, &m.destination, leaf, Links::WithinRoot)?;
+    let recursive = opts.flags & MsFlags::MS_REC;
+    mount(
+        Some(&m.source),
+        fd_path(&at).as_str(),
+        None::<&str>,
+        MsFlags::MS_BIND | recursive,
+        None::<&str>,
+    )
+    .map_err(|e| format!("bind {}: {e}", m.source.display()))?;
+    let extra = opts.flags - (MsFlags::MS_BIND | MsFlags::MS_REC);
+    if extra.is_empty() {
+        return Ok(());
+    }
+    // Opened again: the new mount is on top of the first descriptor's file.
+    let mounted = target(root, &m.destination, leaf, Links::WithinRoot)?;
+    remount(fd_path(&mounted).as_str(), extra)
+}
+
+/// cgroup v1: a tmpfs with each of the host's controller hierarchies
+/// mounted in it. The sandbox is in a cgroup namespace rooted at its own
+/// cgroups, so each shows the sandbox's cgroup as its root. Named
+/// hierarchies (`name=systemd`) are left out: the sandbox has no cgroup
+/// there, and its root would be the host's.
+fn cgroup_v1(
+    root: &OwnedFd,
+    m: &Mount,
+    opts: &Options,
+    hierarchies: &[Hierarchy],
+) -> Result<(), String> {
+    let at = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
+    let tmpfs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("tmpfs"),
+        fd_path(&at).as_str(),
+        Some("tmpfs"),
+        tmpfs_flags,
+        Some("mode=755"),
+    )
+    .map_err(|e| format!("tmpfs: {e}"))?;
+    let base = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
+    for h in hierarchies.iter().filter(|h| !h.is_named()) {
+        let Some(name) = h.mount.file_name() else {
+            continue;
+        };
+        rustix::fs::mkdirat(&base, name, Mode::from_raw_mode(0o755))
+            .map_err(|e| format!("create {}: {e}", Path::new(name).display()))?;
+        let sub = rustix::fs::openat(
+            &base,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| format!("open {}: {e}", Path::new(name).display()))?;
+        mount(
+            Some("cgroup"),
+            fd_path(&sub).as_str(),
+            Some("cgroup"),
+            opts.flags,
+            Some(h.options.as_str()),
+        )
+        .map_err(|e| format!("the {} hierarchy: {e}", h.options))?;
+        // Co-mounted controllers (cpu,cpuacct) are reached by each name.
+        for controller in h.controllers().filter(|c| OsStr::new(c) != name) {
+            rustix::fs::symlinkat(name, &base, controller)
+                .map_err(|e| format!("link {controller}: {e}"))?;
+        }
+    }
+    // Read-only in place: a bind of it (the config's read-only paths) would
+    // copy every hierarchy's mount once more.
+    remount(fd_path(&base).as_str(), MsFlags::MS_RDONLY | tmpfs_flags)
+}
+
+#[derive(Clone, Copy)]
+enum Leaf {
+    Dir,
+    File,
+}
+
+#[derive(Clone, Copy)]
+enum Links {
+    /// Any link on the way is an error: the system directories.
+    Refuse,
+    /// Links are followed as if the root were `/`.
+    WithinRoot,
+}
+
+/// Opens `dest` under `root` (an `O_PATH` descriptor to mount on through
+/// `/proc/self/fd`), creating what is missing: directories on the way and
+/// the last component as a `leaf`. Nothing is resolved outside the root.
+fn target(root: &OwnedFd, dest: &str, leaf: Leaf, links: Links) -> Result<OwnedFd, String> {
+    let rel = relative(dest)?;
+    let resolve = match links {
+        Links::Refuse => ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        Links::WithinRoot => ResolveFlags::IN_ROOT,
+    } | ResolveFlags::NO_MAGICLINKS;
+    let open = |path: &Path, dir: bool| {
+        let dir = if dir {
+            OFlags::DIRECTORY
+        } else {
+            OFlags::empty()
+        };
+        rustix::fs::openat2(
+            root,
+            path,
+            OFlags::PATH | OFlags::CLOEXEC | dir,
+            Mode::empty(),
+            resolve,
+        )
+    };
+    let is_dir = matches!(leaf, Leaf::Dir);
+    match open(&rel, is_dir) {
+        Ok(fd) => return Ok(fd),
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(format!("open {dest} in the root: {e}")),
+    }
+    let parts: Vec<&OsStr> = rel.iter().collect();
+    let mut so_far = PathBuf::from(".");
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let parent = open(&so_far, true)
+            .map_err(|e| format!("open {} in the root: {e}", so_far.display()))?;
+        so_far.push(part);
+        let made = if last && !is_dir {
+            rustix::fs::openat(
+                &parent,
+                *part,
+                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o644),
+            )
+            .map(drop)
+        } else {
+            rustix::fs::mkdirat(&parent, *part, Mode::from_raw_mode(0o755))
+        };
+        match made {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(format!("create {} in the root: {e}", so_far.display())),
+        }
+    }
+    open(&rel, is_dir).map_err(|e| format!("open {dest} in the root: {e}"))
+}
+
+/// `dest` as a path relative to the root, refused when it leaves it.
+fn relative(dest: &str) -> Result<PathBuf, String> {
+    let mut rel = PathBuf::new();
+    for c in Path::new(dest).components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(p) => rel.push(p),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!("the destination {dest} climbs out of the root"))
+            }
+        }
+    }
+    if rel.as_os_str().is_empty() {
+        return Err(format!("the destination {dest} is the root itself"));
+    }
+    Ok(rel)
+}
+
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())
+}
+
+/// The device nodes a program expects, bound from the host (in a user
+/// namespace mknod is refused; the device cgroup limits what they reach),
+/// and the usual links. `/dev` is the tmpfs just mounted, so nothing in it
+/// comes from the image.
+fn devices(root: &Path) -> Result<(), String> {
+    let dev = root.join("dev");
+    for name in ["null", "zero", "full", "tty", "urandom", "random"] {
+        let at = dev.join(name);
+        std::fs::File::create(&at).map_err(|e| format!("create /dev/{name}: {e}"))?;
+        let host = Path::new("/dev").join(name);
+        mount(
+            Some(&host),
+            &at,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind /dev/{name}: {e}"))?;
+    }
+    for (link, to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link))
+            .map_err(|e| format!("link /dev/{link}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn pivot(root: &Path) -> Result<(), String> {
+    nix::unistd::chdir(root).map_err(|e| format!("enter the root: {e}"))?;
+    // The old root ends up stacked on the new one, and is detached from it.
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach the host's root: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
+}
+
+/// Standard input and output were the host's /dev/null; now the sandbox's.
+fn reopen_null() -> Result<(), String> {
+    let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| format!("open /dev/null: {e}"))?;
+    for fd in 0..3 {
+        // SAFETY: dup2 onto the standard descriptors, which this process
+        // owns and which nothing else refers to.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(format!(
+                "dup2 /dev/null: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A mount's flags that a remount must repeat: the kernel refuses to clear
+/// the ones it locked on a mount that came from a more privileged namespace.
+fn locked_flags(path: &str) -> Result<MsFlags, String> {
+    use nix::sys::statvfs::FsFlags;
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| format!("statvfs: {e}"))?;
+    let f = st.flags();
+    let mut flags = MsFlags::empty();
+    for (fs, ms) in [
+        (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if f.contains(fs) {
+            flags |= ms;
+        }
+    }
+    Ok(flags)
+}
+
+fn remount(path: &str, flags: MsFlags) -> Result<(), String> {
+    let keep = locked_flags(path)?;
+    mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | keep | flags,
+        None::<&str>,
+    )
+    .map_err(|e| format!("remount: {e}"))
+}
+
+fn exists(path: &Path) -> Result<Option<std::fs::Metadata>, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Binds `path` onto itself and makes that bind read-only (and nosuid,
+/// nodev, noexec, as runc does). A path the kernel does not have, or one
+/// on a read-only mount already (the cgroup hierarchies), is skipped.
+fn read_only(path: &Path) -> Result<(), String> {
+    if exists(path)?.is_none()
+        || locked_flags(&path.to_string_lossy())?.contains(MsFlags::MS_RDONLY)
+    {
+        return Ok(());
+    }
+    mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("bind: {e}"))?;
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    remount(&path.to_string_lossy(), flags)
+}
+
+/// Hides `path`: an empty read-only tmpfs over a directory, /dev/null over
+/// a file.
+fn mask(path: &Path) -> Result<(), String> {
+    let Some(meta) = exists(path)? else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+    } else {
+        mount(
+            Some("/dev/null"),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    }
+    .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_stay_in_the_root() {
+        assert_eq!(
+            relative("/dev/pts").expect("fine"),
+            PathBuf::from("dev/pts")
+        );
+        assert!(relative("/usr/../../etc").is_err());
+        assert!(relative("/").is_err());
+    }
+
+    #[test]
+    fn options_split_into_flags_and_data() {
+        let o = Options::parse(&[
+            "nosuid".into(),
+            "newinstance".into(),
+            "ptmxmode=0666".into(),
+            "rbind".into(),
+        ]);
+        assert_eq!(
+            o.flags,
+            MsFlags::MS_NOSUID | MsFlags::MS_BIND | MsFlags::MS_REC
+        );
+        assert_eq!(o.data().as_deref(), Some("newinstance,ptmxmode=0666"));
+    }
+}

@@ -200,7 +200,13 @@ fn create_mounted(
         unsafe { OwnedFd::from_raw_fd(LISTEN_FD) }
     };
     let result = if crate::cgroups::unified() {
-        build_and_start(id, bundle, state_root, phases)
+        let built = build_and_start(id, bundle, state_root, phases);
+        if built.is_err() {
+            if let Ok(mut c) = libcontainer::container::Container::load(state_root.join(id)) {
+                let _ = c.delete(true);
+            }
+        }
+        built
     } else {
         let mut since = std::time::Instant::now();
         crate::setup::spawn(id, bundle, &mut |name| took(phases, name, &mut since))
@@ -209,9 +215,6 @@ fn create_mounted(
     drop(at_listen_fd);
     if result.is_err() {
         let _ = std::fs::remove_file(socket);
-        if let Ok(mut c) = libcontainer::container::Container::load(state_root.join(id)) {
-            let _ = c.delete(true);
-        }
     }
     result
 }

@@ -123,7 +123,7 @@ def main():
                 c.delete(f"/v1/sandboxes/{r.json()['id']}")
             p50 = statistics.median(lat)
             base = base or p50
-            # libcontainer's build: namespaces, cgroups, the init started.
+            # The spawner's build: cgroups, namespaces, the init in its cgroups.
             build = phase_mean_ms(before, phase_totals(c), "spawn_build")
             rows.append((level, p50, pct(lat, 99), p50 / base, build))
             print(f"live {level}: create p50 {p50:.1f} ms, p99 {pct(lat, 99):.1f} ms", file=sys.stderr)

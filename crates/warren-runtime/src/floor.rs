@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{chdir, execv, fork, pipe, pivot_root, read, write, ForkResult, Pid};
+use nix::unistd::{execv, fork, pipe, read, write, ForkResult, Pid};
 
 /// Host ids the probe's user namespace maps root onto: far above the
 /// ranges Warren's sandboxes take (see [`crate::userns`]).
@@ -130,14 +130,8 @@ fn init(root: &Path, prog: &CString) -> String {
     let steps = || -> Result<std::convert::Infallible, String> {
         // Mounts copied from the host's namespace are locked in this one;
         // pivot_root needs a root mounted here (as runc and youki do).
-        mount(
-            Some(root),
-            root,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(|e| format!("bind the root onto itself: {e}"))?;
+        crate::rootfs::bind_in_place(root)
+            .map_err(|e| format!("bind the root onto itself: {e}"))?;
         // Before the host's /proc goes: the kernel lets a user namespace
         // mount proc only where a full one is already visible.
         mount(
@@ -148,10 +142,7 @@ fn init(root: &Path, prog: &CString) -> String {
             None::<&str>,
         )
         .map_err(|e| format!("mount /proc: {e}"))?;
-        chdir(root).map_err(|e| format!("chdir root: {e}"))?;
-        pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-        umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
-        chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+        crate::rootfs::pivot_into(root)?;
         execv(prog, &[prog]).map_err(|e| format!("exec /bin/true: {e}"))
     };
     match steps() {

@@ -279,7 +279,7 @@ fn device_rules(d: &crate::cdi::Injection) -> Vec<Value> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn sandbox_config(cpu_millis: u64, disk: u64) -> Value {
@@ -287,12 +287,22 @@ mod tests {
     }
 
     fn with_devices(cpu_millis: u64, disk: u64, devices: &crate::cdi::Injection) -> Value {
+        test_config(cpu_millis, disk, devices, None)
+    }
+
+    /// The config of a test sandbox `sbx-1` (64M memory, 64 pids).
+    pub(crate) fn test_config(
+        cpu_millis: u64,
+        disk: u64,
+        devices: &crate::cdi::Injection,
+        ids: Option<crate::userns::IdRange>,
+    ) -> Value {
         config(&ConfigInput {
             devices,
             id: "sbx-1",
             rootfs: Path::new("/tmp/r"),
             cgroup_path: "/warren/sbx-1",
-            ids: None,
+            ids,
             resources: &ResolvedResources {
                 cpu_millis,
                 memory: 64 << 20,
@@ -332,10 +342,10 @@ mod tests {
         assert_eq!(seccomp_profile()["architectures"], json!([native_arch()]));
     }
 
-    #[test]
-    fn cdi_devices_are_bound_and_only_they_are_allowed() {
+    /// A GPU-like device node and a library file, as a CDI spec gives them.
+    pub(crate) fn test_devices() -> crate::cdi::Injection {
         use crate::cdi::{Injection, MountEdit, NodeEdit};
-        let devices = Injection {
+        Injection {
             env: Default::default(),
             nodes: vec![NodeEdit {
                 path: "/dev/testgpu0".into(),
@@ -350,8 +360,12 @@ mod tests {
                 container_path: "/usr/lib/lib.so".into(),
                 options: vec!["rbind".into(), "ro".into(), "nosuid".into()],
             }],
-        };
-        let c = with_devices(1000, 0, &devices);
+        }
+    }
+
+    #[test]
+    fn cdi_devices_are_bound_and_only_they_are_allowed() {
+        let c = with_devices(1000, 0, &test_devices());
         let mounts = c["mounts"].as_array().expect("mounts");
         let node = mounts
             .iter()

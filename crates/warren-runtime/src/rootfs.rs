@@ -55,3 +55,25 @@ pub fn unmount(target: &Path) -> Result<(), RuntimeError> {
         ))),
     }
 }
+
+/// Binds `path` (and every mount below it) onto itself: a mount of the
+/// calling namespace at that place, which `pivot_root` needs of a new root
+/// and a remount needs to change one directory's flags alone.
+pub(crate) fn bind_in_place(path: &Path) -> nix::Result<()> {
+    mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+}
+
+/// Makes `root` the calling process's `/` and detaches the old root, which
+/// `pivot_root(".", ".")` leaves stacked on the new one.
+pub(crate) fn pivot_into(root: &Path) -> Result<(), String> {
+    nix::unistd::chdir(root).map_err(|e| format!("enter the root: {e}"))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach the old root: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
+}

@@ -28,7 +28,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, read, write, Pid};
 
-pub use spec::Config;
+use spec::Config;
 
 /// Sets up the sandbox `id` from the config in `bundle` and returns its
 /// init's pid once the init is ready to serve. `took` records the phases

@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use super::cgroup_v1::Hierarchy;
@@ -38,14 +38,8 @@ pub fn enter_root(config: &Config, hierarchies: &[Hierarchy]) -> Result<(), Stri
     )
     .map_err(|e| format!("make the sandbox's mounts private: {e}"))?;
     // pivot_root needs the new root to be a mount of this namespace.
-    mount(
-        Some(root),
-        root,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| format!("bind the root {} onto itself: {e}", root.display()))?;
+    crate::rootfs::bind_in_place(root)
+        .map_err(|e| format!("bind the root {} onto itself: {e}", root.display()))?;
     let root_fd = rustix::fs::open(
         root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -57,7 +51,7 @@ pub fn enter_root(config: &Config, hierarchies: &[Hierarchy]) -> Result<(), Stri
             .map_err(|e| format!("mount {} at {}: {e}", m.kind, m.destination))?;
     }
     devices(root)?;
-    pivot(root)?;
+    crate::rootfs::pivot_into(root)?;
     reopen_null()?;
     for path in &config.linux.readonly_paths {
         read_only(Path::new(path)).map_err(|e| format!("make {path} read-only: {e}"))?;
@@ -331,14 +325,6 @@ fn devices(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn pivot(root: &Path) -> Result<(), String> {
-    nix::unistd::chdir(root).map_err(|e| format!("enter the root: {e}"))?;
-    // The old root ends up stacked on the new one, and is detached from it.
-    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach the host's root: {e}"))?;
-    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
-}
-
 /// Standard input and output were the host's /dev/null; now the sandbox's.
 fn reopen_null() -> Result<(), String> {
     let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
@@ -408,14 +394,7 @@ fn read_only(path: &Path) -> Result<(), String> {
     {
         return Ok(());
     }
-    mount(
-        Some(path),
-        path,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| format!("bind: {e}"))?;
+    crate::rootfs::bind_in_place(path).map_err(|e| format!("bind: {e}"))?;
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     remount(&path.to_string_lossy(), flags)
 }

@@ -176,73 +176,31 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::oci::tests::{test_config, test_devices};
 
     #[test]
     fn every_config_warren_writes_is_read() {
-        use warren_core::ResolvedResources;
-        let resources = ResolvedResources {
-            cpu_millis: 500,
-            memory: 64 << 20,
-            cpu_request_millis: None,
-            memory_request: None,
-            pids: 64,
-            disk: 0,
-            gpus: 0,
-        };
-        let devices = crate::cdi::Injection {
-            env: Default::default(),
-            nodes: vec![crate::cdi::NodeEdit {
-                path: "/dev/testgpu0".into(),
-                host_path: "/srv/cdi/gpu0".into(),
-                kind: "c".into(),
-                major: 195,
-                minor: 0,
-                access: "rw".into(),
-            }],
-            mounts: vec![],
-        };
         for ids in [None, Some(crate::userns::IdRange { base: 1 << 20 })] {
-            let value = crate::oci::config(&crate::oci::ConfigInput {
-                id: "sbx-1",
-                rootfs: Path::new("/tmp/r"),
-                cgroup_path: "/warren/sbx-1",
-                resources: &resources,
-                nofile: 1024,
-                memlock: 8 << 20,
-                ids,
-                devices: &devices,
-            });
+            let value = test_config(500, 0, &test_devices(), ids);
             let config: Config = serde_json::from_value(value).expect("the set-up reads it");
             assert_eq!(config.has_namespace("user"), ids.is_some());
+            assert_eq!(config.linux.uid_mappings.len(), usize::from(ids.is_some()));
             assert_eq!(config.linux.resources.memory.limit, 64 << 20);
             assert_eq!(config.linux.resources.cpu.quota, 50_000);
             assert!(config
                 .mounts
                 .iter()
                 .any(|m| m.destination == "/dev/testgpu0"));
+            assert!(config
+                .mounts
+                .iter()
+                .any(|m| m.kind == "bind" && m.options.contains(&"ro".to_string())));
         }
     }
 
     #[test]
     fn an_unknown_field_is_refused_by_name() {
-        let mut value = crate::oci::config(&crate::oci::ConfigInput {
-            id: "sbx-1",
-            rootfs: Path::new("/tmp/r"),
-            cgroup_path: "/warren/sbx-1",
-            resources: &warren_core::ResolvedResources {
-                cpu_millis: 1000,
-                memory: 64 << 20,
-                cpu_request_millis: None,
-                memory_request: None,
-                pids: 64,
-                disk: 0,
-                gpus: 0,
-            },
-            nofile: 1024,
-            memlock: 8 << 20,
-            ids: None,
-            devices: &Default::default(),
-        });
+        let mut value = test_config(1000, 0, &Default::default(), None);
         value["linux"]["sysctl"] = serde_json::json!({ "net.ipv4.ip_forward": "1" });
         let err = serde_json::from_value::<Config>(value).expect_err("refused");
         assert!(err.to_string().contains("sysctl"), "{err}");

@@ -544,6 +544,27 @@ def test_events_follow_and_page(client):
 # ---------------------------------------------------------------- images, profiles, nodes
 
 
+def unique_manifest(layout, tag):
+    """Gives `tag` of the OCI layout a manifest of its own (one annotation
+    more, the same blobs), so no other image on the shared test daemon has
+    its digest: a busybox sandbox another test left behind must not hold it."""
+    index_path = layout / "index.json"
+    index = json.loads(index_path.read_text())
+    for m in index["manifests"]:
+        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") != tag:
+            continue
+        blobs = layout / "blobs" / "sha256"
+        manifest = json.loads((blobs / m["digest"].split(":", 1)[1]).read_text())
+        manifest.setdefault("annotations", {})["dev.warren.test"] = uniq()
+        data = json.dumps(manifest).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        m["digest"], m["size"] = f"sha256:{digest}", len(data)
+        index_path.write_text(json.dumps(index))
+        return
+    raise AssertionError(f"no tag {tag} in {index_path}")
+
+
 def test_images_pull_with_progress_prewarm_and_push(warren, client, images, tmp_path):
     reg_mod = pytest.importorskip("test_registry")
     if not Path(reg_mod.REGISTRY_BIN).exists():
@@ -556,6 +577,7 @@ def test_images_pull_with_progress_prewarm_and_push(warren, client, images, tmp_
         layout.mkdir()
         with tarfile.open(images["oci"]) as t:
             t.extractall(layout)
+        unique_manifest(layout, "latest")
         digest = reg.push(layout, "latest", "sdk/busybox:v1")
         configure(warren, insecure(reg))
         progress = []

@@ -12,7 +12,7 @@
 //!   semaphore is one for all hierarchies, so this also serves a cgroup v1
 //!   host through its unified (hybrid) mount.
 //! - On cgroup v1 a new cpuset cgroup starts with no CPUs and no memory
-//!   nodes; libcontainer then copies its parent's, and each such write
+//!   nodes; the set-up then copies its parent's, and each such write
 //!   rebuilds the scheduler domains, walking every cpuset on the host.
 //!   With `cgroup.clone_children` on the sandboxes' parent the kernel copies
 //!   them itself when the cgroup is made, and nothing is rebuilt.

@@ -1,4 +1,4 @@
-//! Cgroup access outside libcontainer's lifecycle: usage sampling, freezing
+//! Cgroup access outside a sandbox's set-up: usage sampling, freezing
 //! (through libcgroups, which handles v1, hybrid and v2 alike), and the
 //! kill-and-remove every destroy ends with (straight through the cgroup file
 //! system, see `kill_and_remove`).

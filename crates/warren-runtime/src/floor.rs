@@ -5,7 +5,7 @@
 //! pivots into that root, mounts /proc and runs `/bin/true`, then removes
 //! all of it. `scripts/bench.sh` times it beside Warren, runc and
 //! bubblewrap (`warren bench-floor`): what a create costs above it is
-//! Warren's (and libcontainer's) own.
+//! Warren's own (and, on cgroup v2 hosts, libcontainer's).
 //!
 //! Run it single-threaded (it forks) and as root.
 

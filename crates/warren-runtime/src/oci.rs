@@ -255,9 +255,9 @@ pub fn tcp_limit(memory: u64) -> u64 {
 /// The device cgroup's rules: /dev/null, zero, full, random, urandom, tty,
 /// ptmx and pts (the devices a program expects), then exactly the sandbox's
 /// CDI device nodes with the access their spec gives; everything else is
-/// denied. libcontainer writes them to the v1 devices controller, and on
-/// cgroup v2 compiles them into the eBPF device program it attaches to the
-/// sandbox's cgroup (its `cgroupsv2_devices` feature).
+/// denied. Warren's set-up writes them to the v1 devices controller; on
+/// cgroup v2 libcontainer compiles them into the eBPF device program it
+/// attaches to the sandbox's cgroup (its `cgroupsv2_devices` feature).
 fn device_rules(d: &crate::cdi::Injection) -> Vec<Value> {
     let deny_all = json!({ "allow": false, "access": "rwm" });
     std::iter::once(deny_all)

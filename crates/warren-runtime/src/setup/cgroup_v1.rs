@@ -118,15 +118,16 @@ pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String>
         if h.has("memory") {
             let m = &resources.memory;
             write(&dir, "memory.limit_in_bytes", m.limit)?;
-            // Memory and swap together; the file exists only where the
-            // kernel accounts swap, and with no swap allowed beyond the
-            // limit there is nothing to write without it.
+            // Memory and swap together. The file exists only where the
+            // kernel accounts swap; without it a sandbox could swap past its
+            // limit, which is harmless only on a host with no swap.
             if dir.join("memory.memsw.limit_in_bytes").exists() {
                 write(&dir, "memory.memsw.limit_in_bytes", m.swap)?;
-            } else if m.swap > m.limit {
+            } else if has_swap(&read(Path::new("/proc/meminfo"))?) {
                 return Err(
-                    "this host does not account swap (memory.memsw files are missing), so a \
-                     sandbox's swap cannot be limited: boot with swapaccount=1"
+                    "this host has swap but does not account it (no memory.memsw files), so a \
+                     sandbox could swap past its memory limit: boot with swapaccount=1 or turn \
+                     swap off"
                         .into(),
                 );
             }
@@ -156,6 +157,15 @@ pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String>
         dirs.push(dir);
     }
     Ok(dirs)
+}
+
+/// Whether `/proc/meminfo` (its text) shows any swap.
+fn has_swap(meminfo: &str) -> bool {
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("SwapTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .is_some_and(|kb| kb != "0")
 }
 
 fn number(n: Option<i64>) -> String {
@@ -201,6 +211,13 @@ fn write(dir: &Path, file: &str, value: impl ToString) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swap_is_read_from_meminfo() {
+        assert!(has_swap("MemTotal: 100 kB\nSwapTotal:     2048 kB\n"));
+        assert!(!has_swap("MemTotal: 100 kB\nSwapTotal:        0 kB\n"));
+        assert!(!has_swap("MemTotal: 100 kB\n"));
+    }
 
     #[test]
     fn hierarchies_come_from_the_mount_table() {

@@ -83,6 +83,24 @@ impl Fence {
     }
 }
 
+/// The epoch a call was let through with. A call whose work outlasts a
+/// change of leader (a create) checks it again at the end: the new leader
+/// read the node's inventory before that work was done, so it cannot know
+/// of what the work made.
+#[derive(Clone)]
+pub(crate) struct Admitted {
+    pub(crate) given: u64,
+    pub(crate) fence: Fence,
+}
+
+impl Admitted {
+    /// The newer epoch seen since the call was let through, if any.
+    pub(crate) fn superseded_by(&self) -> Option<u64> {
+        let current = self.fence.epoch();
+        (current > self.given).then_some(current)
+    }
+}
+
 pub(crate) enum Refusal {
     Stale { current: u64 },
     Unsaved(FenceError),

@@ -24,7 +24,7 @@ use warren_node_api::{
     ByteStream, CreateSandbox, ErrorKind, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
 };
 
-use crate::fence::{Fence, Refusal, LEADER_EPOCH};
+use crate::fence::{Admitted, Fence, Refusal, LEADER_EPOCH};
 use crate::ndjson;
 use crate::wire::{self, *};
 use warren_core::sync::lock;
@@ -190,7 +190,7 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: 
 /// Runs after `auth`: only a caller with the node credential can move the
 /// fence. A call without an epoch (a control plane in the same process as
 /// its node, or one that leads alone) is let through.
-async fn fenced(State(fence): State<Fence>, req: Request, next: Next) -> Response {
+async fn fenced(State(fence): State<Fence>, mut req: Request, next: Next) -> Response {
     let Some(given) = req.headers().get(LEADER_EPOCH) else {
         return next.run(req).await;
     };
@@ -199,7 +199,10 @@ async fn fenced(State(fence): State<Fence>, req: Request, next: Next) -> Respons
         return (StatusCode::BAD_REQUEST, Json(e)).into_response();
     };
     match fence.admit(given) {
-        Ok(()) => next.run(req).await,
+        Ok(()) => {
+            req.extensions_mut().insert(Admitted { given, fence });
+            next.run(req).await
+        }
         Err(Refusal::Stale { current }) => {
             tracing::warn!(
                 given,
@@ -207,14 +210,7 @@ async fn fenced(State(fence): State<Fence>, req: Request, next: Next) -> Respons
                 path = %req.uri().path(),
                 "refused a call of a replaced control plane"
             );
-            let e = NodeError::new(
-                ErrorKind::Fenced,
-                format!(
-                    "this node follows a newer leader (epoch {current}); this control plane \
-                     (epoch {given}) was replaced and must not act on it"
-                ),
-            );
-            (wire::status_of(ErrorKind::Fenced), Json(e)).into_response()
+            Failure(replaced(given, current)).into_response()
         }
         Err(Refusal::Unsaved(e)) => {
             tracing::error!(error = %e, "writing the leader epoch");
@@ -223,6 +219,17 @@ async fn fenced(State(fence): State<Fence>, req: Request, next: Next) -> Respons
             (StatusCode::SERVICE_UNAVAILABLE, Json(e)).into_response()
         }
     }
+}
+
+/// What a replaced control plane is told.
+fn replaced(given: u64, current: u64) -> NodeError {
+    NodeError::new(
+        ErrorKind::Fenced,
+        format!(
+            "this node follows a newer leader (epoch {current}); this control plane \
+             (epoch {given}) was replaced and must not act on it"
+        ),
+    )
 }
 
 /// The credential the node API takes; a node that joins a cluster learns
@@ -456,8 +463,37 @@ where
     })
 }
 
-async fn create(State(node): Node, JsonBody(req): JsonBody<CreateSandbox>) -> Answer<Response> {
-    Ok(Json(node.create(req).await?).into_response())
+/// The create runs to its end in a task of its own, even when its caller
+/// goes away. A caller replaced as leader meanwhile gets `fenced`, and
+/// what it made is destroyed: the new leader took stock of the node
+/// before it existed, so nothing else would ever remove it.
+async fn create(
+    State(node): Node,
+    admitted: Option<axum::Extension<Admitted>>,
+    JsonBody(req): JsonBody<CreateSandbox>,
+) -> Answer<Response> {
+    let made = tokio::spawn(async move {
+        let id = req.id.clone();
+        let status = node.create(req).await?;
+        let Some(axum::Extension(admitted)) = admitted else {
+            return Ok(status);
+        };
+        let Some(current) = admitted.superseded_by() else {
+            return Ok(status);
+        };
+        tracing::warn!(sandbox = %id, given = admitted.given, current, "a create of a replaced control plane ended after the new leader took stock; destroying what it made");
+        if let Err(e) = node
+            .destroy(&id, warren_core::state::reason::CREATE_FAILED)
+            .await
+        {
+            tracing::warn!(sandbox = %id, error = %e, "destroying a replaced leader's create");
+        }
+        Err(replaced(admitted.given, current))
+    });
+    let status = made
+        .await
+        .map_err(|e| NodeError::internal(format!("create task: {e}")))??;
+    Ok(Json(status).into_response())
 }
 
 async fn start_main(State(node): Node, P(id): P<String>) -> Answer<Response> {

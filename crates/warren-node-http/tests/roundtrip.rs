@@ -51,6 +51,8 @@ struct FakeNode {
     echo: SocketAddr,
     exec_killed: Arc<AtomicBool>,
     last_upload: Mutex<Upload>,
+    /// Creates of ids starting with "slow" wait until this is true.
+    slow_gate: watch::Sender<bool>,
 }
 
 fn status_of(id: &str) -> SandboxStatus {
@@ -110,6 +112,7 @@ impl FakeNode {
             echo,
             exec_killed: Arc::new(AtomicBool::new(false)),
             last_upload: Mutex::new(Upload::default()),
+            slow_gate: watch::Sender::new(false),
         }
     }
 
@@ -221,6 +224,11 @@ impl NodeApi for FakeNode {
                 ErrorKind::NoRoom,
                 "no slot left: 32 of 32 in use",
             ));
+        }
+        if req.id.starts_with("slow") {
+            self.record(format!("creating {}", req.id));
+            let mut gate = self.slow_gate.subscribe();
+            gate.wait_for(|open| *open).await.unwrap();
         }
         let mut sandboxes = self.sandboxes.lock().unwrap();
         if sandboxes.contains_key(&req.id) {
@@ -1656,6 +1664,73 @@ async fn a_replaced_leader_is_fenced_off() {
             .unwrap()
             .epoch(),
         2
+    );
+}
+
+/// A create that is under way when its leader is replaced: whatever it
+/// made is destroyed and the old leader told `fenced` (the new leader took
+/// stock of the node before the sandbox existed). A create whose caller
+/// goes away still runs to its end, so nothing is left half made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_outlives_its_leader_is_undone() {
+    let fake = Arc::new(FakeNode::new(echo_server().await));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(fake.clone(), CREDENTIAL.to_string(), Fence::default());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}");
+    let old = HttpNode::new(&url, CREDENTIAL)
+        .unwrap()
+        .with_leader_epoch(1);
+    let new = HttpNode::new(&url, CREDENTIAL)
+        .unwrap()
+        .with_leader_epoch(2);
+    let started = |id: &str| {
+        let (fake, line) = (fake.clone(), format!("creating {id}"));
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !fake.calls().contains(&line) {
+                assert!(Instant::now() < deadline, "{line:?} never reached the node");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+
+    let stale = tokio::spawn({
+        let old = old.clone();
+        async move { old.create(create_req("slow-1")).await }
+    });
+    started("slow-1").await;
+    new.inventory().await.expect("the new leader takes stock");
+    // The caller of this one goes away mid-create.
+    let vanished = tokio::spawn({
+        let new = new.clone();
+        async move { new.create(create_req("slow-2")).await }
+    });
+    started("slow-2").await;
+    vanished.abort();
+    let _ = vanished.await;
+    fake.slow_gate.send_replace(true);
+
+    let e = stale.await.unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Fenced, "{e}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = fake.sandboxes.lock().unwrap().clone();
+        if !held.contains_key("slow-1") && held.contains_key("slow-2") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slow-1 should be undone and slow-2 made: {:?}",
+            held.keys().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        fake.calls().iter().any(|c| c.starts_with("destroy slow-1")),
+        "{:?}",
+        fake.calls()
     );
 }
 

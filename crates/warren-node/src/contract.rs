@@ -236,10 +236,12 @@ impl NodeApi for LocalNode {
             },
         };
         let mut phases = vec![api::PhaseTiming::new("node_image", resolving.elapsed())];
-        let (_, node_phases) = self
-            .node
-            .create(req, &image)
+        // In a task of its own: a caller that goes away (a control plane
+        // killed mid-create) must not leave a sandbox half made.
+        let node = self.node.clone();
+        let (_, node_phases) = tokio::spawn(async move { node.create(req, &image).await })
             .await
+            .map_err(|e| api::NodeError::internal(format!("create task: {e}")))?
             .map_err(contract_error)?;
         phases.extend(node_phases);
         let mut status = self.node.status_of(&id, false).ok_or_else(|| {

@@ -17,12 +17,20 @@ use crate::{lifetime, monitor, sampler, took, Live, Node, NodeError};
 
 impl Node {
     /// Creates a sandbox and, if the spec names one, starts its main process.
-    /// Returns once an exec into it would succeed.
+    /// Returns once an exec into it would succeed. Not cancel safe: the
+    /// runtime's work goes on in blocking threads when this is dropped, so
+    /// callers that may vanish run it in a task of its own.
     pub async fn create(
         self: &Arc<Self>,
         req: CreateSandbox,
         image: &ImageRecord,
     ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        let Some(_making) = self.creating.begin(&req.id) else {
+            return Err(NodeError::Conflict(format!(
+                "a create of sandbox {} is already under way on this node",
+                req.id
+            )));
+        };
         if self.is_live(&req.id) {
             return Err(NodeError::Conflict(format!(
                 "sandbox {} already exists on this node",
@@ -123,7 +131,7 @@ impl Node {
         };
         if let Err(e) = checked.and_then(|()| self.journal(&live)) {
             let _ = self
-                .destroy(id, warren_core::state::reason::CREATE_FAILED)
+                .destroy_now(id, warren_core::state::reason::CREATE_FAILED)
                 .await;
             return Err(e);
         }

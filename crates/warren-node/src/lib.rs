@@ -14,6 +14,7 @@ mod feed;
 mod forks;
 pub mod gpu;
 mod images;
+mod in_flight;
 mod journal;
 mod lifecycle;
 pub mod lifetime;
@@ -127,6 +128,8 @@ pub struct Node {
     puller: Puller,
     image_budget: Option<u64>,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Creates under way: a destroy of one of them waits for it.
+    creating: in_flight::InFlight,
     log_max: u64,
     default_disk: u64,
     disk_floor: Option<u64>,
@@ -247,6 +250,7 @@ impl Node {
             image_budget: cfg.settings.image_budget,
             images,
             live: Mutex::new(HashMap::new()),
+            creating: Default::default(),
             log_max: cfg.settings.log_max,
             default_disk: cfg.settings.default_disk,
             disk_floor: cfg.settings.disk_floor,

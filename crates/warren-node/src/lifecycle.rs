@@ -13,8 +13,20 @@ use crate::{Node, NodeError};
 impl Node {
     /// Kills and removes everything of the sandbox, `why` being the last
     /// line of its log. Idempotent. Returns the sandbox's final usage when
-    /// it was live here.
+    /// it was live here. A create of it still under way is waited for
+    /// first.
     pub async fn destroy(&self, id: &str, why: &str) -> Result<Option<Usage>, NodeError> {
+        self.creating.settled(id).await;
+        self.destroy_now(id, why).await
+    }
+
+    /// Destroy without waiting for a create of it: what its own create
+    /// calls when it fails after the sandbox was made.
+    pub(crate) async fn destroy_now(
+        &self,
+        id: &str,
+        why: &str,
+    ) -> Result<Option<Usage>, NodeError> {
         let mut last_usage = None;
         let live = self.get(id).ok();
         let pid = live.as_ref().map(|live| {

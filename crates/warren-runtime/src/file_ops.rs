@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 
 use rustix::fs::{AtFlags, FileType, OFlags};
 
-use crate::files::{mkdir_all_noting, open_in, split, Created};
+use crate::files::{mkdir_all_noting, open_in, split, Created, Links};
 use crate::RuntimeError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +181,7 @@ pub fn make_dir(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
         Err(e) => return Err(e),
     }
     let mut created = Created::default();
-    mkdir_all_noting(root, path, &mut created)?;
+    mkdir_all_noting(root, path, Links::WithinRoot, &mut created)?;
     stat(root, path)
 }
 
@@ -191,7 +191,7 @@ pub fn rename(root: &OwnedFd, from: &str, to: &str) -> Result<Stat, RuntimeError
     let (from_dir, from_name) = parent_of(root, from)?;
     let (to_parent, to_name) = split(to)?;
     let mut created = Created::default();
-    let to_dir = mkdir_all_noting(root, &to_parent, &mut created)?;
+    let to_dir = mkdir_all_noting(root, &to_parent, Links::WithinRoot, &mut created)?;
     rustix::fs::renameat(&from_dir, from_name.as_str(), &to_dir, to_name.as_str()).map_err(
         |e| match e {
             rustix::io::Errno::NOENT => {

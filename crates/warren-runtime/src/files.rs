@@ -15,8 +15,25 @@ use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
 
 use crate::RuntimeError;
 
-fn resolve_flags() -> ResolveFlags {
-    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+/// How symbolic links on a path inside a sandbox's root are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Links {
+    /// Followed as if the root were `/`, so an image's `/var/run -> /run`
+    /// works and still cannot lead out.
+    WithinRoot,
+    /// Any link on the way is an error: the system directories a new
+    /// sandbox's set-up mounts on.
+    Refuse,
+}
+
+impl Links {
+    fn resolve(self) -> ResolveFlags {
+        let links = match self {
+            Links::WithinRoot => ResolveFlags::IN_ROOT,
+            Links::Refuse => ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        };
+        links | ResolveFlags::NO_MAGICLINKS
+    }
 }
 
 /// The sandbox's root as seen by its init (its mount namespace).
@@ -44,13 +61,29 @@ pub(crate) fn open_in(
     flags: OFlags,
     mode: u32,
 ) -> Result<OwnedFd, RuntimeError> {
+    open_in_with(root, path, flags, mode, Links::WithinRoot)
+}
+
+pub(crate) fn open_in_with(
+    root: &OwnedFd,
+    path: &str,
+    flags: OFlags,
+    mode: u32,
+    links: Links,
+) -> Result<OwnedFd, RuntimeError> {
     check_path(path)?;
+    // Relative to the root descriptor: RESOLVE_BENEATH refuses a leading
+    // `/`, RESOLVE_IN_ROOT reads both alike.
+    let relative = match path.trim_start_matches('/') {
+        "" => ".",
+        rest => rest,
+    };
     openat2(
         root,
-        path,
+        relative,
         flags | OFlags::CLOEXEC,
         Mode::from_raw_mode(mode),
-        resolve_flags(),
+        links.resolve(),
     )
     .map_err(|e| match e {
         rustix::io::Errno::NOENT => {
@@ -168,16 +201,26 @@ fn all_or_nothing<T>(
 /// root. Each prefix is resolved from the root with RESOLVE_IN_ROOT, so
 /// symlinks in the image (`/var/run -> /run`) work and still cannot leave it.
 pub fn mkdir_all(root: &OwnedFd, path: &str) -> Result<OwnedFd, RuntimeError> {
-    mkdir_all_noting(root, path, &mut Created::default())
+    mkdir_all_noting(root, path, Links::WithinRoot, &mut Created::default())
 }
 
 pub(crate) fn mkdir_all_noting(
     root: &OwnedFd,
     path: &str,
+    links: Links,
     created: &mut Created,
 ) -> Result<OwnedFd, RuntimeError> {
     check_path(path)?;
     let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+    let open_in = |root, path: &str, flags, mode| open_in_with(root, path, flags, mode, links);
+    // Mostly the whole path is there already: one lookup, not one per
+    // part. Otherwise the walk below makes what is missing, or says which
+    // part is wrong.
+    if !path.split('/').any(|part| part == "..") {
+        if let Ok(dir) = open_in(root, path, dir_flags, 0) {
+            return Ok(dir);
+        }
+    }
     let mut dir = open_in(root, "/", dir_flags, 0)?;
     let mut prefix = PathBuf::from("/");
     for comp in Path::new(path).components() {
@@ -280,7 +323,7 @@ fn write_file_noting(
     created: &mut Created,
 ) -> Result<u64, RuntimeError> {
     let (parent, name) = split(path)?;
-    let dir = mkdir_all_noting(root, &parent, created)?;
+    let dir = mkdir_all_noting(root, &parent, Links::WithinRoot, created)?;
     let name = OsStr::new(&name);
     // What is there now decides whether it may be replaced, and whose the
     // new file is (an existing file keeps its owner).
@@ -497,7 +540,7 @@ fn unpack_tar_noting(
     data: &mut dyn Read,
     created: &mut Created,
 ) -> Result<u64, RuntimeError> {
-    let base = mkdir_all_noting(root, path, created)?;
+    let base = mkdir_all_noting(root, path, Links::WithinRoot, created)?;
     let mut archive = tar::Archive::new(data);
     let mut count = 0;
     for entry in archive
@@ -528,7 +571,7 @@ fn unpack_tar_noting(
             ".",
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-            resolve_flags(),
+            Links::WithinRoot.resolve(),
         )
         .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
         for p in &parts {

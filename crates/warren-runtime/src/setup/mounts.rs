@@ -10,10 +10,12 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 
 use super::cgroup_v1::Hierarchy;
 use super::spec::{Config, Mount};
+use crate::files::{self, Created, Links};
+use crate::RuntimeError;
 
 /// Mounts the sandbox's root and everything its config lists, pivots into
 /// it, and applies the read-only and masked paths.
@@ -208,67 +210,38 @@ enum Leaf {
     File,
 }
 
-#[derive(Clone, Copy)]
-enum Links {
-    /// Any link on the way is an error: the system directories.
-    Refuse,
-    /// Links are followed as if the root were `/`.
-    WithinRoot,
-}
-
 /// Opens `dest` under `root` (an `O_PATH` descriptor to mount on through
 /// `/proc/self/fd`), creating what is missing: directories on the way and
 /// the last component as a `leaf`. Nothing is resolved outside the root.
 fn target(root: &OwnedFd, dest: &str, leaf: Leaf, links: Links) -> Result<OwnedFd, String> {
     let rel = relative(dest)?;
-    let resolve = match links {
-        Links::Refuse => ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-        Links::WithinRoot => ResolveFlags::IN_ROOT,
-    } | ResolveFlags::NO_MAGICLINKS;
-    let open = |path: &Path, dir: bool| {
-        let dir = if dir {
-            OFlags::DIRECTORY
-        } else {
-            OFlags::empty()
-        };
-        rustix::fs::openat2(
-            root,
-            path,
-            OFlags::PATH | OFlags::CLOEXEC | dir,
-            Mode::empty(),
-            resolve,
-        )
+    let rel = rel.to_string_lossy();
+    let opened = match leaf {
+        Leaf::Dir => files::mkdir_all_noting(root, &rel, links, &mut Created::default()),
+        Leaf::File => file_target(root, &rel, links),
     };
-    let is_dir = matches!(leaf, Leaf::Dir);
-    match open(&rel, is_dir) {
-        Ok(fd) => return Ok(fd),
-        Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(format!("open {dest} in the root: {e}")),
+    opened.map_err(|e| format!("mount target {dest} in the root: {e}"))
+}
+
+/// A file to bind a file onto, made empty when it is missing.
+fn file_target(root: &OwnedFd, rel: &str, links: Links) -> Result<OwnedFd, RuntimeError> {
+    match files::open_in_with(root, rel, OFlags::PATH, 0, links) {
+        Err(RuntimeError::NotFound(_)) => {}
+        opened => return opened,
     }
-    let parts: Vec<&OsStr> = rel.iter().collect();
-    let mut so_far = PathBuf::from(".");
-    for (i, part) in parts.iter().enumerate() {
-        let last = i + 1 == parts.len();
-        let parent = open(&so_far, true)
-            .map_err(|e| format!("open {} in the root: {e}", so_far.display()))?;
-        so_far.push(part);
-        let made = if last && !is_dir {
-            rustix::fs::openat(
-                &parent,
-                *part,
-                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                Mode::from_raw_mode(0o644),
-            )
-            .map(drop)
-        } else {
-            rustix::fs::mkdirat(&parent, *part, Mode::from_raw_mode(0o755))
-        };
-        match made {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(format!("create {} in the root: {e}", so_far.display())),
-        }
+    let (parent, name) = files::split(rel)?;
+    let dir = files::mkdir_all_noting(root, &parent, links, &mut Created::default())?;
+    let made = rustix::fs::openat(
+        &dir,
+        name.as_str(),
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(0o644),
+    );
+    match made {
+        Ok(_) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(RuntimeError::Files(format!("create {rel}: {e}"))),
     }
-    open(&rel, is_dir).map_err(|e| format!("open {dest} in the root: {e}"))
+    files::open_in_with(root, rel, OFlags::PATH, 0, links)
 }
 
 /// `dest` as a path relative to the root, refused when it leaves it.

@@ -99,6 +99,7 @@ def main():
     rows = []
     base = None
     burst = None
+    phases = {}
     try:
         for level in [int(x) for x in args.live.split(",")]:
             t0 = time.time()
@@ -123,9 +124,11 @@ def main():
                 c.delete(f"/v1/sandboxes/{r.json()['id']}")
             p50 = statistics.median(lat)
             base = base or p50
+            after = phase_totals(c)
             # The spawner's build: cgroups, namespaces, the init in its cgroups.
-            build = phase_mean_ms(before, phase_totals(c), "spawn_build")
+            build = phase_mean_ms(before, after, "spawn_build")
             rows.append((level, p50, pct(lat, 99), p50 / base, build))
+            phases[level] = {name: phase_mean_ms(before, after, name) for name in after}
             print(f"live {level}: create p50 {p50:.1f} ms, p99 {pct(lat, 99):.1f} ms", file=sys.stderr)
         if args.burst:
             burst = run_burst(spec, args.burst)
@@ -140,6 +143,15 @@ def main():
     print("|---:|---:|---:|---:|---:|")
     for level, p50, p99, ratio, build in rows:
         print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x | {build:.1f} |")
+    # Where the growth is: each create phase's mean at each level (the
+    # phases overlap: node_create holds the node's and spawner's own).
+    names = sorted({n for by in phases.values() for n, ms in by.items() if ms >= 0.05})
+    if names:
+        levels = list(phases)
+        print("\n| phase mean ms | " + " | ".join(f"{lv} live" for lv in levels) + " |")
+        print("|---|" + "---:|" * len(levels))
+        for name in names:
+            print(f"| {name} | " + " | ".join(f"{phases[lv].get(name, 0.0):.2f}" for lv in levels) + " |")
     if burst:
         n, failures, p50, p99, wall = burst
         print(f"\nBurst of {n} creates sent at once: {failures} failed, p50 {p50:.0f} ms, p99 {p99:.0f} ms, all answered in {wall:.1f} s")

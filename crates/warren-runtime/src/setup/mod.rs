@@ -18,6 +18,7 @@
 mod cgroup_v1;
 mod creds;
 mod mounts;
+mod shared;
 mod spec;
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -42,6 +43,7 @@ pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32,
     let config = Config::load(bundle)?;
     let flags = clone_flags(&config)?;
     let hierarchies = cgroup_v1::hierarchies()?;
+    let shared = shared::get(hierarchies)?;
     let cgroups = cgroup_v1::create(&config.linux.cgroups_path, &config.linux.resources)?;
     let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     let (report_r, report_w) =
@@ -49,7 +51,7 @@ pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32,
     let pid = clone_into(flags)?;
     if pid == 0 {
         drop((go_w, report_r));
-        child(&config, go_r, report_w, hierarchies)
+        child(&config, go_r, report_w, hierarchies, shared)
     }
     drop((go_r, report_w));
     let pid = Pid::from_raw(pid);
@@ -168,7 +170,13 @@ fn read_report(from: &OwnedFd) -> Result<(), String> {
 
 /// In the clone: waits for the spawner, sets itself up and becomes the
 /// sandbox's init. Never returns.
-fn child(config: &Config, go: OwnedFd, report: OwnedFd, hierarchies: &[cgroup_v1::Hierarchy]) -> ! {
+fn child(
+    config: &Config,
+    go: OwnedFd,
+    report: OwnedFd,
+    hierarchies: &[cgroup_v1::Hierarchy],
+    shared: &shared::Shared,
+) -> ! {
     let set_up = || -> Result<(), String> {
         let mut b = [0u8; 1];
         if !matches!(read(go.as_raw_fd(), &mut b), Ok(1)) || b[0] != b'g' {
@@ -180,7 +188,7 @@ fn child(config: &Config, go: OwnedFd, report: OwnedFd, hierarchies: &[cgroup_v1
         nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
             .map_err(|e| format!("unshare the cgroup namespace: {e}"))?;
         nix::unistd::sethostname(&config.hostname).map_err(|e| format!("set the hostname: {e}"))?;
-        mounts::enter_root(config, hierarchies)?;
+        mounts::enter_root(config, hierarchies, shared)?;
         nix::unistd::chdir(config.process.cwd.as_str())
             .map_err(|e| format!("enter {}: {e}", config.process.cwd))?;
         creds::set_rlimits(&config.process.rlimits)?;

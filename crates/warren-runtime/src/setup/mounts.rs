@@ -5,7 +5,6 @@
 //! hostile input is the image's own file tree, and every mount target in it
 //! is opened without following symbolic links out of the root.
 
-use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -13,13 +12,18 @@ use nix::mount::{mount, MsFlags};
 use rustix::fs::{Mode, OFlags};
 
 use super::cgroup_v1::Hierarchy;
+use super::shared::Shared;
 use super::spec::{Config, Mount};
 use crate::files::{self, Created, Links};
 use crate::RuntimeError;
 
 /// Mounts the sandbox's root and everything its config lists, pivots into
 /// it, and applies the read-only and masked paths.
-pub fn enter_root(config: &Config, hierarchies: &[Hierarchy]) -> Result<(), String> {
+pub fn enter_root(
+    config: &Config,
+    hierarchies: &[Hierarchy],
+    shared: &Shared,
+) -> Result<(), String> {
     let root = &config.root.path;
     let propagation = match config.linux.rootfs_propagation.as_str() {
         "private" => MsFlags::MS_PRIVATE,
@@ -49,17 +53,19 @@ pub fn enter_root(config: &Config, hierarchies: &[Hierarchy]) -> Result<(), Stri
     )
     .map_err(|e| format!("open the root {}: {e}", root.display()))?;
     for m in &config.mounts {
-        mount_one(&root_fd, m, hierarchies)
+        mount_one(&root_fd, m, hierarchies, shared)
             .map_err(|e| format!("mount {} at {}: {e}", m.kind, m.destination))?;
     }
     devices(root)?;
+    // Before the pivot: the shared empty directory is only reachable from
+    // the spawner's mounts, which the pivot detaches.
+    for path in &config.linux.masked_paths {
+        mask(&root_fd, path, shared).map_err(|e| format!("mask {path}: {e}"))?;
+    }
     crate::rootfs::pivot_into(root)?;
     reopen_null()?;
     for path in &config.linux.readonly_paths {
         read_only(Path::new(path)).map_err(|e| format!("make {path} read-only: {e}"))?;
-    }
-    for path in &config.linux.masked_paths {
-        mask(Path::new(path)).map_err(|e| format!("mask {path}: {e}"))?;
     }
     Ok(())
 }
@@ -101,11 +107,16 @@ impl Options {
     }
 }
 
-fn mount_one(root: &OwnedFd, m: &Mount, hierarchies: &[Hierarchy]) -> Result<(), String> {
+fn mount_one(
+    root: &OwnedFd,
+    m: &Mount,
+    hierarchies: &[Hierarchy],
+    shared: &Shared,
+) -> Result<(), String> {
     let opts = Options::parse(&m.options);
     match m.kind.as_str() {
         "bind" => bind(root, m, &opts),
-        "cgroup" => cgroup_v1(root, m, &opts, hierarchies),
+        "cgroup" => cgroup_v1(root, m, &opts, hierarchies, shared),
         "proc" | "sysfs" | "tmpfs" | "devpts" | "mqueue" => {
             let at = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
             mount(
@@ -150,34 +161,34 @@ fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), String> {
     remount(fd_path(&mounted).as_str(), extra)
 }
 
-/// cgroup v1: a tmpfs with each of the host's controller hierarchies
-/// mounted in it. The sandbox is in a cgroup namespace rooted at its own
-/// cgroups, so each shows the sandbox's cgroup as its root. Named
-/// hierarchies (`name=systemd`) are left out: the sandbox has no cgroup
-/// there, and its root would be the host's.
+/// cgroup v1: the shared read-only skeleton (see [`super::shared`]) with
+/// each of the host's controller hierarchies mounted in it. The sandbox is
+/// in a cgroup namespace rooted at its own cgroups, so each shows the
+/// sandbox's cgroup as its root. Named hierarchies (`name=systemd`) are
+/// left out: the sandbox has no cgroup there, and its root would be the
+/// host's.
 fn cgroup_v1(
     root: &OwnedFd,
     m: &Mount,
     opts: &Options,
     hierarchies: &[Hierarchy],
+    shared: &Shared,
 ) -> Result<(), String> {
     let at = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
-    let tmpfs_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(
-        Some("tmpfs"),
+        Some(&shared.cgroup),
         fd_path(&at).as_str(),
-        Some("tmpfs"),
-        tmpfs_flags,
-        Some("mode=755"),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
     )
-    .map_err(|e| format!("tmpfs: {e}"))?;
+    .map_err(|e| format!("bind the skeleton: {e}"))?;
+    // Opened again: the bind is on top of the first descriptor's directory.
     let base = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
     for h in hierarchies.iter().filter(|h| !h.is_named()) {
         let Some(name) = h.mount.file_name() else {
             continue;
         };
-        rustix::fs::mkdirat(&base, name, Mode::from_raw_mode(0o755))
-            .map_err(|e| format!("create {}: {e}", Path::new(name).display()))?;
         let sub = rustix::fs::openat(
             &base,
             name,
@@ -193,15 +204,8 @@ fn cgroup_v1(
             Some(h.options.as_str()),
         )
         .map_err(|e| format!("the {} hierarchy: {e}", h.options))?;
-        // Co-mounted controllers (cpu,cpuacct) are reached by each name.
-        for controller in h.controllers().filter(|c| OsStr::new(c) != name) {
-            rustix::fs::symlinkat(name, &base, controller)
-                .map_err(|e| format!("link {controller}: {e}"))?;
-        }
     }
-    // Read-only in place: a bind of it (the config's read-only paths) would
-    // copy every hierarchy's mount once more.
-    remount(fd_path(&base).as_str(), MsFlags::MS_RDONLY | tmpfs_flags)
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
@@ -372,29 +376,32 @@ fn read_only(path: &Path) -> Result<(), String> {
     remount(&path.to_string_lossy(), flags)
 }
 
-/// Hides `path`: an empty read-only tmpfs over a directory, /dev/null over
-/// a file.
-fn mask(path: &Path) -> Result<(), String> {
-    let Some(meta) = exists(path)? else {
-        return Ok(());
+/// Hides `path` in the root: the shared empty directory over a directory,
+/// the host's /dev/null over a file. A path the root lacks is skipped, and
+/// one that goes through a link is refused.
+fn mask(root: &OwnedFd, path: &str, shared: &Shared) -> Result<(), String> {
+    let rel = relative(path)?;
+    let at = match files::open_in_with(root, &rel.to_string_lossy(), OFlags::PATH, 0, Links::Refuse)
+    {
+        Ok(at) => at,
+        Err(RuntimeError::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e.to_string()),
     };
-    if meta.is_dir() {
-        mount(
-            Some("tmpfs"),
-            path,
-            Some("tmpfs"),
-            MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
+    let is_dir = rustix::fs::fstat(&at)
+        .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
+        .map_err(|e| format!("stat: {e}"))?;
+    let source = if is_dir {
+        shared.empty.as_path()
     } else {
-        mount(
-            Some("/dev/null"),
-            path,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-    }
+        Path::new("/dev/null")
+    };
+    mount(
+        Some(source),
+        fd_path(&at).as_str(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
     .map_err(|e| e.to_string())
 }
 

@@ -60,22 +60,29 @@ pub fn main() -> ! {
             Ok((r, _)) => r,
             Err(_) => std::process::exit(0),
         };
-        let reply = match request {
-            SpawnerRequest::Create {
-                id,
-                bundle,
-                state_root,
-                socket,
-                lower,
-                disk,
-                id_base,
-            } => match create(&id, &bundle, &state_root, &socket, &lower, disk, id_base) {
-                Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
-                Err(e) => SpawnerReply::Error { message: e },
-            },
+        let SpawnerRequest::Create {
+            id,
+            bundle,
+            state_root,
+            socket,
+            lower,
+            disk,
+            id_base,
+        } = request;
+        let reply = match create(&id, &bundle, &state_root, &socket, &lower, disk, id_base) {
+            Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
+            Err(e) => SpawnerReply::Error { message: e },
         };
         if proto::send(&sock, &reply, &[]).is_err() {
             std::process::exit(0);
+        }
+        if matches!(reply, SpawnerReply::Created { .. }) {
+            // After the answer: each unmount waits for an RCU grace period
+            // (1-3 ms, more on a busy host), which no create needs to wait
+            // for. The sandbox's namespace holds its own copies.
+            if let Err(e) = crate::unmount_root(&bundle, &id) {
+                eprintln!("warren spawner: sandbox {id}: {}", plain(e));
+            }
         }
     }
 }
@@ -155,11 +162,14 @@ fn create(
     let mounted = crate::mount_root(id, bundle, lower, disk, ids).map_err(plain);
     took(&mut phases, "spawn_mounts", &mut since);
     let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket, &mut phases));
-    since = std::time::Instant::now();
-    // The sandbox's namespace holds its own copy of these mounts now.
-    let unmounted = crate::unmount_root(bundle, id).map_err(plain);
-    took(&mut phases, "spawn_unmount", &mut since);
-    result.and_then(|pid| unmounted.map(|()| (pid, phases)))
+    match result {
+        // The mounts are detached once the answer is sent (see main).
+        Ok(pid) => Ok((pid, phases)),
+        Err(e) => {
+            let _ = crate::unmount_root(bundle, id);
+            Err(e)
+        }
+    }
 }
 
 /// A sandbox's init pid and the spawner's phases (name, microseconds).

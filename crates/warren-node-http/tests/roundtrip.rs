@@ -1623,26 +1623,33 @@ async fn a_path_prefix_in_the_node_url_is_kept() {
     assert_eq!(&back, b"x");
 }
 
+/// A fake node behind `fence`, its URL, and clients of two leaders: epoch 1
+/// and epoch 2.
+async fn two_leaders(fence: Fence) -> (Arc<FakeNode>, String, HttpNode, HttpNode) {
+    let fake = Arc::new(FakeNode::new(echo_server().await));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(fake.clone(), CREDENTIAL.to_string(), fence);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{addr}");
+    let leader = |epoch| {
+        HttpNode::new(&url, CREDENTIAL)
+            .unwrap()
+            .with_leader_epoch(epoch)
+    };
+    let (old, new) = (leader(1), leader(2));
+    (fake, url, old, new)
+}
+
 /// Two replicas of a control plane: once the node has seen the newer
 /// leader's epoch, the older leader's calls are refused (reads and
 /// destroys alike, with the `fenced` kind), the newer one's go on, and so
 /// do calls without an epoch (a node driven by a `warren up` in-process).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_leader_is_fenced_off() {
-    let fake = Arc::new(FakeNode::new(echo_server().await));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let fence = Fence::open(dir.path().join("leader-epoch")).unwrap();
-    let app = router(fake.clone(), CREDENTIAL.to_string(), fence.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let url = format!("http://{addr}");
-    let old = HttpNode::new(&url, CREDENTIAL)
-        .unwrap()
-        .with_leader_epoch(1);
-    let new = HttpNode::new(&url, CREDENTIAL)
-        .unwrap()
-        .with_leader_epoch(2);
+    let (_fake, url, old, new) = two_leaders(fence.clone()).await;
 
     old.info().await.expect("epoch 1 leads at first");
     new.info().await.expect("epoch 2 takes over");
@@ -1673,18 +1680,7 @@ async fn a_replaced_leader_is_fenced_off() {
 /// goes away still runs to its end, so nothing is left half made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_that_outlives_its_leader_is_undone() {
-    let fake = Arc::new(FakeNode::new(echo_server().await));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(fake.clone(), CREDENTIAL.to_string(), Fence::default());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let url = format!("http://{addr}");
-    let old = HttpNode::new(&url, CREDENTIAL)
-        .unwrap()
-        .with_leader_epoch(1);
-    let new = HttpNode::new(&url, CREDENTIAL)
-        .unwrap()
-        .with_leader_epoch(2);
+    let (fake, _url, old, new) = two_leaders(Fence::default()).await;
     let started = |id: &str| {
         let (fake, line) = (fake.clone(), format!("creating {id}"));
         async move {

@@ -11,6 +11,12 @@ use warren_runtime::cgroups::Sample;
 /// Disk use is a directory walk, so it is read every this many samples.
 const DISK_EVERY: u64 = 10;
 
+/// How many periodic readings in a row an idle sandbox may repeat its last
+/// one (see [`UsageTracker::repeat_if_idle`]) before its files are read
+/// again: what the kernel changes without the sandbox running (memory it
+/// reclaims) shows within this many rounds.
+const REPEATS_AT_MOST: u32 = 9;
+
 /// The shortest window a CPU rate is measured over. Over a few milliseconds
 /// a rate means nothing: CFS lets a sandbox run on several CPUs at once
 /// within one quota period, so two readings close together (the periodic
@@ -26,6 +32,8 @@ pub struct UsageTracker {
     /// The newest reading, which `usage` reports.
     last: Option<(Instant, Sample)>,
     samples: u64,
+    /// Readings repeated in a row by `repeat_if_idle`.
+    repeated: u32,
     cpu_rate_sum: f64,
     cpu_peak_millis: u64,
     memory_peak: u64,
@@ -42,6 +50,7 @@ impl UsageTracker {
             anchor: None,
             last: None,
             samples: 0,
+            repeated: 0,
             cpu_rate_sum: 0.0,
             cpu_peak_millis: 0,
             memory_peak: 0,
@@ -87,6 +96,26 @@ impl UsageTracker {
             self.disk_bytes = d;
         }
         self.last = Some((at, s));
+        self.repeated = 0;
+    }
+
+    /// Takes the newest reading again, as of `at`, when the sandbox's CPU
+    /// counter still reads `cpu_usage_ns`: a sandbox that has not run has
+    /// not forked, allocated or been OOM-killed either, so the other five
+    /// files need not be read (thousands of idle sandboxes made the
+    /// sampler a tenth of a core). False when it ran, or when it repeated
+    /// REPEATS_AT_MOST times in a row: then the caller reads everything.
+    pub fn repeat_if_idle(&mut self, at: Instant, cpu_usage_ns: u64) -> bool {
+        let Some((_, last)) = self.last else {
+            return false;
+        };
+        if last.cpu_usage_ns != cpu_usage_ns || self.repeated >= REPEATS_AT_MOST {
+            return false;
+        }
+        let repeated = self.repeated + 1;
+        self.add(at, last, None);
+        self.repeated = repeated;
+        true
     }
 
     pub fn wants_disk(&self) -> bool {
@@ -161,6 +190,41 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_sandbox_repeats_its_reading_for_a_while_then_is_read_again() {
+        let mut t = UsageTracker::new();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(!t.repeat_if_idle(at(0), 0), "nothing to repeat yet");
+        let reading = Sample {
+            cpu_usage_ns: 5_000_000,
+            memory_bytes: 4 << 20,
+            pids: 1,
+            ..Default::default()
+        };
+        t.add(at(0), reading, None);
+        assert!(!t.repeat_if_idle(at(1000), 6_000_000), "it ran: read it");
+        for round in 1..=REPEATS_AT_MOST as u64 {
+            assert!(
+                t.repeat_if_idle(at(1000 * round), 5_000_000),
+                "round {round}"
+            );
+        }
+        assert!(
+            !t.repeat_if_idle(at(100_000), 5_000_000),
+            "read in full after {REPEATS_AT_MOST} repeats"
+        );
+        let u = t.usage();
+        assert_eq!((u.memory_bytes, u.pids), (4 << 20, 1));
+        // Idle over the repeated rounds: the rate measured is zero.
+        assert_eq!(u.cpu_millis_mean, 0);
+        t.add(at(101_000), reading, None);
+        assert!(
+            t.repeat_if_idle(at(102_000), 5_000_000),
+            "a full reading starts over"
+        );
+    }
 
     #[test]
     fn gpu_readings_show_the_latest_and_keep_the_peak() {

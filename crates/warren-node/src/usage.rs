@@ -62,7 +62,7 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
             n.sample_cpu();
             for (id, l) in &live {
                 if !l.destroying.load(Ordering::Acquire) {
-                    n.sample_one(id, l, true);
+                    n.sample_periodic(id, l);
                 }
             }
             n.sample_gpus(&live);
@@ -107,6 +107,18 @@ impl Node {
         for (id, l) in holders {
             lock(&l.usage).add_gpu(by.remove(id).unwrap_or_default());
         }
+    }
+
+    /// The sampler's reading of one sandbox: an idle one's last reading is
+    /// repeated from its CPU counter alone (see `repeat_if_idle`).
+    fn sample_periodic(&self, id: &str, live: &Live) {
+        let at = std::time::Instant::now();
+        if let Some(cpu) = warren_runtime::cgroups::cpu_usage_ns(&live.cgroup_path) {
+            if lock(&live.usage).repeat_if_idle(at, cpu) {
+                return;
+            }
+        }
+        self.sample_one(id, live, true);
     }
 
     pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {

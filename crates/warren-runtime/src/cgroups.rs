@@ -19,7 +19,10 @@ pub(crate) const ROOT: &str = "/sys/fs/cgroup";
 
 /// Whether this host has the cgroup v2 unified hierarchy at `ROOT`.
 pub(crate) fn unified() -> bool {
-    Path::new(ROOT).join("cgroup.controllers").exists()
+    // The host's cgroup mode does not change under a running daemon, and
+    // the sampler asks for every sandbox each second.
+    static UNIFIED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNIFIED.get_or_init(|| Path::new(ROOT).join("cgroup.controllers").exists())
 }
 
 fn manager(cgroup_path: &str) -> Result<AnyCgroupManager, RuntimeError> {
@@ -150,15 +153,10 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
 /// alive), which creates wait on.
 pub fn unthrottle(cgroup_path: &str) {
     let rel = cgroup_path.trim_start_matches('/');
-    let v2 = format!("/sys/fs/cgroup/{rel}");
-    let (dir, file, unlimited) = if std::path::Path::new(&v2).join("cpu.max").exists() {
-        (v2, "cpu.max", "max")
+    let (dir, file, unlimited) = if unified() {
+        (format!("{ROOT}/{rel}"), "cpu.max", "max")
     } else {
-        (
-            format!("/sys/fs/cgroup/cpu/{rel}"),
-            "cpu.cfs_quota_us",
-            "-1",
-        )
+        (format!("{ROOT}/cpu/{rel}"), "cpu.cfs_quota_us", "-1")
     };
     if read_keyed(&format!("{dir}/cpu.stat"), "nr_throttled") == Some(0) {
         return;
@@ -185,33 +183,48 @@ fn read_u64(path: &str) -> Option<u64> {
 
 /// `key value` lines (cpu.stat, memory.events, memory.oom_control).
 fn read_keyed(path: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
+    keyed(&std::fs::read_to_string(path).ok()?, key)
+}
+
+fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The CPU time the sandbox's cgroup has used: one file, where a whole
+/// [`sample`] reads six; None when the cgroup is gone.
+pub fn cpu_usage_ns(cgroup_path: &str) -> Option<u64> {
+    let rel = cgroup_path.trim_start_matches('/');
+    if unified() {
+        read_keyed(&format!("{ROOT}/{rel}/cpu.stat"), "usage_usec").map(|us| us * 1000)
+    } else {
+        read_u64(&format!("{ROOT}/cpuacct/{rel}/cpuacct.usage"))
+    }
+}
+
 pub fn sample(cgroup_path: &str) -> Result<Sample, RuntimeError> {
     let rel = cgroup_path.trim_start_matches('/');
-    let v2 = format!("/sys/fs/cgroup/{rel}");
-    if std::path::Path::new(&format!("{v2}/cgroup.controllers")).exists() {
+    let gone = || RuntimeError::NotFound(format!("no cgroup {cgroup_path}"));
+    if unified() {
+        let v2 = format!("{ROOT}/{rel}");
+        let cpu = std::fs::read_to_string(format!("{v2}/cpu.stat")).map_err(|_| gone())?;
         return Ok(Sample {
-            cpu_usage_ns: read_keyed(&format!("{v2}/cpu.stat"), "usage_usec").unwrap_or(0) * 1000,
-            cpu_periods: read_keyed(&format!("{v2}/cpu.stat"), "nr_periods").unwrap_or(0),
-            cpu_throttled_periods: read_keyed(&format!("{v2}/cpu.stat"), "nr_throttled")
-                .unwrap_or(0),
+            cpu_usage_ns: keyed(&cpu, "usage_usec").unwrap_or(0) * 1000,
+            cpu_periods: keyed(&cpu, "nr_periods").unwrap_or(0),
+            cpu_throttled_periods: keyed(&cpu, "nr_throttled").unwrap_or(0),
             memory_bytes: read_u64(&format!("{v2}/memory.current")).unwrap_or(0),
             memory_peak_bytes: read_u64(&format!("{v2}/memory.peak")).unwrap_or(0),
             pids: read_u64(&format!("{v2}/pids.current")).unwrap_or(0),
             oom_kills: read_keyed(&format!("{v2}/memory.events"), "oom_kill").unwrap_or(0),
         });
     }
-    let v1 = |ctrl: &str, file: &str| format!("/sys/fs/cgroup/{ctrl}/{rel}/{file}");
-    let cpu_ns = read_u64(&v1("cpuacct", "cpuacct.usage"))
-        .ok_or_else(|| RuntimeError::NotFound(format!("no cgroup {cgroup_path}")))?;
+    let v1 = |ctrl: &str, file: &str| format!("{ROOT}/{ctrl}/{rel}/{file}");
+    let cpu_ns = read_u64(&v1("cpuacct", "cpuacct.usage")).ok_or_else(gone)?;
+    let cpu = std::fs::read_to_string(v1("cpu", "cpu.stat")).unwrap_or_default();
     Ok(Sample {
         cpu_usage_ns: cpu_ns,
-        cpu_periods: read_keyed(&v1("cpu", "cpu.stat"), "nr_periods").unwrap_or(0),
-        cpu_throttled_periods: read_keyed(&v1("cpu", "cpu.stat"), "nr_throttled").unwrap_or(0),
+        cpu_periods: keyed(&cpu, "nr_periods").unwrap_or(0),
+        cpu_throttled_periods: keyed(&cpu, "nr_throttled").unwrap_or(0),
         memory_bytes: read_u64(&v1("memory", "memory.usage_in_bytes")).unwrap_or(0),
         memory_peak_bytes: read_u64(&v1("memory", "memory.max_usage_in_bytes")).unwrap_or(0),
         pids: read_u64(&v1("pids", "pids.current")).unwrap_or(0),

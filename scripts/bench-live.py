@@ -72,6 +72,18 @@ def run_burst(spec, n):
     return n, failures, pct(lat, 50), pct(lat, 99), wall
 
 
+def daemon_cpu(pid, settle=15, window=30):
+    """The daemon's CPU use over `window` seconds, `settle` seconds after
+    the fill, in percent of one core (user + system, all its threads)."""
+    def ticks():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    time.sleep(settle)
+    t0 = ticks()
+    time.sleep(window)
+    return (ticks() - t0) * 100 / os.sysconf("SC_CLK_TCK") / window
+
+
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, round(p / 100 * (len(v) - 1)))]
@@ -87,6 +99,8 @@ def main():
                     help="after the levels, send N creates all at once (N connections) and report failures and p50/p99")
     ap.add_argument("--fill-request", metavar="CPU,MEMORY",
                     help="requests of the filling sandboxes, e.g. 1m,4M to fit 5,000 on a small node (default: default sizes)")
+    ap.add_argument("--daemon-pid", type=int, metavar="PID",
+                    help="also report the daemon's CPU (%% of a core, from /proc/PID/stat) over 30 s at each level, 15 s after filling")
     args = ap.parse_args()
     label = f"bench-live-{os.getpid()}"
     spec = {"image": args.image, "labels": {"bench": label}}
@@ -100,6 +114,7 @@ def main():
     base = None
     burst = None
     phases = {}
+    idle_cpu = {}
     try:
         for level in [int(x) for x in args.live.split(",")]:
             t0 = time.time()
@@ -114,6 +129,9 @@ def main():
                     if i % 100 == 0 or i == len(futs):
                         print(f"fill: {live + i}/{level} live ({time.time() - t0:.0f} s)", file=sys.stderr)
             live = level
+            if args.daemon_pid:
+                idle_cpu[level] = daemon_cpu(args.daemon_pid)
+                print(f"live {level}: idle daemon {idle_cpu[level]:.1f}% of a core", file=sys.stderr)
             lat = []
             before = phase_totals(c)
             for _ in range(args.samples):
@@ -143,6 +161,11 @@ def main():
     print("|---:|---:|---:|---:|---:|")
     for level, p50, p99, ratio, build in rows:
         print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x | {build:.1f} |")
+    if idle_cpu:
+        print("\n| live sandboxes | idle daemon CPU, % of a core |")
+        print("|---:|---:|")
+        for level, pct_core in idle_cpu.items():
+            print(f"| {level} | {pct_core:.1f} |")
     # Where the growth is: each create phase's mean at each level (the
     # phases overlap: node_create holds the node's and spawner's own).
     names = sorted({n for by in phases.values() for n, ms in by.items() if ms >= 0.05})

@@ -99,7 +99,9 @@ pub trait NodeApi: Send + Sync {
 
     /// Creates a sandbox; answers, with its status, once an exec into it
     /// would succeed. Its main process, if the spec has one, starts with
-    /// `start_main`. A node short of disk answers `no_room`.
+    /// `start_main`. A node short of disk answers `no_room`. A create whose
+    /// caller stops waiting (drops the future) must not leave a sandbox
+    /// half made: the node's implementations run it to its end regardless.
     async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus>;
 
     /// The control plane recorded the sandbox as running: the node notes

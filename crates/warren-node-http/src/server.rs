@@ -463,10 +463,11 @@ where
     })
 }
 
-/// The create runs to its end in a task of its own, even when its caller
-/// goes away. A caller replaced as leader meanwhile gets `fenced`, and
+/// A caller replaced as leader while its create ran gets `fenced`, and
 /// what it made is destroyed: the new leader took stock of the node
-/// before it existed, so nothing else would ever remove it.
+/// before it existed, so nothing else would ever remove it. The create
+/// itself finishes without its caller (see [`NodeApi::create`]); the task
+/// here is for that check, which must run even when the caller is gone.
 async fn create(
     State(node): Node,
     admitted: Option<axum::Extension<Admitted>>,

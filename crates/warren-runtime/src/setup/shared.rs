@@ -56,6 +56,18 @@ fn build(hierarchies: &[Hierarchy]) -> Result<Shared, String> {
         Some("mode=0755,size=64k"),
     )
     .map_err(|e| format!("mount a tmpfs at {}: {e}", at.display()))?;
+    // A build that fails half way leaves nothing mounted: a retry by the
+    // next sandbox would otherwise stack a second tmpfs over the first.
+    fill(&at, hierarchies, flags).inspect_err(|_| {
+        let _ = nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH);
+    })?;
+    Ok(Shared {
+        empty: at.join("empty"),
+        cgroup: at.join("cgroup"),
+    })
+}
+
+fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), String> {
     let dir = |path: &Path| {
         std::fs::create_dir(path).map_err(|e| format!("create {}: {e}", path.display()))
     };
@@ -77,14 +89,11 @@ fn build(hierarchies: &[Hierarchy]) -> Result<Shared, String> {
     // sandbox cannot be made writable from there.
     mount(
         None::<&str>,
-        &at,
+        at,
         None::<&str>,
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | flags,
         None::<&str>,
     )
     .map_err(|e| format!("make {} read-only: {e}", at.display()))?;
-    Ok(Shared {
-        empty: at.join("empty"),
-        cgroup,
-    })
+    Ok(())
 }

@@ -146,7 +146,8 @@ impl Control {
             }
             let claimed = async {
                 let phase = std::time::Instant::now();
-                self.api(&row.node)?
+                let status = self
+                    .api(&row.node)?
                     .claim(&id, spec.clone())
                     .await
                     .map_err(node_error)?;
@@ -164,22 +165,24 @@ impl Control {
                     .await
                     .map_err(ApiError::from);
                 self.metrics.create_phase("claim_store", phase.elapsed());
-                stored
+                stored.map(|()| status)
             }
             .await;
             match claimed {
-                Ok(()) => {
+                Ok(status) => {
                     *lock(&self.pools.state).claimed.entry(pool).or_default() += 1;
-                    let phase = std::time::Instant::now();
-                    let answer = match self.get(&id).await {
-                        Ok(row) => Ok(Some(self.info(row, false).await)),
-                        Err(e) => Err(e),
+                    // The row as the claim left it (held under the
+                    // sandbox's lock, nothing else changed it) and the
+                    // node's answer: no second look at either.
+                    let row = SandboxRow {
+                        spec: spec.clone(),
+                        ..row
                     };
-                    self.metrics.create_phase("claim_answer", phase.elapsed());
+                    let answer = self.info_with(row, Some(&status), false);
                     // The refill's create takes the CPUs for a while: only
                     // once this create has its answer.
                     self.pools.wake.notify_one();
-                    return answer;
+                    return Ok(Some(answer));
                 }
                 Err(e) => {
                     // Half-claimed: it belongs to nobody; make a fresh one.

@@ -127,8 +127,10 @@ pub trait NodeApi: Send + Sync {
 
     /// A warm pool's sandbox taken by a create: it becomes `spec`'s (exec
     /// environment, working directory and user, TTL and lease from now,
-    /// network policy); its resources stay.
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()>;
+    /// network policy); its resources stay. Answers its status as `status`
+    /// without `read_usage` would, so that the create's answer needs no
+    /// second call.
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus>;
 
     /// Renews the sandbox's lease; a sandbox the node does not hold is no
     /// error (there is nothing to keep alive). Exec, file and port calls,

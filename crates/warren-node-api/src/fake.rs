@@ -240,9 +240,12 @@ impl NodeApi for FakeNode {
         self.with(id, |s| s.ttl_remaining_ms = ttl.as_millis() as u64)
     }
 
-    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<()> {
+    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<SandboxStatus> {
         self.call("claim", id)?;
-        self.with(id, |s| s.ttl_remaining_ms = spec.ttl().as_millis() as u64)
+        self.with(id, |s| {
+            s.ttl_remaining_ms = spec.ttl().as_millis() as u64;
+            s.clone()
+        })
     }
 
     async fn renew_lease(&self, _id: &str) -> NodeResult<()> {

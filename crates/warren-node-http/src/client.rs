@@ -477,9 +477,9 @@ impl NodeApi for HttpNode {
         self.call(rb, Deadline::Quick).await
     }
 
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()> {
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
         let rb = self.post_json(&["sandboxes", id, "claim"], &spec)?;
-        self.call(rb, Deadline::Quick).await
+        self.call_json(rb, Deadline::Quick).await
     }
 
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {

@@ -540,8 +540,7 @@ async fn claim(
     P(id): P<String>,
     JsonBody(spec): JsonBody<SandboxSpec>,
 ) -> Answer<Response> {
-    node.claim(&id, spec).await?;
-    Ok(done())
+    Ok(Json(node.claim(&id, spec).await?).into_response())
 }
 
 async fn renew_lease(State(node): Node, P(id): P<String>) -> Answer<Response> {

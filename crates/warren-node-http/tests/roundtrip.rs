@@ -292,10 +292,10 @@ impl NodeApi for FakeNode {
         Ok(())
     }
 
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<()> {
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
         self.need(id)?;
         self.record(format!("claim {id} {}", spec.labels.len()));
-        Ok(())
+        Ok(self.sandboxes.lock().unwrap()[id].clone())
     }
 
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {
@@ -795,16 +795,18 @@ async fn every_method_crosses_the_wire() {
         .unwrap();
     node.renew_lease("sb-2").await.unwrap();
     node.renew_lease("nobody").await.unwrap();
-    node.claim(
-        "sb-2",
-        SandboxSpec {
-            image: "bb".into(),
-            labels: [("task".to_string(), "t".to_string())].into(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let claimed = node
+        .claim(
+            "sb-2",
+            SandboxSpec {
+                image: "bb".into(),
+                labels: [("task".to_string(), "t".to_string())].into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.id, "sb-2", "a claim answers the sandbox's status");
     node.note("sb-2", note("running")).await.unwrap();
 
     // exec: argv and stdin come back as output, then the exit.

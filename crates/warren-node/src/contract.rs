@@ -281,8 +281,11 @@ impl NodeApi for LocalNode {
         self.node.set_ttl(id, ttl).map_err(contract_error)
     }
 
-    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<()> {
-        self.node.claim(id, spec).await.map_err(contract_error)
+    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<SandboxStatus> {
+        self.node.claim(id, spec).await.map_err(contract_error)?;
+        self.node.status_of(id, false).ok_or_else(|| {
+            api::NodeError::not_found(format!("sandbox {id} was destroyed as it was claimed"))
+        })
     }
 
     async fn renew_lease(&self, id: &str) -> NodeResult<()> {

@@ -1,8 +1,13 @@
 //! The node's own record of its sandboxes, `<home>/node/sandboxes/<id>.json`:
 //! what it needs to take each one over again after it restarts, without
 //! asking the control plane (which may be far away, or restarting too).
-//! Each entry is written whole (a temporary file, renamed), so a crash
-//! leaves the old entry or the new one. Not synced: an entry matters only
+//! Each entry is written whole to a temporary file, the old entry removed
+//! and the new one renamed into place: a crash leaves the old entry, the
+//! new one, or (between the two steps) the new one under its temporary
+//! name, which `load` takes when the entry itself is gone. Not renamed over
+//! the old one: ext4 (`auto_da_alloc`) starts writing a file back at once
+//! when it replaces another by a rename, which made every rewrite of an
+//! entry (a pool claim, a phase change) 0.3 ms slower. Not synced: an entry matters only
 //! while its sandbox's processes live, and what kills the kernel's page
 //! cache (a power cut, a reboot) kills them too.
 
@@ -42,6 +47,10 @@ impl Journal {
         let tmp = path.with_extension("json.tmp");
         let body = serde_json::to_vec(e).map_err(std::io::Error::other)?;
         std::fs::File::create(&tmp)?.write_all(&body)?;
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         std::fs::rename(&tmp, &path)
     }
 
@@ -55,13 +64,28 @@ impl Journal {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        for e in rd.flatten() {
-            let path = e.path();
-            if path.extension().and_then(|x| x.to_str()) != Some("json") {
-                let _ = std::fs::remove_file(&path);
+        let paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+        let mut entries = Vec::new();
+        for path in &paths {
+            if path.extension().and_then(|x| x.to_str()) == Some("json") {
+                entries.push(path.clone());
                 continue;
             }
+            // A whole new entry whose old one was removed just before a
+            // crash: it is the entry. Beside its entry, a half-written one.
+            let entry = path.with_extension("");
+            let taken = entry.extension().and_then(|x| x.to_str()) == Some("json")
+                && path.extension().and_then(|x| x.to_str()) == Some("tmp")
+                && !paths.contains(&entry)
+                && std::fs::rename(path, &entry).is_ok();
+            if taken {
+                entries.push(entry);
+            } else {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        let mut out = Vec::new();
+        for path in entries {
             match std::fs::read(&path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| serde_json::from_slice::<Entry>(&b).map_err(|e| e.to_string()))
@@ -103,8 +127,30 @@ mod tests {
         j.write(&e).expect("write");
         std::fs::write(dir.path().join("node/sandboxes/sbx-bad.json"), b"{").expect("write");
         std::fs::write(dir.path().join("node/sandboxes/x.json.tmp"), b"half").expect("write");
-        assert_eq!(j.load(), vec![e]);
+        assert_eq!(j.load(), vec![e.clone()]);
         j.remove("sbx-aaaaaaaaaaaa");
         assert!(j.load().is_empty());
+
+        // A crash between removing an entry and renaming its successor
+        // into place: the successor, whole under its temporary name, is it.
+        let dir = dir.path().join("node/sandboxes");
+        std::fs::write(
+            dir.join("sbx-aaaaaaaaaaaa.json.tmp"),
+            serde_json::to_vec(&e).expect("json"),
+        )
+        .expect("write");
+        assert_eq!(j.load(), vec![e.clone()]);
+        assert!(dir.join("sbx-aaaaaaaaaaaa.json").exists());
+        // Beside its entry, a temporary file is a half-written successor.
+        std::fs::write(dir.join("sbx-aaaaaaaaaaaa.json.tmp"), b"{\"cre").expect("write");
+        assert_eq!(j.load(), vec![e.clone()]);
+        assert!(!dir.join("sbx-aaaaaaaaaaaa.json.tmp").exists());
+        // A rewrite replaces the entry.
+        let later = Entry {
+            pid: 43,
+            ..e.clone()
+        };
+        j.write(&later).expect("rewrite");
+        assert_eq!(j.load(), vec![later]);
     }
 }

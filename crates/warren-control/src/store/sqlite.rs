@@ -35,6 +35,10 @@ impl SqliteStore {
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            // A connection to a local file cannot go stale; the ping
+            // before each use was one more trip to its worker thread on
+            // every read and write.
+            .test_before_acquire(false)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;

@@ -14,6 +14,34 @@ use super::{
     Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
 };
 
+/// The statements of a group-committed write, each followed by its event;
+/// the same text also behind `BEGIN IMMEDIATE`, for the first write of a
+/// transaction. Every statement is one trip to the connection's worker
+/// thread, and on a busy machine a trip cost 0.1-0.2 ms: a write alone made
+/// four (begin, statement, event, commit), now two.
+pub(super) struct TxSql {
+    alone: &'static str,
+    opening: &'static str,
+}
+
+/// The event that goes with a write binds its time, sandbox id, state,
+/// reason and message.
+macro_rules! tx_sql {
+    ($sql:literal) => {
+        TxSql {
+            alone: concat!($sql, EVENT_INSERT!()),
+            opening: concat!("BEGIN IMMEDIATE; ", $sql, EVENT_INSERT!()),
+        }
+    };
+}
+
+#[allow(non_snake_case)]
+macro_rules! EVENT_INSERT {
+    () => {
+        "INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'state', ?, ?, ?)"
+    };
+}
+
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -21,7 +49,7 @@ pub struct SqliteStore {
     /// polling.
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// The hot writes (creates, state changes, claims) go through it.
-    commits: GroupCommit<SqliteConnection>,
+    commits: GroupCommit<WriteTx>,
 }
 
 impl SqliteStore {
@@ -54,19 +82,26 @@ impl SqliteStore {
     }
 
     /// A new spec (and, for a claim, a request id) with its event, through
-    /// the group commit. `update` binds the spec as ?1, the id as ?2 and
-    /// the request id, when given, as ?3.
-    async fn spec_write(&self, c: SpecChange, update: &'static str) -> Result<(), StoreError> {
+    /// the group commit. `sql` binds the spec, the request id when given,
+    /// the id, then the event's time, reason and message.
+    async fn spec_write(&self, c: SpecChange, sql: &'static TxSql) -> Result<(), StoreError> {
         self.commits
-            .write_with((c, update), |conn, args| {
+            .write_with((c, sql), |tx, args| {
                 Box::pin(async move {
-                    let (c, update) = &*args;
-                    let mut q = sqlx::query(*update).bind(&c.spec).bind(&c.id);
+                    let (c, sql) = &*args;
+                    let mut q = sqlx::query(tx.sql(sql)).bind(&c.spec);
                     if let Some(request_id) = &c.request_id {
                         q = q.bind(request_id);
                     }
-                    q.execute(&mut *conn).await?;
-                    insert_event(conn, &c.time, &c.id, None, &c.reason, &c.message).await
+                    q.bind(&c.id)
+                        .bind(&c.time)
+                        .bind(&c.id)
+                        .bind(None::<&str>)
+                        .bind(&c.reason)
+                        .bind(&c.message)
+                        .execute(tx.conn())
+                        .await?;
+                    Ok(())
                 })
             })
             .await?;
@@ -87,13 +122,14 @@ impl Store for SqliteStore {
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
         self.commits
-            .write_with((row.clone(), request_id.map(str::to_string)), |conn, args| {
+            .write_with((row.clone(), request_id.map(str::to_string)), |tx, args| {
                 Box::pin(async move {
                     let (row, request_id) = &*args;
-                    sqlx::query(
+                    static SQL: TxSql = tx_sql!(
                         "INSERT INTO sandboxes (id, state, reason, spec, resources, node, image_digest, request_id, created_at)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    )
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);"
+                    );
+                    sqlx::query(tx.sql(&SQL))
                     .bind(&row.id)
                     .bind(row.state.as_str())
                     .bind(&row.reason)
@@ -103,17 +139,14 @@ impl Store for SqliteStore {
                     .bind(&row.image_digest)
                     .bind(request_id)
                     .bind(&row.created_at)
-                    .execute(&mut *conn)
+                    .bind(&row.created_at)
+                    .bind(&row.id)
+                    .bind(row.state.as_str())
+                    .bind(&row.reason)
+                    .bind("")
+                    .execute(tx.conn())
                     .await?;
-                    insert_event(
-                        conn,
-                        &row.created_at,
-                        &row.id,
-                        Some(row.state),
-                        &row.reason,
-                        "",
-                    )
-                    .await
+                    Ok(())
                 })
             })
             .await?;
@@ -130,28 +163,34 @@ impl Store for SqliteStore {
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
         self.commits
-            .write_with(StateChange::new(id, state, reason, time, &t), |conn, c| {
+            .write_with(StateChange::new(id, state, reason, time, &t), |tx, c| {
                 Box::pin(async move {
-                    sqlx::query(
+                    static SQL: TxSql = tx_sql!(
                         "UPDATE sandboxes SET state = ?, reason = ?,
                         started_at = COALESCE(?, started_at),
                         finished_at = COALESCE(?, finished_at),
                         exit_code = COALESCE(?, exit_code),
                         grace = ?,
                         node = COALESCE(?, node)
-                     WHERE id = ?",
-                    )
-                    .bind(c.state.as_str())
-                    .bind(&c.reason)
-                    .bind(&c.started_at)
-                    .bind(&c.finished_at)
-                    .bind(c.exit_code)
-                    .bind(c.grace)
-                    .bind(&c.node)
-                    .bind(&c.id)
-                    .execute(&mut *conn)
-                    .await?;
-                    insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
+                     WHERE id = ?;"
+                    );
+                    sqlx::query(tx.sql(&SQL))
+                        .bind(c.state.as_str())
+                        .bind(&c.reason)
+                        .bind(&c.started_at)
+                        .bind(&c.finished_at)
+                        .bind(c.exit_code)
+                        .bind(c.grace)
+                        .bind(&c.node)
+                        .bind(&c.id)
+                        .bind(&c.time)
+                        .bind(&c.id)
+                        .bind(c.state.as_str())
+                        .bind(&c.reason)
+                        .bind(&c.message)
+                        .execute(tx.conn())
+                        .await?;
+                    Ok(())
                 })
             })
             .await?;
@@ -167,11 +206,9 @@ impl Store for SqliteStore {
         reason: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.spec_write(
-            SpecChange::set(id, spec, time, reason, message),
-            "UPDATE sandboxes SET spec = ?1 WHERE id = ?2",
-        )
-        .await
+        static SQL: TxSql = tx_sql!("UPDATE sandboxes SET spec = ? WHERE id = ?;");
+        self.spec_write(SpecChange::set(id, spec, time, reason, message), &SQL)
+            .await
     }
 
     async fn claim_pooled(
@@ -182,11 +219,9 @@ impl Store for SqliteStore {
         time: &str,
         message: &str,
     ) -> Result<(), StoreError> {
-        self.spec_write(
-            SpecChange::claim(id, spec, request_id, time, message),
-            "UPDATE sandboxes SET spec = ?1, request_id = ?3 WHERE id = ?2",
-        )
-        .await
+        static SQL: TxSql = tx_sql!("UPDATE sandboxes SET spec = ?, request_id = ? WHERE id = ?;");
+        self.spec_write(SpecChange::claim(id, spec, request_id, time, message), &SQL)
+            .await
     }
 
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError> {
@@ -605,6 +640,8 @@ impl Store for SqliteStore {
 pub(super) struct WriteTx {
     conn: PoolConnection<Sqlite>,
     committed: bool,
+    /// `BEGIN IMMEDIATE` has been sent.
+    open: bool,
 }
 
 impl WriteTx {
@@ -622,7 +659,29 @@ impl WriteTx {
         Ok(WriteTx {
             conn,
             committed: false,
+            open: true,
         })
+    }
+
+    /// A transaction whose `BEGIN IMMEDIATE` goes with its first write's
+    /// statements (see [`TxSql`]). Dropped uncommitted, its connection is
+    /// closed, which rolls back whatever of it ran.
+    async fn lazy(pool: &SqlitePool) -> Result<WriteTx, StoreError> {
+        Ok(WriteTx {
+            conn: pool.acquire().await?,
+            committed: false,
+            open: false,
+        })
+    }
+
+    /// The text of a write's statements, opening the transaction if this
+    /// is its first.
+    fn sql(&mut self, sql: &TxSql) -> &'static str {
+        if std::mem::replace(&mut self.open, true) {
+            sql.alone
+        } else {
+            sql.opening
+        }
     }
 
     fn conn(&mut self) -> &mut SqliteConnection {
@@ -630,6 +689,10 @@ impl WriteTx {
     }
 
     async fn commit(mut self) -> Result<(), StoreError> {
+        if !self.open {
+            self.committed = true;
+            return Ok(());
+        }
         match sqlx::query("COMMIT").execute(&mut *self.conn).await {
             Ok(_) => {
                 self.committed = true;
@@ -652,15 +715,15 @@ impl Drop for WriteTx {
 }
 
 impl group_commit::Database for SqlitePool {
-    type Connection = SqliteConnection;
+    type Connection = WriteTx;
     type Tx = WriteTx;
 
     async fn begin(&self) -> Result<WriteTx, StoreError> {
-        WriteTx::begin(self).await
+        WriteTx::lazy(self).await
     }
 
-    fn conn(tx: &mut WriteTx) -> &mut SqliteConnection {
-        tx.conn()
+    fn conn(tx: &mut WriteTx) -> &mut WriteTx {
+        tx
     }
 
     async fn commit(tx: WriteTx) -> Result<(), StoreError> {

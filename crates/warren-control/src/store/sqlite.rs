@@ -708,7 +708,9 @@ impl WriteTx {
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
-        if !self.committed {
+        // Closing the connection rolls back what ran of the transaction;
+        // one where nothing ran goes back to the pool as it came.
+        if self.open && !self.committed {
             self.conn.close_on_drop();
         }
     }

@@ -1,18 +1,29 @@
 //! The node's own record of its sandboxes, `<home>/node/sandboxes/<id>.json`:
 //! what it needs to take each one over again after it restarts, without
 //! asking the control plane (which may be far away, or restarting too).
-//! Each entry is written whole to a temporary file, the old entry removed
-//! and the new one renamed into place: a crash leaves the old entry, the
-//! new one, or (between the two steps) the new one under its temporary
-//! name, which `load` takes when the entry itself is gone. Not renamed over
-//! the old one: ext4 (`auto_da_alloc`) starts writing a file back at once
-//! when it replaces another by a rename, which made every rewrite of an
-//! entry (a pool claim, a phase change) 0.3 ms slower. Not synced: an entry matters only
-//! while its sandbox's processes live, and what kills the kernel's page
-//! cache (a power cut, a reboot) kills them too.
+//! An entry of at most a page that replaces one of at most a page (a pool
+//! claim, a phase change) is written over it in place by one write at
+//! offset 0, padded with spaces (which JSON allows) to the old length so
+//! the file never shrinks: a process killed during such a write finishes
+//! its copy into the page or never starts it. Any other entry is written
+//! whole to a temporary file, the old entry removed and the new one
+//! renamed into place: a crash leaves the old entry, the new one, or
+//! (between the two steps) the new one under its temporary name, which
+//! `load` takes when the entry itself is gone. Never renamed over the old
+//! one, nor truncated: ext4 (`auto_da_alloc`) starts writing a file back
+//! at once when it replaces another by a rename or was truncated to
+//! nothing, which made every rewrite 0.3 ms slower.
+//!
+//! Not synced: an entry matters only while its sandbox's processes live,
+//! and what kills the kernel's page cache (a power cut, a reboot) kills
+//! them too.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use warren_core::sync::lock;
 
 use serde::{Deserialize, Serialize};
 use warren_node_api::{CreateSandbox, Phase};
@@ -29,13 +40,21 @@ pub struct Entry {
 
 pub struct Journal {
     dir: PathBuf,
+    /// One write at a time: two of one entry at once would mix.
+    writing: Mutex<()>,
 }
+
+/// The most an entry rewritten in place may hold (a page).
+const IN_PLACE_AT_MOST: usize = 4096;
 
 impl Journal {
     pub fn open(home: &Path) -> std::io::Result<Journal> {
         let dir = home.join("node").join("sandboxes");
         std::fs::create_dir_all(&dir)?;
-        Ok(Journal { dir })
+        Ok(Journal {
+            dir,
+            writing: Mutex::new(()),
+        })
     }
 
     fn path(&self, id: &str) -> PathBuf {
@@ -44,8 +63,12 @@ impl Journal {
 
     pub fn write(&self, e: &Entry) -> std::io::Result<()> {
         let path = self.path(&e.create.id);
+        let mut body = serde_json::to_vec(e).map_err(std::io::Error::other)?;
+        let _one = lock(&self.writing);
+        if rewrite_in_place(&path, &mut body)? {
+            return Ok(());
+        }
         let tmp = path.with_extension("json.tmp");
-        let body = serde_json::to_vec(e).map_err(std::io::Error::other)?;
         std::fs::File::create(&tmp)?.write_all(&body)?;
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -101,6 +124,26 @@ impl Journal {
     }
 }
 
+/// Writes `body` over the entry at `path` when both fit in a page; false
+/// when there is no entry yet or either is larger.
+fn rewrite_in_place(path: &Path, body: &mut Vec<u8>) -> std::io::Result<bool> {
+    if body.len() > IN_PLACE_AT_MOST {
+        return Ok(false);
+    }
+    let file = match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let old = file.metadata()?.len() as usize;
+    if old > IN_PLACE_AT_MOST {
+        return Ok(false);
+    }
+    body.resize(old.max(body.len()), b' ');
+    file.write_all_at(body, 0)?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,12 +188,27 @@ mod tests {
         std::fs::write(dir.join("sbx-aaaaaaaaaaaa.json.tmp"), b"{\"cre").expect("write");
         assert_eq!(j.load(), vec![e.clone()]);
         assert!(!dir.join("sbx-aaaaaaaaaaaa.json.tmp").exists());
-        // A rewrite replaces the entry.
-        let later = Entry {
-            pid: 43,
-            ..e.clone()
+        // Rewrites replace the entry: in place, shorter and longer; then
+        // past a page, through a temporary file; then back within one.
+        use std::os::unix::fs::MetadataExt;
+        let inode = || {
+            std::fs::metadata(dir.join("sbx-aaaaaaaaaaaa.json"))
+                .expect("entry")
+                .ino()
         };
-        j.write(&later).expect("rewrite");
-        assert_eq!(j.load(), vec![later]);
+        let mut later = e.clone();
+        for (env, in_place) in [
+            (0, true),
+            (3000, true),
+            (10, true),
+            (5000, false),
+            (0, false),
+        ] {
+            let before = inode();
+            later.create.spec.env = [("PAD".to_string(), "x".repeat(env))].into();
+            j.write(&later).expect("rewrite");
+            assert_eq!(j.load(), vec![later.clone()], "env of {env}");
+            assert_eq!(inode() == before, in_place, "env of {env}");
+        }
     }
 }

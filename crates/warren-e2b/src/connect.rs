@@ -113,7 +113,7 @@ fn envelope(flags: u8, msg: &[u8]) -> Bytes {
     b.freeze()
 }
 
-const END_STREAM: u8 = 0x02;
+pub(crate) const END_STREAM: u8 = 0x02;
 
 /// The messages of a server stream, then its end: `Ok(())` or the error.
 pub enum Item {

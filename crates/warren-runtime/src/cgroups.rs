@@ -219,7 +219,7 @@ pub fn sample(cgroup_path: &str) -> Result<Sample, RuntimeError> {
         });
     }
     let v1 = |ctrl: &str, file: &str| format!("{ROOT}/{ctrl}/{rel}/{file}");
-    let cpu_ns = read_u64(&v1("cpuacct", "cpuacct.usage")).ok_or_else(gone)?;
+    let cpu_ns = cpu_usage_ns(cgroup_path).ok_or_else(gone)?;
     let cpu = std::fs::read_to_string(v1("cpu", "cpu.stat")).unwrap_or_default();
     Ok(Sample {
         cpu_usage_ns: cpu_ns,

@@ -741,7 +741,7 @@ async fn insert_event(
     reason: &str,
     message: &str,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO events (time, sandbox_id, type, state, reason, message) VALUES (?, ?, 'state', ?, ?, ?)")
+    sqlx::query(EVENT_INSERT!())
         .bind(time)
         .bind(id)
         .bind(state.map(|s| s.as_str()))

@@ -315,7 +315,30 @@ async fn start(
         kill_rx,
         deadline,
     ));
-    Ok(event_stream(pid, rx, None, connect::keepalive(headers)))
+    let pings = Pings {
+        every: connect::keepalive(headers),
+        before_deadline: deadline.map(|d| d - deadline_margin(d - tokio::time::Instant::now())),
+    };
+    Ok(event_stream(pid, rx, None, pings))
+}
+
+/// When a stream sends keepalives. The Python SDK reads a stream with
+/// its timeout as the read timeout, which runs from the last chunk it got
+/// (the `start` event, for a quiet command); the end that says the
+/// deadline passed comes a little after that deadline, later still on a
+/// loaded host, and a client that gave up first sees a bare read timeout
+/// instead of the SDK's `TimeoutException`. One keepalive shortly before
+/// the deadline restarts that read timer, so the end arrives while the
+/// client still reads.
+struct Pings {
+    every: Duration,
+    before_deadline: Option<tokio::time::Instant>,
+}
+
+/// How long before the deadline the last keepalive goes: a quarter of the
+/// timeout, at most 250 ms.
+fn deadline_margin(timeout: Duration) -> Duration {
+    (timeout / 4).min(Duration::from_millis(250))
 }
 
 /// Owns the exec's stream: output to the readers, then the end.
@@ -395,12 +418,7 @@ fn killed(status: &str) -> Value {
 
 /// A process's events as a Connect stream: `start` with the pid first
 /// (the SDK insists), then output, keepalives while quiet, the end.
-fn event_stream(
-    pid: u32,
-    rx: mpsc::Receiver<Msg>,
-    ended: Option<Value>,
-    keepalive: Duration,
-) -> Response {
+fn event_stream(pid: u32, rx: mpsc::Receiver<Msg>, ended: Option<Value>, pings: Pings) -> Response {
     let start =
         futures_util::stream::iter([Item::Message(json!({"event": {"start": {"pid": pid}}}))]);
     let rest: BoxStream<'static, Item> = match ended {
@@ -409,25 +427,43 @@ fn event_stream(
             Item::End(Ok(())),
         ])
         .boxed(),
-        None => futures_util::stream::unfold(Some(rx), move |rx| async move {
-            let mut rx = rx?;
-            match tokio::time::timeout(keepalive, rx.recv()).await {
-                Err(_) => Some((Item::Message(json!({"event": {"keepalive": {}}})), Some(rx))),
-                Ok(Some(Msg::Deadline)) => Some((
-                    Item::End(Err(RpcError::new(
-                        Code::DeadlineExceeded,
-                        "the command ran past its timeout and was killed",
-                    ))),
-                    None,
-                )),
-                Ok(Some(Msg::Event(ev))) => {
-                    let last = ev.get("end").is_some();
-                    let item = Item::Message(json!({"event": ev}));
-                    Some((item, if last { None } else { Some(rx) }))
+        None => futures_util::stream::unfold(
+            Some((rx, pings.before_deadline)),
+            move |state| async move {
+                let (mut rx, mut before_deadline) = state?;
+                let regular = tokio::time::Instant::now() + pings.every;
+                let ping_at = before_deadline.map_or(regular, |d| d.min(regular));
+                match tokio::time::timeout_at(ping_at, rx.recv()).await {
+                    Err(_) => {
+                        if before_deadline.is_some_and(|d| d <= ping_at) {
+                            before_deadline = None;
+                        }
+                        let ping = Item::Message(json!({"event": {"keepalive": {}}}));
+                        Some((ping, Some((rx, before_deadline))))
+                    }
+                    Ok(Some(Msg::Deadline)) => Some((
+                        Item::End(Err(RpcError::new(
+                            Code::DeadlineExceeded,
+                            "the command ran past its timeout and was killed",
+                        ))),
+                        None,
+                    )),
+                    Ok(Some(Msg::Event(ev))) => {
+                        let last = ev.get("end").is_some();
+                        let item = Item::Message(json!({"event": ev}));
+                        Some((
+                            item,
+                            if last {
+                                None
+                            } else {
+                                Some((rx, before_deadline))
+                            },
+                        ))
+                    }
+                    Ok(None) => Some((Item::End(Ok(())), None)),
                 }
-                Ok(None) => Some((Item::End(Ok(())), None)),
-            }
-        })
+            },
+        )
         .chain(futures_util::stream::iter([Item::End(Ok(()))]))
         .boxed(),
     };
@@ -447,12 +483,11 @@ fn attach(
         .ok_or_else(|| no_process(&req.process))?;
     let rx = proc.subscribe();
     let ended = lock(&proc.ended).clone();
-    Ok(event_stream(
-        proc.pid,
-        rx,
-        ended,
-        connect::keepalive(headers),
-    ))
+    let pings = Pings {
+        every: connect::keepalive(headers),
+        before_deadline: None,
+    };
+    Ok(event_stream(proc.pid, rx, ended, pings))
 }
 
 fn no_process(s: &Selector) -> RpcError {
@@ -722,6 +757,54 @@ mod tests {
 
     fn input(json: Value) -> Input {
         serde_json::from_value(json).unwrap()
+    }
+
+    /// The envelopes of a stream's body as (flags, JSON).
+    async fn frames(resp: Response) -> Vec<(u8, Value)> {
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while rest.len() >= 5 {
+            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            out.push((rest[0], serde_json::from_slice(&rest[5..5 + len]).unwrap()));
+            rest = &rest[5 + len..];
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_pings_shortly_before_its_deadline() {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_secs(1);
+        assert_eq!(
+            deadline_margin(Duration::from_secs(1)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            deadline_margin(Duration::from_millis(200)),
+            Duration::from_millis(50)
+        );
+        let (tx, rx) = mpsc::channel(4);
+        let pings = Pings {
+            every: Duration::from_secs(90),
+            before_deadline: Some(deadline - deadline_margin(Duration::from_secs(1))),
+        };
+        let sent = tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            let at_deadline = tokio::time::Instant::now();
+            tx.send(Msg::Deadline).await.unwrap();
+            at_deadline
+        });
+        let got = frames(event_stream(7, rx, None, pings)).await;
+        let kinds: Vec<&Value> = got.iter().map(|(_, v)| v).collect();
+        assert_eq!(kinds[0]["event"]["start"]["pid"], 7);
+        assert_eq!(*kinds[1], json!({"event": {"keepalive": {}}}), "{kinds:?}");
+        assert_eq!(got.len(), 3, "one ping, then the end: {kinds:?}");
+        assert_eq!(got[2].0, connect::END_STREAM);
+        assert_eq!(got[2].1["error"]["code"], "deadline_exceeded");
+        assert_eq!(sent.await.unwrap() - start, Duration::from_secs(1));
     }
 
     #[test]

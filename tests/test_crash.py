@@ -45,7 +45,16 @@ def test_crash_during_create_leaves_all_or_nothing(crashing, point):
     with pytest.raises(httpx.HTTPError):
         w.http.post("/v1/sandboxes", json={"image": "busybox:latest", "cpu": 0.1, "memory": "32M"})
     restart_clean(w)
-    rows = w.http.get("/v1/sandboxes", params={"all": "true"}).json()
+    # The restart answers before an interrupted create's remains are gone
+    # (removing them runs beside the API and can take seconds on a busy
+    # host); its record is `creating` until then.
+    deadline = time.time() + 10
+    while True:
+        rows = w.http.get("/v1/sandboxes", params={"all": "true"}).json()
+        if all(r["state"] != "creating" for r in rows):
+            break
+        assert time.time() < deadline, rows
+        time.sleep(0.05)
     for row in rows:
         if row["state"] == "running":
             ex, _, _, _ = w.exec(row["id"], ["true"])

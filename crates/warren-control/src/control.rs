@@ -92,6 +92,12 @@ pub fn new_id_with(prefix: &str) -> String {
     format!("{prefix}-{suffix}")
 }
 
+/// How long a sandbox's answer waits for its node's part (see
+/// [`Control::info`]): a healthy node answers a status read in
+/// milliseconds, and one that went silent is only known to be so after
+/// `Liveness::unreachable_after`.
+const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn new_id() -> String {
     new_id_with("sbx")
 }
@@ -121,10 +127,21 @@ impl Control {
     }
 
     /// A record as a client sees it, with what its node says of it now.
+    /// A node that does not answer within [`STATUS_WAIT`] (its link cut,
+    /// say, before it is known to be silent) leaves out what only it knows
+    /// (pid, TTL left, usage) rather than holding up the answer.
     pub async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
         let status = match (row.state.is_live(), self.reachable(&row.node)) {
             // Only a detailed answer shows usage: read it now for that.
-            (true, Some(node)) => node.status(&row.id, detailed).await.ok(),
+            (true, Some(node)) => {
+                match tokio::time::timeout(STATUS_WAIT, node.status(&row.id, detailed)).await {
+                    Ok(status) => status.ok(),
+                    Err(_) => {
+                        tracing::warn!(sandbox = %row.id, node = %row.node, "its node did not answer a status read within {STATUS_WAIT:?}; answering the record alone");
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         self.info_with(row, status.as_ref(), detailed)

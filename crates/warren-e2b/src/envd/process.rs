@@ -315,10 +315,7 @@ async fn start(
         kill_rx,
         deadline,
     ));
-    let pings = Pings {
-        every: connect::keepalive(headers),
-        before_deadline: deadline.map(|d| d - deadline_margin(d - tokio::time::Instant::now())),
-    };
+    let pings = Pings::new(connect::keepalive(headers), deadline);
     Ok(event_stream(pid, rx, None, pings))
 }
 
@@ -333,6 +330,18 @@ async fn start(
 struct Pings {
     every: Duration,
     before_deadline: Option<tokio::time::Instant>,
+}
+
+impl Pings {
+    fn new(every: Duration, deadline: Option<tokio::time::Instant>) -> Pings {
+        let before = |d: tokio::time::Instant| {
+            d - deadline_margin(d.saturating_duration_since(tokio::time::Instant::now()))
+        };
+        Pings {
+            every,
+            before_deadline: deadline.map(before),
+        }
+    }
 }
 
 /// How long before the deadline the last keepalive goes: a quarter of the
@@ -451,14 +460,7 @@ fn event_stream(pid: u32, rx: mpsc::Receiver<Msg>, ended: Option<Value>, pings: 
                     Ok(Some(Msg::Event(ev))) => {
                         let last = ev.get("end").is_some();
                         let item = Item::Message(json!({"event": ev}));
-                        Some((
-                            item,
-                            if last {
-                                None
-                            } else {
-                                Some((rx, before_deadline))
-                            },
-                        ))
+                        Some((item, (!last).then_some((rx, before_deadline))))
                     }
                     Ok(None) => Some((Item::End(Ok(())), None)),
                 }
@@ -483,10 +485,7 @@ fn attach(
         .ok_or_else(|| no_process(&req.process))?;
     let rx = proc.subscribe();
     let ended = lock(&proc.ended).clone();
-    let pings = Pings {
-        every: connect::keepalive(headers),
-        before_deadline: None,
-    };
+    let pings = Pings::new(connect::keepalive(headers), None);
     Ok(event_stream(proc.pid, rx, ended, pings))
 }
 
@@ -787,10 +786,7 @@ mod tests {
             Duration::from_millis(50)
         );
         let (tx, rx) = mpsc::channel(4);
-        let pings = Pings {
-            every: Duration::from_secs(90),
-            before_deadline: Some(deadline - deadline_margin(Duration::from_secs(1))),
-        };
+        let pings = Pings::new(Duration::from_secs(90), Some(deadline));
         let sent = tokio::spawn(async move {
             tokio::time::sleep_until(deadline).await;
             let at_deadline = tokio::time::Instant::now();

@@ -72,16 +72,21 @@ def run_burst(spec, n):
     return n, failures, pct(lat, 50), pct(lat, 99), wall
 
 
-def daemon_cpu(pid, settle=15, window=30):
-    """The daemon's CPU use over `window` seconds, `settle` seconds after
-    the fill, in percent of one core (user + system, all its threads)."""
-    def ticks():
+def cpu_of(pids, settle=15, window=30):
+    """Each process's CPU use over the same `window` seconds, `settle`
+    seconds after the fill, in percent of one core (user + system, all its
+    threads)."""
+    def ticks(pid):
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
     time.sleep(settle)
-    t0 = ticks()
+    t0 = {pid: ticks(pid) for pid in pids}
     time.sleep(window)
-    return (ticks() - t0) * 100 / os.sysconf("SC_CLK_TCK") / window
+    return {pid: (ticks(pid) - t0[pid]) * 100 / os.sysconf("SC_CLK_TCK") / window for pid in pids}
+
+
+def process_name(pid):
+    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 def pct(v, p):
@@ -101,6 +106,9 @@ def main():
                     help="requests of the filling sandboxes, e.g. 1m,4M to fit 5,000 on a small node (default: default sizes)")
     ap.add_argument("--daemon-pid", type=int, metavar="PID",
                     help="also report the daemon's CPU (%% of a core, from /proc/PID/stat) over 30 s at each level, 15 s after filling")
+    ap.add_argument("--watch-pid", type=int, action="append", default=[], metavar="PID",
+                    help="with --daemon-pid, report this host process's CPU over the same window too "
+                         "(repeatable; e.g. PID 1 and kdamond, whose work grows with the process count)")
     args = ap.parse_args()
     label = f"bench-live-{os.getpid()}"
     spec = {"image": args.image, "labels": {"bench": label}}
@@ -115,6 +123,9 @@ def main():
     burst = None
     phases = {}
     idle_cpu = {}
+    watched = {}
+    if args.daemon_pid:
+        watched = {args.daemon_pid: "daemon"} | {pid: f"{process_name(pid)} (pid {pid})" for pid in args.watch_pid}
     try:
         for level in [int(x) for x in args.live.split(",")]:
             t0 = time.time()
@@ -130,8 +141,9 @@ def main():
                         print(f"fill: {live + i}/{level} live ({time.time() - t0:.0f} s)", file=sys.stderr)
             live = level
             if args.daemon_pid:
-                idle_cpu[level] = daemon_cpu(args.daemon_pid)
-                print(f"live {level}: idle daemon {idle_cpu[level]:.1f}% of a core", file=sys.stderr)
+                idle_cpu[level] = cpu_of([args.daemon_pid] + args.watch_pid)
+                shown = ", ".join(f"{name} {idle_cpu[level][pid]:.1f}%" for pid, name in watched.items())
+                print(f"live {level}: idle, % of a core: {shown}", file=sys.stderr)
             lat = []
             before = phase_totals(c)
             for _ in range(args.samples):
@@ -162,10 +174,10 @@ def main():
     for level, p50, p99, ratio, build in rows:
         print(f"| {level} | {p50:.1f} | {p99:.1f} | {ratio:.2f}x | {build:.1f} |")
     if idle_cpu:
-        print("\n| live sandboxes | idle daemon CPU, % of a core |")
-        print("|---:|---:|")
-        for level, pct_core in idle_cpu.items():
-            print(f"| {level} | {pct_core:.1f} |")
+        print("\n| live sandboxes | " + " | ".join(f"idle {name} CPU, % of a core" for name in watched.values()) + " |")
+        print("|---:|" + "---:|" * len(watched))
+        for level, by_pid in idle_cpu.items():
+            print(f"| {level} | " + " | ".join(f"{by_pid[pid]:.1f}" for pid in watched) + " |")
     # Where the growth is: each create phase's mean at each level (the
     # phases overlap: node_create holds the node's and spawner's own).
     names = sorted({n for by in phases.values() for n, ms in by.items() if ms >= 0.05})

@@ -11,7 +11,7 @@ use warren_core::sync::lock;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec, WindowSize};
 use warren_image::ImageRecord;
 use warren_node_api::{NodeEvent, Phase};
-use warren_runtime::{files, ExecSpec, RuntimeError};
+use warren_runtime::{files, ExecSpec, RuntimeError, TermSize};
 
 use crate::{exec_stream, user, ExitInfo, Live, Node, NodeError};
 
@@ -88,7 +88,13 @@ impl Node {
                 groups: vec![],
                 main,
                 cgroup: false,
-                tty: req.tty.then(|| req.window_size()),
+                tty: req.tty.then(|| {
+                    let size = req.window_size();
+                    TermSize {
+                        rows: size.rows,
+                        cols: size.cols,
+                    }
+                }),
             },
             stdin,
             more_stdin: None,

@@ -1,6 +1,6 @@
 //! Each exec's own cgroup, below its sandbox's.
 //!
-//! The shim an exec runs under (see exec_tree) can be killed from inside
+//! The shim an exec runs under (see warren-init's exec_tree) can be killed from inside
 //! the sandbox (`kill -9 $PPID`), and a process that keeps sending
 //! `SIGCONT` defeats a stop-then-kill walk of the process tree. A cgroup is
 //! out of the sandbox's reach: its cgroup file system is read-only, and a

@@ -16,7 +16,6 @@ pub mod device_program;
 pub mod disk;
 pub mod exec;
 pub mod exec_cgroup;
-mod exec_tree;
 pub mod file_ops;
 pub mod files;
 pub mod floor;
@@ -27,7 +26,6 @@ pub mod init;
 pub mod netns;
 pub mod oci;
 mod pool;
-mod procstat;
 pub mod proto;
 pub mod pty;
 pub mod rootfs;
@@ -41,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 pub use exec::{ExecIo, ExecOutcome, ExecSignal, ExitWait, RunningExec, Stdin};
 use nix::sys::resource::Resource;
-pub use proto::ExecSpec;
+pub use proto::{ExecSpec, TermSize};
 pub use pty::Pty;
 use warren_core::ResolvedResources;
 

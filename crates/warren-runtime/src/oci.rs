@@ -148,7 +148,8 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
         "process": {
             "terminal": false,
             "user": { "uid": 0, "gid": 0 },
-            // Warren's init runs in-process (see init.rs); args must not be empty.
+            // The set-up execs Warren's own init (see init.rs), whatever
+            // these say; they must not be empty.
             "args": ["/.warren-init"],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",

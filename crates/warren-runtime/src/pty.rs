@@ -1,6 +1,6 @@
 //! Pseudo-terminals for execs with `tty`.
 //!
-//! The sandbox's init opens the pair (`open`), from the sandbox's own
+//! The sandbox's init (warren-init) opens the pair, from the sandbox's own
 //! `/dev/ptmx`, so the terminal belongs to the sandbox's devpts instance
 //! (`/dev/pts/N` inside it; the host's /dev/pts never sees it). The command
 //! gets the slave as its stdio and controlling terminal; init sends the
@@ -14,17 +14,6 @@ use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 use warren_core::WindowSize;
-
-/// Opens a new terminal pair of size `size`, as init, in the sandbox.
-pub(crate) fn open(size: WindowSize) -> Result<nix::pty::OpenptyResult, nix::Error> {
-    let winsize = nix::pty::Winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    nix::pty::openpty(&winsize, None)
-}
 
 /// The daemon's end of an exec's terminal: what the command writes is read
 /// here, what is written here is the command's input, and its window size
@@ -121,11 +110,13 @@ mod tests {
     /// the size set at open and by resize, and the hang-up as end of output.
     #[tokio::test]
     async fn master_reads_writes_resizes_and_ends() {
-        let pair = open(WindowSize {
-            rows: 30,
-            cols: 100,
-        })
-        .unwrap();
+        let size = nix::pty::Winsize {
+            ws_row: 30,
+            ws_col: 100,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pair = nix::pty::openpty(&size, None).unwrap();
         let pty = Pty::new(pair.master).unwrap();
         assert_eq!(
             pty.size().unwrap(),

@@ -31,8 +31,9 @@ pub fn main() -> ! {
     }
     // SAFETY: `high` is a fresh descriptor owned by nobody else.
     let sock = unsafe { UnixStream::from_raw_fd(high) };
-    // Once, for every init this spawner starts (they are copies of it).
-    if let Err(e) = crate::syscall_filter::prepare() {
+    // Once, for every sandbox this spawner starts: the filter each set-up
+    // (a copy of this process) installs, and the init it execs.
+    if let Err(e) = crate::syscall_filter::prepare().and_then(|()| crate::init::prepare()) {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);
     }

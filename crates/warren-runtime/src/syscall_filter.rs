@@ -3,8 +3,9 @@
 //! every init it starts (293 rules; its build of a sandbox took 2-3 ms
 //! longer with it, docs/benchmarks.md); the
 //! profile is the same for every sandbox, so the spawner compiles it at its
-//! start and each init, a copy of the spawner's memory, installs the
-//! finished BPF program (see [`crate::init`]).
+//! start and each sandbox's set-up, a copy of the spawner's memory,
+//! installs the finished BPF program before it execs the init (see
+//! [`crate::init`]), which keeps it.
 //!
 //! The translation from the OCI profile follows libcontainer's (0.7.0,
 //! `seccomp::initialize_seccomp`) rule for rule, with one difference: a

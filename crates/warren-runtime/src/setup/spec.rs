@@ -32,7 +32,7 @@ pub struct Root {
 pub struct Process {
     pub terminal: bool,
     pub user: User,
-    /// Warren's init runs in the set-up process; it never execs these.
+    /// The set-up process execs Warren's own init, never these.
     #[allow(dead_code)]
     pub args: Vec<String>,
     pub env: Vec<String>,

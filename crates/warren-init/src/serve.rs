@@ -1,0 +1,612 @@
+//! Warren's init: PID 1 of every sandbox.
+//!
+//! The spawner's child sets up the sandbox (namespaces entered, rootfs
+//! pivoted, capabilities dropped, no_new_privs set, the seccomp filter
+//! installed; warren-runtime's `setup`, or libcontainer on cgroup v2 hosts)
+//! and then execs this small static program, so that init shares no
+//! memory with the spawner (docs/benchmarks.md, "An init with an address
+//! space of its own"). It accepts exec requests on the
+//! listening socket the spawner left at fd 3, forks and execs each command
+//! (so every exec inherits all of the sandbox's confinement), reaps every
+//! zombie in the sandbox, and forwards termination signals to the main
+//! process. Nothing here may panic: a dead init is a dead sandbox.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use crate::exec_tree;
+use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+
+/// The descriptor number at which the spawner hands init its listening socket.
+pub const LISTEN_FD: RawFd = 3;
+
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Runs init in this freshly exec'd process and exits when it ends.
+pub fn main() -> ! {
+    let code = match run() {
+        Ok(()) => 0,
+        Err(_) => 1,
+    };
+    std::process::exit(code)
+}
+
+struct Exec {
+    /// The command's pid, which is also its process group.
+    pgid: i32,
+    conn: Option<UnixStream>,
+    main: bool,
+}
+
+struct Init {
+    listener: UnixListener,
+    signals: SignalFd,
+    /// Running execs by the pid of their shim (see exec_tree); each command
+    /// is its own session and process group.
+    execs: HashMap<i32, Exec>,
+    /// The main process's shim.
+    main_pid: Option<i32>,
+    main_exit: Option<(i32, Option<i32>)>,
+    /// Read ends of the main process's stdout and stderr (see proto).
+    main_output: Vec<OwnedFd>,
+}
+
+fn run() -> Result<(), Errno> {
+    // Only stdio and the listening socket are meant to come through the
+    // exec; close anything else that was not marked close-on-exec.
+    close_from(LISTEN_FD + 1);
+    // Non-dumpable (an exec made it dumpable again): no process in the
+    // sandbox can ptrace init or open its /proc entries.
+    set_dumpable(false);
+    // The name ps shows, in place of the memfd's.
+    // SAFETY: prctl(PR_SET_NAME) copies at most 16 bytes from a C string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"warren-init".as_ptr(), 0, 0, 0) };
+
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        mask.add(s);
+    }
+    mask.thread_block()?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
+    // SAFETY: fd 3 was placed there by the spawner for us and nothing else in
+    // this process refers to it.
+    let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
+    listener.set_nonblocking(true).map_err(io_errno)?;
+    let mut init = Init {
+        listener,
+        signals,
+        execs: HashMap::new(),
+        main_pid: None,
+        main_exit: None,
+        main_output: Vec::new(),
+    };
+    init.serve()
+}
+
+/// The init's `argv[0]`, all the sandbox reads in /proc/1/cmdline (the
+/// executable is a sealed memfd; no host path shows).
+pub const TITLE: &str = "/.warren-init";
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl Init {
+    fn serve(&mut self) -> Result<(), Errno> {
+        loop {
+            let conn_fds: Vec<(i32, RawFd)> = self
+                .execs
+                .iter()
+                .filter_map(|(pid, e)| e.conn.as_ref().map(|c| (*pid, c.as_raw_fd())))
+                .collect();
+            let mut readable = Vec::new();
+            let (listen_ready, signal_ready) = {
+                let mut fds = vec![
+                    PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+                ];
+                for (pid, _) in &conn_fds {
+                    if let Some(c) = self.execs.get(pid).and_then(|e| e.conn.as_ref()) {
+                        fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+                    }
+                }
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(e) => return Err(e),
+                }
+                let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+                for (i, (pid, _)) in conn_fds.iter().enumerate() {
+                    if fds.get(i + 2).is_some_and(ready) {
+                        readable.push(*pid);
+                    }
+                }
+                (ready(&fds[0]), ready(&fds[1]))
+            };
+            if signal_ready {
+                self.handle_signals();
+            }
+            for pid in readable {
+                self.handle_conn(pid);
+            }
+            if listen_ready {
+                self.accept_all();
+            }
+        }
+    }
+
+    fn handle_signals(&mut self) {
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            let signo = info.ssi_signo as i32;
+            if signo == libc::SIGCHLD {
+                self.reap();
+            } else if let (Some(pgid), Ok(sig)) = (self.main_pgid(), Signal::try_from(signo)) {
+                let _ = killpg(Pid::from_raw(pgid), sig);
+            } else if signo == libc::SIGTERM || signo == libc::SIGINT {
+                // No main process: a stop request ends the sandbox.
+                std::process::exit(0);
+            }
+        }
+    }
+
+    fn main_pgid(&self) -> Option<i32> {
+        self.main_pid
+            .and_then(|shim| self.execs.get(&shim))
+            .map(|e| e.pgid)
+    }
+
+    fn reap(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.exited(pid.as_raw(), code, None),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.exited(pid.as_raw(), 128 + sig as i32, Some(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn exited(&mut self, pid: i32, code: i32, signal: Option<i32>) {
+        let Some(exec) = self.execs.remove(&pid) else {
+            return;
+        };
+        if exec.main {
+            self.main_exit = Some((code, signal));
+            self.main_output.clear();
+        }
+        if let Some(conn) = exec.conn {
+            let _ = proto::send(&conn, &InitReply::Exited { code, signal }, &[]);
+        }
+    }
+
+    fn handle_conn(&mut self, pid: i32) {
+        let Some(exec) = self.execs.get_mut(&pid) else {
+            return;
+        };
+        let Some(conn) = exec.conn.as_ref() else {
+            return;
+        };
+        match proto::recv::<InitRequest>(conn) {
+            Ok((InitRequest::Signal { signal }, _)) => match Signal::try_from(signal) {
+                // Killing an exec kills all it started, detached or not.
+                Ok(Signal::SIGKILL) => exec_tree::kill_tree(pid),
+                Ok(sig) => {
+                    let _ = killpg(Pid::from_raw(exec.pgid), sig);
+                }
+                Err(_) => {}
+            },
+            Ok(_) => {}
+            Err(_) => {
+                // The daemon went away. An ordinary exec dies with its stream;
+                // the main process outlives daemon restarts.
+                exec.conn = None;
+                if !exec.main {
+                    exec_tree::kill_tree(pid);
+                }
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let conn = match self.listener.accept() {
+                Ok((c, _)) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => return,
+            };
+            // The request follows the connect immediately; a peer that sends
+            // nothing must not stall init.
+            let _ = conn.set_nonblocking(false);
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let request = proto::recv::<InitRequest>(&conn);
+            let _ = conn.set_read_timeout(None);
+            match request {
+                Ok((InitRequest::Exec(spec), fds)) => self.start_exec(conn, spec, fds),
+                Ok((InitRequest::AttachMain, _)) => self.attach_main(conn),
+                Ok((InitRequest::Signal { .. }, _)) | Err(_) => {}
+            }
+        }
+    }
+
+    fn attach_main(&mut self, conn: UnixStream) {
+        let running = self.main_pid.filter(|_| self.main_exit.is_none());
+        let reply = InitReply::Main {
+            pid: running.and(self.main_pgid()),
+            exit: self.main_exit,
+        };
+        let fds: Vec<RawFd> = if running.is_some() {
+            self.main_output.iter().map(|f| f.as_raw_fd()).collect()
+        } else {
+            vec![]
+        };
+        if proto::send(&conn, &reply, &fds).is_err() {
+            return;
+        }
+        if let Some(exec) = running.and_then(|pid| self.execs.get_mut(&pid)) {
+            exec.conn = Some(conn);
+        }
+    }
+
+    fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
+        let stdio_fds = if spec.tty.is_some() { 0 } else { 3 };
+        let cgroup = (spec.cgroup && fds.len() > stdio_fds).then(|| fds.remove(stdio_fds));
+        let readers = if spec.main && fds.len() == 5 {
+            fds.split_off(3)
+        } else {
+            vec![]
+        };
+        // Opened here, in the sandbox's mount namespace: the terminal is one
+        // of the sandbox's devpts instance, as if the sandbox had opened it.
+        let terminal = match spec.tty.map(open_terminal).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                let message = format!("cannot open a terminal in the sandbox: {}", e.desc());
+                let _ = proto::send(&conn, &InitReply::Failed { message, code: 126 }, &[]);
+                return;
+            }
+        };
+        let stdio: Vec<BorrowedFd> = match &terminal {
+            Some(t) => vec![t.slave.as_fd(); 3],
+            None => fds.iter().map(|f| f.as_fd()).collect(),
+        };
+        match spawn(&spec, &stdio, cgroup.as_ref()) {
+            Ok(Spawned { shim, pid }) => {
+                drop(stdio);
+                drop((fds, cgroup));
+                if spec.main {
+                    self.main_pid = Some(shim);
+                    self.main_exit = None;
+                    self.main_output = readers;
+                }
+                // The master goes to the daemon; init keeps neither end, so
+                // the terminal hangs up when the command's side closes.
+                let master: Vec<RawFd> = terminal.iter().map(|t| t.master.as_raw_fd()).collect();
+                let _ = proto::send(&conn, &InitReply::Started { pid }, &master);
+                drop(terminal);
+                self.execs.insert(
+                    shim,
+                    Exec {
+                        pgid: pid,
+                        conn: Some(conn),
+                        main: spec.main,
+                    },
+                );
+            }
+            Err(failure) => {
+                let _ = proto::send(&conn, &failure, &[]);
+            }
+        }
+    }
+}
+
+struct Spawned {
+    /// The exec's shim, init's child (see exec_tree).
+    shim: i32,
+    /// The command, the shim's child.
+    pid: i32,
+}
+
+/// Forks the exec's shim, which forks and execs the command. Returns once
+/// execve succeeded (the error pipe closed empty) or with the reason it
+/// failed.
+fn spawn(
+    spec: &ExecSpec,
+    fds: &[BorrowedFd],
+    cgroup: Option<&OwnedFd>,
+) -> Result<Spawned, InitReply> {
+    let fail = |message: String, code: i32| InitReply::Failed { message, code };
+    if fds.len() != 3 {
+        return Err(fail(
+            format!("expected 3 stdio descriptors, got {}", fds.len()),
+            126,
+        ));
+    }
+    let cstr = |s: &str| CString::new(s).map_err(|_| fail(format!("NUL byte in {s:?}"), 126));
+    let argv: Vec<CString> = spec
+        .argv
+        .iter()
+        .map(|a| cstr(a))
+        .collect::<Result<_, _>>()?;
+    let env: Vec<CString> = spec.env.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let Some(program) = spec.argv.first() else {
+        return Err(fail("empty command".into(), 126));
+    };
+    let path_var = spec
+        .env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let candidates: Vec<CString> = if program.contains('/') {
+        vec![cstr(program)?]
+    } else {
+        path_var
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .filter_map(|d| CString::new(format!("{d}/{program}")).ok())
+            .collect()
+    };
+    let cwd = cstr(&spec.cwd)?;
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}"), 126))?;
+    let (pid_r, pid_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| fail(format!("pipe: {e}"), 126))?;
+
+    // SAFETY: init is single-threaded, so the shim and the command may run
+    // arbitrary code (including allocation) before execve.
+    match unsafe { fork() } {
+        Err(e) => Err(fail(format!("fork failed: {e}"), 126)),
+        Ok(ForkResult::Child) => {
+            drop((err_r, pid_r));
+            exec_tree::enter_cgroup(cgroup);
+            exec_tree::become_subreaper();
+            // SAFETY: as above; the shim is single-threaded too.
+            match unsafe { fork() } {
+                Ok(ForkResult::Child) => {
+                    drop(pid_w);
+                    let errno = child(spec, fds, &candidates, &argv, &env, &cwd);
+                    let code = errno as i32;
+                    let _ = nix::unistd::write(&err_w, &code.to_le_bytes());
+                    // SAFETY: _exit is always safe; we must not run init's destructors.
+                    unsafe { libc::_exit(127) }
+                }
+                Ok(ForkResult::Parent { child }) => {
+                    let _ = nix::unistd::write(&pid_w, &child.as_raw().to_le_bytes());
+                    // Nothing of init's (its socket, other execs' streams,
+                    // this exec's stdio) stays open in the shim.
+                    drop((err_w, pid_w));
+                    close_from(LISTEN_FD);
+                    exec_tree::shim_wait(child.as_raw())
+                }
+                // SAFETY: _exit is always safe; init reads no pid and fails the exec.
+                Err(_) => unsafe { libc::_exit(126) },
+            }
+        }
+        Ok(ForkResult::Parent { child: shim }) => {
+            drop((err_w, pid_w));
+            // Init serves every exec of the sandbox: it never waits on one
+            // longer than START_DEADLINE (a shim or command that cannot run,
+            // e.g. frozen by its cgroup, is given up and killed).
+            let given_up = |what: &str| {
+                exec_tree::kill_tree(shim.as_raw());
+                let _ = nix::sys::signal::kill(shim, Signal::SIGKILL);
+                fail(
+                    format!(
+                        "the command did not {what} within {}s",
+                        START_DEADLINE.as_secs()
+                    ),
+                    126,
+                )
+            };
+            let mut pid = [0u8; 4];
+            match read_within(pid_r, &mut pid) {
+                Some(4) => {}
+                Some(_) => return Err(fail("fork failed in the exec's shim".into(), 126)),
+                None => return Err(given_up("start")),
+            }
+            let pid = i32::from_le_bytes(pid);
+            let mut buf = [0u8; 4];
+            match read_within(err_r, &mut buf) {
+                None => Err(given_up("start its program")),
+                Some(4) => {
+                    let errno = Errno::from_raw(i32::from_le_bytes(buf));
+                    let code = if matches!(errno, Errno::ENOENT) {
+                        127
+                    } else {
+                        126
+                    };
+                    // The child and its shim exit right away; reap()
+                    // ignores unknown pids.
+                    Err(fail(
+                        format!("cannot run {program:?}: {}", errno.desc()),
+                        code,
+                    ))
+                }
+                Some(_) => Ok(Spawned {
+                    shim: shim.as_raw(),
+                    pid,
+                }),
+            }
+        }
+    }
+}
+
+/// How long init waits for an exec's shim and command to start.
+const START_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Reads what the pipe gives until it is full or closed, for at most
+/// START_DEADLINE; None when the time ran out.
+fn read_within(fd: OwnedFd, buf: &mut [u8]) -> Option<usize> {
+    let deadline = std::time::Instant::now() + START_DEADLINE;
+    let mut file = std::fs::File::from(fd);
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => return Some(got),
+        }
+        match file.read(&mut buf[got..]) {
+            Ok(0) => return Some(got),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(got),
+        }
+    }
+    Some(got)
+}
+
+/// Runs in the forked child; returns only on failure, with the errno.
+fn child(
+    spec: &ExecSpec,
+    fds: &[BorrowedFd],
+    candidates: &[CString],
+    argv: &[CString],
+    env: &[CString],
+    cwd: &CString,
+) -> Errno {
+    // The spawner is a Rust program, which ignores SIGPIPE; ignored
+    // dispositions survive execve, so restore the defaults a program expects.
+    // Real-time signals included: the C library's internal ones (32, 33)
+    // arrive ignored too, and its signal() refuses to touch them, so this
+    // uses the raw system call with the kernel's sigaction layout.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signo in 1..=64 {
+        if signo != libc::SIGKILL && signo != libc::SIGSTOP {
+            // SAFETY: rt_sigaction reads the struct we own and installs no
+            // handler; numbers the kernel rejects just fail.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signo,
+                    &default as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8usize,
+                )
+            };
+        }
+    }
+    let _ = SigSet::all().thread_unblock();
+    // Own session and process group: the whole tree of this exec can be
+    // signalled at once (timeouts, cancellation).
+    let _ = nix::unistd::setsid();
+    for (target, fd) in fds.iter().enumerate() {
+        // SAFETY: dup2 onto 0..2 replaces init's /dev/null stdio in this child only.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+            return Errno::last();
+        }
+    }
+    let gid = nix::unistd::Gid::from_raw(spec.gid);
+    let uid = nix::unistd::Uid::from_raw(spec.uid);
+    if spec.tty.is_some() {
+        // The new session's controlling terminal (and its foreground
+        // process group), so job control, ^C and /dev/tty work.
+        if let Err(e) = rustix::process::ioctl_tiocsctty(fds[0]) {
+            return Errno::from_raw(e.raw_os_error());
+        }
+        // The user's own terminal, as a login gives one; a sandbox without
+        // CAP_CHOWN keeps it root's, which the user can still use.
+        if !uid.is_root() {
+            let _ = nix::unistd::fchown(fds[0].as_raw_fd(), Some(uid), None);
+        }
+    }
+    // Only fds 0-2 survive execve.
+    close_from_on_exec(3);
+    let groups: Vec<nix::unistd::Gid> = spec
+        .groups
+        .iter()
+        .map(|g| nix::unistd::Gid::from_raw(*g))
+        .collect();
+    if let Err(e) = nix::unistd::setgroups(&groups) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::setresgid(gid, gid, gid) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::setresuid(uid, uid, uid) {
+        return e;
+    }
+    if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
+        return e;
+    }
+    exec_tree::raise_oom_score();
+    let mut last = Errno::ENOENT;
+    for path in candidates {
+        match nix::unistd::execve(path, argv, env) {
+            Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => continue,
+            Err(e) => last = e,
+            Ok(_) => {}
+        }
+    }
+    last
+}
+
+fn close_from(first: RawFd) {
+    // SAFETY: close_range on a range we own; fds above `first` are not used
+    // by any Rust object in init at this point.
+    unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) };
+}
+
+fn close_from_on_exec(first: RawFd) {
+    // SAFETY: marks descriptors close-on-exec; no memory is touched.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+}
+
+fn set_dumpable(on: bool) {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) };
+}
+
+/// Opens a new terminal pair of `size` from the sandbox's own `/dev/ptmx`,
+/// for an exec with `tty` (warren-runtime's `pty` holds the daemon's end).
+fn open_terminal(size: proto::TermSize) -> Result<nix::pty::OpenptyResult, nix::Error> {
+    let winsize = nix::pty::Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    nix::pty::openpty(&winsize, None)
+}

@@ -8,8 +8,9 @@ test=false
 # libseccomp-dev and pkg-config to build; libelf-dev and zlib1g-dev for the
 # libbpf that libcontainer's cgroup v2 device rules are built with;
 # busybox-static and umoci for the demo's image; e2fsprogs for per-sandbox
-# disk limits; curl for the API.
-pkgs=(libseccomp-dev pkg-config libelf-dev zlib1g-dev busybox-static umoci e2fsprogs curl)
+# disk limits; curl for the API; libc6-dev's libc.a for the static
+# sandbox init (crates/warren-init, built by warren-runtime's build.rs).
+pkgs=(libc6-dev libseccomp-dev pkg-config libelf-dev zlib1g-dev busybox-static umoci e2fsprogs curl)
 # The tests' comparisons, registries, fault injection and PostgreSQL.
 $test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry apache2-utils zstd mmdebstrap postgresql)
 # The web console's browser tests (tests/test_console.py): Debian's Chromium,

@@ -141,7 +141,7 @@ def main():
                         print(f"fill: {live + i}/{level} live ({time.time() - t0:.0f} s)", file=sys.stderr)
             live = level
             if args.daemon_pid:
-                idle_cpu[level] = cpu_of([args.daemon_pid] + args.watch_pid)
+                idle_cpu[level] = cpu_of(list(watched))
                 shown = ", ".join(f"{name} {idle_cpu[level][pid]:.1f}%" for pid, name in watched.items())
                 print(f"live {level}: idle, % of a core: {shown}", file=sys.stderr)
             lat = []

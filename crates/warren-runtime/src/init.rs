@@ -9,7 +9,7 @@
 //! space of its own"). The exec also needs no file in the sandbox's root.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
 use libcontainer::oci_spec::runtime::Spec;
@@ -31,6 +31,18 @@ pub fn prepare() -> Result<(), String> {
     Ok(())
 }
 
+/// A close-on-exec copy of `fd` numbered 100 or above, so that fd 3
+/// ([`LISTEN_FD`]) stays free for the listening socket each init receives.
+pub(crate) fn above_listen_fd(fd: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) only duplicates `fd`; an invalid one gives -1.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `high` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
 fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
     use std::io::Write;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
@@ -49,19 +61,11 @@ fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
             std::io::Error::last_os_error()
         ));
     }
-    // Off fd 3 (LISTEN_FD), which the spawner keeps free for each init's socket.
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) duplicates the descriptor just created.
-    let high = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 100) };
-    // SAFETY: `raw` is ours and no longer needed.
-    unsafe { libc::close(raw) };
-    if high < 0 {
-        return Err(format!(
-            "move the warren-init memfd: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `high` is a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(high) };
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    let created = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = above_listen_fd(created.as_raw_fd())
+        .map_err(|e| format!("move the warren-init memfd: {e}"))?;
+    drop(created);
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes)
         .map_err(|e| format!("write warren-init to its memfd: {e}"))?;

@@ -22,15 +22,11 @@ use crate::RuntimeError;
 /// Entry point of `warren spawner`. Never returns normally: exits when the
 /// daemon closes its end of the socket.
 pub fn main() -> ! {
-    // Move the request socket off fd 0 so fd 3 stays free for the listening
-    // socket each new init receives (see init::LISTEN_FD).
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) duplicates a descriptor we own.
-    let high = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 100) };
-    if high < 0 {
-        std::process::exit(2);
-    }
-    // SAFETY: `high` is a fresh descriptor owned by nobody else.
-    let sock = unsafe { UnixStream::from_raw_fd(high) };
+    // The request socket arrives on fd 0, which becomes /dev/null below.
+    let sock = match crate::init::above_listen_fd(0) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(_) => std::process::exit(2),
+    };
     // Once, for every sandbox this spawner starts: the filter each set-up
     // (a copy of this process) installs, and the init it execs.
     if let Err(e) = crate::syscall_filter::prepare().and_then(|()| crate::init::prepare()) {

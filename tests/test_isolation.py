@@ -48,6 +48,22 @@ def test_ps_sees_only_own_processes(warren, sandbox):
     assert sandbox_host_pids(sid), "no host process found in the sandbox's cgroup"
 
 
+def test_root_is_a_volatile_overlay(warren, sandbox):
+    """The root never syncs the host's disk: neither when the sandbox ends
+    (its last process would wait for a flush of the whole host file system)
+    nor when the sandbox calls sync (docs/security.md)."""
+    sid = sandbox()["id"]
+    root = [l for l in sh_ok(warren, sid, "cat /proc/self/mountinfo").splitlines() if l.split()[4] == "/"]
+    assert len(root) == 1, root
+    fields = root[0].split(" - ", 1)[1].split()
+    fstype, options = fields[0], fields[2].split(",")
+    # Shown as `volatile` by older kernels, `fsync=volatile` by newer ones.
+    assert fstype == "overlay" and {"volatile", "fsync=volatile"} & set(options), root[0]
+    assert "nosuid" in root[0].split(" - ")[0] and "nodev" in root[0].split(" - ")[0], root[0]
+    # Writes still read back, and sync returns.
+    assert sh_ok(warren, sid, "echo kept > /f && sync && cat /f").strip() == "kept"
+
+
 def test_host_files_unreachable(warren, sandbox, tmp_path):
     name = uniq("warren-host-marker")
     markers = [Path("/tmp") / name, Path("/root") / name, tmp_path / name]

@@ -1,7 +1,8 @@
 //! The sandbox's root filesystem: an overlay of the image's cached layers
-//! with a fresh upper directory, mounted `nodev,nosuid`.
+//! with a fresh upper directory, mounted `nodev,nosuid` and `volatile`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
@@ -35,15 +36,43 @@ pub fn mount_overlay(
             data.len()
         )));
     }
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
-        Some(data.as_str()),
-    )
-    .map_err(|e| RuntimeError::Create(format!("mount overlay at {}: {e}", target.display())))
+    let mount_with = |data: &str| {
+        mount(
+            Some("overlay"),
+            target,
+            Some("overlay"),
+            MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
+            Some(data),
+        )
+    };
+    // `volatile` (Linux 5.10): the overlay never syncs its upper file
+    // system. Without it the last process of a sandbox, as its mount
+    // namespace goes, waits for a sync of the whole host file system that
+    // holds the upper directory (ext4: a journal commit and a disk flush)
+    // before it can exit, and every sync(2) or syncfs(2) in a sandbox
+    // flushes the host's disk. A sandbox does not outlive its host (see
+    // docs/reliability.md), so its writes need no flush; its upper and
+    // work directories are never mounted again.
+    let result = if VOLATILE_REFUSED.load(Ordering::Relaxed) {
+        mount_with(&data)
+    } else {
+        match mount_with(&format!("{data},volatile")) {
+            Err(nix::Error::EINVAL) => {
+                let plain = mount_with(&data);
+                if plain.is_ok() {
+                    VOLATILE_REFUSED.store(true, Ordering::Relaxed);
+                }
+                plain
+            }
+            other => other,
+        }
+    };
+    result.map_err(|e| RuntimeError::Create(format!("mount overlay at {}: {e}", target.display())))
 }
+
+/// Set once this kernel has refused `volatile` where a mount without it
+/// worked (kernels before 5.10).
+static VOLATILE_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// Lazily detaches the rootfs; a missing mount is not an error.
 pub fn unmount(target: &Path) -> Result<(), RuntimeError> {

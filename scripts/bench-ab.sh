@@ -7,6 +7,8 @@
 # REV `.` compares the working tree with itself, under different `warren
 # up` flags (A_ARGS, B_ARGS), e.g. the node driven in-process or over HTTP:
 #   A_ARGS="--node-transport in-process" B_ARGS="--node-transport http" scripts/bench-ab.sh . 200 3
+# A_BIN=PATH takes A's binary from PATH (a release build of REV made
+# before) instead of building REV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?give the revision to compare against, e.g. HEAD~3}
@@ -32,7 +34,9 @@ mkdir -p "$work/a" "$work/b"
 # its own (kept between runs, so a second comparison builds incrementally).
 cargo build --release -p warren
 cp target/release/warren "$work/b/warren"
-if [ "$rev" = . ]; then
+if [ -n "${A_BIN:-}" ]; then
+    cp "$A_BIN" "$work/a/warren"
+elif [ "$rev" = . ]; then
     cp target/release/warren "$work/a/warren"
 else
     git worktree add --detach "$work/tree" "$rev" >/dev/null

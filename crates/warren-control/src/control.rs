@@ -293,8 +293,14 @@ impl Control {
         }
         let now = now_rfc3339();
         if row.state != SandboxState::Stopping || row.grace {
+            // Unflushed: the `destroyed` below (or the retry's message) is
+            // flushed, and a crash of the host ends the sandbox anyway.
+            let t = Transition {
+                unflushed: true,
+                ..Default::default()
+            };
             self.store
-                .transition(id, SandboxState::Stopping, why, &now, Transition::default())
+                .transition(id, SandboxState::Stopping, why, &now, t)
                 .await?;
         }
         warren_core::crashpoint::hit("destroy:stopping");

@@ -235,6 +235,9 @@ async fn transitions_and_event_order(f: &Fixture) -> TestResult {
         Transition {
             exit_code: Some(3),
             grace: true,
+            // Committed and read back like any other; only its flush waits
+            // for the next write's.
+            unflushed: true,
             ..Default::default()
         },
     )
@@ -362,6 +365,7 @@ async fn concurrent_writes_answer_each(f: &Fixture) -> TestResult {
                 grace: false,
                 message: "",
                 node: None,
+                unflushed: false,
             },
         )
     }))

@@ -16,6 +16,10 @@
 //! in a transaction of its own, so each gets its own answer. A failed
 //! commit is not retried (it may have committed): every write in it gets
 //! the error, as a lone write would.
+//!
+//! A write may ask not to wait for the disk's flush (see
+//! `Transition::unflushed`); a transaction is flushed when any of its
+//! writes asks for it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,7 +37,9 @@ use super::StoreError;
 pub(super) trait Database: Send + Sync + 'static {
     type Connection: Send + 'static;
     type Tx: Send + 'static;
-    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+    /// `flush`: whether its commit waits until the disk holds it; a
+    /// database may flush anyway.
+    fn begin(&self, flush: bool) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
     fn conn(tx: &mut Self::Tx) -> &mut Self::Connection;
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -52,6 +58,7 @@ const MAX_BATCH: usize = 256;
 
 struct Pending<C> {
     write: Write<C>,
+    flush: bool,
     done: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -76,21 +83,23 @@ impl<C: Send + 'static> GroupCommit<C> {
     }
 
     /// Runs `statements` with `args` in a shared transaction and returns
-    /// once it is committed (or failed).
+    /// once it is committed (or failed); with `flush`, once the disk holds
+    /// it.
     pub(super) async fn write_with<A: Send + Sync + 'static>(
         &self,
         args: A,
+        flush: bool,
         statements: Statements<C, A>,
     ) -> Result<(), StoreError> {
         let args = Arc::new(args);
-        self.write(Box::new(move |conn| statements(conn, args.clone())))
+        self.write(Box::new(move |conn| statements(conn, args.clone())), flush)
             .await
     }
 
-    async fn write(&self, write: Write<C>) -> Result<(), StoreError> {
+    async fn write(&self, write: Write<C>, flush: bool) -> Result<(), StoreError> {
         let (done, answer) = oneshot::channel();
         self.queue
-            .send(Pending { write, done })
+            .send(Pending { write, flush, done })
             .map_err(|_| StoreError::Commit("the store is shutting down".into()))?;
         answer
             .await
@@ -101,7 +110,8 @@ impl<C: Send + 'static> GroupCommit<C> {
 async fn commit_loop<D: Database>(db: D, mut rx: mpsc::UnboundedReceiver<Pending<D::Connection>>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let writes: Vec<&Write<D::Connection>> = batch.iter().map(|p| &p.write).collect();
+        let writes: Vec<(&Write<D::Connection>, bool)> =
+            batch.iter().map(|p| (&p.write, p.flush)).collect();
         let results = commit_together(&db, &writes).await;
         for (pending, result) in batch.drain(..).zip(results) {
             let _ = pending.done.send(result);
@@ -112,7 +122,7 @@ async fn commit_loop<D: Database>(db: D, mut rx: mpsc::UnboundedReceiver<Pending
 /// One result per write, in order.
 async fn commit_together<D: Database>(
     db: &D,
-    writes: &[&Write<D::Connection>],
+    writes: &[(&Write<D::Connection>, bool)],
 ) -> Vec<Result<(), StoreError>> {
     let all = |e: StoreError| {
         let message = e.to_string();
@@ -121,15 +131,16 @@ async fn commit_together<D: Database>(
             .map(|_| Err(StoreError::Commit(message.clone())))
             .collect()
     };
-    if writes.len() == 1 {
-        return vec![alone(db, writes[0]).await];
+    if let [(write, flush)] = writes {
+        return vec![alone(db, write, *flush).await];
     }
-    let mut tx = match db.begin().await {
+    let flush = writes.iter().any(|(_, flush)| *flush);
+    let mut tx = match db.begin(flush).await {
         Ok(tx) => tx,
         Err(e) => return all(e),
     };
     let mut failed = false;
-    for w in writes {
+    for (w, _) in writes {
         if w(D::conn(&mut tx)).await.is_err() {
             failed = true;
             break;
@@ -145,14 +156,18 @@ async fn commit_together<D: Database>(
     // runs again on its own.
     drop(tx);
     let mut results = Vec::with_capacity(writes.len());
-    for w in writes {
-        results.push(alone(db, w).await);
+    for (w, flush) in writes {
+        results.push(alone(db, w, *flush).await);
     }
     results
 }
 
-async fn alone<D: Database>(db: &D, write: &Write<D::Connection>) -> Result<(), StoreError> {
-    let mut tx = db.begin().await?;
+async fn alone<D: Database>(
+    db: &D,
+    write: &Write<D::Connection>,
+    flush: bool,
+) -> Result<(), StoreError> {
+    let mut tx = db.begin(flush).await?;
     write(D::conn(&mut tx)).await?;
     D::commit(tx).await
 }
@@ -170,6 +185,7 @@ pub(super) struct StateChange {
     pub grace: bool,
     pub node: Option<String>,
     pub message: String,
+    pub flush: bool,
 }
 
 impl StateChange {
@@ -192,6 +208,7 @@ impl StateChange {
             grace: t.grace,
             node: owned(t.node),
             message: t.message.into(),
+            flush: !t.unflushed,
         }
     }
 }

@@ -169,6 +169,16 @@ pub struct Transition<'a> {
     pub message: &'a str,
     /// The node a queued create was placed on, when its turn came.
     pub node: Option<&'a str>,
+    /// Committed without waiting for the disk's flush: only for a record
+    /// that a flushed write of the same sandbox always follows (the
+    /// `stopping` before a destroy, whose `destroyed`, or retry message, is
+    /// flushed). A crash of the process keeps it (SQLite's WAL is in the
+    /// kernel's cache, and the next flush of the WAL writes it too); a
+    /// crash of the host may lose it, with the host's sandboxes, which end
+    /// `lost` at the next start either way. PostgreSQL flushes it anyway:
+    /// there an unflushed commit could be lost by a crash of the database
+    /// server alone.
+    pub unflushed: bool,
 }
 
 /// The replica that leads, as the lease says.

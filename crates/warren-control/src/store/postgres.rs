@@ -131,7 +131,7 @@ impl PgStore {
     /// the request id, when given, as $3.
     async fn spec_write(&self, c: SpecChange, update: &'static str) -> Result<(), StoreError> {
         self.commits
-            .write_with((c, update), |conn, args| {
+            .write_with((c, update), true, |conn, args| {
                 Box::pin(async move {
                     let (c, update) = &*args;
                     let mut q = sqlx::query(*update).bind(&c.spec).bind(&c.id);
@@ -237,7 +237,7 @@ impl Store for PgStore {
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
         self.commits
-            .write_with((row.clone(), request_id.map(str::to_string)), |conn, args| {
+            .write_with((row.clone(), request_id.map(str::to_string)), true, |conn, args| {
                 Box::pin(async move {
                     let (row, request_id) = &*args;
                     sqlx::query(
@@ -280,30 +280,35 @@ impl Store for PgStore {
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
         self.commits
-            .write_with(StateChange::new(id, state, reason, time, &t), |conn, c| {
-                Box::pin(async move {
-                    sqlx::query(
-                        "UPDATE sandboxes SET state = $1, reason = $2,
+            .write_with(
+                StateChange::new(id, state, reason, time, &t),
+                true,
+                |conn, c| {
+                    Box::pin(async move {
+                        sqlx::query(
+                            "UPDATE sandboxes SET state = $1, reason = $2,
                         started_at = COALESCE($3, started_at),
                         finished_at = COALESCE($4, finished_at),
                         exit_code = COALESCE($5, exit_code),
                         grace = $6,
                         node = COALESCE($7, node)
                      WHERE id = $8",
-                    )
-                    .bind(c.state.as_str())
-                    .bind(&c.reason)
-                    .bind(&c.started_at)
-                    .bind(&c.finished_at)
-                    .bind(c.exit_code)
-                    .bind(c.grace)
-                    .bind(&c.node)
-                    .bind(&c.id)
-                    .execute(&mut *conn)
-                    .await?;
-                    insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message).await
-                })
-            })
+                        )
+                        .bind(c.state.as_str())
+                        .bind(&c.reason)
+                        .bind(&c.started_at)
+                        .bind(&c.finished_at)
+                        .bind(c.exit_code)
+                        .bind(c.grace)
+                        .bind(&c.node)
+                        .bind(&c.id)
+                        .execute(&mut *conn)
+                        .await?;
+                        insert_event(conn, &c.time, &c.id, Some(c.state), &c.reason, &c.message)
+                            .await
+                    })
+                },
+            )
             .await?;
         self.wrote_event();
         Ok(())
@@ -784,7 +789,8 @@ impl group_commit::Database for PgPool {
     type Connection = PgConnection;
     type Tx = PgTx;
 
-    async fn begin(&self) -> Result<PgTx, StoreError> {
+    /// Always flushed (see `Transition::unflushed`).
+    async fn begin(&self, _flush: bool) -> Result<PgTx, StoreError> {
         PgTx::begin(self).await
     }
 

@@ -22,6 +22,9 @@ use super::{
 pub(super) struct TxSql {
     alone: &'static str,
     opening: &'static str,
+    /// `opening` for a transaction committed without a flush: SQLite
+    /// takes the safety level only outside a transaction.
+    opening_unflushed: &'static str,
 }
 
 /// The event that goes with a write binds its time, sandbox id, state,
@@ -31,6 +34,11 @@ macro_rules! tx_sql {
         TxSql {
             alone: concat!($sql, EVENT_INSERT!()),
             opening: concat!("BEGIN IMMEDIATE; ", $sql, EVENT_INSERT!()),
+            opening_unflushed: concat!(
+                "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE; ",
+                $sql,
+                EVENT_INSERT!()
+            ),
         }
     };
 }
@@ -86,7 +94,7 @@ impl SqliteStore {
     /// the id, then the event's time, reason and message.
     async fn spec_write(&self, c: SpecChange, sql: &'static TxSql) -> Result<(), StoreError> {
         self.commits
-            .write_with((c, sql), |tx, args| {
+            .write_with((c, sql), true, |tx, args| {
                 Box::pin(async move {
                     let (c, sql) = &*args;
                     let mut q = sqlx::query(tx.sql(sql)).bind(&c.spec);
@@ -122,7 +130,7 @@ impl Store for SqliteStore {
 
     async fn insert(&self, row: &SandboxRow, request_id: Option<&str>) -> Result<(), StoreError> {
         self.commits
-            .write_with((row.clone(), request_id.map(str::to_string)), |tx, args| {
+            .write_with((row.clone(), request_id.map(str::to_string)), true, |tx, args| {
                 Box::pin(async move {
                     let (row, request_id) = &*args;
                     static SQL: TxSql = tx_sql!(
@@ -162,8 +170,10 @@ impl Store for SqliteStore {
         time: &str,
         t: Transition<'_>,
     ) -> Result<(), StoreError> {
+        let change = StateChange::new(id, state, reason, time, &t);
+        let flush = change.flush;
         self.commits
-            .write_with(StateChange::new(id, state, reason, time, &t), |tx, c| {
+            .write_with(change, flush, |tx, c| {
                 Box::pin(async move {
                     static SQL: TxSql = tx_sql!(
                         "UPDATE sandboxes SET state = ?, reason = ?,
@@ -642,6 +652,10 @@ pub(super) struct WriteTx {
     committed: bool,
     /// `BEGIN IMMEDIATE` has been sent.
     open: bool,
+    /// Its commit waits for the disk's flush (the connection's own
+    /// setting, `synchronous=FULL`); when not, the connection is set back
+    /// by the commit, or closed.
+    flush: bool,
 }
 
 impl WriteTx {
@@ -660,17 +674,19 @@ impl WriteTx {
             conn,
             committed: false,
             open: true,
+            flush: true,
         })
     }
 
     /// A transaction whose `BEGIN IMMEDIATE` goes with its first write's
     /// statements (see [`TxSql`]). Dropped uncommitted, its connection is
     /// closed, which rolls back whatever of it ran.
-    async fn lazy(pool: &SqlitePool) -> Result<WriteTx, StoreError> {
+    async fn lazy(pool: &SqlitePool, flush: bool) -> Result<WriteTx, StoreError> {
         Ok(WriteTx {
             conn: pool.acquire().await?,
             committed: false,
             open: false,
+            flush,
         })
     }
 
@@ -679,8 +695,10 @@ impl WriteTx {
     fn sql(&mut self, sql: &TxSql) -> &'static str {
         if std::mem::replace(&mut self.open, true) {
             sql.alone
-        } else {
+        } else if self.flush {
             sql.opening
+        } else {
+            sql.opening_unflushed
         }
     }
 
@@ -693,7 +711,12 @@ impl WriteTx {
             self.committed = true;
             return Ok(());
         }
-        match sqlx::query("COMMIT").execute(&mut *self.conn).await {
+        let commit = if self.flush {
+            "COMMIT"
+        } else {
+            "COMMIT; PRAGMA synchronous = FULL"
+        };
+        match sqlx::query(commit).execute(&mut *self.conn).await {
             Ok(_) => {
                 self.committed = true;
                 Ok(())
@@ -720,8 +743,8 @@ impl group_commit::Database for SqlitePool {
     type Connection = WriteTx;
     type Tx = WriteTx;
 
-    async fn begin(&self) -> Result<WriteTx, StoreError> {
-        WriteTx::lazy(self).await
+    async fn begin(&self, flush: bool) -> Result<WriteTx, StoreError> {
+        WriteTx::lazy(self, flush).await
     }
 
     fn conn(tx: &mut WriteTx) -> &mut WriteTx {
@@ -750,4 +773,92 @@ async fn insert_event(
         .execute(conn)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use warren_core::ResolvedResources;
+
+    use super::*;
+
+    fn row(id: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            state: SandboxState::Running,
+            reason: "ready".into(),
+            spec: serde_json::from_value(serde_json::json!({"image": "busybox:latest"}))
+                .expect("spec"),
+            resources: ResolvedResources {
+                cpu_millis: 1000,
+                memory: 1 << 30,
+                pids: 128,
+                disk: 0,
+                gpus: 0,
+                cpu_request_millis: None,
+                memory_request: None,
+            },
+            node: "node-1".into(),
+            image_digest: "sha256:abc".into(),
+            created_at: "t0".into(),
+            started_at: None,
+            finished_at: None,
+            exit_code: None,
+            grace: false,
+        }
+    }
+
+    /// An unflushed commit lowers its connection's safety level for itself
+    /// only: every connection of the pool flushes again afterwards, alone
+    /// or when unflushed and flushed writes shared a transaction.
+    #[tokio::test]
+    async fn unflushed_writes_leave_every_connection_flushing() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Commit(e.to_string()))?;
+        let store = SqliteStore::open(&dir.path().join("warren.db")).await?;
+        let ids: Vec<String> = (0..8).map(|i| format!("sbx-{i}")).collect();
+        for id in &ids {
+            store.insert(&row(id), None).await?;
+        }
+        let unflushed = Transition {
+            unflushed: true,
+            ..Default::default()
+        };
+        store
+            .transition(
+                "sbx-0",
+                SandboxState::Stopping,
+                "requested",
+                "t1",
+                unflushed.clone(),
+            )
+            .await?;
+        let together = ids.iter().enumerate().map(|(i, id)| {
+            let t = Transition {
+                unflushed: i % 2 == 0,
+                ..Default::default()
+            };
+            store.transition(id, SandboxState::Destroyed, "requested", "t2", t)
+        });
+        for result in futures_util::future::join_all(together).await {
+            result?;
+        }
+        for id in &ids {
+            let got = store.get(id).await?.expect("row");
+            assert_eq!(got.state, SandboxState::Destroyed, "{id}");
+        }
+        // Every connection the pool holds, at once.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(store.pool.acquire().await?);
+        }
+        for conn in &mut held {
+            let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **conn)
+                .await?;
+            assert_eq!(
+                level, 2,
+                "a connection left at synchronous={level}, not FULL (2)"
+            );
+        }
+        Ok(())
+    }
 }

@@ -777,35 +777,7 @@ async fn insert_event(
 
 #[cfg(test)]
 mod tests {
-    use warren_core::ResolvedResources;
-
     use super::*;
-
-    fn row(id: &str) -> SandboxRow {
-        SandboxRow {
-            id: id.into(),
-            state: SandboxState::Running,
-            reason: "ready".into(),
-            spec: serde_json::from_value(serde_json::json!({"image": "busybox:latest"}))
-                .expect("spec"),
-            resources: ResolvedResources {
-                cpu_millis: 1000,
-                memory: 1 << 30,
-                pids: 128,
-                disk: 0,
-                gpus: 0,
-                cpu_request_millis: None,
-                memory_request: None,
-            },
-            node: "node-1".into(),
-            image_digest: "sha256:abc".into(),
-            created_at: "t0".into(),
-            started_at: None,
-            finished_at: None,
-            exit_code: None,
-            grace: false,
-        }
-    }
 
     /// An unflushed commit lowers its connection's safety level for itself
     /// only: every connection of the pool flushes again afterwards, alone
@@ -814,37 +786,34 @@ mod tests {
     async fn unflushed_writes_leave_every_connection_flushing() -> Result<(), StoreError> {
         let dir = tempfile::tempdir().map_err(|e| StoreError::Commit(e.to_string()))?;
         let store = SqliteStore::open(&dir.path().join("warren.db")).await?;
-        let ids: Vec<String> = (0..8).map(|i| format!("sbx-{i}")).collect();
-        for id in &ids {
-            store.insert(&row(id), None).await?;
-        }
-        let unflushed = Transition {
-            unflushed: true,
+        let unflushed = |yes: bool| Transition {
+            unflushed: yes,
             ..Default::default()
         };
+        // No rows: each transition is still its event, committed.
         store
             .transition(
                 "sbx-0",
                 SandboxState::Stopping,
                 "requested",
                 "t1",
-                unflushed.clone(),
+                unflushed(true),
             )
             .await?;
+        let ids: Vec<String> = (0..8).map(|i| format!("sbx-{i}")).collect();
         let together = ids.iter().enumerate().map(|(i, id)| {
-            let t = Transition {
-                unflushed: i % 2 == 0,
-                ..Default::default()
-            };
-            store.transition(id, SandboxState::Destroyed, "requested", "t2", t)
+            store.transition(
+                id,
+                SandboxState::Destroyed,
+                "requested",
+                "t2",
+                unflushed(i % 2 == 0),
+            )
         });
         for result in futures_util::future::join_all(together).await {
             result?;
         }
-        for id in &ids {
-            let got = store.get(id).await?.expect("row");
-            assert_eq!(got.state, SandboxState::Destroyed, "{id}");
-        }
+        assert_eq!(store.events(None, 0, -1).await?.len(), 1 + ids.len());
         // Every connection the pool holds, at once.
         let mut held = Vec::new();
         for _ in 0..4 {

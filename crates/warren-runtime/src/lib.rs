@@ -32,6 +32,7 @@ pub mod rootfs;
 mod setup;
 pub mod spawner;
 pub mod syscall_filter;
+mod trash;
 pub mod userns;
 pub mod watch;
 
@@ -136,6 +137,8 @@ pub struct Runtime {
     pool: pool::SpawnerPool,
     /// libcontainer's state of this home's sandboxes (see [`STATE_DIR`]).
     state_root: PathBuf,
+    /// Where destroyed sandboxes' directories go to be removed.
+    trash: std::sync::Arc<trash::Trash>,
 }
 
 impl Runtime {
@@ -149,12 +152,14 @@ impl Runtime {
         std::fs::write(state_root.join("home"), home.as_os_str().as_encoded_bytes())
             .map_err(RuntimeError::io("record the state directory's home"))?;
         userns::sweep(&cfg.home.join("sandboxes"));
+        let trash = std::sync::Arc::new(trash::Trash::open(cfg.home.join("trash"))?);
         let pool =
             pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
         Ok(Runtime {
             cfg,
             pool,
             state_root,
+            trash,
         })
     }
 
@@ -286,13 +291,16 @@ impl Runtime {
     async fn cleanup_dirs(&self, handle: &SandboxHandle) -> Result<(), RuntimeError> {
         let dir = handle.dir.clone();
         let id = handle.id.clone();
+        let trash = self.trash.clone();
         tokio::task::spawn_blocking(move || {
             // Nothing is mounted in the host's namespace any more; this only
             // matters for sandboxes created by an older Warren.
             unmount_root(&dir, &id)?;
             let ids = userns::recorded(&dir);
-            remove_tree(&dir)?;
-            // Given back only once nothing of the sandbox is left to own.
+            trash.discard(&dir)?;
+            // Given back once the directory has left its path: the
+            // sandbox's processes are gone, and what it left in the trash
+            // is out of reach of the range's next holder (see `trash`).
             match ids {
                 Some(ids) => userns::release(&dir, ids),
                 None => userns::release_unrecorded(&dir),
@@ -577,19 +585,9 @@ fn remove_container(
     exec_cgroup::remove_all(cgroup_path);
     cgroups::kill_and_remove(cgroup_path)?;
     crashpoint::hit("destroy:cgroups");
-    states.iter().try_for_each(|state| remove_tree(state))
-}
-
-/// Removes a directory and everything in it; one already gone is fine.
-fn remove_tree(dir: &Path) -> Result<(), RuntimeError> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(RuntimeError::Destroy(format!(
-            "remove {}: {e}",
-            dir.display()
-        ))),
-    }
+    states
+        .iter()
+        .try_for_each(|state| trash::remove_tree(state))
 }
 
 /// Whether `pid` is a live process in the sandbox cgroup `cgroup_path`, so a

@@ -81,6 +81,9 @@ pub fn main() -> ! {
                 eprintln!("warren spawner: sandbox {id}: {}", plain(e));
             }
         }
+        if id_base.is_some() {
+            crate::userns::prepare_spare();
+        }
     }
 }
 

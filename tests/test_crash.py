@@ -13,7 +13,7 @@ from conftest import own_daemon
 from helpers import host_traces, state_root
 
 CREATE_POINTS = ["create:claimed", "create:prepared", "create:spawned", "create:recorded"]
-DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups"]
+DESTROY_POINTS = ["destroy:stopping", "destroy:killed", "destroy:cgroups", "destroy:trashed"]
 
 
 @pytest.fixture
@@ -90,3 +90,9 @@ def test_crash_during_destroy_finishes_on_restart(crashing, point):
         time.sleep(0.05)
     assert s["state"] == "destroyed" and s["reason"] == "user_deleted", s
     assert host_traces(w, sid) == []
+    # The directory a destroy moved into the trash is deleted behind it,
+    # by the crashed daemon's successor when the crash came first.
+    deadline = time.time() + 10
+    while left := list((w.home / "trash").iterdir()):
+        assert time.time() < deadline, left
+        time.sleep(0.05)

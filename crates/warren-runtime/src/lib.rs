@@ -298,6 +298,7 @@ impl Runtime {
             unmount_root(&dir, &id)?;
             let ids = userns::recorded(&dir);
             trash.discard(&dir)?;
+            crashpoint::hit("destroy:trashed");
             // Given back once the directory has left its path: the
             // sandbox's processes are gone, and what it left in the trash
             // is out of reach of the range's next holder (see `trash`).

@@ -22,6 +22,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use warren_core::sync::lock;
+
 use crate::RuntimeError;
 
 /// Ids per sandbox: a full 16-bit range, what images expect (nobody is 65534).
@@ -215,10 +217,6 @@ pub fn prepare_spare() {
 }
 
 static SPARE: std::sync::Mutex<Option<Unmapped>> = std::sync::Mutex::new(None);
-
-fn lock(m: &std::sync::Mutex<Option<Unmapped>>) -> std::sync::MutexGuard<'_, Option<Unmapped>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A child in a user namespace of its own with no ids mapped yet, waiting
 /// to be given a range.

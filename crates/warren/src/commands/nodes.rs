@@ -4,7 +4,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::cli::NodeCmd;
-use crate::client::Client;
+use crate::client::{Client, SandboxQuery};
 
 pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
     match cmd {
@@ -79,9 +79,16 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                 };
                 // The control plane's own count (what holds capacity there),
                 // not the node's last report, which lags up to a second.
-                let left = n["allocated"]["slots"].as_u64().unwrap_or(0);
+                let mut left = n["allocated"]["slots"].as_u64().unwrap_or(0);
                 if left == 0 {
-                    break;
+                    // Capacity comes back as the node answers the destroy,
+                    // a moment before the record is final: "drained" waits
+                    // for the records too.
+                    let open = client.list_sandboxes(&SandboxQuery::default()).await?;
+                    left = open.iter().filter(|s| s.node == name).count() as u64;
+                    if left == 0 {
+                        break;
+                    }
                 }
                 eprint!("\r  {left} sandboxes left   ");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -308,6 +308,8 @@ pub fn probe(home: &Path) -> Vec<Check> {
         ),
     });
 
+    out.push(home_filesystem(home));
+
     let openat2 = rustix::fs::openat2(
         rustix::fs::CWD,
         "/",
@@ -332,6 +334,69 @@ pub fn probe(home: &Path) -> Vec<Check> {
         )
     });
     out
+}
+
+/// ext4 made without a journal skips every recently freed inode when it
+/// allocates one, reading each candidate from its inode table; a node
+/// makes and frees about a dozen inodes per sandbox, so under churn that
+/// search took 15% of a two-core machine's CPU (docs/benchmarks.md).
+fn home_filesystem(home: &Path) -> Check {
+    const NAME: &str = "home file system";
+    const EXT4_SUPER_MAGIC: u64 = 0xEF53;
+    // The home may not exist yet: its nearest existing ancestor is where it
+    // will be made.
+    let Some(at) = home.ancestors().find(|p| p.exists()) else {
+        return check(
+            NAME,
+            Status::Ok,
+            "not checked",
+            "no part of the home's path exists",
+        );
+    };
+    let is_ext4 = rustix::fs::statfs(at)
+        .map(|s| s.f_type as u64 == EXT4_SUPER_MAGIC)
+        .unwrap_or(false);
+    if !is_ext4 {
+        return check(
+            NAME,
+            Status::Ok,
+            format!("{} is not on ext4", at.display()),
+            "no journal check needed",
+        );
+    }
+    let journal = ext4_has_journal(at);
+    match journal {
+        Some(false) => check(
+            NAME,
+            Status::Degraded,
+            format!("{} is on ext4 without a journal", at.display()),
+            "every new inode there is searched for past recently freed ones, which costs CPU on each sandbox create under churn: put the home on a journaled file system (`tune2fs -O has_journal` on an unmounted ext4, or XFS)",
+        ),
+        Some(true) => check(
+            NAME,
+            Status::Ok,
+            format!("{} is on ext4 with a journal", at.display()),
+            "inodes are allocated without a search past recently freed ones",
+        ),
+        None => check(
+            NAME,
+            Status::Ok,
+            format!("{} is on ext4 (its journal could not be read from /sys/fs/ext4)", at.display()),
+            "if it has no journal, sandbox creates cost more CPU (docs/configuration.md)",
+        ),
+    }
+}
+
+/// From `/sys/fs/ext4/<device>/journal_task`, which names the journal's
+/// thread, or `<none>`.
+fn ext4_has_journal(path: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let device = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let name = device.file_name()?.to_str()?.to_string();
+    let task = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/journal_task")).ok()?;
+    Some(task.trim() != "<none>")
 }
 
 #[cfg(test)]

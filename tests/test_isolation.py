@@ -64,6 +64,24 @@ def test_root_is_a_volatile_overlay(warren, sandbox):
     assert sh_ok(warren, sid, "echo kept > /f && sync && cat /f").strip() == "kept"
 
 
+@pytest.mark.skipif(CGROUP_V2, reason="cgroup v1 hierarchies")
+def test_a_sandbox_has_cgroups_only_where_it_is_limited_or_counted(warren, sandbox):
+    """A sandbox cpuset made every create walk all sibling cpusets and every
+    destroy rebuild the scheduler domains over them (docs/configuration.md):
+    the sandbox gets no cpuset, and does not see one."""
+    sid = sandbox(memory="48M")["id"]
+    host = Path("/sys/fs/cgroup")
+    for controller in ("memory", "pids", "freezer", "devices", "cpu"):
+        assert (host / controller / "warren" / sid).is_dir(), controller
+    assert not (host / "cpuset" / "warren" / sid).exists()
+    inside = sh_ok(warren, sid, "ls /sys/fs/cgroup").split()
+    assert {"memory", "pids", "freezer", "devices"} <= set(inside), inside
+    assert "cpuset" not in inside and "systemd" not in inside, inside
+    # Each hierarchy it sees is rooted at its own cgroup.
+    limit = sh_ok(warren, sid, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes").strip()
+    assert int(limit) == 48 << 20, limit
+
+
 def test_host_files_unreachable(warren, sandbox, tmp_path):
     name = uniq("warren-host-marker")
     markers = [Path("/tmp") / name, Path("/root") / name, tmp_path / name]

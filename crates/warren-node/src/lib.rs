@@ -195,11 +195,6 @@ impl Node {
         {
             tracing::warn!(error = %e, "could not cap the processes of all sandboxes together");
         }
-        match warren_runtime::cgroup_tuning::clone_cpusets(warren_core::RESOURCE_PREFIX) {
-            Ok(true) => tracing::info!("new sandbox cpusets now take their parent's CPUs and memory nodes when made (cgroup.clone_children)"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "could not set up the sandboxes' parent cpuset"),
-        }
         if cap.favor_dynmods {
             match warren_runtime::cgroup_tuning::favor_dynmods() {
                 Ok(Some(at)) => {

@@ -1,65 +1,22 @@
 //! Host cgroup settings that keep a create's cost flat as live sandboxes
 //! grow (docs/benchmarks.md, "Create latency as live sandboxes grow").
 //!
-//! Every create makes cgroups and moves its init into them. Two kernel
-//! defaults make that cost grow with the cgroups alive:
-//! - Moving a process between cgroups takes the global threadgroup
-//!   semaphore for writing, which by default first waits for an RCU grace
-//!   period. With thousands of sandboxes alive a create spent about 12 ms
-//!   there. `favordynmods` on the cgroup2 mount keeps the semaphore in its
-//!   slow mode for good: no wait on a move, a little more on each fork and
-//!   exit (the kernel's cgroup-v2 documentation describes the trade). The
-//!   semaphore is one for all hierarchies, so this also serves a cgroup v1
-//!   host through its unified (hybrid) mount.
-//! - On cgroup v1 a new cpuset cgroup starts with no CPUs and no memory
-//!   nodes; the set-up then copies its parent's, and each such write
-//!   rebuilds the scheduler domains, walking every cpuset on the host.
-//!   With `cgroup.clone_children` on the sandboxes' parent the kernel copies
-//!   them itself when the cgroup is made, and nothing is rebuilt.
+//! Every create makes cgroups and moves its init into them. Moving a
+//! process between cgroups takes the global threadgroup semaphore for
+//! writing, which by default first waits for an RCU grace period: with
+//! thousands of sandboxes alive a create spent about 12 ms there.
+//! `favordynmods` on the cgroup2 mount keeps the semaphore in its slow mode
+//! for good: no wait on a move, a little more on each fork and exit (the
+//! kernel's cgroup-v2 documentation describes the trade). The semaphore is
+//! one for all hierarchies, so this also serves a cgroup v1 host through
+//! its unified (hybrid) mount.
+//!
+//! (On cgroup v1 sandboxes have no cpuset of their own: see
+//! `setup::cgroup_v1`.)
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nix::mount::{mount, MsFlags};
-
-const CPUSET_V1: &str = "/sys/fs/cgroup/cpuset";
-
-/// Makes cpuset cgroups below `parent` start with their parent's CPUs and
-/// memory nodes (cgroup v1; a no-op elsewhere). Returns whether it changed
-/// anything.
-pub fn clone_cpusets(parent: &str) -> Result<bool, String> {
-    let root = Path::new(CPUSET_V1);
-    if !root.join("cpuset.cpus").exists() {
-        return Ok(false);
-    }
-    let mut dir = root.to_path_buf();
-    let mut changed = false;
-    for part in parent
-        .trim_matches('/')
-        .split('/')
-        .filter(|p| !p.is_empty())
-    {
-        let above = dir.clone();
-        dir.push(part);
-        if !dir.is_dir() {
-            std::fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        }
-        // A cgroup with no CPUs or memory nodes refuses processes; fill
-        // them in from above before telling the kernel to copy them down.
-        for file in ["cpuset.cpus", "cpuset.mems"] {
-            let own = read(&dir.join(file))?;
-            if own.trim().is_empty() {
-                let value = read(&above.join(file))?;
-                write(&dir.join(file), value.trim())?;
-                changed = true;
-            }
-        }
-        if read(&dir.join("cgroup.clone_children"))?.trim() != "1" {
-            write(&dir.join("cgroup.clone_children"), "1")?;
-            changed = true;
-        }
-    }
-    Ok(changed)
-}
 
 /// Turns on `favordynmods` on the host's cgroup2 mount (the whole hierarchy
 /// on v2, the unified mount on a hybrid host). Returns the mount point when
@@ -168,14 +125,6 @@ fn unescape(s: &str) -> String {
     out
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))
-}
-
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value).map_err(|e| format!("write {}: {e}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,41 +152,6 @@ mod tests {
         let m = Cgroup2Mount::parse(unified).expect("a cgroup2 line");
         assert_eq!(m.point, PathBuf::from("/sys/fs/cgroup/unified"));
         assert_eq!(m.super_options, ["rw"]);
-    }
-
-    /// Against the real kernel, on a cgroup v1 host (runs as root; a no-op
-    /// elsewhere): a cpuset made below the parent has CPUs and memory nodes
-    /// at once, without anyone writing them.
-    #[test]
-    fn cpusets_below_the_parent_start_with_cpus_and_memory_nodes() {
-        let root = Path::new(CPUSET_V1);
-        if !root.join("cpuset.cpus").exists() || !nix::unistd::geteuid().is_root() {
-            return;
-        }
-        let parent = format!("warren-test-clone-{}", std::process::id());
-        let dir = root.join(&parent);
-        let child = dir.join("sbx");
-        let result = std::panic::catch_unwind(|| {
-            assert!(clone_cpusets(&parent).expect("sets up the parent"));
-            assert!(
-                !clone_cpusets(&parent).expect("second time"),
-                "nothing left to change"
-            );
-            std::fs::create_dir(&child).expect("mkdir child");
-            for file in ["cpuset.cpus", "cpuset.mems"] {
-                let theirs = read(&child.join(file)).expect("read child");
-                assert_eq!(
-                    theirs.trim(),
-                    read(&root.join(file)).expect("read root").trim(),
-                    "{file}"
-                );
-            }
-        });
-        let _ = std::fs::remove_dir(&child);
-        let _ = std::fs::remove_dir(&dir);
-        if let Err(e) = result {
-            std::panic::resume_unwind(e);
-        }
     }
 
     #[test]

@@ -36,14 +36,26 @@ const CONTROLLERS: &[&str] = &[
     "freezer",
 ];
 
+/// The controllers that limit, count, freeze or guard a sandbox: it gets a
+/// cgroup of its own in each hierarchy that has one of them. The others
+/// (`cpuset`, `perf_event`, `net_cls`, `net_prio`) keep it in its node's
+/// cgroup: Warren sets nothing there, and a sandbox cpuset cost every
+/// create a walk over its siblings and every destroy a rebuild of the
+/// scheduler domains over all cpusets, under the host's cpuset and cgroup
+/// mutexes (docs/benchmarks.md).
+const SANDBOX_CONTROLLERS: &[&str] = &[
+    "cpu", "cpuacct", "memory", "pids", "devices", "freezer", "blkio", "hugetlb",
+];
+
 impl Hierarchy {
     pub fn controllers(&self) -> impl Iterator<Item = &str> {
         self.options.split(',').filter(|o| CONTROLLERS.contains(o))
     }
 
-    /// A named hierarchy (`name=systemd`) has no controller.
-    pub fn is_named(&self) -> bool {
-        self.options.split(',').any(|o| o.starts_with("name="))
+    /// Whether a sandbox has a cgroup of its own in this hierarchy (and
+    /// sees it, mounted at its root, in its `/sys/fs/cgroup`).
+    pub fn sandboxed(&self) -> bool {
+        self.controllers().any(|c| SANDBOX_CONTROLLERS.contains(&c))
     }
 
     fn has(&self, controller: &str) -> bool {
@@ -105,10 +117,7 @@ fn parse(mountinfo: &str) -> Vec<Hierarchy> {
 /// failed create.
 pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String> {
     let mut dirs = Vec::new();
-    for h in hierarchies()?
-        .iter()
-        .filter(|h| h.controllers().next().is_some())
-    {
+    for h in hierarchies()?.iter().filter(|h| h.sandboxed()) {
         let dir = make_levels(&h.mount, path, h.has("cpuset"))?;
         if h.has("cpu") {
             write(&dir, "cpu.cfs_period_us", resources.cpu.period)?;
@@ -173,9 +182,10 @@ fn number(n: Option<i64>) -> String {
 }
 
 /// Creates `path` under `mount` one level at a time. A new cpuset cgroup
-/// has no CPUs or memory nodes unless its parent has `clone_children` set
-/// (the node sets it on its parent, see `cgroup_tuning`); any level left
-/// empty gets its parent's, or no process could join it.
+/// has no CPUs or memory nodes unless its parent has `clone_children` set;
+/// any level left empty gets its parent's, or no process could join it.
+/// (Sandboxes get no cpuset, so this is only for a host that mounts
+/// `cpuset` together with a controller they do get.)
 fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, String> {
     let mut dir = mount.to_path_buf();
     for part in path.split('/').filter(|p| !p.is_empty()) {
@@ -231,8 +241,11 @@ mod tests {
         let h = parse(table);
         let options: Vec<&str> = h.iter().map(|h| h.options.as_str()).collect();
         assert_eq!(options, ["cpu,cpuacct", "cpuset", "name=systemd"]);
-        assert!(h[2].is_named());
         assert_eq!(h[0].controllers().collect::<Vec<_>>(), ["cpu", "cpuacct"]);
         assert!(h[2].controllers().next().is_none());
+        // A sandbox gets a cgroup where it is limited or counted, not in a
+        // cpuset nor a named hierarchy.
+        let sandboxed: Vec<bool> = h.iter().map(|h| h.sandboxed()).collect();
+        assert_eq!(sandboxed, [true, false, false]);
     }
 }

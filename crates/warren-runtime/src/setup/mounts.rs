@@ -162,11 +162,11 @@ fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), String> {
 }
 
 /// cgroup v1: the shared read-only skeleton (see [`super::shared`]) with
-/// each of the host's controller hierarchies mounted in it. The sandbox is
+/// each hierarchy the sandbox has a cgroup in mounted in it. The sandbox is
 /// in a cgroup namespace rooted at its own cgroups, so each shows the
-/// sandbox's cgroup as its root. Named hierarchies (`name=systemd`) are
-/// left out: the sandbox has no cgroup there, and its root would be the
-/// host's.
+/// sandbox's cgroup as its root. The others (named ones such as
+/// `name=systemd`, `cpuset`, `perf_event`, `net_cls`) are left out: the
+/// sandbox has no cgroup there, and its root would be the spawner's.
 fn cgroup_v1(
     root: &OwnedFd,
     m: &Mount,
@@ -185,7 +185,7 @@ fn cgroup_v1(
     .map_err(|e| format!("bind the skeleton: {e}"))?;
     // Opened again: the bind is on top of the first descriptor's directory.
     let base = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
-    for h in hierarchies.iter().filter(|h| !h.is_named()) {
+    for h in hierarchies.iter().filter(|h| h.sandboxed()) {
         let Some(name) = h.mount.file_name() else {
             continue;
         };

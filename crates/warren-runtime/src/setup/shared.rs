@@ -74,7 +74,7 @@ fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), Stri
     dir(&at.join("empty"))?;
     let cgroup = at.join("cgroup");
     dir(&cgroup)?;
-    for h in hierarchies.iter().filter(|h| !h.is_named()) {
+    for h in hierarchies.iter().filter(|h| h.sandboxed()) {
         let Some(name) = h.mount.file_name() else {
             continue;
         };

@@ -364,8 +364,7 @@ fn home_filesystem(home: &Path) -> Check {
             "no journal check needed",
         );
     }
-    let journal = ext4_has_journal(at);
-    match journal {
+    match ext4_has_journal(at) {
         Some(false) => check(
             NAME,
             Status::Degraded,

@@ -19,8 +19,9 @@ pub struct Hierarchy {
     pub options: String,
 }
 
-/// The controllers a sandbox gets a cgroup in (libcgroups' v1 list, which
-/// the node's sampling, freezing and destroy rely on).
+/// The v1 controllers a hierarchy is recognised by (libcgroups' list); a
+/// sandbox gets a cgroup only in those with one of
+/// [`SANDBOX_CONTROLLERS`].
 const CONTROLLERS: &[&str] = &[
     "cpu",
     "cpuacct",

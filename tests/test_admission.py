@@ -137,3 +137,48 @@ def test_burst_of_500_creates_completes_without_deadlock(images):
             time.sleep(0.1)
         assert list((w.home / "sandboxes").iterdir()) == []
         assert httpx.get(w.url + "/healthz").status_code == 200
+
+
+def test_connections_opened_at_once_wait_for_the_daemon_instead_of_being_dropped(images):
+    """A training run opens hundreds of connections at once. While the
+    daemon cannot accept them (here: stopped), the kernel keeps each
+    finished handshake in the listener's queue; past the queue's length it
+    drops them and those clients wait on retransmits (tokio's default
+    length is 128)."""
+    import os
+    import resource
+    import select
+    import signal
+    import socket
+
+    n = min(600, int(open("/proc/sys/net/core/somaxconn").read()))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    with own_daemon(images) as w:
+        socks = []
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(n):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", w.port))
+                socks.append(s)
+            # A dropped handshake is retried after 1 s, and dropped again
+            # while the daemon is stopped.
+            poll = select.poll()
+            for s in socks:
+                poll.register(s, select.POLLOUT)
+            done = set()
+            deadline = time.time() + 3
+            while len(done) < n and time.time() < deadline:
+                for fd, _ in poll.poll(200):
+                    poll.unregister(fd)
+                    done.add(fd)
+            connected = sum(1 for s in socks if s.fileno() in done and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+        finally:
+            for s in socks:
+                s.close()
+            os.kill(w.proc.pid, signal.SIGCONT)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert connected == n, f"{connected} of {n} connections were accepted by the kernel"
+        assert w.http.get("/healthz").status_code == 200

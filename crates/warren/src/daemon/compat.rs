@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
-use tokio::net::TcpListener;
 
 use crate::cli::CompatOpts;
 
@@ -52,9 +51,7 @@ async fn serve(
     flag: &'static str,
     nofile: u64,
 ) -> Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listen on {addr} ({flag})"))?;
+    let listener = super::listen(addr).with_context(|| format!("listen on {addr} ({flag})"))?;
     let at = listener.local_addr().context("listener address")?;
     tokio::spawn(async move {
         let limit = warren_control::serve::connection_limit(nofile);

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::net::TcpListener;
 use warren_node_api::{JoinRequest, Joined, NodeApi};
 
 use crate::cli::NodeArgs;
@@ -150,8 +149,7 @@ impl Agent {
         token: &str,
     ) -> Result<Agent> {
         let credential = warren_node_http::Credential::default();
-        let listener = TcpListener::bind(listen)
-            .await
+        let listener = super::listen(listen)
             .with_context(|| format!("node API: listen on {listen} (--listen)"))?;
         let listening = listener.local_addr().context("node API address")?;
         let router = warren_node_http::router(node.clone(), credential.clone(), fence);

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use tokio::net::TcpListener;
 use warren_control::nodes::{Connector, Liveness};
 use warren_control::{replica, NodeSource, UpConfig};
 use warren_node_api::NodeApi;
@@ -57,8 +56,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             liveness: Liveness::default(),
         },
     };
-    let listener = TcpListener::bind(args.listen)
-        .await
+    let listener = super::listen(args.listen)
         .with_context(|| format!("listen on {} (--listen)", args.listen))?;
     let advertise = args
         .advertise

@@ -2,7 +2,6 @@
 //! the control plane drives the node through the node contract, in-process.
 
 use anyhow::{Context, Result};
-use tokio::net::TcpListener;
 use warren_control::{NodeSource, UpConfig};
 
 use std::sync::Arc;
@@ -31,8 +30,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     let (up, router) = warren_control::start(cfg)
         .await
         .map_err(anyhow::Error::msg)?;
-    let listener = TcpListener::bind(listen)
-        .await
+    let listener = super::listen(listen)
         .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
     let running: super::Running = Default::default();
     let _ = running.set(up.control.clone());
@@ -72,7 +70,7 @@ async fn node_transport(
         NodeTransport::Http => {
             let credential = warren_control::ensure_secret(&home.join("node-credential"))
                 .context("node credential")?;
-            let listener = TcpListener::bind(args.node_listen).await.with_context(|| {
+            let listener = super::listen(args.node_listen).with_context(|| {
                 format!("node API: listen on {} (--node-listen)", args.node_listen)
             })?;
             let addr = listener.local_addr().context("node API address")?;

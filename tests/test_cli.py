@@ -136,7 +136,7 @@ def test_doctor_reports_the_host():
 
     p = subprocess.run([str(WARREN), "doctor", "--json"], capture_output=True, timeout=30)
     checks = {c["name"]: c for c in json.loads(p.stdout)}
-    assert {"kernel", "privileges", "cgroups", "overlayfs", "seccomp", "user namespaces", "disk limits", "home file system", "openat2"} <= set(checks)
+    assert {"kernel", "privileges", "cgroups", "overlayfs", "seccomp", "user namespaces", "disk limits", "home file system", "accept queue", "openat2"} <= set(checks)
     for c in checks.values():
         assert c["status"] in ("ok", "degraded", "missing") and c["meaning"]
     # This test host runs every other test, so nothing it needs is missing.

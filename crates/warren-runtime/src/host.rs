@@ -309,6 +309,11 @@ pub fn probe(home: &Path) -> Vec<Check> {
     });
 
     out.push(home_filesystem(home));
+    out.push(accept_queue(
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+    ));
 
     let openat2 = rustix::fs::openat2(
         rustix::fs::CWD,
@@ -334,6 +339,34 @@ pub fn probe(home: &Path) -> Vec<Check> {
         )
     });
     out
+}
+
+/// The daemon's listeners ask for 4,096 finished handshakes waiting to be
+/// accepted; the kernel caps that at `net.core.somaxconn`, and a burst of
+/// connections past the cap has its handshakes dropped and retried a
+/// second later (docs/configuration.md, "The API under load").
+fn accept_queue(somaxconn: Option<u64>) -> Check {
+    const NAME: &str = "accept queue";
+    match somaxconn {
+        Some(n) if n >= 1024 => check(
+            NAME,
+            Status::Ok,
+            format!("net.core.somaxconn {n}"),
+            "a burst of connections waits for the daemon instead of being dropped",
+        ),
+        Some(n) => check(
+            NAME,
+            Status::Degraded,
+            format!("net.core.somaxconn {n}"),
+            "past that many connections opened at once, clients wait a second or more for a retried handshake: `sysctl -w net.core.somaxconn=4096` (and in /etc/sysctl.d), then restart the daemon",
+        ),
+        None => check(
+            NAME,
+            Status::Ok,
+            "not checked",
+            "/proc/sys/net/core/somaxconn could not be read",
+        ),
+    }
 }
 
 /// ext4 made without a journal skips every recently freed inode when it
@@ -401,6 +434,18 @@ fn ext4_has_journal(path: &Path) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_accept_queue_is_a_warning_that_says_how_to_lengthen_it() {
+        assert_eq!(accept_queue(Some(4096)).status, Status::Ok);
+        let short = accept_queue(Some(128));
+        assert_eq!(short.status, Status::Degraded);
+        assert!(short.found.contains("128"), "{short:?}");
+        assert!(
+            short.meaning.contains("sysctl -w net.core.somaxconn=4096"),
+            "{short:?}"
+        );
+    }
 
     #[test]
     fn v2_device_rules_load_here_and_name_the_memlock_fix() {

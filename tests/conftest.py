@@ -150,10 +150,11 @@ class Warren:
 
 
 @contextlib.contextmanager
-def own_daemon(images, args=(), env=None, preexec=None):
+def own_daemon(images, args=(), env=None, preexec=None, under=None):
     """A `warren up` of a test's own (to crash, restart or configure), with
-    busybox:latest imported; stopped and removed afterwards."""
-    base = Path(tempfile.mkdtemp(prefix="warren-own-"))
+    busybox:latest imported; stopped and removed afterwards. `under`: the
+    directory its home is made in (a file system of the test's own)."""
+    base = Path(tempfile.mkdtemp(prefix="warren-own-", dir=under))
     w = Warren(base / "home", free_port(), extra_args=args, extra_env=env, preexec=preexec)
     w.home.mkdir()
     w.start()

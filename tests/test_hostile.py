@@ -10,6 +10,7 @@ import resource
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -113,10 +114,28 @@ def test_a_sandbox_past_the_default_disk_limit_is_stopped(images):
 
 
 def test_the_node_floor_refuses_creates_and_stops_the_largest_writer(images, tmp_path):
-    st = os.statvfs(tmp_path)
+    # The home on a file system of its own: on the shared disk, the suite's
+    # other tests writing at the same time took the node under its floor
+    # too, and the floor then stopped the small sandbox as well.
+    # (3G: an image import keeps 1 GiB free.)
+    # A short path: the home holds each sandbox's socket.
+    img, mnt = tmp_path / "disk.img", Path(tempfile.mkdtemp(prefix="wf-", dir="/tmp"))
+    subprocess.run(["truncate", "-s", "3G", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    try:
+        floor_test(images, mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+        mnt.rmdir()
+
+
+def floor_test(images, mnt):
+    st = os.statvfs(mnt)
     free = st.f_bavail * st.f_frsize
+    # Room for the image and the small sandbox, not for the big one's write.
     floor = free - (150 << 20)
-    with own_daemon(images, args=["--disk-floor", str(floor), "--sample-interval", "200ms"]) as w:
+    with own_daemon(images, args=["--disk-floor", str(floor), "--sample-interval", "200ms"], under=mnt) as w:
         small = w.create(cpu=0.1, memory="32M")["id"]
         big = w.create(cpu=0.5, memory="64M", reclaim="keep")["id"]
         sh_ok(w, small, "echo tiny > /tmp/x")

@@ -26,9 +26,15 @@ from pathlib import Path
 import httpx
 
 
-def client():
+def endpoint():
+    """The daemon's URL and token, from the environment."""
     url = os.environ.get("WARREN_URL", "http://127.0.0.1:7070")
     token = os.environ.get("WARREN_TOKEN") or (Path(os.environ.get("WARREN_HOME", "/var/lib/warren")) / "token").read_text().strip()
+    return url, token
+
+
+def client():
+    url, token = endpoint()
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
 
 
@@ -56,8 +62,7 @@ def run_burst(spec, n):
     which threads of Python cannot do); returns (n, failures, p50 ms, p99
     ms, wall s). The sandboxes carry the benchmark's label and go with the
     rest."""
-    url = os.environ.get("WARREN_URL", "http://127.0.0.1:7070")
-    token = os.environ.get("WARREN_TOKEN") or (Path(os.environ.get("WARREN_HOME", "/var/lib/warren")) / "token").read_text().strip()
+    url, token = endpoint()
     with tempfile.TemporaryDirectory() as tmp:
         body, times = Path(tmp) / "spec.json", Path(tmp) / "times.tsv"
         body.write_text(json.dumps(spec))
@@ -153,6 +158,7 @@ def main():
     rows = []
     base = None
     burst = None
+    claimed = None
     phases = {}
     idle_cpu = {}
     watched = {}
@@ -199,7 +205,6 @@ def main():
             if args.burst_pool:
                 claimed = c.get(f"/v1/pools/{label}").json()["claimed"]
                 print(f"burst: {claimed} of {args.burst} served from the pool", file=sys.stderr)
-                burst = burst + (claimed,)
     finally:
         if args.burst_pool:
             c.delete(f"/v1/pools/{label}", timeout=600)
@@ -228,8 +233,8 @@ def main():
         for name in names:
             print(f"| {name} | " + " | ".join(f"{phases[lv].get(name, 0.0):.2f}" for lv in levels) + " |")
     if burst:
-        n, failures, p50, p99, wall = burst[:5]
-        served = f" ({burst[5]} of them claimed from a warm pool of {n})" if args.burst_pool else ""
+        n, failures, p50, p99, wall = burst
+        served = f" ({claimed} of them claimed from a warm pool of {n})" if claimed is not None else ""
         print(f"\nBurst of {n} creates sent at once{served}: {failures} failed, p50 {p50:.0f} ms, p99 {p99:.0f} ms, all answered in {wall:.1f} s")
 
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -270,6 +271,22 @@ def read_tar(data):
 
 def run(*cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, **kw)
+
+
+@contextlib.contextmanager
+def loop_ext4(img, size, features=()):
+    """An ext4 of `size` (e.g. "64M") in the file `img`, loop-mounted at a
+    short new directory under /tmp (a home there holds sandbox sockets,
+    whose paths must stay short); unmounted and removed afterwards."""
+    mnt = Path(tempfile.mkdtemp(prefix="wf-", dir="/tmp"))
+    run("truncate", "-s", size, img)
+    run("mkfs.ext4", "-q", "-F", *features, img)
+    run("mount", "-o", "loop", img, mnt)
+    try:
+        yield mnt
+    finally:
+        run("umount", "-l", mnt)
+        mnt.rmdir()
 
 
 class ImageBuilder:

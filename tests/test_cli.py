@@ -6,7 +6,7 @@ import re
 import subprocess
 
 from conftest import WARREN, free_port
-from helpers import sh_ok, uniq
+from helpers import loop_ext4, sh_ok, uniq
 
 
 def create_cli(warren, *args):
@@ -153,18 +153,11 @@ def test_doctor_warns_of_a_home_on_ext4_without_a_journal(tmp_path):
     one: under sandbox churn that cost 15% of this machine's CPU."""
     found = {}
     for journal in (True, False):
-        img, mnt = tmp_path / f"fs-{journal}.img", tmp_path / f"mnt-{journal}"
-        mnt.mkdir()
-        subprocess.run(["truncate", "-s", "64M", str(img)], check=True)
         features = [] if journal else ["-O", "^has_journal"]
-        subprocess.run(["mkfs.ext4", "-q", "-F", *features, str(img)], check=True)
-        subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
-        try:
+        with loop_ext4(tmp_path / f"fs-{journal}.img", "64M", features) as mnt:
             p = subprocess.run([str(WARREN), "--home", str(mnt / "home"), "doctor", "--json"],
                                capture_output=True, timeout=30)
             found[journal] = {c["name"]: c for c in json.loads(p.stdout)}["home file system"]
-        finally:
-            subprocess.run(["umount", str(mnt)], check=True)
     assert found[True]["status"] == "ok" and "with a journal" in found[True]["found"], found
     assert found[False]["status"] == "degraded", found
     assert "without a journal" in found[False]["found"] and "tune2fs" in found[False]["meaning"], found

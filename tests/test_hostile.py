@@ -10,7 +10,6 @@ import resource
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from helpers import (
     cgroup_read,
     error_body,
     host_traces,
+    loop_ext4,
     read_tar,
     sandbox_host_pids,
     sandbox_init_host_pid,
@@ -118,16 +118,8 @@ def test_the_node_floor_refuses_creates_and_stops_the_largest_writer(images, tmp
     # other tests writing at the same time took the node under its floor
     # too, and the floor then stopped the small sandbox as well.
     # (3G: an image import keeps 1 GiB free.)
-    # A short path: the home holds each sandbox's socket.
-    img, mnt = tmp_path / "disk.img", Path(tempfile.mkdtemp(prefix="wf-", dir="/tmp"))
-    subprocess.run(["truncate", "-s", "3G", str(img)], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
-    try:
+    with loop_ext4(tmp_path / "disk.img", "3G") as mnt:
         floor_test(images, mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-        mnt.rmdir()
 
 
 def floor_test(images, mnt):

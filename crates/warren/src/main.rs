@@ -1,5 +1,8 @@
 //! `warren`: the daemon (`up`, `spawner`) and the client commands.
 
+#[macro_use]
+mod say;
+
 mod cli;
 mod client;
 mod commands;
@@ -29,7 +32,7 @@ fn main() {
     // The doctor forks to try namespaces and mounts: also before any thread.
     if let cli::Command::Doctor { json, cdi_dirs } = args.command {
         let code = commands::doctor::run(&args.home, json, &cdi_dirs).unwrap_or_else(|e| {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             1
         });
         std::process::exit(code);
@@ -49,7 +52,7 @@ fn main() {
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            say!("error: cannot start the async runtime: {e}");
             std::process::exit(1);
         }
     };
@@ -57,7 +60,7 @@ fn main() {
         match commands::run(args).await {
             Ok(code) => code,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                say!("error: {e:#}");
                 1
             }
         }

@@ -38,14 +38,14 @@ pub(super) async fn run(client: &Client, cmd: BatchCmd) -> Result<i32> {
                     + b.states.get("queued").copied().unwrap_or(0);
                 let states: Vec<String> =
                     b.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                eprint!(
+                say_partial!(
                     "\r  {id}: submitted {}/{} ({})   ",
                     b.submitted,
                     b.count,
                     states.join(", ")
                 );
                 if b.submitted >= b.count && creating == 0 {
-                    eprintln!(
+                    say!(
                         "\n  done in {:.2} s, {} failed",
                         start.elapsed().as_secs_f64(),
                         b.failures.len()

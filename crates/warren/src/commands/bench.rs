@@ -58,14 +58,14 @@ where
     let outcome = tokio::select! {
         r = bench => r,
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("warren bench: interrupted; removing its sandboxes (label {label})");
+            say!("warren bench: interrupted; removing its sandboxes (label {label})");
             Err(anyhow::anyhow!("interrupted"))
         }
     };
     if outcome.is_err() {
         match client.delete_sandboxes(&[label.to_string()]).await {
-            Ok(gone) => eprintln!("warren bench: removed {} sandboxes", gone.len()),
-            Err(e) => eprintln!(
+            Ok(gone) => say!("warren bench: removed {} sandboxes", gone.len()),
+            Err(e) => say!(
                 "warren bench: could not remove its sandboxes ({e:#}); run `warren rm --label {label}`"
             ),
         }
@@ -83,7 +83,7 @@ pub(crate) struct Progress {
 
 impl Progress {
     pub(crate) fn new(phase: &'static str, total: usize) -> Progress {
-        eprintln!("warren bench: {phase} 0/{total}");
+        say!("warren bench: {phase} 0/{total}");
         Progress {
             phase,
             total,
@@ -94,7 +94,7 @@ impl Progress {
     pub(crate) fn tick(&mut self, done: usize) {
         if done == self.total || self.shown.elapsed() >= Duration::from_millis(500) {
             self.shown = Instant::now();
-            eprintln!("warren bench: {} {done}/{}", self.phase, self.total);
+            say!("warren bench: {} {done}/{}", self.phase, self.total);
         }
     }
 }

@@ -73,7 +73,7 @@ async fn measure(client: &Client, args: &BenchCreatesArgs, run_label: String) ->
         samples.pct(99.0),
     );
     if let Some(e) = first_error {
-        eprintln!("first failure: {e}");
+        say!("first failure: {e}");
     }
     let start = Instant::now();
     let deleted = client

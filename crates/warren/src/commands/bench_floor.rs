@@ -13,7 +13,7 @@ pub fn run(rootfs: &Path) -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            say!("error: {e}");
             1
         }
     }

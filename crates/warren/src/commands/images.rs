@@ -25,7 +25,7 @@ pub(super) async fn run(client: &Client, cmd: ImageCmd) -> Result<i32> {
                 );
             }
             let size = meta.len();
-            eprintln!("importing {} ({} bytes) as {name}...", file.display(), size);
+            say!("importing {} ({} bytes) as {name}...", file.display(), size);
             let rec = client.import_image(&name, f).await?;
             println!(
                 "{} {}",
@@ -60,7 +60,7 @@ pub(super) async fn run(client: &Client, cmd: ImageCmd) -> Result<i32> {
         }
         ImageCmd::Push { reference, from } => {
             let res = client.push_image(&reference, from.as_deref()).await?;
-            eprintln!(
+            say!(
                 "uploaded {} blobs, mounted {} from the source repository (the registry had the rest)",
                 res["uploaded"].as_u64().unwrap_or(0),
                 res["mounted"].as_u64().unwrap_or(0)
@@ -168,7 +168,7 @@ pub(super) async fn pull(
             _ if output == PullOutput::Quiet => {}
             "resolved" | "done"
                 if output == PullOutput::Downloads && ev["cached"].as_bool() != Some(false) => {}
-            "resolved" => eprintln!(
+            "resolved" => say!(
                 "{} resolves to {}",
                 ev["reference"].as_str().unwrap_or(reference),
                 ev["digest"].as_str().unwrap_or("")
@@ -176,20 +176,20 @@ pub(super) async fn pull(
             "manifest" => {
                 layers = ev["layers"].as_u64().unwrap_or(0);
                 let total = ev["bytes"].as_u64().unwrap_or(0);
-                eprintln!(
+                say!(
                     "manifest {}: {layers} layers, {}",
                     short(&ev["digest"]),
                     human(total)
                 );
             }
-            "progress" => eprintln!(
+            "progress" => say!(
                 "  layer {}/{layers} {}: {} / {}",
                 ev["layer"].as_u64().unwrap_or(0) + 1,
                 short(&ev["digest"]),
                 human(ev["bytes"].as_u64().unwrap_or(0)),
                 human(ev["size"].as_u64().unwrap_or(0)),
             ),
-            "layer" => eprintln!(
+            "layer" => say!(
                 "  layer {}/{layers} {}: {} ({})",
                 ev["layer"].as_u64().unwrap_or(0) + 1,
                 short(&ev["digest"]),
@@ -200,7 +200,7 @@ pub(super) async fn pull(
                 },
                 human(ev["size"].as_u64().unwrap_or(0)),
             ),
-            "done" => eprintln!(
+            "done" => say!(
                 "pulled {} in {:.2}s{}",
                 ev["name"].as_str().unwrap_or(reference),
                 started.elapsed().as_secs_f64(),

@@ -71,7 +71,7 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
             warren_core::quantity::parse_duration(&deadline)
                 .map_err(|e| anyhow::anyhow!("--deadline {deadline:?}: {e}"))?;
             client.drain_node(&name, &deadline).await?;
-            eprintln!("{name} cordoned; waiting for its sandboxes to end (at most {deadline}, then they are destroyed)");
+            say!("{name} cordoned; waiting for its sandboxes to end (at most {deadline}, then they are destroyed)");
             loop {
                 let nodes = client.nodes().await?;
                 let Some(n) = nodes.iter().find(|n| n["name"] == name.as_str()) else {
@@ -90,10 +90,10 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                         break;
                     }
                 }
-                eprint!("\r  {left} sandboxes left   ");
+                say_partial!("\r  {left} sandboxes left   ");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            eprintln!();
+            say!();
             println!("{name} drained");
         }
         NodeCmd::Rm { name } => {

@@ -28,7 +28,7 @@ pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAdd
         .await
         .with_context(|| format!("listen on {address}:{local}"))?;
     let bound = listener.local_addr()?;
-    eprintln!("forwarding {bound} -> sandbox {id} port {remote} (Ctrl-C to stop)");
+    say!("forwarding {bound} -> sandbox {id} port {remote} (Ctrl-C to stop)");
     loop {
         let (mut conn, peer) = listener.accept().await?;
         let client = client.clone();
@@ -38,7 +38,7 @@ pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAdd
                 Ok(mut up) => {
                     let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
                 }
-                Err(e) => eprintln!("{peer}: {e:#}"),
+                Err(e) => say!("{peer}: {e:#}"),
             }
         });
     }

@@ -35,7 +35,7 @@ async fn create_and_wait(
     while matches!(info.state, SandboxState::Queued | SandboxState::Creating) {
         if info.state == SandboxState::Queued && info.queue_position != shown {
             shown = info.queue_position;
-            eprintln!(
+            say!(
                 "{}: queued at position {} until a node has room (`warren rm {}` cancels it)",
                 info.id,
                 shown.unwrap_or(0),
@@ -105,7 +105,7 @@ async fn run_removed(client: &Client, spec: warren_core::SandboxSpec) -> Result<
     };
     let exit = client
         .run(&req, |ev| match ev {
-            RunEvent::Sandbox { sandbox } if sandbox.state == SandboxState::Queued => eprintln!(
+            RunEvent::Sandbox { sandbox } if sandbox.state == SandboxState::Queued => say!(
                 "{}: queued at position {} until a node has room (Ctrl-C cancels it)",
                 sandbox.id,
                 sandbox.queue_position.unwrap_or(0)
@@ -136,7 +136,7 @@ fn exit_code(ev: &ExecEvent) -> i32 {
             code, timed_out, ..
         } => {
             if *timed_out {
-                eprintln!("warren: command timed out and was killed");
+                say!("warren: command timed out and was killed");
             }
             *code
         }
@@ -231,7 +231,7 @@ pub(super) async fn rm(client: &Client, ids: Vec<String>, label: Vec<String>) ->
         match client.delete_sandbox(&id).await {
             Ok(info) => println!("{} {}", info.id, info.state),
             Err(e) => {
-                eprintln!("{id}: {e:#}");
+                say!("{id}: {e:#}");
                 failed += 1;
             }
         }

@@ -149,7 +149,7 @@ fn event(text: &str) -> Result<Option<i32>> {
                 code, timed_out, ..
             } => {
                 if timed_out {
-                    eprint!("\r\nwarren: command timed out and was killed\r\n");
+                    say_partial!("\r\nwarren: command timed out and was killed\r\n");
                 }
                 Some(code)
             }

@@ -26,18 +26,18 @@ pub async fn start(
                 nofile,
             )
             .await?;
-            eprintln!("{who}: E2B API on http://{at} (E2B_API_URL; the API key is Warren's token)");
+            say!("{who}: E2B API on http://{at} (E2B_API_URL; the API key is Warren's token)");
         }
         if let Some(addr) = opts.e2b_sandbox {
             let at = serve(addr, warren_e2b::envd::router(e2b), "--e2b-sandbox", nofile).await?;
-            eprintln!("{who}: E2B sandbox traffic on http://{at} (E2B_SANDBOX_URL)");
+            say!("{who}: E2B sandbox traffic on http://{at} (E2B_SANDBOX_URL)");
         }
     }
     if let Some(addr) = opts.sandbox_fusion {
         let image = opts.sandbox_fusion_image.clone();
         let router = warren_fusion::router(control.clone(), image.clone());
         let at = serve(addr, router, "--sandbox-fusion", nofile).await?;
-        eprintln!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
+        say!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
     }
     Ok(())
 }

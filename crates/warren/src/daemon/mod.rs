@@ -258,10 +258,10 @@ pub async fn serve_until_signal(
 ) -> Result<()> {
     let stop = async move {
         first_signal().await;
-        eprintln!("{who}: stopping (again to stop at once)");
+        say!("{who}: stopping (again to stop at once)");
         tokio::spawn(async move {
             first_signal().await;
-            eprintln!("{who}: stopped at once; the next start adopts or removes what is left");
+            say!("{who}: stopped at once; the next start adopts or removes what is left");
             std::process::exit(130);
         });
         if let Some(control) = running.get() {

@@ -52,7 +52,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
         &token,
     )
     .await?;
-    eprintln!(
+    say!(
         "warren node: {name} serves the node API on {} (advertised as {}); joining {server}; log in {}",
         agent.listening,
         agent.advertise,
@@ -62,9 +62,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
         _ = agent.run() => {}
         _ = super::first_signal() => {}
     }
-    eprintln!(
-        "warren node: stopped; its sandboxes keep running and are taken over at the next start"
-    );
+    say!("warren node: stopped; its sandboxes keep running and are taken over at the next start");
     Ok(0)
 }
 
@@ -97,7 +95,7 @@ pub async fn fake_nodes(args: crate::cli::FakeNodesArgs) -> Result<i32> {
             Agent::serve(node, fence, None, &name, listen, None, &args.server, &token).await?,
         );
     }
-    eprintln!("{} fake nodes joining {}", agents.len(), args.server);
+    say!("{} fake nodes joining {}", agents.len(), args.server);
     let runs = futures_util::future::join_all(agents.iter().map(Agent::run));
     tokio::select! {
         _ = runs => {}

@@ -62,7 +62,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         .advertise
         .clone()
         .unwrap_or_else(|| format!("http://{}", args.listen));
-    eprintln!(
+    say!(
         "warren server: listening on http://{} (home {}, API token in {}, join token in {}, log in {})",
         args.listen,
         home.display(),
@@ -95,7 +95,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     if let Some(control) = leading.get() {
         control.shutdown(super::SHUTDOWN_GRACE).await;
     }
-    eprintln!("warren server: stopped (nodes and their sandboxes keep running)");
+    say!("warren server: stopped (nodes and their sandboxes keep running)");
     Ok(0)
 }
 
@@ -142,7 +142,7 @@ async fn hold_lease(
                 }
                 if let Some(cfg) = cfg.take() {
                     epoch.store(lease.epoch, std::sync::atomic::Ordering::Release);
-                    eprintln!(
+                    say!(
                         "warren server: this replica leads ({advertise}, epoch {})",
                         lease.epoch
                     );
@@ -179,7 +179,7 @@ async fn hold_lease(
 }
 
 fn fatal(message: &str) -> ! {
-    eprintln!("warren server: {message}");
+    say!("warren server: {message}");
     std::process::exit(75)
 }
 
@@ -195,7 +195,7 @@ fn join_token(home: &std::path::Path, rotate: bool) -> Result<i32> {
     .with_context(|| format!("join token {}", path.display()))?;
     println!("{token}");
     if rotate {
-        eprintln!("rotated: a running `warren server` takes the new token after a restart; nodes already joined stay joined");
+        say!("rotated: a running `warren server` takes the new token after a restart; nodes already joined stay joined");
     }
     Ok(0)
 }

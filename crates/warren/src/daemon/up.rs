@@ -35,7 +35,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     let running: super::Running = Default::default();
     let _ = running.set(up.control.clone());
     super::compat::start("warren up", home, &args.compat, running.clone(), nofile).await?;
-    eprintln!(
+    say!(
         "warren up: listening on http://{listen} (home {}, token in {}, log in {})",
         home.display(),
         home.join("token").display(),
@@ -47,13 +47,13 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     tokio::spawn(async move {
         let n = control.lifecycle.recovered().await;
         if n > 0 {
-            eprintln!("warren up: ready; {n} sandboxes from before the restart reconciled (details in the log)");
+            say!("warren up: ready; {n} sandboxes from before the restart reconciled (details in the log)");
         }
     });
     super::serve_until_signal("warren up", listener, router, nofile, running).await?;
-    eprintln!("warren up: destroying live sandboxes");
+    say!("warren up: destroying live sandboxes");
     up.control.shutdown(super::SHUTDOWN_GRACE).await;
-    eprintln!("warren up: stopped");
+    say!("warren up: stopped");
     Ok(0)
 }
 
@@ -82,7 +82,7 @@ async fn node_transport(
                     tracing::error!(error = %e, "the node API stopped");
                 }
             });
-            eprintln!(
+            say!(
                 "warren up: node API on http://{addr} (credential in {})",
                 home.join("node-credential").display()
             );

@@ -23,6 +23,14 @@ use warren_core::sync::lock;
 /// is closed after it.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long Warren's own clients keep an idle connection for the next
+/// request. A client that reuses a connection just as the daemon closes it
+/// for idleness sees the request fail with nothing read back (the daemon
+/// never got it), and a create or exec cannot be retried blindly; keeping
+/// well under [`HEADER_TIMEOUT`] means the daemon never closes a connection
+/// a client may still pick. The Python SDK's `keepalive_expiry` is the same.
+pub const CLIENT_IDLE_LIMIT: Duration = Duration::from_secs(10);
+
 /// Connections asked to close per connection accepted while crowded.
 const EVICT_PER_ACCEPT: usize = 2;
 

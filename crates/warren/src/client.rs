@@ -119,6 +119,7 @@ impl Client {
         };
         let mut builder = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
+            .pool_idle_timeout(warren_control::serve::CLIENT_IDLE_LIMIT)
             .tcp_nodelay(true);
         if !url.starts_with("https:") {
             // Loading the host's CA store (hundreds of files) took ~10 ms

@@ -174,6 +174,7 @@ impl Agent {
             listening,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
+                .pool_idle_timeout(warren_control::serve::CLIENT_IDLE_LIMIT)
                 .build()
                 .context("HTTP client")?,
             servers: server

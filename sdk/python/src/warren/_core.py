@@ -78,8 +78,11 @@ class Config:
 def default_limits() -> httpx.Limits:
     # Exec and event streams hold a connection each while they run; a
     # rollout keeps hundreds open at once. Waiting for a free connection is
-    # back-pressure, not an error (the pool timeout is off).
-    return httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30)
+    # back-pressure, not an error (the pool timeout is off). An idle
+    # connection is dropped after 10 s, well before the daemon closes it
+    # (30 s): reusing one just as the daemon closes it fails the request
+    # with nothing read back, and a create or exec cannot be retried blindly.
+    return httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=10)
 
 
 def default_timeout(timeout: float | httpx.Timeout | None) -> httpx.Timeout:

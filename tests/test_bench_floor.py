@@ -8,7 +8,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import WARREN
+import pytest
+
+from conftest import UP_ARGS, WARREN
+
+# The probe runs without a daemon: the suite's second pass (another node
+# transport) would only run the same thing again.
+pytestmark = pytest.mark.skipif(bool(UP_ARGS), reason="no daemon; run once")
 
 
 def rootfs(tmp_path: Path, with_true: bool) -> Path:

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import UP_ARGS
 from pg import PG_TEMP, TempPostgres
+
+# No daemon here: the suite's second pass (another node transport) would
+# only run the same thing again.
+pytestmark = pytest.mark.skipif(bool(UP_ARGS), reason="no daemon; run once")
 
 
 def postmaster_pid(data_dir: Path) -> int:

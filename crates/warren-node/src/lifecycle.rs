@@ -45,13 +45,18 @@ impl Node {
         self.egress.detach(id);
         self.runtime.destroy(id, pid).await?;
         self.journal.remove(id);
-        if let Some(live) = live {
+        if let Some(live) = &live {
             // Before it leaves the table, so a log follower reads it.
             live.log.event("destroyed", why, "");
         }
         {
             let mut m = lock(&self.live);
             m.remove(id);
+        }
+        if let Some(live) = &live {
+            // Gone from the table now: a follower that woke on the line
+            // above may have found it still there.
+            live.log.wake_followers();
         }
         // The fork layers only it kept go with it.
         self.forks.release_child(id).await;

@@ -30,15 +30,6 @@ def free_port() -> int:
 UP_ARGS = os.environ.get("WARREN_TEST_UP_ARGS", "").split()
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "alone: changes or measures something host-wide (the wall clock, the host's free memory, "
-        "a kernel-wide counter), so no other suite may run beside it; scripts/test.sh runs these "
-        "after its two suites, which run at once",
-    )
-
-
 def stop_process(proc, sig=signal.SIGINT):
     """Signals a daemon and waits for it; killed if it takes over 30 s."""
     if proc and proc.poll() is None:

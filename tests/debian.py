@@ -2,12 +2,15 @@
 image for tests that need a real distribution (the registry tests, the E2B
 and SandboxFusion front doors). Built once with mmdebstrap and cached."""
 
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-from caches import CACHE, making
 from helpers import run
+
+CACHE = Path(os.environ.get("WARREN_TEST_CACHE", "/var/cache/warren-tests"))
 
 
 def debian_archive(tmp_path, packages=("python3",)):
@@ -16,31 +19,26 @@ def debian_archive(tmp_path, packages=("python3",)):
     path (for `warren image import`)."""
     name = "-".join(p.replace("+", "p") for p in packages)
     cached = CACHE / f"debian-bookworm-{name}-oci.tar"
-    with making(cached.name):
-        if not cached.exists():
-            build_archive(tmp_path, name, packages, cached)
+    if not cached.exists():
+        if not shutil.which("mmdebstrap"):
+            pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        work = tmp_path / f"build-{name}"
+        work.mkdir()
+        rootfs = work / "rootfs.tar"
+        # No device nodes: images may not carry them (Warren's own /dev is used).
+        run("mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(packages)}", "--mode=root",
+            "--skip=output/dev", "bookworm", rootfs)
+        layout = work / "oci"
+        run("umoci", "init", "--layout", layout)
+        run("umoci", "new", "--image", f"{layout}:deb")
+        run("umoci", "unpack", "--image", f"{layout}:deb", work / "bundle")
+        run("tar", "-C", work / "bundle" / "rootfs", "-xf", rootfs)
+        run("umoci", "repack", "--image", f"{layout}:deb", work / "bundle")
+        partial = cached.with_suffix(".partial")
+        run("tar", "-C", layout, "-cf", partial, ".")
+        partial.rename(cached)
     return cached
-
-
-def build_archive(tmp_path, name, packages, cached):
-    """Builds the archive in `tmp_path` and moves it to `cached` whole."""
-    if not shutil.which("mmdebstrap"):
-        pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
-    work = tmp_path / f"build-{name}"
-    work.mkdir()
-    rootfs = work / "rootfs.tar"
-    # No device nodes: images may not carry them (Warren's own /dev is used).
-    run("mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(packages)}", "--mode=root",
-        "--skip=output/dev", "bookworm", rootfs)
-    layout = work / "oci"
-    run("umoci", "init", "--layout", layout)
-    run("umoci", "new", "--image", f"{layout}:deb")
-    run("umoci", "unpack", "--image", f"{layout}:deb", work / "bundle")
-    run("tar", "-C", work / "bundle" / "rootfs", "-xf", rootfs)
-    run("umoci", "repack", "--image", f"{layout}:deb", work / "bundle")
-    partial = cached.with_suffix(".partial")
-    run("tar", "-C", layout, "-cf", partial, ".")
-    partial.rename(cached)
 
 
 def debian_python_layout(tmp_path):

@@ -20,66 +20,61 @@ import httpx
 import pytest
 
 from conftest import ROOT, Warren, free_port
-from caches import CACHE, making
-from debian import debian_archive
+from debian import CACHE, debian_archive
 
 SANDBOX_FUSION = "0.3.7"
 VERL = "0.9.1"
 VENV = CACHE / "venvs" / f"fusion-sf{SANDBOX_FUSION}-verl{VERL}"
 VERL_UTILS = "verl/utils/reward_score/sandbox_fusion/utils.py"
 IMAGE = "fusion-deb:1"
-# Debian with python3, g++ and a Jupyter kernel: python, bash, cpp and
-# /run_jupyter run; the other languages' toolchains are missing.
-FUSION_PACKAGES = ("python3", "g++", "python3-ipykernel", "python3-jupyter-client")
 FRONT = "warren.dev/front=sandbox-fusion"
 
 
 @pytest.fixture(scope="module")
 def clients():
-    return fusion_clients()
-
-
-def fusion_clients():
     """The venv's python and verl's utils.py, extracted from the wheel (not
     imported as a package: `import verl` pulls in torch)."""
     py = VENV / "bin" / "python"
     utils = VENV / "verl-utils" / "utils.py"
-    with making(f"venvs/{VENV.name}"):
-        if not (py.exists() and utils.exists()):
-            partial = VENV.with_suffix(".partial")
+    if not (py.exists() and utils.exists()):
+        partial = VENV.with_suffix(".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run(["python3", "-m", "venv", partial], check=True)
+        pip = [partial / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
+        got = subprocess.run([*pip, f"sandbox-fusion=={SANDBOX_FUSION}"], capture_output=True, text=True)
+        wheels = partial / "wheels"
+        if got.returncode == 0:
+            got = subprocess.run(
+                [partial / "bin" / "pip", "download", "-q", "--no-deps", f"verl=={VERL}", "-d", wheels],
+                capture_output=True, text=True,
+            )
+        if got.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
-            subprocess.run(["python3", "-m", "venv", partial], check=True)
-            pip = [partial / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
-            got = subprocess.run([*pip, f"sandbox-fusion=={SANDBOX_FUSION}"], capture_output=True, text=True)
-            wheels = partial / "wheels"
-            if got.returncode == 0:
-                got = subprocess.run(
-                    [partial / "bin" / "pip", "download", "-q", "--no-deps", f"verl=={VERL}", "-d", wheels],
-                    capture_output=True, text=True,
-                )
-            if got.returncode != 0:
-                shutil.rmtree(partial, ignore_errors=True)
-                # The suite installs what it needs (PyPI is reachable where it
-                # runs): a client that cannot be installed fails the run.
-                raise AssertionError(f"cannot install the clients from PyPI: {got.stderr[-500:]}")
-            (wheel,) = wheels.glob("verl-*.whl")
-            (partial / "verl-utils").mkdir()
-            with zipfile.ZipFile(wheel) as z:
-                (partial / "verl-utils" / "utils.py").write_bytes(z.read(VERL_UTILS))
-            # The venv's scripts name its path; moving it would break them, so
-            # it is made in place under its final name.
-            shutil.rmtree(VENV, ignore_errors=True)
-            subprocess.run(["python3", "-m", "venv", VENV], check=True)
-            subprocess.run([VENV / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
-                            f"sandbox-fusion=={SANDBOX_FUSION}"], check=True)
-            shutil.move(partial / "verl-utils", VENV / "verl-utils")
-            shutil.rmtree(partial, ignore_errors=True)
+            # The suite installs what it needs (PyPI is reachable where it
+            # runs): a client that cannot be installed fails the run.
+            raise AssertionError(f"cannot install the clients from PyPI: {got.stderr[-500:]}")
+        (wheel,) = wheels.glob("verl-*.whl")
+        (partial / "verl-utils").mkdir()
+        with zipfile.ZipFile(wheel) as z:
+            (partial / "verl-utils" / "utils.py").write_bytes(z.read(VERL_UTILS))
+        # The venv's scripts name its path; moving it would break them, so
+        # it is made in place under its final name.
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run(["python3", "-m", "venv", VENV], check=True)
+        subprocess.run([VENV / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
+                        f"sandbox-fusion=={SANDBOX_FUSION}"], check=True)
+        shutil.move(partial / "verl-utils", VENV / "verl-utils")
+        shutil.rmtree(partial, ignore_errors=True)
     return SimpleNamespace(python=py, verl_utils=utils)
 
 
 @pytest.fixture(scope="module")
 def fusion(tmp_path_factory):
-    image_tar = debian_archive(tmp_path_factory.mktemp("fusion-image"), FUSION_PACKAGES)
+    # Debian with python3, g++ and a Jupyter kernel (built once and
+    # cached): python, bash, cpp and /run_jupyter run; the other languages'
+    # toolchains are missing.
+    image_tar = debian_archive(tmp_path_factory.mktemp("fusion-image"),
+                               ("python3", "g++", "python3-ipykernel", "python3-jupyter-client"))
     base = Path(tempfile.mkdtemp(prefix="warren-fusion-"))
     port = free_port()
     w = Warren(base / "home", free_port(),

@@ -191,7 +191,6 @@ def test_many_idle_log_followers_cost_no_cpu(warren, sandbox):
 # ---------------------------------------------------------------- host-wide tables
 
 
-@pytest.mark.alone
 @pytest.mark.skipif(CGROUP_V2, reason="cgroup v2 charges socket buffers to memory.current")
 def test_socket_buffers_count_against_the_sandbox_on_cgroup_v1(warren, sandbox):
     sid = sandbox(cpu=1, memory="64M")["id"]

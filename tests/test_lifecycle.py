@@ -179,7 +179,6 @@ def test_keep_on_failure(warren, code, expected):
         assert warren.destroy(sid).json()["state"] == "destroyed"
 
 
-@pytest.mark.alone
 def test_wall_clock_steps_change_neither_ttl_nor_lease(warren):
     """TTL and lease run on the monotonic clock: stepping the wall clock an
     hour forward (then back) neither expires nor extends anything."""

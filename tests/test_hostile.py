@@ -172,20 +172,25 @@ def test_many_idle_log_followers_cost_no_cpu(warren, sandbox):
             except httpx.HTTPError:
                 pass
 
-    threads = [threading.Thread(target=follow, daemon=True) for _ in range(100)]
-    for t in threads:
-        t.start()
-    time.sleep(2)
-
     def cpu():
         f = Path(f"/proc/{warren.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
-    before = cpu()
-    time.sleep(5)
-    used = cpu() - before
+    def used_in_5s():
+        before = cpu()
+        time.sleep(5)
+        return cpu() - before
+
+    # The session's daemon has work of its own (sampling what earlier tests
+    # left running): what counts is what the followers add to it.
+    idle = used_in_5s()
+    threads = [threading.Thread(target=follow, daemon=True) for _ in range(100)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    used = used_in_5s()
     stop.set()
-    assert used < 0.5, f"100 idle followers used {used:.2f}s of CPU in 5s"
+    assert used - idle < 0.3, f"100 idle followers used {used - idle:.2f}s of CPU in 5s (daemon alone: {idle:.2f}s)"
 
 
 # ---------------------------------------------------------------- host-wide tables

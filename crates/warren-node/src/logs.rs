@@ -332,45 +332,38 @@ pub fn stream(
             if over {
                 // One more pass reads what was written before it ended.
                 r.finishing = true;
-                continue;
-            }
-            // Without a write notification the file is as it was: an idle
-            // follower costs a timer and the `over` question, not a read
-            // (100 idle followers of a debug build spent 4% of a core
-            // re-reading unchanged files).
-            while !r.wait().await {
-                if let Some(f) = r.follow.as_mut() {
-                    if (f.over)().await {
-                        r.finishing = true;
-                        break;
-                    }
-                }
+            } else {
+                r.wait().await;
             }
         }
     })
 }
 
 impl Reader {
-    /// Waits for a write; false when the wait ran out without one, while
-    /// writes are still being announced.
-    async fn wait(&mut self) -> bool {
+    /// Waits until the file may have changed: a write, the writer gone, or
+    /// the sandbox over. Without a write notification the file is as it
+    /// was, so an idle follower costs a timer and the `over` question, not
+    /// a read (100 idle followers of a debug build spent 4% of a core
+    /// re-reading unchanged files).
+    async fn wait(&mut self) {
         let Some(follow) = self.follow.as_mut() else {
-            return true;
+            return;
         };
-        match follow.changes.as_mut() {
-            Some(rx) => match tokio::time::timeout(FOLLOW_POLL, rx.changed()).await {
-                Ok(Ok(())) => true,
-                Err(_) => false,
+        loop {
+            let Some(rx) = follow.changes.as_mut() else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return;
+            };
+            match tokio::time::timeout(FOLLOW_POLL, rx.changed()).await {
+                Ok(Ok(())) => return,
                 Ok(Err(_)) => {
                     // The writer is gone (the sandbox ended or was taken
                     // over): from here on only the file tells.
                     follow.changes = None;
-                    true
+                    return;
                 }
-            },
-            None => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                true
+                Err(_) if (follow.over)().await => return,
+                Err(_) => {}
             }
         }
     }

@@ -71,19 +71,19 @@ pub fn attribute(
 }
 
 /// The Warren sandbox whose cgroup holds `pid`, from /proc/PID/cgroup
-/// (a path `/<prefix>/sbx-…`, possibly with an exec's cgroup below it).
+/// (a path `/<cgroup parent>/sbx-…`, possibly with an exec's cgroup below
+/// it; the parent is the node's own, `warren` unless told otherwise).
 pub fn sandbox_of_pid(pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     sandbox_in_cgroup_file(&text)
 }
 
 fn sandbox_in_cgroup_file(text: &str) -> Option<String> {
-    let prefix = format!("/{}/", warren_core::RESOURCE_PREFIX);
     text.lines().find_map(|line| {
         let path = line.splitn(3, ':').nth(2)?;
-        let rest = &path[path.find(&prefix)? + prefix.len()..];
-        let id = rest.split('/').next()?;
-        warren_runtime::is_sandbox_id(id).then(|| id.to_string())
+        path.split('/')
+            .find(|name| warren_runtime::is_sandbox_id(name))
+            .map(str::to_string)
     })
 }
 
@@ -246,7 +246,7 @@ mod tests {
             sandbox_in_cgroup_file(&v1).as_deref(),
             Some("sbx-abcdefghij12")
         );
-        let v2 = format!("0::/{prefix}/sbx-zyxwvutsrq98/exec-1\n");
+        let v2 = format!("0::/{prefix}/ci-7/sbx-zyxwvutsrq98/exec-1\n");
         assert_eq!(
             sandbox_in_cgroup_file(&v2).as_deref(),
             Some("sbx-zyxwvutsrq98")

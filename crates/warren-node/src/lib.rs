@@ -169,12 +169,17 @@ impl Node {
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         let images = Arc::new(ImageStore::open(&cfg.home.join("images"))?);
+        let cgroup_parent = warren_runtime::cgroup_parent::CgroupParent::for_home(
+            &cfg.home,
+            cfg.settings.cgroup_parent.clone(),
+        )
+        .map_err(|e| NodeError::BadRequest(e.to_string()))?;
         let runtime = Runtime::new(RuntimeConfig {
             home: cfg.home.clone(),
             spawner_exe: cfg.spawner_exe,
             spawner_args: cfg.spawner_args,
             spawners: cfg.spawners,
-            cgroup_parent: warren_core::RESOURCE_PREFIX.to_string(),
+            cgroup_parent,
             userns: cfg.settings.userns,
         })?;
         let journal = journal::Journal::open(&cfg.home)
@@ -191,7 +196,7 @@ impl Node {
         // not fatal, where the host does not let us set them.
         let max_pids = warren_runtime::host_tables::pid_budget();
         if let Err(e) =
-            warren_runtime::host_tables::cap_pids(warren_core::RESOURCE_PREFIX, max_pids)
+            warren_runtime::host_tables::cap_pids(runtime.cgroup_parent().as_str(), max_pids)
         {
             tracing::warn!(error = %e, "could not cap the processes of all sandboxes together");
         }
@@ -323,6 +328,12 @@ impl Node {
 
     pub fn is_live(&self, id: &str) -> bool {
         self.get(id).is_ok()
+    }
+
+    /// What the node leaves on the host as it stops: its own cgroup parent
+    /// goes where no sandbox is left below it.
+    pub fn release_host(&self) {
+        self.runtime.release_cgroup_parent();
     }
 
     /// Records the sandbox in the node's journal as it stands now.

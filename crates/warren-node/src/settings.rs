@@ -69,6 +69,9 @@ pub struct NodeSettings {
     /// moving a sandbox's init into its cgroups does not wait for an RCU
     /// grace period (see warren_runtime::cgroup_tuning).
     pub favor_dynmods: bool,
+    /// The cgroup every sandbox lives below. None: the one the home
+    /// recorded, else the default (see warren_runtime::cgroup_parent).
+    pub cgroup_parent: Option<warren_runtime::cgroup_parent::CgroupParent>,
 }
 impl NodeSettings {
     /// What the node lends to sandboxes on a host of this size. The
@@ -110,6 +113,7 @@ impl Default for NodeSettings {
                 .collect(),
             gpu_kind: DEFAULT_GPU_KIND.into(),
             favor_dynmods: true,
+            cgroup_parent: None,
         }
     }
 }

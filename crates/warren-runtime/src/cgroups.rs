@@ -82,6 +82,14 @@ fn subtree(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Removes the cgroup at `cgroup_path` in every hierarchy where it holds
+/// no process and no cgroup (the kernel refuses the rest, which stay).
+pub fn remove_empty(cgroup_path: &str) {
+    for dir in hierarchy_dirs(cgroup_path) {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
 /// The processes in the cgroup `dir` (not in the cgroups below it).
 pub(crate) fn pids_in(dir: &Path) -> Vec<i32> {
     std::fs::read_to_string(dir.join("cgroup.procs"))

@@ -32,9 +32,15 @@ pub fn cap_pids(cgroup_parent: &str, budget: u32) -> Result<(), String> {
     let rel = cgroup_parent.trim_start_matches('/');
     let root = Path::new("/sys/fs/cgroup");
     let dir = if root.join("cgroup.controllers").exists() {
-        // cgroup v2: the parent needs the pids controller from the root.
-        let _ = std::fs::write(root.join("cgroup.subtree_control"), "+pids");
-        root.join(rel)
+        // cgroup v2: the parent needs the pids controller from the root,
+        // through every cgroup above it (a parent may be nested).
+        let mut at = root.to_path_buf();
+        for name in rel.split('/') {
+            let _ = std::fs::write(at.join("cgroup.subtree_control"), "+pids");
+            at.push(name);
+            std::fs::create_dir_all(&at).map_err(|e| format!("create {}: {e}", at.display()))?;
+        }
+        at
     } else {
         root.join("pids").join(rel)
     };

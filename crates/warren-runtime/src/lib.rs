@@ -11,6 +11,7 @@
 
 pub use warren_core::crashpoint;
 pub mod cdi;
+pub mod cgroup_parent;
 pub mod cgroup_tuning;
 pub mod device_program;
 pub mod disk;
@@ -102,7 +103,7 @@ pub struct RuntimeConfig {
     pub spawner_args: Vec<String>,
     pub spawners: usize,
     /// Parent cgroup of every sandbox, relative to each hierarchy's root.
-    pub cgroup_parent: String,
+    pub cgroup_parent: cgroup_parent::CgroupParent,
     /// Each sandbox in its own user namespace (root inside is an
     /// unprivileged host uid range); see [`userns`].
     pub userns: bool,
@@ -191,6 +192,19 @@ impl Runtime {
 
     pub fn cgroup_path(&self, id: &str) -> String {
         format!("/{}/{}", self.cfg.cgroup_parent, id)
+    }
+
+    pub fn cgroup_parent(&self) -> &cgroup_parent::CgroupParent {
+        &self.cfg.cgroup_parent
+    }
+
+    /// Removes the node's own cgroup parent where it is empty, as the node
+    /// stops: nothing of it is left on the host. The default parent is
+    /// shared by every node told none, so it stays.
+    pub fn release_cgroup_parent(&self) {
+        if !self.cfg.cgroup_parent.is_default() {
+            cgroups::remove_empty(&format!("/{}", self.cfg.cgroup_parent));
+        }
     }
 
     pub fn handle(&self, id: &str, pid: i32) -> SandboxHandle {

@@ -112,6 +112,11 @@ pub struct NodeOpts {
     /// The CDI kind (vendor/class) that --gpus requests take.
     #[arg(long, default_value = warren_node::DEFAULT_GPU_KIND)]
     pub gpu_kind: String,
+    /// The cgroup every sandbox lives below, e.g. `warren/ci-7`: a node of
+    /// its own beside others on one host. The home remembers it (default:
+    /// the one it recorded, else `warren`).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_parent: Option<warren_runtime::cgroup_parent::CgroupParent>,
 }
 
 /// Other clients' protocols, each on a listener of its own (`warren up` and

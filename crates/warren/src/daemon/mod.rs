@@ -159,6 +159,7 @@ pub fn start_node(
                     args.gpu_kind
                 )
             })?,
+        cgroup_parent: args.cgroup_parent.clone(),
     };
     std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let node = warren_node::Node::start(warren_node::NodeConfig {

@@ -38,7 +38,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     let name = args.name.clone().unwrap_or_else(super::hostname);
     let log_path = super::init_logging(home, "warren-node.log")?;
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
-    let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node));
+    let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node.clone()));
     let fence = warren_node_http::Fence::open(home.join("leader-epoch"))?;
     let identity = warren_node_http::tls::Identity::load_or_create(&home.join("node-tls"))?;
     let agent = Agent::serve(
@@ -62,6 +62,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
         _ = agent.run() => {}
         _ = super::first_signal() => {}
     }
+    node.release_host();
     say!("warren node: stopped; its sandboxes keep running and are taken over at the next start");
     Ok(0)
 }

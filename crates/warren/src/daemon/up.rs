@@ -16,7 +16,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     let (node, nofile) =
         super::start_node(home, super::hostname(), Default::default(), &args.node)?;
     let listen = args.listen;
-    let local = node_transport(home, &args, warren_node::LocalNode::new(node)).await?;
+    let local = node_transport(home, &args, warren_node::LocalNode::new(node.clone())).await?;
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen,
@@ -53,6 +53,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     super::serve_until_signal("warren up", listener, router, nofile, running).await?;
     say!("warren up: destroying live sandboxes");
     up.control.shutdown(super::SHUTDOWN_GRACE).await;
+    node.release_host();
     say!("warren up: stopped");
     Ok(0)
 }

@@ -36,7 +36,11 @@ $test || exit 0
 # The fuzz targets (fuzz/, run briefly by scripts/test.sh) need nightly and cargo-fuzz.
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
-python3 -c "import pytest, httpx, prometheus_client, mypy, playwright" 2>/dev/null || pip_install pytest httpx prometheus-client mypy playwright
+# The Rust tests run under nextest (each test its own process, all at once).
+cargo nextest --version >/dev/null 2>&1 || cargo install cargo-nextest --locked
+# pytest-xdist runs the integration tests side by side (scripts/test.sh).
+python3 -c "import pytest, xdist, httpx, prometheus_client, mypy, playwright" 2>/dev/null ||
+    pip_install pytest pytest-xdist httpx prometheus-client mypy playwright
 # The Python SDK (sdk/python), installed as users install it; reinstalled on
 # every run so the tests never see a stale copy.
 pip_install --force-reinstall --no-deps "$(dirname "$0")/../sdk/python"

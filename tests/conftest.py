@@ -16,7 +16,20 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WARREN = Path(os.environ.get("WARREN_BIN", ROOT / "target" / "debug" / "warren"))
+# Cargo's build outputs: target/ in the tree, or where CARGO_TARGET_DIR says
+# (scripts/test.sh puts them in a cache outside the clone in CI).
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+WARREN = Path(os.environ.get("WARREN_BIN", TARGET / "debug" / "warren"))
+
+
+def pytest_configure(config):
+    # The markers scripts/test.sh selects by (docs/testing.md).
+    for line in (
+        "serial: owns the host (its clock, kernel-wide counters, its CPU or memory): runs alone, after the parallel part",
+        "contract: drives a node-contract call end to end: runs again with the node over HTTP",
+        "smoke: one quick test per front door and lifecycle step: scripts/test.sh --quick",
+    ):
+        config.addinivalue_line("markers", line)
 
 
 def free_port() -> int:
@@ -48,6 +61,10 @@ class Warren:
         self.preexec = preexec
         self.home = home
         self.port = port
+        # A cgroup parent of its own (named for its unique directory), so
+        # its sandboxes' cgroups, and every check of what is left of them,
+        # are this daemon's alone beside the other daemons of the run.
+        self.cgroup_parent = f"warren/{home.parent.name}"
         self.url = f"http://127.0.0.1:{port}"
         self.proc = None
         self.log = None
@@ -56,7 +73,7 @@ class Warren:
         self.log = open(self.home.parent / f"warren-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}",
-             *UP_ARGS, *self.extra_args],
+             "--cgroup-parent", self.cgroup_parent, *UP_ARGS, *self.extra_args],
             stdout=self.log,
             stderr=self.log,
             env={**os.environ, **self.extra_env},

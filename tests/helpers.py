@@ -81,17 +81,29 @@ def error_body(resp):
 
 
 def cgroup_dirs(sid):
-    """Every cgroup directory of a sandbox (v1: one per controller; v2: one)."""
-    return sorted(
-        set(glob.glob(f"{CGROUP_ROOT}/*/warren/{sid}") + glob.glob(f"{CGROUP_ROOT}/warren/{sid}"))
-    )
+    """Every cgroup directory of a sandbox (v1: one per controller; v2: one),
+    below any daemon's cgroup parent (`warren`, or a test daemon's
+    `warren/<its directory>`)."""
+    found = []
+    for parent in ("warren", "warren/*"):
+        found += glob.glob(f"{CGROUP_ROOT}/*/{parent}/{sid}") + glob.glob(f"{CGROUP_ROOT}/{parent}/{sid}")
+    return sorted(set(found))
+
+
+def cgroup_dir(sid, controller):
+    """The sandbox's cgroup directory in one v1 controller's hierarchy (the
+    unified one on v2)."""
+    root = CGROUP_ROOT if CGROUP_V2 else CGROUP_ROOT / controller
+    dirs = glob.glob(f"{root}/warren/{sid}") + glob.glob(f"{root}/warren/*/{sid}")
+    if len(dirs) != 1:
+        raise FileNotFoundError(f"no single cgroup of {sid} in {root}: {dirs}")
+    return Path(dirs[0])
 
 
 def cgroup_read(sid, controller, name):
-    """Reads a cgroup file of the sandbox: /sys/fs/cgroup/<controller>/warren/<id>/<name>
-    on v1, /sys/fs/cgroup/warren/<id>/<name> on v2."""
-    d = CGROUP_ROOT / "warren" / sid if CGROUP_V2 else CGROUP_ROOT / controller / "warren" / sid
-    return (d / name).read_text()
+    """Reads a cgroup file of the sandbox: <controller>/<parent>/<id>/<name>
+    on v1, <parent>/<id>/<name> on v2."""
+    return (cgroup_dir(sid, controller) / name).read_text()
 
 
 def cgroup_stat(sid, controller, name):
@@ -114,7 +126,7 @@ def cpu_usage_ns(sid):
 
 def sandbox_host_pids(sid):
     """Host pids of processes whose cgroup path names the sandbox."""
-    pat = re.compile(rf"/warren/{re.escape(sid)}(/|$)", re.M)
+    pat = re.compile(rf"/warren/(.+/)?{re.escape(sid)}(/|$)", re.M)
     pids = []
     for d in glob.glob("/proc/[0-9]*"):
         try:

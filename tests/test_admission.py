@@ -105,6 +105,7 @@ def test_waiting_create_answers_when_started(two_slots):
     w.destroy(r.json()["id"])
 
 
+@pytest.mark.serial  # 500 creates at once: starves the tests beside it
 def test_burst_of_500_creates_completes_without_deadlock(images):
     with own_daemon(images, ["--max-sandboxes", "16", "--queue-limit", "64"]) as w:
         spec = {"image": "busybox:latest", "cpu": 0.05, "memory": "32M", "cmd": ["true"]}

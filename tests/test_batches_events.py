@@ -5,7 +5,12 @@ import json
 import threading
 import time
 
+import pytest
+
 from helpers import host_traces
+
+# Runs again with the node over HTTP: events, logs (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def members(warren, batch):

@@ -5,22 +5,20 @@ import, the daemon stopped for 30 s), restarts it each time and checks what
 was acknowledged and what is left on the host. The seed is fixed, so every
 run injects the same faults in the same rounds."""
 
-import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, WARREN
 from helpers import sigint_as_at_a_terminal
 
-ROOT = Path(__file__).resolve().parent.parent
-WARREN = Path(os.environ.get("WARREN_BIN", ROOT / "target" / "debug" / "warren"))
 SEED = 20261130
 TIMEOUT_S = 15 * 60
 
 
+@pytest.mark.serial  # fills a disk, stops its daemon 30 s, bounds restarts and TTLs in seconds
 def test_chaos_ten_rounds(tmp_path):
     report = tmp_path / "chaos.json"
     cmd = [

@@ -5,8 +5,10 @@ import json
 import re
 import subprocess
 
-from conftest import WARREN, free_port
-from helpers import loop_ext4, sh_ok, uniq
+import pytest
+
+from conftest import WARREN, free_port, own_daemon
+from helpers import CGROUP_ROOT, CGROUP_V2, loop_ext4, sh_ok, uniq
 
 
 def create_cli(warren, *args):
@@ -16,6 +18,7 @@ def create_cli(warren, *args):
     return sid
 
 
+@pytest.mark.smoke  # CLI run
 def test_run_prints_output_and_exits_with_code(warren):
     p = warren.cli("run", "--image", "busybox:latest", "--rm", "--", "sh", "-c", "echo hi; exit 4", check=False)
     assert p.returncode == 4, p.stderr
@@ -43,6 +46,7 @@ def test_exec_exit_code_and_streams(warren, sandbox):
     assert b"timed out" in p.stderr
 
 
+@pytest.mark.smoke  # CLI create and inspect
 def test_create_flags_and_inspect(warren, sandbox):
     label = uniq("cli")
     sid = create_cli(warren, "--cpu", "0.5", "--memory", "128M", "--pids", "64", "--label", f"k={label}", "--env", "K=V")
@@ -241,3 +245,27 @@ def test_ls_mkdir_mv_rm_paths(warren, sandbox):
     # The plain form still destroys.
     warren.cli("rm", sid)
     assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "destroyed"
+
+
+def test_a_home_keeps_its_cgroup_parent_and_leaves_none_behind(images):
+    """`--cgroup-parent`: a daemon's sandboxes live below a cgroup of its
+    own, removed when it stops; its home remembers it, so a start told
+    another is refused (it would lose the cgroups of what it takes over)."""
+    with own_daemon(images) as w:
+        root = CGROUP_ROOT if CGROUP_V2 else CGROUP_ROOT / "pids"
+        parent = root / w.cgroup_parent
+        sid = w.create()["id"]
+        assert (parent / sid).is_dir()
+        w.stop()
+        assert not parent.exists()
+        other = "warren/" + uniq("other")
+        p = subprocess.run(
+            [WARREN, "up", "--home", w.home, "--listen", f"127.0.0.1:{free_port()}", "--cgroup-parent", other],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert p.returncode != 0 and f"--cgroup-parent {w.cgroup_parent}" in p.stderr, p.stderr
+        assert not (root / other).exists()
+        p = subprocess.run([WARREN, "up", "--home", w.home, "--cgroup-parent", "../up"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "invalid cgroup parent" in p.stderr, p.stderr
+        w.start()

@@ -544,6 +544,7 @@ def test_the_e2b_and_sandbox_fusion_front_doors_serve_through_the_server(images,
             s for s in c.server.http.get("/v1/sandboxes").json() if s["state"] not in ("destroyed", "failed")])
 
 
+@pytest.mark.serial  # host network namespaces and addresses on lo; a partition timed in seconds
 def test_nodes_in_network_namespaces_of_their_own_as_if_on_other_hosts(images):
     """Each node agent in a network namespace with its own address, the
     server on an address of this machine that both reach through their

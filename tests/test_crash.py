@@ -31,8 +31,10 @@ def restart_clean(w):
 def host_sandbox_ids(w):
     ids = {p.name for p in (w.home / "sandboxes").iterdir()}
     ids |= {p.name for p in state_root(w.home).iterdir()}
-    for ctrl in Path("/sys/fs/cgroup").iterdir():
-        d = ctrl / "warren"
+    # Below this daemon's own cgroup parent: other daemons' sandboxes come
+    # and go beside it.
+    for ctrl in [Path("/sys/fs/cgroup"), *Path("/sys/fs/cgroup").iterdir()]:
+        d = ctrl / w.cgroup_parent
         if d.is_dir():
             ids |= {p.name for p in d.iterdir() if p.is_dir() and p.name.startswith("sbx-")}
     return ids

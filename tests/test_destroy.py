@@ -4,6 +4,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import (
     host_traces,
     proc_state,
@@ -14,6 +16,9 @@ from helpers import (
     uniq,
     wait_until,
 )
+
+# Runs again with the node over HTTP: destroy (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def busy_sandbox(warren, *create_args):
@@ -44,6 +49,7 @@ def assert_all_kinds_present(warren, sid):
     assert len(sandbox_host_pids(sid)) >= 3  # init + two sleeps
 
 
+@pytest.mark.smoke  # destroy
 def test_rm_leaves_nothing_on_host(warren):
     sid = busy_sandbox(warren)
     assert_all_kinds_present(warren, sid)

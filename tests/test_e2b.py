@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import Warren, free_port
-from debian import CACHE, debian_archive
+from debian import CACHE, cache_lock, debian_archive
 
 IMAGE = "e2b-deb:1"
 # The Debian image with a stand-in for E2B's code-interpreter server.
@@ -32,27 +32,29 @@ def venv(version, package=None):
     marker says it was made whole)."""
     package = package or f"e2b=={version}"
     d = CACHE / "venvs" / package.replace("==", "-")
-    if not (d / "complete").exists():
-        shutil.rmtree(d, ignore_errors=True)
-        subprocess.run(["python3", "-m", "venv", d], check=True)
-        got = subprocess.run([d / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
-                              package], capture_output=True, text=True)
-        assert got.returncode == 0, f"pip install {package}: {got.stderr[-2000:]}"
-        (d / "complete").write_text(package)
+    with cache_lock(f"venv-{d.name}"):
+        if not (d / "complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            subprocess.run(["python3", "-m", "venv", d], check=True)
+            got = subprocess.run([d / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
+                                  package], capture_output=True, text=True)
+            assert got.returncode == 0, f"pip install {package}: {got.stderr[-2000:]}"
+            (d / "complete").write_text(package)
     return d / "bin" / "python"
 
 
 def npm_e2b():
     """node_modules with npm `e2b@NPM_VERSION`, installed once and cached."""
     d = CACHE / "npm" / f"e2b-{NPM_VERSION}"
-    if not (d / "complete").exists():
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-        (d / "package.json").write_text('{"private": true, "type": "module"}\n')
-        got = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", f"e2b@{NPM_VERSION}"],
-                             cwd=d, capture_output=True, text=True, timeout=600)
-        assert got.returncode == 0, f"npm install e2b@{NPM_VERSION}: {got.stderr[-2000:]}"
-        (d / "complete").write_text(NPM_VERSION)
+    with cache_lock(f"npm-{d.name}"):
+        if not (d / "complete").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            (d / "package.json").write_text('{"private": true, "type": "module"}\n')
+            got = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", f"e2b@{NPM_VERSION}"],
+                                 cwd=d, capture_output=True, text=True, timeout=600)
+            assert got.returncode == 0, f"npm install e2b@{NPM_VERSION}: {got.stderr[-2000:]}"
+            (d / "complete").write_text(NPM_VERSION)
     return d
 
 

@@ -43,6 +43,7 @@ def test_bad_spec_is_400_and_creates_nothing(warren, patch, needle):
     assert counts(warren) == before
 
 
+@pytest.mark.smoke  # errors
 def test_missing_image_field_is_400(warren):
     before = counts(warren)
     for body in (b"{}", b"not json", b"[]"):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, TARGET
 from helpers import ImageBuilder, sandbox_host_pids, sandbox_init_host_pid, sh_ok
 
-PROBE = ROOT / "target" / "release" / "warren-probe"
+PROBE = TARGET / "release" / "warren-probe"
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +143,7 @@ def test_root_inside_is_an_unprivileged_host_range_of_its_own(warren, sandbox):
     {"proc": "/etc", "dev": "/var/tmp", "sys": "/root"},
     {"proc": "../../../../proc", "dev": "../../../../dev"},
 ])
+@pytest.mark.serial  # lists the host's /etc, /root, /var/tmp and /dev before and after
 def test_hostile_image_with_symlinked_system_dirs(warren, images, tmp_path, links):
     """An image whose /proc, /dev or /sys are symlinks to host-looking paths
     (the runc CVE-2023-27561 / 2025-31133 / 2025-52565 class): creation is

@@ -9,6 +9,9 @@ import pytest
 
 from helpers import error_body, sh_ok
 
+# Runs again with the node over HTTP: exec, exec_input (docs/testing.md).
+pytestmark = pytest.mark.contract
+
 ALL_BYTES = bytes(range(256))
 
 
@@ -29,6 +32,7 @@ def test_exit_codes(warren, box, cmd, code):
     assert events[-1] is ev  # exit is the last event
 
 
+@pytest.mark.smoke  # exec
 def test_unknown_program_is_127(warren, box):
     ev, out, err, _ = warren.exec(box, ["no-such-program-xyz", "arg"])
     assert ev["code"] == 127, ev

@@ -7,7 +7,12 @@ import secrets
 from pathlib import Path
 
 
+import pytest
+
 from helpers import error_body, make_tar, read_tar, sh, sh_ok, uniq
+
+# Runs again with the node over HTTP: write_file, read_file, path_op, watch (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 TAR = {"content-type": "application/x-tar"}
 
@@ -40,6 +45,7 @@ def host_snapshot(paths):
     return out
 
 
+@pytest.mark.smoke  # files
 def test_file_round_trip(warren, sandbox):
     sid = sandbox()["id"]
     data = secrets.token_bytes(1 << 20) + bytes(range(256))

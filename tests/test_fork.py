@@ -16,6 +16,9 @@ import warren as sdk
 from conftest import own_daemon
 from helpers import error_body, sh, sh_ok, uniq, wait_until
 
+# Runs again with the node over HTTP: fork_layer, release_fork_layer (docs/testing.md).
+pytestmark = pytest.mark.contract
+
 # What the source does to its filesystem before it is forked: new files
 # (one owned by uid 1000, one setuid, a hard link, a symlink, a sparse
 # file), a deleted image file (a whiteout), a directory of the image
@@ -58,6 +61,7 @@ def layers_on_disk(w):
     return sorted(p.name for p in forks.iterdir()) if forks.exists() else []
 
 
+@pytest.mark.smoke  # fork
 def test_children_start_from_the_source_and_write_alone(warren):
     w = warren
     task = uniq("fork")

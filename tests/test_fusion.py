@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, Warren, free_port
-from debian import CACHE, debian_archive
+from debian import CACHE, cache_lock, debian_archive
 
 SANDBOX_FUSION = "0.3.7"
 VERL = "0.9.1"
@@ -36,35 +36,36 @@ def clients():
     imported as a package: `import verl` pulls in torch)."""
     py = VENV / "bin" / "python"
     utils = VENV / "verl-utils" / "utils.py"
-    if not (py.exists() and utils.exists()):
-        partial = VENV.with_suffix(".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run(["python3", "-m", "venv", partial], check=True)
-        pip = [partial / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
-        got = subprocess.run([*pip, f"sandbox-fusion=={SANDBOX_FUSION}"], capture_output=True, text=True)
-        wheels = partial / "wheels"
-        if got.returncode == 0:
-            got = subprocess.run(
-                [partial / "bin" / "pip", "download", "-q", "--no-deps", f"verl=={VERL}", "-d", wheels],
-                capture_output=True, text=True,
-            )
-        if got.returncode != 0:
+    with cache_lock(VENV.name):
+        if not (py.exists() and utils.exists()):
+            partial = VENV.with_suffix(".partial")
             shutil.rmtree(partial, ignore_errors=True)
-            # The suite installs what it needs (PyPI is reachable where it
-            # runs): a client that cannot be installed fails the run.
-            raise AssertionError(f"cannot install the clients from PyPI: {got.stderr[-500:]}")
-        (wheel,) = wheels.glob("verl-*.whl")
-        (partial / "verl-utils").mkdir()
-        with zipfile.ZipFile(wheel) as z:
-            (partial / "verl-utils" / "utils.py").write_bytes(z.read(VERL_UTILS))
-        # The venv's scripts name its path; moving it would break them, so
-        # it is made in place under its final name.
-        shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run(["python3", "-m", "venv", VENV], check=True)
-        subprocess.run([VENV / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
-                        f"sandbox-fusion=={SANDBOX_FUSION}"], check=True)
-        shutil.move(partial / "verl-utils", VENV / "verl-utils")
-        shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run(["python3", "-m", "venv", partial], check=True)
+            pip = [partial / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
+            got = subprocess.run([*pip, f"sandbox-fusion=={SANDBOX_FUSION}"], capture_output=True, text=True)
+            wheels = partial / "wheels"
+            if got.returncode == 0:
+                got = subprocess.run(
+                    [partial / "bin" / "pip", "download", "-q", "--no-deps", f"verl=={VERL}", "-d", wheels],
+                    capture_output=True, text=True,
+                )
+            if got.returncode != 0:
+                shutil.rmtree(partial, ignore_errors=True)
+                # The suite installs what it needs (PyPI is reachable where it
+                # runs): a client that cannot be installed fails the run.
+                raise AssertionError(f"cannot install the clients from PyPI: {got.stderr[-500:]}")
+            (wheel,) = wheels.glob("verl-*.whl")
+            (partial / "verl-utils").mkdir()
+            with zipfile.ZipFile(wheel) as z:
+                (partial / "verl-utils" / "utils.py").write_bytes(z.read(VERL_UTILS))
+            # The venv's scripts name its path; moving it would break them, so
+            # it is made in place under its final name.
+            shutil.rmtree(VENV, ignore_errors=True)
+            subprocess.run(["python3", "-m", "venv", VENV], check=True)
+            subprocess.run([VENV / "bin" / "pip", "install", "-q", "--disable-pip-version-check",
+                            f"sandbox-fusion=={SANDBOX_FUSION}"], check=True)
+            shutil.move(partial / "verl-utils", VENV / "verl-utils")
+            shutil.rmtree(partial, ignore_errors=True)
     return SimpleNamespace(python=py, verl_utils=utils)
 
 
@@ -267,6 +268,7 @@ def test_verl_reward_helper(clients, fusion):
     assert out["go"] == [-1, "sandbox_error"], out
 
 
+@pytest.mark.serial  # 256 sandboxes at once: starves the tests beside it
 def test_256_concurrent_requests(fusion):
     w = fusion.warren
 

@@ -156,6 +156,7 @@ def test_a_sandbox_that_prints_gigabytes_keeps_a_capped_log(images):
         assert any(l.get("reason") == "log_rotated" for l in lines)
 
 
+@pytest.mark.serial  # measures the daemon's CPU time
 def test_many_idle_log_followers_cost_no_cpu(warren, sandbox):
     sid = sandbox(cpu=0.1, memory="32M")["id"]
     stop = threading.Event()
@@ -196,6 +197,7 @@ def test_many_idle_log_followers_cost_no_cpu(warren, sandbox):
 # ---------------------------------------------------------------- host-wide tables
 
 
+@pytest.mark.serial  # the kernel-wide TCP memory of /proc/net/sockstat
 @pytest.mark.skipif(CGROUP_V2, reason="cgroup v2 charges socket buffers to memory.current")
 def test_socket_buffers_count_against_the_sandbox_on_cgroup_v1(warren, sandbox):
     sid = sandbox(cpu=1, memory="64M")["id"]
@@ -223,6 +225,7 @@ def test_socket_buffers_count_against_the_sandbox_on_cgroup_v1(warren, sandbox):
     assert queued < 64 << 20, f"{queued >> 20} MiB of socket buffers queued by a 64 MiB sandbox"
 
 
+@pytest.mark.serial  # the kernel-wide open-file count of /proc/sys/fs/file-nr
 def test_open_files_are_bounded_by_the_sandbox_memory_not_the_host_table(warren, sandbox):
     """Found by a hostile run: one sandbox with default limits opened 41% of
     the host's fs.file-max (512 MiB of memory would have taken all of it).
@@ -272,7 +275,8 @@ def test_pids_beyond_the_process_table_are_refused_and_the_sum_is_capped(warren)
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     r = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "pids": pid_max})
     assert r.status_code == 400 and "process" in error_body(r)["message"], r.text
-    cap = Path("/sys/fs/cgroup/warren/pids.max") if CGROUP_V2 else Path("/sys/fs/cgroup/pids/warren/pids.max")
+    root = Path("/sys/fs/cgroup") if CGROUP_V2 else Path("/sys/fs/cgroup/pids")
+    cap = root / warren.cgroup_parent / "pids.max"
     assert int(cap.read_text()) <= pid_max * 3 // 4
 
 

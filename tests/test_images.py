@@ -7,7 +7,12 @@ import shutil
 import subprocess
 
 
+import pytest
+
 from helpers import ImageBuilder, error_body, flip_bytes, image_names, run, sh_ok, uniq
+
+# Runs again with the node over HTTP: image_import, image_list, image_remove (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def cli_run(warren, image, *cmd):
@@ -31,6 +36,7 @@ def unique_image(images, tmp_path, marker):
     return b
 
 
+@pytest.mark.smoke  # image import
 def test_import_oci_and_docker_archives(warren, images):
     names = {"oci": uniq("imp-oci") + ":1", "docker": uniq("imp-docker") + ":1"}
     for kind, name in names.items():

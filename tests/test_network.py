@@ -188,6 +188,7 @@ def test_none_mode_has_only_loopback(net):
     assert not [h for h in net["web"].hits if h[2] == "/x"]
 
 
+@pytest.mark.contract  # create with a network policy
 def test_allowed_host_works_through_the_proxy_settings(net, allow_sbx):
     w = net["w"]
     code, out, err = sh(w, allow_sbx, "env | grep '^http_proxy='")
@@ -377,6 +378,7 @@ def test_metadata_host_services_and_unlisted_ports_are_unreachable(net, allow_sb
     assert code == 1
 
 
+@pytest.mark.contract  # set_network
 def test_policy_change_closes_live_connections(net, allow_sbx):
     w = net["w"]
     result = {}
@@ -488,6 +490,7 @@ def test_proxy_restart_fails_closed_and_recovers(images, net):
         assert (code, out) == (0, "evil\n"), err
 
 
+@pytest.mark.contract  # connect_port
 def test_inbound_port_forward_and_http_route(net):
     w = net["w"]
     sid = w.create(cmd=["sh", "-c", "mkdir -p /www && echo inside > /www/index.html && exec httpd -f -p 8000 -h /www"])["id"]
@@ -520,6 +523,7 @@ def test_inbound_port_forward_and_http_route(net):
         w.destroy(sid)
 
 
+@pytest.mark.contract  # check_network
 def test_bad_rules_get_clear_errors(net):
     w = net["w"]
     for rules, fragment in [

@@ -3,9 +3,13 @@
 node credential and nothing else."""
 
 import httpx
+import pytest
 
 from conftest import UP_ARGS, free_port, own_daemon
 from helpers import sh_ok
+
+# Runs again with the node over HTTP: node API itself (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def test_the_node_api_takes_the_node_credential_and_refuses_the_api_token(images):

@@ -7,7 +7,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import own_daemon
+
+# Runs again with the node over HTTP: claim (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def pool(w, name):

@@ -4,6 +4,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import own_daemon
@@ -22,6 +23,7 @@ def wait_gone(warren, sid, timeout=30):
         time.sleep(0.1)
 
 
+@pytest.mark.serial  # needs a whole free core to read 0.7 of one
 def test_sampling_matches_a_known_load(warren, sandbox):
     sid = sandbox(cpu=1, memory="256M")["id"]
     # One core busy for 3 s while 64 MiB are held.

@@ -22,6 +22,9 @@ import pytest
 from conftest import WARREN
 from helpers import WebSocket, error_body, sh_ok, wait_until
 
+# Runs again with the node over HTTP: exec_resize and terminal input (docs/testing.md).
+pytestmark = pytest.mark.contract
+
 
 @pytest.fixture(scope="module")
 def box(warren):
@@ -130,6 +133,7 @@ def test_a_tty_exec_runs_on_a_terminal_of_the_requested_size(warren, box):
     assert b"not a tty" in out and b"no-tty" in out, out
 
 
+@pytest.mark.serial  # lists the host's /dev/pts before and after
 def test_the_terminal_is_the_sandboxes_not_the_hosts(warren, box):
     host_before = set(os.listdir("/dev/pts"))
     s = Session(warren, box, {"cmd": ["sh", "-c", "tty; ls /dev/pts; read x"], "tty": True, "stdin_open": True})

@@ -15,6 +15,9 @@ import pytest
 from conftest import own_daemon
 from helpers import crash, host_traces, restart, sandbox_init_host_pid
 
+# Runs again with the node over HTTP: inventory after a crash (docs/testing.md).
+pytestmark = pytest.mark.contract
+
 
 @pytest.fixture
 def own_warren(images):
@@ -100,9 +103,9 @@ def test_orphans_swept_and_lookalikes_left_alone(own_warren):
     crash(w)
     sdir = w.home / "sandboxes" / orphan
     (sdir / "upper").mkdir(parents=True)
-    cg = Path("/sys/fs/cgroup/pids/warren") / orphan
+    cg = Path("/sys/fs/cgroup/pids") / w.cgroup_parent / orphan
     if not Path("/sys/fs/cgroup/pids").exists():
-        cg = Path("/sys/fs/cgroup/warren") / orphan
+        cg = Path("/sys/fs/cgroup") / w.cgroup_parent / orphan
     cg.mkdir(parents=True, exist_ok=True)
     victim = subprocess.Popen(["sleep", "1000"])
     (cg / "cgroup.procs").write_text(str(victim.pid))

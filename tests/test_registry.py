@@ -210,6 +210,7 @@ def sh(warren, sid, script):
     return out.decode()
 
 
+@pytest.mark.contract  # image_pull, image_for_create
 def test_pull_by_tag_and_digest_runs_the_image(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -507,6 +508,7 @@ def test_bad_references_and_missing_images_change_nothing(warren, registry):
     assert_nothing_added(before, store_state(warren))
 
 
+@pytest.mark.contract  # image_pull ahead of creates
 def test_prewarm_pulls_ahead_and_refuses_unknown_nodes(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -531,6 +533,7 @@ def test_prewarm_pulls_ahead_and_refuses_unknown_nodes(warren, registry, builder
     assert reg.blob_gets(repo, manifest["layers"][-1]["digest"]) == 1
 
 
+@pytest.mark.contract  # commit
 def test_commit_turns_changes_into_a_layer(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -592,6 +595,7 @@ def fresh_daemon():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.contract  # commit, image_push
 def test_commit_push_pull_on_a_clean_store_gives_the_same_files(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -638,6 +642,7 @@ def test_commit_push_pull_on_a_clean_store_gives_the_same_files(warren, registry
             clean.destroy(info["id"])
 
 
+@pytest.mark.contract  # image_gc
 def test_gc_meets_a_budget_without_touching_images_in_use(warren, registry, builder, sandbox):
     reg = registry()
     configure(warren, insecure(reg))
@@ -777,6 +782,7 @@ def test_image_budget_prunes_after_pulls(images, registry, builder):
         assert refs[0] in pruned[-1]["message"] and refs[1] in pruned[-1]["message"], pruned
 
 
+@pytest.mark.contract  # the image_pull stream
 def test_cli_create_shows_pull_progress_only_when_downloading(warren, registry, builder):
     reg = registry()
     configure(warren, insecure(reg))

@@ -6,6 +6,8 @@ furthest above its request is stopped and one within its request never is."""
 
 import time
 
+import pytest
+
 from conftest import own_daemon
 
 MIB = 1 << 20
@@ -98,6 +100,7 @@ def mem_available():
     raise AssertionError("no MemAvailable in /proc/meminfo")
 
 
+@pytest.mark.serial  # the host's MemAvailable
 def test_memory_pressure_stops_the_sandbox_furthest_above_its_request(images):
     # The floor sits 500M under what the host has free now, so the 1.5G
     # that one sandbox takes beyond its 32M request crosses it.

@@ -12,7 +12,11 @@ from pathlib import Path
 import httpx
 
 from conftest import own_daemon
-from helpers import cgroup_read, crash, host_traces, restart, sh_ok, wait_until
+from helpers import CGROUP_V2, cgroup_dir, cgroup_read, crash, host_traces, restart, sh_ok, wait_until
+import pytest
+
+# Runs again with the node over HTTP: inventory and events after a restart (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 OOM = ["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived"]
 
@@ -87,11 +91,10 @@ def test_a_crash_between_pause_and_its_record_is_undone(images):
     with own_daemon(images) as w:
         sid = w.create(cpu=0.1, memory="32M")["id"]
         crash(w)
-        d = [p for p in Path("/sys/fs/cgroup").glob(f"*/warren/{sid}") if (p / "freezer.state").exists()]
-        if d:
-            (d[0] / "freezer.state").write_text("FROZEN")
+        if CGROUP_V2:
+            (cgroup_dir(sid, "freezer") / "cgroup.freeze").write_text("1")
         else:
-            (Path("/sys/fs/cgroup/warren") / sid / "cgroup.freeze").write_text("1")
+            (cgroup_dir(sid, "freezer") / "freezer.state").write_text("FROZEN")
         wait_until(lambda: frozen(sid), 5, what="the freeze")
         assert restart(w) < 2.0
         assert state(w, sid)["state"] == "running" and not frozen(sid)
@@ -178,9 +181,8 @@ def test_an_exec_cgroup_a_crash_left_frozen_does_not_wedge_the_sandbox(images):
 
         streaming = threading.Thread(target=stream, daemon=True)
         streaming.start()
-        cg = wait_until(lambda: next(iter(Path("/sys/fs/cgroup/freezer/warren", sid).glob("ex-*")), None)
-                        if Path("/sys/fs/cgroup/freezer/warren").exists()
-                        else next(iter(Path("/sys/fs/cgroup/warren", sid).glob("ex-*")), None), 5, what="the exec's cgroup")
+        cg = wait_until(lambda: next(iter(cgroup_dir(sid, "freezer").glob("ex-*")), None), 5,
+                        what="the exec's cgroup")
         if (cg / "freezer.state").exists():
             (cg / "freezer.state").write_text("FROZEN")
         else:

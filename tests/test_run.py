@@ -10,9 +10,13 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from conftest import WARREN, own_daemon
 from helpers import host_traces
+
+# Runs again with the node over HTTP: start_main (docs/testing.md).
+pytestmark = pytest.mark.contract
 
 
 def lines(resp):

@@ -70,6 +70,7 @@ MODELS = {
 }
 
 
+@pytest.mark.smoke  # SDK
 def test_models_follow_openapi(client):
     doc = client.openapi()
     schemas = doc["components"]["schemas"]

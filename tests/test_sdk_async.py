@@ -132,6 +132,7 @@ def test_async_batch_events_and_lease_keeper(warren):
     run(main())
 
 
+@pytest.mark.serial  # 200 sandboxes at once: starves the tests beside it
 def test_async_client_drives_many_sandboxes_from_one_loop(warren):
     """N concurrent create+exec+destroy cycles from one event loop (the
     daemon queues what does not fit at once). N is 200 in CI; run with

@@ -268,3 +268,35 @@ def test_pause_and_connect_resume(e2b_warren):
         assert isinstance(m, list)
     finally:
         httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+
+
+def test_timeouts_longer_than_warren_keeps_a_sandbox_are_refused_and_change_nothing(e2b_warren):
+    """A TTL the store or the clock cannot hold is E2B's 400 at every door
+    (create, set timeout, connect) and a Connect deadline beyond any Warren
+    keeps is `invalid_argument`: nothing is created, no TTL moves, no task
+    panics (the duration type itself refuses them)."""
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    live = lambda: {s["id"] for s in e2b_warren.http.get("/v1/sandboxes").json() if s["state"] == "running"}
+    before = live()
+    for t in (365 * 86400 + 1, 2**64 - 1):
+        r = httpx.post(f"{api}/sandboxes", json={"templateID": "base", "timeout": t}, headers=key, timeout=60)
+        assert r.status_code == 400 and "timeout" in r.json()["message"], r.text
+    assert live() == before
+    s = httpx.post(f"{api}/sandboxes", json={"templateID": "base", "timeout": 60}, headers=key, timeout=60).json()
+    sid = s["sandboxID"]
+    try:
+        for t in (99999999999, 2**64 - 1):
+            r = httpx.post(f"{api}/sandboxes/{sid}/timeout", json={"timeout": t}, headers=key)
+            assert r.status_code == 400 and "timeout" in r.json()["message"], r.text
+            r = httpx.post(f"{api}/v2/sandboxes/{sid}/connect", json={"timeout": t}, headers=key)
+            assert r.status_code == 400, r.text
+        info = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()
+        assert info["state"] == "running" and 0 < info["ttl_remaining_ms"] <= 60_000, info
+        h = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", "X-Access-Token": s["envdAccessToken"],
+             "Content-Type": "application/connect+json", "Connect-Timeout-Ms": str(2**64 - 1)}
+        r = httpx.post(f"{sbx_url}/process.Process/Start", content=b"", headers=h)
+        assert "invalid_argument" in r.text and "Connect-Timeout-Ms" in r.text, r.text
+        assert httpx.get(f"{api}/sandboxes/{sid}", headers=key).status_code == 200
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=key)

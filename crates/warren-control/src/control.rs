@@ -483,7 +483,7 @@ impl Control {
         reclaim: warren_core::spec::ReclaimPolicy,
         keep_for: Option<warren_core::spec::Dur>,
     ) -> Result<SandboxRow, ApiError> {
-        if keep_for.is_some_and(|d| d.0.is_zero()) {
+        if keep_for.is_some_and(|d| d.get().is_zero()) {
             return Err(ApiError::bad_request(
                 "keep_for must be greater than zero, e.g. \"2h\"",
             ));

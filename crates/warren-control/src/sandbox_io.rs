@@ -137,8 +137,9 @@ impl Control {
     pub async fn set_ttl(
         &self,
         id: &str,
-        ttl: std::time::Duration,
+        ttl: warren_core::spec::Dur,
     ) -> Result<SandboxRow, ApiError> {
+        let ttl = ttl.get();
         if ttl.is_zero() {
             return Err(ApiError::bad_request("ttl must be greater than zero"));
         }

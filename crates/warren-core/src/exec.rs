@@ -51,7 +51,7 @@ impl ExecRequest {
             validate_cwd(cwd)?;
         }
         validate_args_size(Some(&self.cmd), &self.env, self.cwd.as_deref())?;
-        if self.timeout.is_some_and(|t| t.0.is_zero()) {
+        if self.timeout.is_some_and(|t| t.get().is_zero()) {
             return Err(ExecRequestError::ZeroTimeout);
         }
         if !self.tty && (self.rows.is_some() || self.cols.is_some()) {

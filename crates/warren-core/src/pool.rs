@@ -64,7 +64,7 @@ impl PoolSpec {
             pids: self.pids,
             labels: [(POOL_LABEL.to_string(), name.to_string())].into(),
             // Waiting is its job; a claim gives it the create's TTL.
-            ttl: Some(crate::spec::Dur(std::time::Duration::from_secs(24 * 3600))),
+            ttl: crate::spec::Dur::from_secs(24 * 3600).ok(),
             ..Default::default()
         }
     }

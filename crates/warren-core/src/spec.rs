@@ -48,9 +48,37 @@ pub const MAX_ARGS_BYTES: usize = 256 << 10;
 pub struct ByteSize(pub u64);
 
 /// A duration; accepts `"30s"`, `"10m"` or a number of seconds, serialises as text.
+/// At most [`quantity::MAX_DURATION`]: made only by [`Dur::new`],
+/// [`Dur::from_secs`] or deserialisation, so no front door can hand the
+/// control plane a TTL, lease or timeout that a clock cannot be advanced by
+/// or the store cannot hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
 #[schema(value_type = String, example = "10m")]
-pub struct Dur(pub Duration);
+pub struct Dur(Duration);
+
+impl Dur {
+    /// `d`, or an error naming it if it is longer than [`quantity::MAX_DURATION`].
+    pub fn new(d: Duration) -> Result<Dur, QuantityError> {
+        quantity::bounded(d, &quantity::format_duration(d)).map(Dur)
+    }
+
+    /// `secs` seconds, or an error if that is longer than [`quantity::MAX_DURATION`].
+    pub fn from_secs(secs: u64) -> Result<Dur, QuantityError> {
+        if secs > quantity::MAX_DURATION.as_secs() {
+            return Err(QuantityError::DurationTooLong(format!("{secs}s")));
+        }
+        Ok(Dur(Duration::from_secs(secs)))
+    }
+
+    /// Text such as `"30s"`, `"10m"` or `"1h30m"` (see [`quantity::parse_duration`]).
+    pub fn parse(text: &str) -> Result<Dur, QuantityError> {
+        quantity::parse_duration(text).map(Dur)
+    }
+
+    pub const fn get(self) -> Duration {
+        self.0
+    }
+}
 
 /// CPU in millicores; accepts `0.5`, `"2"` or `"500m"`, serialises as cores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
@@ -85,10 +113,7 @@ impl Serialize for ByteSize {
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match NumOrText::deserialize(d)? {
-            NumOrText::Int(n) if n <= quantity::MAX_DURATION.as_secs() => {
-                Ok(Dur(Duration::from_secs(n)))
-            }
-            NumOrText::Int(n) => Err(QuantityError::DurationTooLong(format!("{n}s"))),
+            NumOrText::Int(n) => Dur::from_secs(n),
             NumOrText::Float(f) if f.is_finite() && f >= 0.0 => {
                 if f > quantity::MAX_DURATION.as_secs_f64() {
                     Err(QuantityError::DurationTooLong(format!("{f}s")))
@@ -783,6 +808,25 @@ mod tests {
         ] {
             assert_eq!(spec(json).expect("parses").resolve(), Err(want), "{json}");
         }
+    }
+
+    // A door that builds a duration itself (E2B's `timeout` in seconds, a
+    // Connect deadline in milliseconds) gets the same ceiling as JSON.
+    #[test]
+    fn a_duration_is_made_only_within_the_ceiling() {
+        let max = quantity::MAX_DURATION;
+        assert_eq!(Dur::new(max).unwrap().get(), max);
+        assert_eq!(Dur::from_secs(max.as_secs()).unwrap().get(), max);
+        for e in [
+            Dur::new(max + Duration::from_millis(1)).unwrap_err(),
+            Dur::new(Duration::MAX).unwrap_err(),
+            Dur::from_secs(max.as_secs() + 1).unwrap_err(),
+            Dur::from_secs(u64::MAX).unwrap_err(),
+            Dur::parse("366d").unwrap_err(),
+        ] {
+            assert!(matches!(e, QuantityError::DurationTooLong(_)), "{e}");
+        }
+        assert_eq!(Dur::parse("90s").unwrap().get(), Duration::from_secs(90));
     }
 
     // Found by a hostile run against the release build: each of these was

@@ -181,9 +181,7 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
         memory: template_size(&req.template_id, "memory", &template.memory)?,
         env: req.env_vars.unwrap_or_default(),
         labels,
-        ttl: Some(warren_core::spec::Dur(Duration::from_secs(
-            req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1),
-        ))),
+        ttl: Some(ttl(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?),
         request_id: headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
@@ -453,7 +451,7 @@ async fn connect(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResul
         control.set_paused(&id, false).await?;
     }
     if let Some(t) = req.timeout.filter(|t| *t > 0) {
-        control.set_ttl(&id, Duration::from_secs(t)).await?;
+        control.set_ttl(&id, ttl(t)?).await?;
     }
     let info = live(&control, &id).await?;
     let status = if resumed {
@@ -473,11 +471,17 @@ async fn set_timeout(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bR
             "timeout (seconds from now) is required",
         ));
     };
+    let ttl = ttl(secs)?;
     live(&control, &id).await?;
-    control
-        .set_ttl(&id, Duration::from_secs(secs.max(1)))
-        .await?;
+    control.set_ttl(&id, ttl).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// E2B's `timeout` (seconds from now, at least one) as a TTL; one longer
+/// than Warren keeps a sandbox is E2B's 400.
+fn ttl(secs: u64) -> E2bResult<warren_core::spec::Dur> {
+    warren_core::spec::Dur::from_secs(secs.max(1))
+        .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("timeout: {e}")))
 }
 
 async fn kill(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {

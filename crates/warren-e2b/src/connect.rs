@@ -272,13 +272,20 @@ pub fn decode_stream<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<Vec<
 }
 
 /// How long a call may take (`Connect-Timeout-Ms`); None when not given.
-pub fn timeout(headers: &HeaderMap) -> Option<Duration> {
-    headers
+/// One longer than any deadline Warren keeps is refused (it would overflow
+/// the clock it is added to).
+pub fn timeout(headers: &HeaderMap) -> Result<Option<warren_core::spec::Dur>, RpcError> {
+    let Some(ms) = headers
         .get("connect-timeout-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|ms| *ms > 0)
-        .map(Duration::from_millis)
+    else {
+        return Ok(None);
+    };
+    warren_core::spec::Dur::new(Duration::from_millis(ms))
+        .map(Some)
+        .map_err(|e| RpcError::new(Code::InvalidArgument, format!("Connect-Timeout-Ms: {e}")))
 }
 
 /// How often a quiet stream sends a keepalive (`Keepalive-Ping-Interval`,

@@ -81,9 +81,9 @@ pub fn spec(image: &str, job: &Job) -> SandboxSpec {
         labels,
         // A backstop only: the call destroys its sandbox itself. Should
         // that fail (the daemon stops mid-call), the TTL still ends it.
-        ttl: Some(Dur(job.compile_timeout
-            + job.run_timeout
-            + Duration::from_secs(300))),
+        // Each timeout is at most a day (protocol::timeout), so the sum is
+        // a valid TTL.
+        ttl: Dur::new(job.compile_timeout + job.run_timeout + Duration::from_secs(300)).ok(),
         ..Default::default()
     }
 }
@@ -214,7 +214,7 @@ async fn steps(control: &Arc<Control>, image: &str, id: &str, job: &Job) -> RunC
         env: env.clone(),
         cwd: Some(dir.clone()),
         stdin: stdin.map(|s| base64::engine::general_purpose::STANDARD.encode(s)),
-        timeout: Some(Dur(timeout)),
+        timeout: Dur::new(timeout).ok(),
         user: None,
         ..Default::default()
     };

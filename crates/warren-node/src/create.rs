@@ -113,7 +113,7 @@ impl Node {
             return Err(e);
         }
         took(&mut phases, "node_network", &mut phase);
-        let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.get()));
         let live = self.register(
             req.clone(),
             handle.pid,
@@ -148,7 +148,7 @@ impl Node {
         let cpu_millis = live.create().resources.cpu_millis;
         let device_env = live.create().device_env;
         *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env);
-        *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.0));
+        *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.get()));
         let network = spec.network.clone();
         {
             let mut c = lock(&live.create);

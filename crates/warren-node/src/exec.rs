@@ -98,7 +98,7 @@ impl Node {
             },
             stdin,
             more_stdin: None,
-            timeout: req.timeout.map(|t| t.0),
+            timeout: req.timeout.map(|t| t.get()),
             exec_id: if main {
                 "main".into()
             } else {

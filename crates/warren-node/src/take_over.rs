@@ -99,7 +99,7 @@ impl Node {
         let remaining = (entry.ends_boot_ms - lifetime::boot_ms()).max(0) as u64;
         let lifetime = lifetime::Lifetime::new(
             std::time::Duration::from_millis(remaining),
-            entry.create.spec.lease.map(|l| l.0).filter(|_| working),
+            entry.create.spec.lease.map(|l| l.get()).filter(|_| working),
         );
         let has_main = entry.create.spec.cmd.is_some();
         self.forks.adopt(id, entry.create.spec.fork.as_ref());

@@ -131,7 +131,7 @@ pub(crate) async fn set_ttl(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TtlBody>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    let row = st.control.set_ttl(&id, req.ttl.0).await?;
+    let row = st.control.set_ttl(&id, req.ttl).await?;
     Ok(Json(st.control.info(row, false).await))
 }
 

@@ -249,7 +249,8 @@ async fn start(
 ) -> Result<Response, RpcError> {
     // The deadline runs from the request, as the client's does: the
     // stream must end before the client gives up reading it.
-    let deadline = connect::timeout(headers).map(|t| tokio::time::Instant::now() + t);
+    let timeout = connect::timeout(headers)?;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t.get());
     let req: StartRequest = connect::decode(headers, body)?;
     let (rows, cols) = match &req.pty {
         Some(pty) => pty
@@ -275,7 +276,7 @@ async fn start(
             .filter(|c| !c.is_empty())
             .map(|c| paths::resolve(&c, user.as_deref())),
         stdin: None,
-        timeout: connect::timeout(headers).map(warren_core::spec::Dur),
+        timeout,
         user: user.filter(|u| u != "root"),
         stdin_open: stdin,
         tty: pty,

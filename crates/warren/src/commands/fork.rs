@@ -23,7 +23,7 @@ fn request(a: &ForkArgs) -> Result<ForkRequest> {
     };
     let dur = |flag: &str, v: &Option<String>| -> Result<Option<Dur>> {
         v.as_deref()
-            .map(|s| quantity::parse_duration(s).map(Dur))
+            .map(Dur::parse)
             .transpose()
             .with_context(|| format!("--{flag}"))
     };

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use warren_core::spec::Dur;
-use warren_core::{quantity, ExecEvent, ExecRequest, SandboxInfo, SandboxState};
+use warren_core::{ExecEvent, ExecRequest, SandboxInfo, SandboxState};
 
 use super::images::{pull, PullOutput};
 use super::logs::follow_log;
@@ -159,11 +159,7 @@ pub(super) async fn exec(client: &Client, a: ExecArgs) -> Result<i32> {
         env: parse_env(&a.env)?,
         cwd: a.cwd,
         stdin,
-        timeout: a
-            .timeout
-            .as_deref()
-            .map(|t| quantity::parse_duration(t).map(Dur))
-            .transpose()?,
+        timeout: a.timeout.as_deref().map(Dur::parse).transpose()?,
         user: a.user,
         ..Default::default()
     };

@@ -66,7 +66,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
     };
     let dur = |s: &Option<String>| -> Result<Option<Dur>> {
         s.as_deref()
-            .map(|v| quantity::parse_duration(v).map(Dur))
+            .map(Dur::parse)
             .transpose()
             .map_err(Into::into)
     };

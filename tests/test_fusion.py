@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import ROOT, Warren, free_port
+from conftest import ROOT, Warren, free_port, own_daemon
 from debian import CACHE, cache_lock, debian_archive
 
 SANDBOX_FUSION = "0.3.7"
@@ -208,6 +208,45 @@ def test_bad_requests_are_422_with_the_reason(fusion):
     r = post(fusion, {"code": "x", "files": {"a.txt": "not base64!"}})
     assert r.status_code == 422 and "base64" in r.text, r.text
     assert fusion_sandboxes(fusion.warren) == []
+
+
+def test_web_pages_of_other_origins_cannot_run_code(fusion):
+    """What a page the operator opens can send without a CORS preflight (a
+    text/plain or form body, from its own origin) runs nothing."""
+    code = b'{"code": "print(1)"}'
+    url = fusion.url + "/run_code"
+    for headers, status in [
+        ({"Content-Type": "text/plain;charset=UTF-8", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "text/plain"}, 415),
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        ({"Content-Type": "application/json", "Origin": "http://evil.example"}, 403),
+        ({"Content-Type": "application/json", "Sec-Fetch-Site": "cross-site"}, 403),
+    ]:
+        r = httpx.post(url, content=code, headers=headers)
+        assert r.status_code == status and r.json()["detail"], (headers, r.status_code, r.text)
+    assert fusion_sandboxes(fusion.warren) == []
+    # Its own origin, and a program's request without a type, as FastAPI reads them.
+    own = fusion.url.replace("http://", "")
+    r = httpx.post(url, content=code, headers={"Content-Type": "application/json", "Origin": fusion.url, "Host": own},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "1\n", r.text
+    r = httpx.post(url, content=code, timeout=60)
+    assert "content-type" not in r.request.headers
+    assert r.status_code == 200 and r.json()["run_result"]["stdout"] == "1\n", r.text
+
+
+def test_a_door_with_a_token_takes_only_calls_that_carry_it(images):
+    port = free_port()
+    with own_daemon(images, args=["--sandbox-fusion", f"127.0.0.1:{port}"],
+                    env={"WARREN_SANDBOX_FUSION_TOKEN": "fusion-s3cret"}) as w:
+        url = f"http://127.0.0.1:{port}/run_code"
+        for auth in (None, "Bearer wrong", "fusion-s3cret"):
+            r = httpx.post(url, json={"language": "python"}, headers={"Authorization": auth} if auth else {})
+            assert r.status_code == 401 and "Authorization: Bearer" in r.json()["detail"], r.text
+        # With the token the call gets as far as the request's own check.
+        r = httpx.post(url, json={"language": "python"}, headers={"Authorization": "Bearer fusion-s3cret"})
+        assert r.status_code == 422 and "code" in r.text, r.text
+        assert w.http.get("/v1/sandboxes").json() == []
 
 
 def test_missing_toolchain_names_the_binary_and_the_flag(fusion):

@@ -1,12 +1,13 @@
 //! SandboxFusion's HTTP protocol (`POST /run_code`, `GET /v1/ping`) on
 //! Warren, so that verl's and SkyRL's reward code and the `sandbox-fusion`
 //! client run unchanged: each call runs in a fresh sandbox of one
-//! configured image, destroyed afterwards. It takes no token, as those
-//! clients send none; the daemon binds it where the operator says (keep it
-//! on loopback).
+//! configured image, destroyed afterwards. Those clients send no token, so
+//! by default it takes none (keep it on loopback, or set one: [`guard`]);
+//! it refuses web pages of other origins and bodies that are not JSON.
 
 #![forbid(unsafe_code)]
 
+pub mod guard;
 mod jupyter;
 pub mod languages;
 pub mod protocol;
@@ -35,14 +36,16 @@ pub(crate) struct Fusion {
     image: String,
 }
 
-/// The front door's routes. While `control` is empty (a server replica
-/// that does not lead) every call answers 503 with `Retry-After`.
-pub fn router(control: ControlCell, image: String) -> Router {
+/// The front door's routes, behind `guard`. While `control` is empty (a
+/// server replica that does not lead) every call answers 503 with
+/// `Retry-After`.
+pub fn router(control: ControlCell, image: String, guard: guard::Guard) -> Router {
     Router::new()
         .route("/run_code", post(run_code))
         .route("/run_jupyter", post(jupyter::run_jupyter))
         .route("/v1/ping", get(ping))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::layer))
         .with_state(Arc::new(Fusion { control, image }))
 }
 

@@ -130,10 +130,20 @@ pub struct CompatOpts {
     /// Serve E2B's sandbox traffic (envd and ports) here (`E2B_SANDBOX_URL`).
     #[arg(long, value_name = "ADDR")]
     pub e2b_sandbox: Option<SocketAddr>,
-    /// Serve SandboxFusion's `/run_code` here. It takes no token (its
-    /// clients send none): keep it on loopback.
+    /// Serve SandboxFusion's `/run_code` here. It takes no token unless
+    /// --sandbox-fusion-token sets one (its clients send none): keep it on
+    /// loopback otherwise.
     #[arg(long, value_name = "ADDR")]
     pub sandbox_fusion: Option<SocketAddr>,
+    /// The token SandboxFusion calls must carry (`Authorization: Bearer
+    /// TOKEN`), for a door beyond loopback.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "WARREN_SANDBOX_FUSION_TOKEN",
+        hide_env_values = true
+    )]
+    pub sandbox_fusion_token: Option<String>,
     /// The image `/run_code` runs code in (it needs the languages' toolchains).
     #[arg(long, value_name = "REF", default_value = "python:3.11-slim")]
     pub sandbox_fusion_image: String,

@@ -35,7 +35,13 @@ pub async fn start(
     }
     if let Some(addr) = opts.sandbox_fusion {
         let image = opts.sandbox_fusion_image.clone();
-        let router = warren_fusion::router(control.clone(), image.clone());
+        let token = opts.sandbox_fusion_token.clone().filter(|t| !t.is_empty());
+        if token.is_none() && !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "the SandboxFusion door listens beyond loopback and takes no token: anyone who reaches it runs code; set --sandbox-fusion-token");
+            say!("{who}: warning: SandboxFusion on {addr} takes no token; anyone who reaches it runs code (--sandbox-fusion-token sets one)");
+        }
+        let guard = warren_fusion::guard::Guard { token };
+        let router = warren_fusion::router(control.clone(), image.clone(), guard);
         let at = serve(addr, router, "--sandbox-fusion", nofile).await?;
         say!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
     }

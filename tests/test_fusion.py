@@ -210,6 +210,31 @@ def test_bad_requests_are_422_with_the_reason(fusion):
     assert fusion_sandboxes(fusion.warren) == []
 
 
+def test_fetched_files_are_read_once_and_bounded(fusion):
+    """A call that asks for one big file under several spellings neither
+    inflates the daemon's memory nor its answer: it is the call's error."""
+    w = fusion.warren
+
+    def rss():
+        status = Path(f"/proc/{w.proc.pid}/status").read_text()
+        return int(next(l for l in status.splitlines() if l.startswith("VmRSS:")).split()[1]) << 10
+
+    before = rss()
+    r = post(fusion, {"code": "truncate -s 256M big", "language": "bash",
+                      "fetch_files": ["big", "./big", "././big", "./././big"]}, timeout=120)
+    assert r.status_code == 200 and len(r.content) < 1 << 20, (r.status_code, len(r.content))
+    body = r.json()
+    assert body["status"] == "SandboxError" and "16 MiB" in body["message"], body["message"]
+    assert rss() - before < 200 << 20, (before, rss())
+    # Under the cap every spelling asked for is answered; a missing file is not.
+    r = post(fusion, {"code": "head -c 1000 /dev/urandom > a", "language": "bash",
+                      "fetch_files": ["a", "./a", "missing"]})
+    files = r.json()["files"]
+    assert set(files) == {"a", "./a"} and files["a"] == files["./a"], r.text
+    assert len(base64.b64decode(files["a"])) == 1000
+    wait_no_fusion_sandboxes(w)
+
+
 def test_web_pages_of_other_origins_cannot_run_code(fusion):
     """What a page the operator opens can send without a CORS preflight (a
     text/plain or form body, from its own origin) runs nothing."""

@@ -26,6 +26,12 @@ pub const FRONT_LABEL: (&str, &str) = ("warren.dev/front", "sandbox-fusion");
 /// no memory here.
 const OUTPUT_CAP: usize = 1 << 20;
 
+/// Most bytes of `fetch_files` one call returns, all files together, each
+/// counted as often as the answer lists it (base64 makes the answer a third
+/// larger). A file past it is the call's error, never a truncated file: the
+/// daemon's memory per call stays bounded whatever the sandbox writes.
+const FETCH_CAP: u64 = 16 << 20;
+
 /// Above `memory_limit_MB`, for what the sandbox holds besides the program:
 /// its init, the exec shim, and the page cache of the files written.
 const MEMORY_HEADROOM_MIB: u64 = 32;
@@ -235,23 +241,75 @@ async fn steps(control: &Arc<Control>, image: &str, id: &str, job: &Job) -> RunC
             .await,
         ),
     };
+    match fetch_all(control, id, &dir, &job.fetch_files).await {
+        Ok(files) => RunCodeResponse::from_steps(compile_result, run_result, files),
+        Err(message) => RunCodeResponse::sandbox_error(message),
+    }
+}
+
+/// The `fetch_files` that are regular files, base64 by the name asked for.
+/// Each file is read once however many spellings name it (`a`, `./a`,
+/// `x/../a`), and all the names answered together stay within [`FETCH_CAP`].
+async fn fetch_all(
+    control: &Control,
+    id: &str,
+    dir: &str,
+    names: &[String],
+) -> Result<BTreeMap<String, String>, String> {
+    // By file: its bytes in base64 and their number, or None (not a file).
+    let mut read: BTreeMap<String, Option<(String, u64)>> = BTreeMap::new();
     let mut files = BTreeMap::new();
-    for name in &job.fetch_files {
-        match fetch(control, id, &in_dir(&dir, name)).await {
-            Ok(Some(data)) => {
-                files.insert(
-                    name.clone(),
-                    base64::engine::general_purpose::STANDARD.encode(data),
-                );
+    let mut total = 0u64;
+    for name in names {
+        let path = normalize(&in_dir(dir, name));
+        let file = match read.get(&path) {
+            Some(known) => known.clone(),
+            None => {
+                let got = fetch(control, id, &path, FETCH_CAP.saturating_sub(total))
+                    .await
+                    .map_err(|e| format!("fetching {name}: {e}"))?
+                    .map(|data| {
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+                        (b64, data.len() as u64)
+                    });
+                read.insert(path, got.clone());
+                got
             }
-            // SandboxFusion returns only the names that are regular files.
-            Ok(None) => {}
-            Err(e) => {
-                return RunCodeResponse::sandbox_error(format!("fetching {name}: {}", e.message))
+        };
+        // SandboxFusion returns only the names that are regular files.
+        let Some((encoded, size)) = file else {
+            continue;
+        };
+        total += size;
+        if total > FETCH_CAP {
+            return Err(format!("fetching {name}: {}", over_cap()));
+        }
+        files.insert(name.clone(), encoded);
+    }
+    Ok(files)
+}
+
+fn over_cap() -> String {
+    format!(
+        "the fetched files come to more than {} MiB together; fetch fewer or smaller files",
+        FETCH_CAP >> 20
+    )
+}
+
+/// `path` with `.`, empty and `..` names resolved lexically (the sandbox
+/// resolves its symlinks; this only makes one file's spellings one key).
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
             }
+            p => parts.push(p),
         }
     }
-    RunCodeResponse::from_steps(compile_result, run_result, files)
+    format!("/{}", parts.join("/"))
 }
 
 async fn write(control: &Control, id: &str, path: &str, data: Vec<u8>) -> Result<(), ApiError> {
@@ -265,19 +323,32 @@ async fn write(control: &Control, id: &str, path: &str, data: Vec<u8>) -> Result
 }
 
 /// A regular file's bytes; None when the path is missing or not a file.
-async fn fetch(control: &Control, id: &str, path: &str) -> Result<Option<Vec<u8>>, ApiError> {
+/// One larger than `room` is refused before it is read (and, should it
+/// grow while read, as soon as it passes `room`).
+async fn fetch(
+    control: &Control,
+    id: &str,
+    path: &str,
+    room: u64,
+) -> Result<Option<Vec<u8>>, String> {
     let read = match control.read_file(id, path).await {
         Ok(r) => r,
         Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::BadRequest) => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.message),
     };
-    if !matches!(read.kind, FileKind::File { .. }) {
+    let FileKind::File { size } = read.kind else {
         return Ok(None);
+    };
+    if size > room {
+        return Err(over_cap());
     }
     let mut body = read.body;
-    let mut data = Vec::new();
+    let mut data = Vec::with_capacity(size as usize);
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| ApiError::internal(e.to_string()))?;
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        if (data.len() + chunk.len()) as u64 > room {
+            return Err(over_cap());
+        }
         data.extend_from_slice(&chunk);
     }
     Ok(Some(data))
@@ -395,6 +466,18 @@ mod tests {
         assert_eq!((cpu.0, mem.0), (1000, 1024 << 20));
         let (_, mem) = sizes(lang("python"), 1024);
         assert_eq!(mem.0, (1024 + 32) << 20);
+    }
+
+    #[test]
+    fn one_file_is_one_key_however_it_is_spelled() {
+        for spelled in ["big", "./big", "././big", "x/../big", ".//big/"] {
+            assert_eq!(
+                normalize(&in_dir("/tmp/w", spelled)),
+                "/tmp/w/big",
+                "{spelled}"
+            );
+        }
+        assert_eq!(normalize("/../../etc/passwd"), "/etc/passwd");
     }
 
     #[test]

@@ -65,10 +65,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
             .map_err(Into::into)
     };
     let dur = |s: &Option<String>| -> Result<Option<Dur>> {
-        s.as_deref()
-            .map(Dur::parse)
-            .transpose()
-            .map_err(Into::into)
+        s.as_deref().map(Dur::parse).transpose().map_err(Into::into)
     };
     Ok(SandboxSpec {
         image: a.image.clone(),

@@ -536,3 +536,24 @@ def test_a_sandbox_thrashing_on_a_sliver_of_cpu_is_destroyed_at_once(warren):
     for sid in ids:
         assert out[sid].status_code == 200, out[sid].text
         assert host_traces(warren, sid) == []
+
+
+# ---------------------------------------------------------------- the home
+
+
+def test_the_home_and_its_log_are_the_daemons_alone(images):
+    """The home holds the API token, node credentials, the store and every
+    sandbox's files: mode 0700 (also a home made by hand before), its log
+    0600."""
+    with own_daemon(images) as w:
+        assert w.home.stat().st_mode & 0o777 == 0o700
+        assert (w.home / "warren-up.log").stat().st_mode & 0o777 == 0o600
+        w.stop()
+        w.home.chmod(0o755)
+        (w.home / "warren-up.log").chmod(0o644)
+        w.start()
+        assert w.home.stat().st_mode & 0o777 == 0o700
+        assert (w.home / "warren-up.log").stat().st_mode & 0o777 == 0o600
+        sid = w.create()["id"]
+        assert sh_ok(w, sid, "echo ok").strip() == "ok"
+        w.destroy(sid)

@@ -17,11 +17,22 @@ use crate::cli::{ControlOpts, NodeOpts};
 /// the few lines the daemon prints itself, so that `warren up &` does not
 /// bury a shell. `WARREN_LOG` (an `EnvFilter`, e.g. `debug`) sets what both
 /// show.
+/// Makes the daemon's home, or takes the one there, as the daemon's own
+/// (mode 0700): it holds the API token, the join token, node credentials,
+/// the store and every sandbox's files, none of them for the host's other
+/// users.
+pub fn private_home(home: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
+    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("make home {} private (mode 0700)", home.display()))
+}
+
 pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::PathBuf> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
-    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
+    private_home(home)?;
     let path = home.join(file);
     // One generation is kept: the log is for what just happened, and a
     // node that runs for months must not fill its disk with it.
@@ -30,11 +41,21 @@ pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::Pat
         std::fs::rename(&path, &old)
             .with_context(|| format!("rotating {} to {}", path.display(), old.display()))?;
     }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("opening the log {} (check --home)", path.display()))?;
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("opening the log {} (check --home)", path.display()))?
+    };
+    // A log made by an older Warren keeps its mode otherwise.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("make the log {} private", path.display()))?;
+    }
     let custom = std::env::var("WARREN_LOG").ok();
     let filter = |default: &str| {
         custom
@@ -161,7 +182,6 @@ pub fn start_node(
             })?,
         cgroup_parent: args.cgroup_parent.clone(),
     };
-    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let node = warren_node::Node::start(warren_node::NodeConfig {
         home: home.to_path_buf(),
         name,

@@ -23,7 +23,6 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     }
     let log_path = super::init_logging(home, "warren-server.log")?;
     let policy = super::policy(&args.control)?;
-    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
     let join_token = warren_control::ensure_secret(&join_token_path(home))
         .with_context(|| format!("join token {}", join_token_path(home).display()))?;
     let nofile = warren_runtime::host_tables::raise_nofile();
@@ -185,7 +184,7 @@ fn fatal(message: &str) -> ! {
 
 /// Prints the join token, making it first (or anew with `rotate`).
 fn join_token(home: &std::path::Path, rotate: bool) -> Result<i32> {
-    std::fs::create_dir_all(home).with_context(|| format!("create home {}", home.display()))?;
+    super::private_home(home)?;
     let path = join_token_path(home);
     let token = if rotate {
         warren_control::write_secret(&path, &warren_control::new_secret())

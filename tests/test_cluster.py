@@ -183,6 +183,12 @@ def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
                                                               "max_pids": 1, "load": {"cpu_busy": 0, "disk_pressure": False, "sandboxes": 0}}}, timeout=5)
     assert r.status_code == 401, r.text
     assert "evil" not in cluster.server.nodes()
+    # A stranger's malformed body is refused for who sent it, before its
+    # schema is read: the answer says nothing of the fields expected.
+    for path in ("/v1/nodes/join", "/v1/nodes/n1/heartbeat"):
+        r = httpx.post(f"{cluster.server.url}{path}", headers={"Authorization": "Bearer nope"},
+                       json={"nonsense": 1}, timeout=5)
+        assert r.status_code == 401 and "missing field" not in r.text and "invalid" not in r.text, r.text
 
 
 def test_the_node_api_is_tls_with_the_certificate_the_server_pinned(cluster):

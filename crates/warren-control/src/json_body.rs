@@ -18,7 +18,20 @@ where
     type Rejection = Failure;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let body = Bytes::from_request(req, state).await.map_err(|e| {
+        let RawBody(body) = RawBody::from_request(req, state).await?;
+        parse(&body).map(JsonBody).map_err(Failure)
+    }
+}
+
+/// A body read whole but not parsed: for a handler that must check who is
+/// calling before it says anything about what they sent ([`parse`] then).
+pub struct RawBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = Failure;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        Bytes::from_request(req, state).await.map(RawBody).map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 Failure(ApiError::new(
                     warren_core::ErrorCode::PayloadTooLarge,
@@ -30,8 +43,7 @@ where
             } else {
                 Failure(ApiError::bad_request(format!("reading the request body: {e}")))
             }
-        })?;
-        parse(&body).map(JsonBody).map_err(Failure)
+        })
     }
 }
 

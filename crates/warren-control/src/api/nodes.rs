@@ -9,7 +9,7 @@ use warren_core::ApiError;
 use warren_node_api::{JoinRequest, Joined, NodeInfo as Described};
 
 use super::{ApiResult, AppState, Failure, St};
-use crate::json_body::JsonBody;
+use crate::json_body::{parse, JsonBody, RawBody};
 use crate::nodes::{Connector, Health};
 
 /// How nodes join a cluster's control plane.
@@ -147,10 +147,12 @@ fn unauthorized(what: &str) -> Failure {
     Failure(ApiError::new(warren_core::ErrorCode::Unauthorized, what))
 }
 
+// Join and heartbeat read their bodies only once the caller proved who it
+// is: a stranger learns nothing of the schema from a parse error.
 async fn join(
     State(st): St,
     headers: HeaderMap,
-    JsonBody(req): JsonBody<JoinRequest>,
+    RawBody(body): RawBody,
 ) -> ApiResult<Json<Joined>> {
     let Some(join) = &st.join else {
         return Err(Failure(ApiError::conflict(
@@ -164,6 +166,7 @@ async fn join(
             "wrong join token: pass the file `warren server join-token` printed (--join-token FILE)",
         ));
     }
+    let req: JoinRequest = parse(&body)?;
     Ok(Json(st.control.join_node(req, &join.connect).await?))
 }
 
@@ -171,7 +174,7 @@ async fn heartbeat(
     State(st): St,
     Path(name): Path<String>,
     headers: HeaderMap,
-    JsonBody(info): JsonBody<Described>,
+    RawBody(body): RawBody,
 ) -> ApiResult<Json<()>> {
     if !st.control.node_credential_ok(&name, bearer(&headers)) {
         // Unknown (removed, or a control plane that lost its records) or a
@@ -180,6 +183,7 @@ async fn heartbeat(
             "node {name:?} is not joined with this credential; join again"
         )));
     }
+    let info: Described = parse(&body)?;
     if info.name != name {
         return Err(Failure(ApiError::bad_request(format!(
             "a heartbeat for {name:?} describes node {:?}",

@@ -383,15 +383,10 @@ async fn drive(
                 Some(ExecEvent::Stdout { data }) if proc.pty => proc.publish(Msg::Event(json!({"data": {"pty": data}}))).await,
                 Some(ExecEvent::Stdout { data }) => proc.publish(Msg::Event(json!({"data": {"stdout": data}}))).await,
                 Some(ExecEvent::Stderr { data }) => proc.publish(Msg::Event(json!({"data": {"stderr": data}}))).await,
-                Some(ExecEvent::Exit { code, signal, timed_out, .. }) => {
-                    break if timed_out || signal.is_some() {
-                        killed(match signal {
-                            Some(15) => "signal: terminated",
-                            _ => "signal: killed",
-                        })
-                    } else {
-                        exited(code)
-                    };
+                Some(ExecEvent::Exit { code, signal, timed_out: node_timed_out, .. }) => {
+                    let (end, deadline) = exit_end(code, signal, node_timed_out);
+                    timed_out = deadline;
+                    break end;
                 }
                 Some(ExecEvent::Error { message }) => break json!({"exitCode": -1, "exited": false, "status": "error", "error": message}),
                 Some(_) => {}
@@ -413,6 +408,23 @@ async fn drive(
 }
 
 /// Go's `ProcessState` for a normal exit, as envd reports it.
+/// How a process that exited ends its stream, and whether that end is the
+/// deadline's. The node kills at the same deadline as this door's timer
+/// and may report it first (after a stall both are ready, and `select!`
+/// picks either): that is still E2B's `deadline_exceeded`, never a plain
+/// exit the SDK would raise as a failed command.
+fn exit_end(code: i32, signal: Option<i32>, timed_out: bool) -> (Value, bool) {
+    let end = if timed_out || signal.is_some() {
+        killed(match signal {
+            Some(15) => "signal: terminated",
+            _ => "signal: killed",
+        })
+    } else {
+        exited(code)
+    };
+    (end, timed_out)
+}
+
 fn exited(code: i32) -> Value {
     let status = format!("exit status {code}");
     if code == 0 {
@@ -740,6 +752,20 @@ fn signal(e2b: &E2b, target: &Target, headers: &HeaderMap, body: &[u8]) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exit_the_node_timed_out_ends_as_the_deadline() {
+        assert_eq!(
+            exit_end(137, Some(9), true),
+            (killed("signal: killed"), true)
+        );
+        assert_eq!(exit_end(-1, None, true), (killed("signal: killed"), true));
+        assert_eq!(
+            exit_end(143, Some(15), false),
+            (killed("signal: terminated"), false)
+        );
+        assert_eq!(exit_end(3, None, false), (exited(3), false));
+    }
 
     fn proc(pty: bool) -> Proc {
         Proc {

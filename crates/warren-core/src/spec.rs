@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use utoipa::ToSchema;
 
 use crate::labels::{self, LabelError, Labels};
-use crate::quantity::{self, QuantityError};
+
+mod units;
+pub use units::{ByteSize, Cpu, Dur};
 
 /// Smallest memory limit we accept: below this the sandbox's own init and a
 /// shell cannot start reliably, so a lower value is a mistake, not a choice.
@@ -41,115 +43,6 @@ pub const MAX_DISK: u64 = 1 << 50;
 /// (ARG_MAX, 2 MiB with the usual stack limit), and they travel to the
 /// sandbox's init in one bounded frame.
 pub const MAX_ARGS_BYTES: usize = 256 << 10;
-
-/// A byte size; accepts `268435456` or `"256M"`, serialises as bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
-#[schema(value_type = String, example = "256M")]
-pub struct ByteSize(pub u64);
-
-/// A duration; accepts `"30s"`, `"10m"` or a number of seconds, serialises as text.
-/// At most [`quantity::MAX_DURATION`]: made only by [`Dur::new`],
-/// [`Dur::from_secs`] or deserialisation, so no front door can hand the
-/// control plane a TTL, lease or timeout that a clock cannot be advanced by
-/// or the store cannot hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
-#[schema(value_type = String, example = "10m")]
-pub struct Dur(Duration);
-
-impl Dur {
-    /// `d`, or an error naming it if it is longer than [`quantity::MAX_DURATION`].
-    pub fn new(d: Duration) -> Result<Dur, QuantityError> {
-        quantity::bounded(d, &quantity::format_duration(d)).map(Dur)
-    }
-
-    /// `secs` seconds, or an error if that is longer than [`quantity::MAX_DURATION`].
-    pub fn from_secs(secs: u64) -> Result<Dur, QuantityError> {
-        if secs > quantity::MAX_DURATION.as_secs() {
-            return Err(QuantityError::DurationTooLong(format!("{secs}s")));
-        }
-        Ok(Dur(Duration::from_secs(secs)))
-    }
-
-    /// Text such as `"30s"`, `"10m"` or `"1h30m"` (see [`quantity::parse_duration`]).
-    pub fn parse(text: &str) -> Result<Dur, QuantityError> {
-        quantity::parse_duration(text).map(Dur)
-    }
-
-    pub const fn get(self) -> Duration {
-        self.0
-    }
-}
-
-/// CPU in millicores; accepts `0.5`, `"2"` or `"500m"`, serialises as cores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ToSchema)]
-#[schema(value_type = f64, example = 0.5)]
-pub struct Cpu(pub u64);
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumOrText {
-    Int(u64),
-    Float(f64),
-    Text(String),
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match NumOrText::deserialize(d)? {
-            NumOrText::Int(n) => Ok(ByteSize(n)),
-            NumOrText::Float(f) => quantity::parse_size(&f.to_string()).map(ByteSize),
-            NumOrText::Text(s) => quantity::parse_size(&s).map(ByteSize),
-        }
-        .map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match NumOrText::deserialize(d)? {
-            NumOrText::Int(n) => Dur::from_secs(n),
-            NumOrText::Float(f) if f.is_finite() && f >= 0.0 => {
-                if f > quantity::MAX_DURATION.as_secs_f64() {
-                    Err(QuantityError::DurationTooLong(format!("{f}s")))
-                } else {
-                    Ok(Dur(quantity::millis(f)))
-                }
-            }
-            NumOrText::Float(f) => Err(QuantityError::Duration(f.to_string())),
-            NumOrText::Text(s) => quantity::parse_duration(&s).map(Dur),
-        }
-        .map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for Dur {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&quantity::format_duration(self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for Cpu {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match NumOrText::deserialize(d)? {
-            NumOrText::Int(n) => quantity::parse_cpu(&n.to_string()).map(Cpu),
-            NumOrText::Float(f) => quantity::parse_cpu(&f.to_string()).map(Cpu),
-            NumOrText::Text(s) => quantity::parse_cpu(&s).map(Cpu),
-        }
-        .map_err(serde::de::Error::custom)
-    }
-}
-
-impl Serialize for Cpu {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(self.0 as f64 / 1000.0)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -650,10 +543,10 @@ impl SandboxSpec {
         }
         validate_args_size(self.cmd.as_deref(), &self.env, self.cwd.as_deref())?;
         self.network.validate()?;
-        if self.ttl.is_some_and(|t| t.0.is_zero()) {
+        if self.ttl.is_some_and(|t| t.get().is_zero()) {
             return Err(SpecError::ZeroTtl);
         }
-        if self.lease.is_some_and(|l| l.0 < Duration::from_secs(1)) {
+        if self.lease.is_some_and(|l| l.get() < Duration::from_secs(1)) {
             return Err(SpecError::ShortLease);
         }
         if let Some(id) = &self.request_id {
@@ -678,16 +571,16 @@ impl SandboxSpec {
     }
 
     pub fn ttl(&self) -> Duration {
-        self.ttl.map_or(DEFAULT_TTL, |t| t.0)
+        self.ttl.map_or(DEFAULT_TTL, |t| t.get())
     }
 
     pub fn keep_for(&self) -> Duration {
-        self.keep_for.map_or(DEFAULT_KEEP_FOR, |t| t.0)
+        self.keep_for.map_or(DEFAULT_KEEP_FOR, |t| t.get())
     }
 
     /// Grace period of the `delay` policy: `keep_for`, or 30 s.
     pub fn delay_for(&self) -> Duration {
-        self.keep_for.map_or(DEFAULT_DELAY, |t| t.0)
+        self.keep_for.map_or(DEFAULT_DELAY, |t| t.get())
     }
 }
 
@@ -810,25 +703,6 @@ mod tests {
         }
     }
 
-    // A door that builds a duration itself (E2B's `timeout` in seconds, a
-    // Connect deadline in milliseconds) gets the same ceiling as JSON.
-    #[test]
-    fn a_duration_is_made_only_within_the_ceiling() {
-        let max = quantity::MAX_DURATION;
-        assert_eq!(Dur::new(max).unwrap().get(), max);
-        assert_eq!(Dur::from_secs(max.as_secs()).unwrap().get(), max);
-        for e in [
-            Dur::new(max + Duration::from_millis(1)).unwrap_err(),
-            Dur::new(Duration::MAX).unwrap_err(),
-            Dur::from_secs(max.as_secs() + 1).unwrap_err(),
-            Dur::from_secs(u64::MAX).unwrap_err(),
-            Dur::parse("366d").unwrap_err(),
-        ] {
-            assert!(matches!(e, QuantityError::DurationTooLong(_)), "{e}");
-        }
-        assert_eq!(Dur::parse("90s").unwrap().get(), Duration::from_secs(90));
-    }
-
     // Found by a hostile run against the release build: each of these was
     // accepted and then broke the node (an unreadable stored spec, a panic
     // in the create task, a cgroup write failing with a 500).
@@ -893,8 +767,8 @@ mod tests {
         // A new limit without a request: the request follows the limit.
         assert_eq!((child.cpu, child.cpu_request), (Some(Cpu(250)), None));
         assert_eq!(child.memory, Some(ByteSize(256 << 20)));
-        assert_eq!(child.ttl, Some(Dur(Duration::from_secs(600))));
-        assert_eq!(child.lease, Some(Dur(Duration::from_secs(30))));
+        assert_eq!(child.ttl, Dur::from_secs(600).ok());
+        assert_eq!(child.lease, Dur::from_secs(30).ok());
         assert_eq!(child.cmd, source.cmd);
         assert_eq!(
             child.fork.as_ref().map(|f| f.source.as_str()),

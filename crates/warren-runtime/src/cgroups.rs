@@ -269,6 +269,13 @@ pub fn is_frozen(cgroup_path: &str) -> bool {
 }
 
 pub fn freeze(cgroup_path: &str, frozen: bool) -> Result<(), RuntimeError> {
+    // libcgroups' freezer makes the directory it is given: a freeze that
+    // comes after the sandbox's destroy (a pause or hold racing it) made a
+    // FROZEN, empty freezer cgroup that nothing removed again (found as
+    // leftovers below test daemons' own cgroup parents).
+    if !exists(cgroup_path) {
+        return Err(RuntimeError::NotFound(format!("no cgroup {cgroup_path}")));
+    }
     let state = if frozen {
         FreezerState::Frozen
     } else {

@@ -103,12 +103,14 @@ def test_paths_that_are_not_utf8_are_refused_not_rewritten(warren, sandbox):
 # ---------------------------------------------------------------- disk and logs
 
 
-def test_a_sandbox_past_the_default_disk_limit_is_stopped(images):
+def test_a_sandbox_past_the_default_disk_limit_is_stopped_even_once_idle(images):
+    """Issue 38 (5): written in one burst (blocks allocated at once), then
+    idle. The old sampler measured disk every tenth reading in which the
+    sandbox ran, and an idle one never: this one ran on past its limit."""
     with own_daemon(images, args=["--default-disk", "64M", "--sample-interval", "200ms"]) as w:
         sid = w.create(cpu=0.5, memory="64M")["id"]
-        # The stream ends when the sandbox does.
-        w.exec(sid, ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 30"])
-        done = wait_state(w, sid, ("destroyed",), 30)
+        sh_ok(w, sid, "fallocate -l 200M /tmp/fill")
+        done = wait_state(w, sid, ("destroyed",), 10)
         assert done["reason"] == "disk_exceeded", done
         assert host_traces(w, sid) == []
 

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use warren_core::Usage;
 use warren_runtime::cgroups::Sample;
 
-/// Disk use is a directory walk, so it is read every this many samples.
+/// Disk use is a directory walk, so it is read every this many samples
+/// (of a sandbox without a disk limit to enforce: see `sample_periodic`).
 const DISK_EVERY: u64 = 10;
 
 /// How many periodic readings in a row an idle sandbox may repeat its last
@@ -120,6 +121,17 @@ impl UsageTracker {
 
     pub fn wants_disk(&self) -> bool {
         self.samples.is_multiple_of(DISK_EVERY)
+    }
+
+    /// Whether the last `repeat_if_idle` was the first in a row: the
+    /// sandbox has just stopped running.
+    pub fn first_idle_repeat(&self) -> bool {
+        self.repeated == 1
+    }
+
+    /// A measurement of the writable layer taken apart from a reading.
+    pub fn set_disk(&mut self, bytes: u64) {
+        self.disk_bytes = bytes;
     }
 
     /// The writable layer's size at its last measurement.

@@ -111,14 +111,36 @@ impl Node {
 
     /// The sampler's reading of one sandbox: an idle one's last reading is
     /// repeated from its CPU counter alone (see `repeat_if_idle`).
+    ///
+    /// A sandbox under a measured disk limit (`--default-disk`: no file
+    /// system of its own) has its writable layer measured at every reading
+    /// in which it ran, and once more at the first one in which it did not:
+    /// a sandbox that wrote fast and then went idle was never measured
+    /// again (issue 38), and one that does not run writes nothing.
     fn sample_periodic(&self, id: &str, live: &Live) {
         let at = std::time::Instant::now();
         if let Some(cpu) = warren_runtime::cgroups::cpu_usage_ns(&live.cgroup_path) {
-            if lock(&live.usage).repeat_if_idle(at, cpu) {
+            let mut u = lock(&live.usage);
+            if u.repeat_if_idle(at, cpu) {
+                let settle = live.disk_limit > 0 && u.first_idle_repeat();
+                drop(u);
+                if settle {
+                    self.measure_disk(id, live);
+                }
                 return;
             }
         }
         self.sample_one(id, live, true);
+    }
+
+    /// Measures the writable layer now and stops the sandbox past its
+    /// measured limit.
+    fn measure_disk(&self, id: &str, live: &Live) {
+        let used = sampler::disk_bytes(&self.runtime.sandbox_dir(id));
+        lock(&live.usage).set_disk(used);
+        if used > live.disk_limit {
+            self.report_disk(id, live, used, live.disk_limit, false);
+        }
     }
 
     pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
@@ -127,7 +149,7 @@ impl Node {
             return;
         };
         let mut u = lock(&live.usage);
-        let disk = (with_disk && u.wants_disk())
+        let disk = (with_disk && (live.disk_limit > 0 || u.wants_disk()))
             .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
         u.add(at, sample, disk);
         drop(u);

@@ -273,6 +273,42 @@ def test_a_killed_server_touches_no_sandbox_and_picks_up_where_it_was(images, re
         wait_until("the nodes to be empty", lambda: all(n.leftovers() == [] for n in c.nodes.values()))
 
 
+def test_a_node_cut_off_from_its_control_plane_ends_expired_sandboxes_alone(images):
+    """Issue 38 (13): the control plane gone (killed: the node cannot tell
+    that from a partition), the node still ends sandboxes at their TTL and
+    lease, as their reclaim says (`keep`: frozen and held), and the control
+    plane, back, records why each ended instead of calling them lost."""
+    from helpers import CGROUP_V2, cgroup_read
+
+    with Cluster(images, nodes=[dict(name="a")]) as c:
+        t0 = time.time()
+        ttl = create(c, cpu=0.1, memory="32M", ttl="4s")["id"]
+        lease = create(c, cpu=0.1, memory="32M", lease="4s")["id"]
+        kept = create(c, cpu=0.1, memory="32M", ttl="4s", reclaim="keep", keep_for="1h")["id"]
+        live = create(c, cpu=0.1, memory="32M")["id"]
+        c.server.proc.kill()
+        c.server.proc.wait()
+        assert time.time() - t0 < 4, "the control plane must be gone before the first expiry"
+        node = c.nodes["a"]
+        wait_until("the node to end the expired sandboxes alone",
+                   lambda: node.leftovers() == sorted([kept, live]), timeout=20)
+        took = time.time() - t0
+        print(f"partitioned node: expired sandboxes ended {took:.1f} s after create (TTL 4 s)")
+        assert took < 4 + 5 + 3, took
+        frozen = lambda: (cgroup_read(kept, "freezer", "cgroup.freeze").strip() == "1" if CGROUP_V2
+                          else cgroup_read(kept, "freezer", "freezer.state").strip() == "FROZEN")
+        wait_until("the `keep` sandbox to be held frozen", frozen, timeout=5)
+        c.server.start()
+        get = lambda sid: c.server.http.get(f"/v1/sandboxes/{sid}").json()
+        wait_until("the records to follow what the node did", lambda: (
+            (get(ttl)["state"], get(ttl)["reason"]) == ("destroyed", "ttl_expired")
+            and (get(lease)["state"], get(lease)["reason"]) == ("destroyed", "lease_expired")
+            and get(kept)["state"] == "kept"), timeout=20)
+        assert get(live)["state"] == "running"
+        drop(c, kept, live)
+        wait_until("the node to be empty", lambda: node.leftovers() == [])
+
+
 def test_a_waiting_create_says_where_it_is_in_the_queue(cluster):
     import subprocess
 

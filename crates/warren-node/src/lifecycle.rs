@@ -105,6 +105,45 @@ impl Node {
         Ok(self.usage(id))
     }
 
+    /// Ends a sandbox whose expiry the control plane never answered, as
+    /// the control plane would have: a held one (kept, or in a grace
+    /// period) is destroyed; otherwise its reclaim policy decides (`keep`
+    /// holds it for `keep_for`, `delay` for its grace period, the others
+    /// destroy: an expiry is not a failure). The control plane learns it
+    /// from the expiry it reads later (a destroy here is idempotent, a hold
+    /// is held again) or, when it gave the sandbox up meanwhile, from the
+    /// reconciliation.
+    pub(crate) async fn end_alone(self: &Arc<Self>, id: &str, why: &'static str) {
+        use warren_core::spec::ReclaimPolicy;
+        use warren_core::state::reason;
+        let Ok(live) = self.get(id) else { return };
+        let (reclaim, keep_for, delay_for) = {
+            let c = lock(&live.create);
+            (c.spec.reclaim, c.spec.keep_for(), c.spec.delay_for())
+        };
+        tracing::warn!(sandbox = %id, reason = why, "no control plane answered its expiry; the node ends it alone");
+        let note = |state: &str, message: &str| warren_node_api::LogNote {
+            state: state.into(),
+            reason: why.into(),
+            message: message.into(),
+        };
+        let done = match (live.phase(), reclaim) {
+            (Phase::Held, _) => self.destroy(id, reason::KEEP_EXPIRED).await.map(|_| ()),
+            (_, ReclaimPolicy::Keep) => {
+                let n = note("kept", "held by its node: no control plane answered");
+                self.hold(id, keep_for, &n).await.map(|_| ())
+            }
+            (_, ReclaimPolicy::Delay) => {
+                let n = note("stopping", "held by its node: no control plane answered");
+                self.hold(id, delay_for, &n).await.map(|_| ())
+            }
+            _ => self.destroy(id, why).await.map(|_| ()),
+        };
+        if let Err(e) = done {
+            tracing::warn!(sandbox = %id, error = %e, "ending an expired sandbox alone");
+        }
+    }
+
     /// Pauses (freezes) or resumes (thaws) the sandbox, journaled.
     pub async fn set_paused(self: &Arc<Self>, id: &str, paused: bool) -> Result<(), NodeError> {
         let live = self.get(id)?;

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::lifetime::ACT_ALONE_AFTER;
 use crate::{logs, Node};
 use warren_core::sync::lock;
 use warren_node_api::NodeEvent;
@@ -44,7 +45,8 @@ pub(crate) async fn expire_logs(node: std::sync::Weak<Node>, retention: std::tim
     }
 }
 /// Checks every live sandbox's TTL and lease on the monotonic clock and
-/// reports the ones that ran out. Runs until the node is dropped.
+/// reports the ones that ran out; acts alone on a report nobody answered
+/// (see `lifetime`). Runs until the node is dropped.
 pub(crate) async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
     const TICK: std::time::Duration = std::time::Duration::from_millis(50);
     loop {
@@ -64,6 +66,18 @@ pub(crate) async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
                 id,
                 reason: reason.into(),
             });
+        }
+        let unanswered: Vec<(String, &'static str)> = lock(&node.live)
+            .iter()
+            .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
+            .filter_map(|(id, l)| {
+                let why = lock(&l.lifetime).take_unanswered(now, ACT_ALONE_AFTER)?;
+                Some((id.clone(), why))
+            })
+            .collect();
+        for (id, why) in unanswered {
+            let node = node.clone();
+            tokio::spawn(async move { node.end_alone(&id, why).await });
         }
     }
 }

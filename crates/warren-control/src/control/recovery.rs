@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, SandboxState};
-use warren_node_api::{Phase, SandboxStatus};
+use warren_node_api::{NodeEvent, Phase, SandboxStatus};
 
 use super::{node_error, note, Control};
 use crate::admission::{Admit, Need, Request};
@@ -21,6 +21,22 @@ pub(crate) fn open_states() -> Vec<SandboxState> {
         .into_iter()
         .filter(|s| !s.is_final())
         .collect()
+}
+
+/// The expiries a node reported and still keeps in its feed, by sandbox
+/// (the newest): what is there is read at once, not waited for.
+async fn expiries(entry: &NodeEntry) -> HashMap<String, String> {
+    const QUIET: std::time::Duration = std::time::Duration::from_millis(200);
+    let mut found = HashMap::new();
+    let Ok(mut feed) = entry.api.events(0).await else {
+        return found;
+    };
+    while let Ok(Some(ev)) = tokio::time::timeout(QUIET, feed.next()).await {
+        if let NodeEvent::Expired { id, reason } = ev.event {
+            found.insert(id, reason);
+        }
+    }
+    found
 }
 
 /// Records brought in line at once after a restart.
@@ -157,11 +173,23 @@ impl Control {
                 tracing::warn!(sandbox = %id, error = %e, "destroying an unknown sandbox");
             }
         }
+        // A record whose sandbox the node no longer holds may have been
+        // ended by the node alone (an expiry nobody answered while the
+        // control plane was away): its report says so.
+        let missing = rows
+            .iter()
+            .any(|r| r.state.is_live() && !held.contains_key(&r.id));
+        let expired = if missing {
+            expiries(entry).await
+        } else {
+            HashMap::new()
+        };
         futures_util::stream::iter(&rows)
             .for_each_concurrent(RECOVER_PARALLELISM, |row| {
-                let held = &held;
+                let (held, expired) = (&held, &expired);
                 async move {
-                    if let Err(e) = self.recover_one(row, held.get(&row.id)).await {
+                    let ended = expired.get(&row.id).map(String::as_str);
+                    if let Err(e) = self.recover_one(row, held.get(&row.id), ended).await {
                         tracing::warn!(sandbox = %row.id, error = %e.message, "recovering a sandbox");
                     }
                 }
@@ -202,6 +230,7 @@ impl Control {
         self: &Arc<Self>,
         row: &SandboxRow,
         held: Option<&SandboxStatus>,
+        expired: Option<&str>,
     ) -> Result<(), ApiError> {
         if held.is_some() {
             self.admission
@@ -255,6 +284,19 @@ impl Control {
         }
         // Running, paused, kept, or frozen in a grace period.
         let Some(held) = held else {
+            if let Some(why) = expired {
+                // Ended by its node on its expiry while the control plane
+                // was away: destroyed for that reason (the node's destroy
+                // is idempotent), not lost.
+                tracing::info!(sandbox = %row.id, reason = why, "its node ended it on its expiry while the control plane was away");
+                let why = if row.state == SandboxState::Kept {
+                    reason::KEEP_EXPIRED
+                } else {
+                    why
+                };
+                let _one = self.sandbox_locks.lock(&row.id).await;
+                return self.destroy_locked(&row.id, why).await.map(|_| ());
+            }
             tracing::warn!(sandbox = %row.id, state = %row.state, "its node does not hold it; marked lost");
             return self
                 .mark_lost(

@@ -114,9 +114,11 @@ def run_sync():
         sbx.files.write("/tmp/www/hello.txt", "served")
         server = sbx.commands.run("cd /tmp/www && exec python3 -m http.server 8000", background=True, timeout=0)
 
-        def get(port, path):
-            req = urllib.request.Request(os.environ["E2B_SANDBOX_URL"] + path,
-                                         headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)})
+        def get(port, path, token=sbx.traffic_access_token):
+            headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
+            if token:
+                headers["E2B-Traffic-Access-Token"] = token
+            req = urllib.request.Request(os.environ["E2B_SANDBOX_URL"] + path, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     return r.status, r.read().decode()
@@ -129,6 +131,9 @@ def run_sync():
                 break
             time.sleep(0.1)
         assert (status, body) == (200, "served"), (status, body)
+        # A port is the sandbox's: without its traffic token, refused.
+        status, body = get(8000, "/hello.txt", token=None)
+        assert status == 403 and "Traffic-Access-Token" in body, (status, body)
         status, body = get(8001, "/")
         assert status == 502 and "port is not open" in body, (status, body)
         server.kill()

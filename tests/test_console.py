@@ -388,3 +388,79 @@ def test_cross_site_websocket_with_the_cookie_is_refused(warren, sandbox):
     kind, start = ws.recv()
     assert json.loads(start)["type"] == "start"
     ws.sock.close()
+
+
+# A page a sandbox serves, as an attacker writes it: it tries to drive the
+# API with the operator's console session, then records what happened in
+# its title. API is the daemon's URL, filled in by the test.
+HOSTILE_PAGE = """<!doctype html><title>loading</title><script>
+(async () => {
+  const out = {};
+  const api = 'API';
+  try {
+    const r = await fetch(api + '/v1/sandboxes', {credentials: 'include', headers: {'X-Warren-Console': '1'}});
+    out.list = r.status;
+  } catch (e) { out.list = 'blocked'; }
+  try {
+    await fetch(api + '/v1/sandboxes', {method: 'POST', mode: 'no-cors', credentials: 'include',
+      headers: {'Content-Type': 'text/plain', 'X-Warren-Console': '1'},
+      body: JSON.stringify({image: 'busybox:latest', labels: {task: 'ui-hostile'}})});
+    out.create = 'sent';
+  } catch (e) { out.create = 'blocked'; }
+  try {
+    const r = await fetch('/v1/sandboxes', {credentials: 'include', headers: {'X-Warren-Console': '1'}});
+    out.own = r.status;
+  } catch (e) { out.own = 'blocked'; }
+  out.env = await (await fetch('/cgi-bin/env', {credentials: 'include'})).text();
+  out.cookies = document.cookie;
+  document.title = 'done ' + JSON.stringify(out);
+})();
+</script>"""
+
+CGI_ENV = "#!/bin/sh\necho 'Content-Type: text/plain'\necho\necho \"cookie=$HTTP_COOKIE\"\n"
+
+
+def test_a_sandbox_page_opens_on_its_own_origin_and_cannot_use_the_console(console, warren, sandbox):
+    """Issue 38 (1): a sandbox's web page never runs on the console's
+    origin. Through the API's route a browser with a console session gets
+    403 (the old code served the page there and its script listed, ran and
+    created as the operator); the console's Open button opens it on its own
+    origin (PORT-ID.localhost on the ports listener), where the session is
+    useless and no Warren credential reaches the sandbox's server."""
+    box = sandbox(cmd=["sh", "-c", "mkdir -p /www/cgi-bin && exec httpd -f -p 8000 -h /www"], labels={"task": "ui-ports"})
+    sid = box["id"]
+    for path, body in [("/www/index.html", HOSTILE_PAGE.replace("API", warren.url)), ("/www/cgi-bin/env", CGI_ENV)]:
+        r = warren.http.put(f"/v1/sandboxes/{sid}/files", params={"path": path, "mode": "0755"}, content=body.encode())
+        assert r.status_code in (200, 201, 204), r.text
+    wait_until(lambda: warren.http.get(f"/v1/sandboxes/{sid}/ports/8000/").status_code == 200, what="httpd")
+    # The token still reaches it through the API, marked as no page to run.
+    r = warren.http.get(f"/v1/sandboxes/{sid}/ports/8000/cgi-bin/env", headers={"Cookie": "warren_session=s; app=1"})
+    assert r.status_code == 200 and r.headers["content-security-policy"] == "sandbox", r.headers
+    assert r.text.strip() == "cookie=app=1", r.text
+    before = {s["id"] for s in warren.http.get("/v1/sandboxes").json()}
+    console.login()
+    r = console.page.goto(f"{warren.url}/v1/sandboxes/{sid}/ports/8000/index.html")
+    assert r.status == 403 and "own origin" in r.text(), r.text()
+    assert console.page.title() != "loading" and "done" not in console.page.title()
+    console.page.goto(f"{warren.url}/ui/#/sandbox/{sid}")
+    console.page.wait_for_selector("#open-port")
+    with console.context.expect_page() as opened:
+        console.page.click("#open-port")
+    page = opened.value
+    wait_until(lambda: page.title().startswith("done "), what="the sandbox page's script")
+    result = json.loads(page.title()[len("done "):])
+    host = f"8000-{sid}.localhost"
+    assert page.url.startswith(f"http://{host}:") and page.url.endswith("/"), page.url
+    assert "warren_port_token" not in page.url
+    assert result["list"] == "blocked", result
+    assert result["own"] == 404, result  # its own origin is the sandbox's server
+    assert result["env"].strip() == "cookie=", result
+    assert result["cookies"] == "", result
+    after = {s["id"] for s in warren.http.get("/v1/sandboxes").json()}
+    assert after == before, after - before
+    # Another sandbox's port on the same listener: the cookie opens only its own.
+    other = sandbox(cmd=["httpd", "-f", "-p", "8000", "-h", "/"])
+    door = page.url.split("/")[2].split(":")[1]
+    r = page.goto(f"http://8000-{other['id']}.localhost:{door}/")
+    assert r.status == 401 and "through a link" in r.text(), r.status
+    page.close()

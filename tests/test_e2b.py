@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conftest import Warren, free_port
+from helpers import sh_ok, wait_until
 from debian import CACHE, cache_lock, debian_archive
 
 IMAGE = "e2b-deb:1"
@@ -247,6 +248,86 @@ def test_envd_needs_the_sandboxs_token_and_unknown_sandboxes_are_not_found(e2b_w
     r = httpx.get(f"{sbx_url}/health", headers={"E2b-Sandbox-Id": s["sandboxID"]})
     assert r.status_code == 502 and "was not found" in r.json()["message"], r.text
     assert httpx.get(f"{api}/sandboxes/{s['sandboxID']}", headers=key).status_code == 404
+
+
+def test_a_port_needs_an_e2b_sandbox_and_its_token_and_gets_no_credentials(e2b_warren):
+    """Issue 38 (6): knowing a sandbox's id is not enough to reach its
+    servers; a sandbox not made through E2B is not reachable through this
+    door at all; what reaches the server carries no credential."""
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    # The server answers with the request's headers (lower-cased names).
+    echo = ("import http.server,json\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(s):\n"
+            "        b=json.dumps({k.lower():v for k,v in s.headers.items()}).encode()\n"
+            "        s.send_response(200); s.end_headers(); s.wfile.write(b)\n"
+            "http.server.HTTPServer(('127.0.0.1',8000),H).serve_forever()\n")
+    s = httpx.post(f"{api}/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+    plain = e2b_warren.http.post("/v1/sandboxes", json={"image": IMAGE, "cmd": ["python3", "-c", echo]}).json()
+    try:
+        assert s["trafficAccessToken"] and s["trafficAccessToken"] != s["envdAccessToken"]
+        r = e2b_warren.http.put(f"/v1/sandboxes/{s['sandboxID']}/files", params={"path": "/tmp/echo.py"},
+                                content=echo.encode())
+        assert r.status_code in (200, 201, 204), r.text
+        sh_ok(e2b_warren, s["sandboxID"], "setsid python3 /tmp/echo.py >/dev/null 2>&1 &")
+
+        def get(sid, **extra):
+            h = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "8000", "Authorization": "Bearer " + e2b_warren.token,
+                 "Cookie": "warren_session=x", **extra}
+            return httpx.get(f"{sbx_url}/", headers=h, timeout=10)
+
+        ok = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(
+            get(s["sandboxID"], **{"E2B-Traffic-Access-Token": s["trafficAccessToken"]})), what="server up")
+        seen = ok.json()
+        assert not {"authorization", "cookie", "e2b-traffic-access-token", "x-access-token"} & set(seen), seen
+        r = get(s["sandboxID"], **{"X-Access-Token": s["envdAccessToken"]})
+        assert r.status_code == 200, r.text
+        r = get(s["sandboxID"])
+        assert r.status_code == 403 and "Traffic-Access-Token" in r.text, r.text
+        other = httpx.post(f"{api}/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+        r = get(s["sandboxID"], **{"E2B-Traffic-Access-Token": other["trafficAccessToken"]})
+        assert r.status_code == 403, r.text
+        httpx.delete(f"{api}/sandboxes/{other['sandboxID']}", headers=key)
+        # A sandbox made through Warren's own API: its server answers
+        # there, and never through E2B's door, whatever token is shown.
+        wait_until(lambda: e2b_warren.http.get(f"/v1/sandboxes/{plain['id']}/ports/8000/").status_code == 200,
+                   what="plain server up")
+        c = httpx.post(f"{api}/v2/sandboxes/{plain['id']}/connect", json={"timeout": 60}, headers=key).json()
+        for extra in ({}, {"X-Access-Token": c["envdAccessToken"]},
+                      {"E2B-Traffic-Access-Token": c["trafficAccessToken"]}):
+            r = get(plain["id"], **extra)
+            assert r.status_code == 403, r.text
+    finally:
+        httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key)
+        e2b_warren.http.delete(f"/v1/sandboxes/{plain['id']}")
+
+
+def test_a_signed_file_url_acts_as_the_user_it_was_signed_for(e2b_warren):
+    """Issue 38 (8): a URL signed for the default user reads as that user,
+    whatever user an `Authorization` header then names."""
+    import base64
+    import hashlib
+
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    s = httpx.post(f"{api}/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+    try:
+        sh_ok(e2b_warren, s["sandboxID"], "mkdir -p /home/user && echo root > /root/f && echo user > /home/user/f")
+        # The SDK's own signature (e2b/sandbox/signature.py): default user.
+        raw = f"f:read::{s['envdAccessToken']}"
+        sig = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+        h = {"E2b-Sandbox-Id": s["sandboxID"], "E2b-Sandbox-Port": "49983"}
+        r = httpx.get(f"{sbx_url}/files", params={"path": "f", "signature": sig}, headers=h)
+        assert (r.status_code, r.text) == (200, "root\n"), r.text
+        as_user = {**h, "Authorization": "Basic " + base64.b64encode(b"user:").decode()}
+        r = httpx.get(f"{sbx_url}/files", params={"path": "f", "signature": sig}, headers=as_user)
+        assert (r.status_code, r.text) == (200, "root\n"), r.text
+        # With the token, the header names the user, as envd does.
+        r = httpx.get(f"{sbx_url}/files", params={"path": "f"}, headers={**as_user, "X-Access-Token": s["envdAccessToken"]})
+        assert (r.status_code, r.text) == (200, "user\n"), r.text
+    finally:
+        httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key)
 
 
 def test_pause_and_connect_resume(e2b_warren):

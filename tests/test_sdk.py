@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -479,6 +480,22 @@ def test_port_http_and_tunnel(client):
             sock.close()
         with pytest.raises(sdk.Conflict):
             s.port(9999).connect()
+        # For a browser: a link to the port's own host on the ports
+        # listener, traded once for that host's cookie (a browser resolves
+        # *.localhost itself; here the Host header says it).
+        link = port.browser_link()
+        m = re.fullmatch(rf"http://(8000-{s.id}\.localhost):(\d+)/\?warren_port_token=([0-9]+\.[0-9a-f]+)", link)
+        assert m, link
+        host, door = f"{m[1]}:{m[2]}", f"http://127.0.0.1:{m[2]}"
+        r = httpx.get(f"{door}/index.html?warren_port_token={m[3]}", headers={"Host": host})
+        assert r.status_code == 303 and r.headers["location"] == "/index.html", r.headers
+        jar = {"warren_port": r.cookies["warren_port"]}
+        r = httpx.get(f"{door}/index.html", headers={"Host": host}, cookies=jar)
+        assert (r.status_code, r.text) == (200, "inside\n")
+        assert httpx.get(f"{door}/index.html", headers={"Host": host}).status_code == 401
+        assert httpx.get(f"{door}/index.html", headers={"Host": host.replace("8000", "8001")},
+                         cookies=jar).status_code == 401
+        assert httpx.get(f"{door}/index.html?warren_port_token=1.00", headers={"Host": host}).status_code == 401
 
 
 def test_network_rules(client):

@@ -21,6 +21,7 @@ pub mod replica;
 mod sandbox_io;
 mod sandbox_locks;
 pub mod serve;
+pub mod signing;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -52,6 +53,9 @@ pub struct UpConfig {
     /// Where browsers reach the console (`--public-url`, behind a proxy or
     /// TLS); None: `http://` and the request's Host.
     pub public_url: Option<String>,
+    /// Where browsers reach sandbox ports (`--ports-url`, each port a host
+    /// `PORT-ID.<host>` below it); None: links to ports are not offered.
+    pub ports_url: Option<String>,
 }
 
 pub enum NodeSource {
@@ -135,6 +139,11 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
     let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
     let console = api::console::Console::new(cfg.public_url.as_deref())?;
+    let ports = cfg
+        .ports_url
+        .as_deref()
+        .map(|u| api::port_door::PortLinks::new(u, &token))
+        .transpose()?;
     let store = open_store(&cfg.home, cfg.database.as_deref()).await?;
     let liveness = match &cfg.nodes {
         NodeSource::Local(_) => None,
@@ -213,6 +222,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         token: token.clone(),
         join,
         console,
+        ports,
     }));
     Ok((Up { control, token }, router))
 }

@@ -227,10 +227,25 @@ export function sandbox(root, { args }, live) {
   const net = h('div', { class: 'panel log', id: 'net' });
   const term = h('div', { id: 'terminal' });
   const termBar = h('div', { class: 'toolbar' });
+  // A page the sandbox serves opens on an origin of its own (PORT-ID.host
+  // on the ports listener), never beside this console: the API hands out
+  // a short-lived link for it.
+  const portIn = h('input', { id: 'port', type: 'number', min: '1', max: '65535', value: '8000', style: 'width: 6em' });
+  const portBar = h('div', { class: 'toolbar' }, 'Port', portIn, h('button', { id: 'open-port', onclick: async () => {
+    const tab = window.open('', '_blank');
+    try {
+      const link = await api(`${path}/ports/${encodeURIComponent(portIn.value)}`);
+      if (tab) { tab.opener = null; tab.location.href = link.url; }
+    } catch (e) {
+      if (tab) tab.close();
+      alert(`Open port: ${e.message}`);
+    }
+  } }, 'Open'), h('span', { class: 'dim' }, 'the page the sandbox serves on that port, in a new tab on its own origin.'));
   root.append(h('h1', {}, 'Sandbox ', h('span', { class: 'mono' }, id)), head,
     h('div', { class: 'grid2' },
       h('div', {}, h('h2', {}, 'Spec'), info),
       h('div', {}, h('h2', {}, 'CPU and memory, per second'), h('div', { class: 'panel' }, canvas))),
+    h('h2', {}, 'Web page'), portBar,
     h('h2', {}, 'Terminal'), termBar, term,
     h('div', { class: 'grid2' },
       h('div', {}, h('h2', {}, 'State timeline'), timeline),

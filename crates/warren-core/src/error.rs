@@ -8,6 +8,9 @@ use utoipa::ToSchema;
 pub enum ErrorCode {
     BadRequest,
     Unauthorized,
+    /// Authenticated, but this caller may not do this (a console session
+    /// on a route for the API token only).
+    Forbidden,
     NotFound,
     Conflict,
     TooManyRequests,
@@ -28,6 +31,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
             ErrorCode::TooManyRequests => 429,

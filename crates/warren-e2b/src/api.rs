@@ -294,7 +294,7 @@ fn sandbox(e2b: &E2b, info: &SandboxInfo) -> Value {
         "clientID": info.node,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.access_token(&info.id),
-        "trafficAccessToken": null,
+        "trafficAccessToken": e2b.traffic_token(&info.id),
         "domain": null,
     })
 }
@@ -353,6 +353,7 @@ async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>
     let mut v = listed(&info);
     if let Value::Object(m) = &mut v {
         m.insert("envdAccessToken".into(), e2b.access_token(&id).into());
+        m.insert("trafficAccessToken".into(), e2b.traffic_token(&id).into());
         m.insert("domain".into(), Value::Null);
         m.insert(
             "lifecycle".into(),

@@ -16,8 +16,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hmac::{KeyInit, Mac};
 use warren_control::control::Control;
+use warren_control::signing::Signer;
 use warren_control::ControlCell;
 
 pub mod api;
@@ -44,15 +44,18 @@ pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
 pub enum SetupError {
     #[error("E2B templates: {0}")]
     Templates(#[from] templates::TemplateError),
-    #[error("the API token cannot key the envd access tokens: {0}")]
-    Key(String),
 }
+
+const ENVD_ACCESS: &str = "e2b-envd-access";
+const TRAFFIC_ACCESS: &str = "e2b-traffic-access";
+/// Bytes of MAC in a token (hex, twice as many characters).
+const TOKEN_BYTES: usize = 20;
 
 pub struct E2b {
     cell: ControlCell,
     api_token: String,
-    /// Keyed by the API token once; each access token is a copy fed the id.
-    token_mac: hmac::Hmac<sha2::Sha256>,
+    /// Signs each sandbox's tokens with a key from the API token.
+    signer: Signer,
     templates: templates::Templates,
     processes: envd::process::Processes,
     watchers: envd::filesystem::Watchers,
@@ -61,12 +64,10 @@ pub struct E2b {
 impl E2b {
     /// `home` holds the template aliases (`e2b-templates.toml`).
     pub fn new(cell: ControlCell, api_token: String, home: &Path) -> Result<Arc<E2b>, SetupError> {
-        let token_mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(api_token.as_bytes())
-            .map_err(|e| SetupError::Key(e.to_string()))?;
         Ok(Arc::new(E2b {
             cell,
+            signer: Signer::new(&api_token),
             api_token,
-            token_mac,
             templates: templates::Templates::load(home)?,
             processes: Default::default(),
             watchers: Default::default(),
@@ -78,24 +79,31 @@ impl E2b {
         self.cell.get().cloned()
     }
 
-    /// The sandbox's envd access token: a MAC of its id under the API
-    /// token, so it needs no storage, survives restarts, and is worthless
-    /// for any other sandbox.
+    /// The sandbox's envd access token (`X-Access-Token`): a MAC of its id
+    /// under the API token, so it needs no storage, survives restarts, and
+    /// is worthless for any other sandbox.
     pub fn access_token(&self, sandbox_id: &str) -> String {
-        let mut mac = self.token_mac.clone();
-        mac.update(b"e2b-envd-access:");
-        mac.update(sandbox_id.as_bytes());
-        let tag = mac.finalize().into_bytes();
-        tag.iter().take(20).map(|b| format!("{b:02x}")).collect()
+        self.signer
+            .tag(ENVD_ACCESS, &[sandbox_id.as_bytes()], TOKEN_BYTES)
+    }
+
+    /// The sandbox's traffic token (`E2B-Traffic-Access-Token`), for its
+    /// other ports: made alike, for another purpose.
+    pub fn traffic_token(&self, sandbox_id: &str) -> String {
+        self.signer
+            .tag(TRAFFIC_ACCESS, &[sandbox_id.as_bytes()], TOKEN_BYTES)
     }
 
     /// Whether `token` is the sandbox's access token.
     fn token_ok(&self, sandbox_id: &str, token: &str) -> bool {
-        use subtle::ConstantTimeEq;
-        self.access_token(sandbox_id)
-            .as_bytes()
-            .ct_eq(token.as_bytes())
-            .into()
+        self.signer
+            .verify(ENVD_ACCESS, &[sandbox_id.as_bytes()], TOKEN_BYTES, token)
+    }
+
+    /// Whether `token` is the sandbox's traffic token.
+    fn traffic_ok(&self, sandbox_id: &str, token: &str) -> bool {
+        self.signer
+            .verify(TRAFFIC_ACCESS, &[sandbox_id.as_bytes()], TOKEN_BYTES, token)
     }
 
     /// Whether `key` (E2B's `X-API-KEY`) is Warren's token, bare or in the

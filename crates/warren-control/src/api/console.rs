@@ -50,7 +50,9 @@ impl Console {
     /// `public_url`: where browsers reach the console (behind a proxy or
     /// TLS); its scheme, host and port are the origin requests must carry.
     pub fn new(public_url: Option<&str>) -> Result<Self, String> {
-        let public_origin = public_url.map(origin_of).transpose()?;
+        let public_origin = public_url
+            .map(|u| origin_of("--public-url", u))
+            .transpose()?;
         Ok(Console {
             sessions: Mutex::new(HashMap::new()),
             public_origin,
@@ -116,6 +118,14 @@ impl Console {
     /// Whether a cookie-authenticated request may go on: reads may; a
     /// change or a WebSocket must come from the console itself.
     pub fn same_site(&self, method: &Method, headers: &HeaderMap) -> Result<(), &'static str> {
+        // Browsers say where a request comes from: a page on another
+        // origin of the same site (a sandbox's port below the console's
+        // domain) carries the Strict cookie too, but never the session's
+        // power, not even to read.
+        let fetched_from = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+        if fetched_from.is_some_and(|s| s != "same-origin" && s != "none") {
+            return Err("this request came from a page on another origin: a console session serves the console's own pages only");
+        }
         let upgrade = headers.contains_key(header::UPGRADE);
         if !upgrade && (method == Method::GET || method == Method::HEAD) {
             return Ok(());
@@ -150,18 +160,19 @@ impl Console {
     }
 }
 
-/// `scheme://host[:port]` of a URL, lower-cased, as `Origin` carries it.
-fn origin_of(url: &str) -> Result<String, String> {
+/// `scheme://host[:port]` of a URL, lower-cased, as `Origin` carries it
+/// (`flag`: the option it came from, for errors).
+pub(crate) fn origin_of(flag: &str, url: &str) -> Result<String, String> {
     let lower = url.trim().to_ascii_lowercase();
     let (scheme, rest) = lower
         .split_once("://")
         .filter(|(s, _)| *s == "http" || *s == "https")
         .ok_or_else(|| {
-            format!("--public-url {url}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+            format!("{flag} {url}: expected http://HOST[:PORT] or https://HOST[:PORT]")
         })?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.is_empty() || authority.contains('@') {
-        return Err(format!("--public-url {url}: no host in it"));
+        return Err(format!("{flag} {url}: no host in it"));
     }
     let authority = match (scheme, authority.rsplit_once(':')) {
         ("http", Some((h, "80"))) | ("https", Some((h, "443"))) => h,
@@ -171,13 +182,18 @@ fn origin_of(url: &str) -> Result<String, String> {
 }
 
 fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie_value(headers, COOKIE)
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+pub(crate) fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
 }
 
@@ -375,15 +391,15 @@ mod tests {
     #[test]
     fn public_urls_become_origins() {
         assert_eq!(
-            origin_of("https://Warren.example:443/ui/").as_deref(),
+            origin_of("--public-url", "https://Warren.example:443/ui/").as_deref(),
             Ok("https://warren.example")
         );
         assert_eq!(
-            origin_of("http://10.0.0.1:7070").as_deref(),
+            origin_of("--public-url", "http://10.0.0.1:7070").as_deref(),
             Ok("http://10.0.0.1:7070")
         );
-        assert!(origin_of("ftp://x").is_err());
-        assert!(origin_of("https://").is_err());
+        assert!(origin_of("--public-url", "ftp://x").is_err());
+        assert!(origin_of("--public-url", "https://").is_err());
     }
 
     #[test]
@@ -420,6 +436,15 @@ mod tests {
         assert!(c.same_site(&Method::GET, &headers(&ws)).is_err());
         let bare = [("host", "127.0.0.1:7070")];
         assert!(c.same_site(&Method::DELETE, &headers(&bare)).is_err());
+        // A page of another origin on the same site: not even a read.
+        for site in ["same-site", "cross-site"] {
+            let sibling = [("host", "127.0.0.1:7070"), ("sec-fetch-site", site)];
+            assert!(c.same_site(&Method::GET, &headers(&sibling)).is_err());
+        }
+        for site in ["same-origin", "none"] {
+            let own = [("host", "127.0.0.1:7070"), ("sec-fetch-site", site)];
+            assert!(c.same_site(&Method::GET, &headers(&own)).is_ok());
+        }
         let marked = [("host", "127.0.0.1:7070"), (CONSOLE_HEADER, "1")];
         assert!(c.same_site(&Method::DELETE, &headers(&marked)).is_ok());
         let ws_bare = [

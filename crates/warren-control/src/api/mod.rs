@@ -28,6 +28,7 @@ mod logs;
 pub mod network;
 mod nodes;
 mod pools;
+pub mod port_door;
 mod profiles;
 mod sandboxes;
 mod usage;
@@ -50,6 +51,18 @@ pub struct AppState {
     pub join: Option<Join>,
     /// The web console's sessions (`/ui/`).
     pub console: console::Console,
+    /// Links to sandbox ports for browsers (their own origin); None when
+    /// the daemon serves no port door.
+    pub ports: Option<port_door::PortLinks>,
+}
+
+/// How a request proved it may call the API (a request extension set by
+/// `auth`): a page a sandbox serves is never given what only the console
+/// may do with its session.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Caller {
+    Token,
+    ConsoleSession,
 }
 
 pub use nodes::Join;
@@ -83,8 +96,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
-    components(schemas(warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, healthz),
+    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -225,7 +238,7 @@ pub(crate) async fn close_after_unread_body(req: Request, next: Next) -> Respons
 
 /// The bearer token, or a console session's cookie (see `console`): one
 /// that changes something or opens a WebSocket must come from the console.
-async fn auth(State(st): St, req: Request, next: Next) -> Response {
+async fn auth(State(st): St, mut req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -234,11 +247,15 @@ async fn auth(State(st): St, req: Request, next: Next) -> Response {
     use subtle::ConstantTimeEq;
     if let Some(given) = given {
         if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
+            req.extensions_mut().insert(Caller::Token);
             return next.run(req).await;
         }
     } else if st.console.has_session(req.headers()) {
         return match st.console.same_site(req.method(), req.headers()) {
-            Ok(()) => next.run(req).await,
+            Ok(()) => {
+                req.extensions_mut().insert(Caller::ConsoleSession);
+                next.run(req).await
+            }
             Err(why) => console::forbidden(why),
         };
     }

@@ -9,18 +9,23 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, patch, post};
+use axum::Extension;
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use warren_core::{ApiError, SandboxInfo};
 
-use crate::api::{ApiResult, AppState, St};
+use crate::api::port_door::PortLink;
+use crate::api::{ApiResult, AppState, Caller, St};
 use crate::json_body::JsonBody;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/sandboxes/{id}/network", patch(set_network))
-        .route("/v1/sandboxes/{id}/ports/{port}", post(port_connect))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}",
+            post(port_connect).get(port_link),
+        )
         .route("/v1/sandboxes/{id}/ports/{port}/", any(port_http_root))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(port_http))
 }
@@ -120,12 +125,32 @@ pub(crate) async fn port_connect(
     Ok(resp)
 }
 
+/// A link that opens the port in a browser, on an origin of its own
+/// (`PORT-ID.<ports host>`, see `port_door`): how the console's Open button
+/// shows a sandbox's web page without letting it near the console.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}",
+    responses((status = 200, body = PortLink), (status = 404, body = warren_core::ErrorBody), (status = 409, body = warren_core::ErrorBody)))]
+pub(crate) async fn port_link(
+    State(st): St,
+    Path((id, port)): Path<(String, String)>,
+) -> ApiResult<Json<PortLink>> {
+    let port = port_of(&port)?;
+    st.control.get(&id).await?;
+    let links = st.ports.as_ref().ok_or_else(|| {
+        ApiError::conflict(
+            "this daemon serves no sandbox ports to browsers (start it with --ports-listen); use /v1/sandboxes/{id}/ports/{port}/PATH with the API token",
+        )
+    })?;
+    Ok(Json(links.link(&id, port)))
+}
+
 async fn port_http_root(
     st: St,
+    caller: Option<Extension<Caller>>,
     Path((id, port)): Path<(String, String)>,
     req: Request,
 ) -> ApiResult<Response> {
-    proxy_http(st, id, port, String::new(), req).await
+    proxy_http(st, caller, id, port, String::new(), req).await
 }
 
 /// Any HTTP request, forwarded to `PATH` on the sandbox's port (on its
@@ -134,20 +159,36 @@ async fn port_http_root(
     responses((status = 200, description = "the sandbox server's response"), (status = 409, body = warren_core::ErrorBody)))]
 pub(crate) async fn port_http(
     st: St,
+    caller: Option<Extension<Caller>>,
     Path((id, port, path)): Path<(String, String, String)>,
     req: Request,
 ) -> ApiResult<Response> {
-    proxy_http(st, id, port, path, req).await
+    proxy_http(st, caller, id, port, path, req).await
 }
 
+/// For programs holding the API token (a trainer calling a server in the
+/// sandbox). A browser never gets a sandbox's page on the API's origin:
+/// a console session is refused here (the page would run beside it), and
+/// what comes back is marked `Content-Security-Policy: sandbox` (no script,
+/// an opaque origin) should a browser see it anyway.
 async fn proxy_http(
     State(st): St,
+    caller: Option<Extension<Caller>>,
     id: String,
     port: String,
     path: String,
     req: Request,
 ) -> ApiResult<Response> {
     let port = port_of(&port)?;
+    if caller.map(|Extension(c)| c) != Some(Caller::Token) {
+        return Err(ApiError::new(
+            warren_core::ErrorCode::Forbidden,
+            format!(
+                "a sandbox's pages open on their own origin, never the console's: GET /v1/sandboxes/{id}/ports/{port} for a link (this route takes the API token only)"
+            ),
+        )
+        .into());
+    }
     let (mut parts, body) = req.into_parts();
     let query = parts
         .uri
@@ -157,9 +198,15 @@ async fn proxy_http(
     parts.uri = format!("/{path}{query}")
         .parse()
         .map_err(|e| ApiError::bad_request(format!("path {path:?}: {e}")))?;
-    // The trainer's token is for Warren, not for the sandbox.
+    // The trainer's token and cookies are for Warren, not for the sandbox.
     parts.headers.remove(header::AUTHORIZATION);
-    Ok(forward_http(&st.control, &id, port, Request::from_parts(parts, body)).await?)
+    crate::api::port_door::strip_credentials(&mut parts.headers, &st.token);
+    let mut resp = forward_http(&st.control, &id, port, Request::from_parts(parts, body)).await?;
+    resp.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    Ok(resp)
 }
 
 /// Sends `req` (its URI a path and query) to `port` on the sandbox's

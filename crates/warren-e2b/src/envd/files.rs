@@ -46,24 +46,33 @@ fn error(e: ApiError) -> Response {
     plain_error(status, e.message)
 }
 
+/// The user a call acts as, once it proved it may: with the token, the one
+/// it names (`username=` or `Authorization: Basic`); with a signed URL, the
+/// one signed (None: the default user), whatever headers say.
+type Authorized = Option<String>;
+
 /// The token, or a signature made with it for this path, operation and
 /// user (`v1_` + unpadded base64 of SHA-256 over
 /// `path:operation:user:token[:expiration]`).
-fn authorized(e2b: &E2b, id: &str, headers: &HeaderMap, q: &FileQuery, operation: &str) -> bool {
+fn authorized(
+    e2b: &E2b,
+    id: &str,
+    headers: &HeaderMap,
+    q: &FileQuery,
+    operation: &str,
+) -> Option<Authorized> {
     let token = e2b.access_token(id);
     let given = headers
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if e2b.token_ok(id, given) {
-        return true;
+        return Some(q.username.clone().or_else(|| paths::user(headers)));
     }
-    let Some(signature) = &q.signature else {
-        return false;
-    };
+    let signature = q.signature.as_ref()?;
     if let Some(exp) = q.signature_expiration {
         if exp < time::OffsetDateTime::now_utc().unix_timestamp() {
-            return false;
+            return None;
         }
     }
     let mut text = format!(
@@ -80,7 +89,8 @@ fn authorized(e2b: &E2b, id: &str, headers: &HeaderMap, q: &FileQuery, operation
             .encode(sha2::Sha256::digest(text.as_bytes()))
     );
     use subtle::ConstantTimeEq;
-    want.as_bytes().ct_eq(signature.as_bytes()).into()
+    bool::from(want.as_bytes().ct_eq(signature.as_bytes()))
+        .then(|| q.username.clone().filter(|u| !u.is_empty()))
 }
 
 fn unauthorized() -> Response {
@@ -96,16 +106,15 @@ pub async fn read(
     Query(q): Query<FileQuery>,
     headers: HeaderMap,
 ) -> Response {
-    if !authorized(&e2b, &target.id, &headers, &q, "read") {
+    let Some(user) = authorized(&e2b, &target.id, &headers, &q, "read") else {
         return unauthorized();
-    }
+    };
     let Some(path) = q.path.as_deref().filter(|p| !p.is_empty()) else {
         return plain_error(
             StatusCode::BAD_REQUEST,
             "path is required: /files?path=FILE",
         );
     };
-    let user = q.username.clone().or_else(|| paths::user(&headers));
     let path = paths::resolve(path, user.as_deref());
     match target.control.read_file(&target.id, &path).await {
         Err(e) => error(e),
@@ -135,10 +144,9 @@ pub async fn write(
     Query(q): Query<FileQuery>,
     req: Request,
 ) -> Response {
-    if !authorized(&e2b, &target.id, req.headers(), &q, "write") {
+    let Some(user) = authorized(&e2b, &target.id, req.headers(), &q, "write") else {
         return unauthorized();
-    }
-    let user = q.username.clone().or_else(|| paths::user(req.headers()));
+    };
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)

@@ -2,7 +2,8 @@
 //! E2B sandbox, served here for Warren sandboxes. Every request names its
 //! sandbox with `E2b-Sandbox-Id` (old SDKs only send the access token,
 //! which identifies it too) and a port with `E2b-Sandbox-Port`: envd's port
-//! is answered here, any other is forwarded to that port in the sandbox.
+//! is answered here, any other is forwarded to that port in the sandbox
+//! (an E2B sandbox's, with its traffic or access token).
 
 use std::sync::Arc;
 
@@ -95,13 +96,10 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
             }
         },
     };
-    let live = matches!(
-        control.get(&id).await.map(|r| r.state),
-        Ok(SandboxState::Running)
-    );
-    if !live {
-        return not_found(&id);
-    }
+    let row = match control.get(&id).await {
+        Ok(row) if row.state == SandboxState::Running => row,
+        _ => return not_found(&id),
+    };
     let port = match header(headers, "e2b-sandbox-port").map(str::parse::<u16>) {
         None => ENVD_PORT,
         Some(Ok(p)) => p,
@@ -113,6 +111,20 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
         }
     };
     if port != ENVD_PORT {
+        // Another port: only of a sandbox made through E2B, and only with
+        // one of its tokens (E2B's proxy asks for the traffic token; its
+        // SDKs send that or the access token).
+        let made_by_e2b =
+            row.spec.labels.get(FRONT_LABEL.0).map(String::as_str) == Some(FRONT_LABEL.1);
+        let traffic = header(headers, "e2b-traffic-access-token");
+        let allowed = token.is_some_and(|t| e2b.token_ok(&id, t))
+            || traffic.is_some_and(|t| e2b.traffic_ok(&id, t));
+        if !made_by_e2b || !allowed {
+            return plain_error(
+                StatusCode::FORBIDDEN,
+                "a sandbox port needs the sandbox's E2B-Traffic-Access-Token (or X-Access-Token) from the create or connect call, and only sandboxes made through E2B's API have one",
+            );
+        }
         return ports::forward(&control, &id, port, req).await;
     }
     // envd's own token rule: everything but the health probe needs the

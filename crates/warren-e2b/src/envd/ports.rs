@@ -1,6 +1,8 @@
 //! `E2b-Sandbox-Port` other than envd's: the request goes to that port on
 //! the sandbox's loopback (how `e2b_code_interpreter` reaches the Jupyter
-//! server in its template), with E2B's routing headers taken off.
+//! server in its template), with E2B's routing headers and every
+//! credential taken off (E2B's tokens, an `Authorization`, cookies: the
+//! sandbox's code is not to see them).
 
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -13,6 +15,8 @@ pub async fn forward(control: &Control, id: &str, port: u16, mut req: Request) -
         "e2b-sandbox-port",
         "x-access-token",
         "e2b-traffic-access-token",
+        "authorization",
+        "cookie",
     ] {
         req.headers_mut().remove(h);
     }

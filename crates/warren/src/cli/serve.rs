@@ -166,6 +166,16 @@ pub struct ControlOpts {
     /// requests must come from (default: http:// and the request's Host).
     #[arg(long, value_name = "URL")]
     pub public_url: Option<String>,
+    /// Where browsers open the web pages sandboxes serve, each port on an
+    /// origin of its own (`PORT-ID.<host>`, never the console's); links come
+    /// from `GET /v1/sandboxes/ID/ports/PORT`. Port 0 picks a free one.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub ports_listen: SocketAddr,
+    /// The URL browsers reach --ports-listen at (a host name: each sandbox
+    /// port is a host below it, so beyond one machine it needs wildcard DNS,
+    /// `*.HOST`); default http://localhost:PORT.
+    #[arg(long, value_name = "URL")]
+    pub ports_url: Option<String>,
 }
 
 #[derive(Args)]

@@ -59,6 +59,17 @@ async fn serve(
 ) -> Result<SocketAddr> {
     let listener = super::listen(addr).with_context(|| format!("listen on {addr} ({flag})"))?;
     let at = listener.local_addr().context("listener address")?;
+    serve_on(listener, router, flag, nofile);
+    Ok(at)
+}
+
+/// Serves `router` on a listener already bound, in the background.
+pub(super) fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    flag: &'static str,
+    nofile: u64,
+) {
     tokio::spawn(async move {
         let limit = warren_control::serve::connection_limit(nofile);
         let forever = std::future::pending::<()>();
@@ -68,5 +79,4 @@ async fn serve(
             tracing::error!(error = %e, flag, "a front door stopped");
         }
     });
-    Ok(at)
 }

@@ -4,6 +4,7 @@
 
 mod compat;
 pub mod node_agent;
+mod port_door;
 pub mod server;
 pub mod up;
 

@@ -41,11 +41,13 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             .map_err(|e| e.to_string())
         })
     };
+    let ports = super::port_door::bind(&args.control)?;
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen: args.listen,
         queue_limit: args.control.queue_limit,
         public_url: args.control.public_url.clone(),
+        ports_url: Some(ports.url.clone()),
         policy,
         database: args.database.clone(),
         destroy_on_stop: false,
@@ -72,6 +74,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     let switch = Arc::new(replica::Switch::default());
     let leading: super::Running = Default::default();
     super::compat::start("warren server", home, &args.compat, leading.clone(), nofile).await?;
+    super::port_door::serve("warren server", ports, home, leading.clone(), nofile)?;
     let lease = tokio::spawn(hold_lease(
         home.to_path_buf(),
         advertise,

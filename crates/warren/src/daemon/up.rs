@@ -17,11 +17,13 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         super::start_node(home, super::hostname(), Default::default(), &args.node)?;
     let listen = args.listen;
     let local = node_transport(home, &args, warren_node::LocalNode::new(node.clone())).await?;
+    let ports = super::port_door::bind(&args.control)?;
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen,
         queue_limit: args.control.queue_limit,
         public_url: args.control.public_url.clone(),
+        ports_url: Some(ports.url.clone()),
         policy,
         destroy_on_stop: true,
         database: None,
@@ -35,6 +37,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     let running: super::Running = Default::default();
     let _ = running.set(up.control.clone());
     super::compat::start("warren up", home, &args.compat, running.clone(), nofile).await?;
+    super::port_door::serve("warren up", ports, home, running.clone(), nofile)?;
     say!(
         "warren up: listening on http://{listen} (home {}, token in {}, log in {})",
         home.display(),

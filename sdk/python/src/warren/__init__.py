@@ -49,6 +49,7 @@ from .errors import (
     TooManyRequests,
     TransportError,
     Unauthorized,
+    Forbidden,
     Unavailable,
     WarrenError,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "BadRequest",
     "InvalidSpec",
     "Unauthorized",
+    "Forbidden",
     "NotFound",
     "Conflict",
     "PayloadTooLarge",

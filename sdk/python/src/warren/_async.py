@@ -748,6 +748,9 @@ class AsyncPort:
     async def post(self, path: str = "/", **kwargs: Any) -> httpx.Response:
         return await self.request("POST", path, **kwargs)
 
+    async def browser_link(self) -> str:
+        return await self._sb._c._call(core.port_link_call(self._sb.id, self.port))
+
     async def connect(self, timeout: float | None = 10.0) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A raw tunnel to the port, as asyncio streams."""
         c = self._sb._c

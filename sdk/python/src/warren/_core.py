@@ -993,6 +993,12 @@ def port_path(sid: str, port: int, path: str = "") -> str:
     return sb_path(sid, f"/ports/{int(port)}/{path.lstrip('/')}")
 
 
+def port_link_call(sid: str, port: int) -> Call[str]:
+    """A link that opens the port in a browser, on its own origin (valid
+    for minutes; the browser that opens it keeps access)."""
+    return Call("GET", sb_path(sid, f"/ports/{int(port)}"), lambda r: r.json()["url"], idempotent=True)
+
+
 @dataclass(frozen=True)
 class Endpoint:
     host: str

@@ -806,7 +806,8 @@ class Port:
 
     ``url`` is the HTTP route to it through the daemon (it needs the API
     token: use :meth:`request`, which sends it). :meth:`connect` opens a raw
-    tunnel instead, for any protocol."""
+    tunnel instead, for any protocol; :meth:`browser_link` is for people,
+    in a browser."""
 
     def __init__(self, sandbox: Sandbox, port: int) -> None:
         self._sb = sandbox
@@ -831,6 +832,11 @@ class Port:
 
     def post(self, path: str = "/", **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, **kwargs)
+
+    def browser_link(self) -> str:
+        """A link to open the server's pages in a browser, on an origin of
+        their own (never the API's); it must be opened within minutes."""
+        return self._sb._c._call(core.port_link_call(self._sb.id, self.port))
 
     def connect(self, timeout: float | None = 10.0) -> socket.socket:
         """A connected socket whose bytes reach the port in the sandbox."""

@@ -82,6 +82,12 @@ class Unauthorized(APIError):
     code = "unauthorized"
 
 
+class Forbidden(APIError):
+    """403: the caller may not do this (a route for the API token only)."""
+
+    code = "forbidden"
+
+
 class NotFound(APIError):
     """404: no such sandbox, batch, image or profile."""
 
@@ -141,6 +147,7 @@ ERROR_CLASSES: dict[str, type[APIError]] = {
     for c in (
         BadRequest,
         Unauthorized,
+        Forbidden,
         NotFound,
         Conflict,
         PayloadTooLarge,
@@ -156,6 +163,7 @@ ERROR_CLASSES: dict[str, type[APIError]] = {
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,

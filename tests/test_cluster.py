@@ -2,8 +2,12 @@
 (`warren node`) that joined it, each with its own home and a small declared
 capacity, all on this machine."""
 
+import hashlib
 import signal
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -189,6 +193,49 @@ def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
         r = httpx.post(f"{cluster.server.url}{path}", headers={"Authorization": "Bearer nope"},
                        json={"nonsense": 1}, timeout=5)
         assert r.status_code == 401 and "missing field" not in r.text and "invalid" not in r.text, r.text
+
+
+def test_a_join_token_holder_cannot_take_over_a_joined_nodes_name(cluster):
+    """Issue 38 (9): a name stays bound to the key it joined with. With the
+    join token but not n1's key: another key is refused (409), n1's pin
+    without a proof of its key is refused (401), a copied proof for
+    another URL too; n1 stays ready on its own credential."""
+    import base64
+
+    c = cluster
+    token = (c.server.home / "join-token").read_text().strip()
+    info = {"name": "n1", "allocatable": {"cpu_millis": 1, "memory": 1, "slots": 1}, "max_pids": 1,
+            "load": {"cpu_busy": 0, "disk_pressure": False, "sandboxes": 0}}
+    real = c.nodes["n1"].fingerprint()
+
+    def join(**extra):
+        return httpx.post(f"{c.server.url}/v1/nodes/join", headers={"Authorization": f"Bearer {token}"},
+                          json={"url": "https://127.0.0.1:1", "info": info, **extra}, timeout=5)
+
+    r = join(tls_fingerprint="ab" * 32)
+    assert r.status_code == 401 and "tls_proof" in r.text, r.text
+    # A proof made with some other key, for a pin of that key: not n1's.
+    other = Path(tempfile.mkdtemp()) / "other"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", other.with_suffix(".key"), "-out", other.with_suffix(".pem"), "-subj", "/CN=x",
+                    "-days", "1", "-outform", "DER"], check=True, capture_output=True)
+    der = other.with_suffix(".pem").read_bytes()
+    fp = hashlib.sha256(der).hexdigest()
+    now = int(time.time())
+    statement = f"warren node join\nn1\nhttps://127.0.0.1:1\n{fp}\n{now}".encode()
+    sig = subprocess.run(["openssl", "dgst", "-sha256", "-sign", other.with_suffix(".key")], input=statement,
+                         check=True, capture_output=True).stdout
+    proof = {"certificate": base64.b64encode(der).decode(), "signed_at": now,
+             "signature": base64.b64encode(sig).decode(), "scheme": "ECDSA_NISTP256_SHA256"}
+    r = join(tls_fingerprint=fp, tls_proof=proof)
+    assert r.status_code == 409 and "warren node rm n1" in r.text, r.text
+    # n1's pin with that proof: the certificate is not the pinned one.
+    r = join(tls_fingerprint=real, tls_proof=proof)
+    assert r.status_code == 401, r.text
+    time.sleep(2)
+    assert c.server.nodes()["n1"]["state"] == "ready"
+    assert c.server.nodes()["n1"]["url"].startswith("https://127.0.0.1:") and not \
+        c.server.nodes()["n1"]["url"].endswith(":1")
 
 
 def test_the_node_api_is_tls_with_the_certificate_the_server_pinned(cluster):

@@ -66,6 +66,7 @@ pub enum NodeSource {
     Cluster {
         join_token: String,
         connect: nodes::Connector,
+        check_proof: nodes::ProofCheck,
         liveness: nodes::Liveness,
     },
 }
@@ -169,6 +170,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         NodeSource::Cluster {
             join_token,
             connect,
+            check_proof,
             ..
         } => {
             // Known nodes are expected back: silent ones are given up after
@@ -196,6 +198,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
             join = Some(api::Join {
                 token: join_token,
                 connect,
+                check_proof,
             });
         }
     }

@@ -158,3 +158,8 @@ impl Nodes {
 /// of its certificate when it serves TLS.
 pub type Connector =
     Arc<dyn Fn(&str, &str, Option<&str>) -> Result<Arc<dyn NodeApi>, String> + Send + Sync>;
+
+/// Checks that a join comes from the holder of the key of the certificate
+/// it pins (the transport's business, supplied with the `Connector`).
+pub type ProofCheck =
+    Arc<dyn Fn(&warren_node_api::JoinRequest) -> Result<(), String> + Send + Sync>;

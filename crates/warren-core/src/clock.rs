@@ -8,3 +8,8 @@ pub fn now_rfc3339() -> String {
         .format(&Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
 }
+
+/// Seconds since the Unix epoch, UTC (for signed, expiring tokens).
+pub fn unix_now() -> i64 {
+    OffsetDateTime::now_utc().unix_timestamp()
+}

@@ -382,6 +382,29 @@ pub struct JoinRequest {
     /// control plane accepts that one only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_fingerprint: Option<String>,
+    /// That the node holds the key of that certificate: a name, once
+    /// joined, stays bound to its key (a join-token holder cannot take
+    /// over a node's name and credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_proof: Option<KeyProof>,
+}
+
+/// A signature, with the key of the node's certificate, over
+/// [`join_statement`]: what proves a join comes from the key's holder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyProof {
+    /// The certificate (DER, base64): its SHA-256 is the fingerprint.
+    pub certificate: String,
+    /// Unix seconds when it was signed (a join is accepted within minutes).
+    pub signed_at: i64,
+    /// The signature (base64) and its TLS scheme name (`ECDSA_NISTP256_SHA256`).
+    pub signature: String,
+    pub scheme: String,
+}
+
+/// The bytes a [`KeyProof`] signs: everything the join binds to the key.
+pub fn join_statement(name: &str, url: &str, fingerprint: &str, signed_at: i64) -> Vec<u8> {
+    format!("warren node join\n{name}\n{url}\n{fingerprint}\n{signed_at}").into_bytes()
 }
 
 /// The control plane's answer to a join: the credential it will show the

@@ -15,6 +15,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
+use warren_node_api::{join_statement, JoinRequest, KeyProof};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -60,6 +61,30 @@ impl Identity {
         fingerprint(&self.cert)
     }
 
+    /// A proof, for a join as `name` at `url`, that this node holds the
+    /// key of its certificate: the key signs [`join_statement`].
+    pub fn prove_join(&self, name: &str, url: &str, now: i64) -> Result<KeyProof, TlsError> {
+        use base64::Engine;
+        let signing = provider()
+            .key_provider
+            .load_private_key(self.key.clone_key())
+            .map_err(|e| TlsError::Config(format!("the node's key: {e}")))?;
+        let signer = signing.choose_scheme(PROOF_SCHEMES).ok_or_else(|| {
+            TlsError::Config("the node's key signs none of ECDSA P-256, Ed25519 or RSA-PSS".into())
+        })?;
+        let statement = join_statement(name, url, &self.fingerprint(), now);
+        let signature = signer
+            .sign(&statement)
+            .map_err(|e| TlsError::Config(format!("signing the join: {e}")))?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok(KeyProof {
+            certificate: b64.encode(self.cert.as_ref()),
+            signed_at: now,
+            signature: b64.encode(signature),
+            scheme: format!("{:?}", signer.scheme()),
+        })
+    }
+
     /// A TLS acceptor for the node API (HTTP/1.1 only: the port tunnel is
     /// an HTTP/1 upgrade).
     pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
@@ -102,6 +127,71 @@ fn make(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<(), TlsError> {
     // The key first: a certificate without its key would be kept and fail.
     write(key_path, made.signing_key.serialize_pem(), 0o600)?;
     write(cert_path, made.cert.pem(), 0o644)
+}
+
+/// What a join proof may be signed with.
+const PROOF_SCHEMES: &[SignatureScheme] = &[
+    SignatureScheme::ECDSA_NISTP256_SHA256,
+    SignatureScheme::ED25519,
+    SignatureScheme::RSA_PSS_SHA256,
+];
+
+/// How far a proof's time may be from the control plane's clock.
+const PROOF_SKEW_S: i64 = 300;
+
+/// Checks that `req` comes from the holder of the key of the certificate
+/// it pins (`now`: unix seconds): its proof's certificate has the pinned
+/// SHA-256 and its key signed this join's name, URL and fingerprint,
+/// within minutes of now. A join without a pin needs no proof.
+pub fn check_join_proof(req: &JoinRequest, now: i64) -> Result<(), String> {
+    use base64::Engine;
+    let Some(pin) = req.tls_fingerprint.as_deref() else {
+        return Ok(());
+    };
+    let proof = req.tls_proof.as_ref().ok_or(
+        "a join that pins a certificate must prove it holds its key (tls_proof): update the node's warren",
+    )?;
+    if (proof.signed_at - now).abs() > PROOF_SKEW_S {
+        return Err(format!(
+            "the join proof was signed at {} but it is {now} here: the node's and the server's clocks differ by more than {PROOF_SKEW_S} s",
+            proof.signed_at
+        ));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let cert = b64
+        .decode(&proof.certificate)
+        .map_err(|e| format!("tls_proof.certificate: {e}"))?;
+    let signature = b64
+        .decode(&proof.signature)
+        .map_err(|e| format!("tls_proof.signature: {e}"))?;
+    use subtle::ConstantTimeEq;
+    if !bool::from(fingerprint(&cert).as_bytes().ct_eq(pin.as_bytes())) {
+        return Err("tls_proof.certificate is not the certificate tls_fingerprint names".into());
+    }
+    let der = CertificateDer::from(cert);
+    let cert = webpki::EndEntityCert::try_from(&der)
+        .map_err(|e| format!("tls_proof.certificate: {e:?}"))?;
+    let algorithms = provider()
+        .signature_verification_algorithms
+        .mapping
+        .iter()
+        .find(|(scheme, _)| PROOF_SCHEMES.contains(scheme) && format!("{scheme:?}") == proof.scheme)
+        .map(|(_, algs)| *algs)
+        .ok_or_else(|| {
+            format!(
+                "tls_proof.scheme {:?} is not one Warren accepts",
+                proof.scheme
+            )
+        })?;
+    let statement = join_statement(&req.info.name, &req.url, pin, proof.signed_at);
+    if algorithms
+        .iter()
+        .any(|alg| cert.verify_signature(*alg, &statement, &signature).is_ok())
+    {
+        Ok(())
+    } else {
+        Err("tls_proof.signature is not this join's, signed by the certificate's key".into())
+    }
 }
 
 /// The hex SHA-256 of a DER certificate.
@@ -215,6 +305,55 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(a.acceptor().is_ok());
+    }
+
+    #[test]
+    fn a_join_proof_binds_the_key_to_the_name_url_and_time() {
+        let (a, b) = (
+            tempfile::tempdir().expect("a"),
+            tempfile::tempdir().expect("b"),
+        );
+        let (a, b) = (
+            Identity::load_or_create(a.path()).expect("a"),
+            Identity::load_or_create(b.path()).expect("b"),
+        );
+        let now = 1_800_000_000;
+        let info = warren_node_api::NodeInfo {
+            name: "n1".into(),
+            labels: Default::default(),
+            allocatable: Default::default(),
+            max_pids: 0,
+            load: Default::default(),
+            images: Vec::new(),
+            devices: Vec::new(),
+        };
+        let req = |id: &Identity, url: &str, proof: Option<KeyProof>| JoinRequest {
+            url: url.into(),
+            info: info.clone(),
+            tls_fingerprint: Some(id.fingerprint()),
+            tls_proof: proof,
+        };
+        let proof = a.prove_join("n1", "https://a:1", now).expect("prove");
+        assert_eq!(
+            check_join_proof(&req(&a, "https://a:1", Some(proof.clone())), now),
+            Ok(())
+        );
+        assert_eq!(
+            check_join_proof(&req(&a, "https://a:1", Some(proof.clone())), now + 200),
+            Ok(())
+        );
+        // Another time, URL, key or no proof at all: refused.
+        assert!(check_join_proof(&req(&a, "https://a:1", Some(proof.clone())), now + 400).is_err());
+        assert!(check_join_proof(&req(&a, "https://evil:1", Some(proof.clone())), now).is_err());
+        assert!(check_join_proof(&req(&b, "https://a:1", Some(proof.clone())), now).is_err());
+        let b_proof = b.prove_join("n1", "https://a:1", now).expect("prove");
+        let mut stolen = req(&a, "https://a:1", Some(b_proof));
+        assert!(check_join_proof(&stolen, now).is_err(), "b's key, a's pin");
+        stolen.tls_proof = None;
+        assert!(check_join_proof(&stolen, now).is_err());
+        // A plain-HTTP node pins nothing and proves nothing.
+        stolen.tls_fingerprint = None;
+        assert_eq!(check_join_proof(&stolen, now), Ok(()));
     }
 
     #[test]

@@ -10,13 +10,14 @@ use warren_node_api::{JoinRequest, Joined, NodeInfo as Described};
 
 use super::{ApiResult, AppState, Failure, St};
 use crate::json_body::{parse, JsonBody, RawBody};
-use crate::nodes::{Connector, Health};
+use crate::nodes::{Connector, Health, ProofCheck};
 
 /// How nodes join a cluster's control plane.
 pub struct Join {
     /// What `warren node --join-token FILE` must show.
     pub token: String,
     pub connect: Connector,
+    pub check_proof: ProofCheck,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -167,6 +168,7 @@ async fn join(
         ));
     }
     let req: JoinRequest = parse(&body)?;
+    (join.check_proof)(&req).map_err(|why| unauthorized(&format!("join refused: {why}")))?;
     Ok(Json(st.control.join_node(req, &join.connect).await?))
 }
 

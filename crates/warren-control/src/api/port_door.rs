@@ -14,7 +14,7 @@
 //! browser on without the token in the URL. Warren's cookie and the API
 //! token are taken off every request before it reaches the sandbox.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -166,10 +166,7 @@ impl PortLinks {
 }
 
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    warren_core::clock::unix_now().max(0) as u64
 }
 
 struct Door {

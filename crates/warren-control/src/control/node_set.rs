@@ -215,13 +215,23 @@ impl Control {
                 req.url
             )));
         }
-        let cordoned = self
+        let known = self
             .store
             .nodes()
             .await?
             .into_iter()
-            .find(|n| n.name == name)
-            .is_some_and(|n| n.cordoned);
+            .find(|n| n.name == name);
+        // A name stays bound to the key it joined with (the caller checked
+        // that this join holds the key it pins): a join-token holder with
+        // another key cannot take over a node's name and credential.
+        if let Some(pin) = known.as_ref().and_then(|n| n.tls_fingerprint.as_deref()) {
+            if req.tls_fingerprint.as_deref() != Some(pin) {
+                return Err(ApiError::conflict(format!(
+                    "node {name} joined with another TLS key (certificate SHA-256 {pin}); a node that lost its node-tls directory joins again after `warren node rm {name}`"
+                )));
+            }
+        }
+        let cordoned = known.is_some_and(|n| n.cordoned);
         let credential = crate::new_secret();
         let api = connect(&req.url, &credential, req.tls_fingerprint.as_deref())
             .map_err(ApiError::bad_request)?;

@@ -126,8 +126,9 @@ struct Agent {
     token: String,
     name: String,
     advertise: String,
-    /// The SHA-256 of the node API's certificate, sent at join.
-    tls_fingerprint: Option<String>,
+    /// The node API's certificate and key: its SHA-256 is sent at join,
+    /// with a signature that proves this node holds the key.
+    identity: Option<warren_node_http::tls::Identity>,
     node: Arc<dyn NodeApi>,
     credential: warren_node_http::Credential,
 }
@@ -153,7 +154,6 @@ impl Agent {
         let listening = listener.local_addr().context("node API address")?;
         let router = warren_node_http::router(node.clone(), credential.clone(), fence);
         let scheme = if identity.is_some() { "https" } else { "http" };
-        let tls_fingerprint = identity.as_ref().map(|i| i.fingerprint());
         if let Some(given) = &advertise {
             if !given.starts_with(&format!("{scheme}://")) {
                 anyhow::bail!(
@@ -187,7 +187,7 @@ impl Agent {
             token: token.to_string(),
             name: name.to_string(),
             advertise: advertise.unwrap_or_else(|| format!("{scheme}://{listening}")),
-            tls_fingerprint,
+            identity,
             node,
             credential,
         })
@@ -228,10 +228,17 @@ impl Agent {
 
     async fn join(&self) -> Result<String> {
         let info = self.node.info().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let now = warren_core::clock::unix_now();
+        let tls_proof = self
+            .identity
+            .as_ref()
+            .map(|i| i.prove_join(&info.name, &self.advertise, now))
+            .transpose()?;
         let req = JoinRequest {
             url: self.advertise.clone(),
             info,
-            tls_fingerprint: self.tls_fingerprint.clone(),
+            tls_fingerprint: self.identity.as_ref().map(|i| i.fingerprint()),
+            tls_proof,
         };
         let resp = self
             .http

@@ -54,6 +54,9 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         nodes: NodeSource::Cluster {
             join_token,
             connect,
+            check_proof: std::sync::Arc::new(|req: &warren_node_api::JoinRequest| {
+                warren_node_http::tls::check_join_proof(req, warren_core::clock::unix_now())
+            }),
             liveness: Liveness::default(),
         },
     };

@@ -113,6 +113,12 @@ def test_a_sandbox_past_the_default_disk_limit_is_stopped_even_once_idle(images)
         done = wait_state(w, sid, ("destroyed",), 10)
         assert done["reason"] == "disk_exceeded", done
         assert host_traces(w, sid) == []
+        # Written from outside (an upload) while it idles: measured too.
+        idle = w.create(cpu=0.1, memory="32M")["id"]
+        r = w.http.put(f"/v1/sandboxes/{idle}/files", params={"path": "/tmp/big"}, content=b"\0" * (100 << 20))
+        assert r.status_code in (200, 201, 204), r.text
+        done = wait_state(w, idle, ("destroyed",), 10)
+        assert done["reason"] == "disk_exceeded", done
 
 
 def test_the_node_floor_refuses_creates_and_stops_the_largest_writer(images, tmp_path):

@@ -328,6 +328,10 @@ impl NodeApi for LocalNode {
                 "sandbox {id} was destroyed while the upload ran; nothing was kept"
             )));
         }
+        if written.is_ok() {
+            let (node, id) = (self.node.clone(), id.to_string());
+            let _ = tokio::task::spawn_blocking(move || node.written_into(&id)).await;
+        }
         written.map_err(|e| contract_error(e.into()))
     }
 

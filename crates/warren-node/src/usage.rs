@@ -133,6 +133,17 @@ impl Node {
         self.sample_one(id, live, true);
     }
 
+    /// After a write into the sandbox from outside (an upload), which its
+    /// own CPU counter does not show: measures its writable layer if it
+    /// has a measured limit.
+    pub(crate) fn written_into(&self, id: &str) {
+        if let Ok(live) = self.get(id) {
+            if live.disk_limit > 0 {
+                self.measure_disk(id, &live);
+            }
+        }
+    }
+
     /// Measures the writable layer now and stops the sandbox past its
     /// measured limit.
     fn measure_disk(&self, id: &str, live: &Live) {

@@ -170,11 +170,17 @@ def test_fleet_matrix_and_drill_down(console, warren):
         console.go("#/fleet")
         console.page.wait_for_selector("#fleet-key")
         console.page.select_option("#fleet-key", "task")
-        cell = console.page.wait_for_selector(f'td.cell[data-value="{task}"][data-state="running"]', timeout=20000)
-        assert cell.query_selector(".n").text_content() == "3"
-        assert "CPU" in cell.text_content() and "mem" in cell.text_content()
+        sel = f'td.cell[data-value="{task}"][data-state="running"]'
+        console.page.wait_for_selector(sel, timeout=20000)
+        # The cell shows up with the batch's first running sandbox; the
+        # other two may still be starting (the suite runs side by side).
+        # Each redraw replaces the cell, so it is looked up every time.
+        wait_until(lambda: console.page.eval_on_selector(f"{sel} .n", "e => e.textContent") == "3",
+                   what="all three of the batch running in the cell")
+        text = console.page.text_content(sel)
+        assert "CPU" in text and "mem" in text
         console.shot("fleet")
-        cell.click()
+        console.page.click(sel)
         console.page.wait_for_selector("#sandbox-table")
         assert console.page.input_value("#filter-label") == f"task={task}"
         wait_until(lambda: len(rows(console.page)) == 3, what="the cell's three sandboxes")

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 import helpers
-from conftest import WARREN, Warren, free_port, stop_process
+from conftest import WARREN, Warren, free_port, hermetic, stop_process
 
 
 def wait_until(what, check, timeout=20.0, every=0.1):
@@ -88,6 +88,7 @@ class Node:
         self.proc = None
 
     def start(self):
+        hermetic(self.home)
         self.log = open(self.home.parent / f"node-{self.name}.log", "ab")
         # nsenter, not `ip netns exec`: that one also remounts /sys, which
         # would hide the cgroup hierarchies from the node.

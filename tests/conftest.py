@@ -54,6 +54,17 @@ def stop_process(proc, sig=signal.SIGINT):
             proc.wait()
 
 
+NO_SEARCH = "unqualified-search-registries = []\n"
+
+
+def hermetic(home):
+    """Gives a daemon's home a registries.toml that pulls short names from
+    nowhere, unless it has one."""
+    conf = home / "registries.toml"
+    if not conf.exists():
+        conf.write_text(NO_SEARCH)
+
+
 class Warren:
     def __init__(self, home: Path, port: int, extra_args=(), extra_env=None, preexec=None):
         self.extra_args = list(extra_args)
@@ -70,6 +81,10 @@ class Warren:
         self.log = None
 
     def start(self):
+        # Short names are looked up on no registry unless a test says where
+        # (the default, docker.io, is beyond this machine).
+        self.home.mkdir(parents=True, exist_ok=True)
+        hermetic(self.home)
         self.log = open(self.home.parent / f"warren-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [str(WARREN), "up", "--home", str(self.home), "--listen", f"127.0.0.1:{self.port}",

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
+from conftest import NO_SEARCH, free_port
 from debian import debian_python_layout
-from helpers import ImageBuilder, flip_bytes, run, uniq, wait_until
+from helpers import ImageBuilder, flip_bytes, image_names, run, uniq, wait_until
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
@@ -139,7 +139,10 @@ def registry():
 
 
 def configure(warren, text):
-    """Writes the daemon's registries.toml (read at every pull)."""
+    """Writes the daemon's registries.toml (read at every pull). Short names
+    are looked up on no registry unless the text says where."""
+    if "unqualified-search-registries" not in text:
+        text = NO_SEARCH + text
     (warren.home / "registries.toml").write_text(text)
 
 
@@ -491,7 +494,7 @@ def test_bad_references_and_missing_images_change_nothing(warren, registry):
     configure(warren, insecure(reg))
     before = store_state(warren)
     for ref, expect in [
-        ("busybox-nonexistent", "names no registry"),
+        ("busybox-nonexistent", "lists no unqualified-search-registries"),
         (f"{reg.host}/Upper:v1", "invalid image reference"),
         (f"{reg.host}/app@sha256:abc", "digest reference"),
         (f"{reg.host}/{uniq('missing')}:v1", "has no manifest"),
@@ -506,6 +509,48 @@ def test_bad_references_and_missing_images_change_nothing(warren, registry):
     p = pull(warren, f"{reg.host}/app:v1", check=False)
     assert "username and password go together" in p.stderr.decode()
     assert_nothing_added(before, store_state(warren))
+
+
+def test_short_names_resolve_through_the_search_registries_and_their_mirrors(warren, registry, builder, sandbox):
+    """Issue 39 (2): a short name is read as every container tool reads it,
+    on docker.io (the default search registry) with `library/` for one
+    component, and docker.io is reached through its mirror here (a
+    registry on loopback): a dead mirror is skipped, the image is recorded
+    under its full name and found there by the next create."""
+    mirror = registry()
+    marker = uniq("m")
+    b = builder().layer(lambda root: (root / "marker").write_text(marker))
+    repo = uniq("short")
+    digest = mirror.push(b.layout, b.tag, f"library/{repo}:v1")
+    team = mirror.push(b.layout, b.tag, f"team/{repo}:v1")
+    dead = f"127.0.0.1:{free_port()}"
+    configure(warren, f'unqualified-search-registries = ["docker.io"]\n[registry."docker.io"]\nmirrors = ["{dead}", "{mirror.host}"]\n')
+    info = sandbox(image=f"{repo}:v1")
+    assert info["image_digest"] == digest
+    assert sh(warren, info["id"], "cat /marker") == marker
+    assert (f"docker.io/library/{repo}:v1", digest) in image_names(warren)
+    gets = lambda: mirror.log_path.read_text(errors="replace").count(f"GET /v2/library/{repo}/manifests/v1 ")
+    before = gets()
+    assert sandbox(image=f"{repo}:v1")["image_digest"] == digest
+    assert gets() == before, "the second create used the copy it pulled"
+    # Two components: no library/. The CLI pulls short names too.
+    p = pull(warren, f"team/{repo}:v1")
+    assert p.stdout.decode().split() == [f"docker.io/team/{repo}:v1", team]
+    # Nowhere to be found (on registries of this machine only): each source
+    # says why; 404 when every one answered that it has no such image.
+    configure(warren, f'unqualified-search-registries = ["{mirror.host}"]\n[registry."{mirror.host}"]\nmirrors = ["{dead}"]\n')
+    missing = uniq("none")
+    r = warren.http.post("/v1/sandboxes", json={"image": f"{missing}:v1"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 502 and f"{mirror.host}: registry {mirror.host} has no manifest" in message, r.text
+    assert f"{dead}: cannot connect" in message, message
+    configure(warren, f'unqualified-search-registries = ["{mirror.host}"]\n')
+    r = warren.http.post("/v1/sandboxes", json={"image": f"{missing}:v1"})
+    assert r.status_code == 404 and f"{mirror.host}/{missing}:v1" in r.json()["error"]["message"], r.text
+    # Bad entries are refused with the line to fix.
+    configure(warren, '[registry."docker.io"]\nmirrors = ["http://x/y"]\n')
+    p = pull(warren, f"{repo}:v2", check=False)
+    assert p.returncode != 0 and "mirror" in p.stderr.decode(), p.stderr.decode()
 
 
 @pytest.mark.contract  # image_pull ahead of creates

@@ -1,5 +1,6 @@
-//! Images, as the control plane asks its nodes for them: references are
-//! checked here (a pull needs a registry), each node's store does the rest.
+//! Images, as the control plane asks its nodes for them: a push's
+//! reference is checked here (it needs a registry), each node's store does
+//! the rest (a short name is written out through its search registries).
 //! Pulls, imports, removals and collections go to every reachable node.
 
 use futures_util::stream::BoxStream;
@@ -11,19 +12,14 @@ use warren_node_api::{ByteStream, ErrorKind, GcReport, ImageInfo, NodeError, Pul
 use crate::control::{node_error, Control};
 use crate::nodes::{Health, NodeEntry};
 
-/// `reference` must name a registry; `what` says for which call.
-fn needs_registry(reference: &str, what: &str) -> Result<(), ApiError> {
+/// A push needs a registry in its reference (a pull or prewarm does not:
+/// each node writes a short name out through its search registries).
+fn needs_registry(reference: &str) -> Result<(), ApiError> {
     if registry_host(reference).is_some() {
         return Ok(());
     }
-    let hint = match what {
-        "pull" => "pull takes host[:port]/repository[:tag|@sha256:digest], e.g. \
-             registry.example.com/team/app:v1 (local archives are imported with `warren image import`)",
-        "push" => "push takes host[:port]/repository:tag (use --from to push a local image under that name)",
-        _ => "prewarm takes host[:port]/repository[:tag|@sha256:digest]",
-    };
     Err(ApiError::bad_request(format!(
-        "{reference:?} names no registry; {hint}"
+        "{reference:?} names no registry; push takes host[:port]/repository:tag (use --from to push a local image under that name)"
     )))
 }
 
@@ -102,7 +98,6 @@ impl Control {
         &self,
         reference: &str,
     ) -> Result<BoxStream<'static, PullUpdate>, ApiError> {
-        needs_registry(reference, "pull")?;
         let nodes = self.image_nodes()?;
         let count = nodes.len();
         let reference = reference.to_string();
@@ -142,7 +137,7 @@ impl Control {
         reference: &str,
         source: Option<&str>,
     ) -> Result<Pushed, ApiError> {
-        needs_registry(reference, "push")?;
+        needs_registry(reference)?;
         let mut not_found = None;
         for node in self.image_nodes()? {
             match node.api.image_push(reference, source).await {
@@ -203,7 +198,6 @@ impl Control {
             }
             targets
         };
-        needs_registry(reference, "prewarm")?;
         let pulls = targets.iter().map(|node| async move {
             node.api
                 .image_for_create(reference)

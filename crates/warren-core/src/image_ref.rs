@@ -13,6 +13,18 @@ pub fn registry_host(reference: &str) -> Option<&str> {
     (first == "localhost" || first.contains('.') || first.contains(':')).then_some(first)
 }
 
+/// A short name (no registry in it) written out in full on `registry`, as
+/// Docker and podman do: on docker.io a one-component repository is under
+/// `library/` (`debian:bookworm` is `docker.io/library/debian:bookworm`).
+pub fn qualify(short: &str, registry: &str) -> String {
+    let repo = short.split(['@', ':']).next().unwrap_or(short);
+    if registry == "docker.io" && !repo.contains('/') {
+        format!("{registry}/library/{short}")
+    } else {
+        format!("{registry}/{short}")
+    }
+}
+
 /// A registry reference pinned to `digest` (`host/repo@sha256:…`), so every
 /// node pulls exactly that image whatever the tag points at later; None for
 /// a local name (each node resolves it in its own store).
@@ -51,5 +63,25 @@ mod tests {
             Some("localhost/app@sha256:ab")
         );
         assert_eq!(pinned("busybox:latest", d), None);
+    }
+
+    #[test]
+    fn short_names_are_written_out_as_docker_does() {
+        assert_eq!(
+            qualify("debian:bookworm", "docker.io"),
+            "docker.io/library/debian:bookworm"
+        );
+        assert_eq!(qualify("debian", "docker.io"), "docker.io/library/debian");
+        assert_eq!(qualify("team/app:v1", "docker.io"), "docker.io/team/app:v1");
+        assert_eq!(qualify("app:v1", "quay.io"), "quay.io/app:v1");
+        let pinned = format!("debian@sha256:{}", "ab".repeat(32));
+        assert_eq!(
+            qualify(&pinned, "docker.io"),
+            format!("docker.io/library/{pinned}")
+        );
+        assert_eq!(
+            registry_host(&qualify("debian", "127.0.0.1:5000")),
+            Some("127.0.0.1:5000")
+        );
     }
 }

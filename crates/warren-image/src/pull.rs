@@ -34,6 +34,7 @@ use crate::error::ImageError;
 use crate::fsutil::unique_name;
 use crate::layout::{check_layer_count, host_arch, parse_config_from};
 use crate::record::ImageRecord;
+use crate::registry::registry_host;
 use crate::session::{Session, Sessions};
 use crate::store::{blob_key, ImageStore, PulledImage};
 use warren_core::sync::lock;
@@ -129,21 +130,62 @@ impl Puller {
         self.sessions.config_path()
     }
 
+    /// The full names a short name (no registry in it) stands for, in the
+    /// order of `unqualified-search-registries`; none for a registry
+    /// reference or a digest.
+    pub fn full_names(&self, reference: &str) -> Result<Vec<String>, ImageError> {
+        if registry_host(reference).is_some()
+            || reference.starts_with("sha256:")
+            || crate::reference::normalize_name(reference).is_err()
+        {
+            return Ok(Vec::new());
+        }
+        let config = crate::registry::RegistryConfig::load(self.sessions.config_path())?;
+        Ok(config.full_names(reference))
+    }
+
     /// Resolves `reference` (`host[:port]/repo[:tag|@digest]`) at its
     /// registry and makes sure the store holds exactly that digest,
     /// downloading what is missing. The image is recorded under the
     /// normalised reference.
+    ///
+    /// A short name (`debian:bookworm`) is looked for on each
+    /// `unqualified-search-registries` entry of `registries.toml` (default
+    /// docker.io) and recorded under its full name; each registry is tried
+    /// through its mirrors first. Every blob is checked against its digest
+    /// whoever served it.
     pub async fn pull(
         &self,
         reference: &str,
         progress: Option<Progress>,
     ) -> Result<ImageRecord, ImageError> {
+        let routes = self.sessions.routes(reference)?;
+        let mut failed: Vec<(String, ImageError)> = Vec::new();
+        for (name, source) in &routes {
+            let session = self.sessions.open_at(name, source)?;
+            match self.pull_from(session, progress.as_ref()).await {
+                Ok(record) => return Ok(record),
+                Err(e) if routes.len() == 1 => return Err(e),
+                Err(e) => {
+                    tracing::info!(image = %name, registry = %source, error = %e, "pull failed here; trying the next source");
+                    failed.push((source.clone(), e));
+                }
+            }
+        }
+        Err(no_source(reference, failed))
+    }
+
+    /// One pull of the session's reference from the registry it talks to.
+    async fn pull_from(
+        &self,
+        session: Session,
+        progress: Option<&Progress>,
+    ) -> Result<ImageRecord, ImageError> {
         let emit = |e: PullEvent| {
-            if let Some(p) = &progress {
+            if let Some(p) = progress {
                 p(e)
             }
         };
-        let session = self.sessions.open(reference)?;
         let name = session.origin.clone();
 
         let digest = match session.repo.digest() {
@@ -542,6 +584,25 @@ async fn blocking<T: Send + 'static>(
 
 /// Errors from the shared store code speak of archives; for a pull, the
 /// registry's content is what was wrong.
+/// Every source of a pull failed: one error that says what each answered
+/// (not found everywhere stays "not found").
+fn no_source(reference: &str, failed: Vec<(String, ImageError)>) -> ImageError {
+    let all_missing = failed
+        .iter()
+        .all(|(_, e)| matches!(e, ImageError::RemoteNotFound(_)));
+    let tried = failed
+        .iter()
+        .map(|(source, e)| format!("{source}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let message = format!("no registry served {reference} ({tried})");
+    if all_missing {
+        ImageError::RemoteNotFound(message)
+    } else {
+        ImageError::Registry(message)
+    }
+}
+
 fn remote(e: ImageError) -> ImageError {
     match e {
         ImageError::DigestMismatch {

@@ -17,6 +17,14 @@
 //!
 //! [registry."registry.internal:5443"]
 //! ca_file = "/etc/warren/internal-ca.pem"   # trusted besides the system roots
+//!
+//! # Where short names (`debian:bookworm`, `team/app`) are looked for, in
+//! # order (default: docker.io, where one-component names are `library/…`).
+//! unqualified-search-registries = ["docker.io"]
+//!
+//! [registry."docker.io"]
+//! mirrors = ["mirror.internal:5000"]   # tried first, in order; the digest
+//!                                      # is verified whichever one serves it
 //! ```
 //!
 //! Credentials never reach a log line or an error message: the entry's
@@ -38,9 +46,14 @@ pub const CONFIG_FILE: &str = "registries.toml";
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
+    #[serde(default, rename = "unqualified-search-registries")]
+    search: Option<Vec<String>>,
     #[serde(default)]
     registry: BTreeMap<String, RegistryEntry>,
 }
+
+/// Where short names are looked for when `registries.toml` does not say.
+pub const DEFAULT_SEARCH_REGISTRIES: &[&str] = &["docker.io"];
 
 #[derive(Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +66,10 @@ struct RegistryEntry {
     insecure: Option<bool>,
     /// PEM file of CA certificates to trust for this registry's HTTPS.
     ca_file: Option<PathBuf>,
+    /// Registries (`host[:port]`) that serve the same repositories, tried
+    /// in order before this one.
+    #[serde(default)]
+    mirrors: Vec<String>,
 }
 
 impl fmt::Debug for RegistryEntry {
@@ -63,6 +80,7 @@ impl fmt::Debug for RegistryEntry {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("insecure", &self.insecure)
             .field("ca_file", &self.ca_file)
+            .field("mirrors", &self.mirrors)
             .finish()
     }
 }
@@ -72,6 +90,8 @@ impl fmt::Debug for RegistryEntry {
 #[derive(Debug, Default)]
 pub struct RegistryConfig {
     path: PathBuf,
+    /// `unqualified-search-registries`; None: [`DEFAULT_SEARCH_REGISTRIES`].
+    search: Option<Vec<String>>,
     registries: BTreeMap<String, RegistryEntry>,
     /// sha256 of the file's text: whether a client built for an earlier
     /// read (its connections, tokens, credentials) may be reused.
@@ -91,6 +111,7 @@ impl RegistryConfig {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(RegistryConfig {
                     path: path.to_path_buf(),
+                    search: None,
                     registries: BTreeMap::new(),
                     fingerprint: String::new(),
                 })
@@ -113,11 +134,24 @@ impl RegistryConfig {
                 line.map(|l| format!(" (line {l})")).unwrap_or_default()
             ))
         })?;
+        let is_host = |h: &str| !h.is_empty() && !h.contains(['/', '@', ' ']);
+        for host in parsed.search.iter().flatten() {
+            if !is_host(host) {
+                return Err(bad(format!(
+                    "unqualified-search-registries: {host:?} is not a registry host[:port]"
+                )));
+            }
+        }
         for (host, entry) in &parsed.registry {
-            if host.is_empty() || host.contains('/') {
+            if !is_host(host) {
                 return Err(bad(format!(
                     "[registry.{host:?}]: the key must be a registry host[:port], e.g. \
                      \"registry.example.com\" or \"127.0.0.1:5000\""
+                )));
+            }
+            if let Some(m) = entry.mirrors.iter().find(|m| !is_host(m) || *m == host) {
+                return Err(bad(format!(
+                    "[registry.{host:?}]: mirror {m:?} must be another registry's host[:port]"
                 )));
             }
             match (&entry.username, &entry.password, &entry.token) {
@@ -136,6 +170,7 @@ impl RegistryConfig {
         }
         Ok(RegistryConfig {
             path: path.to_path_buf(),
+            search: parsed.search,
             registries: parsed.registry,
             fingerprint: crate::digest::sha256_digest(text.as_bytes()),
         })
@@ -143,6 +178,41 @@ impl RegistryConfig {
 
     pub(crate) fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// Where a short name is looked for, in order.
+    pub fn search_registries(&self) -> Vec<String> {
+        match &self.search {
+            Some(list) => list.clone(),
+            None => DEFAULT_SEARCH_REGISTRIES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+
+    /// What `reference` names in full: itself when it names its registry,
+    /// else the short name on each search registry, in order.
+    pub fn full_names(&self, reference: &str) -> Vec<String> {
+        if registry_host(reference).is_some() {
+            return vec![reference.to_string()];
+        }
+        self.search_registries()
+            .iter()
+            .map(|r| warren_core::image_ref::qualify(reference, r))
+            .collect()
+    }
+
+    /// The hosts that serve `host`'s repositories, in the order to try
+    /// them: its mirrors, then itself.
+    pub fn sources(&self, host: &str) -> Vec<String> {
+        let mut out = self
+            .registries
+            .get(host)
+            .map(|e| e.mirrors.clone())
+            .unwrap_or_default();
+        out.push(host.to_string());
+        out
     }
 
     pub fn path(&self) -> &Path {
@@ -471,6 +541,35 @@ mod tests {
     }
 
     #[test]
+    fn short_names_search_docker_io_and_mirrors_come_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = RegistryConfig::load(&dir.path().join(CONFIG_FILE)).unwrap();
+        assert_eq!(
+            none.full_names("debian:bookworm"),
+            ["docker.io/library/debian:bookworm"]
+        );
+        assert_eq!(none.sources("docker.io"), ["docker.io"]);
+        let p = write(
+            dir.path(),
+            "unqualified-search-registries = [\"quay.io\", \"docker.io\"]\n\
+             [registry.\"docker.io\"]\nmirrors = [\"m1:5000\", \"m2\"]\n",
+        );
+        let c = RegistryConfig::load(&p).unwrap();
+        assert_eq!(
+            c.full_names("app:v1"),
+            ["quay.io/app:v1", "docker.io/library/app:v1"]
+        );
+        assert_eq!(c.full_names("h.io/app:v1"), ["h.io/app:v1"]);
+        assert_eq!(c.sources("docker.io"), ["m1:5000", "m2", "docker.io"]);
+        assert_eq!(c.sources("quay.io"), ["quay.io"]);
+        let p = write(dir.path(), "unqualified-search-registries = []\n");
+        assert!(RegistryConfig::load(&p)
+            .unwrap()
+            .full_names("app")
+            .is_empty());
+    }
+
+    #[test]
     fn bad_files_are_refused_without_quoting_secrets() {
         let dir = tempfile::tempdir().unwrap();
         for (text, expect) in [
@@ -482,6 +581,12 @@ mod tests {
             ("[registry.\"a/b\"]\ninsecure = true\n", "host[:port]"),
             ("[registry.\"h\"]\npasword = \"hunter2\"\n", "line 2"),
             ("[registry.\"h\"]\npassword = hunter2\n", "line 2"),
+            ("[registry.\"h\"]\nmirrors = [\"h\"]\n", "another registry"),
+            (
+                "[registry.\"h\"]\nmirrors = [\"m/x\"]\n",
+                "another registry",
+            ),
+            ("unqualified-search-registries = [\"\"]\n", "not a registry"),
         ] {
             let p = write(dir.path(), text);
             let msg = RegistryConfig::load(&p).unwrap_err().to_string();

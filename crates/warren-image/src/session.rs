@@ -73,22 +73,59 @@ impl Sessions {
     }
 
     pub(crate) fn open(&self, reference: &str) -> Result<Session, ImageError> {
+        let host = registry_host(reference).ok_or_else(|| no_registry(reference))?;
+        self.open_at(reference, host)
+    }
+
+    /// Where to fetch `reference` from, in order, as (the name it is
+    /// recorded under, the host that serves it): a short name on each
+    /// `unqualified-search-registries` entry; each registry through its
+    /// mirrors first.
+    pub(crate) fn routes(&self, reference: &str) -> Result<Vec<(String, String)>, ImageError> {
+        normalize_name(reference)?;
+        let config = RegistryConfig::load(&self.config_path)?;
+        let names = config.full_names(reference);
+        if names.is_empty() {
+            return Err(ImageError::NotFound(format!(
+                "no image named {reference} here, and {} lists no unqualified-search-registries to pull a short name from; import it (`warren image import`) or name its registry (host/repository:tag)",
+                config.path().display()
+            )));
+        }
+        let mut out = Vec::new();
+        for name in names {
+            let host = registry_host(&name).ok_or_else(|| no_registry(&name))?;
+            for source in config.sources(host) {
+                out.push((name.clone(), source));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A session for `reference` (which names its registry) served by
+    /// `source`: that registry or one of its mirrors. The image is recorded
+    /// under `reference` whichever serves it.
+    pub(crate) fn open_at(&self, reference: &str, source: &str) -> Result<Session, ImageError> {
         let bad = |reason: String| ImageError::InvalidReference {
             reference: reference.to_string(),
             reason,
         };
-        let Some(host) = registry_host(reference) else {
-            return Err(bad(
-                "it names no registry; use host[:port]/repository[:tag|@sha256:digest], e.g. \
-                 registry.example.com/team/app:v1 (local images are imported with `warren \
-                 image import`)"
-                    .into(),
-            ));
-        };
         let origin = normalize_name(reference)?;
-        let repo: OciReference = origin
+        let named: OciReference = origin
             .parse()
             .map_err(|e| bad(format!("not a registry reference: {e}")))?;
+        let repo = match (named.digest(), named.tag()) {
+            (Some(d), _) => OciReference::with_digest(
+                source.to_string(),
+                named.repository().to_string(),
+                d.to_string(),
+            ),
+            (None, tag) => OciReference::with_tag(
+                source.to_string(),
+                named.repository().to_string(),
+                tag.unwrap_or("latest").to_string(),
+            ),
+        };
+        let host = source;
         let config = RegistryConfig::load(&self.config_path)?;
         // The CA files are part of what the client was built from.
         let pems = config.ca_certificates()?;
@@ -143,6 +180,16 @@ impl Sessions {
             origin,
             stored: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+}
+
+fn no_registry(reference: &str) -> ImageError {
+    ImageError::InvalidReference {
+        reference: reference.to_string(),
+        reason: "it names no registry; use host[:port]/repository[:tag|@sha256:digest], e.g. \
+                 registry.example.com/team/app:v1 (local images are imported with `warren \
+                 image import`)"
+            .into(),
     }
 }
 

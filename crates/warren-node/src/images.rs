@@ -146,12 +146,28 @@ impl Node {
     /// The image a new sandbox runs: a registry reference is resolved at
     /// the registry every time (a tag may have moved) and pulled when the
     /// store lacks that digest; anything else names an image in the store.
+    ///
+    /// A short name (`debian:bookworm`) the store lacks is, as with Docker,
+    /// the copy pulled before under its full name (the search registries'
+    /// order), else pulled through them.
     pub async fn image_for_create(&self, reference: &str) -> Result<ImageRecord, NodeError> {
         if warren_image::registry_host(reference).is_some() {
-            self.pull_image(reference, None).await
-        } else {
-            self.resolve_image(reference).await
+            return self.pull_image(reference, None).await;
         }
+        let missing = match self.resolve_image(reference).await {
+            Err(NodeError::Image(e)) if e.kind() == warren_image::ErrorKind::NotFound => e,
+            other => return other,
+        };
+        let full = self.puller.full_names(reference)?;
+        if full.is_empty() {
+            return Err(missing.into());
+        }
+        for name in &full {
+            if let Ok(record) = self.resolve_image(name).await {
+                return Ok(record);
+            }
+        }
+        self.pull_image(reference, None).await
     }
 
     /// Refuses images a sandbox cannot safely be made from (see

@@ -53,28 +53,27 @@ pub(crate) async fn enforce_lifetimes(node: std::sync::Weak<Node>) {
         tokio::time::sleep(TICK).await;
         let Some(node) = node.upgrade() else { return };
         let now = tokio::time::Instant::now();
-        let expired: Vec<(String, &'static str)> = lock(&node.live)
-            .iter()
-            .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
-            .filter_map(|(id, l)| {
-                let why = lock(&l.lifetime).take_expiry(now)?;
-                Some((id.clone(), why))
-            })
-            .collect();
+        // One pass: what ran out now (reported), and what was reported
+        // long enough ago that nobody answered (the node acts alone).
+        let mut expired: Vec<(String, &'static str)> = Vec::new();
+        let mut unanswered: Vec<(String, &'static str)> = Vec::new();
+        for (id, l) in lock(&node.live).iter() {
+            if l.destroying.load(Ordering::Acquire) {
+                continue;
+            }
+            let mut lifetime = lock(&l.lifetime);
+            if let Some(why) = lifetime.take_expiry(now) {
+                expired.push((id.clone(), why));
+            } else if let Some(why) = lifetime.take_unanswered(now, ACT_ALONE_AFTER) {
+                unanswered.push((id.clone(), why));
+            }
+        }
         for (id, reason) in expired {
             node.feed.push(NodeEvent::Expired {
                 id,
                 reason: reason.into(),
             });
         }
-        let unanswered: Vec<(String, &'static str)> = lock(&node.live)
-            .iter()
-            .filter(|(_, l)| !l.destroying.load(Ordering::Acquire))
-            .filter_map(|(id, l)| {
-                let why = lock(&l.lifetime).take_unanswered(now, ACT_ALONE_AFTER)?;
-                Some((id.clone(), why))
-            })
-            .collect();
         for (id, why) in unanswered {
             let node = node.clone();
             tokio::spawn(async move { node.end_alone(&id, why).await });

@@ -86,3 +86,29 @@ def test_image_config_env_and_workdir(warren, images, tmp_path):
     finally:
         warren.destroy(sid)
         warren.cli("image", "rm", name)
+
+
+def test_an_image_without_etc_hosts_gets_one_with_localhost(warren, sandbox):
+    """Issue 40 (10): as Docker does, a sandbox whose image has no
+    /etc/hosts (the busybox test image) gets one, so `localhost` resolves;
+    an image's own file is kept; Warren's file follows the sandbox's name
+    into images committed from it."""
+    sid = sandbox()["id"]
+    hosts = sh_ok(warren, sid, "cat /etc/hosts")
+    assert "127.0.0.1\tlocalhost\n" in hosts and f"127.0.1.1\t{sid}\n" in hosts, hosts
+    got = sh_ok(warren, sid, "mkdir -p /www && echo hi > /www/i && (httpd -f -p 8000 -h /www &) "
+                             "&& for i in 1 2 3 4 5 6 7 8 9 10; do wget -q -O - http://localhost:8000/i && break; sleep 0.2; done")
+    assert got == "hi\n"
+    # Committed with Warren's file: the next sandbox gets its own name in it.
+    name = f"hosts-{uniq()}:v1"
+    r = warren.http.post(f"/v1/sandboxes/{sid}/commit", json={"name": name})
+    assert r.status_code in (200, 201), r.text
+    child = sandbox(image=name)["id"]
+    hosts = sh_ok(warren, child, "cat /etc/hosts")
+    assert f"127.0.1.1\t{child}\n" in hosts and sid not in hosts, hosts
+    # An image's own /etc/hosts is left as it is.
+    sh_ok(warren, child, "printf '10.1.2.3\\tmine\\n' > /etc/hosts")
+    own = f"hosts-own-{uniq()}:v1"
+    assert warren.http.post(f"/v1/sandboxes/{child}/commit", json={"name": own}).status_code in (200, 201)
+    kept = sandbox(image=own)["id"]
+    assert sh_ok(warren, kept, "cat /etc/hosts") == "10.1.2.3\tmine\n"

@@ -80,6 +80,9 @@ fn run() -> Result<(), Errno> {
     // SAFETY: prctl(PR_SET_NAME) copies at most 16 bytes from a C string.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"warren-init".as_ptr(), 0, 0, 0) };
 
+    // Before any process of the sandbox runs.
+    ensure_hosts_file();
+
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     for s in FORWARDED {
@@ -101,6 +104,58 @@ fn run() -> Result<(), Errno> {
     };
     init.serve()
 }
+
+/// Gives an image without an `/etc/hosts` the one every container tool
+/// gives it (Docker writes one into each container): `localhost` on the
+/// loopback addresses and the sandbox's own name on 127.0.1.1, as Debian
+/// does. Programs that resolve `localhost` through the file (Python's
+/// servers and clients, SandboxFusion's tests) otherwise fail in a scratch
+/// or busybox image. An image's own file (or a symlink there, dangling or
+/// not) is left alone; one Warren wrote (a fork's, or one a commit kept) is
+/// written again for this sandbox's name; a read-only root keeps what it
+/// has. Runs inside the sandbox, so nothing it touches is outside it.
+fn ensure_hosts_file() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    const PATH: &str = "/etc/hosts";
+    let _ = std::fs::DirBuilder::new().mode(0o755).create("/etc");
+    let open = |create: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(create)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(PATH)
+    };
+    let mut file = match open(true) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let Ok(mut f) = open(false) else { return };
+            let mut head = [0u8; HOSTS_MARKER.len()];
+            let ours = f.read_exact(&mut head).is_ok() && head == *HOSTS_MARKER.as_bytes();
+            if !ours || f.set_len(0).is_err() || f.rewind().is_err() {
+                return;
+            }
+            f
+        }
+        Err(_) => return,
+    };
+    let name = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    let mut text = format!(
+        "{HOSTS_MARKER}\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    );
+    if !name.is_empty() && name != "localhost" {
+        text.push_str(&format!("127.0.1.1\t{name}\n"));
+    }
+    let _ = file.write_all(text.as_bytes());
+}
+
+/// The first line of an `/etc/hosts` Warren wrote.
+const HOSTS_MARKER: &str = "# written by warren-init: the image has no /etc/hosts";
 
 /// The init's `argv[0]`, all the sandbox reads in /proc/1/cmdline (the
 /// executable is a sealed memfd; no host path shows).

@@ -4,6 +4,7 @@ E2B_API_KEY pointing at Warren. `sync`, `async` or `pty` (terminals, both
 clients) picks the flavour; every step asserts, so a failure exits non-zero with its traceback."""
 
 import asyncio
+import inspect
 import os
 import re
 import sys
@@ -97,8 +98,25 @@ def run_sync():
             sbx.files.write_files([WriteEntry(path="/tmp/e2b/m1", data="one"),
                                    WriteEntry(path="/tmp/e2b/m2", data=b"two")])
             assert sbx.files.read("/tmp/e2b/m2") == "two"
-        names = sorted(e.name for e in sbx.files.list("/tmp/e2b"))
-        assert "a.txt" in names, names
+        # Listed by name, as envd lists (depth 2: each directory's entries
+        # right after it).
+        sbx.commands.run("mkdir -p /tmp/e2b/z/y && touch /tmp/e2b/z/y/x /tmp/e2b/b-c")
+        names = [e.name for e in sbx.files.list("/tmp/e2b")]
+        assert names == sorted(names) and "a.txt" in names, names
+        if "depth" in inspect.signature(sbx.files.list).parameters:
+            deep = [e.path for e in sbx.files.list("/tmp/e2b", depth=2)]
+            assert deep.index("/tmp/e2b/z/y") == deep.index("/tmp/e2b/z") + 1, deep
+        # get_info follows a symlink (os.Stat): the target's size and type
+        # (SDKs that read `is_symlink` show the type as symlink), and the
+        # link's own target.
+        sbx.commands.run("printf 0123456789 > /tmp/e2b/ten && ln -s ten /tmp/e2b/link && "
+                         "ln -s /tmp/e2b/z /tmp/e2b/dirlink")
+        info = sbx.files.get_info("/tmp/e2b/link")
+        assert info.size == 10 and info.type.value in ("file", "symlink"), info
+        assert getattr(info, "symlink_target", "ten") == "ten", info
+        assert sbx.files.get_info("/tmp/e2b/dirlink").type.value in ("dir", "symlink")
+        # Removing what is not there is no error (envd's RemoveAll).
+        sbx.files.remove("/tmp/e2b/never-was")
         assert sbx.files.exists("/tmp/e2b/a.txt") is True
         assert sbx.files.exists("/tmp/e2b/nope") is False
         assert sbx.files.make_dir("/tmp/e2b/d") is True

@@ -106,12 +106,16 @@ pub fn stat(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
 }
 
 /// The entries of directory `path`, and of its subdirectories down to
-/// `depth` levels (1: the directory's own entries). Symlinked directories
-/// are listed as links, never entered.
+/// `depth` levels (1: the directory's own entries), sorted by path.
+/// Symlinked directories are listed as links, never entered.
 pub fn list(root: &OwnedFd, path: &str, depth: u32) -> Result<Vec<Stat>, RuntimeError> {
     let dir = open_in(root, path, OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
     let mut out = Vec::new();
     walk(dir, path.trim_end_matches('/'), depth.max(1), &mut out)?;
+    // As `ls` and E2B's envd answer: by name, each directory's entries
+    // right after it (compared component by component, so `a/c` comes
+    // before `a-b`).
+    out.sort_by(|a, b| a.path.split('/').cmp(b.path.split('/')));
     Ok(out)
 }
 
@@ -281,18 +285,19 @@ mod tests {
         assert_eq!(link.kind, Kind::Symlink);
         assert_eq!(link.symlink_target.as_deref(), Some("/etc"));
 
-        let mut names: Vec<String> = list(&r, "/a", 1)
-            .expect("list")
-            .into_iter()
-            .map(|s| s.path)
-            .collect();
-        names.sort();
-        assert_eq!(names, ["/a/b", "/a/etc", "/a/f.txt"]);
-        // Depth 2 enters b/, never the link to /etc.
+        let paths = |depth| -> Vec<String> {
+            list(&r, "/a", depth)
+                .expect("list")
+                .into_iter()
+                .map(|s| s.path)
+                .collect()
+        };
+        assert_eq!(paths(1), ["/a/b", "/a/etc", "/a/f.txt"], "sorted by name");
+        // Depth 2 enters b/, never the link to /etc; each directory's
+        // entries follow it (b/g before b-c, though '-' sorts before '/').
         std::fs::write(t.path().join("a/b/g"), b"").expect("write");
-        let deep = list(&r, "/a", 2).expect("list");
-        assert!(deep.iter().any(|s| s.path == "/a/b/g"));
-        assert!(deep.iter().all(|s| !s.path.starts_with("/a/etc/")));
+        std::fs::write(t.path().join("a/b-c"), b"").expect("write");
+        assert_eq!(paths(2), ["/a/b", "/a/b/g", "/a/b-c", "/a/etc", "/a/f.txt"]);
 
         assert!(matches!(make_dir(&r, "/a/b"), Err(RuntimeError::Exists(_))));
         assert_eq!(make_dir(&r, "/x/y").expect("mkdir").kind, Kind::Dir);

@@ -117,8 +117,10 @@ async fn path_call(
     let req: PathRequest = connect::decode(headers, body)?;
     let user = paths::user(headers);
     let path = paths::resolve(&req.path, user.as_deref());
+    if method == "Stat" {
+        return Ok(json!({"entry": entry(&stat_following(target, &path).await?)}));
+    }
     let op = match method {
-        "Stat" => PathOp::Stat { path },
         "ListDir" => PathOp::List {
             path,
             depth: req.depth.max(1),
@@ -126,20 +128,71 @@ async fn path_call(
         "MakeDir" => PathOp::MakeDir { path },
         _ => PathOp::Remove { path },
     };
-    let entries =
-        target
-            .control
-            .path_op(&target.id, op)
-            .await
-            .map_err(|e| match (method, e.code) {
-                ("MakeDir", ErrorCode::Conflict) => RpcError::new(Code::AlreadyExists, e.message),
-                _ => e.into(),
-            })?;
+    let entries = match target.control.path_op(&target.id, op).await {
+        Ok(entries) => entries,
+        // envd removes with RemoveAll: nothing there is nothing to do.
+        Err(e) if method == "Remove" && e.code == ErrorCode::NotFound => Vec::new(),
+        Err(e) if method == "MakeDir" && e.code == ErrorCode::Conflict => {
+            return Err(RpcError::new(Code::AlreadyExists, e.message))
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(match method {
         "ListDir" => json!({"entries": entries.iter().map(entry).collect::<Vec<_>>()}),
         "Remove" => json!({}),
         _ => json!({"entry": entries.first().map(entry)}),
     })
+}
+
+/// Links followed before a Stat gives up (as the kernel's ELOOP).
+const MAX_LINKS: usize = 40;
+
+/// envd's Stat follows symlinks (Go's os.Stat): the entry of `path` with
+/// the type, size and mode of what it finally points at, and the link's
+/// own target; a dangling link is not found. Each hop is a Stat inside
+/// the sandbox's root, so a link cannot lead out of it.
+async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcError> {
+    let stat = |p: String| async move {
+        let mut found = target
+            .control
+            .path_op(&target.id, PathOp::Stat { path: p })
+            .await?;
+        found
+            .pop()
+            .ok_or_else(|| warren_core::ApiError::not_found(format!("{path}: not found")))
+    };
+    let first = stat(path.to_string()).await?;
+    let Some(link) = first.symlink_target.clone() else {
+        return Ok(first);
+    };
+    let mut at = first.path.clone();
+    let mut next = link.clone();
+    for _ in 0..MAX_LINKS {
+        let resolved = if next.starts_with('/') {
+            next.clone()
+        } else {
+            let dir = at.rsplit_once('/').map_or("", |(d, _)| d);
+            format!("{dir}/{next}")
+        };
+        let found = stat(resolved).await?;
+        match found.symlink_target.clone() {
+            Some(t) => {
+                at = found.path;
+                next = t;
+            }
+            None => {
+                return Ok(PathEntry {
+                    path: first.path,
+                    symlink_target: Some(link),
+                    ..found
+                })
+            }
+        }
+    }
+    Err(RpcError::new(
+        Code::InvalidArgument,
+        format!("{path}: more than {MAX_LINKS} symbolic links in a row"),
+    ))
 }
 
 async fn move_call(target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<Value, RpcError> {

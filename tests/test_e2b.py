@@ -5,17 +5,19 @@ E2B_SANDBOX_URL and E2B_API_KEY set."""
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from conftest import Warren, free_port
-from helpers import sh_ok, wait_until
 from debian import CACHE, cache_lock, debian_archive
+from helpers import sh_ok, wait_until
 
 IMAGE = "e2b-deb:1"
 # The Debian image with a stand-in for E2B's code-interpreter server.
@@ -328,6 +330,50 @@ def test_a_signed_file_url_acts_as_the_user_it_was_signed_for(e2b_warren):
         assert (r.status_code, r.text) == (200, "user\n"), r.text
     finally:
         httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key)
+
+
+def test_lists_connect_and_metrics_as_e2b_answers(e2b_warren):
+    """Issue 40 (5): a list is newest first unless `order=asc`, filtered by
+    `startedAfter` and `template` and paged; a connect only ever extends a
+    sandbox's life; metrics honour their time range."""
+    import datetime
+
+    api = e2b_warren.e2b_env["E2B_API_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    tag = secrets.token_hex(3)
+    make = lambda template: httpx.post(f"{api}/sandboxes", headers=key, timeout=60, json={
+        "templateID": template, "timeout": 300, "metadata": {"t": tag}}).json()["sandboxID"]
+    first = make("base")
+    time.sleep(1.1)
+    between = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    time.sleep(1.1)
+    second = make(IMAGE)
+    ids = [first, second]
+    try:
+        listed = lambda **p: [x["sandboxID"] for x in httpx.get(
+            f"{api}/v2/sandboxes", headers=key, params={"metadata": f"t={tag}", **p}).json()]
+        assert listed() == [second, first]
+        assert listed(order="asc") == [first, second]
+        assert listed(startedAfter=between.isoformat()) == [second]
+        assert listed(startedAfter=between.replace(tzinfo=None).isoformat()) == [second]
+        assert listed(template="base") == [first]
+        r = httpx.get(f"{api}/v2/sandboxes", headers=key, params={"metadata": f"t={tag}", "limit": 1})
+        assert [x["sandboxID"] for x in r.json()] == [second] and r.headers["x-next-token"] == second
+        assert listed(limit=1, nextToken=second) == [first]
+        assert httpx.get(f"{api}/v2/sandboxes", headers=key, params={"order": "sideways"}).status_code == 400
+        # Connect with a shorter timeout keeps the longer life; a longer one extends it.
+        left = lambda: e2b_warren.http.get(f"/v1/sandboxes/{first}").json()["ttl_remaining_ms"]
+        assert httpx.post(f"{api}/v2/sandboxes/{first}/connect", json={"timeout": 10}, headers=key).status_code == 200
+        assert left() > 200_000, left()
+        httpx.post(f"{api}/v2/sandboxes/{first}/connect", json={"timeout": 900}, headers=key)
+        assert left() > 800_000, left()
+        now = int(time.time())
+        m = lambda **p: httpx.get(f"{api}/sandboxes/{first}/metrics", headers=key, params=p).json()
+        assert len(m()) == 1 and len(m(start=now - 60, end=now + 60)) == 1
+        assert m(start=now + 3600) == [] and m(end=now - 3600) == []
+    finally:
+        for sid in ids:
+            httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
 
 
 def test_pause_and_connect_resume(e2b_warren):

@@ -370,6 +370,35 @@ struct ListQuery {
     state: Option<String>,
     limit: Option<usize>,
     next_token: Option<String>,
+    /// `asc` or `desc` (the default: newest first, as E2B lists).
+    order: Option<String>,
+    /// Only sandboxes started after this time (RFC 3339; one without an
+    /// offset is UTC, as Python's isoformat of a naive time sends it).
+    started_after: Option<String>,
+    /// Only sandboxes of this template.
+    template: Option<String>,
+}
+
+/// A time as E2B's clients send it: RFC 3339, or ISO 8601 without an
+/// offset (UTC).
+fn parse_time(field: &str, text: &str) -> E2bResult<time::OffsetDateTime> {
+    use time::format_description::well_known::{Iso8601, Rfc3339};
+    time::OffsetDateTime::parse(text, &Rfc3339)
+        .or_else(|_| {
+            time::PrimitiveDateTime::parse(text, &Iso8601::DEFAULT).map(|t| t.assume_utc())
+        })
+        .map_err(|e| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{field} {text:?} is not an RFC 3339 time: {e}"),
+            )
+        })
+}
+
+/// When a listed sandbox started (its creation while it had not).
+fn started(info: &SandboxInfo) -> Option<time::OffsetDateTime> {
+    let at = info.started_at.as_deref().unwrap_or(&info.created_at);
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
 }
 
 async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response> {
@@ -405,8 +434,34 @@ async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response>
     }
     let selector = Selector::parse(&selector)
         .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("metadata filter: {e}")))?;
+    let after = q
+        .started_after
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(|t| parse_time("startedAfter", t))
+        .transpose()?;
+    let newest_first = match q.order.as_deref() {
+        None | Some("") | Some("desc") => true,
+        Some("asc") => false,
+        Some(other) => {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("order {other:?}: use asc or desc"),
+            ))
+        }
+    };
     let mut all = control.list(&states, &selector).await?;
+    all.retain(|s| {
+        after.is_none_or(|t| started(s).is_some_and(|at| at > t))
+            && q.template
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .is_none_or(|t| template(s) == t)
+    });
     all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+    if newest_first {
+        all.reverse();
+    }
     let start = match &q.next_token {
         Some(t) => all
             .iter()
@@ -451,8 +506,13 @@ async fn connect(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResul
     if resumed {
         control.set_paused(&id, false).await?;
     }
+    // A connect only ever extends a sandbox's life, never shortens it.
     if let Some(t) = req.timeout.filter(|t| *t > 0) {
-        control.set_ttl(&id, ttl(t)?).await?;
+        let wanted = ttl(t)?;
+        let left = info.ttl_remaining_ms.unwrap_or(0);
+        if wanted.get().as_millis() > u128::from(left) {
+            control.set_ttl(&id, wanted).await?;
+        }
     }
     let info = live(&control, &id).await?;
     let status = if resumed {
@@ -508,7 +568,20 @@ async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> 
 
 /// The sandbox's usage now, as one E2B metric point (Warren samples usage
 /// but keeps the running summary, not a series).
-async fn metrics(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
+#[derive(Deserialize, Default)]
+struct MetricsRange {
+    /// Unix seconds: only points within [start, end].
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+/// The sandbox's usage as one point, now (Warren keeps no series per
+/// sandbox here): none when `start`..`end` leaves now out.
+async fn metrics(
+    State(e2b): St,
+    Path(id): Path<String>,
+    Query(range): Query<MetricsRange>,
+) -> E2bResult<Json<Value>> {
     let control = control(&e2b)?;
     let row = control
         .get(&id)
@@ -519,6 +592,10 @@ async fn metrics(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value
         return Ok(Json(json!([])));
     };
     let now = time::OffsetDateTime::now_utc();
+    let unix = now.unix_timestamp();
+    if range.start.is_some_and(|s| unix < s) || range.end.is_some_and(|e| unix > e) {
+        return Ok(Json(json!([])));
+    }
     let cpus = info.resources.cpu_millis.div_ceil(1000).max(1);
     let cpu_pct = u.cpu_millis_mean as f64 / (cpus * 1000) as f64 * 100.0;
     Ok(Json(json!([{

@@ -112,3 +112,18 @@ def test_an_image_without_etc_hosts_gets_one_with_localhost(warren, sandbox):
     assert warren.http.post(f"/v1/sandboxes/{child}/commit", json={"name": own}).status_code in (200, 201)
     kept = sandbox(image=own)["id"]
     assert sh_ok(warren, kept, "cat /etc/hosts") == "10.1.2.3\tmine\n"
+
+
+def test_a_process_gets_its_users_login_environment_and_home(warren, sandbox):
+    """Issue 40 (1): HOME, USER and LOGNAME come from the account a
+    process runs as (as `su -` and E2B's envd set them); `cwd: "~"` is
+    that account's home; the request's own env wins."""
+    sid = sandbox()["id"]
+    probe = ["sh", "-c", "echo $HOME $USER $LOGNAME; pwd"]
+    run = lambda **kw: warren.exec(sid, probe, **kw)[1].decode().split()
+    assert run() == ["/root", "root", "root", "/"]
+    assert run(user="user", cwd="~") == ["/home/user", "user", "user", "/home/user"]
+    assert run(user="1000", cwd="~/") == ["/home/user", "user", "user", "/home/user"]
+    assert run(user="user", env={"HOME": "/tmp"}) == ["/tmp", "user", "user", "/"]
+    r = warren.http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"], "cwd": "relative"})
+    assert r.status_code == 400 and "~" in r.text, r.text

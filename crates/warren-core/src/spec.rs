@@ -369,7 +369,9 @@ pub enum SpecError {
     EmptyCmd,
     #[error("argument contains a NUL byte: {0:?}")]
     NulArg(String),
-    #[error("cwd must be an absolute path inside the sandbox, got {0:?}")]
+    #[error(
+        "cwd must be an absolute path inside the sandbox (or ~ for the user's home), got {0:?}"
+    )]
     Cwd(String),
     #[error(transparent)]
     NetworkRule(#[from] crate::network::RuleError),
@@ -459,8 +461,11 @@ pub fn validate_cmd(cmd: &[String]) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// An absolute path, or `~` / `~/…`: the home directory (from the
+/// sandbox's /etc/passwd) of the user the process runs as.
 pub fn validate_cwd(cwd: &str) -> Result<(), SpecError> {
-    if !cwd.starts_with('/') || cwd.contains('\0') {
+    let home = cwd == "~" || cwd.starts_with("~/");
+    if !(cwd.starts_with('/') || home) || cwd.contains('\0') {
         return Err(SpecError::Cwd(cwd.to_string()));
     }
     Ok(())

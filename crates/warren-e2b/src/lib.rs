@@ -59,6 +59,7 @@ pub struct E2b {
     templates: templates::Templates,
     processes: envd::process::Processes,
     watchers: envd::filesystem::Watchers,
+    accounts: envd::users::SandboxAccounts,
 }
 
 impl E2b {
@@ -71,6 +72,7 @@ impl E2b {
             templates: templates::Templates::load(home)?,
             processes: Default::default(),
             watchers: Default::default(),
+            accounts: Default::default(),
         }))
     }
 

@@ -75,6 +75,19 @@ impl Node {
         let root = files::open_root(live.pid)?;
         let user_spec = req.user.clone().unwrap_or(default_user);
         let user = user::resolve(&root, &user_spec).map_err(NodeError::BadRequest)?;
+        // HOME, USER and LOGNAME of the account it runs as (as `su -`
+        // and E2B's envd set them): a user named by this request wins over
+        // the image's settings; the request's own env wins over both.
+        for (k, v) in user.login_env() {
+            if req.env.contains_key(k) {
+                continue;
+            }
+            if req.user.is_some() {
+                env.insert(k.into(), v);
+            } else {
+                env.entry(k.into()).or_insert(v);
+            }
+        }
         let seq = self.exec_seq.fetch_add(1, Ordering::Relaxed);
         Ok(exec_stream::ExecJob {
             socket: live.socket.clone(),
@@ -82,7 +95,7 @@ impl Node {
             spec: ExecSpec {
                 argv: req.cmd.clone(),
                 env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                cwd: req.cwd.clone().unwrap_or(default_cwd),
+                cwd: user.expand(req.cwd.as_deref().unwrap_or(&default_cwd)),
                 uid: user.uid,
                 gid: user.gid,
                 groups: vec![],

@@ -6,33 +6,47 @@ use std::os::fd::OwnedFd;
 
 use warren_runtime::files;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
     pub uid: u32,
     pub gid: u32,
+    /// The account's name and home in /etc/passwd, if it has an entry
+    /// (root: `root` and `/root`).
+    pub name: Option<String>,
+    pub home: Option<String>,
 }
 
 pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, String> {
     let user = user.trim();
     if user.is_empty() || user == "root" {
-        return Ok(User { uid: 0, gid: 0 });
+        // Root's account is the same everywhere; an exec as root (the
+        // common case, on the path every exec takes) reads no file.
+        return Ok(User {
+            uid: 0,
+            gid: 0,
+            name: Some("root".into()),
+            home: Some("/root".into()),
+        });
     }
+    let passwd = read_small(root, "/etc/passwd");
     let (name, group) = match user.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (user, None),
     };
-    let passwd = read_small(root, "/etc/passwd");
-    let (uid, default_gid) = match name.parse::<u32>() {
-        Ok(uid) => (
-            uid,
-            lookup(&passwd, |f| f[2] == name).map_or(uid, |f| parse_id(f[3])),
-        ),
-        Err(_) => {
-            let f = lookup(&passwd, |f| f[0] == name).ok_or_else(|| {
-                format!("user {name:?} is not in the image's /etc/passwd; use a numeric uid")
-            })?;
-            (parse_id(f[2]), parse_id(f[3]))
-        }
+    let entry = match name.parse::<u32>() {
+        Ok(_) => lookup(&passwd, |f| f[2] == name),
+        Err(_) => Some(lookup(&passwd, |f| f[0] == name).ok_or_else(|| {
+            format!("user {name:?} is not in the image's /etc/passwd; use a numeric uid")
+        })?),
+    };
+    let uid = match name.parse::<u32>() {
+        Ok(uid) => uid,
+        Err(_) => entry.as_ref().map_or(0, |f| parse_id(f[2])),
+    };
+    let default_gid = entry.as_ref().map_or(uid, |f| parse_id(f[3]));
+    let (account, home) = match &entry {
+        Some(f) => (Some(f[0].to_string()), f.get(5).map(|h| h.to_string())),
+        None => (None, None),
     };
     let gid = match group {
         None => default_gid,
@@ -46,7 +60,39 @@ pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, String> {
             }
         },
     };
-    Ok(User { uid, gid })
+    Ok(User {
+        uid,
+        gid,
+        name: account,
+        home: home.filter(|h| h.starts_with('/')),
+    })
+}
+
+impl User {
+    /// `cwd` with a leading `~` made the home directory (`/` without one).
+    pub fn expand(&self, cwd: &str) -> String {
+        let home = self.home.as_deref().unwrap_or("/");
+        match cwd.strip_prefix('~') {
+            Some("") => home.to_string(),
+            Some(rest) if rest.starts_with('/') => {
+                format!("{}{rest}", home.trim_end_matches('/'))
+            }
+            _ => cwd.to_string(),
+        }
+    }
+
+    /// What a login sets from /etc/passwd: `HOME`, `USER`, `LOGNAME`.
+    pub fn login_env(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(home) = &self.home {
+            out.push(("HOME", home.clone()));
+        }
+        if let Some(name) = &self.name {
+            out.push(("USER", name.clone()));
+            out.push(("LOGNAME", name.clone()));
+        }
+        out
+    }
 }
 
 fn parse_id(s: &str) -> u32 {

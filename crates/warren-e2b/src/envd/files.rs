@@ -56,18 +56,19 @@ type Authorized = Option<String>;
 /// `path:operation:user:token[:expiration]`).
 fn authorized(
     e2b: &E2b,
-    id: &str,
+    target: &Target,
     headers: &HeaderMap,
     q: &FileQuery,
     operation: &str,
 ) -> Option<Authorized> {
+    let id = &target.id;
     let token = e2b.access_token(id);
     let given = headers
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if e2b.token_ok(id, given) {
-        return Some(q.username.clone().or_else(|| paths::user(headers)));
+        return Some(q.username.clone().or_else(|| target.user(headers)));
     }
     let signature = q.signature.as_ref()?;
     if let Some(exp) = q.signature_expiration {
@@ -89,8 +90,12 @@ fn authorized(
             .encode(sha2::Sha256::digest(text.as_bytes()))
     );
     use subtle::ConstantTimeEq;
-    bool::from(want.as_bytes().ct_eq(signature.as_bytes()))
-        .then(|| q.username.clone().filter(|u| !u.is_empty()))
+    bool::from(want.as_bytes().ct_eq(signature.as_bytes())).then(|| {
+        q.username
+            .clone()
+            .filter(|u| !u.is_empty())
+            .or_else(|| target.accounts.default_user.clone())
+    })
 }
 
 fn unauthorized() -> Response {
@@ -106,7 +111,7 @@ pub async fn read(
     Query(q): Query<FileQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(user) = authorized(&e2b, &target.id, &headers, &q, "read") else {
+    let Some(user) = authorized(&e2b, &target, &headers, &q, "read") else {
         return unauthorized();
     };
     let Some(path) = q.path.as_deref().filter(|p| !p.is_empty()) else {
@@ -144,7 +149,7 @@ pub async fn write(
     Query(q): Query<FileQuery>,
     req: Request,
 ) -> Response {
-    let Some(user) = authorized(&e2b, &target.id, req.headers(), &q, "write") else {
+    let Some(user) = authorized(&e2b, &target, req.headers(), &q, "write") else {
         return unauthorized();
     };
     let content_type = req

@@ -19,6 +19,7 @@ use warren_core::sync::lock;
 use warren_core::ErrorCode;
 use warren_node_api::{PathEntry, PathKind, PathOp, WatchEvent, WatchKind};
 
+use super::users::Accounts;
 use super::{paths, Target};
 use crate::connect::{self, Code, Item, RpcError};
 use crate::E2b;
@@ -115,10 +116,11 @@ async fn path_call(
     body: &[u8],
 ) -> Result<Value, RpcError> {
     let req: PathRequest = connect::decode(headers, body)?;
-    let user = paths::user(headers);
+    let user = target.user(headers);
     let path = paths::resolve(&req.path, user.as_deref());
     if method == "Stat" {
-        return Ok(json!({"entry": entry(&stat_following(target, &path).await?)}));
+        let found = stat_following(target, &path).await?;
+        return Ok(json!({"entry": entry(&found, &target.accounts)}));
     }
     let op = match method {
         "ListDir" => PathOp::List {
@@ -138,9 +140,12 @@ async fn path_call(
         Err(e) => return Err(e.into()),
     };
     Ok(match method {
-        "ListDir" => json!({"entries": entries.iter().map(entry).collect::<Vec<_>>()}),
+        "ListDir" => json!({"entries": entries
+            .iter()
+            .map(|e| entry(e, &target.accounts))
+            .collect::<Vec<_>>()}),
         "Remove" => json!({}),
-        _ => json!({"entry": entries.first().map(entry)}),
+        _ => json!({"entry": entries.first().map(|e| entry(e, &target.accounts))}),
     })
 }
 
@@ -197,13 +202,13 @@ async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcErr
 
 async fn move_call(target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<Value, RpcError> {
     let req: MoveRequest = connect::decode(headers, body)?;
-    let user = paths::user(headers);
+    let user = target.user(headers);
     let op = PathOp::Rename {
         from: paths::resolve(&req.source, user.as_deref()),
         to: paths::resolve(&req.destination, user.as_deref()),
     };
     let entries = target.control.path_op(&target.id, op).await?;
-    Ok(json!({"entry": entries.first().map(entry)}))
+    Ok(json!({"entry": entries.first().map(|e| entry(e, &target.accounts))}))
 }
 
 /// The node's watch of the request's directory.
@@ -213,7 +218,7 @@ async fn start_watch(
     body: &[u8],
 ) -> Result<BoxStream<'static, WatchEvent>, RpcError> {
     let req: WatchRequest = connect::decode(headers, body)?;
-    let user = paths::user(headers);
+    let user = target.user(headers);
     let path = paths::resolve(&req.path, user.as_deref());
     Ok(target
         .control
@@ -370,7 +375,7 @@ fn remove_watcher(
 }
 
 /// envd's `EntryInfo` in proto3 JSON (int64 as a string, enums by name).
-fn entry(e: &PathEntry) -> Value {
+fn entry(e: &PathEntry, accounts: &Accounts) -> Value {
     let name = e.path.rsplit('/').next().unwrap_or_default();
     let kind = match e.kind {
         PathKind::Dir => "FILE_TYPE_DIRECTORY",
@@ -391,8 +396,8 @@ fn entry(e: &PathEntry) -> Value {
         "size": e.size.to_string(),
         "mode": e.mode,
         "permissions": permissions(e.kind, e.mode),
-        "owner": owner(e.uid),
-        "group": owner(e.gid),
+        "owner": accounts.user_name(e.uid),
+        "group": accounts.group_name(e.gid),
     });
     if let Some(m) = modified {
         v["modifiedTime"] = json!(m);
@@ -402,14 +407,6 @@ fn entry(e: &PathEntry) -> Value {
         v["isSymlink"] = json!(true);
     }
     v
-}
-
-fn owner(id: u32) -> String {
-    if id == 0 {
-        "root".into()
-    } else {
-        id.to_string()
-    }
 }
 
 /// Go's `FileMode.String()`, which envd reports.
@@ -445,7 +442,7 @@ mod tests {
             modified_ms: 1_735_689_600_000,
             symlink_target: None,
         };
-        let v = entry(&e);
+        let v = entry(&e, &Accounts::default());
         assert_eq!(v["name"], "a.txt");
         assert_eq!(v["type"], "FILE_TYPE_FILE");
         assert_eq!(v["size"], "3");

@@ -24,12 +24,22 @@ pub mod filesystem;
 pub mod paths;
 pub mod ports;
 pub mod process;
+pub mod users;
 
 /// The sandbox a request is for, once routing found it live.
 #[derive(Clone)]
 pub struct Target {
     pub id: String,
     pub control: Arc<Control>,
+    /// Its accounts: who a call that names no user acts as, owner names.
+    pub accounts: Arc<users::Accounts>,
+}
+
+impl Target {
+    /// The user a call acts as: the one it names, else the default.
+    pub fn user(&self, headers: &HeaderMap) -> Option<String> {
+        paths::user(headers).or_else(|| self.accounts.default_user.clone())
+    }
 }
 
 pub fn router(e2b: Arc<E2b>) -> Router {
@@ -138,7 +148,12 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
             "missing or wrong X-Access-Token: use the envdAccessToken the create or connect call returned",
         );
     }
-    req.extensions_mut().insert(Target { id, control });
+    let accounts = e2b.accounts.of(&control, &id).await;
+    req.extensions_mut().insert(Target {
+        id,
+        control,
+        accounts,
+    });
     next.run(req).await
 }
 

@@ -267,14 +267,17 @@ async fn start(
     let stdin = pty || req.stdin.unwrap_or(true);
     let config: ProcessConfig = serde_json::from_value(req.process.clone())
         .map_err(|e| RpcError::new(Code::InvalidArgument, format!("process: {e}")))?;
-    let user = paths::user(headers);
+    let user = target.user(headers);
     let exec = ExecRequest {
         cmd: std::iter::once(config.cmd).chain(config.args).collect(),
         env: config.envs,
-        cwd: config
-            .cwd
-            .filter(|c| !c.is_empty())
-            .map(|c| paths::resolve(&c, user.as_deref())),
+        // envd starts a process in its user's home unless told otherwise.
+        cwd: Some(
+            config
+                .cwd
+                .filter(|c| !c.is_empty())
+                .map_or_else(|| "~".to_string(), |c| paths::resolve(&c, user.as_deref())),
+        ),
         stdin: None,
         timeout,
         user: user.filter(|u| u != "root"),

@@ -398,6 +398,42 @@ def test_commands_and_files_act_as_the_templates_user(e2b_warren):
     assert "user ok" in out
 
 
+def test_signed_file_urls_work_without_the_sandbox_header(e2b_warren):
+    """Issue 40 (4): `download_url`/`upload_url` are opened by whatever holds
+    them (a browser, curl), with no E2B header: the signature names the
+    sandbox; it stays bound to path, operation, user and expiry."""
+    import base64
+    import hashlib
+
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    s = httpx.post(f"{api}/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
+
+    def sign(path, op, exp=None):
+        raw = f"{path}:{op}::{s['envdAccessToken']}" + (f":{exp}" if exp else "")
+        return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+
+    try:
+        exp = int(time.time()) + 60
+        up = {"path": "/tmp/signed.txt", "signature": sign("/tmp/signed.txt", "write", exp), "signature_expiration": exp}
+        r = httpx.post(f"{sbx_url}/files", params=up, content=b"via url",
+                       headers={"Content-Type": "application/octet-stream"})
+        assert r.status_code == 200, r.text
+        down = {"path": "/tmp/signed.txt", "signature": sign("/tmp/signed.txt", "read")}
+        r = httpx.get(f"{sbx_url}/files", params=down)
+        assert (r.status_code, r.content) == (200, b"via url"), r.text
+        # The read signature does not write, nor read another path; an
+        # expired one is refused.
+        assert httpx.post(f"{sbx_url}/files", params=down, content=b"x").status_code == 401
+        assert httpx.get(f"{sbx_url}/files", params={**down, "path": "/etc/passwd"}).status_code == 401
+        old = int(time.time()) - 1
+        r = httpx.get(f"{sbx_url}/files", params={"path": "/tmp/signed.txt", "signature_expiration": old,
+                                                   "signature": sign("/tmp/signed.txt", "read", old)})
+        assert r.status_code == 401, r.text
+    finally:
+        httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key)
+
+
 def test_pause_and_connect_resume(e2b_warren):
     api = e2b_warren.e2b_env["E2B_API_URL"]
     key = {"X-API-KEY": e2b_warren.token}

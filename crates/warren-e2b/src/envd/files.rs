@@ -30,7 +30,7 @@ pub struct FileQuery {
     #[serde(default)]
     username: Option<String>,
     #[serde(default)]
-    signature: Option<String>,
+    pub(crate) signature: Option<String>,
     #[serde(default)]
     signature_expiration: Option<i64>,
 }
@@ -62,7 +62,6 @@ fn authorized(
     operation: &str,
 ) -> Option<Authorized> {
     let id = &target.id;
-    let token = e2b.access_token(id);
     let given = headers
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
@@ -70,16 +69,33 @@ fn authorized(
     if e2b.token_ok(id, given) {
         return Some(q.username.clone().or_else(|| target.user(headers)));
     }
-    let signature = q.signature.as_ref()?;
+    if !signed_for(e2b, id, q, operation) {
+        return None;
+    }
+    Some(
+        q.username
+            .clone()
+            .filter(|u| !u.is_empty())
+            .or_else(|| target.accounts.default_user.clone()),
+    )
+}
+
+/// Whether `q` carries an unexpired signature made with sandbox `id`'s
+/// access token for its path, `operation` and user.
+pub(crate) fn signed_for(e2b: &E2b, id: &str, q: &FileQuery, operation: &str) -> bool {
+    let Some(signature) = &q.signature else {
+        return false;
+    };
     if let Some(exp) = q.signature_expiration {
         if exp < time::OffsetDateTime::now_utc().unix_timestamp() {
-            return None;
+            return false;
         }
     }
     let mut text = format!(
-        "{}:{operation}:{}:{token}",
+        "{}:{operation}:{}:{}",
         q.path.as_deref().unwrap_or(""),
-        q.username.as_deref().unwrap_or("")
+        q.username.as_deref().unwrap_or(""),
+        e2b.access_token(id)
     );
     if let Some(exp) = q.signature_expiration {
         text.push_str(&format!(":{exp}"));
@@ -90,12 +106,16 @@ fn authorized(
             .encode(sha2::Sha256::digest(text.as_bytes()))
     );
     use subtle::ConstantTimeEq;
-    bool::from(want.as_bytes().ct_eq(signature.as_bytes())).then(|| {
-        q.username
-            .clone()
-            .filter(|u| !u.is_empty())
-            .or_else(|| target.accounts.default_user.clone())
-    })
+    want.as_bytes().ct_eq(signature.as_bytes()).into()
+}
+
+/// The operation a `/files` request signs: a read for GET, a write else.
+pub(crate) fn operation_of(method: &axum::http::Method) -> &'static str {
+    if method == axum::http::Method::GET {
+        "read"
+    } else {
+        "write"
+    }
 }
 
 fn unauthorized() -> Response {

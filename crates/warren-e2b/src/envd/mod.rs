@@ -91,20 +91,47 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
     };
     let headers = req.headers();
     let token = header(headers, "x-access-token");
+    let signed = (req.uri().path() == "/files")
+        .then(|| axum::extract::Query::<files::FileQuery>::try_from_uri(req.uri()).ok())
+        .flatten()
+        .filter(|q| q.0.signature.is_some());
     let id = match header(headers, "e2b-sandbox-id") {
         Some(id) => id.to_string(),
-        None => match token {
-            Some(t) => match by_token(&e2b, &control, t).await {
+        None => {
+            let found = match (token, &signed) {
+                (Some(t), _) => live_e2b_sandboxes(&control)
+                    .await
+                    .into_iter()
+                    .find(|id| e2b.token_ok(id, t)),
+                // A signed URL (`download_url`, `upload_url`) is opened by
+                // whatever holds it, with no header: its signature names
+                // the sandbox (it is made with that sandbox's token).
+                (None, Some(q)) => {
+                    let operation = files::operation_of(req.method());
+                    let found = live_e2b_sandboxes(&control)
+                        .await
+                        .into_iter()
+                        .find(|id| files::signed_for(&e2b, id, &q.0, operation));
+                    if found.is_none() {
+                        return plain_error(
+                            StatusCode::UNAUTHORIZED,
+                            "this signed URL matches no running sandbox: it expired, or was signed for another path, operation or user",
+                        );
+                    }
+                    found
+                }
+                (None, None) => {
+                    return plain_error(
+                        StatusCode::BAD_REQUEST,
+                        "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL and use e2b >= 2.7, whose SDK sends it",
+                    )
+                }
+            };
+            match found {
                 Some(id) => id,
                 None => return not_found(""),
-            },
-            None => {
-                return plain_error(
-                    StatusCode::BAD_REQUEST,
-                    "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL and use e2b >= 2.7, whose SDK sends it",
-                )
             }
-        },
+        }
     };
     let row = match control.get(&id).await {
         Ok(row) if row.state == SandboxState::Running => row,
@@ -165,17 +192,17 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// The live E2B sandbox whose access token this is (old SDKs send no
-/// sandbox id after `connect`).
-async fn by_token(e2b: &E2b, control: &Control, token: &str) -> Option<String> {
-    let selector = Selector::parse(&format!("{}={}", FRONT_LABEL.0, FRONT_LABEL.1)).ok()?;
-    let live = control
+/// The live sandboxes made through E2B: among them, the one a token or a
+/// signed URL was made for (old SDKs send no sandbox id after `connect`).
+async fn live_e2b_sandboxes(control: &Control) -> Vec<String> {
+    let Ok(selector) = Selector::parse(&format!("{}={}", FRONT_LABEL.0, FRONT_LABEL.1)) else {
+        return Vec::new();
+    };
+    control
         .list(&[SandboxState::Running, SandboxState::Paused], &selector)
         .await
-        .ok()?;
-    live.into_iter()
-        .map(|s| s.id)
-        .find(|id| e2b.token_ok(id, token))
+        .map(|live| live.into_iter().map(|s| s.id).collect())
+        .unwrap_or_default()
 }
 
 async fn health() -> StatusCode {

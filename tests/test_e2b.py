@@ -434,6 +434,26 @@ def test_signed_file_urls_work_without_the_sandbox_header(e2b_warren):
         httpx.delete(f"{api}/sandboxes/{s['sandboxID']}", headers=key)
 
 
+def test_allow_out_makes_an_allowlist_sandbox(e2b_warren):
+    """Issue 40 (7): E2B's allowOut switches the sandbox to allowlist mode
+    (a host for ports 80 and 443, HOST:PORT as given; ALL_TRAFFIC in
+    denyOut is what allowlist mode does anyway) instead of a 400; a deny
+    list alone is refused with what to send."""
+    api = e2b_warren.e2b_env["E2B_API_URL"]
+    key = {"X-API-KEY": e2b_warren.token}
+    r = httpx.post(f"{api}/sandboxes", headers=key, timeout=60, json={
+        "templateID": "base", "network": {"allowOut": ["pypi.org", "10.1.2.3:8080"], "denyOut": ["0.0.0.0/0"]}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    try:
+        net = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()["spec"]["network"]
+        assert net["mode"] == "allowlist" and net["allow"] == ["pypi.org:80", "pypi.org:443", "10.1.2.3:8080"], net
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+    r = httpx.post(f"{api}/sandboxes", headers=key, json={"templateID": "base", "network": {"denyOut": ["evil.example"]}})
+    assert r.status_code == 400 and "allowOut" in r.json()["message"], r.text
+
+
 def test_pause_and_connect_resume(e2b_warren):
     api = e2b_warren.e2b_env["E2B_API_URL"]
     key = {"X-API-KEY": e2b_warren.token}

@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_control::control::Control;
+use warren_core::spec::NetworkMode;
 use warren_core::state::reason;
 use warren_core::{ApiError, ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
 
@@ -43,6 +44,7 @@ pub fn router(e2b: Arc<E2b>) -> Router {
 }
 
 /// An E2B error: `{code, message}` with the HTTP status as code.
+#[derive(Debug)]
 pub struct E2bError {
     status: StatusCode,
     message: String,
@@ -153,6 +155,50 @@ struct Network {
     deny_out: Option<Vec<String>>,
 }
 
+/// E2B's "all traffic" (`ALL_TRAFFIC` in its SDKs).
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// Warren's egress for E2B's `allowOut`/`denyOut`. An allowlist is Warren's
+/// `allowlist` mode (everything else refused, so `denyOut: [ALL_TRAFFIC]`
+/// says nothing more); E2B's entries are hosts, IPs or CIDRs for every
+/// port, which Warren's proxy reaches per port: a bare entry becomes that
+/// host on 80 and 443, and `HOST:PORT` is taken as it is. A sandbox reaches
+/// nothing unless something is allowed, so a deny list alone (E2B's
+/// "everything but") is refused with what to send instead.
+fn egress(n: Network) -> E2bResult<(NetworkMode, Vec<String>, Vec<String>)> {
+    let rules = |entries: Vec<String>| -> Vec<String> {
+        entries
+            .into_iter()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty() && e != ALL_TRAFFIC)
+            .flat_map(|e| {
+                let has_port = e
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+                if has_port {
+                    vec![e]
+                } else {
+                    vec![format!("{e}:80"), format!("{e}:443")]
+                }
+            })
+            .collect()
+    };
+    let allow = rules(n.allow_out.unwrap_or_default());
+    let deny = rules(n.deny_out.unwrap_or_default());
+    if allow.is_empty() && !deny.is_empty() {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "Warren sandboxes reach nothing unless allowed: list what the sandbox may reach in allowOut (denyOut alone cannot open the rest)",
+        ));
+    }
+    let mode = if allow.is_empty() {
+        NetworkMode::None
+    } else {
+        NetworkMode::Allowlist
+    };
+    Ok((mode, allow, deny))
+}
+
 async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Response> {
     let req: NewSandbox = body(&raw)?;
     let control = control(&e2b)?;
@@ -189,8 +235,7 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
         ..Default::default()
     };
     if let Some(n) = req.network {
-        spec.network.allow = n.allow_out.unwrap_or_default();
-        spec.network.deny = n.deny_out.unwrap_or_default();
+        (spec.network.mode, spec.network.allow, spec.network.deny) = egress(n)?;
     }
     let (info, _) = control.create(spec, true).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
@@ -613,6 +658,27 @@ async fn metrics(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn e2b_egress_becomes_an_allowlist() {
+        use super::{egress, Network, NetworkMode, ALL_TRAFFIC};
+        let n = |allow: &[&str], deny: &[&str]| Network {
+            allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
+            deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
+        };
+        let (mode, allow, deny) =
+            egress(n(&["pypi.org", "10.0.0.0/8:5000"], &[ALL_TRAFFIC])).expect("allowed");
+        assert_eq!(mode, NetworkMode::Allowlist);
+        assert_eq!(allow, ["pypi.org:80", "pypi.org:443", "10.0.0.0/8:5000"]);
+        assert!(deny.is_empty());
+        let (_, _, deny) = egress(n(&["a.io"], &["b.a.io"])).expect("deny");
+        assert_eq!(deny, ["b.a.io:80", "b.a.io:443"]);
+        assert_eq!(
+            egress(n(&[], &[ALL_TRAFFIC])).expect("none").0,
+            NetworkMode::None
+        );
+        assert!(egress(n(&[], &["evil.example"])).is_err());
+    }
+
     #[test]
     fn metadata_filters_are_percent_decoded() {
         assert_eq!(super::percent_decode("a%3Db%20c+d"), "a=b c d");

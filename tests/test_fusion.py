@@ -21,6 +21,7 @@ import pytest
 
 from conftest import ROOT, Warren, free_port, own_daemon
 from debian import CACHE, cache_lock, debian_archive
+from helpers import wait_until
 
 SANDBOX_FUSION = "0.3.7"
 VERL = "0.9.1"
@@ -272,6 +273,9 @@ def test_a_door_with_a_token_takes_only_calls_that_carry_it(images):
         r = httpx.post(url, json={"language": "python"}, headers={"Authorization": "Bearer fusion-s3cret"})
         assert r.status_code == 422 and "code" in r.text, r.text
         assert w.http.get("/v1/sandboxes").json() == []
+        # Issue 39 (5): its image (the default) is in no store: said at start.
+        wait_until(lambda: "SandboxFusion image python:3.11-slim is not in the image store" in w.log_text(),
+                   what="the warning about the missing image")
 
 
 def test_missing_toolchain_names_the_binary_and_the_flag(fusion):

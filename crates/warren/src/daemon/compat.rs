@@ -44,8 +44,41 @@ pub async fn start(
         let router = warren_fusion::router(control.clone(), image.clone(), guard);
         let at = serve(addr, router, "--sandbox-fusion", nofile).await?;
         say!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
+        tokio::spawn(warn_if_missing(who.to_string(), control, image));
     }
     Ok(())
+}
+
+/// Says at start when the image `/run_code` needs is in no node's store:
+/// the first call would then pull it (a short name through the search
+/// registries), which fails on a machine that reaches no registry.
+async fn warn_if_missing(who: String, control: warren_control::ControlCell, image: String) {
+    // A server replica runs a control plane only once it leads.
+    let control = loop {
+        if let Some(c) = control.get() {
+            break c.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    if control.lifecycle.wait_ready().await.is_err() {
+        return;
+    }
+    let Ok(images) = control.images().await else {
+        return;
+    };
+    let names = [
+        image.clone(),
+        warren_core::image_ref::qualify(&image, "docker.io"),
+    ];
+    let held = images.iter().any(|i| {
+        names
+            .iter()
+            .any(|n| i.name == *n || i.name == format!("{n}:latest"))
+    });
+    if !held {
+        tracing::warn!(%image, "the SandboxFusion image is in no node's image store");
+        say!("{who}: warning: the SandboxFusion image {image} is not in the image store; the first /run_code pulls it (registries.toml: unqualified-search-registries, mirrors) or fails where no registry is reachable: `warren image pull {image}` or `warren image import FILE --name {image}` first");
+    }
 }
 
 /// Serves `router` on `addr` until the process ends, as the API is served

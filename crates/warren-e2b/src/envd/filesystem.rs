@@ -69,8 +69,15 @@ pub struct Watchers {
 struct Watcher {
     sandbox: String,
     state: Arc<Mutex<Buffered>>,
+    /// Woken by each event the watch buffers.
+    arrived: Arc<tokio::sync::Notify>,
     task: tokio::task::AbortHandle,
 }
+
+/// How long a poll that finds no event waits for one: a change made just
+/// before the poll is then in its answer (envd reads inotify in-process;
+/// here the event crosses the node contract first).
+const POLL_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 #[derive(Default)]
 struct Buffered {
@@ -99,7 +106,7 @@ pub async fn rpc(
         "Move" => move_call(&target, &headers, &body).await,
         "WatchDir" => return watch_dir(&target, &headers, &body).await,
         "CreateWatcher" => create_watcher(&e2b.watchers, &target, &headers, &body).await,
-        "GetWatcherEvents" => watcher_events(&e2b.watchers, &target, &headers, &body),
+        "GetWatcherEvents" => watcher_events(&e2b.watchers, &target, &headers, &body).await,
         "RemoveWatcher" => remove_watcher(&e2b.watchers, &target, &headers, &body),
         other => Err(RpcError::new(
             Code::Unimplemented,
@@ -288,22 +295,26 @@ async fn create_watcher(
     }
     let mut events = start_watch(target, headers, body).await?;
     let state = Arc::new(Mutex::new(Buffered::default()));
+    let arrived = Arc::new(tokio::sync::Notify::new());
     let task = {
-        let state = state.clone();
+        let (state, arrived) = (state.clone(), arrived.clone());
         tokio::spawn(async move {
             while let Some(ev) = events.next().await {
-                let mut st = lock(&state);
-                match fs_event(ev) {
-                    Ok(v) => {
-                        if st.events.len() >= MAX_BUFFERED {
-                            st.events.pop_front();
+                {
+                    let mut st = lock(&state);
+                    match fs_event(ev) {
+                        Ok(v) => {
+                            if st.events.len() >= MAX_BUFFERED {
+                                st.events.pop_front();
+                            }
+                            st.events.push_back(v);
                         }
-                        st.events.push_back(v);
+                        Err(e) => st.error = Some(e),
                     }
-                    Err(e) => {
-                        st.error = Some(e);
-                        return;
-                    }
+                }
+                arrived.notify_one();
+                if lock(&state).error.is_some() {
+                    return;
                 }
             }
         })
@@ -317,6 +328,7 @@ async fn create_watcher(
     let watcher = Arc::new(Watcher {
         sandbox: target.id.clone(),
         state,
+        arrived,
         task: task.abort_handle(),
     });
     lock(&watchers.by_id).insert(id.clone(), watcher);
@@ -344,14 +356,33 @@ fn watcher_of(
     }
 }
 
-/// `GetWatcherEvents`: what happened since the last call.
-fn watcher_events(
+/// `GetWatcherEvents`: what happened since the last call; with nothing
+/// yet, what comes within [`POLL_WAIT`].
+async fn watcher_events(
     watchers: &Watchers,
     target: &Target,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Value, RpcError> {
     let (_, watcher) = watcher_of(watchers, target, headers, body)?;
+    let deadline = tokio::time::Instant::now() + POLL_WAIT;
+    loop {
+        let empty = {
+            let st = lock(&watcher.state);
+            st.events.is_empty() && st.error.is_none()
+        };
+        // A wake-up left from events an earlier poll took returns at once:
+        // look again until something is there or the time is up.
+        if !empty || watcher.task.is_finished() {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, watcher.arrived.notified())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
     let mut st = lock(&watcher.state);
     if st.events.is_empty() {
         if let Some(e) = st.error.take() {

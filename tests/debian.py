@@ -13,13 +13,15 @@ import pytest
 from helpers import run
 
 CACHE = Path(os.environ.get("WARREN_TEST_CACHE", "/var/cache/warren-tests"))
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make-base-image.sh"
 
 
-def debian_archive(tmp_path, packages=("python3",)):
+def debian_archive(tmp_path, packages=("python3",), e2b_user=False):
     """An OCI archive (tag `deb`) of a Debian bookworm userland with
-    `packages`, built with mmdebstrap once and cached between runs; its
-    path (for `warren image import`)."""
-    name = "-".join(p.replace("+", "p") for p in packages)
+    `packages` (and, with `e2b_user`, E2B's `base`: bash, git, sudo and the
+    user `user`), built by scripts/make-base-image.sh once and cached
+    between runs; its path (for `warren image import`)."""
+    name = "-".join(p.replace("+", "p") for p in packages) + ("-e2b" if e2b_user else "")
     cached = CACHE / f"debian-bookworm-{name}-oci.tar"
     if cached.exists():
         return cached
@@ -27,7 +29,8 @@ def debian_archive(tmp_path, packages=("python3",)):
         pytest.skip("mmdebstrap is not installed (scripts/install-deps.sh --test)")
     with cache_lock(cached.name):
         if not cached.exists():
-            build_debian(tmp_path, packages, name, cached)
+            args = ["--include", ",".join(packages), "--tag", "deb"] + (["--e2b-user"] if e2b_user else [])
+            run(SCRIPT, cached, *args)
     return cached
 
 
@@ -40,25 +43,6 @@ def cache_lock(name):
     with open(CACHE / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def build_debian(tmp_path, packages, name, cached):
-    """Builds the archive at `cached` with mmdebstrap and umoci."""
-    work = tmp_path / f"build-{name}"
-    work.mkdir()
-    rootfs = work / "rootfs.tar"
-    # No device nodes: images may not carry them (Warren's own /dev is used).
-    run("mmdebstrap", "--quiet", "--variant=essential", f"--include={','.join(packages)}", "--mode=root",
-        "--skip=output/dev", "bookworm", rootfs)
-    layout = work / "oci"
-    run("umoci", "init", "--layout", layout)
-    run("umoci", "new", "--image", f"{layout}:deb")
-    run("umoci", "unpack", "--image", f"{layout}:deb", work / "bundle")
-    run("tar", "-C", work / "bundle" / "rootfs", "-xf", rootfs)
-    run("umoci", "repack", "--image", f"{layout}:deb", work / "bundle")
-    partial = cached.with_suffix(".partial")
-    run("tar", "-C", layout, "-cf", partial, ".")
-    partial.rename(cached)
 
 
 def debian_python_layout(tmp_path):

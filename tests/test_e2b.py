@@ -22,7 +22,7 @@ from helpers import sh_ok, wait_until
 IMAGE = "e2b-deb:1"
 # The Debian image with a stand-in for E2B's code-interpreter server.
 INTERPRETER_IMAGE = "e2b-ci:1"
-# The Debian image with E2B's user added (made by the test that needs it).
+# E2B's `base`: the Debian image with bash, git, sudo and the user `user`.
 USER_IMAGE = "e2b-user:1"
 INTERPRETER = "e2b-code-interpreter==2.11.5"
 CLIENT = Path(__file__).parent / "e2b_client.py"
@@ -378,21 +378,15 @@ def test_lists_connect_and_metrics_as_e2b_answers(e2b_warren):
             httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
 
 
-def test_commands_and_files_act_as_the_templates_user(e2b_warren):
+def test_commands_and_files_act_as_the_templates_user(e2b_warren, tmp_path):
     """Issue 40 (1): in an image with E2B's `user` (as E2B's templates),
     commands run as that user, in its home, with HOME/USER/LOGNAME from
     /etc/passwd, and relative paths are its home; a user named by the call
     gets its own. (An image without `user` keeps root: every other test
     here.)"""
     w = e2b_warren
-    s = w.http.post("/v1/sandboxes", json={"image": IMAGE}).json()
-    try:
-        sh_ok(w, s["id"], "echo 'user:x:1000:1000::/home/user:/bin/bash' >> /etc/passwd && "
-                          "echo 'user:x:1000:' >> /etc/group && mkdir -p /home/user && chown 1000:1000 /home/user")
-        r = w.http.post(f"/v1/sandboxes/{s['id']}/commit", json={"name": USER_IMAGE}, timeout=120)
-        assert r.status_code in (200, 201), r.text
-    finally:
-        w.http.delete(f"/v1/sandboxes/{s['id']}")
+    # E2B's `base` made offline by scripts/make-base-image.sh --e2b-user.
+    w.cli("image", "import", str(debian_archive(tmp_path, e2b_user=True)), "--name", USER_IMAGE, timeout=300)
     out = run_script(w, venv(VERSIONS[0]), [Path(__file__).parent / "e2b_user_client.py", USER_IMAGE],
                      "e2b user client")
     assert "user ok" in out

@@ -442,8 +442,20 @@ def test_allow_out_makes_an_allowlist_sandbox(e2b_warren):
     try:
         net = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()["spec"]["network"]
         assert net["mode"] == "allowlist" and net["allow"] == ["pypi.org:80", "pypi.org:443", "10.1.2.3:8080"], net
+        # updateNetwork replaces the rules of an allowlist sandbox.
+        r = httpx.put(f"{api}/sandboxes/{sid}/network", headers=key, json={"allowOut": ["files.pythonhosted.org"]})
+        assert r.status_code == 204, r.text
+        net = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()["spec"]["network"]
+        assert net["allow"] == ["files.pythonhosted.org:80", "files.pythonhosted.org:443"], net
     finally:
         httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+    # One made without allowOut reaches nothing and stays so.
+    plain = httpx.post(f"{api}/sandboxes", headers=key, timeout=60, json={"templateID": "base"}).json()["sandboxID"]
+    try:
+        r = httpx.put(f"{api}/sandboxes/{plain}/network", headers=key, json={"allowOut": ["pypi.org"]})
+        assert r.status_code == 409, r.text
+    finally:
+        httpx.delete(f"{api}/sandboxes/{plain}", headers=key)
     r = httpx.post(f"{api}/sandboxes", headers=key, json={"templateID": "base", "network": {"denyOut": ["evil.example"]}})
     assert r.status_code == 400 and "allowOut" in r.json()["message"], r.text
 

@@ -38,6 +38,10 @@ pub fn router(e2b: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/resume", post(connect))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(update_network),
+        )
         .route("/sandboxes/{id}/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(e2b.clone(), auth))
         .with_state(e2b)
@@ -608,6 +612,24 @@ async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> 
         ));
     }
     control.set_paused(&id, true).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `updateNetwork`: the sandbox's allowOut/denyOut replaced, as at create
+/// (see `egress`). Warren fixes the mode at create: the rules of an
+/// allowlist sandbox change at once (live connections they no longer allow
+/// are closed); a sandbox made without allowOut can reach nothing and
+/// stays so (409).
+async fn update_network(
+    State(e2b): St,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<StatusCode> {
+    let n: Network = body(&raw)?;
+    let control = control(&e2b)?;
+    live(&control, &id).await?;
+    let (_, allow, deny) = egress(n)?;
+    control.set_network(&id, allow, deny).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -356,10 +356,17 @@ fn e2b_state(state: SandboxState) -> &'static str {
     }
 }
 
+/// When the sandbox's TTL ends, to the second: the node reports what is
+/// left, so now + left moves by the milliseconds between two reads, and
+/// E2B's clients compare end times for equality (a connect that must not
+/// shorten a timeout).
 fn end_at(info: &SandboxInfo) -> String {
     let left = Duration::from_millis(info.ttl_remaining_ms.unwrap_or(0));
     let end = time::OffsetDateTime::now_utc() + left;
-    end.format(&time::format_description::well_known::Rfc3339)
+    let whole = end.unix_timestamp() + i64::from(end.millisecond() >= 500);
+    time::OffsetDateTime::from_unix_timestamp(whole)
+        .unwrap_or(end)
+        .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
 

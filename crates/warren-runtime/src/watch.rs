@@ -82,7 +82,7 @@ impl Watch {
         };
         w.top = w.add("")?;
         if recursive {
-            w.add_tree("")?;
+            w.add_tree("", None)?;
         }
         Ok(w)
     }
@@ -121,8 +121,15 @@ impl Watch {
         Ok(wd)
     }
 
-    /// Watches every directory below `rel` (already watched itself).
-    fn add_tree(&mut self, rel: &str) -> Result<(), RuntimeError> {
+    /// Watches every directory below `rel` (already watched itself). With
+    /// `found`, every entry met is reported there as created (and a file as
+    /// written too): in a directory that appeared while watched, what was
+    /// made before its own watch was in place has no event of its own.
+    fn add_tree(
+        &mut self,
+        rel: &str,
+        mut found: Option<&mut Vec<(String, Change)>>,
+    ) -> Result<(), RuntimeError> {
         let mut todo = vec![rel.to_string()];
         while let Some(dir) = todo.pop() {
             let path = self.sandbox_path(&dir);
@@ -138,13 +145,23 @@ impl Watch {
                 if name == b"." || name == b".." {
                     continue;
                 }
-                if entry.file_type() != rustix::fs::FileType::Directory {
-                    continue;
-                }
                 let Ok(name) = std::str::from_utf8(name) else {
                     continue;
                 };
                 let sub = join(&dir, name);
+                // An upload's temporary name is never shown (see `read`).
+                if let Some(found) = found
+                    .as_deref_mut()
+                    .filter(|_| !name.starts_with(UPLOAD_PREFIX))
+                {
+                    found.push((sub.clone(), Change::Create));
+                    if entry.file_type() == rustix::fs::FileType::RegularFile {
+                        found.push((sub.clone(), Change::Write));
+                    }
+                }
+                if entry.file_type() != rustix::fs::FileType::Directory {
+                    continue;
+                }
                 match self.add(&sub) {
                     Ok(_) => todo.push(sub),
                     Err(RuntimeError::NotFound(_)) => {}
@@ -235,11 +252,13 @@ impl Watch {
             let is_dir = flags.contains(ReadFlags::ISDIR);
             let change = if flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
                 if is_dir && self.recursive {
+                    out.push((rel.clone(), Change::Create));
                     match self.add(&rel) {
-                        Ok(_) => self.add_tree(&rel)?,
+                        Ok(_) => self.add_tree(&rel, Some(&mut out))?,
                         Err(RuntimeError::NotFound(_)) => {}
                         Err(e) => return Err(e),
                     }
+                    continue;
                 }
                 Change::Create
             } else if flags.contains(ReadFlags::MODIFY) {
@@ -311,6 +330,10 @@ mod tests {
         assert!(first.contains(&("a".into(), Change::Write)), "{first:?}");
         assert!(first.contains(&("sub".into(), Change::Create)), "{first:?}");
         std::fs::write(base.join("sub/c"), "2").expect("write");
+        // A directory made with files in it before its watch is in place:
+        // what is already there is reported as made.
+        std::fs::create_dir_all(base.join("fast/deeper")).expect("mkdir");
+        std::fs::write(base.join("fast/deeper/f"), "4").expect("write");
         std::fs::rename(base.join("a"), base.join("b")).expect("rename");
         std::fs::remove_file(base.join("b")).expect("rm");
         // A file-API upload shows as a create and a write of its name.
@@ -319,6 +342,10 @@ mod tests {
         let next = changes(&mut w);
         let want = [
             ("sub/c", Change::Create),
+            ("fast", Change::Create),
+            ("fast/deeper", Change::Create),
+            ("fast/deeper/f", Change::Create),
+            ("fast/deeper/f", Change::Write),
             ("a", Change::Rename),
             ("b", Change::Create),
             ("b", Change::Remove),

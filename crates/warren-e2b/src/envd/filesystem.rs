@@ -79,6 +79,9 @@ struct Watcher {
 /// here the event crosses the node contract first).
 const POLL_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// How long a poll that has events waits for the next one.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(30);
+
 #[derive(Default)]
 struct Buffered {
     events: VecDeque<Value>,
@@ -160,8 +163,8 @@ async fn path_call(
 const MAX_LINKS: usize = 40;
 
 /// envd's Stat follows symlinks (Go's os.Stat): the entry of `path` with
-/// the type, size and mode of what it finally points at, and the link's
-/// own target; a dangling link is not found. Each hop is a Stat inside
+/// the type, size and mode of what it finally points at, and that target's
+/// absolute path; a dangling link is not found. Each hop is a Stat inside
 /// the sandbox's root, so a link cannot lead out of it.
 async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcError> {
     let stat = |p: String| async move {
@@ -178,7 +181,7 @@ async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcErr
         return Ok(first);
     };
     let mut at = first.path.clone();
-    let mut next = link.clone();
+    let mut next = link;
     for _ in 0..MAX_LINKS {
         let resolved = if next.starts_with('/') {
             next.clone()
@@ -192,10 +195,12 @@ async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcErr
                 at = found.path;
                 next = t;
             }
+            // envd gives the link's target as the absolute path it
+            // resolves to (as filepath.EvalSymlinks).
             None => {
                 return Ok(PathEntry {
                     path: first.path,
-                    symlink_target: Some(link),
+                    symlink_target: Some(found.path.clone()),
                     ..found
                 })
             }
@@ -357,7 +362,8 @@ fn watcher_of(
 }
 
 /// `GetWatcherEvents`: what happened since the last call; with nothing
-/// yet, what comes within [`POLL_WAIT`].
+/// yet, what comes within [`POLL_WAIT`], and with something, what follows
+/// within [`SETTLE`] of it.
 async fn watcher_events(
     watchers: &Watchers,
     target: &Target,
@@ -367,16 +373,23 @@ async fn watcher_events(
     let (_, watcher) = watcher_of(watchers, target, headers, body)?;
     let deadline = tokio::time::Instant::now() + POLL_WAIT;
     loop {
-        let empty = {
+        let (empty, ended) = {
             let st = lock(&watcher.state);
-            st.events.is_empty() && st.error.is_none()
+            (st.events.is_empty(), st.error.is_some())
         };
-        // A wake-up left from events an earlier poll took returns at once:
-        // look again until something is there or the time is up.
-        if !empty || watcher.task.is_finished() {
+        if ended || watcher.task.is_finished() {
             break;
         }
-        if tokio::time::timeout_at(deadline, watcher.arrived.notified())
+        // Nothing yet: wait for the first event. Something: a change
+        // brings several (create, write), so wait while more keep coming.
+        let until = if empty {
+            deadline
+        } else {
+            deadline.min(tokio::time::Instant::now() + SETTLE)
+        };
+        // A wake-up left from events an earlier poll took returns at once;
+        // the loop looks again.
+        if tokio::time::timeout_at(until, watcher.arrived.notified())
             .await
             .is_err()
         {

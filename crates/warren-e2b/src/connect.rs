@@ -119,6 +119,9 @@ pub(crate) const END_STREAM: u8 = 0x02;
 pub enum Item {
     Message(Value),
     End(Result<(), RpcError>),
+    /// The connection drops without an end (what a client sees when the
+    /// sandbox behind it is killed).
+    Gone,
 }
 
 /// A server-stream answer. The stream should end with `Item::End`; if it
@@ -137,6 +140,8 @@ where
                 };
                 (true, envelope(END_STREAM, end.to_string().as_bytes()))
             }
+            // No envelope is ever empty: an empty chunk marks the drop.
+            Item::Gone => (true, Bytes::new()),
         })
         .scan(false, |done, (is_end, bytes)| {
             if *done {
@@ -145,7 +150,14 @@ where
             *done = is_end;
             futures_util::future::ready(Some((is_end, bytes)))
         });
-    let body = EndGuard::new(body).map(Ok::<_, std::io::Error>);
+    let body = EndGuard::new(body).map(|b| {
+        if b.is_empty() {
+            // An error in the body makes hyper cut the connection.
+            Err(std::io::Error::other("the sandbox is gone"))
+        } else {
+            Ok(b)
+        }
+    });
     let mut resp = Response::new(Body::from_stream(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

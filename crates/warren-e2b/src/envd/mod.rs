@@ -106,6 +106,7 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
                 // A signed URL (`download_url`, `upload_url`) is opened by
                 // whatever holds it, with no header: its signature names
                 // the sandbox (it is made with that sandbox's token).
+                (None, Some(q)) if files::expired(&q.0) => return files::expired_answer(),
                 (None, Some(q)) => {
                     let operation = files::operation_of(req.method());
                     let found = live_e2b_sandboxes(&control)

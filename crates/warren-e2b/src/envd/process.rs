@@ -58,6 +58,10 @@ struct Proc {
 enum Msg {
     Event(Value),
     Deadline,
+    /// The sandbox went away under the process: its streams drop, as the
+    /// connection to a killed E2B sandbox drops (the SDK then asks whether
+    /// the sandbox is still there and says it was killed).
+    Gone,
 }
 
 impl Proc {
@@ -371,6 +375,7 @@ async fn drive(
     };
     tokio::pin!(past_deadline);
     let mut timed_out = false;
+    let mut gone = false;
     let end = loop {
         tokio::select! {
             _ = &mut kill => {
@@ -393,7 +398,11 @@ async fn drive(
                 }
                 Some(ExecEvent::Error { message }) => break json!({"exitCode": -1, "exited": false, "status": "error", "error": message}),
                 Some(_) => {}
-                None => break killed("signal: killed"),
+                // No exit: the stream ended with the sandbox.
+                None => {
+                    gone = true;
+                    break killed("signal: killed");
+                }
             }
         }
     };
@@ -401,6 +410,8 @@ async fn drive(
     *lock(&proc.ended) = Some(end.clone());
     proc.publish(if timed_out {
         Msg::Deadline
+    } else if gone {
+        Msg::Gone
     } else {
         Msg::Event(json!({"end": end}))
     })
@@ -478,6 +489,7 @@ fn event_stream(pid: u32, rx: mpsc::Receiver<Msg>, ended: Option<Value>, pings: 
                         let item = Item::Message(json!({"event": ev}));
                         Some((item, (!last).then_some((rx, before_deadline))))
                     }
+                    Ok(Some(Msg::Gone)) => Some((Item::Gone, None)),
                     Ok(None) => Some((Item::End(Ok(())), None)),
                 }
             },

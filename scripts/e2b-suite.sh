@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs E2B's own Python SDK test suite (packages/python-sdk/tests of the
+# e2b-dev/E2B repository) against Warren's E2B doors, as an E2B user moving
+# to Warren would, and prints the counts (docs/e2b.md records them).
+#
+#   scripts/e2b-suite.sh E2B_CHECKOUT [PYTEST_ARGS...]
+#
+# E2B_CHECKOUT is a clone of github.com/e2b-dev/E2B (this machine reaches
+# no GitHub; bring one). The SDK is installed from that checkout into a
+# venv, the template `base` is E2B's base made offline
+# (scripts/make-base-image.sh --e2b-user), and a `warren up` of the build
+# in target/debug (WARREN_BIN to choose) serves the E2B API and sandbox
+# doors on loopback. Out of scope, and left out (docs/e2b.md says why):
+# template builds (issue 39) and get_host's public names.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+repo=${1:?usage: e2b-suite.sh E2B_CHECKOUT [PYTEST_ARGS...]}
+shift
+repo=$(cd "$repo" && pwd)
+sdk="$repo/packages/python-sdk"
+[ -d "$sdk/tests" ] || { echo "$repo has no packages/python-sdk/tests" >&2; exit 2; }
+warren=${WARREN_BIN:-$here/target/debug/warren}
+cache=${WARREN_TEST_CACHE:-/var/cache/warren-tests}
+commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+venv="$cache/venvs/e2b-suite-$commit"
+if [ ! -x "$venv/bin/pytest" ]; then
+    echo "== a venv with the checkout's SDK ($venv)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "$sdk" "pytest>=9,<10" "pytest-asyncio>=1.3,<2" pytest-timeout python-dotenv pytest-dotenv
+fi
+image="$cache/debian-bookworm-python3-e2b-oci.tar"
+if [ ! -f "$image" ]; then
+    echo "== E2B's base, offline"
+    "$here/scripts/make-base-image.sh" "$image" --include python3 --tag deb --e2b-user
+fi
+
+work=$(mktemp -d)
+port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+api=$(port) e2b_api=$(port) e2b_sbx=$(port)
+mkdir -m 0700 "$work/home"
+printf '[templates]\nbase = "e2b-base:1"\n' > "$work/home/e2b-templates.toml"
+printf 'unqualified-search-registries = []\n' > "$work/home/registries.toml"
+"$warren" up --home "$work/home" --listen "127.0.0.1:$api" --cgroup-parent "warren/e2b-suite-$$" \
+    --e2b-api "127.0.0.1:$e2b_api" --e2b-sandbox "127.0.0.1:$e2b_sbx" > "$work/warren.log" 2>&1 &
+daemon=$!
+cleanup() {
+    kill -INT "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$api/healthz" | grep -q ok && break
+    sleep 0.1
+done
+WARREN_URL="http://127.0.0.1:$api" "$warren" --home "$work/home" image import "$image" --name e2b-base:1 >/dev/null
+
+[ $# -gt 0 ] || set -- tests/sync tests/async
+echo "== E2B's SDK tests ($commit) against Warren"
+cd "$sdk"
+export E2B_API_URL="http://127.0.0.1:$e2b_api" E2B_SANDBOX_URL="http://127.0.0.1:$e2b_sbx"
+export E2B_API_KEY="e2b_$(cat "$work/home/token")"
+set +e
+"$venv/bin/pytest" -q -p no:cacheprovider --timeout 60 -rf \
+    --ignore tests/sync/template_sync --ignore tests/async/template_async \
+    --ignore tests/sync/sandbox_sync/test_host.py --ignore tests/async/sandbox_async/test_host.py \
+    "$@" | tee "$work/pytest.log" | tail -n 200
+status=${PIPESTATUS[0]}
+set -e
+summary=$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$work/pytest.log" | tail -1)
+echo "e2b-suite: E2B $commit, Warren $(git -C "$here" rev-parse --short HEAD): $summary"
+exit "$status"

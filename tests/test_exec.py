@@ -236,3 +236,17 @@ def test_stdin_open_takes_input_while_the_command_runs(warren, box):
     assert r.status_code == 404 and "stdin_open" in error_body(r)["message"], r.text
     ev, _, _, _ = warren.exec(box, ["true"])
     assert ev["code"] == 0
+
+
+def test_a_missing_working_directory_is_named_as_such(warren, sandbox):
+    """Issue 42 (1): `cwd` that does not exist is reported as the working
+    directory, not as a program that cannot run."""
+    sid = sandbox()["id"]
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", "true"], cwd="/no/such/dir")
+    assert ev["code"] == 126 and err == b"working directory /no/such/dir does not exist\n", (ev, err)
+    sh_ok(warren, sid, "touch /tmp/file")
+    ev, out, err, _ = warren.exec(sid, ["true"], cwd="/tmp/file")
+    assert err == b"working directory /tmp/file is not a directory\n", err
+    # A missing program still says so.
+    ev, out, err, _ = warren.exec(sid, ["no-such-program"])
+    assert ev["code"] == 127 and b"cannot run" in err, (ev, err)

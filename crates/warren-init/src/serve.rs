@@ -438,8 +438,7 @@ fn spawn(
             match unsafe { fork() } {
                 Ok(ForkResult::Child) => {
                     drop(pid_w);
-                    let errno = child(spec, fds, &candidates, &argv, &env, &cwd);
-                    let code = errno as i32;
+                    let code = child(spec, fds, &candidates, &argv, &env, &cwd).code();
                     let _ = nix::unistd::write(&err_w, &code.to_le_bytes());
                     // SAFETY: _exit is always safe; we must not run init's destructors.
                     unsafe { libc::_exit(127) }
@@ -483,14 +482,24 @@ fn spawn(
             match read_within(err_r, &mut buf) {
                 None => Err(given_up("start its program")),
                 Some(4) => {
-                    let errno = Errno::from_raw(i32::from_le_bytes(buf));
+                    let raw = i32::from_le_bytes(buf);
+                    // The child and its shim exit right away; reap()
+                    // ignores unknown pids.
+                    if raw & CHDIR_FAILED != 0 {
+                        let errno = Errno::from_raw(raw & !CHDIR_FAILED);
+                        let why = match errno {
+                            Errno::ENOENT => "does not exist".to_string(),
+                            Errno::ENOTDIR => "is not a directory".to_string(),
+                            e => e.desc().to_lowercase(),
+                        };
+                        return Err(fail(format!("working directory {} {why}", spec.cwd), 126));
+                    }
+                    let errno = Errno::from_raw(raw);
                     let code = if matches!(errno, Errno::ENOENT) {
                         127
                     } else {
                         126
                     };
-                    // The child and its shim exit right away; reap()
-                    // ignores unknown pids.
                     Err(fail(
                         format!("cannot run {program:?}: {}", errno.desc()),
                         code,
@@ -535,6 +544,26 @@ fn read_within(fd: OwnedFd, buf: &mut [u8]) -> Option<usize> {
 }
 
 /// Runs in the forked child; returns only on failure, with the errno.
+/// Set in the errno a child reports when its working directory was the
+/// failure, not the program (errno values stay far below it).
+const CHDIR_FAILED: i32 = 1 << 16;
+
+/// Why a child did not become its program.
+enum Failed {
+    Chdir(Errno),
+    Exec(Errno),
+}
+
+impl Failed {
+    /// What the child writes to its parent.
+    fn code(self) -> i32 {
+        match self {
+            Failed::Chdir(e) => e as i32 | CHDIR_FAILED,
+            Failed::Exec(e) => e as i32,
+        }
+    }
+}
+
 fn child(
     spec: &ExecSpec,
     fds: &[BorrowedFd],
@@ -542,7 +571,7 @@ fn child(
     argv: &[CString],
     env: &[CString],
     cwd: &CString,
-) -> Errno {
+) -> Failed {
     // The spawner is a Rust program, which ignores SIGPIPE; ignored
     // dispositions survive execve, so restore the defaults a program expects.
     // Real-time signals included: the C library's internal ones (32, 33)
@@ -583,7 +612,7 @@ fn child(
     for (target, fd) in fds.iter().enumerate() {
         // SAFETY: dup2 onto 0..2 replaces init's /dev/null stdio in this child only.
         if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
-            return Errno::last();
+            return Failed::Exec(Errno::last());
         }
     }
     let gid = nix::unistd::Gid::from_raw(spec.gid);
@@ -592,7 +621,7 @@ fn child(
         // The new session's controlling terminal (and its foreground
         // process group), so job control, ^C and /dev/tty work.
         if let Err(e) = rustix::process::ioctl_tiocsctty(fds[0]) {
-            return Errno::from_raw(e.raw_os_error());
+            return Failed::Exec(Errno::from_raw(e.raw_os_error()));
         }
         // The user's own terminal, as a login gives one; a sandbox without
         // CAP_CHOWN keeps it root's, which the user can still use.
@@ -608,16 +637,16 @@ fn child(
         .map(|g| nix::unistd::Gid::from_raw(*g))
         .collect();
     if let Err(e) = nix::unistd::setgroups(&groups) {
-        return e;
+        return Failed::Exec(e);
     }
     if let Err(e) = nix::unistd::setresgid(gid, gid, gid) {
-        return e;
+        return Failed::Exec(e);
     }
     if let Err(e) = nix::unistd::setresuid(uid, uid, uid) {
-        return e;
+        return Failed::Exec(e);
     }
     if let Err(e) = nix::unistd::chdir(cwd.as_c_str()) {
-        return e;
+        return Failed::Chdir(e);
     }
     exec_tree::raise_oom_score();
     let mut last = Errno::ENOENT;
@@ -628,7 +657,7 @@ fn child(
             Ok(_) => {}
         }
     }
-    last
+    Failed::Exec(last)
 }
 
 fn close_from(first: RawFd) {

@@ -81,6 +81,7 @@ def run_in_jupyter(config):
                     cells.append(cell)
                     status = "TimeLimitExceeded"
                     break
+                await late_output(kc, reply["parent_header"].get("msg_id"), hook)
                 cells.append(cell)
         finally:
             kc.stop_channels()
@@ -88,6 +89,21 @@ def run_in_jupyter(config):
         return status, cells
 
     return asyncio.run(main())
+
+
+async def late_output(kc, msg_id, hook):
+    """What the cell's child processes printed and the kernel sent after it
+    said it was idle: their output reaches the kernel through a pipe that a
+    thread of its own reads, so under load it can come after the reply
+    (`os.system("echo ...")` then showed nothing). Taken while it keeps
+    coming, for the cell that made it."""
+    while True:
+        try:
+            msg = await kc.get_iopub_msg(timeout=0.1)
+        except Exception:
+            return
+        if msg["parent_header"].get("msg_id") == msg_id and msg["header"]["msg_type"] == "stream":
+            hook(msg)
 
 
 def split_last_expression(code):

@@ -43,6 +43,8 @@ pub struct Control {
     pub policy: warren_core::profile::Policy,
     pub lifecycle: crate::lifecycle::Lifecycle,
     pub pools: crate::pools::Pools,
+    /// Image builds, running and recent.
+    pub(crate) builds: crate::builds::Builds,
 }
 
 impl From<StoreError> for ApiError {
@@ -123,6 +125,7 @@ impl Control {
             policy,
             lifecycle: Default::default(),
             pools: Default::default(),
+            builds: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod api;
 pub mod batch;
+mod builds;
 pub mod control;
 mod images;
 mod json_body;

@@ -168,8 +168,12 @@ impl Control {
                 )));
             }
         }
+        let req = warren_node_api::CommitImage {
+            into: warren_node_api::ImageTarget::Name(name.to_string()),
+            created_by: None,
+        };
         self.api(&row.node)?
-            .commit(id, name)
+            .commit(id, req)
             .await
             .map_err(node_error)
     }

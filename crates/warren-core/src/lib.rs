@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
+pub mod build;
 pub mod clock;
 pub mod crashpoint;
 pub mod error;

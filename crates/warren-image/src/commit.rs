@@ -24,6 +24,7 @@ use crate::layout::parse_config_from;
 use crate::record::ImageRecord;
 use crate::store::{DerivedImage, ImageStore};
 use crate::whiteout::OPAQUE_XATTR;
+use warren_core::build::ImageSettings;
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -220,20 +221,61 @@ fn oci_layer_type(media: &str) -> &str {
     }
 }
 
+/// How a derived image's config differs from its base's: the settings a
+/// build step changes, and the history entry it adds.
+pub struct Derivation<'a> {
+    pub settings: Option<&'a ImageSettings>,
+    /// The history's `created_by`: the command or instruction.
+    pub created_by: &'a str,
+    /// The history's `comment`: what made it (`warren commit`, `warren build`).
+    pub comment: &'a str,
+}
+
 impl ImageStore {
     /// Turns `upper` (a sandbox's overlay upper directory, which must not
     /// change meanwhile: pause the sandbox) into a layer on top of `base`
-    /// and records the result as `name`. `comment` goes into the image
-    /// history.
+    /// and records the result as `name`.
     pub fn commit_changes(
         &self,
         base: &ImageRecord,
         upper: &Path,
         owners: Owners,
         name: &str,
-        comment: &str,
+        how: &Derivation<'_>,
     ) -> Result<ImageRecord, ImageError> {
         let name = crate::reference::normalize_name(name)?;
+        let tmp = self.tmp_dir().join(unique_name("commit-"));
+        let blob = match write_layer(upper, owners, &tmp) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let result = self.derive_with(base, Some((tmp.clone(), blob)), how, &name);
+        // Moved into content/ on success; left in tmp/ on failure.
+        let _ = fs::remove_file(&tmp);
+        result
+    }
+
+    /// Records `base` with its config changed (no new layer) as `name`.
+    pub fn derive(
+        &self,
+        base: &ImageRecord,
+        how: &Derivation<'_>,
+        name: &str,
+    ) -> Result<ImageRecord, ImageError> {
+        let name = crate::reference::normalize_name(name)?;
+        self.derive_with(base, None, how, &name)
+    }
+
+    fn derive_with(
+        &self,
+        base: &ImageRecord,
+        layer: Option<(PathBuf, LayerBlob)>,
+        how: &Derivation<'_>,
+        name: &str,
+    ) -> Result<ImageRecord, ImageError> {
         let base_config = self.read_blob(&base.config_digest)?;
         let base_manifest = self.read_blob(&base.digest)?;
         let corrupt = |what: &str, e: serde_json::Error| ImageError::CorruptStore {
@@ -248,28 +290,28 @@ impl ImageStore {
         let manifest: serde_json::Value =
             serde_json::from_slice(&base_manifest).map_err(|e| corrupt("the manifest", e))?;
 
-        let tmp = self.tmp_dir().join(unique_name("commit-"));
-        let blob = match write_layer(upper, owners, &tmp) {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-
         let now = crate::time::now_rfc3339();
         config["created"] = now.clone().into();
-        config["rootfs"]["diff_ids"]
-            .as_array_mut()
-            .ok_or_else(|| {
-                ImageError::InvalidImage(format!(
-                    "image config {} has no rootfs.diff_ids",
-                    base.config_digest
-                ))
-            })?
-            .push(blob.diff_id.clone().into());
-        let entry =
-            serde_json::json!({"created": now, "created_by": comment, "comment": "warren commit"});
+        if let Some(settings) = how.settings {
+            apply_settings(&mut config, settings);
+        }
+        let mut entry = serde_json::json!({
+            "created": now,
+            "created_by": how.created_by,
+            "comment": how.comment,
+        });
+        match &layer {
+            Some((_, blob)) => config["rootfs"]["diff_ids"]
+                .as_array_mut()
+                .ok_or_else(|| {
+                    ImageError::InvalidImage(format!(
+                        "image config {} has no rootfs.diff_ids",
+                        base.config_digest
+                    ))
+                })?
+                .push(blob.diff_id.clone().into()),
+            None => entry["empty_layer"] = true.into(),
+        }
         match config.get_mut("history").and_then(|h| h.as_array_mut()) {
             Some(history) => history.push(entry),
             None => config["history"] = serde_json::json!([entry]),
@@ -277,7 +319,7 @@ impl ImageStore {
         let config_bytes = serde_json::to_vec(&config)
             .map_err(|e| ImageError::io("encoding image config", io::Error::other(e)))?;
         let config_digest = sha256_digest(&config_bytes);
-        let config_parsed = parse_config_from(&config_bytes, &config_digest, &name)?;
+        let config_parsed = parse_config_from(&config_bytes, &config_digest, name)?;
 
         let mut layers: Vec<serde_json::Value> = manifest["layers"]
             .as_array()
@@ -295,11 +337,13 @@ impl ImageStore {
                 l
             })
             .collect();
-        layers.push(serde_json::json!({
-            "mediaType": OCI_LAYER_GZIP,
-            "digest": blob.digest,
-            "size": blob.size,
-        }));
+        if let Some((_, blob)) = &layer {
+            layers.push(serde_json::json!({
+                "mediaType": OCI_LAYER_GZIP,
+                "digest": blob.digest,
+                "size": blob.size,
+            }));
+        }
         let new_manifest = serde_json::json!({
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
@@ -313,21 +357,67 @@ impl ImageStore {
         let manifest_bytes = serde_json::to_vec(&new_manifest)
             .map_err(|e| ImageError::io("encoding image manifest", io::Error::other(e)))?;
         let manifest_digest = sha256_digest(&manifest_bytes);
-        let result = self.commit_derived(DerivedImage {
-            name: name.clone(),
-            origin: format!("commit {name}"),
+        self.commit_derived(DerivedImage {
+            name: name.to_string(),
+            origin: format!("{} {name}", how.comment),
             base: base.clone(),
-            layer_path: tmp.clone(),
-            layer_digest: blob.digest,
+            layer: layer.map(|(path, blob)| (path, blob.digest)),
             config_digest,
             config_bytes,
             config: config_parsed,
             manifest_digest,
             manifest_bytes,
-        });
-        // Moved into content/ on success; left in tmp/ on failure.
-        let _ = fs::remove_file(&tmp);
-        result
+        })
+    }
+}
+
+/// Writes a build step's settings into an OCI image config.
+fn apply_settings(config: &mut serde_json::Value, s: &ImageSettings) {
+    if !config["config"].is_object() {
+        config["config"] = serde_json::json!({});
+    }
+    let c = &mut config["config"];
+    let list = |v: &Vec<String>| serde_json::Value::from(v.clone());
+    if let Some(env) = &s.env {
+        c["Env"] = list(env);
+    }
+    if let Some(entrypoint) = &s.entrypoint {
+        c["Entrypoint"] = list(entrypoint);
+    }
+    if let Some(cmd) = &s.cmd {
+        c["Cmd"] = list(cmd);
+    }
+    if let Some(dir) = &s.working_dir {
+        c["WorkingDir"] = dir.clone().into();
+    }
+    if let Some(user) = &s.user {
+        c["User"] = user.clone().into();
+    }
+    for (field, keys) in [
+        (
+            "Labels",
+            s.labels
+                .iter()
+                .map(|(k, v)| (k, serde_json::Value::from(v.clone())))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "ExposedPorts",
+            s.exposed_ports
+                .iter()
+                .map(|p| (p, serde_json::json!({})))
+                .collect(),
+        ),
+    ] {
+        if keys.is_empty() {
+            continue;
+        }
+        if !c[field].is_object() {
+            c[field] = serde_json::json!({});
+        }
+        for (k, v) in keys {
+            c[field][k.as_str()] = v;
+        }
     }
 }
 

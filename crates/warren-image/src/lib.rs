@@ -37,18 +37,20 @@ mod reference;
 mod registry;
 mod session;
 mod snapshot;
+mod steps;
 mod store;
 mod time;
 mod unpack;
 mod whiteout;
 
-pub use commit::Owners;
+pub use commit::{Derivation, Owners};
 pub use error::{ErrorKind, ImageError};
 pub use pull::{Progress, PullEvent, Puller};
 pub use push::Pushed;
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
 pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
 pub use session::install_tls_provider;
+pub use steps::{is_step_name, step_name};
 pub use store::{ImageStore, Pin, PruneReport};
 
 /// Entry points for the fuzz targets in `fuzz/`; not a stable API.

@@ -189,9 +189,9 @@ pub trait NodeApi: Send + Sync {
     /// Replaces a running sandbox's network rules.
     async fn set_network(&self, id: &str, network: NetworkSpec) -> NodeResult<PolicyChange>;
 
-    /// The sandbox's filesystem changes as a new image `name` (a running
-    /// sandbox is frozen while the layer is written).
-    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo>;
+    /// The sandbox's filesystem changes as a new image (a running sandbox
+    /// is frozen while the layer is written).
+    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo>;
 
     /// Copies the sandbox's filesystem changes once into a new read-only
     /// fork layer (a running sandbox is frozen meanwhile; its processes are
@@ -214,6 +214,13 @@ pub trait NodeApi: Send + Sync {
     /// Pulls from a registry; progress, then the image or the error. The
     /// pull runs to its end even if the stream is dropped.
     async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>>;
+
+    /// An image made from one the node holds, without a new layer: its
+    /// config changed, or the same image under another name.
+    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo>;
+
+    /// The image the step cache holds under `key`, if any.
+    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>>;
 
     /// Imports an OCI image-layout or docker-archive tar.
     async fn image_import(&self, name: &str, archive: ByteStream) -> NodeResult<ImageInfo>;

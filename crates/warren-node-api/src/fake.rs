@@ -321,7 +321,15 @@ impl NodeApi for FakeNode {
         self.with(id, |_| PolicyChange::default())
     }
 
-    async fn commit(&self, _id: &str, _name: &str) -> NodeResult<ImageInfo> {
+    async fn commit(&self, _id: &str, _req: CommitImage) -> NodeResult<ImageInfo> {
+        unsupported("image store")
+    }
+
+    async fn image_derive(&self, _req: DeriveImage) -> NodeResult<ImageInfo> {
+        unsupported("image store")
+    }
+
+    async fn image_step(&self, _key: &str) -> NodeResult<Option<ImageInfo>> {
         unsupported("image store")
     }
 

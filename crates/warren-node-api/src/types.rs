@@ -353,6 +353,40 @@ pub struct ImageInfo {
     pub record: serde_json::Value,
 }
 
+/// Where an image a node makes (a commit, a build step) is recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum ImageTarget {
+    /// Under a name, as any image (`repo:tag`).
+    Name(String),
+    /// In the node's step cache under a key (64 hex digits: a sha256 of
+    /// what the step depends on); not listed, pruned first.
+    Step(String),
+}
+
+/// A sandbox's filesystem changes as one new layer (`commit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitImage {
+    pub into: ImageTarget,
+    /// The history's `created_by` (default: `warren commit <id>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+}
+
+/// An image made from a stored one without a new layer (`image_derive`):
+/// its config changed by `settings` with a history entry `created_by`, or
+/// with neither, the same image under one more name (a tag).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeriveImage {
+    /// A reference to an image the node holds (no pull).
+    pub base: String,
+    pub into: ImageTarget,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<warren_core::build::ImageSettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+}
+
 /// What `image_gc` removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GcReport {

@@ -14,9 +14,9 @@ use serde::Serialize;
 use warren_core::spec::NetworkSpec;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
-    NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
-    SandboxStatus, Sequenced, Tunnel, WatchEvent, WriteFile,
+    ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
+    ImageInfo, LogNote, NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange,
+    PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent, WriteFile,
 };
 
 use crate::ndjson::Lines;
@@ -635,10 +635,9 @@ impl NodeApi for HttpNode {
         self.call_json(rb, Deadline::Quick).await
     }
 
-    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo> {
-        let body = CommitBody { name: name.into() };
+    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo> {
         self.call_json(
-            self.post_json(&["sandboxes", id, "commit"], &body)?,
+            self.post_json(&["sandboxes", id, "commit"], &req)?,
             Deadline::Open,
         )
         .await
@@ -700,6 +699,16 @@ impl NodeApi for HttpNode {
         };
         self.call_json(self.post_json(&["images", "push"], &body)?, Deadline::Open)
             .await
+    }
+
+    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo> {
+        self.call_json(self.post_json(&["images", "derive"], &req)?, Deadline::Open)
+            .await
+    }
+
+    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
+        let rb = self.request(Method::GET, &["images", "steps", key], &[])?;
+        self.call_json(rb, Deadline::Quick).await
     }
 
     async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {

@@ -21,7 +21,8 @@ use serde::de::DeserializeOwned;
 use warren_core::spec::NetworkSpec;
 use warren_core::{ExecRequest, SandboxSpec};
 use warren_node_api::{
-    ByteStream, CreateSandbox, ErrorKind, FileKind, LogNote, NodeApi, NodeError, PathOp, WriteFile,
+    ByteStream, CommitImage, CreateSandbox, DeriveImage, ErrorKind, FileKind, LogNote, NodeApi,
+    NodeError, PathOp, WriteFile,
 };
 
 use crate::fence::{Admitted, Fence, Refusal, LEADER_EPOCH};
@@ -120,7 +121,7 @@ pub async fn serve_tls(
 /// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
 /// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
 /// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
-/// | `POST /sandboxes/{id}/commit` | `commit` (`{"name"}`) | `ImageInfo` |
+/// | `POST /sandboxes/{id}/commit` | `commit` (`CommitImage`) | `ImageInfo` |
 /// | `POST /sandboxes/{id}/fork-layer` | `fork_layer` | `ForkLayer` |
 /// | `DELETE /fork-layers/{layer}` | `release_fork_layer` | 204 |
 /// | `POST /network/check` | `check_network` (`NetworkSpec`) | 204 |
@@ -131,6 +132,8 @@ pub async fn serve_tls(
 /// | `POST /images/import?name=` | `image_import` (raw body) | `ImageInfo` |
 /// | `POST /images/push` | `image_push` (`{"reference","source"}`) | `Pushed` |
 /// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
+/// | `POST /images/derive` | `image_derive` (`DeriveImage`) | `ImageInfo` |
+/// | `GET /images/steps/{key}` | `image_step` | `ImageInfo` or `null` |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
 ///
@@ -175,6 +178,8 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: 
         .route("/images/import", post(image_import))
         .route("/images/push", post(image_push))
         .route("/images/gc", post(image_gc))
+        .route("/images/derive", post(image_derive))
+        .route("/images/steps/{key}", get(image_step))
         .method_not_allowed_fallback(wrong_method)
         .with_state(node);
     Router::new()
@@ -721,9 +726,17 @@ async fn set_network(
 async fn commit(
     State(node): Node,
     P(id): P<String>,
-    JsonBody(b): JsonBody<CommitBody>,
+    JsonBody(req): JsonBody<CommitImage>,
 ) -> Answer<Response> {
-    Ok(Json(node.commit(&id, &b.name).await?).into_response())
+    Ok(Json(node.commit(&id, req).await?).into_response())
+}
+
+async fn image_derive(State(node): Node, JsonBody(req): JsonBody<DeriveImage>) -> Answer<Response> {
+    Ok(Json(node.image_derive(req).await?).into_response())
+}
+
+async fn image_step(State(node): Node, P(key): P<String>) -> Answer<Response> {
+    Ok(Json(node.image_step(&key).await?).into_response())
 }
 
 async fn fork_layer(State(node): Node, P(id): P<String>) -> Answer<Response> {

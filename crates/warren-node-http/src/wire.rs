@@ -134,11 +134,6 @@ pub(crate) struct TtlBody {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct CommitBody {
-    pub name: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ReferenceBody {
     pub reference: String,
 }

@@ -550,9 +550,27 @@ impl NodeApi for FakeNode {
         })
     }
 
-    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo> {
+    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo> {
         self.need(id)?;
+        let ImageTarget::Name(name) = &req.into else {
+            return Ok(image(&format!(
+                "step:{}",
+                req.created_by.unwrap_or_default()
+            )));
+        };
         Ok(image(name))
+    }
+
+    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo> {
+        let ImageTarget::Step(key) = &req.into else {
+            return Ok(image(&req.base));
+        };
+        let settings = serde_json::to_string(&req.settings).unwrap();
+        Ok(image(&format!("{key}:{settings}")))
+    }
+
+    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
+        Ok((key == "known").then(|| image("step")))
     }
 
     async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
@@ -992,10 +1010,39 @@ async fn every_method_crosses_the_wire() {
     node.release_fork_layer("fk-000000000002").await.unwrap();
 
     // Images.
+    let commit = |into| CommitImage {
+        into,
+        created_by: Some("RUN true".into()),
+    };
     assert_eq!(
-        node.commit("sb-2", "mine:1").await.unwrap(),
+        node.commit("sb-2", commit(ImageTarget::Name("mine:1".into())))
+            .await
+            .unwrap(),
         image("mine:1")
     );
+    assert_eq!(
+        node.commit("sb-2", commit(ImageTarget::Step("k".into())))
+            .await
+            .unwrap(),
+        image("step:RUN true")
+    );
+    let settings = warren_core::build::ImageSettings {
+        cmd: Some(vec!["sh".into()]),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.image_derive(DeriveImage {
+            base: "base:1".into(),
+            into: ImageTarget::Step("k2".into()),
+            settings: Some(settings),
+            created_by: None,
+        })
+        .await
+        .unwrap(),
+        image(r#"k2:{"cmd":["sh"]}"#)
+    );
+    assert_eq!(node.image_step("known").await.unwrap(), Some(image("step")));
+    assert_eq!(node.image_step("other").await.unwrap(), None);
     assert_eq!(
         node.image_list().await.unwrap(),
         vec![image("base:1"), image("tools:2")]

@@ -13,9 +13,10 @@ use warren_core::spec::NetworkSpec;
 use warren_core::{ExecEvent, ExecRequest, Usage};
 use warren_node_api as api;
 use warren_node_api::{
-    ByteStream, CreateSandbox, FileKind, FileRead, ForkLayer, GcReport, ImageInfo, LogNote,
-    NodeApi, NodeInfo, NodeResult, PathEntry, PathKind, PathOp, Phase, PolicyChange, PullUpdate,
-    Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent, WatchKind, WriteFile,
+    ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
+    ImageInfo, ImageTarget, LogNote, NodeApi, NodeInfo, NodeResult, PathEntry, PathKind, PathOp,
+    Phase, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent,
+    WatchKind, WriteFile,
 };
 use warren_runtime::{file_ops, files, RuntimeError};
 
@@ -95,6 +96,22 @@ fn image_error(e: warren_image::ImageError) -> api::NodeError {
         ErrorKind::Conflict => E::conflict(e.to_string()),
         ErrorKind::Internal => E::internal(e.to_string()),
         ErrorKind::Upstream => E::new(api::ErrorKind::Upstream, e.to_string()),
+    }
+}
+
+/// The store name an image made on this node is recorded under; a name
+/// in the step cache's repository is the step cache's alone.
+fn target_name(target: &ImageTarget) -> NodeResult<String> {
+    match target {
+        ImageTarget::Name(name) if warren_image::is_step_name(name) => {
+            Err(api::NodeError::invalid(format!(
+                "{name:?} is in the build step cache's repository; choose another name"
+            )))
+        }
+        ImageTarget::Name(name) => Ok(name.clone()),
+        ImageTarget::Step(key) => warren_image::step_name(key).ok_or_else(|| {
+            api::NodeError::invalid(format!("step key {key:?} is not 64 lowercase hex digits"))
+        }),
     }
 }
 
@@ -532,10 +549,11 @@ impl NodeApi for LocalNode {
         })
     }
 
-    async fn commit(&self, id: &str, name: &str) -> NodeResult<ImageInfo> {
+    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo> {
         self.node.renew_lease(id);
+        let name = target_name(&req.into)?;
         self.node
-            .commit(id, name)
+            .commit(id, &name, req.created_by)
             .await
             .map(|r| image_info(&r))
             .map_err(contract_error)
@@ -628,6 +646,28 @@ impl NodeApi for LocalNode {
         }
         .await;
         Ok(image_info(&result?))
+    }
+
+    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo> {
+        let name = target_name(&req.into)?;
+        self.node
+            .derive_image(&req.base, &name, req.settings, req.created_by)
+            .await
+            .map(|r| image_info(&r))
+            .map_err(contract_error)
+    }
+
+    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
+        let name = target_name(&ImageTarget::Step(key.to_string()))?;
+        let images = self.node.images.clone();
+        let found = tokio::task::spawn_blocking(move || images.resolve(&name))
+            .await
+            .map_err(joined)?;
+        match found {
+            Ok(record) => Ok(Some(image_info(&record))),
+            Err(e) if e.kind() == warren_image::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(image_error(e)),
+        }
     }
 
     async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed> {

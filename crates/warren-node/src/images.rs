@@ -193,10 +193,15 @@ impl Node {
     }
 
     /// Records the sandbox's filesystem changes as a new layer on top of its
-    /// image, under `name`. With `freeze`, its processes are frozen while
+    /// image, under `name`. A running sandbox's processes are frozen while
     /// the layer is written (so files are not caught half-changed) and
     /// thawed after; a paused or kept sandbox is already frozen.
-    pub async fn commit(self: &Arc<Self>, id: &str, name: &str) -> Result<ImageRecord, NodeError> {
+    pub async fn commit(
+        self: &Arc<Self>,
+        id: &str,
+        name: &str,
+        created_by: Option<String>,
+    ) -> Result<ImageRecord, NodeError> {
         let live = self.get(id)?;
         let freeze = live.phase() == Phase::Running;
         let upper = self.runtime.upper_dir(id).ok_or_else(|| {
@@ -210,12 +215,18 @@ impl Node {
         }
         let images = self.images.clone();
         let base = live.image.clone();
-        let (name, comment) = (name.to_string(), format!("warren commit {id}"));
+        let name = name.to_string();
+        let created_by = created_by.unwrap_or_else(|| format!("warren commit {id}"));
         let owners = warren_image::Owners {
             root: self.runtime.id_range(id).map(|r| r.base),
         };
         let result = tokio::task::spawn_blocking(move || {
-            images.commit_changes(&base, &upper, owners, &name, &comment)
+            let how = warren_image::Derivation {
+                settings: None,
+                created_by: &created_by,
+                comment: "warren commit",
+            };
+            images.commit_changes(&base, &upper, owners, &name, &how)
         })
         .await;
         if freeze {
@@ -224,5 +235,34 @@ impl Node {
             }
         }
         Ok(result.map_err(|e| NodeError::Internal(e.to_string()))??)
+    }
+
+    /// An image the store holds with its config changed, or (with neither
+    /// settings nor history) under one more name.
+    pub async fn derive_image(
+        &self,
+        base: &str,
+        name: &str,
+        settings: Option<warren_core::build::ImageSettings>,
+        created_by: Option<String>,
+    ) -> Result<ImageRecord, NodeError> {
+        let base = self.resolve_image(base).await?;
+        let images = self.images.clone();
+        let name = name.to_string();
+        Ok(
+            tokio::task::spawn_blocking(move || match (&settings, &created_by) {
+                (None, None) => images.tag(&base, &name),
+                _ => {
+                    let how = warren_image::Derivation {
+                        settings: settings.as_ref(),
+                        created_by: created_by.as_deref().unwrap_or(""),
+                        comment: "warren build",
+                    };
+                    images.derive(&base, &how, &name)
+                }
+            })
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))??,
+        )
     }
 }

@@ -586,6 +586,25 @@ impl Client {
         .await
     }
 
+    /// Starts a build of the context archive `context`; the stream's lines
+    /// are its events (`warren_core::build::BuildEvent`).
+    pub async fn build(
+        &self,
+        query: &[(String, String)],
+        context: tokio::fs::File,
+    ) -> Result<LineStream> {
+        let body = reqwest::Body::wrap_stream(file_stream(context));
+        let resp = self
+            .send(
+                self.request(Method::POST, "/v1/builds")
+                    .query(query)
+                    .header(reqwest::header::CONTENT_TYPE, "application/x-tar")
+                    .body(body),
+            )
+            .await?;
+        Ok(LineStream::new(resp))
+    }
+
     /// Starts a pull; the stream's lines are its progress events, the last
     /// one the image record or the error.
     pub async fn pull_image(&self, reference: &str) -> Result<LineStream> {

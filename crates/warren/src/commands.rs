@@ -13,6 +13,7 @@ mod bench_creates;
 pub mod bench_floor;
 mod bench_net;
 mod bench_placement;
+mod build;
 pub mod doctor;
 mod files;
 mod fork;
@@ -59,6 +60,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             json,
         } => sandboxes::ps(&client()?, label, state, all, json).await,
         Command::Fork(args) => fork::fork(&client()?, &args).await,
+        Command::Build(args) => build::build(&client()?, &args).await,
         Command::Commit { id, name } => images::commit(&client()?, &id, &name).await,
         Command::Inspect { id } => sandboxes::inspect(&client()?, &id).await,
         Command::Logs {

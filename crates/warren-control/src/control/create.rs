@@ -62,6 +62,14 @@ impl Control {
         &self,
         selector: &warren_core::Labels,
     ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
+        self.resolving_node(selector).map(|n| n.api.clone())
+    }
+
+    /// [`Control::resolver`]'s node, named.
+    pub(crate) fn resolving_node(
+        &self,
+        selector: &warren_core::Labels,
+    ) -> Result<std::sync::Arc<crate::nodes::NodeEntry>, ApiError> {
         let candidates: Vec<_> = self
             .nodes
             .all()
@@ -85,7 +93,7 @@ impl Control {
         candidates
             .into_iter()
             .find(|(v, _)| !v.info.load.disk_pressure && !v.info.load.memory_pressure)
-            .map(|(_, n)| n.api.clone())
+            .map(|(_, n)| n)
             .ok_or_else(|| ApiError {
                 code: warren_core::ErrorCode::NoCapacity,
                 message: if disk_low {
@@ -103,8 +111,19 @@ impl Control {
     /// half made. With `wait == false` a queued create answers at once.
     pub async fn create(
         self: &Arc<Self>,
+        spec: SandboxSpec,
+        wait: bool,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        self.create_pinned(spec, wait, None).await
+    }
+
+    /// A create on `node` only, when given (a build's steps, whose images
+    /// are on the node that made them); it takes no pooled sandbox.
+    pub(crate) async fn create_pinned(
+        self: &Arc<Self>,
         mut spec: SandboxSpec,
         wait: bool,
+        node: Option<&str>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
@@ -123,15 +142,22 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
-        if let Some(info) = self.claim_from_pool(&spec).await? {
+        let pooled = match node {
+            None => self.claim_from_pool(&spec).await?,
+            Some(_) => None,
+        };
+        if let Some(info) = pooled {
             self.metrics
                 .create_seconds
                 .observe(started.elapsed().as_secs_f64());
             return Ok((info, true));
         }
         let phase = std::time::Instant::now();
-        let image = self
-            .resolver(&spec.node_selector)?
+        let resolver = match node {
+            Some(node) => self.api(node)?,
+            None => self.resolver(&spec.node_selector)?,
+        };
+        let image = resolver
             .image_for_create(&spec.image)
             .await
             .map_err(node_error)?;
@@ -140,7 +166,11 @@ impl Control {
         let phase = std::time::Instant::now();
         let admit = self
             .admission
-            .admit(&id, Request::of(&spec, &resources, &image.digest))
+            .admit(&id, {
+                let mut ask = Request::of(&spec, &resources, &image.digest);
+                ask.node = node.map(str::to_string);
+                ask
+            })
             .map_err(admit_error)?;
         self.metrics.create_phase("admission", phase.elapsed());
         let (queued, node) = match &admit {

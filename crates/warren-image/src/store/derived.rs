@@ -1,5 +1,5 @@
-//! Recording an image made from a stored one plus one new layer (a
-//! sandbox commit).
+//! Recording an image made from a stored one plus at most one new layer
+//! (a sandbox commit, a build step).
 
 use std::path::PathBuf;
 
@@ -13,15 +13,15 @@ use crate::error::ImageError;
 use crate::record::ImageRecord;
 use crate::reference::normalize_name;
 
-/// An image made of a stored image plus one new layer; see
+/// An image made of a stored image plus at most one new layer; see
 /// [`ImageStore::commit_derived`].
 pub(crate) struct DerivedImage {
     pub name: String,
     pub origin: String,
     pub base: ImageRecord,
-    /// The new layer's blob, in the store's `tmp/`.
-    pub layer_path: PathBuf,
-    pub layer_digest: String,
+    /// The new layer's blob (in the store's `tmp/`) and digest; None for
+    /// a change of config alone.
+    pub layer: Option<(PathBuf, String)>,
     pub config_digest: String,
     pub config_bytes: Vec<u8>,
     pub config: ImageConfiguration,
@@ -30,6 +30,20 @@ pub(crate) struct DerivedImage {
 }
 
 impl ImageStore {
+    /// `base` under one more name (the same digest).
+    pub fn tag(&self, base: &ImageRecord, name: &str) -> Result<ImageRecord, ImageError> {
+        let record = ImageRecord {
+            name: crate::reference::normalize_name(name)?,
+            ..base.clone()
+        };
+        let result = {
+            let _writing = self.read_lock();
+            self.write_record(&record)
+                .map(|replaced| (record, replaced))
+        };
+        self.after_write(result, false)
+    }
+
     /// Records an image made of `base` plus one new layer (a blob in the
     /// store's `tmp/`, uncompressed or gzip): the layer is unpacked and
     /// checked against its diffID like any other, then the record written.
@@ -60,15 +74,17 @@ impl ImageStore {
                 }
             }
             ok.and_then(|()| {
-                let (size, compression) = blob_facts(&d.layer_path)?;
-                staged.push(StagedLayer {
-                    path: d.layer_path,
-                    digest: d.layer_digest,
-                    size,
-                    compression,
-                    in_content: false,
-                    check_diff_id: true,
-                });
+                if let Some((path, digest)) = d.layer {
+                    let (size, compression) = blob_facts(&path)?;
+                    staged.push(StagedLayer {
+                        path,
+                        digest,
+                        size,
+                        compression,
+                        in_content: false,
+                        check_diff_id: true,
+                    });
+                }
                 self.assemble(
                     Assembled {
                         name: &name,

@@ -83,16 +83,23 @@ impl ImageStore {
             let mut candidates: Vec<ImageRecord> = self
                 .load_records(true)?
                 .into_iter()
-                // Registry images can be pulled again; `repo@digest` records
-                // are retired names kept for a sandbox that has since ended.
+                // Registry images can be pulled again, build steps built
+                // again; `repo@digest` records are retired names kept for a
+                // sandbox that has since ended.
                 .filter(|r| {
-                    crate::registry::registry_host(&r.name).is_some() || r.name.contains('@')
+                    crate::registry::registry_host(&r.name).is_some()
+                        || r.name.contains('@')
+                        || crate::steps::is_step_name(&r.name)
                 })
                 .filter(|r| {
                     sha256_hex(&r.digest).is_some_and(|hex| !pinned.contains(&blob_key(hex)))
                 })
                 .collect();
-            candidates.sort_by(|a, b| a.created.cmp(&b.created));
+            // Build steps first (cheapest to make again), then oldest first.
+            candidates.sort_by(|a, b| {
+                let step = |r: &ImageRecord| !crate::steps::is_step_name(&r.name);
+                (step(a), &a.created).cmp(&(step(b), &b.created))
+            });
             for record in candidates {
                 if self.disk_usage()? <= budget {
                     break;

@@ -13,10 +13,13 @@ use crate::record::ImageRecord;
 use crate::reference::{parse_reference, Reference};
 
 impl ImageStore {
-    /// All images, sorted by name. Unreadable records are skipped (and
-    /// logged) so one damaged file does not hide every image.
+    /// All images but build steps' results, sorted by name. Unreadable
+    /// records are skipped (and logged) so one damaged file does not hide
+    /// every image.
     pub fn list(&self) -> Result<Vec<ImageRecord>, ImageError> {
-        self.load_records(false)
+        let mut all = self.load_records(false)?;
+        all.retain(|r| !crate::steps::is_step_name(&r.name));
+        Ok(all)
     }
 
     /// Finds an image by `repo:tag`, `repo` (= `repo:latest`), `sha256:<hex>`

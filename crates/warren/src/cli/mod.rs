@@ -198,6 +198,14 @@ pub enum Command {
         warren rm --label warren.dev/fork-of=$id        # every child of $id"
     )]
     Fork(ForkArgs),
+    /// Build an image from a Dockerfile: each RUN in a Warren sandbox of the
+    /// step before (no network unless --allow), each step kept in the node's
+    /// step cache. Progress on stderr, the image digest on stdout.
+    #[command(after_help = "Examples:\n  \
+        warren build -t app:1 .\n  \
+        warren build -f docker/Dockerfile -t app:1 --build-arg VERSION=2 .\n  \
+        warren build -t app:1 --allow pypi.org:443 --allow files.pythonhosted.org:443 --test 'python3 -c \"import app\"' .")]
+    Build(BuildArgs),
     /// Store a sandbox's filesystem changes as a new image: one layer on top
     /// of the image it runs (push it with `warren image push`).
     Commit {
@@ -405,4 +413,38 @@ mod tests {
         walk(&super::Cli::command(), "warren", &mut missing);
         assert!(missing.is_empty(), "undescribed: {missing:#?}");
     }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BuildArgs {
+    /// The Dockerfile, inside the context (default: CONTEXT/Dockerfile).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<std::path::PathBuf>,
+    /// Name of the result, repo[:tag].
+    #[arg(short = 't', long = "tag")]
+    pub tag: Option<String>,
+    /// A value for an ARG. Repeatable.
+    #[arg(long = "build-arg", value_name = "K=V")]
+    pub build_args: Vec<String>,
+    /// Build this stage (and those it needs) instead of the last.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// A HOST:PORT that RUN steps may reach (a package index). Repeatable.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub allow: Vec<String>,
+    /// A smoke test (sh -c) in a fresh sandbox of the result; if it fails,
+    /// the tag is not moved.
+    #[arg(long)]
+    pub test: Option<String>,
+    /// Push the result to this registry reference.
+    #[arg(long)]
+    pub push: Option<String>,
+    /// Run every step, even those the step cache holds.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// No progress or step output on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// The build context: a directory.
+    pub context: std::path::PathBuf,
 }

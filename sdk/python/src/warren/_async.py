@@ -962,6 +962,30 @@ class AsyncImages:
         content = core.local_chunks(archive) if isinstance(archive, (str, os.PathLike)) else core.read_chunks(archive)
         return await self._c._call(core.image_import_call(name, content))
 
+    async def build(
+        self,
+        context: str | os.PathLike[str],
+        *,
+        tag: str | None = None,
+        dockerfile: str = "Dockerfile",
+        build_args: Mapping[str, str] | None = None,
+        target: str | None = None,
+        allow: Sequence[str] | None = None,
+        test: str | None = None,
+        push: str | None = None,
+        no_cache: bool = False,
+        on_event: Callable[[models.BuildEvent], None] | None = None,
+    ) -> models.BuildResult:
+        """:meth:`Images.build`, awaited."""
+        call = core.build_call(context, tag, dockerfile, build_args, target, allow, test, push, no_cache)
+        tracker = core.BuildTracker()
+        resp = await self._c._send(call)
+        async for line in self._c._lines(resp):
+            ev = tracker.line(line)
+            if ev is not None and on_event is not None:
+                on_event(ev)
+        return tracker.result()
+
     async def push(self, reference: str, source: str | None = None) -> models.PushResult:
         return await self._c._call(core.image_push_call(reference, source))
 

@@ -105,7 +105,7 @@ class Call(Generic[T]):
     method: str
     path: str
     parse: Callable[[httpx.Response], T]
-    params: dict[str, str] | None = None
+    params: dict[str, str] | list[tuple[str, str]] | None = None
     json: Any = None
     content: Any = None
     headers: dict[str, str] | None = None
@@ -927,6 +927,70 @@ def image_import_call(name: str, content: Any) -> Call[models.Image]:
         headers={"Content-Type": "application/x-tar"},
         no_read_timeout=True,
     )
+
+
+def build_call(
+    context: str | os.PathLike[str],
+    tag: str | None,
+    dockerfile: str,
+    build_args: Mapping[str, str] | None,
+    target: str | None,
+    allow: Sequence[str] | None,
+    test: str | None,
+    push: str | None,
+    no_cache: bool,
+) -> Call[Any]:
+    """``POST /v1/builds``: the directory ``context`` as a tar, streamed."""
+    params: list[tuple[str, str]] = [("dockerfile", dockerfile)]
+    for k, v in (("tag", tag), ("target", target), ("test", test), ("push", push)):
+        if v is not None:
+            params.append((k, v))
+    params += [("build_arg", f"{k}={v}") for k, v in (build_args or {}).items()]
+    params += [("allow", rule) for rule in allow or ()]
+    if no_cache:
+        params.append(("no_cache", "true"))
+    return Call(
+        "POST",
+        "/v1/builds",
+        lambda _: None,
+        params=params,
+        content=tar_stream(context),
+        headers={"Content-Type": "application/x-tar"},
+        stream=True,
+        no_read_timeout=True,
+    )
+
+
+class BuildTracker:
+    """Reads a build's event lines: each event for ``on_event``, then the
+    result (or :class:`errors.BuildFailed`)."""
+
+    def __init__(self) -> None:
+        self.events: list[models.BuildEvent] = []
+        self.id: str | None = None
+
+    def line(self, line: str) -> models.BuildEvent | None:
+        if not line.strip():
+            return None
+        ev = from_json(models.BuildEvent, json.loads(line))
+        self.events.append(ev)
+        if ev.type == "build":
+            self.id = ev.raw.get("id")
+        return ev
+
+    def result(self) -> models.BuildResult:
+        last = self.events[-1] if self.events else None
+        if last is not None and last.type == "done":
+            return models.BuildResult(
+                id=self.id or "",
+                digest=last.raw["digest"],
+                tag=last.raw.get("tag"),
+                seconds=float(last.raw.get("seconds", 0.0)),
+                events=self.events,
+            )
+        if last is not None and last.type == "failed":
+            raise errors.BuildFailed(last.raw.get("message", "the build failed"), last.raw.get("line"), self.id, self.events)
+        raise errors.StreamError(f"the build {self.id} ended without a result")
 
 
 def image_push_call(reference: str, source: str | None) -> Call[models.PushResult]:

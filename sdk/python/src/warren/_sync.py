@@ -1084,6 +1084,34 @@ class Images:
         content = core.local_chunks(archive) if isinstance(archive, (str, os.PathLike)) else core.read_chunks(archive)
         return self._c._call(core.image_import_call(name, content))
 
+    def build(
+        self,
+        context: str | os.PathLike[str],
+        *,
+        tag: str | None = None,
+        dockerfile: str = "Dockerfile",
+        build_args: Mapping[str, str] | None = None,
+        target: str | None = None,
+        allow: Sequence[str] | None = None,
+        test: str | None = None,
+        push: str | None = None,
+        no_cache: bool = False,
+        on_event: Callable[[models.BuildEvent], None] | None = None,
+    ) -> models.BuildResult:
+        """Builds an image from the directory ``context`` and its
+        ``dockerfile`` (``warren build``): each RUN in a sandbox of the step
+        before, each step kept in the step cache. ``allow`` lists the
+        ``HOST:PORT`` RUN steps may reach; ``test`` runs in a fresh sandbox
+        of the result before ``tag`` moves. Raises :class:`BuildFailed`."""
+        call = core.build_call(context, tag, dockerfile, build_args, target, allow, test, push, no_cache)
+        tracker = core.BuildTracker()
+        resp = self._c._send(call)
+        for line in self._c._lines(resp):
+            ev = tracker.line(line)
+            if ev is not None and on_event is not None:
+                on_event(ev)
+        return tracker.result()
+
     def push(self, reference: str, source: str | None = None) -> models.PushResult:
         return self._c._call(core.image_push_call(reference, source))
 

@@ -219,3 +219,15 @@ class CommandFailed(ExecError):
 class StreamError(WarrenError):
     """A stream ended badly: an exec stream without an exit event (the
     sandbox was destroyed meanwhile) or with an ``error`` event."""
+
+
+class BuildFailed(WarrenError):
+    """An image build failed: a step's command, the Dockerfile (``line``
+    names the line at fault), or the ``test``. ``events`` holds every build
+    event, the steps' output among them."""
+
+    def __init__(self, message: str, line: int | None, build_id: str | None, events: list) -> None:
+        super().__init__(f"Dockerfile line {line}: {message}" if line and "line" not in message else message)
+        self.line = line
+        self.build_id = build_id
+        self.events = events

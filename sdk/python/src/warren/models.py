@@ -483,6 +483,31 @@ class PullEvent:
     raw: dict[str, Any] = _raw()
 
 
+@dataclass
+class BuildEvent:
+    """One event of an image build (``build``, ``step``, ``output``,
+    ``step_done``, ``warning``, ``test``, ``done``, ``failed``); every field
+    the server sent is in ``raw``."""
+
+    type: str
+    step: int | None = None
+    instruction: str | None = None
+    text: str | None = None
+    cached: bool | None = None
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class BuildResult:
+    """A finished build: the image digest and the tag it now has."""
+
+    id: str
+    digest: str
+    tag: str | None
+    seconds: float
+    events: list[BuildEvent] = field(default_factory=list)
+
+
 # ---------------------------------------------------------------- logs, files
 
 

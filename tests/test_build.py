@@ -158,6 +158,22 @@ def test_a_multi_stage_dockerfile_builds_an_image_that_runs(daemon, tmp_path):
     assert live == [], live
 
 
+def test_from_scratch_holds_only_what_is_copied(daemon, tmp_path):
+    ctx = context(
+        tmp_path,
+        "FROM busybox:latest AS tools\nRUN echo hi > /greeting\n"
+        "FROM scratch\nCOPY --from=tools /bin/busybox /bin/busybox\nCOPY --from=tools /greeting /greeting\n",
+    )
+    code, out, err = build(daemon, ctx, "-t", "scratchy:1")
+    assert code == 0, err
+    assert run(daemon, "scratchy:1", "/bin/busybox", "cat", "/greeting") == "hi\n"
+    assert run(daemon, "scratchy:1", "/bin/busybox", "ls", "/bin") == "busybox\n"
+    # No shell in it: a RUN fails as it would with Docker, naming its line.
+    (ctx / "Dockerfile").write_text("FROM scratch\nRUN true\n")
+    code, _, err = build(daemon, ctx, check=False)
+    assert code != 0 and "Dockerfile line 2:" in err, err
+
+
 def test_a_change_to_the_last_copy_rebuilds_only_what_follows(daemon, tmp_path):
     marker = uuid.uuid4().hex
     ctx = context(

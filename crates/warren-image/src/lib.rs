@@ -35,6 +35,7 @@ mod push;
 mod record;
 mod reference;
 mod registry;
+mod scratch;
 mod session;
 mod snapshot;
 mod steps;

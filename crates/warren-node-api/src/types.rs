@@ -378,7 +378,8 @@ pub struct CommitImage {
 /// with neither, the same image under one more name (a tag).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeriveImage {
-    /// A reference to an image the node holds (no pull).
+    /// A reference to an image the node holds (no pull), or `scratch`:
+    /// the empty image.
     pub base: String,
     pub into: ImageTarget,
     #[serde(default, skip_serializing_if = "Option::is_none")]

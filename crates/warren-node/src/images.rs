@@ -237,8 +237,9 @@ impl Node {
         Ok(result.map_err(|e| NodeError::Internal(e.to_string()))??)
     }
 
-    /// An image the store holds with its config changed, or (with neither
-    /// settings nor history) under one more name.
+    /// An image the store holds (or `scratch`, the empty one) with its
+    /// config changed, or (with neither settings nor history) under one
+    /// more name.
     pub async fn derive_image(
         &self,
         base: &str,
@@ -246,7 +247,14 @@ impl Node {
         settings: Option<warren_core::build::ImageSettings>,
         created_by: Option<String>,
     ) -> Result<ImageRecord, NodeError> {
-        let base = self.resolve_image(base).await?;
+        let base = if base == "scratch" {
+            let images = self.images.clone();
+            tokio::task::spawn_blocking(move || images.scratch())
+                .await
+                .map_err(|e| NodeError::Internal(e.to_string()))??
+        } else {
+            self.resolve_image(base).await?
+        };
         let images = self.images.clone();
         let name = name.to_string();
         Ok(

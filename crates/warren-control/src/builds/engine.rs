@@ -338,10 +338,17 @@ impl Run {
                 s
             }
             None if from == "scratch" => {
-                return Err(Failure::at(
-                    stage.line,
-                    "FROM scratch is not supported yet; start from a base image (scripts/make-base-image.sh makes one offline)",
-                ))
+                let image = self
+                    .api
+                    .image_derive(DeriveImage {
+                        base: "scratch".into(),
+                        into: ImageTarget::Step(key(&["scratch"])),
+                        settings: None,
+                        created_by: None,
+                    })
+                    .await
+                    .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
+                State::of(&image)
             }
             None => {
                 let image = self

@@ -205,6 +205,19 @@ def test_a_template_whose_server_exits_fails_the_create_and_leaves_nothing(e2b_w
     assert after and all(s["state"] not in ("running", "creating", "queued") for s in after), after
 
 
+def test_the_e2b_sdk_builds_a_template_and_starts_sandboxes_from_it(e2b_warren, tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text("print('app')\n")
+    out = run_script(e2b_warren, venv(VERSIONS[0]), [Path(__file__).parent / "e2b_template_client.py", IMAGE, str(tmp_path)],
+                     "e2b template build")
+    assert out.strip().endswith("ok"), out
+    # Its build's sandboxes are gone; the image is Warren's, under the template's name.
+    live = [s for s in e2b_warren.http.get("/v1/sandboxes").json() if s["state"] in ("running", "creating")]
+    assert live == [], live
+    names = {i["name"] for i in e2b_warren.http.get("/v1/images").json()}
+    assert any(n.startswith("e2b-template/tpl-") for n in names), names
+
+
 def test_a_template_may_be_an_image_reference(e2b_warren):
     # No alias: the templateID is the image itself.
     assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async", template=IMAGE)

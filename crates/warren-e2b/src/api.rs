@@ -43,7 +43,9 @@ pub fn router(e2b: Arc<E2b>) -> Router {
             axum::routing::put(update_network),
         )
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .merge(crate::template_api::routes())
         .layer(middleware::from_fn_with_state(e2b.clone(), auth))
+        .merge(crate::template_api::upload_route())
         .with_state(e2b)
 }
 
@@ -55,7 +57,7 @@ pub struct E2bError {
 }
 
 impl E2bError {
-    fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
         E2bError {
             status,
             message: message.into(),
@@ -96,7 +98,7 @@ impl IntoResponse for E2bError {
     }
 }
 
-type E2bResult<T> = Result<T, E2bError>;
+pub(crate) type E2bResult<T> = Result<T, E2bError>;
 
 async fn auth(State(e2b): St, req: Request, next: Next) -> Response {
     let key = req
@@ -115,7 +117,7 @@ async fn auth(State(e2b): St, req: Request, next: Next) -> Response {
     }
 }
 
-fn control(e2b: &E2b) -> E2bResult<Arc<Control>> {
+pub(crate) fn control(e2b: &E2b) -> E2bResult<Arc<Control>> {
     e2b.control().ok_or_else(|| {
         E2bError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -125,7 +127,7 @@ fn control(e2b: &E2b) -> E2bResult<Arc<Control>> {
 }
 
 /// A JSON body, with a clear answer when it is not one.
-fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
+pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
     let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
     serde_json::from_slice(bytes).map_err(|e| {
         E2bError::new(
@@ -223,7 +225,7 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             format!("metadata becomes Warren labels, and {e}"),
         ));
     }
-    let template = e2b.templates.get(&req.template_id);
+    let template = e2b.template(&req.template_id);
     let mut spec = SandboxSpec {
         image: template.image.clone(),
         cmd: template.cmd.clone(),
@@ -260,11 +262,14 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             ),
         ));
     }
-    if let Some(port) = template.ready_port {
-        if let Err(e) = wait_for_port(&control, &info.id, port).await {
-            let _ = control.destroy(&info.id, reason::CREATE_FAILED).await;
-            return Err(e);
-        }
+    let ready = match (template.ready_port, &template.ready_cmd) {
+        (Some(port), _) => wait_for_port(&control, &info.id, port).await,
+        (None, Some(cmd)) => wait_for_command(&control, &info.id, cmd).await,
+        (None, None) => Ok(()),
+    };
+    if let Err(e) = ready {
+        let _ = control.destroy(&info.id, reason::CREATE_FAILED).await;
+        return Err(e);
     }
     Ok((StatusCode::CREATED, Json(sandbox(&e2b, &info))).into_response())
 }
@@ -292,6 +297,41 @@ async fn wait_for_port(control: &Control, id: &str, port: u16) -> E2bResult<()> 
             ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs a template's ready command (`sh -c`) until it exits 0, as E2B
+/// does before a template's sandbox is handed out.
+async fn wait_for_command(control: &Control, id: &str, cmd: &str) -> E2bResult<()> {
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    let req = warren_core::ExecRequest {
+        cmd: vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
+        timeout: warren_core::spec::Dur::new(Duration::from_secs(10)).ok(),
+        ..Default::default()
+    };
+    loop {
+        if let Ok(mut events) = control.exec(id, &req).await {
+            use futures_util::StreamExt;
+            while let Some(event) = events.next().await {
+                if let warren_core::ExecEvent::Exit { code: 0, .. } = event {
+                    return Ok(());
+                }
+            }
+        }
+        let gone = !matches!(
+            control.get(id).await.map(|r| r.state),
+            Ok(SandboxState::Running)
+        );
+        if gone || tokio::time::Instant::now() >= deadline {
+            return Err(E2bError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "the template's ready command ({cmd}) did not pass {}; see `warren logs {id}` for its output",
+                    if gone { "before the sandbox ended" } else { "within 60 s" }
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -23,6 +23,8 @@ use warren_control::ControlCell;
 pub mod api;
 pub mod connect;
 pub mod envd;
+pub mod template_api;
+pub mod template_builds;
 pub mod templates;
 
 /// The envd version Warren reports: the SDK turns features on by it, and
@@ -44,6 +46,8 @@ pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
 pub enum SetupError {
     #[error("E2B templates: {0}")]
     Templates(#[from] templates::TemplateError),
+    #[error("E2B template builds: {0}")]
+    Builds(#[from] template_builds::TemplateBuildError),
 }
 
 const ENVD_ACCESS: &str = "e2b-envd-access";
@@ -57,6 +61,7 @@ pub struct E2b {
     /// Signs each sandbox's tokens with a key from the API token.
     signer: Signer,
     templates: templates::Templates,
+    builds: template_builds::TemplateBuilds,
     processes: envd::process::Processes,
     watchers: envd::filesystem::Watchers,
     accounts: envd::users::SandboxAccounts,
@@ -70,10 +75,20 @@ impl E2b {
             signer: Signer::new(&api_token),
             api_token,
             templates: templates::Templates::load(home)?,
+            builds: template_builds::TemplateBuilds::load(home)?,
             processes: Default::default(),
             watchers: Default::default(),
             accounts: Default::default(),
         }))
+    }
+
+    /// What sandboxes of `template` are made of: a template built here,
+    /// an alias from the templates file, or an image by that reference.
+    fn template(&self, template: &str) -> templates::Template {
+        match self.builds.get(template) {
+            Some(built) => built.template(),
+            None => self.templates.get(template),
+        }
     }
 
     /// The control plane, while this process runs one.

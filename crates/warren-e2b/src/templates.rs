@@ -15,6 +15,10 @@
 //! ready_port = 49999
 //! cpu = "2"
 //! memory = "2G"
+//!
+//! # What template builds' RUN steps may reach (a package mirror).
+//! [build]
+//! allow = ["deb.debian.org:80"]
 //! ```
 
 use std::collections::BTreeMap;
@@ -43,6 +47,17 @@ pub enum TemplateError {
 struct File {
     #[serde(default)]
     templates: BTreeMap<String, Entry>,
+    #[serde(default)]
+    build: BuildSettings,
+}
+
+/// `[build]`: what template builds' RUN steps may reach (`allow`, as
+/// `warren build --allow`); nothing when absent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BuildSettings {
+    #[serde(default)]
+    allow: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +78,9 @@ pub struct Template {
     /// A create answers once this port in the sandbox accepts connections.
     #[serde(default)]
     pub ready_port: Option<u16>,
+    /// Or once this command (`sh -c`) exits 0 in the sandbox.
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
     #[serde(default)]
     pub cpu: Option<String>,
     #[serde(default)]
@@ -72,6 +90,7 @@ pub struct Template {
 #[derive(Debug, Default)]
 pub struct Templates {
     aliases: BTreeMap<String, Template>,
+    build_allow: Vec<String>,
     path: PathBuf,
 }
 
@@ -101,7 +120,11 @@ impl Templates {
                 (name, t)
             })
             .collect();
-        Ok(Templates { aliases, path })
+        Ok(Templates {
+            aliases,
+            build_allow: file.build.allow,
+            path,
+        })
     }
 
     /// What a template names: its alias, or an image by that reference.
@@ -113,6 +136,16 @@ impl Templates {
                 image: template.to_string(),
                 ..Default::default()
             })
+    }
+
+    /// Whether `name` is an alias of the templates file.
+    pub fn has_alias(&self, name: &str) -> bool {
+        self.aliases.contains_key(name)
+    }
+
+    /// What template builds' RUN steps may reach.
+    pub fn build_allow(&self) -> Vec<String> {
+        self.build_allow.clone()
     }
 
     /// Said with an image that could not be found, to show the way out.

@@ -19,8 +19,8 @@ pub(crate) enum WordError {
     Pair(String),
 }
 
-/// `text` with variables substituted (quotes and escapes kept as they are:
-/// what Docker does for `FROM`, `COPY`, `WORKDIR`, `USER`, `EXPOSE`).
+/// `text` as one word: variables substituted, quotes and escapes removed
+/// (what Docker does for `FROM`, `COPY`, `WORKDIR`, `USER`, `EXPOSE`).
 pub(crate) fn expand(text: &str, vars: &Vars, escape: char) -> Result<String, WordError> {
     let words = scan(text, vars, escape, false)?;
     Ok(words.into_iter().next().unwrap_or_default())
@@ -69,23 +69,13 @@ fn scan(text: &str, vars: &Vars, escape: char, split: bool) -> Result<Vec<String
     while i < chars.len() {
         let c = chars[i];
         if c == escape && quote != Some('\'') && i + 1 < chars.len() {
-            if !split {
-                // Kept as written (a path, a user): only `\$` is unescaped.
-                if chars[i + 1] == '$' {
-                    word.push('$');
-                } else {
-                    word.push(c);
-                    word.push(chars[i + 1]);
-                }
-            } else {
-                word.push(chars[i + 1]);
-            }
+            word.push(chars[i + 1]);
             in_word = true;
             i += 2;
             continue;
         }
         match (c, quote) {
-            ('\'' | '"', None) if split => {
+            ('\'' | '"', None) => {
                 quote = Some(c);
                 in_word = true;
             }
@@ -185,6 +175,8 @@ mod tests {
         assert_eq!(expand("${B:+on}", &v, '\\').unwrap(), "");
         assert_eq!(expand(r"\$A", &v, '\\').unwrap(), "$A");
         assert_eq!(expand("cost $", &v, '\\').unwrap(), "cost $");
+        assert_eq!(expand("\"/my app\"/$A", &v, '\\').unwrap(), "/my app/x");
+        assert_eq!(expand("'$A'", &v, '\\').unwrap(), "$A");
         assert!(expand("${A", &v, '\\').is_err());
         assert!(expand("${A?x}", &v, '\\').is_err());
     }

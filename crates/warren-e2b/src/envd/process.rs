@@ -275,13 +275,18 @@ async fn start(
     let exec = ExecRequest {
         cmd: std::iter::once(config.cmd).chain(config.args).collect(),
         env: config.envs,
-        // envd starts a process in its user's home unless told otherwise.
-        cwd: Some(
-            config
-                .cwd
-                .filter(|c| !c.is_empty())
-                .map_or_else(|| "~".to_string(), |c| paths::resolve(&c, user.as_deref())),
-        ),
+        // envd starts a process in its template's working directory, else
+        // its user's home, unless told otherwise.
+        cwd: Some(config.cwd.filter(|c| !c.is_empty()).map_or_else(
+            || {
+                target
+                    .accounts
+                    .workdir
+                    .clone()
+                    .unwrap_or_else(|| "~".into())
+            },
+            |c| paths::resolve(&c, user.as_deref()),
+        )),
         stdin: None,
         timeout,
         user: user.filter(|u| u != "root"),

@@ -25,8 +25,12 @@ const REMEMBERED: usize = 65_536;
 pub struct Accounts {
     users: HashMap<u32, String>,
     groups: HashMap<u32, String>,
-    /// `user` when the image has it; None: root.
+    /// The image's user (its config's `User`, as a template's last
+    /// `USER` sets it), else `user` when the image has it; None: root.
     pub default_user: Option<String>,
+    /// Where a process starts unless told: the image's working directory
+    /// (a template's last `WORKDIR`); None: the user's home.
+    pub workdir: Option<String>,
 }
 
 impl Accounts {
@@ -50,7 +54,26 @@ impl Accounts {
             users,
             groups: ids(group),
             default_user,
+            workdir: None,
         }
+    }
+
+    /// Takes the image config's user and working directory over the
+    /// defaults.
+    fn with_image(mut self, user: &str, workdir: &str) -> Accounts {
+        let name = user.split(':').next().unwrap_or_default();
+        match name {
+            "" => {}
+            "root" | "0" => self.default_user = None,
+            n => {
+                self.default_user = Some(match n.parse::<u32>() {
+                    Ok(id) => self.user_name(id),
+                    Err(_) => n.to_string(),
+                })
+            }
+        }
+        self.workdir = Some(workdir.to_string()).filter(|w| w.starts_with('/'));
+        self
     }
 
     /// The name of uid `id` (its number when it has none; root always).
@@ -85,7 +108,8 @@ impl SandboxAccounts {
         }
         let passwd = read_small(control, id, "/etc/passwd").await;
         let group = read_small(control, id, "/etc/group").await;
-        let accounts = Arc::new(Accounts::parse(&passwd, &group));
+        let (user, workdir) = image_defaults(control, id).await;
+        let accounts = Arc::new(Accounts::parse(&passwd, &group).with_image(&user, &workdir));
         let mut known = lock(&self.known);
         if known.len() >= REMEMBERED {
             known.clear();
@@ -93,6 +117,25 @@ impl SandboxAccounts {
         known.insert(id.to_string(), accounts.clone());
         accounts
     }
+}
+
+/// The user and working directory the sandbox's image config names
+/// (empty when it names none or cannot be read).
+async fn image_defaults(control: &Control, id: &str) -> (String, String) {
+    let Ok(row) = control.get(id).await else {
+        return Default::default();
+    };
+    let images = control.images().await.unwrap_or_default();
+    let Some(image) = images.iter().find(|i| i.digest == row.image_digest) else {
+        return Default::default();
+    };
+    let field = |k: &str| {
+        image.record["config"][k]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("user"), field("working_dir"))
 }
 
 /// A small file of the sandbox (up to 1 MiB; empty when it cannot be read).
@@ -133,5 +176,16 @@ mod tests {
         let bare = Accounts::parse("", "");
         assert_eq!(bare.default_user, None);
         assert_eq!(bare.user_name(0), "root");
+        // A template's USER and WORKDIR (its image config) come first.
+        let passwd = "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\napp:x:1001:1001::/app:/bin/sh\n";
+        let t = Accounts::parse(passwd, "").with_image("1001:1001", "/srv");
+        assert_eq!(
+            (t.default_user.as_deref(), t.workdir.as_deref()),
+            (Some("app"), Some("/srv"))
+        );
+        let t = Accounts::parse(passwd, "").with_image("root", "");
+        assert_eq!((t.default_user, t.workdir), (None, None));
+        let t = Accounts::parse(passwd, "").with_image("", "relative");
+        assert_eq!((t.default_user.as_deref(), t.workdir), (Some("user"), None));
     }
 }

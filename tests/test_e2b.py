@@ -212,10 +212,17 @@ def test_the_e2b_sdk_builds_a_template_and_starts_sandboxes_from_it(e2b_warren, 
                      "e2b template build")
     assert out.strip().endswith("ok"), out
     # Its build's sandboxes are gone; the image is Warren's, under the template's name.
-    live = [s for s in e2b_warren.http.get("/v1/sandboxes").json() if s["state"] in ("running", "creating")]
+    live = [s for s in e2b_warren.http.get("/v1/sandboxes").json()
+            if s["state"] in ("running", "creating") and "warren.dev/build" in s["spec"]["labels"]]
     assert live == [], live
     names = {i["name"] for i in e2b_warren.http.get("/v1/images").json()}
     assert any(n.startswith("e2b-template/tpl-") for n in names), names
+    # The template with a start command keeps a warm pool of sandboxes
+    # running it; the client's create took one (the build waited for it).
+    pools = [p for p in e2b_warren.http.get("/v1/pools").json() if p["name"].startswith("e2b-tpl-")]
+    assert [p["spec"]["cmd"] for p in pools] == [["/bin/sh", "-c", "python3 -m http.server 8000"]], pools
+    assert pools[0]["claimed"] >= 1 and pools[0]["spec"]["image"].startswith("sha256:"), pools
+    e2b_warren.http.delete(f"/v1/pools/{pools[0]['name']}")
 
 
 def test_a_template_may_be_an_image_reference(e2b_warren):

@@ -533,6 +533,7 @@ async fn pools_and_claims(f: &Fixture) -> TestResult {
         cpu_request: None,
         memory_request: None,
         pids: None,
+        cmd: None,
         size,
     };
     s.put_pool("b", &pool(2), "t0").await?;

@@ -29,6 +29,10 @@ pub struct PoolSpec {
     pub memory_request: Option<ByteSize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
+    /// A main process its members start with (a template's server): a
+    /// create with the same command takes a member that runs it already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
     pub size: u32,
 }
 
@@ -62,6 +66,7 @@ impl PoolSpec {
             cpu_request: self.cpu_request,
             memory_request: self.memory_request,
             pids: self.pids,
+            cmd: self.cmd.clone(),
             labels: [(POOL_LABEL.to_string(), name.to_string())].into(),
             // Waiting is its job; a claim gives it the create's TTL.
             ttl: crate::spec::Dur::from_secs(24 * 3600).ok(),
@@ -79,15 +84,15 @@ impl PoolSpec {
     }
 
     /// Whether a create asking for `spec` may take a member of this pool:
-    /// the same image and resources, nothing that only a new sandbox can
-    /// give (a main command, its own disk, a node selector, GPUs, CDI
-    /// devices: a member holds none). Labels,
+    /// the same image, resources and main command, nothing that only a new
+    /// sandbox can give (its own disk, a node selector, GPUs, CDI devices:
+    /// a member holds none). Labels,
     /// env, TTL, lease, network policy, cwd and user are applied at claim.
     pub fn serves(&self, name: &str, spec: &SandboxSpec) -> bool {
         // Every create asks each pool: the cheap checks first, so a create
         // of another image never resolves a spec twice.
         let shape = spec.image == self.image
-            && spec.cmd.is_none()
+            && spec.cmd == self.cmd
             && spec.disk.is_none()
             && spec.devices.is_empty()
             && spec.node_selector.is_empty()
@@ -130,6 +135,18 @@ mod tests {
         ] {
             assert!(!p.serves("py", &spec(other)), "{other}");
         }
+        // A pool of started servers serves creates of that command only.
+        let servers = pool(r#"{"image":"bb:1","memory":"256M","cmd":["serve"],"size":1}"#);
+        assert!(servers.serves(
+            "srv",
+            &spec(r#"{"image":"bb:1","memory":"256M","cmd":["serve"]}"#)
+        ));
+        assert!(!servers.serves("srv", &spec(r#"{"image":"bb:1","memory":"256M"}"#)));
+        assert!(!servers.serves(
+            "srv",
+            &spec(r#"{"image":"bb:1","memory":"256M","cmd":["other"]}"#)
+        ));
+        assert_eq!(servers.template("srv").cmd, Some(vec!["serve".to_string()]));
         assert!(pool(r#"{"image":"bb:1","size":5000}"#)
             .validate("py")
             .is_err());

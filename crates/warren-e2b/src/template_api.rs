@@ -209,7 +209,10 @@ async fn start_build(
     let runner = e2b.clone();
     tokio::spawn(async move {
         while let Some(event) = events.next().await {
-            runner.builds.follow(&prepared, &event);
+            if let Some(built) = runner.builds.follow(&prepared, &event) {
+                let note = warm_pool(&runner, &control, &prepared, &built).await;
+                runner.builds.ready(&prepared, built, note);
+            }
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({}))).into_response())
@@ -263,4 +266,58 @@ async fn alias(State(e2b): St, Path(alias): Path<String>) -> E2bResult<Response>
         }
     };
     Ok(Json(json!({"templateID": known["templateID"], "public": false})).into_response())
+}
+
+/// How long a build's end waits for its warm pool's first members.
+const POOL_WARM_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A template with a start command keeps a warm pool of sandboxes already
+/// running it (E2B's snapshot of a started template): set, or replaced
+/// for the new image, and waited for. What to say of it in the log.
+async fn warm_pool(
+    e2b: &E2b,
+    control: &Arc<warren_control::control::Control>,
+    prepared: &crate::template_builds::Prepared,
+    built: &crate::template_builds::Built,
+) -> Option<String> {
+    let size = e2b.templates.warm_pool();
+    let template = built.template();
+    let name = e2b.builds.pool_name(prepared);
+    if template.cmd.is_none() || size == 0 {
+        // No server to keep started (or no pool wanted): none kept.
+        let _ = control.delete_pool(&name).await;
+        return None;
+    }
+    let spec = warren_core::pool::PoolSpec {
+        image: template.image.clone(),
+        cpu: template
+            .cpu
+            .as_deref()
+            .and_then(|c| serde_json::from_value(json!(c)).ok()),
+        memory: template
+            .memory
+            .as_deref()
+            .and_then(|m| serde_json::from_value(json!(m)).ok()),
+        cpu_request: None,
+        memory_request: None,
+        pids: None,
+        cmd: template.cmd.clone(),
+        size,
+    };
+    if let Err(e) = control.set_pool(&name, spec).await {
+        return Some(format!("warm pool {name} not kept: {}", e.message));
+    }
+    let deadline = tokio::time::Instant::now() + POOL_WARM_WITHIN;
+    loop {
+        let ready = control.pool_info(&name).map(|p| p.ready).unwrap_or(0);
+        if ready >= size {
+            return Some(format!("warm pool {name}: {ready} started sandboxes"));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Some(format!(
+                "warm pool {name}: {ready} of {size} started so far"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

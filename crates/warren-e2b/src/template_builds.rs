@@ -81,7 +81,12 @@ pub struct StepDef {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Built {
     pub template_id: String,
+    /// The image's name (`e2b-template/NAME[:TAG]`).
     pub image: String,
+    /// The image this build made: what its sandboxes run (the name may
+    /// have moved on to a newer build since).
+    #[serde(default)]
+    pub digest: Option<String>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
     pub cpu: Option<u32>,
@@ -99,7 +104,7 @@ impl Built {
             },
         };
         Template {
-            image: self.image.clone(),
+            image: self.digest.clone().unwrap_or_else(|| self.image.clone()),
             cmd: self
                 .start_cmd
                 .clone()
@@ -336,6 +341,7 @@ impl TemplateBuilds {
             built: Built {
                 template_id: template_id.to_string(),
                 image: tag,
+                digest: None,
                 start_cmd: def.start_cmd.clone().filter(|c| !c.trim().is_empty()),
                 ready_cmd: def.ready_cmd.clone(),
                 cpu: r.cpu,
@@ -346,9 +352,9 @@ impl TemplateBuilds {
         })
     }
 
-    /// Turns a build's events into the template's log; on success, the
-    /// name becomes the built template's.
-    pub fn follow(&self, prepared: &Prepared, event: &BuildEvent) {
+    /// Turns a build's events into the template's log. A finished build
+    /// answers its template, which [`TemplateBuilds::ready`] then keeps.
+    pub fn follow(&self, prepared: &Prepared, event: &BuildEvent) -> Option<Built> {
         let now = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
@@ -403,7 +409,10 @@ impl TemplateBuilds {
                     format!("built {digest} in {seconds:.2}s"),
                     Some("finalize".into()),
                 ));
-                finished = Some(Ok(()));
+                finished = Some(Ok(Built {
+                    digest: Some(digest.clone()),
+                    ..prepared.built.clone()
+                }));
             }
             BuildEvent::Failed { message, line } => {
                 let step = line
@@ -414,22 +423,64 @@ impl TemplateBuilds {
                 finished = Some(Err((message.clone(), Some(step))));
             }
         }
-        if let Some(Ok(())) = finished {
-            if let Err(e) = self.keep(&prepared.name, prepared.built.clone()) {
-                entries.push(entry("error", e.to_string(), Some("finalize".into())));
-                finished = Some(Err((e.to_string(), Some("finalize".into()))));
-            }
-        }
         let mut p = lock(&prepared.progress);
         p.entries.extend(entries);
         match finished {
-            Some(Ok(())) => p.status = "ready",
+            Some(Ok(built)) => Some(built),
             Some(Err(reason)) => {
                 p.status = "error";
                 p.reason = Some(reason);
+                None
             }
-            None => {}
+            None => None,
         }
+    }
+
+    /// The build is done (and its warm pool filled): the name is the
+    /// template's from now on.
+    pub fn ready(&self, prepared: &Prepared, built: Built, note: Option<String>) {
+        let now = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        let kept = self.keep(&prepared.name, built);
+        let mut p = lock(&prepared.progress);
+        if let Some(message) = note {
+            p.entries.push(LogEntry {
+                timestamp: now.clone(),
+                level: "info",
+                message,
+                step: Some("finalize".into()),
+            });
+        }
+        match kept {
+            Ok(()) => p.status = "ready",
+            Err(e) => {
+                p.entries.push(LogEntry {
+                    timestamp: now,
+                    level: "error",
+                    message: e.to_string(),
+                    step: Some("finalize".into()),
+                });
+                p.status = "error";
+                p.reason = Some((e.to_string(), Some("finalize".into())));
+            }
+        }
+    }
+
+    /// The name a template's warm pool has (a label value).
+    pub fn pool_name(&self, prepared: &Prepared) -> String {
+        let mut name: String = format!("e2b-{}", prepared.name)
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        name.truncate(63);
+        name
     }
 
     /// A build that could not start.
@@ -777,12 +828,14 @@ mod tests {
         let b = Built {
             template_id: "t".into(),
             image: "i".into(),
+            digest: Some("sha256:d".into()),
             start_cmd: Some("serve".into()),
             ready_cmd: Some("[ -f /ready ]".into()),
             cpu: Some(2),
             memory_mb: Some(1024),
         };
         let t = b.template();
+        assert_eq!(t.image, "sha256:d");
         assert_eq!(
             t.cmd,
             Some(vec!["/bin/sh".to_string(), "-c".into(), "serve".into()])

@@ -16,9 +16,12 @@
 //! cpu = "2"
 //! memory = "2G"
 //!
-//! # What template builds' RUN steps may reach (a package mirror).
+//! # What template builds' RUN steps may reach (a package mirror), and
+//! # how many started sandboxes a built template with a start command
+//! # keeps ready (default 1).
 //! [build]
 //! allow = ["deb.debian.org:80"]
+//! warm_pool = 2
 //! ```
 
 use std::collections::BTreeMap;
@@ -53,11 +56,27 @@ struct File {
 
 /// `[build]`: what template builds' RUN steps may reach (`allow`, as
 /// `warren build --allow`); nothing when absent.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BuildSettings {
     #[serde(default)]
     allow: Vec<String>,
+    /// Started sandboxes kept per built template with a start command.
+    #[serde(default = "one")]
+    warm_pool: u32,
+}
+
+impl Default for BuildSettings {
+    fn default() -> Self {
+        BuildSettings {
+            allow: Vec::new(),
+            warm_pool: one(),
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,6 +110,7 @@ pub struct Template {
 pub struct Templates {
     aliases: BTreeMap<String, Template>,
     build_allow: Vec<String>,
+    warm_pool: u32,
     path: PathBuf,
 }
 
@@ -123,6 +143,7 @@ impl Templates {
         Ok(Templates {
             aliases,
             build_allow: file.build.allow,
+            warm_pool: file.build.warm_pool,
             path,
         })
     }
@@ -141,6 +162,11 @@ impl Templates {
     /// Whether `name` is an alias of the templates file.
     pub fn has_alias(&self, name: &str) -> bool {
         self.aliases.contains_key(name)
+    }
+
+    /// Started sandboxes kept per built template with a start command.
+    pub fn warm_pool(&self) -> u32 {
+        self.warm_pool
     }
 
     /// What template builds' RUN steps may reach.

@@ -106,6 +106,10 @@ pub enum PoolCmd {
         /// Ready sandboxes to keep.
         #[arg(long)]
         size: u32,
+        /// A main process every member starts with (after `--`): a create
+        /// with the same command takes a member already running it.
+        #[arg(last = true)]
+        cmd: Vec<String>,
     },
     /// List pools: size, ready sandboxes, creates served.
     Ls {

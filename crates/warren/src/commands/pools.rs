@@ -19,6 +19,7 @@ pub(super) async fn run(client: &Client, cmd: PoolCmd) -> Result<i32> {
             memory_request,
             pids,
             size,
+            cmd,
         } => {
             let cpu_of = |c: Option<String>| -> Result<Option<Cpu>> {
                 Ok(c.as_deref().map(quantity::parse_cpu).transpose()?.map(Cpu))
@@ -36,6 +37,7 @@ pub(super) async fn run(client: &Client, cmd: PoolCmd) -> Result<i32> {
                 cpu_request: cpu_of(cpu_request)?,
                 memory_request: size_of(memory_request)?,
                 pids,
+                cmd: (!cmd.is_empty()).then_some(cmd),
                 size,
             };
             let p = client.set_pool(&name, &spec).await?;

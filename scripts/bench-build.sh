@@ -34,7 +34,8 @@ cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     buildah rm --all >/dev/null 2>&1 || true
-    buildah rmi --force bench-rebuild bench-cold bench-base >/dev/null 2>&1 || true
+    buildah rmi --force bench-rebuild bench-cold >/dev/null 2>&1 || true
+    buildah rmi --prune >/dev/null 2>&1 || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -65,9 +66,7 @@ pids+=($!)
 wait_http "http://127.0.0.1:$api_port/healthz"
 export WARREN_URL=http://127.0.0.1:$api_port WARREN_HOME=$work/home
 "$warren" image import "$base_tar" --name bench-base:1 >/dev/null
-buildah pull -q "oci-archive:$base_tar" >/dev/null
-buildah tag "$(buildah images -q --filter reference='*' | head -n1)" bench-base >/dev/null 2>&1 || true
-buildah_base=$(buildah images --format '{{.ID}}' | head -n1)
+buildah_base=$(buildah pull -q "oci-archive:$base_tar")
 
 # 1. Rebuild after a one-line change (300 MiB dependency layer).
 mkdir -p "$work/rebuild/app"
@@ -81,7 +80,9 @@ EOF
 for i in $(seq 20); do echo "print('line $i')" >>"$work/rebuild/app/main.py"; done
 "$warren" build -q -t bench-rebuild:1 --build-arg BASE=bench-base:1 "$work/rebuild" >/dev/null
 buildah bud -q --layers --build-arg BASE="$buildah_base" -t bench-rebuild "$work/rebuild" >/dev/null
-change="sed -i \"1s/.*/print('changed \$RANDOM')/\" $work/rebuild/app/main.py"
+# A new first line each time (hyperfine's shell is sh: no $RANDOM).
+change="sed -i \"1s/.*/print('changed \$(date +%s%N)')/\" $work/rebuild/app/main.py"
+trap 'echo "failed; warren log tail:" >&2; tail -n 20 "$work/warren.log" >&2; cleanup' ERR
 hyperfine --style none --runs "$runs" --export-json "$work/rebuild.json" \
     --prepare "$change" \
     -n "warren build (rebuild)" "$warren build -q -t bench-rebuild:1 --build-arg BASE=bench-base:1 $work/rebuild" \
@@ -96,7 +97,7 @@ echo "import six; print(six.__version__)" >"$work/cold/app/main.py"
 cat >"$work/cold/Dockerfile" <<EOF
 ARG BASE
 FROM \$BASE
-RUN python3 -m pip install --break-system-packages --no-cache-dir --index-url http://index.test:$index_port/simple/ six
+RUN python3 -m pip install --break-system-packages --no-cache-dir --trusted-host index.test --index-url http://index.test:$index_port/simple/ six
 COPY app/ /app/
 CMD ["python3", "/app/main.py"]
 EOF

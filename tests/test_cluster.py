@@ -450,6 +450,48 @@ def test_prewarm_and_batches_pull_once_per_node_and_keep_their_digest(images, tm
         reg.stop()
 
 
+def test_four_nodes_pull_an_image_through_the_cache_and_upstream_serves_it_once(images, tmp_path):
+    import os
+
+    from helpers import ImageBuilder, uniq
+    from test_registry import Registry, RegistryCache
+
+    upstream = Registry()
+    cache = None
+    try:
+        cache = RegistryCache(upstream)
+        repo = uniq("once")
+        b = ImageBuilder(images["oci"], tmp_path / "img").layer(
+            lambda r: (r / "payload").write_bytes(os.urandom(16 << 20)))
+        digest = upstream.push(b.layout, b.tag, f"{repo}:v1")
+        layers = [l["digest"] for l in upstream.manifest(digest, repo)["layers"]]
+        ref = f"{upstream.host}/{repo}:v1"
+        with Cluster(images) as c:
+            for name in "abcd":
+                # Each node pulls the upstream registry through the cache.
+                (c.base / name).mkdir()
+                (c.base / name / "registries.toml").write_text(
+                    f'unqualified-search-registries = []\n[registry."{upstream.host}"]\ninsecure = true\n'
+                    f'mirrors = ["{cache.host}"]\n[registry."{cache.host}"]\ninsecure = true\n')
+                c.add_node(name)
+            out = c.server.cli("image", "prewarm", ref).stdout.decode().split("\n")
+            assert sorted(l.split()[0] for l in out if l) == ["a", "b", "c", "d"], out
+            assert all(l.split()[2] == digest for l in out if l), out
+            # All four at once: the upstream served each layer once, the
+            # cache served it to every node.
+            for layer in layers:
+                assert upstream.blob_gets(repo, layer) == 1, layer
+                assert cache.served(repo, layer) == 4, layer
+            s = create(c, image=ref, cpu=0.1, memory="32M")
+            exit_ev, out, _, _ = c.server.exec(s["id"], ["sh", "-c", "wc -c < /payload"])
+            assert exit_ev["code"] == 0 and out.strip() == str(16 << 20).encode(), out
+            drop(c, s["id"])
+    finally:
+        if cache:
+            cache.stop()
+        upstream.stop()
+
+
 def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, postgres):
     import uuid
     from concurrent.futures import ThreadPoolExecutor

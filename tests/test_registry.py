@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import NO_SEARCH, free_port
+from conftest import NO_SEARCH, ROOT, free_port
 from debian import debian_python_layout
 from helpers import ImageBuilder, flip_bytes, image_names, run, uniq, wait_until
 
@@ -122,6 +122,58 @@ class Registry:
         text = self.log_path.read_text(errors="replace")
         needle = f'"GET /v2/{repo}/blobs/{digest} '
         return text.count(needle)
+
+
+class RegistryCache:
+    """deploy/registry-cache/nginx.conf, as shipped, in front of `upstream`
+    (the addresses and paths written in): the cluster's pull-through
+    cache."""
+
+    def __init__(self, upstream):
+        self.dir = Path(tempfile.mkdtemp(prefix="warren-registry-cache-"))
+        # nginx's workers (not root) write the cache below it.
+        self.dir.chmod(0o755)
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        text = (ROOT / "deploy" / "registry-cache" / "nginx.conf").read_text()
+        for old, new in [
+            ("https://UPSTREAM", f"http://{upstream.host}"),
+            ("Host UPSTREAM", f"Host {upstream.host}"),
+            ("listen 5000", f"listen {self.host}"),
+            ("/var/cache/warren-registry-cache", str(self.dir / "cache")),
+            ("/var/log/warren-registry-cache.log", str(self.dir / "access.log")),
+            ("/run/warren-registry-cache.pid", str(self.dir / "nginx.pid")),
+        ]:
+            assert old in text, old
+            text = text.replace(old, new)
+        (self.dir / "nginx.conf").write_text("daemon off;\n" + text)
+        self.log = open(self.dir / "nginx.log", "ab")
+        self.proc = subprocess.Popen(["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"nginx did not start: {(self.dir / 'nginx.log').read_text()[-2000:]}")
+
+    def served(self, repo, digest):
+        """How many times the cache answered a GET of the blob."""
+        return (self.dir / "access.log").read_text().count(f'"GET /v2/{repo}/blobs/{digest} ')
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -466,14 +466,16 @@ def test_four_nodes_pull_an_image_through_the_cache_and_upstream_serves_it_once(
         digest = upstream.push(b.layout, b.tag, f"{repo}:v1")
         layers = [l["digest"] for l in upstream.manifest(digest, repo)["layers"]]
         ref = f"{upstream.host}/{repo}:v1"
-        with Cluster(images) as c:
+        c = Cluster(images)
+        # The server's registries.toml names the cache; every node takes it
+        # at join (their own files name no registry).
+        (c.base / "server" / "registries.toml").write_text(
+            f'[registry."{upstream.host}"]\ninsecure = true\nmirrors = ["{cache.host}"]\n'
+            f'[registry."{cache.host}"]\ninsecure = true\n')
+        with c:
             for name in "abcd":
-                # Each node pulls the upstream registry through the cache.
-                (c.base / name).mkdir()
-                (c.base / name / "registries.toml").write_text(
-                    f'unqualified-search-registries = []\n[registry."{upstream.host}"]\ninsecure = true\n'
-                    f'mirrors = ["{cache.host}"]\n[registry."{cache.host}"]\ninsecure = true\n')
                 c.add_node(name)
+                assert "[registry" not in (c.base / name / "registries.toml").read_text()
             out = c.server.cli("image", "prewarm", ref).stdout.decode().split("\n")
             assert sorted(l.split()[0] for l in out if l) == ["a", "b", "c", "d"], out
             assert all(l.split()[2] == digest for l in out if l), out

@@ -69,6 +69,8 @@ pub enum NodeSource {
         connect: nodes::Connector,
         check_proof: nodes::ProofCheck,
         liveness: nodes::Liveness,
+        /// What joining nodes take of the server's `registries.toml`.
+        registries: Option<String>,
     },
 }
 
@@ -172,6 +174,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
             join_token,
             connect,
             check_proof,
+            registries,
             ..
         } => {
             // Known nodes are expected back: silent ones are given up after
@@ -200,6 +203,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
                 token: join_token,
                 connect,
                 check_proof,
+                registries,
             });
         }
     }

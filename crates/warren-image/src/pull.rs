@@ -130,6 +130,18 @@ impl Puller {
         self.sessions.config_path()
     }
 
+    /// Takes what the cluster's control plane gave at join (the text of
+    /// [`crate::RegistryConfig::shared`]) beneath this node's own
+    /// `registries.toml`: the cluster's mirrors, for registries the file
+    /// does not name. None forgets it.
+    pub fn set_cluster_registries(&self, text: Option<&str>) -> Result<(), ImageError> {
+        let cluster = text
+            .map(crate::registry::RegistryConfig::from_cluster)
+            .transpose()?;
+        self.sessions.set_cluster(cluster);
+        Ok(())
+    }
+
     /// The full names a short name (no registry in it) stands for, in the
     /// order of `unqualified-search-registries`; none for a registry
     /// reference or a digest.
@@ -140,7 +152,7 @@ impl Puller {
         {
             return Ok(Vec::new());
         }
-        let config = crate::registry::RegistryConfig::load(self.sessions.config_path())?;
+        let config = self.sessions.config()?;
         Ok(config.full_names(reference))
     }
 

@@ -36,17 +36,21 @@ use std::path::{Path, PathBuf};
 
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ImageError;
 
 /// The file under the warren home that configures registries.
 pub const CONFIG_FILE: &str = "registries.toml";
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
-    #[serde(default, rename = "unqualified-search-registries")]
+    #[serde(
+        default,
+        rename = "unqualified-search-registries",
+        skip_serializing_if = "Option::is_none"
+    )]
     search: Option<Vec<String>>,
     #[serde(default)]
     registry: BTreeMap<String, RegistryEntry>,
@@ -55,20 +59,25 @@ struct ConfigFile {
 /// Where short names are looked for when `registries.toml` does not say.
 pub const DEFAULT_SEARCH_REGISTRIES: &[&str] = &["docker.io"];
 
-#[derive(Deserialize, Default, Clone)]
+#[derive(Deserialize, Serialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 struct RegistryEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
     username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     password: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
     /// Plain HTTP; unset means: only for a loopback registry without a
     /// `ca_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     insecure: Option<bool>,
     /// PEM file of CA certificates to trust for this registry's HTTPS.
+    #[serde(skip_serializing_if = "Option::is_none")]
     ca_file: Option<PathBuf>,
     /// Registries (`host[:port]`) that serve the same repositories, tried
     /// in order before this one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     mirrors: Vec<String>,
 }
 
@@ -102,10 +111,6 @@ impl RegistryConfig {
     /// Reads `path`. It is read at every pull, so edits apply without a
     /// restart.
     pub fn load(path: &Path) -> Result<RegistryConfig, ImageError> {
-        let bad = |message: String| ImageError::RegistryConfig {
-            path: path.display().to_string(),
-            message,
-        };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -116,9 +121,23 @@ impl RegistryConfig {
                     fingerprint: String::new(),
                 })
             }
-            Err(e) => return Err(bad(format!("cannot read it: {e}"))),
+            Err(e) => {
+                return Err(ImageError::RegistryConfig {
+                    path: path.display().to_string(),
+                    message: format!("cannot read it: {e}"),
+                })
+            }
         };
-        let parsed: ConfigFile = toml::from_str(&text).map_err(|e| {
+        RegistryConfig::parse(path, &text)
+    }
+
+    /// Reads `text`, the contents of `path` (named in messages).
+    fn parse(path: &Path, text: &str) -> Result<RegistryConfig, ImageError> {
+        let bad = |message: String| ImageError::RegistryConfig {
+            path: path.display().to_string(),
+            message,
+        };
+        let parsed: ConfigFile = toml::from_str(text).map_err(|e| {
             // toml's Display quotes the offending line, which may be a
             // password; say where instead.
             let line = e.span().map(|s| {
@@ -178,6 +197,69 @@ impl RegistryConfig {
 
     pub(crate) fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// What of `path` a control plane hands its nodes at join: the search
+    /// registries, and each registry's mirrors and `insecure`, never a
+    /// credential or a CA file's path (those stay on the host that has
+    /// them). None when the file says nothing of the kind.
+    pub fn shared(path: &Path) -> Result<Option<String>, ImageError> {
+        let config = RegistryConfig::load(path)?;
+        let registry: BTreeMap<String, RegistryEntry> = config
+            .registries
+            .into_iter()
+            .map(|(host, e)| {
+                (
+                    host,
+                    RegistryEntry {
+                        insecure: e.insecure,
+                        mirrors: e.mirrors,
+                        ..Default::default()
+                    },
+                )
+            })
+            .filter(|(_, e)| e.insecure.is_some() || !e.mirrors.is_empty())
+            .collect();
+        if config.search.is_none() && registry.is_empty() {
+            return Ok(None);
+        }
+        let file = ConfigFile {
+            search: config.search,
+            registry,
+        };
+        toml::to_string(&file)
+            .map(Some)
+            .map_err(|e| ImageError::RegistryConfig {
+                path: path.display().to_string(),
+                message: format!("cannot write what nodes are given of it: {e}"),
+            })
+    }
+
+    /// This host's file with the cluster's (what [`RegistryConfig::shared`]
+    /// wrote, given at join) beneath it: a registry the file names keeps
+    /// its own entry, one it does not takes the cluster's; the search
+    /// registries are the file's when it lists them.
+    pub(crate) fn over(mut self, cluster: Option<&RegistryConfig>) -> RegistryConfig {
+        let Some(cluster) = cluster else {
+            return self;
+        };
+        for (host, entry) in &cluster.registries {
+            self.registries
+                .entry(host.clone())
+                .or_insert_with(|| entry.clone());
+        }
+        if self.search.is_none() {
+            self.search = cluster.search.clone();
+        }
+        self.fingerprint = crate::digest::sha256_digest(
+            format!("{}\n{}", self.fingerprint, cluster.fingerprint).as_bytes(),
+        );
+        self
+    }
+
+    /// Reads what a control plane gave at join.
+    pub(crate) fn from_cluster(text: &str) -> Result<RegistryConfig, ImageError> {
+        RegistryConfig::parse(Path::new("the control plane's registries.toml"), text)
     }
 
     /// Where a short name is looked for, in order.
@@ -520,6 +602,44 @@ mod tests {
             vec!["127.0.0.1:5000".to_string()]
         );
         assert!(!format!("{c:?}").contains("\"p\""));
+    }
+
+    #[test]
+    fn what_the_cluster_shares_sits_beneath_a_nodes_own_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = write(
+            dir.path(),
+            "unqualified-search-registries = [\"docker.io\"]\n\
+             [registry.\"docker.io\"]\nmirrors = [\"cache:5000\"]\nusername = \"u\"\npassword = \"secret\"\n\
+             [registry.\"cache:5000\"]\ninsecure = true\n\
+             [registry.\"ghcr.io\"]\ntoken = \"t0ken\"\nca_file = \"/ca.pem\"\n",
+        );
+        let shared = RegistryConfig::shared(&server).unwrap().unwrap();
+        // No credential, no CA path, nothing but mirrors and insecure.
+        for secret in ["secret", "t0ken", "ca.pem", "ghcr.io", "username"] {
+            assert!(!shared.contains(secret), "{secret} in {shared}");
+        }
+        let cluster = RegistryConfig::from_cluster(&shared).unwrap();
+        let node = tempfile::tempdir().unwrap();
+        let own = write(
+            node.path(),
+            "unqualified-search-registries = []\n[registry.\"cache:5000\"]\ninsecure = false\n",
+        );
+        let c = RegistryConfig::load(&own).unwrap().over(Some(&cluster));
+        assert_eq!(c.sources("docker.io"), ["cache:5000", "docker.io"]);
+        // The node's own entries and search list win.
+        assert!(!c.is_insecure("cache:5000"));
+        assert!(c.full_names("debian").is_empty());
+        let bare = RegistryConfig::load(&node.path().join("none.toml")).unwrap();
+        let before = bare.fingerprint().to_string();
+        let c = bare.over(Some(&cluster));
+        assert!(c.is_insecure("cache:5000") && c.fingerprint() != before);
+        assert_eq!(c.full_names("debian"), ["docker.io/library/debian"]);
+        let empty = write(
+            dir.path(),
+            "[registry.\"x.io\"]\nusername = \"a\"\npassword = \"b\"\n",
+        );
+        assert_eq!(RegistryConfig::shared(&empty).unwrap(), None);
     }
 
     #[test]

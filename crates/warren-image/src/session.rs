@@ -4,7 +4,7 @@
 //! each other.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
@@ -58,6 +58,8 @@ pub(crate) struct Sessions {
     /// reusing it keeps connections and tokens, which every create's tag
     /// resolution would otherwise pay for again.
     client: Mutex<Option<(String, Client)>>,
+    /// What the cluster's control plane gave at join, beneath the file.
+    cluster: Mutex<Option<Arc<RegistryConfig>>>,
 }
 
 impl Sessions {
@@ -65,7 +67,18 @@ impl Sessions {
         Sessions {
             config_path,
             client: Mutex::new(None),
+            cluster: Mutex::new(None),
         }
+    }
+
+    /// The file, read now, over what the cluster gave.
+    pub(crate) fn config(&self) -> Result<RegistryConfig, ImageError> {
+        let cluster = lock(&self.cluster).clone();
+        Ok(RegistryConfig::load(&self.config_path)?.over(cluster.as_deref()))
+    }
+
+    pub(crate) fn set_cluster(&self, cluster: Option<RegistryConfig>) {
+        *lock(&self.cluster) = cluster.map(Arc::new);
     }
 
     pub(crate) fn config_path(&self) -> &Path {
@@ -83,7 +96,7 @@ impl Sessions {
     /// mirrors first.
     pub(crate) fn routes(&self, reference: &str) -> Result<Vec<(String, String)>, ImageError> {
         normalize_name(reference)?;
-        let config = RegistryConfig::load(&self.config_path)?;
+        let config = self.config()?;
         let names = config.full_names(reference);
         if names.is_empty() {
             return Err(ImageError::NotFound(format!(
@@ -126,7 +139,7 @@ impl Sessions {
             ),
         };
         let host = source;
-        let config = RegistryConfig::load(&self.config_path)?;
+        let config = self.config()?;
         // The CA files are part of what the client was built from.
         let pems = config.ca_certificates()?;
         // So are the plain-HTTP hosts, which depend on the pulled host too

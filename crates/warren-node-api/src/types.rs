@@ -448,4 +448,9 @@ pub fn join_statement(name: &str, url: &str, fingerprint: &str, signed_at: i64) 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Joined {
     pub credential: String,
+    /// What of the control plane's `registries.toml` every node takes
+    /// beneath its own (search registries, mirrors such as the cluster's
+    /// pull-through cache, `insecure`; never credentials), as TOML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registries: Option<String>,
 }

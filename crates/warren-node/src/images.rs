@@ -25,6 +25,12 @@ impl Node {
             .map_err(|e| NodeError::Internal(e.to_string()))??)
     }
 
+    /// Takes the registries a cluster's control plane gives at join
+    /// beneath this node's own `registries.toml` (None: none).
+    pub fn set_cluster_registries(&self, text: Option<&str>) -> Result<(), NodeError> {
+        Ok(self.puller.set_cluster_registries(text)?)
+    }
+
     /// Pulls `reference` (`host[:port]/repo[:tag|@digest]`) from its
     /// registry: resolves it to a digest there and downloads what the
     /// store lacks.

@@ -18,6 +18,9 @@ pub struct Join {
     pub token: String,
     pub connect: Connector,
     pub check_proof: ProofCheck,
+    /// What of the server's `registries.toml` joining nodes take (see
+    /// `warren_node_api::Joined::registries`).
+    pub registries: Option<String>,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -169,7 +172,9 @@ async fn join(
     }
     let req: JoinRequest = parse(&body)?;
     (join.check_proof)(&req).map_err(|why| unauthorized(&format!("join refused: {why}")))?;
-    Ok(Json(st.control.join_node(req, &join.connect).await?))
+    let mut joined = st.control.join_node(req, &join.connect).await?;
+    joined.registries = join.registries.clone();
+    Ok(Json(joined))
 }
 
 async fn heartbeat(

@@ -251,7 +251,10 @@ impl Control {
         let message = format!("node {name} joined from {}", req.url);
         tracing::info!("{message}");
         self.store.node_event("node_joined", &message, &now).await?;
-        Ok(Joined { credential })
+        Ok(Joined {
+            credential,
+            registries: None,
+        })
     }
 
     /// Whether `credential` is the one issued to `node` at its join.

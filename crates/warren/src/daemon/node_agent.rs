@@ -41,7 +41,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node.clone()));
     let fence = warren_node_http::Fence::open(home.join("leader-epoch"))?;
     let identity = warren_node_http::tls::Identity::load_or_create(&home.join("node-tls"))?;
-    let agent = Agent::serve(
+    let mut agent = Agent::serve(
         local,
         fence,
         Some(identity),
@@ -52,6 +52,7 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
         &token,
     )
     .await?;
+    agent.puller = Some(node.clone());
     say!(
         "warren node: {name} serves the node API on {} (advertised as {}); joining {server}; log in {}",
         agent.listening,
@@ -131,6 +132,9 @@ struct Agent {
     identity: Option<warren_node_http::tls::Identity>,
     node: Arc<dyn NodeApi>,
     credential: warren_node_http::Credential,
+    /// The node whose pulls take the registries the join answer gives
+    /// (none for fake nodes).
+    puller: Option<Arc<warren_node::Node>>,
 }
 
 impl Agent {
@@ -190,6 +194,7 @@ impl Agent {
             identity,
             node,
             credential,
+            puller: None,
         })
     }
 
@@ -254,6 +259,12 @@ impl Agent {
             anyhow::bail!("the control plane refused the join ({status}): {body}");
         }
         let joined: Joined = resp.json().await.context("reading the join answer")?;
+        if let Some(node) = &self.puller {
+            // Mirrors the cluster names (its pull-through cache), beneath
+            // this node's own registries.toml.
+            node.set_cluster_registries(joined.registries.as_deref())
+                .context("the registries the control plane gives")?;
+        }
         Ok(joined.credential)
     }
 

@@ -42,6 +42,11 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         })
     };
     let ports = super::port_door::bind(&args.control)?;
+    // The server pulls nothing itself: its registries.toml says what every
+    // node takes beneath its own (the cluster's pull-through cache).
+    let registries_file = home.join(warren_image::REGISTRY_CONFIG_FILE);
+    let registries = warren_image::RegistryConfig::shared(&registries_file)
+        .with_context(|| format!("{} (given to joining nodes)", registries_file.display()))?;
     let cfg = UpConfig {
         home: home.to_path_buf(),
         listen: args.listen,
@@ -58,6 +63,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
                 warren_node_http::tls::check_join_proof(req, warren_core::clock::unix_now())
             }),
             liveness: Liveness::default(),
+            registries,
         },
     };
     let listener = super::listen(args.listen)

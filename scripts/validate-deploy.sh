@@ -6,7 +6,8 @@
 #     unknown kind or apiVersion, which the tool only warns about, fails;
 #   - how the manifests refer to each other (scripts/lib/check_deploy_refs.py);
 #   - the rendered kustomization, where kubectl is installed;
-#   - deploy/systemd/*.service with systemd-analyze verify, where installed.
+#   - deploy/systemd/*.service with systemd-analyze verify, where installed;
+#   - deploy/registry-cache/nginx.conf with nginx -t, where installed.
 # scripts/test.sh runs it; it takes a few seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +73,20 @@ if command -v systemd-analyze >/dev/null; then
     echo "deploy/systemd: $(ls deploy/systemd/*.service | wc -l) units verified"
 else
     echo "systemd-analyze not installed: deploy/systemd not verified" >&2
+fi
+
+# The registry cache's nginx config, with its placeholder upstream and
+# paths written in (nginx resolves the upstream's name as it loads).
+if command -v nginx >/dev/null; then
+    cache=$(mktemp -d /tmp/warren-registry-cache-XXXXXX)
+    sed -e "s#UPSTREAM#127.0.0.1:5000#g; s#/var/cache/warren-registry-cache#$cache/data#" \
+        -e "s#/var/log/warren-registry-cache.log#$cache/access.log#; s#/run/warren-registry-cache.pid#$cache/nginx.pid#" \
+        deploy/registry-cache/nginx.conf >"$cache/nginx.conf"
+    nginx -t -q -c "$cache/nginx.conf" -p "$cache" || failed=1
+    rm -rf "$cache"
+    echo "deploy/registry-cache: nginx.conf checked"
+else
+    echo "nginx not installed: deploy/registry-cache not checked" >&2
 fi
 
 if [ "$failed" != 0 ]; then

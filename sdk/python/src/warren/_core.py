@@ -105,7 +105,7 @@ class Call(Generic[T]):
     method: str
     path: str
     parse: Callable[[httpx.Response], T]
-    params: dict[str, str] | list[tuple[str, str]] | None = None
+    params: dict[str, str] | list[tuple[str, str | int | float | bool | None]] | None = None
     json: Any = None
     content: Any = None
     headers: dict[str, str] | None = None
@@ -941,7 +941,7 @@ def build_call(
     no_cache: bool,
 ) -> Call[Any]:
     """``POST /v1/builds``: the directory ``context`` as a tar, streamed."""
-    params: list[tuple[str, str]] = [("dockerfile", dockerfile)]
+    params: list[tuple[str, str | int | float | bool | None]] = [("dockerfile", dockerfile)]
     for k, v in (("tag", tag), ("target", target), ("test", test), ("push", push)):
         if v is not None:
             params.append((k, v))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .models import ExecResult
+    from .models import BuildEvent, ExecResult
 
 __all__ = [
     "WarrenError",
@@ -29,6 +29,7 @@ __all__ = [
     "ExecTimeout",
     "CommandFailed",
     "StreamError",
+    "BuildFailed",
     "ERROR_CLASSES",
 ]
 
@@ -226,7 +227,7 @@ class BuildFailed(WarrenError):
     names the line at fault), or the ``test``. ``events`` holds every build
     event, the steps' output among them."""
 
-    def __init__(self, message: str, line: int | None, build_id: str | None, events: list) -> None:
+    def __init__(self, message: str, line: int | None, build_id: str | None, events: list[BuildEvent]) -> None:
         super().__init__(f"Dockerfile line {line}: {message}" if line and "line" not in message else message)
         self.line = line
         self.build_id = build_id

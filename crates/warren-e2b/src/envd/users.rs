@@ -99,6 +99,9 @@ fn name(names: &HashMap<u32, String>, id: u32) -> String {
 #[derive(Default)]
 pub struct SandboxAccounts {
     known: Mutex<HashMap<String, Arc<Accounts>>>,
+    /// Each image's (user, working directory), by digest: read once, not
+    /// once per sandbox.
+    images: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl SandboxAccounts {
@@ -108,7 +111,7 @@ impl SandboxAccounts {
         }
         let passwd = read_small(control, id, "/etc/passwd").await;
         let group = read_small(control, id, "/etc/group").await;
-        let (user, workdir) = image_defaults(control, id).await;
+        let (user, workdir) = self.image_defaults(control, id).await;
         let accounts = Arc::new(Accounts::parse(&passwd, &group).with_image(&user, &workdir));
         let mut known = lock(&self.known);
         if known.len() >= REMEMBERED {
@@ -119,23 +122,34 @@ impl SandboxAccounts {
     }
 }
 
-/// The user and working directory the sandbox's image config names
-/// (empty when it names none or cannot be read).
-async fn image_defaults(control: &Control, id: &str) -> (String, String) {
-    let Ok(row) = control.get(id).await else {
-        return Default::default();
-    };
-    let images = control.images().await.unwrap_or_default();
-    let Some(image) = images.iter().find(|i| i.digest == row.image_digest) else {
-        return Default::default();
-    };
-    let field = |k: &str| {
-        image.record["config"][k]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
-    (field("user"), field("working_dir"))
+impl SandboxAccounts {
+    /// The user and working directory the sandbox's image config names
+    /// (empty when it names none or cannot be read).
+    async fn image_defaults(&self, control: &Control, id: &str) -> (String, String) {
+        let Ok(row) = control.get(id).await else {
+            return Default::default();
+        };
+        if let Some(known) = lock(&self.images).get(&row.image_digest) {
+            return known.clone();
+        }
+        let Ok(images) = control.images().await else {
+            return Default::default();
+        };
+        let mut known = lock(&self.images);
+        if known.len() >= REMEMBERED {
+            known.clear();
+        }
+        for image in images {
+            let field = |k: &str| {
+                image.record["config"][k]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            known.insert(image.digest.clone(), (field("user"), field("working_dir")));
+        }
+        known.get(&row.image_digest).cloned().unwrap_or_default()
+    }
 }
 
 /// A small file of the sandbox (up to 1 MiB; empty when it cannot be read).

@@ -43,7 +43,7 @@ EOF
 docker-registry serve "$work/up.yml" >"$work/up.log" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:$up_port/v2/"
-served() { { grep -o '"GET /v2/[^ ]*/blobs/[^ ]* HTTP/1.1" 200 [0-9]*' "$work/up.log" || true; } | awk '{s+=$NF} END {print s+0}'; }
+served() { { grep -oE '"GET /v2/[^ ]*/blobs/[^ ]* HTTP/1\.[01]" 200 [0-9]+' "$work/up.log" || true; } | awk '{s+=$NF} END {printf "%.0f\n", s}'; }
 
 # busybox plus four layers of random bytes.
 "$root/scripts/make-busybox-image.sh" "$work/busybox.tar" >/dev/null

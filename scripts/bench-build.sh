@@ -40,8 +40,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 200); do curl -s -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1" >&2; exit 1; }
+. "$root/scripts/lib/registry.sh"
 
 # The package index: PEP 503 "simple" pages over the wheel, on an address
 # of its own (Warren's RUN reaches it through --allow; buildah's with the

@@ -26,24 +26,15 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 400); do curl -sk -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1" >&2; exit 1; }
+. "$root/scripts/lib/registry.sh"
 now() { date +%s%N; }
 # Seconds since $1 (from now), as a decimal.
 since() { local ns=$(( $(now) - $1 )); printf "%d.%03d" $((ns / 1000000000)) $((ns / 1000000 % 1000)); }
 
 # The upstream registry, with its access log: the bytes it serves.
-up_port=$(port)
-cat >"$work/up.yml" <<EOF
-version: 0.1
-log: {level: error, accesslog: {disabled: false}}
-storage: {filesystem: {rootdirectory: $work/up}}
-http: {addr: 127.0.0.1:$up_port}
-EOF
-docker-registry serve "$work/up.yml" >"$work/up.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$up_port/v2/"
-served() { { grep -oE '"GET /v2/[^ ]*/blobs/[^ ]* HTTP/1\.[01]" 200 [0-9]+' "$work/up.log" || true; } | awk '{s+=$NF} END {printf "%.0f\n", s}'; }
+start_registry "$work/up" access
+up_port=$reg_port
+served() { { grep -oE '"GET /v2/[^ ]*/blobs/[^ ]* HTTP/1\.[01]" 200 [0-9]+' "$work/up/registry.log" || true; } | awk '{s+=$NF} END {printf "%.0f\n", s}'; }
 
 # busybox plus four layers of random bytes.
 "$root/scripts/make-busybox-image.sh" "$work/busybox.tar" >/dev/null

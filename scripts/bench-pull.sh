@@ -27,20 +27,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 200); do curl -s -o /dev/null "$1" && return 0; sleep 0.05; done; echo "no answer from $1" >&2; exit 1; }
+. "$root/scripts/lib/registry.sh"
 
 # The registry, plain HTTP on loopback.
-reg_port=$(port)
-cat >"$work/registry.yml" <<EOF
-version: 0.1
-log: {level: error, accesslog: {disabled: true}}
-storage: {filesystem: {rootdirectory: $work/registry}}
-http: {addr: 127.0.0.1:$reg_port}
-EOF
-docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$reg_port/v2/"
+start_registry "$work/registry"
 
 # busybox plus four layers: two of random bytes (gzip cannot shrink them) and
 # two of base64 text (it shrinks to about 3/4), MB_PER_LAYER each.

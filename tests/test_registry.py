@@ -27,6 +27,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def answered(url, proc, log_path, what):
+    """Waits (15 s at most) until `url` answers 200 or 401, failing with
+    the log's tail if `proc` exits first or never answers."""
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            if httpx.get(url, timeout=1, verify=False).status_code in (200, 401):
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start: {Path(log_path).read_text()[-2000:]}")
+
+
 class Registry:
     """One docker-registry process on 127.0.0.1 with filesystem storage in a
     temp dir; `users` turns on htpasswd basic auth."""
@@ -70,17 +86,7 @@ class Registry:
         self.proc = subprocess.Popen(
             [REGISTRY_BIN, "serve", str(self.dir / "config.yml")], stdout=self.log, stderr=self.log
         )
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{scheme}://{self.host}/v2/", timeout=1, verify=False).status_code in (200, 401):
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"docker-registry did not start: {self.log_path.read_text()[-2000:]}")
+        answered(f"{scheme}://{self.host}/v2/", self.proc, self.log_path, "docker-registry")
 
     def stop(self):
         self.proc.terminate()
@@ -150,17 +156,7 @@ class RegistryCache:
         self.log = open(self.dir / "nginx.log", "ab")
         self.proc = subprocess.Popen(["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)],
                                      stdout=self.log, stderr=self.log)
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"nginx did not start: {(self.dir / 'nginx.log').read_text()[-2000:]}")
+        answered(f"http://{self.host}/v2/", self.proc, self.dir / "nginx.log", "nginx")
 
     def served(self, repo, digest):
         """How many times the cache answered a GET of the blob."""

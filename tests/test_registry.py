@@ -43,6 +43,17 @@ def answered(url, proc, log_path, what):
     raise RuntimeError(f"{what} did not start: {Path(log_path).read_text()[-2000:]}")
 
 
+def stopped(proc, log, directory):
+    """Stops a server process, then removes its directory."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 class Registry:
     """One docker-registry process on 127.0.0.1 with filesystem storage in a
     temp dir; `users` turns on htpasswd basic auth."""
@@ -89,13 +100,7 @@ class Registry:
         answered(f"{scheme}://{self.host}/v2/", self.proc, self.log_path, "docker-registry")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stopped(self.proc, self.log, self.dir)
 
     def push(self, layout, tag, ref, creds=None, zstd=False):
         """Copies layout:tag to this registry as ref (repo:tag); returns the
@@ -163,13 +168,7 @@ class RegistryCache:
         return (self.dir / "access.log").read_text().count(f'"GET /v2/{repo}/blobs/{digest} ')
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stopped(self.proc, self.log, self.dir)
 
 
 @pytest.fixture

@@ -15,18 +15,15 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use futures_util::StreamExt;
-use sha2::{Digest as _, Sha256};
 use warren_core::build::{BuildEvent, BuildRequest, ImageSettings};
 use warren_core::spec::Dur;
 use warren_core::sync::lock;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
-use warren_node_api::{
-    CommitImage, DeriveImage, FileKind, ImageInfo, ImageTarget, NodeApi, PathKind, PathOp,
-    WriteFile,
-};
+use warren_node_api::{CommitImage, DeriveImage, ImageTarget, NodeApi, PathOp};
 
-use super::context::{Context, Selection};
+use super::context::Context;
 use super::dockerfile::{Cmd, Copy, Dockerfile, Op, Stage};
+use super::state::{key, Failure, State};
 use super::words::{self, Vars};
 use super::Build;
 use crate::control::{node_error, Control};
@@ -40,127 +37,21 @@ const STEP_MEMORY: u64 = 4 << 30;
 /// The label a build's sandboxes carry: its id.
 pub(crate) const BUILD_LABEL: &str = "warren.dev/build";
 
-/// A failure, and the Dockerfile line at fault.
-struct Failure {
-    message: String,
-    line: Option<usize>,
-}
-
-impl Failure {
-    fn at(line: usize, message: impl std::fmt::Display) -> Failure {
-        Failure {
-            message: message.to_string(),
-            line: Some(line),
-        }
-    }
-}
-
-impl From<warren_core::ApiError> for Failure {
-    fn from(e: warren_core::ApiError) -> Failure {
-        Failure {
-            message: e.message,
-            line: None,
-        }
-    }
-}
-
-/// What a stage has made so far: its image, and what the next steps see.
-#[derive(Clone)]
-struct State {
-    digest: String,
-    /// The image config's environment, `KEY=VALUE`.
-    env: Vec<String>,
-    /// `ARG`s declared in this stage, with their values.
-    args: BTreeMap<String, String>,
-    workdir: String,
-    user: String,
-    shell: Vec<String>,
-    /// Whether this stage set `CMD` (else `ENTRYPOINT` clears the base's).
-    cmd_set: bool,
-}
-
-impl State {
-    fn of(image: &ImageInfo) -> State {
-        let config = &image.record["config"];
-        let strings = |v: &serde_json::Value| -> Vec<String> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        State {
-            digest: image.digest.clone(),
-            env: strings(&config["env"]),
-            args: BTreeMap::new(),
-            workdir: config["working_dir"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            user: config["user"].as_str().unwrap_or_default().to_string(),
-            shell: vec!["/bin/sh".into(), "-c".into()],
-            cmd_set: false,
-        }
-    }
-
-    /// Variables a step's words see: its ARGs, then ENV over them.
-    fn vars(&self) -> Vars {
-        let mut vars = self.args.clone();
-        for kv in &self.env {
-            if let Some((k, v)) = kv.split_once('=') {
-                vars.insert(k.to_string(), v.to_string());
-            }
-        }
-        vars
-    }
-
-    fn set_env(&mut self, key: &str, value: &str) {
-        self.env
-            .retain(|kv| kv.split_once('=').map(|(k, _)| k) != Some(key));
-        self.env.push(format!("{key}={value}"));
-    }
-
-    /// A path in the image: absolute, or relative to the working directory.
-    fn path(&self, p: &str) -> String {
-        if p.starts_with('/') {
-            return p.to_string();
-        }
-        let base = if self.workdir.is_empty() {
-            "/"
-        } else {
-            &self.workdir
-        };
-        format!("{}/{p}", base.trim_end_matches('/'))
-    }
-}
-
-fn key(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    h.update(b"warren-build-step v1");
-    for p in parts {
-        h.update([0]);
-        h.update(p.as_bytes());
-    }
-    hex::encode(h.finalize())
-}
-
-struct Run {
-    control: Arc<Control>,
-    build: Arc<Build>,
-    req: BuildRequest,
-    node: String,
-    api: Arc<dyn NodeApi>,
-    context: Arc<Mutex<Context>>,
-    file: Dockerfile,
+pub(super) struct Run {
+    pub(super) control: Arc<Control>,
+    pub(super) build: Arc<Build>,
+    pub(super) req: BuildRequest,
+    pub(super) node: String,
+    pub(super) api: Arc<dyn NodeApi>,
+    pub(super) context: Arc<Mutex<Context>>,
+    pub(super) file: Dockerfile,
     /// The global ARGs' values (before the first FROM).
-    global: Vars,
+    pub(super) global: Vars,
     /// Build args some ARG took.
-    used_args: std::collections::BTreeSet<String>,
-    stages: Vec<Option<State>>,
-    step: usize,
-    total: usize,
+    pub(super) used_args: std::collections::BTreeSet<String>,
+    pub(super) stages: Vec<Option<State>>,
+    pub(super) step: usize,
+    pub(super) total: usize,
 }
 
 /// Runs a build to its end and reports it on `build`.
@@ -507,7 +398,7 @@ impl Run {
         }
     }
 
-    async fn cached(&self, key: &str) -> Result<Option<String>, Failure> {
+    pub(super) async fn cached(&self, key: &str) -> Result<Option<String>, Failure> {
         if self.req.no_cache {
             return Ok(None);
         }
@@ -520,7 +411,7 @@ impl Run {
     }
 
     /// A sandbox of the node from `digest` for one step.
-    async fn sandbox(&self, digest: &str, network: bool) -> Result<Sandbox, Failure> {
+    pub(super) async fn sandbox(&self, digest: &str, network: bool) -> Result<Sandbox, Failure> {
         let mut labels = warren_core::Labels::new();
         let build_id = lock(&self.build.info).id.clone();
         labels.insert(BUILD_LABEL.to_string(), build_id);
@@ -548,7 +439,7 @@ impl Run {
 
     /// Runs `argv` in the sandbox, its output shown as the build's; its
     /// exit code.
-    async fn exec(
+    pub(super) async fn exec(
         &self,
         sandbox: &Sandbox,
         argv: Vec<String>,
@@ -591,7 +482,12 @@ impl Run {
         })
     }
 
-    async fn commit(&self, sandbox: &Sandbox, key: String, text: &str) -> Result<String, Failure> {
+    pub(super) async fn commit(
+        &self,
+        sandbox: &Sandbox,
+        key: String,
+        text: &str,
+    ) -> Result<String, Failure> {
         let row = self.control.get(&sandbox.id).await?;
         let image = self
             .control
@@ -697,286 +593,6 @@ impl Run {
         Ok(false)
     }
 
-    async fn copy_step(
-        &self,
-        state: &mut State,
-        c: &Copy,
-        line: usize,
-        text: &str,
-    ) -> Result<bool, Failure> {
-        let vars = state.vars();
-        let esc = self.file.escape;
-        let bad = |e: words::WordError| Failure::at(line, e);
-        let sources: Vec<String> = c
-            .sources
-            .iter()
-            .map(|s| words::expand(s, &vars, esc))
-            .collect::<Result<_, _>>()
-            .map_err(bad)?;
-        let raw_dest = words::expand(&c.dest, &vars, esc).map_err(bad)?;
-        let dest = state.path(&raw_dest);
-        let dest_is_dir = raw_dest.ends_with('/') || sources.len() > 1;
-        let chmod = c
-            .chmod
-            .as_deref()
-            .map(|m| u32::from_str_radix(m, 8).ok().filter(|m| *m <= 0o7777))
-            .map(|m| {
-                m.ok_or_else(|| {
-                    Failure::at(line, format!("--chmod={:?} is not an octal mode", c.chmod))
-                })
-            })
-            .transpose()?;
-        let chown = c
-            .chown
-            .as_deref()
-            .map(|o| words::expand(o, &vars, esc))
-            .transpose()
-            .map_err(bad)?;
-        if let Some(from) = &c.from {
-            let from = words::expand(from, &vars, esc).map_err(bad)?;
-            return self
-                .copy_from(
-                    state,
-                    &from,
-                    &sources,
-                    &dest,
-                    dest_is_dir,
-                    chown,
-                    line,
-                    text,
-                )
-                .await;
-        }
-        let context = self.context.clone();
-        let selected = {
-            let ctx = lock(&context);
-            let mut all = Vec::new();
-            for s in &sources {
-                all.push(ctx.select(s).map_err(|e| Failure::at(line, e))?);
-            }
-            let digests: Vec<String> = all.iter().map(|s| ctx.digest(s)).collect();
-            (all, digests.join(","))
-        };
-        let (selections, digests) = selected;
-        let single_file = selections.len() == 1 && selections[0].single_file;
-        let unpack = c.add && single_file && is_archive(&selections[0].items[0].0);
-        let k = key(&[
-            &state.digest,
-            "copy",
-            &serde_json::to_string(&(&sources, &dest, dest_is_dir, unpack, &chown, chmod))
-                .unwrap_or_default(),
-            &digests,
-        ]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
-            return Ok(true);
-        }
-        let sandbox = self.sandbox(&state.digest, false).await?;
-        let result = async {
-            // One file to a path that is not an existing directory: the
-            // file takes that name.
-            let rename = if single_file && !dest_is_dir && !unpack {
-                let st = self
-                    .control
-                    .path_op(&sandbox.id, PathOp::Stat { path: dest.clone() })
-                    .await;
-                match st {
-                    Ok(entries) if entries.first().is_some_and(|e| e.kind == PathKind::Dir) => None,
-                    _ => Some(dest.rsplit('/').next().unwrap_or_default().to_string()),
-                }
-            } else {
-                None
-            };
-            let dir = match &rename {
-                Some(_) => parent(&dest),
-                None => dest.clone(),
-            };
-            let mut top = Vec::new();
-            for sel in &selections {
-                let body = archive_of(context.clone(), sel, rename.clone(), chmod, unpack).await?;
-                self.control
-                    .write_file(
-                        &sandbox.id,
-                        WriteFile {
-                            path: dir.clone(),
-                            mode: 0o755,
-                            tar: true,
-                        },
-                        body,
-                    )
-                    .await?;
-                top.extend(tops(sel, rename.as_deref()));
-            }
-            if let Some(owner) = &chown {
-                self.chown(&sandbox, owner, &dir, top, state).await?;
-            }
-            self.commit(&sandbox, k, text).await
-        }
-        .await;
-        sandbox.remove().await;
-        state.digest = result?;
-        Ok(false)
-    }
-
-    /// `--chown`: the copied paths' owner, set by the image's own `chown`
-    /// (it reads the image's users and groups by name).
-    async fn chown(
-        &self,
-        sandbox: &Sandbox,
-        owner: &str,
-        dir: &str,
-        top: Vec<String>,
-        state: &State,
-    ) -> Result<(), Failure> {
-        let mut argv = vec!["chown".to_string(), "-hR".into(), owner.to_string()];
-        argv.extend(
-            top.iter()
-                .map(|t| format!("{}/{t}", dir.trim_end_matches('/'))),
-        );
-        let root = State {
-            user: "0".into(),
-            workdir: String::new(),
-            ..state.clone()
-        };
-        let code = self.exec(sandbox, argv, BTreeMap::new(), &root).await?;
-        if code != 0 {
-            return Err(Failure {
-                message: format!("--chown={owner}: chown exited with code {code} (does the image have chown and that user?)"),
-                line: None,
-            });
-        }
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn copy_from(
-        &self,
-        state: &mut State,
-        from: &str,
-        sources: &[String],
-        dest: &str,
-        dest_is_dir: bool,
-        chown: Option<String>,
-        line: usize,
-        text: &str,
-    ) -> Result<bool, Failure> {
-        let source_digest = match self.file.stage_index(from, self.stages.len()) {
-            Some(j) => self.stages[j]
-                .as_ref()
-                .map(|s| s.digest.clone())
-                .ok_or_else(|| {
-                    Failure::at(line, format!("stage {from:?} is not built before this one"))
-                })?,
-            None => {
-                self.api
-                    .image_for_create(from)
-                    .await
-                    .map_err(|e| Failure::at(line, node_error(e).message))?
-                    .digest
-            }
-        };
-        if sources.iter().any(|s| s.contains(['*', '?', '['])) {
-            return Err(Failure::at(
-                line,
-                "COPY --from with wildcards is not supported yet; name the paths",
-            ));
-        }
-        let k = key(&[
-            &state.digest,
-            "copy-from",
-            &source_digest,
-            &serde_json::to_string(&(sources, dest, dest_is_dir, &chown)).unwrap_or_default(),
-        ]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
-            return Ok(true);
-        }
-        let source = self.sandbox(&source_digest, false).await?;
-        let target = match self.sandbox(&state.digest, false).await {
-            Ok(t) => t,
-            Err(e) => {
-                source.remove().await;
-                return Err(e);
-            }
-        };
-        let result = async {
-            let mut top = Vec::new();
-            for s in sources {
-                let path = if s.starts_with('/') {
-                    s.clone()
-                } else {
-                    format!("/{s}")
-                };
-                let read = self.control.read_file(&source.id, &path).await?;
-                let name = path
-                    .trim_end_matches('/')
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                match read.kind {
-                    FileKind::Dir => {
-                        self.control
-                            .write_file(
-                                &target.id,
-                                WriteFile {
-                                    path: dest.to_string(),
-                                    mode: 0o755,
-                                    tar: true,
-                                },
-                                read.body,
-                            )
-                            .await?;
-                        top.push(dest.to_string());
-                    }
-                    FileKind::File { .. } => {
-                        let mode = self
-                            .control
-                            .path_op(&source.id, PathOp::Stat { path: path.clone() })
-                            .await?
-                            .first()
-                            .map_or(0o644, |e| e.mode);
-                        let to = if dest_is_dir || dest.ends_with('/') {
-                            format!("{}/{name}", dest.trim_end_matches('/'))
-                        } else {
-                            dest.to_string()
-                        };
-                        self.control
-                            .write_file(
-                                &target.id,
-                                WriteFile {
-                                    path: to.clone(),
-                                    mode,
-                                    tar: false,
-                                },
-                                read.body,
-                            )
-                            .await?;
-                        top.push(to);
-                    }
-                }
-            }
-            if let Some(owner) = &chown {
-                self.chown(
-                    &target,
-                    owner,
-                    "/",
-                    top.iter()
-                        .map(|t| t.trim_start_matches('/').to_string())
-                        .collect(),
-                    state,
-                )
-                .await?;
-            }
-            self.commit(&target, k, text).await
-        }
-        .await;
-        source.remove().await;
-        target.remove().await;
-        state.digest = result?;
-        Ok(false)
-    }
-
     /// `--test`, the tag, and `--push`.
     async fn finish(&self, digest: &str) -> Result<(), Failure> {
         if let Some(test) = &self.req.test {
@@ -1034,93 +650,15 @@ impl Run {
 }
 
 /// A step's sandbox, removed when the step is done with it.
-struct Sandbox {
-    control: Arc<Control>,
-    id: String,
+pub(super) struct Sandbox {
+    pub(super) control: Arc<Control>,
+    pub(super) id: String,
 }
 
 impl Sandbox {
-    async fn remove(self) {
+    pub(super) async fn remove(self) {
         if let Err(e) = self.control.destroy(&self.id, "build step done").await {
             tracing::warn!(sandbox = %self.id, error = %e.message, "removing a build step's sandbox; its TTL ends it");
         }
     }
-}
-
-fn parent(path: &str) -> String {
-    match path.trim_end_matches('/').rsplit_once('/') {
-        Some(("", _)) | None => "/".into(),
-        Some((dir, _)) => dir.to_string(),
-    }
-}
-
-/// The names a selection puts directly below the destination.
-fn tops(sel: &Selection, rename: Option<&str>) -> Vec<String> {
-    if let Some(r) = rename {
-        return vec![r.to_string()];
-    }
-    let mut names: Vec<String> = sel
-        .items
-        .iter()
-        .map(|(_, rel)| rel.split('/').next().unwrap_or_default().to_string())
-        .collect();
-    names.dedup();
-    names
-}
-
-fn is_archive(path: &str) -> bool {
-    [".tar", ".tar.gz", ".tgz"]
-        .iter()
-        .any(|s| path.ends_with(s))
-}
-
-/// The tar a sandbox unpacks for one selection: the context's files, or
-/// for ADD of an archive, the archive's own entries.
-async fn archive_of(
-    context: Arc<Mutex<Context>>,
-    sel: &Selection,
-    rename: Option<String>,
-    chmod: Option<u32>,
-    unpack: bool,
-) -> Result<warren_node_api::ByteStream, Failure> {
-    let items = Selection {
-        items: sel.items.clone(),
-        single_file: sel.single_file,
-    };
-    let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, String> {
-        use std::io::{Seek, SeekFrom};
-        let mut out = tempfile::tempfile().map_err(|e| e.to_string())?;
-        let mut ctx = lock(&context);
-        if unpack {
-            let path = &items.items[0].0;
-            let mut reader = std::io::BufReader::new(ctx.open(path).map_err(|e| e.to_string())?);
-            let gzip = std::io::BufRead::fill_buf(&mut reader)
-                .map_err(|e| e.to_string())?
-                .starts_with(&[0x1f, 0x8b]);
-            let copied = if gzip {
-                std::io::copy(&mut flate2::read::GzDecoder::new(reader), &mut out)
-            } else {
-                std::io::copy(&mut reader, &mut out)
-            };
-            copied.map_err(|e| format!("unpacking {path}: {e}"))?;
-        } else {
-            ctx.write_tar(&items, rename.as_deref(), chmod, &mut out)
-                .map_err(|e| e.to_string())?;
-        }
-        out.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-        Ok(out)
-    })
-    .await
-    .map_err(|e| Failure {
-        message: format!("build task: {e}"),
-        line: None,
-    })?
-    .map_err(|message| Failure {
-        message,
-        line: None,
-    })?;
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled))
-        .map(|r| r.map_err(|e| warren_node_api::NodeError::internal(e.to_string())))
-        .boxed();
-    Ok(stream)
 }

@@ -6,8 +6,10 @@
 //! [`KEPT_FINISHED`] finished ones in memory.
 
 mod context;
+mod copy;
 mod dockerfile;
 mod engine;
+mod state;
 mod words;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod api;
 pub mod batch;
 mod builds;
+pub use builds::tar_bytes;
 pub mod control;
 mod images;
 mod json_body;

@@ -157,8 +157,13 @@ impl Control {
         Ok(row)
     }
 
-    /// The sandbox's changes as a new image `name`.
-    pub async fn commit(&self, id: &str, name: &str) -> Result<ImageInfo, ApiError> {
+    /// The sandbox's changes as a new image (under a name, or a build
+    /// step's key).
+    pub async fn commit(
+        &self,
+        id: &str,
+        req: warren_node_api::CommitImage,
+    ) -> Result<ImageInfo, ApiError> {
         let row = self.get(id).await?;
         match row.state {
             SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
@@ -168,10 +173,6 @@ impl Control {
                 )));
             }
         }
-        let req = warren_node_api::CommitImage {
-            into: warren_node_api::ImageTarget::Name(name.to_string()),
-            created_by: None,
-        };
         self.api(&row.node)?
             .commit(id, req)
             .await

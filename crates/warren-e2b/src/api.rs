@@ -263,8 +263,8 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
         ));
     }
     let ready = match (template.ready_port, &template.ready_cmd) {
-        (Some(port), _) => wait_for_port(&control, &info.id, port).await,
-        (None, Some(cmd)) => wait_for_command(&control, &info.id, cmd).await,
+        (Some(port), _) => wait_ready(&control, &info.id, Ready::Port(port)).await,
+        (None, Some(cmd)) => wait_ready(&control, &info.id, Ready::Command(cmd)).await,
         (None, None) => Ok(()),
     };
     if let Err(e) = ready {
@@ -277,22 +277,36 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
 /// How long a template's server may take to listen.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-/// Waits until `port` in the sandbox accepts a connection (the template's
-/// server is up), as E2B's create waits for a template's ready command.
-async fn wait_for_port(control: &Control, id: &str, port: u16) -> E2bResult<()> {
+/// Waits until the template's server is ready, as E2B's create waits for
+/// a template's ready command: its port accepts a connection (checked from
+/// outside, so the image needs no `ss`), or its ready command (`sh -c`)
+/// exits 0 in the sandbox.
+async fn wait_ready(control: &Control, id: &str, ready: Ready<'_>) -> E2bResult<()> {
     let deadline = tokio::time::Instant::now() + READY_WITHIN;
     loop {
-        if control.connect_port(id, port).await.is_ok() {
+        let passed = match ready {
+            Ready::Port(port) => control.connect_port(id, port).await.is_ok(),
+            Ready::Command(cmd) => command_passes(control, id, cmd).await,
+        };
+        if passed {
             return Ok(());
         }
         let state = control.get(id).await.map(|r| r.state);
         let gone = !matches!(state, Ok(SandboxState::Running));
         if gone || tokio::time::Instant::now() >= deadline {
+            let what = match ready {
+                Ready::Port(port) => format!("the template's server did not listen on port {port}"),
+                Ready::Command(cmd) => format!("the template's ready command ({cmd}) did not pass"),
+            };
             return Err(E2bError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!(
-                    "the template's server did not listen on port {port} {}; see `warren logs {id}` for its output",
-                    if gone { "before it exited" } else { "within 60 s" }
+                    "{what} {}; see `warren logs {id}` for its output",
+                    if gone {
+                        "before the server exited"
+                    } else {
+                        "within 60 s"
+                    }
                 ),
             ));
         }
@@ -300,39 +314,30 @@ async fn wait_for_port(control: &Control, id: &str, port: u16) -> E2bResult<()> 
     }
 }
 
-/// Runs a template's ready command (`sh -c`) until it exits 0, as E2B
-/// does before a template's sandbox is handed out.
-async fn wait_for_command(control: &Control, id: &str, cmd: &str) -> E2bResult<()> {
-    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+/// What a template's sandbox is ready by.
+#[derive(Clone, Copy)]
+enum Ready<'a> {
+    Port(u16),
+    Command(&'a str),
+}
+
+/// Whether `cmd` (`sh -c`) exits 0 in the sandbox.
+async fn command_passes(control: &Control, id: &str, cmd: &str) -> bool {
+    use futures_util::StreamExt;
     let req = warren_core::ExecRequest {
         cmd: vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
         timeout: warren_core::spec::Dur::new(Duration::from_secs(10)).ok(),
         ..Default::default()
     };
-    loop {
-        if let Ok(mut events) = control.exec(id, &req).await {
-            use futures_util::StreamExt;
-            while let Some(event) = events.next().await {
-                if let warren_core::ExecEvent::Exit { code: 0, .. } = event {
-                    return Ok(());
-                }
-            }
+    let Ok(mut events) = control.exec(id, &req).await else {
+        return false;
+    };
+    while let Some(event) = events.next().await {
+        if let warren_core::ExecEvent::Exit { code, .. } = event {
+            return code == 0;
         }
-        let gone = !matches!(
-            control.get(id).await.map(|r| r.state),
-            Ok(SandboxState::Running)
-        );
-        if gone || tokio::time::Instant::now() >= deadline {
-            return Err(E2bError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "the template's ready command ({cmd}) did not pass {}; see `warren logs {id}` for its output",
-                    if gone { "before the sandbox ended" } else { "within 60 s" }
-                ),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    false
 }
 
 /// A size from the templates file (`"2"`, `"500m"`, `"2G"`), as the API

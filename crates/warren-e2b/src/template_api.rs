@@ -201,8 +201,7 @@ async fn start_build(
     let mut events = match control.start_build(prepared.request.clone(), context).await {
         Ok(events) => events,
         Err(e) => {
-            let progress = e2b.builds.progress_handle(&tid, &bid)?;
-            e2b.builds.failed(&progress, e.message.clone());
+            e2b.builds.failed(&tid, &bid, e.message.clone());
             return Err(e.into());
         }
     };

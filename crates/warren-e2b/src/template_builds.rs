@@ -16,7 +16,7 @@
 //! from N), and `GET /templates/aliases/{alias}`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -484,10 +484,12 @@ impl TemplateBuilds {
     }
 
     /// A build that could not start.
-    pub fn failed(&self, prepared_progress: &Arc<Mutex<Progress>>, message: String) {
-        let mut p = lock(prepared_progress);
-        p.status = "error";
-        p.reason = Some((message, Some("base".into())));
+    pub fn failed(&self, template_id: &str, build_id: &str, message: String) {
+        if let Ok(r) = self.requested(template_id, build_id) {
+            let mut p = lock(&r.progress);
+            p.status = "error";
+            p.reason = Some((message, Some("base".into())));
+        }
     }
 
     fn keep(&self, name: &str, built: Built) -> Result<(), TemplateBuildError> {
@@ -504,15 +506,6 @@ impl TemplateBuilds {
         written.map_err(|e| TemplateBuildError::Io(format!("writing {}: {e}", path.display())))?;
         *all = next;
         Ok(())
-    }
-
-    /// A progress handle by ids, for a build that failed before it started.
-    pub fn progress_handle(
-        &self,
-        template_id: &str,
-        build_id: &str,
-    ) -> Result<Arc<Mutex<Progress>>, TemplateBuildError> {
-        Ok(self.requested(template_id, build_id)?.progress)
     }
 }
 
@@ -688,16 +681,8 @@ fn context_archive(
         tar.append_data(&mut h, "Dockerfile", dockerfile.as_bytes())
             .map_err(io)?;
         for (hash, path) in files {
-            let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
-            let gzip = std::io::BufRead::fill_buf(&mut file)
-                .map_err(io)?
-                .starts_with(&[0x1f, 0x8b]);
-            let reader: Box<dyn Read> = if gzip {
-                Box::new(flate2::read::GzDecoder::new(file))
-            } else {
-                Box::new(file)
-            };
-            let mut upload = tar::Archive::new(reader);
+            let file = std::fs::File::open(path).map_err(io)?;
+            let mut upload = tar::Archive::new(warren_control::tar_bytes(file).map_err(io)?);
             let bad = |e: std::io::Error| {
                 TemplateBuildError::Invalid(format!(
                     "the upload of files {hash} is not a tar archive: {e}"

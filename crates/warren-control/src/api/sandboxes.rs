@@ -312,7 +312,11 @@ pub(crate) async fn commit_sandbox(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<CommitRequest>,
 ) -> ApiResult<Response> {
-    let image = st.control.commit(&id, &req.name).await?;
+    let commit = warren_node_api::CommitImage {
+        into: warren_node_api::ImageTarget::Name(req.name),
+        created_by: None,
+    };
+    let image = st.control.commit(&id, commit).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
 

@@ -268,6 +268,7 @@ impl Context {
 }
 
 /// What one `COPY` source copies.
+#[derive(Clone)]
 pub(crate) struct Selection {
     /// (path in the context, path below the destination), sorted.
     pub items: Vec<(String, String)>,

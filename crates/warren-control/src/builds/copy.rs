@@ -1,11 +1,11 @@
 //! `COPY` and `ADD`: the context's files (or another stage's or image's)
 //! written into a sandbox of the step before and committed as one layer.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
 use warren_core::sync::lock;
+use warren_core::ExecRequest;
 use warren_node_api::{FileKind, PathKind, PathOp, WriteFile};
 
 use super::context::{Context, Selection};
@@ -14,6 +14,18 @@ use super::engine::{Run, Sandbox};
 use super::state::{key, Failure, State};
 use super::words;
 use crate::control::node_error;
+
+/// A `COPY` with its words substituted: what it copies where.
+struct Plan {
+    sources: Vec<String>,
+    /// Absolute (relative to the working directory as written).
+    dest: String,
+    /// The destination is a directory: it ends with `/`, or several
+    /// sources go there.
+    dest_is_dir: bool,
+    chmod: Option<u32>,
+    chown: Option<String>,
+}
 
 impl Run {
     pub(super) async fn copy_step(
@@ -51,21 +63,24 @@ impl Run {
             .map(|o| words::expand(o, &vars, esc))
             .transpose()
             .map_err(bad)?;
+        let plan = Plan {
+            sources,
+            dest,
+            dest_is_dir,
+            chmod,
+            chown,
+        };
         if let Some(from) = &c.from {
             let from = words::expand(from, &vars, esc).map_err(bad)?;
-            return self
-                .copy_from(
-                    state,
-                    &from,
-                    &sources,
-                    &dest,
-                    dest_is_dir,
-                    chown,
-                    line,
-                    text,
-                )
-                .await;
+            return self.copy_from(state, &from, &plan, line, text).await;
         }
+        let Plan {
+            sources,
+            dest,
+            dest_is_dir,
+            chmod,
+            chown,
+        } = plan;
         let context = self.context.clone();
         let selected = {
             let ctx = lock(&context);
@@ -86,8 +101,7 @@ impl Run {
                 .unwrap_or_default(),
             &digests,
         ]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
+        if self.reuse(state, &k).await? {
             return Ok(true);
         }
         let sandbox = self.sandbox(&state.digest, false).await?;
@@ -127,7 +141,9 @@ impl Run {
                 top.extend(tops(sel, rename.as_deref()));
             }
             if let Some(owner) = &chown {
-                self.chown(&sandbox, owner, &dir, top, state).await?;
+                let base = dir.trim_end_matches('/');
+                let paths = top.iter().map(|t| format!("{base}/{t}")).collect();
+                self.chown(&sandbox, owner, paths).await?;
             }
             self.commit(&sandbox, k, text).await
         }
@@ -137,48 +153,46 @@ impl Run {
         Ok(false)
     }
 
-    /// `--chown`: the copied paths' owner, set by the image's own `chown`
-    /// (it reads the image's users and groups by name).
+    /// `--chown`: the copied `paths`' owner, set by the image's own
+    /// `chown` as root (it reads the image's users and groups by name).
     async fn chown(
         &self,
         sandbox: &Sandbox,
         owner: &str,
-        dir: &str,
-        top: Vec<String>,
-        state: &State,
+        paths: Vec<String>,
     ) -> Result<(), Failure> {
-        let mut argv = vec!["chown".to_string(), "-hR".into(), owner.to_string()];
-        argv.extend(
-            top.iter()
-                .map(|t| format!("{}/{t}", dir.trim_end_matches('/'))),
-        );
-        let root = State {
-            user: "0".into(),
-            workdir: String::new(),
-            ..state.clone()
+        let mut cmd = vec!["chown".to_string(), "-hR".into(), owner.to_string()];
+        cmd.extend(paths);
+        let req = ExecRequest {
+            cmd,
+            user: Some("0".into()),
+            ..Default::default()
         };
-        let code = self.exec(sandbox, argv, BTreeMap::new(), &root).await?;
+        let code = self.exec(sandbox, req).await?;
         if code != 0 {
-            return Err(Failure {
-                message: format!("--chown={owner}: chown exited with code {code} (does the image have chown and that user?)"),
-                line: None,
-            });
+            return Err(Failure::new(format!(
+                "--chown={owner}: chown exited with code {code} (does the image have chown and that user?)"
+            )));
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn copy_from(
         &self,
         state: &mut State,
         from: &str,
-        sources: &[String],
-        dest: &str,
-        dest_is_dir: bool,
-        chown: Option<String>,
+        plan: &Plan,
         line: usize,
         text: &str,
     ) -> Result<bool, Failure> {
+        let Plan {
+            sources,
+            dest,
+            dest_is_dir,
+            chown,
+            ..
+        } = plan;
+        let dest_is_dir = *dest_is_dir;
         let source_digest = match self.file.stage_index(from, self.stages.len()) {
             Some(j) => self.stages[j]
                 .as_ref()
@@ -206,8 +220,7 @@ impl Run {
             &source_digest,
             &serde_json::to_string(&(sources, dest, dest_is_dir, &chown)).unwrap_or_default(),
         ]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
+        if self.reuse(state, &k).await? {
             return Ok(true);
         }
         let source = self.sandbox(&source_digest, false).await?;
@@ -275,17 +288,8 @@ impl Run {
                     }
                 }
             }
-            if let Some(owner) = &chown {
-                self.chown(
-                    &target,
-                    owner,
-                    "/",
-                    top.iter()
-                        .map(|t| t.trim_start_matches('/').to_string())
-                        .collect(),
-                    state,
-                )
-                .await?;
+            if let Some(owner) = chown {
+                self.chown(&target, owner, top).await?;
             }
             self.commit(&target, k, text).await
         }
@@ -333,26 +337,17 @@ async fn archive_of(
     chmod: Option<u32>,
     unpack: bool,
 ) -> Result<warren_node_api::ByteStream, Failure> {
-    let items = Selection {
-        items: sel.items.clone(),
-        single_file: sel.single_file,
-    };
+    let items = sel.clone();
     let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, String> {
         use std::io::{Seek, SeekFrom};
         let mut out = tempfile::tempfile().map_err(|e| e.to_string())?;
         let mut ctx = lock(&context);
         if unpack {
             let path = &items.items[0].0;
-            let mut reader = std::io::BufReader::new(ctx.open(path).map_err(|e| e.to_string())?);
-            let gzip = std::io::BufRead::fill_buf(&mut reader)
-                .map_err(|e| e.to_string())?
-                .starts_with(&[0x1f, 0x8b]);
-            let copied = if gzip {
-                std::io::copy(&mut flate2::read::GzDecoder::new(reader), &mut out)
-            } else {
-                std::io::copy(&mut reader, &mut out)
-            };
-            copied.map_err(|e| format!("unpacking {path}: {e}"))?;
+            let reader = ctx.open(path).map_err(|e| e.to_string())?;
+            super::tar_bytes(reader)
+                .and_then(|mut tar| std::io::copy(&mut tar, &mut out))
+                .map_err(|e| format!("unpacking {path}: {e}"))?;
         } else {
             ctx.write_tar(&items, rename.as_deref(), chmod, &mut out)
                 .map_err(|e| e.to_string())?;
@@ -361,14 +356,8 @@ async fn archive_of(
         Ok(out)
     })
     .await
-    .map_err(|e| Failure {
-        message: format!("build task: {e}"),
-        line: None,
-    })?
-    .map_err(|message| Failure {
-        message,
-        line: None,
-    })?;
+    .map_err(|e| Failure::new(format!("build task: {e}")))?
+    .map_err(Failure::new)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled))
         .map(|r| r.map_err(|e| warren_node_api::NodeError::internal(e.to_string())))
         .boxed();

@@ -85,20 +85,13 @@ async fn prepare_and_run(
     let dockerfile = req.dockerfile.clone();
     let (context, text) = tokio::task::spawn_blocking(move || Context::index(spooled, &dockerfile))
         .await
-        .map_err(|e| Failure {
-            message: format!("build task: {e}"),
-            line: None,
-        })?
-        .map_err(|e| Failure {
-            message: e.to_string(),
-            line: None,
-        })?;
-    let text = text.ok_or_else(|| Failure {
-        message: format!(
+        .map_err(|e| Failure::new(format!("build task: {e}")))?
+        .map_err(Failure::new)?;
+    let text = text.ok_or_else(|| {
+        Failure::new(format!(
             "there is no {} in the build context (the Dockerfile must be inside it)",
             req.dockerfile
-        ),
-        line: None,
+        ))
     })?;
     let file = Dockerfile::parse(&text).map_err(|e| Failure {
         message: e.to_string(),
@@ -132,10 +125,7 @@ impl Run {
             Some(t) => self
                 .file
                 .stage_index(t, self.file.stages.len())
-                .ok_or_else(|| Failure {
-                    message: format!("the Dockerfile has no stage {t:?}"),
-                    line: None,
-                })?,
+                .ok_or_else(|| Failure::new(format!("the Dockerfile has no stage {t:?}")))?,
             None => self.file.stages.len() - 1,
         };
         let needed = self.needed(target);
@@ -358,10 +348,10 @@ impl Run {
             }
             Op::Cmd(c) => {
                 state.cmd_set = true;
-                settings.cmd = Some(self.argv(state, c));
+                settings.cmd = Some(state.argv(c));
             }
             Op::Entrypoint(c) => {
-                settings.entrypoint = Some(self.argv(state, c));
+                settings.entrypoint = Some(state.argv(c));
                 if !state.cmd_set {
                     settings.cmd = Some(Vec::new());
                 }
@@ -369,45 +359,47 @@ impl Run {
         }
         let settings_json = serde_json::to_string(&settings).unwrap_or_default();
         let k = key(&[&state.digest, "config", &settings_json]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
+        if self.reuse(state, &k).await? {
             return Ok(true);
         }
+        state.digest = self.derive(&state.digest, k, settings, text).await?;
+        Ok(false)
+    }
+
+    /// Takes the step whose key is `key` from the cache, if it holds it
+    /// (and the build does not say `--no-cache`): true.
+    pub(super) async fn reuse(&self, state: &mut State, key: &str) -> Result<bool, Failure> {
+        if self.req.no_cache {
+            return Ok(false);
+        }
+        match self.api.image_step(key).await.map_err(node_error)? {
+            Some(image) => {
+                state.digest = image.digest;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// `base` with its config changed, kept as step `key`: its digest.
+    async fn derive(
+        &self,
+        base: &str,
+        key: String,
+        settings: ImageSettings,
+        text: &str,
+    ) -> Result<String, Failure> {
         let image = self
             .api
             .image_derive(DeriveImage {
-                base: state.digest.clone(),
-                into: ImageTarget::Step(k),
+                base: base.to_string(),
+                into: ImageTarget::Step(key),
                 settings: Some(settings),
                 created_by: Some(text.to_string()),
             })
             .await
             .map_err(node_error)?;
-        state.digest = image.digest;
-        Ok(false)
-    }
-
-    fn argv(&self, state: &State, c: &Cmd) -> Vec<String> {
-        match c {
-            Cmd::Exec(argv) => argv.clone(),
-            Cmd::Shell(s) => {
-                let mut argv = state.shell.clone();
-                argv.push(s.clone());
-                argv
-            }
-        }
-    }
-
-    pub(super) async fn cached(&self, key: &str) -> Result<Option<String>, Failure> {
-        if self.req.no_cache {
-            return Ok(None);
-        }
-        Ok(self
-            .api
-            .image_step(key)
-            .await
-            .map_err(node_error)?
-            .map(|i| i.digest))
+        Ok(image.digest)
     }
 
     /// A sandbox of the node from `digest` for one step.
@@ -437,22 +429,9 @@ impl Run {
         })
     }
 
-    /// Runs `argv` in the sandbox, its output shown as the build's; its
+    /// Runs `req` in the sandbox, its output shown as the build's; its
     /// exit code.
-    pub(super) async fn exec(
-        &self,
-        sandbox: &Sandbox,
-        argv: Vec<String>,
-        env: BTreeMap<String, String>,
-        state: &State,
-    ) -> Result<i32, Failure> {
-        let req = ExecRequest {
-            cmd: argv,
-            env,
-            cwd: (!state.workdir.is_empty()).then(|| state.workdir.clone()),
-            user: (!state.user.is_empty()).then(|| state.user.clone()),
-            ..Default::default()
-        };
+    pub(super) async fn exec(&self, sandbox: &Sandbox, req: ExecRequest) -> Result<i32, Failure> {
         let mut events = self.control.exec(&sandbox.id, &req).await?;
         let b64 = base64::engine::general_purpose::STANDARD;
         while let Some(event) = events.next().await {
@@ -467,19 +446,13 @@ impl Run {
                     text: String::from_utf8_lossy(&b64.decode(data).unwrap_or_default()).into(),
                 }),
                 ExecEvent::Exit { code, .. } => return Ok(code),
-                ExecEvent::Error { message } => {
-                    return Err(Failure {
-                        message,
-                        line: None,
-                    })
-                }
+                ExecEvent::Error { message } => return Err(Failure::new(message)),
                 ExecEvent::Start { .. } | ExecEvent::Keepalive => {}
             }
         }
-        Err(Failure {
-            message: "the command's output ended without an exit status".into(),
-            line: None,
-        })
+        Err(Failure::new(
+            "the command's output ended without an exit status",
+        ))
     }
 
     pub(super) async fn commit(
@@ -488,10 +461,8 @@ impl Run {
         key: String,
         text: &str,
     ) -> Result<String, Failure> {
-        let row = self.control.get(&sandbox.id).await?;
         let image = self
             .control
-            .api(&row.node)?
             .commit(
                 &sandbox.id,
                 CommitImage {
@@ -499,13 +470,12 @@ impl Run {
                     created_by: Some(text.to_string()),
                 },
             )
-            .await
-            .map_err(node_error)?;
+            .await?;
         Ok(image.digest)
     }
 
     async fn run_step(&self, state: &mut State, cmd: &Cmd, text: &str) -> Result<bool, Failure> {
-        let argv = self.argv(state, cmd);
+        let argv = state.argv(cmd);
         // ARGs are the RUN's environment (ENV, in the image, wins).
         let env: BTreeMap<String, String> = state
             .args
@@ -525,18 +495,14 @@ impl Run {
             &serde_json::to_string(&env).unwrap_or_default(),
             &self.req.allow.join(","),
         ]);
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
+        if self.reuse(state, &k).await? {
             return Ok(true);
         }
         let sandbox = self.sandbox(&state.digest, true).await?;
         let result = async {
-            let code = self.exec(&sandbox, argv, env, state).await?;
+            let code = self.exec(&sandbox, state.exec_request(argv, env)).await?;
             if code != 0 {
-                return Err(Failure {
-                    message: format!("{text}: exited with code {code}"),
-                    line: None,
-                });
+                return Err(Failure::new(format!("{text}: exited with code {code}")));
             }
             self.commit(&sandbox, k, text).await
         }
@@ -554,8 +520,7 @@ impl Run {
     ) -> Result<bool, Failure> {
         let k = key(&[&state.digest, "workdir", dir]);
         state.workdir = dir.to_string();
-        if let Some(hit) = self.cached(&k).await? {
-            state.digest = hit;
+        if self.reuse(state, &k).await? {
             return Ok(true);
         }
         // The directory is made (as `docker build` does) in a layer of its
@@ -576,20 +541,11 @@ impl Run {
             Err(e) => Err(e.into()),
         };
         sandbox.remove().await;
-        let image = self
-            .api
-            .image_derive(DeriveImage {
-                base: base?,
-                into: ImageTarget::Step(k),
-                settings: Some(ImageSettings {
-                    working_dir: Some(dir.to_string()),
-                    ..Default::default()
-                }),
-                created_by: Some(text.to_string()),
-            })
-            .await
-            .map_err(node_error)?;
-        state.digest = image.digest;
+        let settings = ImageSettings {
+            working_dir: Some(dir.to_string()),
+            ..Default::default()
+        };
+        state.digest = self.derive(&base?, k, settings, text).await?;
         Ok(false)
     }
 
@@ -600,23 +556,11 @@ impl Run {
                 command: test.clone(),
             });
             let sandbox = self.sandbox(digest, false).await?;
-            let state = State {
-                digest: digest.to_string(),
-                env: Vec::new(),
-                args: BTreeMap::new(),
-                workdir: String::new(),
-                user: String::new(),
-                shell: Vec::new(),
-                cmd_set: false,
+            let req = ExecRequest {
+                cmd: vec!["/bin/sh".into(), "-c".into(), test.clone()],
+                ..Default::default()
             };
-            let code = self
-                .exec(
-                    &sandbox,
-                    vec!["/bin/sh".into(), "-c".into(), test.clone()],
-                    BTreeMap::new(),
-                    &state,
-                )
-                .await;
+            let code = self.exec(&sandbox, req).await;
             sandbox.remove().await;
             let code = code?;
             if code != 0 {
@@ -624,10 +568,9 @@ impl Run {
                     Some(tag) => format!("; {tag} was not moved"),
                     None => String::new(),
                 };
-                return Err(Failure {
-                    message: format!("the test failed (exit code {code}){kept}"),
-                    line: None,
-                });
+                return Err(Failure::new(format!(
+                    "the test failed (exit code {code}){kept}"
+                )));
             }
         }
         if let Some(tag) = &self.req.tag {

@@ -24,6 +24,21 @@ use warren_node_api::ByteStream;
 
 use crate::control::Control;
 
+/// A tar archive's bytes as `reader` holds them, gzip or plain (ADD of a
+/// local archive, E2B's uploads: neither says which).
+pub fn tar_bytes<'a, R: std::io::Read + 'a>(
+    reader: R,
+) -> std::io::Result<Box<dyn std::io::Read + 'a>> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(reader);
+    let gzip = reader.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gzip {
+        Box::new(flate2::read::GzDecoder::new(reader))
+    } else {
+        Box::new(reader)
+    })
+}
+
 /// Finished builds kept for `GET /v1/builds/{id}`.
 const KEPT_FINISHED: usize = 100;
 /// Output text a build keeps; past it, output is dropped (said once).

@@ -4,8 +4,10 @@
 use std::collections::BTreeMap;
 
 use sha2::{Digest as _, Sha256};
+use warren_core::ExecRequest;
 use warren_node_api::ImageInfo;
 
+use super::dockerfile::Cmd;
 use super::words::Vars;
 
 /// A failure, and the Dockerfile line at fault.
@@ -15,6 +17,14 @@ pub(super) struct Failure {
 }
 
 impl Failure {
+    /// A failure of the build as a whole (no line of its own).
+    pub(super) fn new(message: impl std::fmt::Display) -> Failure {
+        Failure {
+            message: message.to_string(),
+            line: None,
+        }
+    }
+
     pub(super) fn at(line: usize, message: impl std::fmt::Display) -> Failure {
         Failure {
             message: message.to_string(),
@@ -25,10 +35,7 @@ impl Failure {
 
 impl From<warren_core::ApiError> for Failure {
     fn from(e: warren_core::ApiError) -> Failure {
-        Failure {
-            message: e.message,
-            line: None,
-        }
+        Failure::new(e.message)
     }
 }
 
@@ -70,6 +77,35 @@ impl State {
             user: config["user"].as_str().unwrap_or_default().to_string(),
             shell: vec!["/bin/sh".into(), "-c".into()],
             cmd_set: false,
+        }
+    }
+
+    /// A command as the image runs it: exec form as written, shell form
+    /// through `SHELL`.
+    pub(super) fn argv(&self, c: &Cmd) -> Vec<String> {
+        match c {
+            Cmd::Exec(argv) => argv.clone(),
+            Cmd::Shell(s) => {
+                let mut argv = self.shell.clone();
+                argv.push(s.clone());
+                argv
+            }
+        }
+    }
+
+    /// `argv` run as a step runs it: in the working directory, as the
+    /// user, with `env` besides the image's.
+    pub(super) fn exec_request(
+        &self,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+    ) -> ExecRequest {
+        ExecRequest {
+            cmd: argv,
+            env,
+            cwd: (!self.workdir.is_empty()).then(|| self.workdir.clone()),
+            user: (!self.user.is_empty()).then(|| self.user.clone()),
+            ..Default::default()
         }
     }
 

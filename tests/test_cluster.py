@@ -494,6 +494,52 @@ def test_four_nodes_pull_an_image_through_the_cache_and_upstream_serves_it_once(
         upstream.stop()
 
 
+def test_images_built_committed_or_imported_on_one_node_run_on_every_node(images, tmp_path):
+    from test_registry import Registry
+
+    reg = Registry()
+    try:
+        nodes = [dict(name="a", labels=["n=a"]), dict(name="b", labels=["n=b"])]
+        with Cluster(images, nodes=nodes, server_args=["--cluster-registry", f"{reg.host}/warren"]) as c:
+            def run_on(node, image, cmd):
+                s = create(c, image=image, cpu=0.1, memory="32M", node_selector={"n": node})
+                try:
+                    assert s["node"] == node
+                    exit_ev, out, err, _ = c.server.exec(s["id"], ["sh", "-c", cmd])
+                    assert exit_ev["code"] == 0, err
+                    return s["image_digest"], out.decode()
+                finally:
+                    drop(c, s["id"])
+
+            ctx = tmp_path / "ctx"
+            ctx.mkdir()
+            (ctx / "Dockerfile").write_text("FROM busybox:latest\nCOPY v /v\n")
+            for version in ("one", "two"):
+                (ctx / "v").write_text(version)
+                built = c.server.cli("build", "-t", "app:1", str(ctx))
+                assert f"published as {reg.host}/warren/app:1" in built.stderr.decode(), built.stderr
+                digest = built.stdout.decode().split()[-1]
+                # The build ran on one node; both run it, and the node that
+                # pulled the first build runs the second, not its old copy.
+                for node in "ab":
+                    assert run_on(node, "app:1", "cat /v") == (digest, version)
+            # A commit on one node runs on the other.
+            s = create(c, image="app:1", cpu=0.1, memory="32M", node_selector={"n": "a"})
+            c.server.exec(s["id"], ["sh", "-c", "echo committed > /c"])
+            name, digest = c.server.cli("commit", s["id"], "snap:1").stdout.decode().split()
+            drop(c, s["id"])
+            assert run_on("b", "snap:1", "cat /c") == (digest, "committed\n")
+            # The busybox the cluster imported at start is there too, for
+            # nodes that join later.
+            catalog = httpx.get(f"http://{reg.host}/v2/_catalog").json()["repositories"]
+            assert {"warren/app", "warren/snap", "warren/busybox"} <= set(catalog), catalog
+            # A local name never published is still each node's own.
+            r = c.server.http.post("/v1/sandboxes", json={"image": "nowhere:1", "cpu": 0.1, "memory": "32M"})
+            assert r.status_code == 404, r.text
+    finally:
+        reg.stop()
+
+
 def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, postgres):
     import uuid
     from concurrent.futures import ThreadPoolExecutor

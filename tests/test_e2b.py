@@ -221,7 +221,10 @@ def test_the_e2b_sdk_builds_a_template_and_starts_sandboxes_from_it(e2b_warren, 
     # running it; the client's create took one (the build waited for it).
     pools = [p for p in e2b_warren.http.get("/v1/pools").json() if p["name"].startswith("e2b-tpl-")]
     assert [p["spec"]["cmd"] for p in pools] == [["/bin/sh", "-c", "python3 -m http.server 8000"]], pools
-    assert pools[0]["claimed"] >= 1 and pools[0]["spec"]["image"].startswith("sha256:"), pools
+    # Pinned to the build's digest, under the template's name (what a
+    # cluster's nodes pull from its registry).
+    assert pools[0]["claimed"] >= 1 and pools[0]["spec"]["image"].startswith("e2b-template/tpl-"), pools
+    assert "@sha256:" in pools[0]["spec"]["image"], pools
     e2b_warren.http.delete(f"/v1/pools/{pools[0]['name']}")
 
 

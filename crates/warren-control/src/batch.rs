@@ -46,12 +46,14 @@ impl Control {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         // The tag is resolved once, here: every member runs this digest,
         // whatever the tag points at later and on whichever node.
-        let image = self
-            .resolver(&req.spec.node_selector)?
-            .image_for_create(&req.spec.image)
+        let resolved = self
+            .resolve(
+                self.resolver(&req.spec.node_selector)?.as_ref(),
+                &req.spec.image,
+            )
             .await
             .map_err(crate::control::node_error)?;
-        if let Some(pinned) = warren_core::image_ref::pinned(&req.spec.image, &image.digest) {
+        if let Some(pinned) = resolved.source {
             req.spec.image = pinned;
         }
         let row = BatchRow {

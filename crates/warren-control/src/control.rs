@@ -45,6 +45,9 @@ pub struct Control {
     pub pools: crate::pools::Pools,
     /// Image builds, running and recent.
     pub(crate) builds: crate::builds::Builds,
+    /// Where images built, committed or imported here are published for
+    /// every node (`--cluster-registry`); None: images stay on their node.
+    pub(crate) cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
 }
 
 impl From<StoreError> for ApiError {
@@ -126,7 +129,18 @@ impl Control {
             lifecycle: Default::default(),
             pools: Default::default(),
             builds: Default::default(),
+            cluster_registry: None,
         }
+    }
+
+    /// Publishes images made in the cluster to `registry` (see
+    /// [`Control::publish`]).
+    pub fn with_cluster_registry(
+        mut self,
+        registry: Option<warren_core::image_ref::ClusterRegistry>,
+    ) -> Control {
+        self.cluster_registry = registry;
+        self
     }
 
     /// A record as a client sees it, with what its node says of it now.

@@ -7,7 +7,9 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::image_ref::registry_host;
 use warren_core::ApiError;
-use warren_node_api::{ByteStream, ErrorKind, GcReport, ImageInfo, NodeError, PullUpdate, Pushed};
+use warren_node_api::{
+    ByteStream, ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed,
+};
 
 use crate::control::{node_error, Control};
 use crate::nodes::{Health, NodeEntry};
@@ -23,7 +25,97 @@ fn needs_registry(reference: &str) -> Result<(), ApiError> {
     )))
 }
 
+/// An image resolved for the cluster.
+pub(crate) struct Resolved {
+    pub(crate) image: ImageInfo,
+    /// A registry reference pinned to its digest that any node can pull;
+    /// None: the image is local to each node.
+    pub(crate) source: Option<String>,
+}
+
 impl Control {
+    /// Where a node that lacks `digest` pulls it for a sandbox of
+    /// `reference`: the reference's own registry, or the cluster registry
+    /// a local name is published to.
+    pub(crate) fn image_source(&self, reference: &str, digest: &str) -> Option<String> {
+        warren_core::image_ref::pinned(reference, digest).or_else(|| {
+            self.cluster_registry
+                .as_ref()
+                .and_then(|r| r.pinned(reference, digest))
+        })
+    }
+
+    /// The image a new sandbox of `reference` runs, resolved on `node`: a
+    /// local name published to the cluster registry is its newest push
+    /// there (any node can pull that digest, however old its own copy);
+    /// anything else, or a name never published, as the node resolves it.
+    pub(crate) async fn image_for_create(
+        &self,
+        node: &dyn NodeApi,
+        reference: &str,
+    ) -> Result<ImageInfo, NodeError> {
+        self.resolve(node, reference).await.map(|r| r.image)
+    }
+
+    /// [`Control::image_for_create`], with where any node pulls it.
+    pub(crate) async fn resolve(
+        &self,
+        node: &dyn NodeApi,
+        reference: &str,
+    ) -> Result<Resolved, NodeError> {
+        let published = self
+            .cluster_registry
+            .as_ref()
+            .and_then(|r| r.reference(reference));
+        if let Some(published) = published {
+            match node.image_for_create(&published).await {
+                Ok(image) => {
+                    return Ok(Resolved {
+                        source: warren_core::image_ref::pinned(&published, &image.digest),
+                        image,
+                    })
+                }
+                Err(e) if e.kind == ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(
+                    image = %reference,
+                    "the cluster registry did not answer for {published} ({}); using the node's own copy",
+                    e.message
+                ),
+            }
+        }
+        let image = node.image_for_create(reference).await?;
+        Ok(Resolved {
+            source: warren_core::image_ref::pinned(reference, &image.digest),
+            image,
+        })
+    }
+
+    /// Pushes the local image `name` from `node` to the cluster registry,
+    /// so every node can pull it; the reference it now has there (None:
+    /// no cluster registry, or not a local name).
+    pub(crate) async fn publish(
+        &self,
+        node: &dyn NodeApi,
+        name: &str,
+    ) -> Result<Option<String>, ApiError> {
+        let Some(published) = self
+            .cluster_registry
+            .as_ref()
+            .and_then(|r| r.reference(name))
+        else {
+            return Ok(None);
+        };
+        node.image_push(&published, Some(name)).await.map_err(|e| {
+            let mut e = node_error(e);
+            e.message = format!(
+                "publishing {name} to the cluster registry as {published}: {}",
+                e.message
+            );
+            e
+        })?;
+        Ok(Some(published))
+    }
+
     /// The nodes image calls go to: every reachable one.
     fn image_nodes(&self) -> Result<Vec<std::sync::Arc<NodeEntry>>, ApiError> {
         let nodes: Vec<_> = self
@@ -55,7 +147,8 @@ impl Control {
         Ok(all)
     }
 
-    /// Imports an archive into every reachable node. With more than one,
+    /// Imports an archive into every reachable node (and publishes it to
+    /// the cluster registry, for nodes that join later). With more than one,
     /// the archive is spooled to a temporary file first (streamed, never
     /// held in memory) and sent to each in turn.
     pub async fn import_image(
@@ -65,11 +158,14 @@ impl Control {
     ) -> Result<ImageInfo, ApiError> {
         let nodes = self.image_nodes()?;
         if let [node] = nodes.as_slice() {
-            return node
+            let image = node
                 .api
                 .image_import(name, archive)
                 .await
-                .map_err(node_error);
+                .map_err(node_error)?;
+            // Nodes that join later pull it from there.
+            self.publish(node.api.as_ref(), name).await?;
+            return Ok(image);
         }
         let spool = spool(archive).await?;
         let mut last = None;
@@ -89,6 +185,7 @@ impl Control {
                 .map_err(|e| prefixed(&node.name, e))?;
             last = Some(image);
         }
+        self.publish(nodes[0].api.as_ref(), name).await?;
         last.ok_or_else(|| ApiError::internal("no node imported the image"))
     }
 
@@ -199,8 +296,7 @@ impl Control {
             targets
         };
         let pulls = targets.iter().map(|node| async move {
-            node.api
-                .image_for_create(reference)
+            self.image_for_create(node.api.as_ref(), reference)
                 .await
                 .map(|image| (node.name.clone(), image))
                 .map_err(|e| prefixed(&node.name, e))

@@ -72,6 +72,8 @@ pub enum NodeSource {
         liveness: nodes::Liveness,
         /// What joining nodes take of the server's `registries.toml`.
         registries: Option<String>,
+        /// Where images made in the cluster are published for every node.
+        cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
     },
 }
 
@@ -150,17 +152,24 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         .map(|u| api::port_door::PortLinks::new(u, &token))
         .transpose()?;
     let store = open_store(&cfg.home, cfg.database.as_deref()).await?;
-    let liveness = match &cfg.nodes {
-        NodeSource::Local(_) => None,
-        NodeSource::Cluster { liveness, .. } => Some(*liveness),
+    let (liveness, cluster_registry) = match &cfg.nodes {
+        NodeSource::Local(_) => (None, None),
+        NodeSource::Cluster {
+            liveness,
+            cluster_registry,
+            ..
+        } => (Some(*liveness), cluster_registry.clone()),
     };
-    let control = Arc::new(control::Control::new(
-        store.clone(),
-        cfg.queue_limit,
-        cfg.policy.clone(),
-        cfg.destroy_on_stop,
-        liveness,
-    ));
+    let control = Arc::new(
+        control::Control::new(
+            store.clone(),
+            cfg.queue_limit,
+            cfg.policy.clone(),
+            cfg.destroy_on_stop,
+            liveness,
+        )
+        .with_cluster_registry(cluster_registry),
+    );
     let mut join = None;
     match cfg.nodes {
         NodeSource::Local(node) => {

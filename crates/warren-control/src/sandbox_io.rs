@@ -157,8 +157,8 @@ impl Control {
         Ok(row)
     }
 
-    /// The sandbox's changes as a new image (under a name, or a build
-    /// step's key).
+    /// The sandbox's changes as a new image (under a name, published to
+    /// the cluster registry when there is one; or a build step's key).
     pub async fn commit(
         &self,
         id: &str,
@@ -173,9 +173,15 @@ impl Control {
                 )));
             }
         }
-        self.api(&row.node)?
-            .commit(id, req)
-            .await
-            .map_err(node_error)
+        let node = self.api(&row.node)?;
+        let name = match &req.into {
+            warren_node_api::ImageTarget::Name(name) => Some(name.clone()),
+            warren_node_api::ImageTarget::Step(_) => None,
+        };
+        let image = node.commit(id, req).await.map_err(node_error)?;
+        if let Some(name) = name {
+            self.publish(node.as_ref(), &name).await?;
+        }
+        Ok(image)
     }
 }

@@ -265,6 +265,11 @@ pub enum BuildEvent {
     Test {
         command: String,
     },
+    /// The tagged image was pushed to the cluster registry, where every
+    /// node pulls it.
+    Published {
+        reference: String,
+    },
     /// Last, on success: the image, and the tag it now has.
     Done {
         digest: String,

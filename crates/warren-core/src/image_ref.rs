@@ -43,9 +43,105 @@ pub fn pinned(reference: &str, digest: &str) -> Option<String> {
     Some(format!("{host}{path}@{digest}"))
 }
 
+/// Where a cluster publishes the images built, committed or imported in
+/// it (`warren server --cluster-registry HOST[:PORT][/PATH]`): a registry
+/// every node reaches, so an image made on one node can be pulled by digest
+/// on any other. Local names are published below it (`demo:1` as
+/// `HOST[:PORT]/PATH/demo:1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterRegistry(String);
+
+impl std::str::FromStr for ClusterRegistry {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim().trim_end_matches('/');
+        let (host, path) = s.split_once('/').unwrap_or((s, ""));
+        // Without a `.`, `:` or `localhost` the references made below it
+        // would read as local names (see `registry_host`).
+        let host_ok = !host.is_empty()
+            && (host == "localhost" || host.contains('.') || host.contains(':'))
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '[' | ']'));
+        if !host_ok {
+            return Err(format!(
+                "{s:?} is not a registry: give HOST[:PORT][/PATH] whose host has a `.` or a port, or is localhost (e.g. registry.internal:5000/warren)"
+            ));
+        }
+        let path_ok = path.is_empty()
+            || path.split('/').all(|c| {
+                !c.is_empty()
+                    && c.chars().all(|ch| {
+                        ch.is_ascii_lowercase()
+                            || ch.is_ascii_digit()
+                            || matches!(ch, '.' | '_' | '-')
+                    })
+            });
+        if !path_ok {
+            return Err(format!(
+                "{path:?} is not a repository path: lowercase letters, digits, `.`, `_` and `-` between slashes"
+            ));
+        }
+        Ok(ClusterRegistry(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for ClusterRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl ClusterRegistry {
+    /// Where the local name `name` is published; None for what is not a
+    /// local name (a registry reference every node pulls already, a bare
+    /// digest that names no repository).
+    pub fn reference(&self, name: &str) -> Option<String> {
+        if registry_host(name).is_some() || name.starts_with("sha256:") || name.is_empty() {
+            return None;
+        }
+        Some(format!("{}/{name}", self.0))
+    }
+
+    /// The published `name` pinned to `digest`: what a node that lacks the
+    /// image pulls.
+    pub fn pinned(&self, name: &str, digest: &str) -> Option<String> {
+        pinned(&self.reference(name)?, digest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_registry_publishes_local_names_below_it() {
+        let reg: ClusterRegistry = "127.0.0.1:5000/warren/".parse().unwrap();
+        assert_eq!(reg.to_string(), "127.0.0.1:5000/warren");
+        assert_eq!(
+            reg.reference("demo:1").as_deref(),
+            Some("127.0.0.1:5000/warren/demo:1")
+        );
+        assert_eq!(
+            reg.pinned("e2b-template/x:v2@sha256:00", "sha256:ab")
+                .as_deref(),
+            Some("127.0.0.1:5000/warren/e2b-template/x@sha256:ab")
+        );
+        assert_eq!(reg.reference("ghcr.io/o/app:v1"), None);
+        assert_eq!(reg.reference("sha256:ab"), None);
+        let bare: ClusterRegistry = "localhost".parse().unwrap();
+        assert_eq!(bare.reference("a").as_deref(), Some("localhost/a"));
+        for bad in [
+            "",
+            "registry",
+            "reg.internal/Warren",
+            "reg.internal//x",
+            "a b.c",
+        ] {
+            assert!(bad.parse::<ClusterRegistry>().is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn pinning_drops_the_tag_and_keeps_the_port() {

@@ -104,7 +104,12 @@ impl Built {
             },
         };
         Template {
-            image: self.digest.clone().unwrap_or_else(|| self.image.clone()),
+            // Pinned to the digest, under the name: a node that lacks it
+            // pulls it from the cluster registry the build published to.
+            image: match &self.digest {
+                Some(digest) => format!("{}@{digest}", repository(&self.image)),
+                None => self.image.clone(),
+            },
             cmd: self
                 .start_cmd
                 .clone()
@@ -401,6 +406,9 @@ impl TemplateBuilds {
             BuildEvent::Test { command } => {
                 entries.push(entry("info", format!("test: {command}"), None))
             }
+            BuildEvent::Published { reference } => {
+                entries.push(entry("info", format!("published as {reference}"), None))
+            }
             BuildEvent::Done {
                 digest, seconds, ..
             } => {
@@ -536,6 +544,14 @@ fn image_name(name: &str) -> Result<String, TemplateBuildError> {
         )));
     }
     Ok(format!("{IMAGE_REPO}/{name}"))
+}
+
+/// `repo:tag` without its tag (a template's name has no registry port).
+fn repository(image: &str) -> &str {
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo,
+        _ => image,
+    }
 }
 
 /// A Dockerfile string literal: double quotes, with `\`, `"` and `$`
@@ -812,7 +828,7 @@ mod tests {
         assert_eq!(port_of_ready("sleep 20"), None);
         let b = Built {
             template_id: "t".into(),
-            image: "i".into(),
+            image: "e2b-template/i:v1".into(),
             digest: Some("sha256:d".into()),
             start_cmd: Some("serve".into()),
             ready_cmd: Some("[ -f /ready ]".into()),
@@ -820,7 +836,7 @@ mod tests {
             memory_mb: Some(1024),
         };
         let t = b.template();
-        assert_eq!(t.image, "sha256:d");
+        assert_eq!(t.image, "e2b-template/i@sha256:d");
         assert_eq!(
             t.cmd,
             Some(vec!["/bin/sh".to_string(), "-c".into(), "serve".into()])

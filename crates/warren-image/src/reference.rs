@@ -16,7 +16,8 @@ pub(crate) enum Reference {
     /// `sha256:<hex or prefix>`: the hex part.
     Digest(String),
     /// A bare hex string of at least 12 chars: a name if one exists, else a
-    /// digest prefix (like `docker run 3f4e5a6b7c8d`).
+    /// digest prefix (like `docker run 3f4e5a6b7c8d`). Also `repo@sha256:…`:
+    /// the record of that name, else the image of that digest.
     NameOrDigest(String, String),
 }
 
@@ -105,6 +106,13 @@ pub(crate) fn parse_reference(reference: &str) -> Result<Reference, ImageError> 
         return Ok(Reference::Digest(hex.to_string()));
     }
     let name = normalize_name(reference)?;
+    // `repo@sha256:<hex>`: the record pulled under that name, else the
+    // image of that digest under any name (the content is what it pins).
+    if let Some((_, digest)) = name.split_once('@') {
+        if let Some(hex) = crate::digest::sha256_hex(digest) {
+            return Ok(Reference::NameOrDigest(name.clone(), hex.to_string()));
+        }
+    }
     if is_hex_prefix(reference) {
         return Ok(Reference::NameOrDigest(name, reference.to_string()));
     }
@@ -202,6 +210,11 @@ mod tests {
         assert_eq!(
             parse_reference("0123456789ab").unwrap(),
             Reference::NameOrDigest("0123456789ab:latest".into(), "0123456789ab".into())
+        );
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            parse_reference(&format!("team/app:v1@sha256:{hex}")).unwrap(),
+            Reference::NameOrDigest(format!("team/app@sha256:{hex}"), hex.clone())
         );
     }
 

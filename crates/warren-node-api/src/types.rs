@@ -91,6 +91,12 @@ pub struct CreateSandbox {
     /// The image's manifest digest (`sha256:…`), resolved by the control
     /// plane: every sandbox of a batch runs the same one.
     pub image_digest: String,
+    /// Where a node that lacks `image_digest` pulls it: a registry
+    /// reference pinned to that digest (the spec's own registry, or the
+    /// cluster registry a local name was published to). None: the image
+    /// is local to each node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_source: Option<String>,
     /// The CDI devices the node gave it (those the spec names, and its
     /// `gpus`): filled in by the node and journaled with the rest, so a
     /// restarted node knows which devices are taken. Empty from the

@@ -766,6 +766,7 @@ fn create_req(id: &str) -> CreateSandbox {
             memory_request: Some(64 << 20),
         },
         image_digest: "sha256:feed".into(),
+        image_source: None,
         devices: vec!["nvidia.com/gpu=1".into()],
         device_env: BTreeMap::from([("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]),
     }

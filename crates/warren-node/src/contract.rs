@@ -229,13 +229,16 @@ impl NodeApi for LocalNode {
             Ok(image) => image,
             // In a cluster the control plane may have resolved the tag on
             // another node: this node fetches exactly that digest.
-            Err(e) => match warren_core::image_ref::pinned(&req.spec.image, &req.image_digest) {
+            Err(e) => match req.image_source.clone() {
                 Some(pinned) => {
-                    let image = self
-                        .node
-                        .pull_image(&pinned, None)
-                        .await
-                        .map_err(contract_error)?;
+                    let image = self.node.pull_image(&pinned, None).await.map_err(|e| {
+                        let mut e = contract_error(e);
+                        e.message = format!(
+                            "this node lacks the image and pulling {pinned} failed: {}",
+                            e.message
+                        );
+                        e
+                    })?;
                     self.node
                         .check_image(&image)
                         .await
@@ -245,7 +248,7 @@ impl NodeApi for LocalNode {
                 None => {
                     let mut e = contract_error(e);
                     e.message = format!(
-                        "{} (image {:?} is local to each node: import it on every node, e.g. with `warren image import` through the control plane)",
+                        "{} (image {:?} is local to each node: import it through the control plane, which imports it on every node, or give the server a --cluster-registry to publish local images to)",
                         e.message, req.spec.image
                     );
                     return Err(e);

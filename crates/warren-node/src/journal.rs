@@ -160,6 +160,7 @@ mod tests {
                 resources: spec.resolve().expect("resolves"),
                 spec,
                 image_digest: "sha256:00".into(),
+                image_source: None,
                 devices: vec!["test.example/gpu=0".into()],
                 device_env: [("TEST_GPU".to_string(), "0".to_string())].into(),
             },

@@ -201,8 +201,8 @@ impl Run {
                     Failure::at(line, format!("stage {from:?} is not built before this one"))
                 })?,
             None => {
-                self.api
-                    .image_for_create(from)
+                self.control
+                    .image_for_create(self.api.as_ref(), from)
                     .await
                     .map_err(|e| Failure::at(line, node_error(e).message))?
                     .digest

@@ -233,8 +233,8 @@ impl Run {
             }
             None => {
                 let image = self
-                    .api
-                    .image_for_create(&from)
+                    .control
+                    .image_for_create(self.api.as_ref(), &from)
                     .await
                     .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
                 State::of(&image)
@@ -410,6 +410,10 @@ impl Run {
         let spec = SandboxSpec {
             image: digest.to_string(),
             memory: Some(warren_core::spec::ByteSize(STEP_MEMORY)),
+            // A limit, not a reservation: a build fits any node.
+            memory_request: Some(warren_core::spec::ByteSize(
+                warren_core::spec::DEFAULT_MEMORY_REQUEST,
+            )),
             labels,
             ttl: Dur::new(STEP_TTL).ok(),
             network: if network {
@@ -583,6 +587,9 @@ impl Run {
                 })
                 .await
                 .map_err(node_error)?;
+            if let Some(reference) = self.control.publish(self.api.as_ref(), tag).await? {
+                self.build.emit(BuildEvent::Published { reference });
+            }
         }
         if let Some(push) = &self.req.push {
             let source = self.req.tag.clone().unwrap_or_else(|| digest.to_string());

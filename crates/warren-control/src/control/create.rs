@@ -13,12 +13,13 @@ use crate::admission::{Admit, AdmitError, Request};
 use crate::store::{SandboxRow, StoreError, Transition};
 
 /// What the node is asked to run for a record.
-pub(crate) fn create_request(row: &SandboxRow) -> CreateSandbox {
+pub(crate) fn create_request(row: &SandboxRow, control: &Control) -> CreateSandbox {
     CreateSandbox {
         id: row.id.clone(),
         spec: row.spec.clone(),
         resources: row.resources.clone(),
         image_digest: row.image_digest.clone(),
+        image_source: control.image_source(&row.spec.image, &row.image_digest),
         devices: Vec::new(),
         device_env: Default::default(),
     }
@@ -157,8 +158,8 @@ impl Control {
             Some(node) => self.api(node)?,
             None => self.resolver(&spec.node_selector)?,
         };
-        let image = resolver
-            .image_for_create(&spec.image)
+        let image = self
+            .image_for_create(resolver.as_ref(), &spec.image)
             .await
             .map_err(node_error)?;
         self.metrics.create_phase("image_resolve", phase.elapsed());
@@ -301,7 +302,7 @@ impl Control {
         };
         let (inserted, created) = tokio::join!(
             timed(self.store.insert(&row, row.spec.request_id.as_deref())),
-            timed(node.create(create_request(&row)))
+            timed(node.create(create_request(&row, self)))
         );
         let ((inserted, insert_took), (created, create_took)) = (inserted, created);
         self.metrics.create_phase("store_insert", insert_took);
@@ -350,7 +351,7 @@ impl Control {
             .transition(&id, SandboxState::Creating, reason::ADMITTED, &now, t)
             .await?;
         row.node = node;
-        let (created, took) = timed(api.create(create_request(&row))).await;
+        let (created, took) = timed(api.create(create_request(&row, self))).await;
         if created.is_ok() {
             self.metrics.create_phase("node_create", took);
         }

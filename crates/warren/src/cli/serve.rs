@@ -213,6 +213,13 @@ pub struct ServerArgs {
     /// (default: http:// and the --listen address).
     #[arg(long)]
     pub advertise: Option<String>,
+    /// A registry every node reaches (`HOST[:PORT][/PATH]`, e.g. a
+    /// `docker-registry` beside the server): images built, committed or
+    /// imported in the cluster are pushed there under their names, and a
+    /// node that lacks one pulls it by digest. Without it such images stay
+    /// on the node that made them.
+    #[arg(long, value_name = "HOST[:PORT][/PATH]")]
+    pub cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
     #[command(flatten)]
     pub control: ControlOpts,
     #[command(flatten)]

@@ -87,6 +87,9 @@ pub(super) async fn build(client: &Client, args: &BuildArgs) -> Result<i32> {
             }
             BuildEvent::Warning { message } => say!("warning: {message}"),
             BuildEvent::Test { command } => say!("test: {command}"),
+            BuildEvent::Published { reference } => {
+                say!("published as {reference} for every node of the cluster")
+            }
         }
     }
     bail!("the build's stream ended without a result (is the daemon stopping?)")

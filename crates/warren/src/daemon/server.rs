@@ -64,6 +64,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             }),
             liveness: Liveness::default(),
             registries,
+            cluster_registry: args.cluster_registry.clone(),
         },
     };
     let listener = super::listen(args.listen)

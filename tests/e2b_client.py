@@ -128,6 +128,25 @@ def run_sync():
         assert sbx.files.exists("/tmp/e2b/d") is False
         relative = sbx.files.write("rel.txt", "home")
         assert sbx.commands.run("cat ~/rel.txt").stdout == "home", relative
+        if "metadata" in inspect.signature(sbx.files.write).parameters:
+            step("file metadata")
+            # Metadata is the file's user.e2b.* extended attributes: kept
+            # across a rename, seen in lists, set from inside too, and gone
+            # when the file is written again without it.
+            w = sbx.files.write("/tmp/e2b/meta", "m", metadata={"Author": "mish"})
+            assert w.metadata == {"author": "mish"}, w
+            sbx.files.rename("/tmp/e2b/meta", "/tmp/e2b/meta2")
+            listed = {e.name: e.metadata for e in sbx.files.list("/tmp/e2b")}
+            assert listed["meta2"] == {"author": "mish"}, listed
+            sbx.commands.run("python3 -c \"import os; os.setxattr('/tmp/e2b/meta2', 'user.e2b.stage', b'two')\"")
+            assert sbx.files.get_info("/tmp/e2b/meta2").metadata == {"author": "mish", "stage": "two"}
+            assert sbx.files.write("/tmp/e2b/meta2", "again").metadata is None
+            assert sbx.files.get_info("/tmp/e2b/meta2").metadata is None
+            try:
+                sbx.files.write("/tmp/e2b/bad", "x", metadata={"bad key": "v"})
+                raise AssertionError("a metadata key with a space was taken")
+            except e2b.InvalidArgumentException:
+                pass
         step("port")
         sbx.files.write("/tmp/www/hello.txt", "served")
         server = sbx.commands.run("cd /tmp/www && exec python3 -m http.server 8000", background=True, timeout=0)
@@ -254,6 +273,20 @@ def run_watch_sync():
         except (e2b.InvalidArgumentException, e2b.NotFoundException):
             pass
         sbx.files.make_dir("/tmp/w")
+        if "include_entry" in inspect.signature(sbx.files.watch_dir).parameters:
+            step("watch with entries")
+            with_entries = sbx.files.watch_dir("/tmp/w", include_entry=True)
+            sbx.files.write("/tmp/w/e.txt", "entry")
+            seen = []
+            for _ in range(20):
+                seen += [ev for ev in with_entries.get_new_events() if ev.name == "e.txt"]
+                if any(ev.type.value == "write" for ev in seen):
+                    break
+            write = next(ev for ev in seen if ev.type.value == "write")
+            assert write.entry is not None and write.entry.path == "/tmp/w/e.txt", write
+            assert write.entry.size == 5, write
+            with_entries.stop()
+            sbx.files.remove("/tmp/w/e.txt")
         handle = sbx.files.watch_dir("/tmp/w")
         step("watch: write, rename, remove")
         sbx.files.write("/tmp/w/a.txt", "hello")

@@ -228,6 +228,15 @@ def test_the_e2b_sdk_builds_a_template_and_starts_sandboxes_from_it(e2b_warren, 
     e2b_warren.http.delete(f"/v1/pools/{pools[0]['name']}")
 
 
+def test_forks_and_snapshots_through_the_e2b_sdk(e2b_warren):
+    out = run_script(e2b_warren, venv(VERSIONS[0]), [Path(__file__).parent / "e2b_snapshot_client.py", IMAGE],
+                     "e2b forks and snapshots")
+    assert out.strip().endswith("snapshots ok"), out
+    # The deleted snapshot's image went with it.
+    names = {i["name"] for i in e2b_warren.http.get("/v1/images").json()}
+    assert not any(n.startswith("e2b-snapshot/") for n in names), names
+
+
 def test_a_template_may_be_an_image_reference(e2b_warren):
     # No alias: the templateID is the image itself.
     assert "async ok" in run_client(e2b_warren, VERSIONS[0], "async", template=IMAGE)

@@ -43,6 +43,13 @@ pub fn router(e2b: Arc<E2b>) -> Router {
             axum::routing::put(update_network),
         )
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/fork", post(crate::snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(crate::snapshots::create))
+        .route("/snapshots", get(crate::snapshots::list))
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(crate::snapshots::delete),
+        )
         .merge(crate::template_api::routes())
         .layer(middleware::from_fn_with_state(e2b.clone(), auth))
         .merge(crate::template_api::upload_route())
@@ -362,7 +369,7 @@ fn template_size<T: serde::de::DeserializeOwned>(
 }
 
 /// The template a sandbox was made from, as E2B names it.
-fn template(info: &SandboxInfo) -> String {
+pub(crate) fn template_of(info: &SandboxInfo) -> String {
     info.spec
         .labels
         .get(TEMPLATE_LABEL)
@@ -381,9 +388,9 @@ fn metadata(info: &SandboxInfo) -> BTreeMap<String, String> {
 }
 
 /// E2B's `Sandbox`: what create and connect answer.
-fn sandbox(e2b: &E2b, info: &SandboxInfo) -> Value {
+pub(crate) fn sandbox(e2b: &E2b, info: &SandboxInfo) -> Value {
     json!({
-        "templateID": template(info),
+        "templateID": template_of(info),
         "sandboxID": info.id,
         "clientID": info.node,
         "envdVersion": ENVD_VERSION,
@@ -418,7 +425,7 @@ fn end_at(info: &SandboxInfo) -> String {
 /// E2B's `ListedSandbox` (and the common part of `SandboxDetail`).
 fn listed(info: &SandboxInfo) -> Value {
     json!({
-        "templateID": template(info),
+        "templateID": template_of(info),
         "sandboxID": info.id,
         "clientID": info.node,
         "startedAt": info.started_at.clone().unwrap_or_else(|| info.created_at.clone()),
@@ -434,7 +441,7 @@ fn listed(info: &SandboxInfo) -> Value {
 
 /// A live sandbox (running or paused), or 404 as E2B answers for one that
 /// was killed.
-async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> {
+pub(crate) async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> {
     let row = control.get(id).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             E2bError::not_found(id)
@@ -557,31 +564,50 @@ async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response>
             && q.template
                 .as_deref()
                 .filter(|t| !t.is_empty())
-                .is_none_or(|t| template(s) == t)
+                .is_none_or(|t| template_of(s) == t)
     });
     all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
     if newest_first {
         all.reverse();
     }
-    let start = match &q.next_token {
+    Ok(page(
+        &all,
+        |s| s.id.clone(),
+        q.next_token.as_deref(),
+        q.limit,
+        listed,
+    ))
+}
+
+/// One page of a list as E2B pages them: `limit` items (100 unless asked,
+/// at most 1000) after the one whose key is `next_token`, and the last
+/// one's key in `x-next-token` when more follow.
+pub(crate) fn page<T>(
+    all: &[T],
+    key: impl Fn(&T) -> String,
+    next_token: Option<&str>,
+    limit: Option<usize>,
+    show: impl Fn(&T) -> Value,
+) -> Response {
+    let start = match next_token.filter(|t| !t.is_empty()) {
         Some(t) => all
             .iter()
-            .position(|s| &s.id == t)
+            .position(|x| key(x) == t)
             .map_or(all.len(), |i| i + 1),
         None => 0,
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let page: Vec<&SandboxInfo> = all.iter().skip(start).take(limit).collect();
+    let limit = limit.unwrap_or(100).clamp(1, 1000);
+    let page: Vec<&T> = all.iter().skip(start).take(limit).collect();
     let more = start + page.len() < all.len();
-    let mut resp = Json(page.iter().map(|i| listed(i)).collect::<Vec<_>>()).into_response();
+    let mut resp = Json(page.iter().map(|x| show(x)).collect::<Vec<_>>()).into_response();
     if more {
         if let Some(last) = page.last() {
-            if let Ok(v) = HeaderValue::from_str(&last.id) {
+            if let Ok(v) = HeaderValue::from_str(&key(last)) {
                 resp.headers_mut().insert("x-next-token", v);
             }
         }
     }
-    Ok(resp)
+    resp
 }
 
 /// A query value as forms encode it (`+` for space, `%XX`).
@@ -641,7 +667,7 @@ async fn set_timeout(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bR
 
 /// E2B's `timeout` (seconds from now, at least one) as a TTL; one longer
 /// than Warren keeps a sandbox is E2B's 400.
-fn ttl(secs: u64) -> E2bResult<warren_core::spec::Dur> {
+pub(crate) fn ttl(secs: u64) -> E2bResult<warren_core::spec::Dur> {
     warren_core::spec::Dur::from_secs(secs.max(1))
         .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("timeout: {e}")))
 }

@@ -23,14 +23,16 @@ use warren_control::ControlCell;
 pub mod api;
 pub mod connect;
 pub mod envd;
+pub mod snapshots;
 pub mod template_api;
 pub mod template_builds;
 pub mod templates;
 
 /// The envd version Warren reports: the SDK turns features on by it, and
-/// 0.5.7 is the highest whose features (stdin-less starts, octet-stream and
-/// gzip uploads) Warren serves.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// 0.6.4 is the highest whose features (stdin-less starts, octet-stream and
+/// gzip uploads, file metadata as `user.e2b.*` xattrs, entries in watch
+/// events, the network-mounts watch flag) Warren serves.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The port envd listens on in an E2B sandbox; requests for any other port
 /// go to that port inside the sandbox.

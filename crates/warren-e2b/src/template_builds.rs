@@ -91,6 +91,18 @@ pub struct Built {
     pub ready_cmd: Option<String>,
     pub cpu: Option<u32>,
     pub memory_mb: Option<u64>,
+    /// Set for a snapshot of a sandbox (`create_snapshot`), not a build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotOf>,
+}
+
+/// What a snapshot was taken of.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotOf {
+    pub sandbox_id: String,
+    /// The names it can be started by besides its id.
+    pub names: Vec<String>,
+    pub created_at: String,
 }
 
 impl Built {
@@ -187,13 +199,49 @@ impl TemplateBuilds {
         })
     }
 
-    /// A built template by its name (alias) or template id.
+    /// A built template (or snapshot) by its name (alias) or template id.
     pub fn get(&self, name: &str) -> Option<Built> {
         let built = lock(&self.built);
         built
             .get(name)
-            .or_else(|| built.values().find(|b| b.template_id == name))
+            .or_else(|| {
+                built.values().find(|b| {
+                    b.template_id == name
+                        || b.snapshot
+                            .as_ref()
+                            .is_some_and(|s| s.names.iter().any(|n| n == name))
+                })
+            })
             .cloned()
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshots(&self) -> Vec<Built> {
+        let mut all: Vec<Built> = lock(&self.built)
+            .values()
+            .filter(|b| b.snapshot.is_some())
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| {
+            let at = |x: &Built| x.snapshot.as_ref().map(|s| s.created_at.clone());
+            (at(a), &a.template_id).cmp(&(at(b), &b.template_id))
+        });
+        all
+    }
+
+    /// Keeps a snapshot under its id.
+    pub fn keep_snapshot(&self, built: Built) -> Result<(), TemplateBuildError> {
+        let id = built.template_id.clone();
+        self.keep(&id, built)
+    }
+
+    /// Forgets a template or snapshot (by name or id); what it was.
+    pub fn remove(&self, name: &str) -> Result<Option<Built>, TemplateBuildError> {
+        let Some(found) = self.get(name) else {
+            return Ok(None);
+        };
+        self.write(|all| all.retain(|_, b| b.template_id != found.template_id))?;
+        Ok(Some(found))
     }
 
     /// `POST /v3/templates`: ids for a build of `name`.
@@ -351,6 +399,7 @@ impl TemplateBuilds {
                 ready_cmd: def.ready_cmd.clone(),
                 cpu: r.cpu,
                 memory_mb: r.memory_mb,
+                snapshot: None,
             },
             name: r.name,
             progress: r.progress,
@@ -501,9 +550,19 @@ impl TemplateBuilds {
     }
 
     fn keep(&self, name: &str, built: Built) -> Result<(), TemplateBuildError> {
+        self.write(|all| {
+            all.insert(name.to_string(), built);
+        })
+    }
+
+    /// Changes the kept templates, on disk first (whole or not at all).
+    fn write(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<String, Built>),
+    ) -> Result<(), TemplateBuildError> {
         let mut all = lock(&self.built);
         let mut next = all.clone();
-        next.insert(name.to_string(), built);
+        change(&mut next);
         let bytes = serde_json::to_vec_pretty(&next)
             .map_err(|e| TemplateBuildError::Io(format!("encoding built templates: {e}")))?;
         let path = self.home.join(BUILT_FILE);
@@ -834,6 +893,7 @@ mod tests {
             ready_cmd: Some("[ -f /ready ]".into()),
             cpu: Some(2),
             memory_mb: Some(1024),
+            snapshot: None,
         };
         let t = b.template();
         assert_eq!(t.image, "e2b-template/i@sha256:d");

@@ -318,6 +318,7 @@ async fn write(control: &Control, id: &str, path: &str, data: Vec<u8>) -> Result
         path: path.to_string(),
         mode: 0o644,
         tar: false,
+        xattrs: Default::default(),
     };
     control.write_file(id, req, body).await
 }

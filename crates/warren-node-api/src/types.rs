@@ -281,6 +281,10 @@ pub struct WriteFile {
     /// The body is a tar archive to unpack into directory `path`.
     #[serde(default)]
     pub tar: bool,
+    /// Extended attributes (`user.` names) the written file gets; it keeps
+    /// none of the old file's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// A look at, or a change to, paths in a sandbox besides reading and
@@ -332,6 +336,9 @@ pub struct PathEntry {
     pub modified_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// A regular file's extended attributes in the `user.` namespace.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// What a read of a sandbox path found.

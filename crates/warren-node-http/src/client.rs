@@ -507,7 +507,12 @@ impl NodeApi for HttpNode {
     async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {
         let mode = req.mode.to_string();
         let tar = req.tar.to_string();
-        let query = [("path", req.path.as_str()), ("mode", &mode), ("tar", &tar)];
+        let xattrs = serde_json::to_string(&req.xattrs)
+            .map_err(|e| NodeError::internal(format!("encoding xattrs: {e}")))?;
+        let mut query = vec![("path", req.path.as_str()), ("mode", &mode), ("tar", &tar)];
+        if !req.xattrs.is_empty() {
+            query.push(("xattrs", &xattrs));
+        }
         let failed = Arc::new(Mutex::new(None));
         let rb = self
             .request(Method::PUT, &["sandboxes", id, "files"], &query)?

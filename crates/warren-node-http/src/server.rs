@@ -577,10 +577,20 @@ async fn write_file(
     Q(q): Q<WriteQuery>,
     body: Body,
 ) -> Answer<Response> {
+    let xattrs = match q.xattrs.as_deref() {
+        None => Default::default(),
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            NodeError::new(
+                ErrorKind::Invalid,
+                format!("xattrs is not a JSON object of strings: {e}"),
+            )
+        })?,
+    };
     let req = WriteFile {
         path: q.path,
         mode: q.mode,
         tar: q.tar,
+        xattrs,
     };
     let upload = Upload::new(body);
     let result = node.write_file(&id, req, upload.stream()).await;

@@ -105,6 +105,9 @@ pub(crate) struct WriteQuery {
     pub mode: u32,
     #[serde(default)]
     pub tar: bool,
+    /// `WriteFile::xattrs` as a JSON object (absent: none).
+    #[serde(default)]
+    pub xattrs: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -374,8 +374,8 @@ impl NodeApi for FakeNode {
         }
         let chunks = self.drain(body).await?;
         self.record(format!(
-            "write_file {id} {} {:o} {}",
-            req.path, req.mode, req.tar
+            "write_file {id} {} {:o} {} {:?}",
+            req.path, req.mode, req.tar, req.xattrs
         ));
         self.files.lock().unwrap().insert(
             (id.to_string(), req.path),
@@ -470,6 +470,7 @@ impl NodeApi for FakeNode {
             gid: 1000,
             modified_ms: 1_700_000_000_123,
             symlink_target: (kind == PathKind::Symlink).then(|| "/etc".into()),
+            xattrs: Default::default(),
         };
         Ok(match op {
             PathOp::List { path, .. } => vec![
@@ -852,6 +853,7 @@ async fn every_method_crosses_the_wire() {
         path: "/work/hello.txt".into(),
         mode: 0o640,
         tar: false,
+        xattrs: [("user.e2b.k".to_string(), "v &=?".to_string())].into(),
     };
     node.write_file("sb-2", write, body).await.unwrap();
     let read = node.read_file("sb-2", "/work/hello.txt").await.unwrap();
@@ -863,6 +865,7 @@ async fn every_method_crosses_the_wire() {
         path: "/work/dir".into(),
         mode: 0o755,
         tar: true,
+        xattrs: Default::default(),
     };
     node.write_file("sb-2", write, tar).await.unwrap();
     let read = node.read_file("sb-2", "/work/dir").await.unwrap();
@@ -1098,8 +1101,8 @@ async fn every_method_crosses_the_wire() {
         "status sb-2 true".into(),
         "status sb-2 false".into(),
         "note sb-2 running/test".into(),
-        "write_file sb-2 /work/hello.txt 640 false".into(),
-        "write_file sb-2 /work/dir 755 true".into(),
+        "write_file sb-2 /work/hello.txt 640 false {\"user.e2b.k\": \"v &=?\"}".into(),
+        "write_file sb-2 /work/dir 755 true {}".into(),
         "check_network pypi.org:443".into(),
         r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
         "exec_input sb-2 ex-1 line\n true".into(),
@@ -1265,6 +1268,7 @@ async fn a_64_mib_file_streams_both_ways() {
         path: "/data/big.bin".into(),
         mode: 0o600,
         tar: false,
+        xattrs: Default::default(),
     };
     node.write_file("sb-1", write, body).await.unwrap();
     {
@@ -1306,6 +1310,7 @@ async fn a_refused_or_broken_upload_keeps_its_error() {
         path: "/x".into(),
         mode: 0o644,
         tar: false,
+        xattrs: Default::default(),
     };
     let e = node.write_file("ghost", write, body).await.unwrap_err();
     assert_eq!(e, NodeError::not_found("no sandbox \"ghost\" on this node"));
@@ -1325,6 +1330,7 @@ async fn a_refused_or_broken_upload_keeps_its_error() {
         path: "/half".into(),
         mode: 0o644,
         tar: false,
+        xattrs: Default::default(),
     };
     let e = node.write_file("sb-1", write, body).await.unwrap_err();
     assert_eq!(e, NodeError::internal("the source file vanished"));
@@ -1616,6 +1622,7 @@ async fn a_node_that_is_down_is_unavailable_quickly() {
                 path: "/x".into(),
                 mode: 0o644,
                 tar: false,
+                xattrs: Default::default(),
             },
             stream::iter(vec![Ok(Bytes::from_static(b"x"))]).boxed(),
         )

@@ -79,6 +79,7 @@ fn path_entry(s: warren_runtime::file_ops::Stat, id_base: Option<u32>) -> PathEn
         gid: inside(s.gid),
         modified_ms: (s.modified_unix_ns / 1_000_000) as i64,
         symlink_target: s.symlink_target,
+        xattrs: s.xattrs,
     }
 }
 
@@ -336,7 +337,8 @@ impl NodeApi for LocalNode {
             if req.tar {
                 files::unpack_tar(&root, &req.path, &mut sync_reader).map(|_| ())
             } else {
-                files::write_file(&root, &req.path, req.mode, &mut sync_reader).map(|_| ())
+                files::write_file(&root, &req.path, req.mode, &req.xattrs, &mut sync_reader)
+                    .map(|_| ())
             }
         })
         .await

@@ -4,6 +4,7 @@
 //! `openat2(RESOLVE_IN_ROOT)`, and a walk goes descriptor by descriptor, so
 //! nothing reaches outside the sandbox's root, whatever symlinks it plants.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 
@@ -33,6 +34,49 @@ pub struct Stat {
     pub modified_unix_ns: i128,
     /// Where a symlink points, as written in it.
     pub symlink_target: Option<String>,
+    /// A regular file's extended attributes in the `user.` namespace
+    /// (values as UTF-8, lossily).
+    pub xattrs: BTreeMap<String, String>,
+}
+
+/// Most bytes of extended attribute names, and of one value, read.
+const XATTR_BUF: usize = 4096;
+
+/// The `user.*` extended attributes of regular file `name` in `dir`
+/// (none when they cannot be read: a file the sandbox swapped for
+/// something else, a file system without them).
+fn user_xattrs(dir: &OwnedFd, name: &OsStr) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    // NOFOLLOW and NONBLOCK: a link or a FIFO swapped in meanwhile is
+    // neither followed nor waited on.
+    let Ok(fd) = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return out;
+    };
+    let mut names = [0u8; XATTR_BUF];
+    let Ok(len) = rustix::fs::flistxattr(&fd, &mut names[..]) else {
+        return out;
+    };
+    for attr in names[..len].split(|b| *b == 0) {
+        let Ok(attr) = std::str::from_utf8(attr) else {
+            continue;
+        };
+        if !attr.starts_with("user.") {
+            continue;
+        }
+        let mut value = [0u8; XATTR_BUF];
+        if let Ok(n) = rustix::fs::fgetxattr(&fd, attr, &mut value[..]) {
+            out.insert(
+                attr.to_string(),
+                String::from_utf8_lossy(&value[..n]).into_owned(),
+            );
+        }
+    }
+    out
 }
 
 fn kind(mode: u32) -> Kind {
@@ -67,6 +111,11 @@ fn stat_at(dir: &OwnedFd, name: &OsStr, path: String) -> Result<Stat, RuntimeErr
     } else {
         None
     };
+    let xattrs = if kind == Kind::File {
+        user_xattrs(dir, name)
+    } else {
+        BTreeMap::new()
+    };
     Ok(Stat {
         path,
         kind,
@@ -76,6 +125,7 @@ fn stat_at(dir: &OwnedFd, name: &OsStr, path: String) -> Result<Stat, RuntimeErr
         gid: st.st_gid,
         modified_unix_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
         symlink_target,
+        xattrs,
     })
 }
 

@@ -4,6 +4,7 @@
 //! so `..`, absolute symlinks and symlinks swapped in by the sandbox while we
 //! work all stay inside the sandbox.
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -11,7 +12,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+use rustix::fs::{openat2, Mode, OFlags, ResolveFlags, XattrFlags};
 
 use crate::RuntimeError;
 
@@ -306,19 +307,32 @@ fn create_regular(
 /// away) never sees half a file, and what was there before stays until the
 /// new content is complete. If the write fails, the parents it made are
 /// removed again.
+///
+/// `xattrs` (names in the `user.` namespace) are set on the new file; it
+/// keeps none of the old file's, as a new inode.
 pub fn write_file(
     root: &OwnedFd,
     path: &str,
     mode: u32,
+    xattrs: &BTreeMap<String, String>,
     data: &mut dyn Read,
 ) -> Result<u64, RuntimeError> {
-    all_or_nothing(|created| write_file_noting(root, path, mode, data, created))
+    for name in xattrs.keys() {
+        if !name.starts_with("user.") || name.len() <= 5 || name.len() > 255 || name.contains('\0')
+        {
+            return Err(RuntimeError::BadPath(format!(
+                "extended attribute {name:?}: only names in the user. namespace can be set"
+            )));
+        }
+    }
+    all_or_nothing(|created| write_file_noting(root, path, mode, xattrs, data, created))
 }
 
 fn write_file_noting(
     root: &OwnedFd,
     path: &str,
     mode: u32,
+    xattrs: &BTreeMap<String, String>,
     data: &mut dyn Read,
     created: &mut Created,
 ) -> Result<u64, RuntimeError> {
@@ -367,6 +381,12 @@ fn write_file_noting(
         // The mode given wins over the daemon's umask and the old file's mode.
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777))
             .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        for (name, value) in xattrs {
+            rustix::fs::fsetxattr(&fd, name.as_str(), value.as_bytes(), XattrFlags::empty())
+                .map_err(|e| {
+                    RuntimeError::Files(format!("{path}: extended attribute {name}: {e}"))
+                })?;
+        }
         let mut file = File::from(fd);
         let n = std::io::copy(data, &mut file)
             .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
@@ -674,7 +694,7 @@ mod tests {
         mkfifo(&fifo);
         let root = root_of(dir.path());
         let err = must_return(&fifo, move || {
-            write_file(&root, "/f", 0o644, &mut &b"x"[..])
+            write_file(&root, "/f", 0o644, &BTreeMap::new(), &mut &b"x"[..])
         })
         .expect_err("a fifo is not a regular file");
         assert!(matches!(err, RuntimeError::BadPath(_)), "{err}");
@@ -764,8 +784,8 @@ mod tests {
         std::fs::create_dir(dir.path().join("x")).expect("mkdir");
         std::fs::write(dir.path().join("x/kept"), b"old").expect("write");
         let root = root_of(dir.path());
-        assert!(write_file(&root, "/x/y/z/f", 0o644, &mut Broken).is_err());
-        assert!(write_file(&root, "/x/kept", 0o644, &mut Broken).is_err());
+        assert!(write_file(&root, "/x/y/z/f", 0o644, &BTreeMap::new(), &mut Broken).is_err());
+        assert!(write_file(&root, "/x/kept", 0o644, &BTreeMap::new(), &mut Broken).is_err());
         assert_eq!(names(&dir.path().join("x")), ["kept"]);
         assert_eq!(names(dir.path()), ["x"]);
     }
@@ -854,11 +874,30 @@ mod tests {
         std::fs::create_dir(dir.path().join("d")).expect("mkdir");
         let root = root_of(dir.path());
         assert_eq!(
-            write_file(&root, "/f", 0o600, &mut &b"new"[..]).expect("write"),
+            write_file(&root, "/f", 0o600, &BTreeMap::new(), &mut &b"new"[..]).expect("write"),
             3
         );
         assert_eq!(std::fs::read(dir.path().join("f")).expect("read"), b"new");
-        assert!(write_file(&root, "/d", 0o600, &mut &b"x"[..]).is_err());
+        assert!(write_file(&root, "/d", 0o600, &BTreeMap::new(), &mut &b"x"[..]).is_err());
         assert!(dir.path().join("d").is_dir());
+    }
+
+    #[test]
+    fn a_written_file_has_the_extended_attributes_given_and_no_old_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = root_of(dir.path());
+        let given: BTreeMap<String, String> =
+            [("user.e2b.author".to_string(), "mish".to_string())].into();
+        write_file(&root, "/f", 0o644, &given, &mut &b"1"[..]).expect("write");
+        let seen = crate::file_ops::stat(&root, "/f").expect("stat").xattrs;
+        assert_eq!(seen, given);
+        write_file(&root, "/f", 0o644, &BTreeMap::new(), &mut &b"2"[..]).expect("rewrite");
+        assert!(crate::file_ops::stat(&root, "/f")
+            .expect("stat")
+            .xattrs
+            .is_empty());
+        let outside: BTreeMap<String, String> = [("trusted.x".to_string(), "y".to_string())].into();
+        assert!(write_file(&root, "/g", 0o644, &outside, &mut &b"3"[..]).is_err());
+        assert!(!dir.path().join("g").exists());
     }
 }

@@ -76,6 +76,7 @@ pub(crate) async fn put_file(
         path: q.path,
         mode,
         tar,
+        xattrs: Default::default(),
     };
     st.control.write_file(&id, req, body).await?;
     Ok(StatusCode::NO_CONTENT)

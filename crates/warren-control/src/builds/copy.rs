@@ -134,6 +134,7 @@ impl Run {
                             path: dir.clone(),
                             mode: 0o755,
                             tar: true,
+                            xattrs: Default::default(),
                         },
                         body,
                     )
@@ -255,6 +256,7 @@ impl Run {
                                     path: dest.to_string(),
                                     mode: 0o755,
                                     tar: true,
+                                    xattrs: Default::default(),
                                 },
                                 read.body,
                             )
@@ -280,6 +282,7 @@ impl Run {
                                     path: to.clone(),
                                     mode,
                                     tar: false,
+                                    xattrs: Default::default(),
                                 },
                                 read.body,
                             )

@@ -4,6 +4,7 @@
 //! whole. A request carries the sandbox's access token or a URL signed
 //! with it (the SDK's `download_url`/`upload_url`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -197,10 +198,14 @@ pub async fn write(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    let meta = match metadata(req.headers()) {
+        Ok(meta) => meta,
+        Err(e) => return error(e),
+    };
     let result = if content_type.starts_with("multipart/form-data") {
-        write_multipart(&target, &q, user.as_deref(), req).await
+        write_multipart(&target, &q, user.as_deref(), &meta, req).await
     } else {
-        write_raw(&target, &q, user.as_deref(), req).await
+        write_raw(&target, &q, user.as_deref(), &meta, req).await
     };
     match result {
         Ok(written) => Json(written).into_response(),
@@ -208,24 +213,77 @@ pub async fn write(
     }
 }
 
-fn written(path: &str) -> Value {
-    json!({"name": path.rsplit('/').next().unwrap_or_default(), "type": "file", "path": path})
+/// The namespace envd keeps file metadata in: metadata `k` is the extended
+/// attribute `user.e2b.k`.
+pub(crate) const METADATA_XATTR: &str = "user.e2b.";
+/// The upload headers metadata arrives in (`X-Metadata-K: V`).
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// File metadata from an upload's `X-Metadata-*` headers (keys lowercased,
+/// as envd keeps them): HTTP tokens for keys, printable ASCII for values.
+fn metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "metadata {key:?}: the value must be printable ASCII"
+                ))
+            })?;
+        if key.is_empty() {
+            return Err(ApiError::bad_request("metadata keys must not be empty"));
+        }
+        out.insert(format!("{METADATA_XATTR}{key}"), value.to_string());
+    }
+    Ok(out)
 }
 
-async fn write_one(target: &Target, path: &str, body: ByteStream) -> Result<Value, ApiError> {
+/// A file's metadata, from its `user.e2b.*` extended attributes.
+pub(crate) fn metadata_of(xattrs: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    xattrs
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(METADATA_XATTR)?.to_string(), v.clone())))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+fn written(path: &str, xattrs: &BTreeMap<String, String>) -> Value {
+    let mut v =
+        json!({"name": path.rsplit('/').next().unwrap_or_default(), "type": "file", "path": path});
+    let meta = metadata_of(xattrs);
+    if !meta.is_empty() {
+        v["metadata"] = json!(meta);
+    }
+    v
+}
+
+async fn write_one(
+    target: &Target,
+    path: &str,
+    xattrs: &BTreeMap<String, String>,
+    body: ByteStream,
+) -> Result<Value, ApiError> {
     let req = WriteFile {
         path: path.to_string(),
         mode: 0o644,
         tar: false,
+        xattrs: xattrs.clone(),
     };
     target.control.write_file(&target.id, req, body).await?;
-    Ok(written(path))
+    Ok(written(path, xattrs))
 }
 
 async fn write_raw(
     target: &Target,
     q: &FileQuery,
     user: Option<&str>,
+    meta: &BTreeMap<String, String>,
     req: Request,
 ) -> Result<Vec<Value>, ApiError> {
     let Some(path) = q.path.as_deref().filter(|p| !p.is_empty()) else {
@@ -245,13 +303,14 @@ async fn write_raw(
         .map_err(|e| NodeError::invalid(format!("reading the upload: {e}")))
         .boxed();
     let body = if gzip { gunzip(body) } else { body };
-    Ok(vec![write_one(target, &path, body).await?])
+    Ok(vec![write_one(target, &path, meta, body).await?])
 }
 
 async fn write_multipart(
     target: &Target,
     q: &FileQuery,
     user: Option<&str>,
+    meta: &BTreeMap<String, String>,
     req: Request,
 ) -> Result<Vec<Value>, ApiError> {
     let mut multipart = Multipart::from_request(req, &())
@@ -295,7 +354,7 @@ async fn write_multipart(
                 }
             }
         };
-        let (_, written) = tokio::join!(pump, write_one(target, &path, body));
+        let (_, written) = tokio::join!(pump, write_one(target, &path, meta, body));
         out.push(written?);
     }
     if out.is_empty() {

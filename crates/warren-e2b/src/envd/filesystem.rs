@@ -43,6 +43,11 @@ struct WatchRequest {
     path: String,
     #[serde(default, alias = "recursive")]
     recursive: bool,
+    /// Each event carries the entry it is about (when it still exists).
+    #[serde(default, alias = "include_entry")]
+    include_entry: bool,
+    // `allowNetworkMounts` lifts envd's refusal to watch network mounts;
+    // a sandbox's directories are all local, so it is not read here.
 }
 
 #[derive(Deserialize)]
@@ -223,56 +228,86 @@ async fn move_call(target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<
     Ok(json!({"entry": entries.first().map(|e| entry(e, &target.accounts))}))
 }
 
-/// The node's watch of the request's directory.
+/// The node's watch of the request's directory, and how its events are
+/// told.
 async fn start_watch(
     target: &Target,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<BoxStream<'static, WatchEvent>, RpcError> {
+) -> Result<(BoxStream<'static, WatchEvent>, Telling), RpcError> {
     let req: WatchRequest = connect::decode(headers, body)?;
     let user = target.user(headers);
     let path = paths::resolve(&req.path, user.as_deref());
-    Ok(target
+    let events = target
         .control
         .watch(&target.id, &path, req.recursive)
-        .await?)
+        .await?;
+    let telling = Telling {
+        entries: req.include_entry.then(|| (target.clone(), path)),
+    };
+    Ok((events, telling))
 }
 
-/// envd's `FilesystemEvent` in proto3 JSON; the error for an ending one.
-fn fs_event(ev: WatchEvent) -> Result<Value, RpcError> {
-    match ev {
-        WatchEvent::Event { name, kind } => {
-            let kind = match kind {
-                WatchKind::Create => "EVENT_TYPE_CREATE",
-                WatchKind::Write => "EVENT_TYPE_WRITE",
-                WatchKind::Remove => "EVENT_TYPE_REMOVE",
-                WatchKind::Rename => "EVENT_TYPE_RENAME",
-                WatchKind::Chmod => "EVENT_TYPE_CHMOD",
-            };
-            Ok(json!({"name": name, "type": kind}))
+/// How a watch's events are told: with the entry each is about, when the
+/// request asked (the sandbox and the watched directory).
+#[derive(Clone)]
+struct Telling {
+    entries: Option<(Target, String)>,
+}
+
+impl Telling {
+    /// envd's `FilesystemEvent` in proto3 JSON; the error for an ending
+    /// one. The entry is looked up as the event is told, so it is left out
+    /// when the path is gone by then (as envd does, best effort).
+    async fn event(&self, ev: WatchEvent) -> Result<Value, RpcError> {
+        match ev {
+            WatchEvent::Event { name, kind } => {
+                let kind_name = match kind {
+                    WatchKind::Create => "EVENT_TYPE_CREATE",
+                    WatchKind::Write => "EVENT_TYPE_WRITE",
+                    WatchKind::Remove => "EVENT_TYPE_REMOVE",
+                    WatchKind::Rename => "EVENT_TYPE_RENAME",
+                    WatchKind::Chmod => "EVENT_TYPE_CHMOD",
+                };
+                let mut v = json!({"name": name, "type": kind_name});
+                if let (Some((target, dir)), false) = (&self.entries, kind == WatchKind::Remove) {
+                    let path = format!("{}/{name}", dir.trim_end_matches('/'));
+                    let found = target
+                        .control
+                        .path_op(&target.id, PathOp::Stat { path })
+                        .await;
+                    if let Some(e) = found.ok().and_then(|mut f| f.pop()) {
+                        v["entry"] = entry(&e, &target.accounts);
+                    }
+                }
+                Ok(v)
+            }
+            WatchEvent::Error { error } => Err(warren_control::control::node_error(error).into()),
         }
-        WatchEvent::Error { error } => Err(warren_control::control::node_error(error).into()),
     }
 }
 
 /// `WatchDir`: a start event, then the directory's events (keepalives
 /// while quiet) until the client hangs up or the directory goes.
 async fn watch_dir(target: &Target, headers: &HeaderMap, body: &[u8]) -> Response {
-    let events = match start_watch(target, headers, body).await {
-        Ok(events) => events,
+    let (events, telling) = match start_watch(target, headers, body).await {
+        Ok(started) => started,
         Err(e) => return connect::stream_error(e),
     };
     let keepalive = connect::keepalive(headers);
     let start = futures_util::stream::iter([Item::Message(json!({"start": {}}))]);
-    let rest = futures_util::stream::unfold(Some(events), move |events| async move {
-        let mut events = events?;
-        match tokio::time::timeout(keepalive, events.next()).await {
-            Err(_) => Some((Item::Message(json!({"keepalive": {}})), Some(events))),
-            Ok(None) => Some((Item::End(Ok(())), None)),
-            Ok(Some(ev)) => match fs_event(ev) {
-                Ok(v) => Some((Item::Message(json!({"filesystem": v})), Some(events))),
-                Err(e) => Some((Item::End(Err(e)), None)),
-            },
+    let rest = futures_util::stream::unfold(Some(events), move |events| {
+        let telling = telling.clone();
+        async move {
+            let mut events = events?;
+            match tokio::time::timeout(keepalive, events.next()).await {
+                Err(_) => Some((Item::Message(json!({"keepalive": {}})), Some(events))),
+                Ok(None) => Some((Item::End(Ok(())), None)),
+                Ok(Some(ev)) => match telling.event(ev).await {
+                    Ok(v) => Some((Item::Message(json!({"filesystem": v})), Some(events))),
+                    Err(e) => Some((Item::End(Err(e)), None)),
+                },
+            }
         }
     });
     connect::server_stream(start.chain(rest))
@@ -298,16 +333,17 @@ async fn create_watcher(
             format!("{MAX_WATCHERS} watchers are open; remove some with RemoveWatcher"),
         ));
     }
-    let mut events = start_watch(target, headers, body).await?;
+    let (mut events, telling) = start_watch(target, headers, body).await?;
     let state = Arc::new(Mutex::new(Buffered::default()));
     let arrived = Arc::new(tokio::sync::Notify::new());
     let task = {
         let (state, arrived) = (state.clone(), arrived.clone());
         tokio::spawn(async move {
             while let Some(ev) = events.next().await {
+                let told = telling.event(ev).await;
                 {
                     let mut st = lock(&state);
-                    match fs_event(ev) {
+                    match told {
                         Ok(v) => {
                             if st.events.len() >= MAX_BUFFERED {
                                 st.events.pop_front();
@@ -450,6 +486,10 @@ fn entry(e: &PathEntry, accounts: &Accounts) -> Value {
         v["symlinkTarget"] = json!(t);
         v["isSymlink"] = json!(true);
     }
+    let meta = super::files::metadata_of(&e.xattrs);
+    if !meta.is_empty() {
+        v["metadata"] = json!(meta);
+    }
     v
 }
 
@@ -485,6 +525,7 @@ mod tests {
             gid: 0,
             modified_ms: 1_735_689_600_000,
             symlink_target: None,
+            xattrs: [("user.e2b.a".to_string(), "b".to_string())].into(),
         };
         let v = entry(&e, &Accounts::default());
         assert_eq!(v["name"], "a.txt");
@@ -493,6 +534,7 @@ mod tests {
         assert_eq!(v["permissions"], "-rw-r--r--");
         assert_eq!(v["owner"], "root");
         assert_eq!(v["modifiedTime"], "2025-01-01T00:00:00Z");
+        assert_eq!(v["metadata"], json!({"a": "b"}));
         assert_eq!(permissions(PathKind::Dir, 0o755), "drwxr-xr-x");
     }
 }

@@ -143,7 +143,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             b"write" => {
-                let _ = files::write_file(&root, path, 0o644, &mut &rest[..]);
+                let _ = files::write_file(&root, path, 0o644, &Default::default(), &mut &rest[..]);
             }
             b"plant" if name_ok(arg) && !rest.is_empty() && !rest.contains(&0) => {
                 let _ = rustix::fs::symlinkat(rest, &root, arg);

@@ -3,6 +3,7 @@
 capacity, all on this machine."""
 
 import hashlib
+import secrets
 import signal
 import subprocess
 import tempfile
@@ -70,6 +71,27 @@ def test_nodes_join_and_report_capacity(cluster):
         by_name = {n.name: n for n in client.nodes()}
     assert by_name["n3"].labels == {"gpu": "h200"} and by_name["n1"].state == "ready"
     assert by_name["n2"].load.disk_pressure is False
+
+
+def test_a_sandbox_mounting_a_volume_goes_to_the_volumes_node(cluster):
+    c = cluster
+    name = f"vol-{secrets.token_hex(3)}"
+    r = c.server.http.post("/v1/volumes", json={"name": name, "size": "16M", "node_selector": {"gpu": "h200"}})
+    assert r.status_code == 201 and r.json()["node"] == "n3", r.text
+    try:
+        # Any node could take it by its size; the volume decides.
+        s = create(c, cpu=0.1, memory="32M", volumes=[{"name": name, "path": "/v"}])
+        try:
+            assert s["node"] == "n3"
+            listed = {v["name"]: v for v in c.server.http.get("/v1/volumes").json()}
+            assert listed[name]["node"] == "n3" and listed[name]["mounted_by"] == [s["id"]]
+        finally:
+            drop(c, s["id"])
+        # A name is the cluster's.
+        r = c.server.http.post("/v1/volumes", json={"name": name, "size": "16M"})
+        assert r.status_code == 409 and "n3" in r.json()["error"]["message"], r.text
+    finally:
+        assert c.server.http.delete(f"/v1/volumes/{name}").status_code == 200
 
 
 def test_placement_takes_the_node_with_the_most_left(cluster):

@@ -68,6 +68,8 @@ MODELS = {
     models.PrewarmResult: "PrewarmResult",
     models.PrewarmNode: "PrewarmNode",
     models.PathEntry: "PathEntry",
+    models.Volume: "VolumeInfo",
+    models.VolumeMount: "VolumeMount",
 }
 
 

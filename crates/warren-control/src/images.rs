@@ -116,8 +116,8 @@ impl Control {
         Ok(Some(published))
     }
 
-    /// The nodes image calls go to: every reachable one.
-    fn image_nodes(&self) -> Result<Vec<std::sync::Arc<NodeEntry>>, ApiError> {
+    /// The nodes image and volume calls go to: every reachable one.
+    pub(crate) fn reachable_nodes(&self) -> Result<Vec<std::sync::Arc<NodeEntry>>, ApiError> {
         let nodes: Vec<_> = self
             .nodes
             .all()
@@ -137,7 +137,7 @@ impl Control {
     pub async fn images(&self) -> Result<Vec<ImageInfo>, ApiError> {
         let mut seen = std::collections::HashSet::new();
         let mut all = Vec::new();
-        for node in self.image_nodes()? {
+        for node in self.reachable_nodes()? {
             for image in node.api.image_list().await.map_err(node_error)? {
                 if seen.insert((image.name.clone(), image.digest.clone())) {
                     all.push(image);
@@ -156,7 +156,7 @@ impl Control {
         name: &str,
         archive: ByteStream,
     ) -> Result<ImageInfo, ApiError> {
-        let nodes = self.image_nodes()?;
+        let nodes = self.reachable_nodes()?;
         if let [node] = nodes.as_slice() {
             let image = node
                 .api
@@ -195,7 +195,7 @@ impl Control {
         &self,
         reference: &str,
     ) -> Result<BoxStream<'static, PullUpdate>, ApiError> {
-        let nodes = self.image_nodes()?;
+        let nodes = self.reachable_nodes()?;
         let count = nodes.len();
         let reference = reference.to_string();
         let per_node =
@@ -236,7 +236,7 @@ impl Control {
     ) -> Result<Pushed, ApiError> {
         needs_registry(reference)?;
         let mut not_found = None;
-        for node in self.image_nodes()? {
+        for node in self.reachable_nodes()? {
             match node.api.image_push(reference, source).await {
                 Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),
                 other => return other.map_err(node_error),
@@ -251,7 +251,7 @@ impl Control {
     /// together.
     pub async fn gc_images(&self, budget: Option<u64>) -> Result<GcReport, ApiError> {
         let mut all = GcReport::default();
-        for node in self.image_nodes()? {
+        for node in self.reachable_nodes()? {
             let r = node.api.image_gc(budget).await.map_err(node_error)?;
             all.removed.extend(r.removed);
             all.used_before += r.used_before;
@@ -271,7 +271,7 @@ impl Control {
     ) -> Result<Vec<(String, ImageInfo)>, ApiError> {
         let targets = if nodes.is_empty() {
             let matching: Vec<_> = self
-                .image_nodes()?
+                .reachable_nodes()?
                 .into_iter()
                 .filter(|n| crate::placement::selects(selector, &n.view().info.labels))
                 .collect();
@@ -311,7 +311,7 @@ impl Control {
     pub async fn remove_image(&self, reference: &str) -> Result<ImageInfo, ApiError> {
         let mut removed = None;
         let mut not_found = None;
-        for node in self.image_nodes()? {
+        for node in self.reachable_nodes()? {
             match node.api.image_remove(reference).await {
                 Ok(image) => removed = Some(image),
                 Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),
@@ -327,7 +327,7 @@ impl Control {
 }
 
 /// A node's error, saying which node (a cluster has several).
-fn prefixed(node: &str, mut e: NodeError) -> ApiError {
+pub(crate) fn prefixed(node: &str, mut e: NodeError) -> ApiError {
     e.message = format!("node {node}: {}", e.message);
     node_error(e)
 }

@@ -25,6 +25,7 @@ mod sandbox_locks;
 pub mod serve;
 pub mod signing;
 pub mod store;
+mod volumes;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

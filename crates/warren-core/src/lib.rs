@@ -21,6 +21,7 @@ pub mod sandbox;
 pub mod spec;
 pub mod state;
 pub mod sync;
+pub mod volume;
 
 pub use batch::{BatchInfo, BatchRequest};
 pub use error::{ApiError, ErrorBody, ErrorCode};

@@ -157,6 +157,10 @@ pub struct SandboxSpec {
     /// environment, and holds them alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// Volumes mounted into it (see docs/volumes.md): it is placed on the
+    /// node that holds them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -359,6 +363,8 @@ pub enum SpecError {
     DeviceTwice(String),
     #[error("{0}")]
     Label(#[from] LabelError),
+    #[error("{0}")]
+    Volume(#[from] crate::volume::VolumeError),
     #[error(
         "invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL"
     )]
@@ -477,6 +483,7 @@ impl SandboxSpec {
         if self.image.trim().is_empty() {
             return Err(SpecError::MissingImage);
         }
+        crate::volume::check_mounts(&self.volumes)?;
         let cpu_millis = self.cpu.map_or(DEFAULT_CPU_MILLIS, |c| c.0);
         if cpu_millis == 0 || cpu_millis > MAX_CPU_MILLIS {
             return Err(SpecError::Cpu(cpu_millis as f64 / 1000.0));

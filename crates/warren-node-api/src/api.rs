@@ -8,6 +8,7 @@ use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use warren_core::spec::NetworkSpec;
+use warren_core::volume::{VolumeInfo, VolumeName, VolumeRequest};
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage, WindowSize};
 
 use crate::error::{NodeError, NodeResult};
@@ -231,6 +232,14 @@ pub trait NodeApi: Send + Sync {
     async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo>;
 
     async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport>;
+
+    /// Makes a volume (Conflict if the name is taken on this node).
+    async fn volume_create(&self, req: VolumeRequest) -> NodeResult<VolumeInfo>;
+
+    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>>;
+
+    /// Removes a volume and its files (Conflict while a sandbox mounts it).
+    async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo>;
 }
 
 /// A stream that yields one error: for transports that fail before any

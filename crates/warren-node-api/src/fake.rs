@@ -382,4 +382,22 @@ impl NodeApi for FakeNode {
     async fn image_gc(&self, _budget: Option<u64>) -> NodeResult<GcReport> {
         Ok(GcReport::default())
     }
+
+    async fn volume_create(
+        &self,
+        _req: warren_core::volume::VolumeRequest,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        unsupported("volumes")
+    }
+
+    async fn volume_list(&self) -> NodeResult<Vec<warren_core::volume::VolumeInfo>> {
+        Ok(Vec::new())
+    }
+
+    async fn volume_remove(
+        &self,
+        _name: &warren_core::volume::VolumeName,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        unsupported("volumes")
+    }
 }

@@ -12,6 +12,7 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use warren_core::spec::NetworkSpec;
+use warren_core::volume::{VolumeInfo, VolumeName, VolumeRequest};
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_node_api::{
     ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
@@ -718,6 +719,21 @@ impl NodeApi for HttpNode {
 
     async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {
         let rb = self.request(Method::DELETE, &["images"], &[("reference", reference)])?;
+        self.call_json(rb, Deadline::Open).await
+    }
+
+    async fn volume_create(&self, req: VolumeRequest) -> NodeResult<VolumeInfo> {
+        self.call_json(self.post_json(&["volumes"], &req)?, Deadline::Open)
+            .await
+    }
+
+    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>> {
+        let rb = self.request(Method::GET, &["volumes"], &[])?;
+        self.call_json(rb, Deadline::Quick).await
+    }
+
+    async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo> {
+        let rb = self.request(Method::DELETE, &["volumes", name.as_str()], &[])?;
         self.call_json(rb, Deadline::Open).await
     }
 

@@ -134,6 +134,9 @@ pub async fn serve_tls(
 /// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
 /// | `POST /images/derive` | `image_derive` (`DeriveImage`) | `ImageInfo` |
 /// | `GET /images/steps/{key}` | `image_step` | `ImageInfo` or `null` |
+/// | `POST /volumes` | `volume_create` (`VolumeRequest`) | `VolumeInfo` |
+/// | `GET /volumes` | `volume_list` | `[VolumeInfo]` |
+/// | `DELETE /volumes/{name}` | `volume_remove` | `VolumeInfo` |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
 ///
@@ -178,6 +181,8 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: 
         .route("/images/import", post(image_import))
         .route("/images/push", post(image_push))
         .route("/images/gc", post(image_gc))
+        .route("/volumes", get(volume_list).post(volume_create))
+        .route("/volumes/{name}", axum::routing::delete(volume_remove))
         .route("/images/derive", post(image_derive))
         .route("/images/steps/{key}", get(image_step))
         .method_not_allowed_fallback(wrong_method)
@@ -792,6 +797,23 @@ async fn image_remove(State(node): Node, Q(q): Q<ReferenceQuery>) -> Answer<Resp
 
 async fn image_gc(State(node): Node, JsonBody(b): JsonBody<GcBody>) -> Answer<Response> {
     Ok(Json(node.image_gc(b.budget).await?).into_response())
+}
+
+async fn volume_create(
+    State(node): Node,
+    JsonBody(req): JsonBody<warren_core::volume::VolumeRequest>,
+) -> Answer<Response> {
+    Ok(Json(node.volume_create(req).await?).into_response())
+}
+
+async fn volume_list(State(node): Node) -> Answer<Response> {
+    Ok(Json(node.volume_list().await?).into_response())
+}
+
+async fn volume_remove(State(node): Node, P(name): P<String>) -> Answer<Response> {
+    let name = warren_core::volume::VolumeName::try_from(name)
+        .map_err(|e| NodeError::new(ErrorKind::Invalid, e.to_string()))?;
+    Ok(Json(node.volume_remove(&name).await?).into_response())
 }
 
 #[cfg(test)]

@@ -656,6 +656,39 @@ impl NodeApi for FakeNode {
             used_after: budget.unwrap_or(0),
         })
     }
+
+    async fn volume_create(
+        &self,
+        req: warren_core::volume::VolumeRequest,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        self.record(format!("volume_create {} {}", req.name, req.size.bytes()));
+        Ok(volume(req.name.as_str()))
+    }
+
+    async fn volume_list(&self) -> NodeResult<Vec<warren_core::volume::VolumeInfo>> {
+        Ok(vec![volume("ds")])
+    }
+
+    async fn volume_remove(
+        &self,
+        name: &warren_core::volume::VolumeName,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        if name.as_str() == "busy" {
+            return Err(NodeError::conflict("volume busy is mounted by sb-1"));
+        }
+        Ok(volume(name.as_str()))
+    }
+}
+
+fn volume(name: &str) -> warren_core::volume::VolumeInfo {
+    warren_core::volume::VolumeInfo {
+        name: warren_core::volume::VolumeName::try_from(name.to_string()).unwrap(),
+        size: 1 << 30,
+        used: 4096,
+        node: "n1".into(),
+        created_at: "2026-12-06T00:00:00Z".into(),
+        mounted_by: Vec::new(),
+    }
 }
 
 // ---------------------------------------------------------------- harness

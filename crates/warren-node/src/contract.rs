@@ -44,7 +44,9 @@ pub fn contract_error(e: NodeError) -> api::NodeError {
         )),
         NodeError::BadRequest(m) => E::invalid(m),
         NodeError::Conflict(m) => E::conflict(m),
-        NodeError::Runtime(RuntimeError::NotFound(m)) => E::not_found(m),
+        NodeError::NotFound(m) | NodeError::Runtime(RuntimeError::NotFound(m)) => {
+            E::not_found(m)
+        }
         NodeError::Runtime(RuntimeError::BadPath(m)) => E::invalid(format!("invalid path {m}")),
         NodeError::Runtime(RuntimeError::Exists(m)) => E::conflict(m),
         NodeError::Runtime(RuntimeError::BadImage(m)) => E::invalid(m),
@@ -706,6 +708,37 @@ impl NodeApi for LocalNode {
             .map_err(joined)?
             .map_err(image_error)?;
         Ok(image_info(&removed))
+    }
+
+    async fn volume_create(
+        &self,
+        req: warren_core::volume::VolumeRequest,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || node.volumes.create(&req))
+            .await
+            .map_err(joined)?
+            .map_err(contract_error)
+    }
+
+    async fn volume_list(&self) -> NodeResult<Vec<warren_core::volume::VolumeInfo>> {
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || node.volumes.list())
+            .await
+            .map_err(joined)?
+            .map_err(contract_error)
+    }
+
+    async fn volume_remove(
+        &self,
+        name: &warren_core::volume::VolumeName,
+    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+        let node = self.node.clone();
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || node.volumes.remove(&name))
+            .await
+            .map_err(joined)?
+            .map_err(contract_error)
     }
 
     async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {

@@ -37,20 +37,30 @@ impl Node {
                 req.id
             )));
         }
+        let binds = self.volumes.claim(&req.id, &req.spec.volumes)?;
         let (devices, injection) =
-            self.devices
-                .claim(&req.id, &req.spec.devices, req.resources.gpus)?;
+            match self
+                .devices
+                .claim(&req.id, &req.spec.devices, req.resources.gpus)
+            {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    self.volumes.release(&req.id);
+                    return Err(e);
+                }
+            };
         let req = CreateSandbox {
             devices,
             device_env: injection.env.clone(),
             ..req
         };
         let id = req.id.clone();
-        let created = self.create_holding(req, image, injection).await;
+        let created = self.create_holding(req, image, injection, binds).await;
         if created.is_err() {
-            // Only this create holds devices under its id: one for a live
-            // sandbox's id was refused before the claim.
+            // Only this create holds devices and volumes under its id: one
+            // for a live sandbox's id was refused before the claims.
             self.devices.release(&id);
+            self.volumes.release(&id);
         }
         created
     }
@@ -60,6 +70,7 @@ impl Node {
         req: CreateSandbox,
         image: &ImageRecord,
         injection: warren_runtime::cdi::Injection,
+        volumes: Vec<warren_runtime::VolumeBind>,
     ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
         let mut phases = Vec::new();
@@ -88,6 +99,7 @@ impl Node {
             .create(CreateRequest {
                 id: id.to_string(),
                 lower_dirs: layers,
+                volumes,
                 resources: resources.clone(),
                 devices: injection,
             })

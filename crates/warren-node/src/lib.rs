@@ -27,6 +27,7 @@ mod take_over;
 mod tasks;
 mod usage;
 pub mod user;
+mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -63,6 +64,8 @@ pub enum NodeError {
     BadRequest(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
     #[error("the client went away")]
     ClientGone,
     #[error("{0}")]
@@ -151,6 +154,8 @@ pub struct Node {
     forks: Arc<forks::ForkLayers>,
     /// CDI devices and which sandbox holds each.
     devices: devices::Devices,
+    /// Volumes and which sandboxes mount each.
+    pub(crate) volumes: volumes::Volumes,
     /// NVML, where it loads: GPU use per sandbox.
     gpu_reader: Option<Box<dyn gpu::GpuReader>>,
 }
@@ -219,6 +224,7 @@ impl Node {
         let registries = cfg.home.join(warren_image::REGISTRY_CONFIG_FILE);
         let forks = Arc::new(forks::ForkLayers::open(&cfg.home)?);
         let devices = devices::Devices::new(cap.cdi_dirs.clone(), cap.gpu_kind.clone());
+        let volumes = volumes::Volumes::open(&cfg.home, &cfg.name)?;
         let gpu_reader = match gpu::Nvml::load() {
             Ok(nvml) => {
                 tracing::info!(nvml = %nvml.describe(), "GPU use is sampled per sandbox");
@@ -272,6 +278,7 @@ impl Node {
             egress: warren_net::Egress::new(cap.egress.clone()),
             forks,
             devices,
+            volumes,
             gpu_reader,
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
@@ -334,6 +341,7 @@ impl Node {
     /// goes where no sandbox is left below it.
     pub fn release_host(&self) {
         self.runtime.release_cgroup_parent();
+        self.volumes.unmount_all();
     }
 
     /// Records the sandbox in the node's journal as it stands now.

@@ -62,6 +62,7 @@ impl Node {
         self.forks.release_child(id).await;
         // Its devices are free once nothing of it is left to use them.
         self.devices.release(id);
+        self.volumes.release(id);
         Ok(last_usage)
     }
 

@@ -104,6 +104,7 @@ impl Node {
         let has_main = entry.create.spec.cmd.is_some();
         self.forks.adopt(id, entry.create.spec.fork.as_ref());
         self.devices.adopt(id, &entry.create.devices);
+        self.volumes.adopt(id, &entry.create.spec.volumes);
         let live = self.register(entry.create, entry.pid, entry.phase, &image, log, lifetime);
         // Execs that were running died with their streams (their cgroups
         // go), and a kill the crash interrupted is finished.

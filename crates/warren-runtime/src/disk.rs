@@ -14,22 +14,87 @@ use crate::RuntimeError;
 
 /// Creates `<dir>/disk.img` of `bytes` and mounts it at `<dir>/fs`.
 pub fn create(dir: &Path, bytes: u64) -> Result<PathBuf, RuntimeError> {
+    // A sandbox's changes go with it: no journal to write.
+    make(dir, bytes, Journal::Without)?;
+    mount(dir)
+}
+
+/// Whether a file system keeps a journal: a volume's must survive a crash
+/// of the host; a sandbox's scratch disk need not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Journal {
+    With,
+    Without,
+}
+
+/// Makes `<dir>/disk.img`, an ext4 file system of `bytes` (sparse), and its
+/// mount point `<dir>/fs`.
+pub fn make(dir: &Path, bytes: u64, journal: Journal) -> Result<(), RuntimeError> {
     let img = dir.join("disk.img");
-    let mnt = dir.join("fs");
-    std::fs::create_dir(&mnt).map_err(RuntimeError::io("create disk mount point"))?;
+    std::fs::create_dir(dir.join("fs")).map_err(RuntimeError::io("create disk mount point"))?;
     let file = std::fs::File::create(&img).map_err(RuntimeError::io("create disk image"))?;
     file.set_len(bytes)
         .map_err(RuntimeError::io("size disk image"))?;
     drop(file);
-    run(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
+    let mut mkfs = Command::new("mkfs.ext4");
+    mkfs.args(["-q", "-F", "-m", "0"]);
+    if journal == Journal::Without {
+        mkfs.args(["-O", "^has_journal"]);
+    }
+    run(mkfs
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
-        .arg(&img))?;
+        .arg(&img))
+}
+
+/// Mounts `<dir>/disk.img` at `<dir>/fs` (`nodev,nosuid`, on a loop device
+/// released with the last mount).
+pub fn mount(dir: &Path) -> Result<PathBuf, RuntimeError> {
+    let mnt = dir.join("fs");
     run(Command::new("mount")
         .args(["-o", "loop,nodev,nosuid"])
-        .arg(&img)
+        .arg(dir.join("disk.img"))
         .arg(&mnt))?;
     Ok(mnt)
+}
+
+/// The block device mounted at `<dir>/fs` in this mount namespace, if one
+/// is (from `/proc/self/mountinfo`).
+pub fn device(dir: &Path) -> Option<PathBuf> {
+    let mnt = std::fs::canonicalize(dir.join("fs")).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // The last mount at a path is the one seen there.
+    info.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let sep = fields.iter().position(|f| *f == "-")?;
+        if fields.get(4).map(|p| unescape(p)) != Some(mnt.display().to_string()) {
+            return None;
+        }
+        fields.get(sep + 2).map(PathBuf::from)
+    })
+}
+
+/// A mountinfo path as written (`\040` for a space, and so on).
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(b) => {
+                out.push(b as char);
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Unmounts the sandbox's file system if it has one; the loop device is

@@ -35,6 +35,7 @@ pub mod spawner;
 pub mod syscall_filter;
 mod trash;
 pub mod userns;
+mod volumes;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -113,9 +114,31 @@ pub struct CreateRequest {
     pub id: String,
     /// Image layer directories, topmost first.
     pub lower_dirs: Vec<PathBuf>,
+    /// Volumes mounted into its root.
+    pub volumes: Vec<VolumeBind>,
     pub resources: ResolvedResources,
     /// Device nodes, mounts and cgroup rules of its CDI devices.
     pub devices: cdi::Injection,
+}
+
+/// A volume mounted into a sandbox: its file system's block device (the
+/// node keeps it mounted, so the spawner's mount of the same device shares
+/// its superblock), and where and how it appears.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeBind {
+    pub device: PathBuf,
+    /// An absolute path in the sandbox.
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// What a sandbox's root is made of.
+pub(crate) struct RootMounts<'a> {
+    /// Image layer directories, topmost first.
+    pub lower: &'a [PathBuf],
+    /// Size of the sandbox's own disk; 0 = none.
+    pub disk: u64,
+    pub volumes: &'a [VolumeBind],
 }
 
 /// Where a created sandbox lives on the host.
@@ -252,6 +275,7 @@ impl Runtime {
                 lower: req.lower_dirs.clone(),
                 disk: req.resources.disk,
                 id_base: ids.map(|r| r.base),
+                volumes: req.volumes.clone(),
             })
             .await;
         match created {
@@ -487,13 +511,13 @@ fn prepare(
 pub(crate) fn mount_root(
     id: &str,
     dir: &Path,
-    lower: &[PathBuf],
-    disk_bytes: u64,
+    mounts: &RootMounts,
     ids: Option<userns::IdRange>,
 ) -> Result<(), RuntimeError> {
+    let lower = mounts.lower;
     // With a disk limit, upper and work live on the sandbox's own file system.
-    let base = if disk_bytes > 0 {
-        disk::create(dir, disk_bytes)?
+    let base = if mounts.disk > 0 {
+        disk::create(dir, mounts.disk)?
     } else {
         dir.to_path_buf()
     };
@@ -524,7 +548,8 @@ pub(crate) fn mount_root(
     };
     let root = root_mount(id);
     std::fs::create_dir(&root).map_err(RuntimeError::io("create the root mount point"))?;
-    rootfs::mount_overlay(&lower, &upper, &work, &root)
+    rootfs::mount_overlay(&lower, &upper, &work, &root)?;
+    volumes::mount_all(id, &root, mounts.volumes, ids)
 }
 
 /// Id-mapped read-only binds of the image layers, shown to the sandbox as
@@ -556,6 +581,7 @@ pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
         rootfs::unmount(&mount)?;
         let _ = std::fs::remove_dir(&mount);
     }
+    volumes::unmount_staging(id);
     let mounts = lower_mounts(id);
     if let Ok(entries) = std::fs::read_dir(&mounts) {
         for e in entries.flatten() {

@@ -161,6 +161,9 @@ pub enum SpawnerRequest {
         /// Host uid/gid of root in the sandbox's user namespace; none when
         /// the sandbox shares the host's ids.
         id_base: Option<u32>,
+        /// Volumes to mount into its root.
+        #[serde(default)]
+        volumes: Vec<crate::VolumeBind>,
     },
 }
 

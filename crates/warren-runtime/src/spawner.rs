@@ -9,7 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -65,8 +65,14 @@ pub fn main() -> ! {
             lower,
             disk,
             id_base,
+            volumes,
         } = request;
-        let reply = match create(&id, &bundle, &state_root, &socket, &lower, disk, id_base) {
+        let mounts = crate::RootMounts {
+            lower: &lower,
+            disk,
+            volumes: &volumes,
+        };
+        let reply = match create(&id, &bundle, &state_root, &socket, &mounts, id_base) {
             Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
             Err(e) => SpawnerReply::Error { message: e },
         };
@@ -152,14 +158,13 @@ fn create(
     bundle: &Path,
     state_root: &Path,
     socket: &Path,
-    lower: &[PathBuf],
-    disk: u64,
+    mounts: &crate::RootMounts,
     id_base: Option<u32>,
 ) -> Result<Created, String> {
     let mut phases = Vec::new();
     let mut since = std::time::Instant::now();
     let ids = id_base.map(|base| crate::userns::IdRange { base });
-    let mounted = crate::mount_root(id, bundle, lower, disk, ids).map_err(plain);
+    let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(plain);
     took(&mut phases, "spawn_mounts", &mut since);
     let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket, &mut phases));
     match result {

@@ -325,7 +325,7 @@ fn map_child(pid: i32, range: IdRange, ready: OwnedFd) -> Result<OwnedFd, Runtim
 /// Binds `src` at `target` read-only, with ids mapped through `userns`.
 pub fn idmapped_bind(src: &Path, userns: &OwnedFd, target: &Path) -> Result<(), RuntimeError> {
     use rustix::mount::{move_mount, MoveMountFlags};
-    let tree = idmapped_tree(src, userns)?;
+    let tree = mapped_tree(src, Some(userns), true)?;
     move_mount(
         &tree,
         "",
@@ -341,9 +341,14 @@ pub fn idmapped_bind(src: &Path, userns: &OwnedFd, target: &Path) -> Result<(), 
     })
 }
 
-/// A detached read-only copy of the mount at `src`, with ids mapped
-/// through `userns`: attached nowhere until moved.
-fn idmapped_tree(src: &Path, userns: &OwnedFd) -> Result<OwnedFd, RuntimeError> {
+/// A detached copy of the mount at `src` (`nosuid,nodev`, read-only if
+/// asked), with ids mapped through `userns` when given: attached nowhere
+/// until moved.
+pub(crate) fn mapped_tree(
+    src: &Path,
+    userns: Option<&OwnedFd>,
+    read_only: bool,
+) -> Result<OwnedFd, RuntimeError> {
     use rustix::mount::{open_tree, OpenTreeFlags};
     let tree = open_tree(
         rustix::fs::CWD,
@@ -356,11 +361,18 @@ fn idmapped_tree(src: &Path, userns: &OwnedFd) -> Result<OwnedFd, RuntimeError> 
             src.display()
         ))
     })?;
+    let mut attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if userns.is_some() {
+        attr_set |= MOUNT_ATTR_IDMAP;
+    }
+    if read_only {
+        attr_set |= MOUNT_ATTR_RDONLY;
+    }
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_set,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
     };
     // SAFETY: mount_setattr reads `attr` (size given) and an empty path
     // relative to the tree descriptor we own.
@@ -456,7 +468,7 @@ mod tests {
     /// The owner, seen through a detached id-mapped copy of `dir`, of the
     /// root-owned file `f` in it.
     fn owner_through(dir: &Path, ns: &OwnedFd) -> u32 {
-        let tree = idmapped_tree(dir, ns).unwrap();
+        let tree = mapped_tree(dir, Some(ns), true).unwrap();
         rustix::fs::statat(&tree, "f", rustix::fs::AtFlags::empty())
             .unwrap()
             .st_uid

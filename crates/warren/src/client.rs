@@ -736,6 +736,23 @@ impl Client {
             .await
     }
 
+    pub async fn volumes(&self) -> Result<Vec<warren_core::volume::VolumeInfo>> {
+        self.json(self.request(Method::GET, "/v1/volumes")).await
+    }
+
+    pub async fn create_volume(
+        &self,
+        req: &warren_core::volume::VolumeRequest,
+    ) -> Result<warren_core::volume::VolumeInfo> {
+        self.json(self.request(Method::POST, "/v1/volumes").json(req))
+            .await
+    }
+
+    pub async fn remove_volume(&self, name: &str) -> Result<warren_core::volume::VolumeInfo> {
+        self.json(self.request(Method::DELETE, &format!("/v1/volumes/{name}")))
+            .await
+    }
+
     pub async fn reset_profile(&self, name: &str) -> Result<Profile> {
         self.json(self.request(Method::POST, &format!("/v1/profiles/{name}/reset")))
             .await

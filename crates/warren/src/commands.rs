@@ -29,6 +29,7 @@ mod sandboxes;
 mod simulate;
 mod spec;
 mod terminal;
+mod volumes;
 
 pub async fn run(cli: Cli) -> Result<i32> {
     let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
@@ -89,6 +90,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,
         Command::Profile(cmd) => profiles::run(&client()?, cmd).await,
         Command::Pool(cmd) => pools::run(&client()?, cmd).await,
+        Command::Volume(cmd) => volumes::run(&client()?, cmd).await,
         Command::Events {
             sandbox,
             label,

@@ -143,6 +143,12 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
+        // Volumes live on one node: the sandbox goes there.
+        let volume_node = match node {
+            None => self.volume_node(&spec.volumes).await?,
+            Some(_) => None,
+        };
+        let node = node.or(volume_node.as_deref());
         let pooled = match node {
             None => self.claim_from_pool(&spec).await?,
             Some(_) => None,

@@ -253,6 +253,9 @@ pub enum Command {
     /// Warm pools: ready sandboxes that matching creates take at once.
     #[command(subcommand)]
     Pool(PoolCmd),
+    /// Volumes: named storage kept across sandboxes, mounted with -v.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
     /// Batches: N sandboxes from one spec.
     #[command(subcommand)]
     Batch(BatchCmd),

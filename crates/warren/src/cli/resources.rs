@@ -185,3 +185,35 @@ pub enum BatchCmd {
         id: String,
     },
 }
+
+#[derive(Subcommand)]
+pub enum VolumeCmd {
+    /// Make a volume: a file system of SIZE of its own on a node, kept
+    /// until removed; mount it with `warren create -v NAME:/PATH[:ro]`.
+    #[command(after_help = "Example:\n  \
+        warren volume create datasets --size 20G\n  \
+        warren run --image python:3.12 -v datasets:/data -- python3 fetch.py\n  \
+        warren create --image python:3.12 -v datasets:/data:ro   # many at once, read-only")]
+    Create {
+        /// Its name: lowercase letters, digits, '-', '_', '.'.
+        name: String,
+        /// Its size (e.g. 512M, 20G): bytes and files it can hold.
+        #[arg(long)]
+        size: String,
+        /// In a cluster, labels the node it is made on must carry.
+        #[arg(long = "node-selector", value_name = "KEY=VALUE")]
+        node_selector: Vec<String>,
+    },
+    /// List volumes: node, size, bytes used, sandboxes mounting each.
+    Ls {
+        /// The volumes as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove volumes and everything in them (refused while mounted).
+    Rm {
+        /// The volumes' names.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}

@@ -78,6 +78,11 @@ pub struct CreateArgs {
     /// this sandbox alone. Repeatable.
     #[arg(long = "device", value_name = "NAME")]
     pub devices: Vec<String>,
+    /// A volume mounted at a path, as `docker run -v`: NAME:/PATH, or
+    /// NAME:/PATH:ro to share it read-only (`warren volume create` makes
+    /// one). Repeatable.
+    #[arg(long = "volume", short = 'v', value_name = "NAME:/PATH[:ro]")]
+    pub volumes: Vec<warren_core::volume::VolumeMount>,
     /// Environment variable KEY=VALUE. Repeatable.
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,

@@ -217,7 +217,7 @@ pub(super) async fn pull(
 }
 
 /// Bytes for progress lines: 1.0 MiB style, one decimal.
-fn human(bytes: u64) -> String {
+pub(super) fn human(bytes: u64) -> String {
     let b = bytes as f64;
     if b >= (1u64 << 30) as f64 {
         format!("{:.1} GiB", b / (1u64 << 30) as f64)

@@ -77,6 +77,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         disk: size(&a.disk)?,
         gpus: a.gpus,
         devices: a.devices.clone(),
+        volumes: a.volumes.clone(),
         env: parse_env(&a.env)?,
         labels,
         ttl: dur(&a.ttl)?,

@@ -66,6 +66,8 @@ from .models import (
     PathEntry,
     SandboxInfo,
     Usage,
+    Volume,
+    VolumeMount,
 )
 
 __version__ = "0.1.0"
@@ -122,4 +124,6 @@ __all__ = [
     "PathEntry",
     "SandboxInfo",
     "Usage",
+    "Volume",
+    "VolumeMount",
 ]

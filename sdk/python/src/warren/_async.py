@@ -37,6 +37,7 @@ __all__ = [
     "AsyncBatch",
     "AsyncBatches",
     "AsyncImages",
+    "AsyncVolumes",
     "AsyncProfiles",
     "AsyncEventStream",
     "AsyncLogStream",
@@ -92,6 +93,7 @@ class AsyncClient:
         self.batches = AsyncBatches(self)
         self.images = AsyncImages(self)
         self.profiles = AsyncProfiles(self)
+        self.volumes = AsyncVolumes(self)
 
     @property
     def url(self) -> str:
@@ -1014,3 +1016,19 @@ class AsyncProfiles:
 
     async def import_(self, toml: str | bytes | os.PathLike[str]) -> builtins.list[models.Profile]:
         return await self._c._call(core.profiles_import_call(toml))
+
+
+class AsyncVolumes:
+    """``client.volumes`` (see :class:`warren.Volumes`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, name: str, size: str | int, *, node_selector: Mapping[str, str] | None = None) -> models.Volume:
+        return await self._c._call(core.volume_create_call(name, size, node_selector))
+
+    async def list(self) -> builtins.list[models.Volume]:
+        return await self._c._call(core.volumes_list_call())
+
+    async def remove(self, name: str) -> models.Volume:
+        return await self._c._call(core.volume_delete_call(name))

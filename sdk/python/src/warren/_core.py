@@ -306,6 +306,8 @@ def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
             value = dataclasses.asdict(value)
         elif key in ("env", "labels"):
             value = {str(k): str(v) for k, v in value.items()}
+        elif key == "volumes":
+            value = [volume_mount(v) for v in value]
         body[key] = value
     if allow is not None or deny is not None:
         net = dict(body.get("network") or {})
@@ -316,6 +318,34 @@ def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
     if "image" not in body:
         raise TypeError("a sandbox needs an image")
     return body
+
+
+def volume_mount(v: models.VolumeMount | Mapping[str, Any] | str) -> dict[str, Any]:
+    """A volume mount as the API takes it, from a :class:`VolumeMount`, a
+    mapping, or ``"NAME:/PATH[:ro]"`` as ``docker run -v`` writes it."""
+    if isinstance(v, models.VolumeMount):
+        return dataclasses.asdict(v)
+    if isinstance(v, str):
+        parts = v.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise TypeError(f"volume {v!r}: write NAME:/PATH or NAME:/PATH:ro")
+        return {"name": parts[0], "path": parts[1], "read_only": len(parts) == 3 and parts[2] == "ro"}
+    return dict(v)
+
+
+def volumes_list_call() -> Call[list[models.Volume]]:
+    return Call("GET", "/v1/volumes", json_list(models.Volume), idempotent=True)
+
+
+def volume_create_call(name: str, size: str | int, node_selector: Mapping[str, str] | None) -> Call[models.Volume]:
+    body: dict[str, Any] = {"name": name, "size": size}
+    if node_selector:
+        body["node_selector"] = dict(node_selector)
+    return Call("POST", "/v1/volumes", json_of(models.Volume), json=body)
+
+
+def volume_delete_call(name: str) -> Call[models.Volume]:
+    return Call("DELETE", f"/v1/volumes/{name}", json_of(models.Volume), idempotent=True)
 
 
 def new_request_id() -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "Batches",
     "Images",
     "Profiles",
+    "Volumes",
     "EventStream",
     "LogStream",
 ]
@@ -90,6 +91,8 @@ class Client:
         """Images: ``list``, ``pull``, ``prewarm``, ``import_``, ``push``, ``delete``, ``gc``."""
         self.profiles = Profiles(self)
         """Resource profiles: ``list``, ``get``, ``reset``, ``export``, ``import_``."""
+        self.volumes = Volumes(self)
+        """Volumes: ``create``, ``list``, ``remove``."""
 
     @property
     def url(self) -> str:
@@ -1145,3 +1148,24 @@ class Profiles:
     def import_(self, toml: str | bytes | os.PathLike[str]) -> builtins.list[models.Profile]:
         """Loads a TOML profile table (text, bytes or a path); listed profiles are replaced."""
         return self._c._call(core.profiles_import_call(toml))
+
+
+class Volumes:
+    """``client.volumes``: named storage of a fixed size on a node, kept
+    across sandboxes; mount one with ``volumes=["NAME:/PATH[:ro]"]``."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, name: str, size: str | int, *, node_selector: Mapping[str, str] | None = None) -> models.Volume:
+        """Makes a volume of ``size`` (bytes or ``"20G"``); raises
+        :class:`Conflict` if the name is taken."""
+        return self._c._call(core.volume_create_call(name, size, node_selector))
+
+    def list(self) -> builtins.list[models.Volume]:
+        return self._c._call(core.volumes_list_call())
+
+    def remove(self, name: str) -> models.Volume:
+        """Removes a volume and its files; raises :class:`Conflict` while a
+        sandbox mounts it."""
+        return self._c._call(core.volume_delete_call(name))

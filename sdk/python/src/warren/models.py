@@ -144,6 +144,30 @@ class ForkOrigin:
 
 
 @dataclass
+class VolumeMount:
+    """A volume mounted into a sandbox at ``path`` (read-only mounts
+    share; a read-write one is the only one while it lasts)."""
+
+    name: str
+    path: str
+    read_only: bool = False
+
+
+@dataclass
+class Volume:
+    """A volume (``client.volumes``): its node, size and bytes used (in
+    bytes), and the live sandboxes mounting it."""
+
+    name: str
+    size: int
+    used: int = 0
+    node: str = ""
+    created_at: str = ""
+    mounted_by: list[str] = field(default_factory=list)
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
 class SandboxSpec:
     """What a sandbox was asked for (as the server echoes it back): sizes
     (``cpu`` in cores, ``memory``/``disk`` in bytes or text; ``cpu`` and
@@ -162,6 +186,8 @@ class SandboxSpec:
     """Devices of the node's GPU kind (docs/gpu.md)."""
     devices: list[str] = field(default_factory=list)
     """CDI devices by full name, e.g. ``["nvidia.com/gpu=0"]``."""
+    volumes: list[VolumeMount] = field(default_factory=list)
+    """Volumes mounted into it; a create also takes ``"NAME:/PATH[:ro]"``."""
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     ttl: str | int | float | None = None
@@ -557,6 +583,8 @@ class PathEntry:
     gid: int
     modified_ms: int
     symlink_target: str | None = None
+    xattrs: dict[str, str] = field(default_factory=dict)
+    """A regular file's extended attributes in the ``user.`` namespace."""
     raw: dict[str, Any] = _raw()
 
     @property

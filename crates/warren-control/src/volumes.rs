@@ -1,0 +1,100 @@
+//! Volumes, as the control plane sees them: each lives on one node (made on
+//! one that carries the request's labels), its name is unique in the
+//! cluster, and a sandbox that mounts volumes is placed on their node.
+
+use warren_core::volume::{VolumeInfo, VolumeMount, VolumeName, VolumeRequest};
+use warren_core::ApiError;
+
+use crate::control::{node_error, Control};
+use crate::images::prefixed;
+
+impl Control {
+    /// Every volume on every reachable node, by name.
+    pub async fn volumes(&self) -> Result<Vec<VolumeInfo>, ApiError> {
+        let mut all = Vec::new();
+        for node in self.reachable_nodes()? {
+            let listed = node
+                .api
+                .volume_list()
+                .await
+                .map_err(|e| prefixed(&node.name, e))?;
+            all.extend(listed.into_iter().map(|v| VolumeInfo {
+                node: node.name.clone(),
+                ..v
+            }));
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// The volume of that name, wherever it is.
+    async fn volume(&self, name: &VolumeName) -> Result<Option<VolumeInfo>, ApiError> {
+        Ok(self.volumes().await?.into_iter().find(|v| &v.name == name))
+    }
+
+    /// Makes a volume on a node carrying the request's labels; a name any
+    /// node already has is refused.
+    pub async fn create_volume(&self, req: VolumeRequest) -> Result<VolumeInfo, ApiError> {
+        if let Some(v) = self.volume(&req.name).await? {
+            return Err(ApiError::conflict(format!(
+                "volume {} already exists (on node {})",
+                v.name, v.node
+            )));
+        }
+        let node = self.resolving_node(&req.node_selector)?;
+        let made = node
+            .api
+            .volume_create(req)
+            .await
+            .map_err(|e| prefixed(&node.name, e))?;
+        Ok(VolumeInfo {
+            node: node.name.clone(),
+            ..made
+        })
+    }
+
+    /// Removes a volume no sandbox mounts, with its files.
+    pub async fn remove_volume(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        let Some(v) = self.volume(name).await? else {
+            return Err(ApiError::not_found(format!(
+                "volume {name} does not exist (see `warren volume ls`)"
+            )));
+        };
+        let api = self.api(&v.node)?;
+        let removed = api.volume_remove(name).await.map_err(node_error)?;
+        Ok(VolumeInfo {
+            node: v.node,
+            ..removed
+        })
+    }
+
+    /// The node holding every volume of `mounts`; None without mounts.
+    pub(crate) async fn volume_node(
+        &self,
+        mounts: &[VolumeMount],
+    ) -> Result<Option<String>, ApiError> {
+        if mounts.is_empty() {
+            return Ok(None);
+        }
+        let all = self.volumes().await?;
+        let mut node: Option<&str> = None;
+        for m in mounts {
+            let Some(v) = all.iter().find(|v| v.name == m.name) else {
+                return Err(ApiError::not_found(format!(
+                    "volume {} does not exist (`warren volume create {} --size SIZE` makes it)",
+                    m.name, m.name
+                )));
+            };
+            match node {
+                Some(n) if n != v.node => {
+                    return Err(ApiError::bad_request(format!(
+                        "volumes {} and {} are on different nodes ({n} and {}); a sandbox mounts volumes of one node",
+                        mounts[0].name, m.name, v.node
+                    )))
+                }
+                _ => node = Some(&v.node),
+            }
+        }
+        Ok(node.map(str::to_string))
+    }
+}

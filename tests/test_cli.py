@@ -44,6 +44,26 @@ def test_exec_exit_code_and_streams(warren, sandbox):
     p = warren.cli("exec", sid, "--timeout", "1s", "--", "sleep", "30", check=False, timeout=20)
     assert p.returncode == 137, p.stderr
     assert b"timed out" in p.stderr
+    # As `docker exec`: the command follows the id, its own flags its own.
+    p = warren.cli("exec", "--env", "A=x", sid, "sh", "-c", 'echo "$A" "$0"', "-n")
+    assert p.stdout == b"x -n\n"
+
+
+def test_docker_habits_run_detached_create_with_a_command_and_ps_ids(warren):
+    label = f"t={uniq('habits')}"
+    sid = warren.cli("run", "-d", "--image", "busybox:latest", "--label", label, "sleep", "60").stdout.decode().strip()
+    info = warren.http.get(f"/v1/sandboxes/{sid}").json()
+    assert info["state"] == "running" and info["spec"]["cmd"] == ["sleep", "60"], info
+    made = warren.cli("create", "--image", "busybox:latest", "--label", label, "--", "sh", "-c", "sleep 60").stdout.decode().strip()
+    assert warren.http.get(f"/v1/sandboxes/{made}").json()["spec"]["cmd"] == ["sh", "-c", "sleep 60"]
+    ids = warren.cli("ps", "-q", "--label", label).stdout.decode().split()
+    assert sorted(ids) == sorted([sid, made])
+    table = warren.cli("ps", "--label", label).stdout.decode().splitlines()
+    assert table[0].split()[:4] == ["ID", "STATE", "IMAGE", "NODE"], table
+    assert all(len(row.split()) >= 4 and row.split()[3] != "-" for row in table[1:]), table
+    p = warren.cli("run", "-d", "--rm", "--image", "busybox:latest", "true", check=False)
+    assert p.returncode == 2 and b"--rm" in p.stderr, p.stderr
+    warren.cli("rm", "--label", label)
 
 
 @pytest.mark.smoke  # CLI create and inspect
@@ -92,7 +112,7 @@ def test_ps_json_lists_with_label(warren, sandbox):
         warren.destroy(sid)
 
 
-def test_logs_of_run_are_json_lines(warren):
+def test_logs_are_readable_or_json_lines(warren):
     label = uniq("logs")
     p = warren.cli(
         "run", "--image", "busybox:latest", "--label", f"t={label}", "--",
@@ -100,7 +120,20 @@ def test_logs_of_run_are_json_lines(warren):
     )
     assert p.stdout == b"line1\nline2\n"
     sid = warren.http.get("/v1/sandboxes", params={"label": f"t={label}", "all": "true"}).json()[0]["id"]
-    out = warren.cli("logs", sid).stdout.decode()
+    # Time, stream and text, as a person reads them; an exec's output (a
+    # keystroke at a time on a terminal) joined into whole lines.
+    readable = warren.cli("logs", sid).stdout.decode()
+    shown = [l.split(" ", 2)[1:] for l in readable.splitlines()]
+    assert [s for s in shown if s[0] in ("stdout", "stderr")] == [
+        ["stdout", "line1"], ["stdout", "line2"], ["stderr", "err1"]], readable
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", readable), readable
+    assert shown[-1][0] == "event" and "destroyed" in shown[-1][1], readable
+    live = warren.create()
+    warren.exec(live["id"], ["sh", "-c", "for c in a b c; do printf $c; sleep 0.05; done; echo"])
+    out = warren.cli("logs", live["id"]).stdout.decode()
+    assert re.search(r"stdout\[[^\]]+\] abc$", out, re.M), out
+    warren.destroy(live["id"])
+    out = warren.cli("logs", "--json", sid).stdout.decode()
     records = [json.loads(l) for l in out.splitlines() if l.strip()]
     assert records, out
     assert all(r["sandbox_id"] == sid and "time" in r and r["kind"] in ("stdout", "stderr", "event", "summary") for r in records)
@@ -111,8 +144,9 @@ def test_logs_of_run_are_json_lines(warren):
     assert events and events[-1]["state"] == "destroyed", events
     # The HTTP endpoint gives the same lines; follow ends because the sandbox is over.
     assert warren.http.get(f"/v1/sandboxes/{sid}/logs").text == out
-    followed = warren.cli("logs", "--follow", sid, timeout=20).stdout.decode()
+    followed = warren.cli("logs", "--follow", "--json", sid, timeout=20).stdout.decode()
     assert followed.splitlines() == out.splitlines()
+    assert warren.cli("logs", "-f", sid, timeout=20).stdout.decode() == readable
 
 
 def test_openapi_document(warren):

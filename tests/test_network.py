@@ -162,7 +162,7 @@ def sh(w, sid, script, **kw):
 
 
 def net_log(w, sid):
-    text = w.cli("logs", sid).stdout.decode()
+    text = w.cli("logs", "--json", sid).stdout.decode()
     return [json.loads(l) for l in text.splitlines() if '"kind":"net"' in l.replace(" ", "")]
 
 

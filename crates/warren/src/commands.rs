@@ -42,8 +42,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
         },
         Command::Spawner => unreachable!("dispatched before the runtime starts"),
         Command::Image(cmd) => images::run(&client()?, cmd).await,
-        Command::Create(args) => sandboxes::create(&client()?, &args).await,
-        Command::Run { create, rm, cmd } => sandboxes::run(&client()?, &create, cmd, rm).await,
+        Command::Create { create, cmd } => sandboxes::create(&client()?, &create, cmd).await,
+        Command::Run {
+            create,
+            rm,
+            detach,
+            cmd,
+        } => sandboxes::run(&client()?, &create, cmd, rm, detach).await,
         Command::Exec(args) => sandboxes::exec(&client()?, args).await,
         Command::Cp { src, dst } => files::cp(&client()?, &src, &dst).await,
         Command::Ls {
@@ -59,7 +64,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             state,
             all,
             json,
-        } => sandboxes::ps(&client()?, label, state, all, json).await,
+            quiet,
+        } => sandboxes::ps(&client()?, label, state, all, json, quiet).await,
         Command::Fork(args) => fork::fork(&client()?, &args).await,
         Command::Build(args) => build::build(&client()?, &args).await,
         Command::Commit { id, name } => images::commit(&client()?, &id, &name).await,
@@ -67,11 +73,15 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Logs {
             id: Some(id),
             follow,
+            json,
             ..
-        } => logs::logs(&client()?, &id, follow).await,
+        } => logs::logs(&client()?, &id, follow, json).await,
         Command::Logs {
-            id: None, label, ..
-        } => logs::logs_by_label(&client()?, &label).await,
+            id: None,
+            label,
+            json,
+            ..
+        } => logs::logs_by_label(&client()?, &label, json).await,
         Command::Rm { ids, label } => match paths::removal(&ids, &label)? {
             Some((id, path)) => paths::rm(&client()?, id, path).await,
             None => sandboxes::rm(&client()?, ids, label).await,

@@ -79,19 +79,44 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         id=$(warren create --image busybox --cpu 0.5 --memory 256M --label task=demo)\n  \
         warren create --image busybox --allow pypi.org:443        # egress through the proxy\n  \
-        warren create --image busybox --lease 30s                 # dies unless `warren heartbeat` renews it")]
-    Create(CreateArgs),
+        warren create --image busybox --lease 30s                 # dies unless `warren heartbeat` renews it\n  \
+        warren create --image busybox -- sleep 300                # with a main process")]
+    Create {
+        #[command(flatten)]
+        create: CreateArgs,
+        /// A main process (after the options, or after `--`): the sandbox
+        /// runs it, and ends as its reclaim policy says when it exits.
+        /// Without one the sandbox idles until removed or its TTL ends.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        cmd: Vec<String>,
+    },
     /// Run a command as a sandbox's main process, stream its output, exit with its code.
-    #[command(after_help = "Example:\n  \
-        warren run --image busybox --rm -- sh -c 'echo hello; exit 3'; echo $?   # hello, 3")]
+    #[command(after_help = "Examples:\n  \
+        warren run --image busybox --rm -- sh -c 'echo hello; exit 3'; echo $?   # hello, 3\n  \
+        warren run --image busybox --rm echo hi                               # `--` may be left out\n  \
+        id=$(warren run -d --image busybox -- sleep 60)                        # detached: the id at once")]
     Run {
         #[command(flatten)]
         create: CreateArgs,
         /// Remove the sandbox when the command ends (returns once it is gone).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "detach")]
         rm: bool,
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "CMD")]
+        /// Detached: print the sandbox's id once its command runs, and
+        /// leave it running (`warren logs -f ID` follows it).
+        #[arg(long, short = 'd')]
+        detach: bool,
+        /// The command and its arguments (after the options; `--` first if
+        /// it starts with `-`).
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         cmd: Vec<String>,
     },
     /// Run a command in a running sandbox.
@@ -178,8 +203,11 @@ pub enum Command {
         #[arg(long, short)]
         all: bool,
         /// One JSON array instead of the table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "quiet")]
         json: bool,
+        /// Only the ids, one per line (as `docker ps -q`).
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Show a sandbox as JSON: spec, state, node, usage, events.
     Inspect {
@@ -232,6 +260,9 @@ pub enum Command {
         /// Keep printing new lines until the sandbox ends.
         #[arg(long, short)]
         follow: bool,
+        /// The log's JSON lines as stored, instead of time, stream and text.
+        #[arg(long)]
+        json: bool,
     },
     /// Destroy sandboxes by id or label selector; or, with `ID /PATH`,
     /// remove a file, link or whole directory in a sandbox.

@@ -89,8 +89,8 @@ pub struct CreateArgs {
     /// Label KEY=VALUE, for ps, rm, logs and events selectors. Repeatable.
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     pub labels: Vec<String>,
-    /// Lifetime from creation (10m, 2h): then it is destroyed, reason
-    /// ttl_expired (or kept, as --reclaim says).
+    /// Lifetime from creation (10m, 2h; default 1h): then it is
+    /// destroyed, reason ttl_expired (or kept, as --reclaim says).
     #[arg(long)]
     pub ttl: Option<String>,
     /// Lease (30s): destroyed, reason lease_expired, unless `warren
@@ -169,7 +169,13 @@ pub struct ExecArgs {
     /// terminal.
     #[arg(long, short = 't')]
     pub tty: bool,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (after the id, as `docker exec`;
+    /// `--` first if it starts with `-`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub cmd: Vec<String>,
 }

@@ -14,9 +14,11 @@ use super::spec::{parse_env, spec_from};
 use crate::cli::{CreateArgs, ExecArgs};
 use crate::client::{Client, SandboxQuery};
 
-pub(super) async fn create(client: &Client, args: &CreateArgs) -> Result<i32> {
+pub(super) async fn create(client: &Client, args: &CreateArgs, cmd: Vec<String>) -> Result<i32> {
     pull_for_create(client, &args.image).await?;
-    let info = create_and_wait(client, &spec_from(args, None)?, false).await?;
+    let cmd = (!cmd.is_empty()).then_some(cmd);
+    let may_have_ended = cmd.is_some();
+    let info = create_and_wait(client, &spec_from(args, cmd)?, may_have_ended).await?;
     println!("{}", info.id);
     Ok(0)
 }
@@ -73,6 +75,7 @@ pub(super) async fn run(
     a: &CreateArgs,
     cmd: Vec<String>,
     rm: bool,
+    detach: bool,
 ) -> Result<i32> {
     pull_for_create(client, &a.image).await?;
     if rm {
@@ -80,7 +83,11 @@ pub(super) async fn run(
     }
     let info = create_and_wait(client, &spec_from(a, Some(cmd))?, true).await?;
     let id = info.id.clone();
-    let result = follow_log(client, &id, true).await;
+    if detach {
+        println!("{id}");
+        return Ok(0);
+    }
+    let result = follow_log(client, &id, super::logs::Shown::Output).await;
     let info = client.get_sandbox(&id).await?;
     if rm && !info.state.is_final() {
         client.delete_sandbox(&id).await?;
@@ -176,6 +183,7 @@ pub(super) async fn ps(
     state: Option<String>,
     all: bool,
     json: bool,
+    quiet: bool,
 ) -> Result<i32> {
     let list = client
         .list_sandboxes(&SandboxQuery {
@@ -188,9 +196,15 @@ pub(super) async fn ps(
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(0);
     }
+    if quiet {
+        for s in list {
+            println!("{}", s.id);
+        }
+        return Ok(0);
+    }
     println!(
-        "{:<18} {:<10} {:<24} {:<14} {:<22} LABELS",
-        "ID", "STATE", "IMAGE", "REASON", "CREATED"
+        "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} LABELS",
+        "ID", "STATE", "IMAGE", "NODE", "REASON", "CREATED"
     );
     for s in list {
         let labels: Vec<String> = s
@@ -200,10 +214,11 @@ pub(super) async fn ps(
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!(
-            "{:<18} {:<10} {:<24} {:<14} {:<22} {}",
+            "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {}",
             s.id,
             s.state.as_str(),
             s.spec.image,
+            if s.node.is_empty() { "-" } else { &s.node },
             s.reason,
             s.created_at.get(..19).unwrap_or(&s.created_at),
             labels.join(",")

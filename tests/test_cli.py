@@ -49,6 +49,19 @@ def test_exec_exit_code_and_streams(warren, sandbox):
     assert p.stdout == b"x -n\n"
 
 
+def test_run_without_a_command_runs_the_images_own(warren, tmp_path):
+    (tmp_path / "Dockerfile").write_text('FROM busybox:latest\nENTRYPOINT ["echo", "from"]\nCMD ["image"]\n')
+    tag = f"{uniq('cmd')}:1"
+    warren.cli("build", "-t", tag, str(tmp_path))
+    assert warren.cli("run", "--rm", "--image", tag).stdout == b"from image\n"
+    assert warren.cli("run", "--rm", "--image", tag, "--", "echo", "mine").stdout == b"mine\n"
+    # busybox's own is /bin/sh, which ends at once without stdin.
+    assert warren.cli("run", "--rm", "--image", "busybox:latest").returncode == 0
+    p = warren.cli("run", "--rm", "--image", "nowhere:1", check=False)
+    assert p.returncode != 0 and b"not in the store" in p.stderr, p.stderr
+    warren.http.delete(f"/v1/images/{tag}")
+
+
 def test_docker_habits_run_detached_create_with_a_command_and_ps_ids(warren):
     label = f"t={uniq('habits')}"
     sid = warren.cli("run", "-d", "--image", "busybox:latest", "--label", label, "sleep", "60").stdout.decode().strip()
@@ -64,6 +77,32 @@ def test_docker_habits_run_detached_create_with_a_command_and_ps_ids(warren):
     p = warren.cli("run", "-d", "--rm", "--image", "busybox:latest", "true", check=False)
     assert p.returncode == 2 and b"--rm" in p.stderr, p.stderr
     warren.cli("rm", "--label", label)
+
+
+def test_a_name_is_one_live_sandboxs_and_goes_wherever_an_id_does(warren):
+    name = uniq("web")
+    sid = warren.cli("create", "--image", "busybox:latest", "--name", name).stdout.decode().strip()
+    assert warren.cli("exec", name, "echo", "hi").stdout == b"hi\n"
+    assert json.loads(warren.cli("inspect", name).stdout)["id"] == sid
+    assert warren.http.get(f"/v1/sandboxes/{name}/logs").status_code == 200
+    assert name in warren.cli("ps").stdout.decode()
+    # Taken while it lives; a fork's children are nameless.
+    r = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "name": name})
+    assert r.status_code == 409 and sid in r.json()["error"]["message"], r.text
+    kids = warren.http.post(f"/v1/sandboxes/{name}/fork", json={"count": 1}).json()
+    assert kids[0]["spec"].get("name") is None, kids
+    warren.destroy(kids[0]["id"])
+    for bad in ("sbx-x", "a b", "-a"):
+        r = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "name": bad})
+        assert r.status_code == 400, (bad, r.text)
+    r = warren.http.post("/v1/batches", json={"count": 2, "spec": {"image": "busybox:latest", "name": name}})
+    assert r.status_code == 400, r.text
+    assert warren.http.get("/v1/sandboxes/no-such-name").status_code == 404
+    warren.cli("rm", name)
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "destroyed"
+    # Free again once its sandbox is gone.
+    again = warren.cli("run", "--rm", "--image", "busybox:latest", "--name", name, "true")
+    assert again.returncode == 0
 
 
 @pytest.mark.smoke  # CLI create and inspect

@@ -36,6 +36,11 @@ impl Control {
                 "the label {BATCH_LABEL} is set by Warren"
             )));
         }
+        if req.spec.name.is_some() {
+            return Err(ApiError::bad_request(
+                "name is one sandbox's; a batch's members are told apart by their batch label",
+            ));
+        }
         if req.spec.request_id.is_some() {
             return Err(ApiError::bad_request(
                 "request_id is per sandbox; leave it out of a batch spec",

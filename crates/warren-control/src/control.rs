@@ -17,6 +17,7 @@ use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod create;
 mod fork;
+mod names;
 mod node_events;
 mod node_set;
 mod recovery;
@@ -48,6 +49,8 @@ pub struct Control {
     /// Where images built, committed or imported here are published for
     /// every node (`--cluster-registry`); None: images stay on their node.
     pub(crate) cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
+    /// Named creates, one at a time (see `claim_name`).
+    pub(crate) naming: tokio::sync::Mutex<()>,
 }
 
 impl From<StoreError> for ApiError {
@@ -130,6 +133,7 @@ impl Control {
             pools: Default::default(),
             builds: Default::default(),
             cluster_registry: None,
+            naming: Default::default(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod profile;
 pub mod quantity;
 pub mod run;
 pub mod sandbox;
+pub mod sandbox_name;
 pub mod spec;
 pub mod state;
 pub mod sync;

@@ -131,6 +131,9 @@ impl Placement {
 pub struct SandboxSpec {
     /// Image reference: `name:tag` or `sha256:<digest>`.
     pub image: String,
+    /// A name unique among live sandboxes, usable wherever its id is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<crate::sandbox_name::SandboxName>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Cpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -265,6 +268,8 @@ impl ForkRequest {
         }
         let mut spec = source.clone();
         spec.request_id = None;
+        // Names are one sandbox's each.
+        spec.name = None;
         // A child is no member of its source's batch.
         for batch in [crate::batch::BATCH_LABEL, crate::batch::RETRY_LABEL] {
             spec.labels.remove(batch);

@@ -188,7 +188,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(state.clone(), ready_gate))
         .layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let routed = Router::new()
         .route("/healthz", get(healthz))
         .merge(nodes::agent_routes())
         .merge(console::routes())
@@ -196,6 +196,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         // For bodies read whole (JSON); uploads and image imports stream.
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .layer(middleware::from_fn(close_after_unread_body))
+        .with_state(state.clone());
+    // Names become ids before the routes above see the path.
+    Router::new()
+        .fallback_service(routed)
+        .layer(middleware::from_fn_with_state(state.clone(), names_to_ids))
         .with_state(state)
 }
 
@@ -247,6 +252,17 @@ pub(crate) async fn close_after_unread_body(req: Request, next: Next) -> Respons
 /// The bearer token, or a console session's cookie (see `console`): one
 /// that changes something or opens a WebSocket must come from the console.
 async fn auth(State(st): St, mut req: Request, next: Next) -> Response {
+    match caller(&st, &req) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refused) => *refused,
+    }
+}
+
+/// Who is calling, or the answer that refuses them.
+fn caller(st: &AppState, req: &Request) -> Result<Caller, Box<Response>> {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -255,23 +271,61 @@ async fn auth(State(st): St, mut req: Request, next: Next) -> Response {
     use subtle::ConstantTimeEq;
     if let Some(given) = given {
         if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
-            req.extensions_mut().insert(Caller::Token);
-            return next.run(req).await;
+            return Ok(Caller::Token);
         }
     } else if st.console.has_session(req.headers()) {
         return match st.console.same_site(req.method(), req.headers()) {
-            Ok(()) => {
-                req.extensions_mut().insert(Caller::ConsoleSession);
-                next.run(req).await
-            }
-            Err(why) => console::forbidden(why),
+            Ok(()) => Ok(Caller::ConsoleSession),
+            Err(why) => Err(Box::new(console::forbidden(why))),
         };
     }
-    Failure(ApiError::new(
+    Err(Box::new(Failure(ApiError::new(
         warren_core::ErrorCode::Unauthorized,
         "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
     ))
-    .into_response()
+    .into_response()))
+}
+
+/// `/v1/sandboxes/NAME/...` is `/v1/sandboxes/ID/...` of the live sandbox
+/// of that name (as Docker takes a container's name wherever its id goes).
+/// Before routing, so every sandbox route takes names; only for a caller
+/// the API would let in (no store read for a stranger).
+async fn names_to_ids(State(st): St, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let Some(rest) = path.strip_prefix("/v1/sandboxes/") else {
+        return next.run(req).await;
+    };
+    let (segment, tail) = rest.split_once('/').map_or((rest, ""), |(s, t)| (s, t));
+    let is_name = !segment.starts_with(warren_core::sandbox_name::ID_PREFIX)
+        && segment
+            .parse::<warren_core::sandbox_name::SandboxName>()
+            .is_ok();
+    if !is_name || caller(&st, &req).is_err() {
+        return next.run(req).await;
+    }
+    let id = match st.control.named(segment).await {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Failure(ApiError::not_found(format!(
+                "no sandbox is named {segment} (`warren ps` lists them)"
+            )))
+            .into_response()
+        }
+        Err(e) => return Failure(e).into_response(),
+    };
+    let mut rewritten = format!("/v1/sandboxes/{id}");
+    if !tail.is_empty() || path.ends_with('/') {
+        rewritten.push('/');
+        rewritten.push_str(tail);
+    }
+    if let Some(q) = req.uri().query() {
+        rewritten.push('?');
+        rewritten.push_str(q);
+    }
+    if let Ok(uri) = rewritten.parse() {
+        *req.uri_mut() = uri;
+    }
+    next.run(req).await
 }
 
 /// A streamed answer of one JSON object per line; it ends when the daemon

@@ -143,15 +143,17 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
+        let _name = self.claim_name(spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {
             None => self.volume_node(&spec.volumes).await?,
             Some(_) => None,
         };
         let node = node.or(volume_node.as_deref());
-        let pooled = match node {
-            None => self.claim_from_pool(&spec).await?,
-            Some(_) => None,
+        // A pool's members are nameless; a named sandbox is made anew.
+        let pooled = match (node, &spec.name) {
+            (None, None) => self.claim_from_pool(&spec).await?,
+            _ => None,
         };
         if let Some(info) = pooled {
             self.metrics

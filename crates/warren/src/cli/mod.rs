@@ -110,9 +110,9 @@ pub enum Command {
         #[arg(long, short = 'd')]
         detach: bool,
         /// The command and its arguments (after the options; `--` first if
-        /// it starts with `-`).
+        /// it starts with `-`). Without one, the image's own (its
+        /// ENTRYPOINT and CMD), as `docker run IMAGE`.
         #[arg(
-            required = true,
             trailing_var_arg = true,
             allow_hyphen_values = true,
             value_name = "CMD"

@@ -46,6 +46,10 @@ pub struct CreateArgs {
     /// Image name (as imported or pulled) or registry reference.
     #[arg(long)]
     pub image: String,
+    /// A name for it, unique among live sandboxes, usable wherever its id
+    /// is (`warren exec NAME ...`), as `docker run --name`.
+    #[arg(long)]
+    pub name: Option<warren_core::sandbox_name::SandboxName>,
     /// CPU limit, enforced by the cgroup: cores (0.5) or millicores (500m).
     /// Default 1.
     #[arg(long)]

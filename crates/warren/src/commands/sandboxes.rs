@@ -78,6 +78,10 @@ pub(super) async fn run(
     detach: bool,
 ) -> Result<i32> {
     pull_for_create(client, &a.image).await?;
+    let cmd = match cmd.is_empty() {
+        true => image_command(client, &a.image).await?,
+        false => cmd,
+    };
     if rm {
         return run_removed(client, spec_from(a, Some(cmd))?).await;
     }
@@ -100,6 +104,43 @@ pub(super) async fn run(
         } else {
             1
         }))
+}
+
+/// What `docker run IMAGE` runs: the image config's entrypoint, then its
+/// cmd. The image is found by the name it was given (`busybox` is
+/// `busybox:latest`) or a digest prefix.
+async fn image_command(client: &Client, image: &str) -> Result<Vec<String>> {
+    let images = client.list_images().await?;
+    let digest = image.strip_prefix("sha256:").unwrap_or(image);
+    let found = images.iter().find(|i| {
+        let name = i["name"].as_str().unwrap_or("");
+        let d = i["digest"].as_str().unwrap_or("");
+        name == image
+            || name == format!("{image}:latest")
+            || name.ends_with(&format!("/{image}"))
+            || name.ends_with(&format!("/library/{image}:latest"))
+            || (digest.len() >= 12 && d.trim_start_matches("sha256:").starts_with(digest))
+    });
+    let Some(found) = found else {
+        bail!("image {image} is not in the store (`warren image ls`); give the command to run after the options");
+    };
+    let config = &found["config"];
+    let words = |k: &str| -> Vec<String> {
+        config[k]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|w| w.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut cmd = words("entrypoint");
+    cmd.extend(words("cmd"));
+    if cmd.is_empty() {
+        bail!("image {image} names no command (no ENTRYPOINT or CMD); give one after the options");
+    }
+    Ok(cmd)
 }
 
 /// `warren run --rm`: one request (`POST /v1/run`) that creates, runs,
@@ -203,8 +244,8 @@ pub(super) async fn ps(
         return Ok(0);
     }
     println!(
-        "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} LABELS",
-        "ID", "STATE", "IMAGE", "NODE", "REASON", "CREATED"
+        "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {:<16} LABELS",
+        "ID", "STATE", "IMAGE", "NODE", "REASON", "CREATED", "NAME"
     );
     for s in list {
         let labels: Vec<String> = s
@@ -214,13 +255,14 @@ pub(super) async fn ps(
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!(
-            "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {}",
+            "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {:<16} {}",
             s.id,
             s.state.as_str(),
             s.spec.image,
             if s.node.is_empty() { "-" } else { &s.node },
             s.reason,
             s.created_at.get(..19).unwrap_or(&s.created_at),
+            s.spec.name.as_ref().map_or("-", |n| n.as_str()),
             labels.join(",")
         );
     }

@@ -69,6 +69,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
     };
     Ok(SandboxSpec {
         image: a.image.clone(),
+        name: a.name.clone(),
         cpu: cpu(&a.cpu)?,
         memory: size(&a.memory)?,
         cpu_request: cpu(&a.cpu_request)?,

@@ -176,6 +176,8 @@ class SandboxSpec:
     command if any."""
 
     image: str
+    name: str | None = None
+    """Unique among live sandboxes; usable wherever the id is."""
     cpu: float | str | None = None
     memory: int | str | None = None
     cpu_request: float | str | None = None

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import WARREN, free_port, own_daemon
-from helpers import CGROUP_ROOT, CGROUP_V2, loop_ext4, sh_ok, uniq
+from helpers import CGROUP_ROOT, CGROUP_V2, loop_ext4, sh_ok, uniq, wait_until
 
 
 def create_cli(warren, *args):
@@ -49,6 +49,17 @@ def test_exec_exit_code_and_streams(warren, sandbox):
     assert p.stdout == b"x -n\n"
 
 
+def test_run_says_which_sandbox_it_kept(warren):
+    p = warren.cli("run", "--image", "busybox:latest", "--reclaim", "keep_on_failure", "sh", "-c", "exit 3",
+                   check=False)
+    assert p.returncode == 3
+    kept = re.search(rb"sandbox (sbx-\w+) is kept", p.stderr)
+    assert kept, p.stderr
+    sid = kept.group(1).decode()
+    assert warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "kept"
+    warren.destroy(sid)
+
+
 def test_run_without_a_command_runs_the_images_own(warren, tmp_path):
     (tmp_path / "Dockerfile").write_text('FROM busybox:latest\nENTRYPOINT ["echo", "from"]\nCMD ["image"]\n')
     tag = f"{uniq('cmd')}:1"
@@ -72,8 +83,24 @@ def test_docker_habits_run_detached_create_with_a_command_and_ps_ids(warren):
     ids = warren.cli("ps", "-q", "--label", label).stdout.decode().split()
     assert sorted(ids) == sorted([sid, made])
     table = warren.cli("ps", "--label", label).stdout.decode().splitlines()
-    assert table[0].split()[:4] == ["ID", "STATE", "IMAGE", "NODE"], table
-    assert all(len(row.split()) >= 4 and row.split()[3] != "-" for row in table[1:]), table
+    assert table[0].split()[:6] == ["ID", "STATE", "IMAGE", "NODE", "CPU", "MEM"], table
+    assert all(len(row.split()) >= 5 and row.split()[3] != "-" and row.split()[4].endswith("s")
+               for row in table[1:]), table
+    # `docker stats`: a busy sandbox's CPU and memory, one reading.
+    busy = warren.cli("run", "-d", "--image", "busybox:latest", "--label", label, "--name", uniq("busy"),
+                      "sh", "-c", "while :; do :; done").stdout.decode().strip()
+    # Its first CPU rate needs two readings of the sampler (1 s apart).
+    def rate():
+        rows = warren.http.get("/v1/usage").json()["sandboxes"]
+        return next((r.get("cpu_millis") for r in rows if r["id"] == busy), None) or None
+    wait_until(rate, timeout=10, what="a CPU reading")
+    out = warren.cli("stats", "--no-stream", busy).stdout.decode().splitlines()
+    assert out[0].split()[:4] == ["ID", "NAME", "CPU", "%"], out
+    row = out[1].split()
+    assert row[0] == busy and float(row[2].rstrip("%")) > 10, out
+    assert "MiB" in out[1] or "KiB" in out[1], out
+    p = warren.cli("stats", "--no-stream", "sbx-nothere", check=False)
+    assert p.returncode != 0 and b"no live sandbox" in p.stderr
     p = warren.cli("run", "-d", "--rm", "--image", "busybox:latest", "true", check=False)
     assert p.returncode == 2 and b"--rm" in p.stderr, p.stderr
     warren.cli("rm", "--label", label)
@@ -163,8 +190,10 @@ def test_logs_are_readable_or_json_lines(warren):
     # keystroke at a time on a terminal) joined into whole lines.
     readable = warren.cli("logs", sid).stdout.decode()
     shown = [l.split(" ", 2)[1:] for l in readable.splitlines()]
-    assert [s for s in shown if s[0] in ("stdout", "stderr")] == [
-        ["stdout", "line1"], ["stdout", "line2"], ["stderr", "err1"]], readable
+    # Each stream in its order (the two pipes' order between them is the
+    # order the node read them in).
+    assert [s[1] for s in shown if s[0] == "stdout"] == ["line1", "line2"], readable
+    assert [s[1] for s in shown if s[0] == "stderr"] == ["err1"], readable
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", readable), readable
     assert shown[-1][0] == "event" and "destroyed" in shown[-1][1], readable
     live = warren.create()

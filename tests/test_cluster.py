@@ -71,6 +71,11 @@ def test_nodes_join_and_report_capacity(cluster):
         by_name = {n.name: n for n in client.nodes()}
     assert by_name["n3"].labels == {"gpu": "h200"} and by_name["n1"].state == "ready"
     assert by_name["n2"].load.disk_pressure is False
+    # A node that joined said nothing alarming on its way, and its
+    # terminal output (a file here) has no colour codes.
+    for name in ("n1", "n2", "n3"):
+        said = (cluster.base / f"node-{name}.log").read_bytes()
+        assert b"\x1b[" not in said and b"WARN" not in said, said.decode(errors="replace")
 
 
 def test_a_sandbox_mounting_a_volume_goes_to_the_volumes_node(cluster):

@@ -516,9 +516,14 @@ def test_inbound_port_forward_and_http_route(net):
                 except httpx.HTTPError:
                     time.sleep(0.1)
             assert r.text == "inside\n"
+            # Its sandbox gone, port-forward says so and stops by itself.
+            w.destroy(sid)
+            assert pf.wait(timeout=10) == 1
+            assert b"port-forward stops" in pf.stderr.read()
         finally:
-            pf.terminate()
-            pf.wait()
+            if pf.poll() is None:
+                pf.terminate()
+                pf.wait()
     finally:
         w.destroy(sid)
 

@@ -63,6 +63,9 @@ pub struct Usage {
     pub cpu_millis_mean: u64,
     #[serde(default)]
     pub cpu_millis_peak: u64,
+    /// The newest of those rates: CPU in use now.
+    #[serde(default)]
+    pub cpu_millis_last: u64,
     /// CFS periods, and those in which the sandbox hit its quota.
     #[serde(default)]
     pub cpu_periods: u64,

@@ -145,7 +145,10 @@ pub async fn serve_tls(
 pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: Fence) -> Router {
     let credential = credential.into();
     if lock(&credential.0).is_empty() {
-        tracing::warn!("the node API has an empty credential: it refuses every request");
+        // A node agent before its join: the control plane gives it one.
+        tracing::info!(
+            "the node API has no credential yet: it refuses every request until the node joins"
+        );
     }
     let api = Router::new()
         .route("/info", get(info))

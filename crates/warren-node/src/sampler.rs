@@ -37,6 +37,8 @@ pub struct UsageTracker {
     repeated: u32,
     cpu_rate_sum: f64,
     cpu_peak_millis: u64,
+    /// The newest CPU rate (what `docker stats` shows).
+    cpu_last_millis: u64,
     memory_peak: u64,
     disk_bytes: u64,
     /// The latest GPU reading (see crate::gpu) and the most memory seen.
@@ -54,6 +56,7 @@ impl UsageTracker {
             repeated: 0,
             cpu_rate_sum: 0.0,
             cpu_peak_millis: 0,
+            cpu_last_millis: 0,
             memory_peak: 0,
             disk_bytes: 0,
             gpu: Default::default(),
@@ -83,6 +86,7 @@ impl UsageTracker {
                 let millis = used / 1e6 / dt;
                 self.cpu_rate_sum += millis;
                 self.cpu_peak_millis = self.cpu_peak_millis.max(millis.round() as u64);
+                self.cpu_last_millis = millis.round() as u64;
                 self.samples += 1;
                 self.anchor = Some((at, s));
             }
@@ -153,6 +157,7 @@ impl UsageTracker {
                 0
             },
             cpu_millis_peak: self.cpu_peak_millis,
+            cpu_millis_last: self.cpu_last_millis,
             cpu_periods: s.cpu_periods,
             cpu_throttled_periods: s.cpu_throttled_periods,
             disk_bytes: self.disk_bytes,

@@ -255,6 +255,12 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/usage`: each matching sandbox's latest usage reading.
+    pub async fn usage(&self, query: &SandboxQuery) -> Result<Value> {
+        self.json(self.request(Method::GET, "/v1/usage").query(&query.pairs()))
+            .await
+    }
+
     pub async fn delete_sandbox(&self, id: &str) -> Result<SandboxInfo> {
         self.json(self.request(Method::DELETE, &format!("/v1/sandboxes/{id}")))
             .await

@@ -28,6 +28,7 @@ mod profiles;
 mod sandboxes;
 mod simulate;
 mod spec;
+mod stats;
 mod terminal;
 mod volumes;
 
@@ -66,6 +67,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             json,
             quiet,
         } => sandboxes::ps(&client()?, label, state, all, json, quiet).await,
+        Command::Stats { ids, no_stream } => stats::stats(&client()?, ids, no_stream).await,
         Command::Fork(args) => fork::fork(&client()?, &args).await,
         Command::Build(args) => build::build(&client()?, &args).await,
         Command::Commit { id, name } => images::commit(&client()?, &id, &name).await,

@@ -21,6 +21,7 @@ fn main() {
                 tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
                     .unwrap_or_else(|_| format!("warn,{}", daemon::QUIET_LIBRARIES).into()),
             )
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .init();
         warren_runtime::spawner::main();

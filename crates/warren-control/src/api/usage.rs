@@ -14,6 +14,8 @@ use super::{ApiResult, St};
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct UsageRow {
     id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
     state: SandboxState,
     reason: String,
     node: String,
@@ -30,6 +32,9 @@ pub(crate) struct UsageRow {
     /// answers over `time_ms`. Absent when the sandbox is not live.
     #[serde(skip_serializing_if = "Option::is_none")]
     cpu_usage_ns: Option<u64>,
+    /// CPU in use at the newest reading (millicores).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_millis: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,10 +92,12 @@ pub(crate) async fn usage(State(st): St, Query(q): Query<ListQuery>) -> ApiResul
                 cpu_limit_millis: r.resources.cpu_millis,
                 memory_limit: r.resources.memory,
                 cpu_usage_ns: usage.map(|u| u.cpu_usage_ns),
+                cpu_millis: usage.map(|u| u.cpu_millis_last),
                 memory_bytes: usage.map(|u| u.memory_bytes),
                 oom_kills: usage.map(|u| u.oom_kills),
                 labels: r.spec.labels.clone(),
                 image: r.spec.image.clone(),
+                name: r.spec.name.as_ref().map(|n| n.to_string()),
                 id: r.id,
                 state: r.state,
                 reason: r.reason,

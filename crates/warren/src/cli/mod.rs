@@ -209,6 +209,18 @@ pub enum Command {
         #[arg(long, short)]
         quiet: bool,
     },
+    /// Live CPU and memory use of running sandboxes, as `docker stats`:
+    /// refreshed every second until Ctrl-C, or one reading.
+    #[command(after_help = "Examples:\n  \
+        warren stats                    # every live sandbox\n  \
+        warren stats web $id --no-stream")]
+    Stats {
+        /// Sandbox ids or names (default: every live sandbox).
+        ids: Vec<String>,
+        /// One reading, then exit.
+        #[arg(long)]
+        no_stream: bool,
+    },
     /// Show a sandbox as JSON: spec, state, node, usage, events.
     Inspect {
         /// The sandbox id (sbx-…).

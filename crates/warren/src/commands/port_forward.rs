@@ -29,8 +29,26 @@ pub async fn run(client: &Client, id: &str, spec: &str, address: std::net::IpAdd
         .with_context(|| format!("listen on {address}:{local}"))?;
     let bound = listener.local_addr()?;
     say!("forwarding {bound} -> sandbox {id} port {remote} (Ctrl-C to stop)");
+    // Watched every second: once the sandbox has ended, nothing can be
+    // forwarded to it any more.
+    let mut watch = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
-        let (mut conn, peer) = listener.accept().await?;
+        let (mut conn, peer) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            _ = watch.tick() => {
+                match client.get_sandbox(id).await {
+                    Ok(info) if info.state.is_final() => {
+                        say!("sandbox {id} is {} ({}); port-forward stops", info.state, info.reason);
+                        return Ok(1);
+                    }
+                    Err(e) if format!("{e:#}").contains("not found") => {
+                        say!("sandbox {id} is gone; port-forward stops");
+                        return Ok(1);
+                    }
+                    _ => continue,
+                }
+            }
+        };
         let client = client.clone();
         let id = id.to_string();
         tokio::spawn(async move {

@@ -92,7 +92,21 @@ pub(super) async fn run(
         return Ok(0);
     }
     let result = follow_log(client, &id, super::logs::Shown::Output).await;
-    let info = client.get_sandbox(&id).await?;
+    // The log ends with the main process; the record follows within moments.
+    let mut info = client.get_sandbox(&id).await?;
+    for _ in 0..50 {
+        if info.state.is_final() || info.state == SandboxState::Kept {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        info = client.get_sandbox(&id).await?;
+    }
+    if info.state == SandboxState::Kept {
+        say!(
+            "sandbox {id} is kept ({}): look inside with `warren exec {id} sh`, remove it with `warren rm {id}`",
+            info.reason
+        );
+    }
     if rm && !info.state.is_final() {
         client.delete_sandbox(&id).await?;
     }
@@ -226,13 +240,12 @@ pub(super) async fn ps(
     json: bool,
     quiet: bool,
 ) -> Result<i32> {
-    let list = client
-        .list_sandboxes(&SandboxQuery {
-            labels: label,
-            state,
-            all,
-        })
-        .await?;
+    let query = SandboxQuery {
+        labels: label,
+        state,
+        all,
+    };
+    let list = client.list_sandboxes(&query).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(0);
@@ -243,11 +256,31 @@ pub(super) async fn ps(
         }
         return Ok(0);
     }
+    // CPU time and memory of the live ones, from one usage answer.
+    let usage = client.usage(&query).await?;
+    let used: std::collections::HashMap<&str, (u64, u64)> = usage["sandboxes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|u| {
+            Some((
+                u["id"].as_str()?,
+                (u["cpu_usage_ns"].as_u64()?, u["memory_bytes"].as_u64()?),
+            ))
+        })
+        .collect();
     println!(
-        "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {:<16} LABELS",
-        "ID", "STATE", "IMAGE", "NODE", "REASON", "CREATED", "NAME"
+        "{:<18} {:<10} {:<24} {:<12} {:>8} {:>10} {:<14} {:<22} {:<16} LABELS",
+        "ID", "STATE", "IMAGE", "NODE", "CPU", "MEM", "REASON", "CREATED", "NAME"
     );
     for s in list {
+        let (cpu, mem) = match used.get(s.id.as_str()) {
+            Some((ns, bytes)) => (
+                format!("{:.2}s", *ns as f64 / 1e9),
+                super::images::human(*bytes),
+            ),
+            None => ("-".to_string(), "-".to_string()),
+        };
         let labels: Vec<String> = s
             .spec
             .labels
@@ -255,11 +288,13 @@ pub(super) async fn ps(
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!(
-            "{:<18} {:<10} {:<24} {:<12} {:<14} {:<22} {:<16} {}",
+            "{:<18} {:<10} {:<24} {:<12} {:>8} {:>10} {:<14} {:<22} {:<16} {}",
             s.id,
             s.state.as_str(),
             s.spec.image,
             if s.node.is_empty() { "-" } else { &s.node },
+            cpu,
+            mem,
             s.reason,
             s.created_at.get(..19).unwrap_or(&s.created_at),
             s.spec.name.as_ref().map_or("-", |n| n.as_str()),

@@ -73,6 +73,8 @@ pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::Pat
         )
         .with(
             tracing_subscriber::fmt::layer()
+                // Colours for a person at a terminal, none in a file.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_writer(std::io::stderr)
                 .with_target(false)
                 .without_time()

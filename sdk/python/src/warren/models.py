@@ -233,6 +233,8 @@ class Usage:
     oom_kills: int = 0
     cpu_millis_mean: int = 0
     cpu_millis_peak: int = 0
+    cpu_millis_last: int = 0
+    """The newest CPU rate (millicores): what is in use now."""
     cpu_periods: int = 0
     cpu_throttled_periods: int = 0
     disk_bytes: int = 0

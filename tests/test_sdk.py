@@ -233,6 +233,16 @@ def test_background_process_wait_kill_and_stdin(sb):
         for _ in s:
             pass
         assert s.result.stdout == b"ab" and s.result.exit_code == 0, s.result
+    # A terminal, typed into at once (as docs/python.md writes it): the
+    # first send waits for the command to start; no event is lost.
+    with sb.exec_stream("sh", tty=True, stdin_open=True) as s:
+        s.send_stdin("echo $((6 * 7))\n")
+        s.resize(50, 160)
+        s.send_stdin("exit\n")
+        events = list(s)
+    assert isinstance(events[0], sdk.ExecStart), events[:2]
+    out = b"".join(ev.data for ev in events if isinstance(ev, sdk.models.ExecOutput))
+    assert b"42" in out and s.result.exit_code == 0, out
 
 
 # ---------------------------------------------------------------- files

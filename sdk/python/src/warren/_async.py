@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import os
 import ssl
@@ -481,11 +482,16 @@ class AsyncExecStream:
         self._lines = client._lines(resp)
         self._collector = core.ExecCollector()
         self._done = False
+        # Events read ahead while waiting for the start; iteration gives
+        # them first.
+        self._ahead: collections.deque[models.ExecEvent] = collections.deque()
 
     def __aiter__(self) -> AsyncExecStream:
         return self
 
     async def __anext__(self) -> models.ExecEvent:
+        if self._ahead:
+            return self._ahead.popleft()
         while not self._done:
             try:
                 line = await self._lines.__anext__()
@@ -533,14 +539,27 @@ class AsyncExecStream:
     async def resize(self, rows: int, cols: int) -> None:
         """Sets the window size of the command's terminal (started with
         ``tty=True``); its foreground process gets SIGWINCH."""
+        await self._c._call(core.exec_resize_call(self._sandbox_id, await self._started_id(), rows, cols))
+
+    async def _started_id(self) -> str:
+        """The exec's id, once its start event came: read ahead for it
+        (what is read stays for iteration)."""
+        while self.exec_id is None and not self._done:
+            read = self._ahead
+            self._ahead = collections.deque()
+            try:
+                ev = await self.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                self._ahead = read
+            self._ahead.append(ev)
         if self.exec_id is None:
-            raise errors.WarrenError("the command has not started (read its start event first)")
-        await self._c._call(core.exec_resize_call(self._sandbox_id, self.exec_id, rows, cols))
+            raise errors.WarrenError("the command ended before it started (see the stream's error)")
+        return self.exec_id
 
     async def _stdin_call(self, data: bytes | str, close: bool) -> None:
-        if self.exec_id is None:
-            raise errors.WarrenError("the command has not started (read its start event first)")
-        await self._c._call(core.exec_stdin_call(self._sandbox_id, self.exec_id, data, close))
+        await self._c._call(core.exec_stdin_call(self._sandbox_id, await self._started_id(), data, close))
 
     async def _kill(self) -> None:
         if self._collector.start is not None and self._sandbox_id:

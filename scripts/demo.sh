@@ -2,13 +2,15 @@
 # Warren's main job on the embedded default: `warren up` (control plane, node
 # agent and SQLite in one process), a small image, and a demo batch of
 # sandboxes. Run as root on Debian: installs what it needs, builds, starts.
-#   scripts/demo.sh [BATCH_SIZE]        (WARREN_HOME defaults to /var/lib/warren)
-# WARREN_BIN=PATH runs that binary instead of building one.
+#   scripts/demo.sh [BATCH_SIZE]
+# WARREN_URL (default http://127.0.0.1:7070) and WARREN_HOME (default
+# /var/lib/warren) pick its port and home. It runs WARREN_BIN, else the
+# installed `warren`, else builds one from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-16}
 [ "$(id -u)" = 0 ] || { echo "run as root: sandboxes need namespaces, cgroups and mounts" >&2; exit 1; }
-bin=${WARREN_BIN:-}
+bin=${WARREN_BIN:-$(command -v warren || true)}
 if [ -z "$bin" ]; then
     scripts/install-deps.sh
     echo "== building warren (release; the first build takes about 10 minutes)"
@@ -18,6 +20,11 @@ fi
 export WARREN_HOME=${WARREN_HOME:-/var/lib/warren}
 export WARREN_URL=${WARREN_URL:-http://127.0.0.1:7070}
 mkdir -p "$WARREN_HOME"
+another_port="pick another port and home: WARREN_URL=http://127.0.0.1:7171 WARREN_HOME=/tmp/warren-demo scripts/demo.sh"
+if curl -sf --max-time 2 "$WARREN_URL/healthz" >/dev/null 2>&1; then
+    echo "a Warren already answers at $WARREN_URL: stop it first, or $another_port" >&2
+    exit 1
+fi
 echo "== starting warren up (home $WARREN_HOME, $WARREN_URL)"
 # Its own lines and warnings show here; its log is $WARREN_HOME/warren-up.log.
 # setsid: Ctrl-C signals the terminal's whole process group, and the trap
@@ -35,7 +42,16 @@ stop() {
 trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 trap stop EXIT
-for _ in $(seq 100); do curl -sf "$WARREN_URL/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+up=
+for _ in $(seq 300); do
+    if curl -sf --max-time 2 "$WARREN_URL/healthz" >/dev/null 2>&1; then up=1; break; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+if [ -z "$up" ]; then
+    echo "warren up did not start at $WARREN_URL (its words are above; is the port taken?): $another_port" >&2
+    exit 1
+fi
 img=$(mktemp /tmp/warren-busybox.XXXXXX.tar)
 scripts/make-busybox-image.sh "$img" >/dev/null
 echo "== importing a busybox-static image"
@@ -70,6 +86,10 @@ echo "  sandbox directories left on the host: $left"
 "$bin" ps --all --label run=$$ | sed -n 1,5p
 echo
 echo "warren up is running at $WARREN_URL (token: $WARREN_HOME/token). Try:"
-echo "  $bin run --image busybox:latest --rm -- sh -c 'echo hello from a sandbox'"
+env=
+if [ "$WARREN_URL" != http://127.0.0.1:7070 ] || [ "$WARREN_HOME" != /var/lib/warren ]; then
+    env="WARREN_URL=$WARREN_URL WARREN_HOME=$WARREN_HOME "
+fi
+echo "  $env$bin run --image busybox:latest --rm -- sh -c 'echo hello from a sandbox'"
 echo "Press Ctrl-C to stop it."
 wait $pid

@@ -68,6 +68,24 @@ def test_batch_reports_failures(warren):
     assert {f["reason"] for f in b["failures"]} == {"main_exited"}
 
 
+def test_a_batchs_usage_lasts_after_its_sandboxes_are_gone(warren):
+    bid = warren.http.post(
+        "/v1/batches",
+        json={"count": 3, "spec": {"image": "busybox:latest", "cpu": 0.5, "memory": "32M",
+                                   "cmd": ["sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 2.5"]}},
+    ).json()["id"]
+    b = wait_batch(warren, bid, lambda b: b["states"].get("destroyed") == 3, timeout=60)
+    u = b["usage"]
+    # Summed over members none of which is alive: CPU-seconds, runtime and
+    # memory over time, as each ended.
+    assert u["cpu_usage_ns"] > 0 and u["runtime_ms"] >= 3 * 2500 and u["memory_byte_seconds"] > 0, u
+    assert u["memory_bytes"] == 0 and u["pids"] == 0, u
+    assert b["failures"] == [] and b["states"] == {"destroyed": 3}
+    m = members(warren, bid)[0]
+    ended = warren.http.get(f"/v1/sandboxes/{m['id']}").json()
+    assert ended["state"] == "destroyed" and ended["usage"]["runtime_ms"] >= 2500, ended
+
+
 def test_batch_bad_input(warren):
     assert warren.http.post("/v1/batches", json={"count": 0, "spec": {"image": "busybox:latest"}}).status_code == 400
     r = warren.http.post("/v1/batches", json={"count": 2, "spec": {"image": "nope:1"}})

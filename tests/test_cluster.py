@@ -811,3 +811,41 @@ def test_nodes_in_network_namespaces_of_their_own_as_if_on_other_hosts(images):
     finally:
         for m in made:
             m.remove()
+
+
+def test_the_one_host_cluster_demo_runs_as_written():
+    """scripts/cluster-demo.sh, as docs/cluster.md gives it: PostgreSQL, a
+    server and two nodes on this host, sandboxes spread over both; Ctrl-C
+    leaves nothing behind."""
+    import os
+    import re
+    import threading
+
+    from conftest import ROOT, WARREN
+
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "cluster-demo.sh")], cwd=ROOT,
+                            env={**os.environ, "WARREN_BIN": str(WARREN)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(l.decode(errors="replace") for l in proc.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_until("the demo's cluster", lambda: any("Press Ctrl-C" in l for l in lines) or proc.poll() is not None,
+                   timeout=120)
+        out = "".join(lines)
+        assert "Press Ctrl-C" in out, out
+        table = out[out.index("ID  "):]
+        nodes = {row.split()[3] for row in table.splitlines()[1:5]}
+        assert nodes == {"a", "b"}, table
+        home = re.search(r"WARREN_HOME=(\S+)/server", out).group(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        reader.join(timeout=10)
+        assert f"stopped; {home} removed" in "".join(lines), "".join(lines)
+        assert not Path(home).exists()
+        pattern = f"cluster-demo-{proc.pid}-*"
+        left = [*Path("/sys/fs/cgroup").glob(f"*/warren/{pattern}"), *Path("/sys/fs/cgroup/warren").glob(pattern)]
+        assert left == [], left
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -316,6 +316,12 @@ def test_demo_as_written(setting):
         assert "sandbox directories left on the host: 0" in out, out
         assert re.search(r"(?m)^ID +STATE", out), f"no ps table:\n{out}"
         assert not api_down(setting.url), "warren up is not running at the demo's end"
+        # Its closing hint works as printed, with this demo's port and home.
+        hint = next(l for l in lines if "echo hello from a sandbox" in l).strip()
+        assert hint.startswith(f"WARREN_URL={setting.url} WARREN_HOME={setting.home} "), hint
+        said = subprocess.run(["bash", "-c", hint], capture_output=True, text=True, timeout=60,
+                              env={k: v for k, v in setting.env.items() if not k.startswith("WARREN_")})
+        assert said.stdout == "hello from a sandbox\n", said
         # Ctrl-C: the whole foreground process group gets SIGINT.
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -333,3 +339,20 @@ def test_demo_as_written(setting):
         stop_session(proc.pid)
         if not api_down(setting.url):
             stop_daemon_of(setting.home)
+
+
+def test_the_demo_stops_with_a_clear_message_when_its_port_is_taken(setting):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", setting.port))
+    taken.listen()
+    try:
+        p = subprocess.run(["bash", "-c", "scripts/demo.sh"], cwd=setting.work, env=setting.env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1, p
+        assert "did not start" in p.stderr and "WARREN_URL=" in p.stderr, p.stderr
+        assert api_down(setting.url)
+    finally:
+        taken.close()
+        stop_daemon_of(setting.home)

@@ -134,7 +134,15 @@ impl Control {
                 "no batch with id {id:?}; list them with `warren batch ls`"
             ))
         })?;
-        let members = self.list(&[], &Self::batch_selector(id)).await?;
+        // The records themselves: an ended member's carries its usage.
+        let selector = Self::batch_selector(id);
+        let members: Vec<crate::store::SandboxRow> = self
+            .store
+            .list(&[])
+            .await?
+            .into_iter()
+            .filter(|r| selector.matches(r.labels()))
+            .collect();
         let mut states = BTreeMap::new();
         let mut usage = Usage::default();
         let mut failures = Vec::new();
@@ -142,18 +150,27 @@ impl Control {
             *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
             // Read now (as `inspect` does): a sandbox created a moment ago
             // has no periodic sample yet.
+            // An ended member's usage as it ended: the batch's sums last
+            // after its sandboxes are gone.
             let status = match (m.state.is_live(), self.reachable(&m.node)) {
                 (true, Some(node)) => node.status(&m.id, true).await.ok(),
                 _ => None,
             };
-            if let Some(status) = &status {
-                if let Some(u) = &status.usage {
-                    usage.cpu_usage_ns += u.cpu_usage_ns;
+            let member = match &status {
+                Some(s) => s.usage.clone(),
+                None if !m.state.is_live() => m.usage.clone(),
+                None => None,
+            };
+            if let Some(u) = &member {
+                usage.cpu_usage_ns += u.cpu_usage_ns;
+                if m.state.is_live() {
                     usage.memory_bytes += u.memory_bytes;
-                    usage.memory_peak_bytes += u.memory_peak_bytes;
                     usage.pids += u.pids;
-                    usage.oom_kills += u.oom_kills;
                 }
+                usage.memory_peak_bytes += u.memory_peak_bytes;
+                usage.oom_kills += u.oom_kills;
+                usage.runtime_ms += u.runtime_ms;
+                usage.memory_byte_seconds += u.memory_byte_seconds;
             }
             let failed = matches!(m.state, SandboxState::Failed | SandboxState::Lost)
                 || m.reason == reason::OOM_KILLED

@@ -185,7 +185,12 @@ impl Control {
             queue_position,
             ttl_remaining_ms: status.map(|s| s.ttl_remaining_ms),
             lease_remaining_ms: status.and_then(|s| s.lease_remaining_ms),
-            usage: status.and_then(|s| s.usage.clone()).filter(|_| detailed),
+            // A live sandbox's from its node; an ended one's as it ended.
+            usage: match status {
+                Some(s) => s.usage.clone(),
+                None => row.usage.clone(),
+            }
+            .filter(|_| detailed),
             pid: status.map(|s| s.pid),
             id: row.id,
             state: row.state,
@@ -350,8 +355,11 @@ impl Control {
         };
         self.admission.release(id);
         // Recorded before the sandbox shows as destroyed, so whoever sees
-        // it destroyed also sees its run in the profile.
+        // it destroyed also sees its run in the profile and its usage.
         if let Some(u) = &usage {
+            if let Err(e) = self.store.set_usage(id, u).await {
+                tracing::warn!(sandbox = %id, error = %e, "keeping a finished sandbox's usage");
+            }
             if let Err(e) = self.record_run(&row, u, why == reason::OOM_KILLED).await {
                 tracing::warn!(sandbox = %id, error = %e.message, "recording a profile run");
             }

@@ -155,6 +155,7 @@ fn row(id: &str, state: SandboxState, created_at: &str) -> SandboxRow {
         finished_at: None,
         exit_code: None,
         grace: false,
+        usage: None,
     }
 }
 

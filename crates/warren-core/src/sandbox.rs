@@ -78,6 +78,10 @@ pub struct Usage {
     pub samples: u64,
     #[serde(default)]
     pub runtime_ms: u64,
+    /// Memory held over time: each reading's bytes for the time until the
+    /// next (byte-seconds; GB-seconds ÷ 10⁹), what a cluster bills.
+    #[serde(default)]
+    pub memory_byte_seconds: u64,
     /// GPU memory its processes hold (NVML, on a node with NVIDIA's
     /// driver, for a sandbox holding GPUs; else 0), now and at most.
     #[serde(default)]

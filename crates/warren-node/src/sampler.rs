@@ -39,6 +39,8 @@ pub struct UsageTracker {
     cpu_peak_millis: u64,
     /// The newest CPU rate (what `docker stats` shows).
     cpu_last_millis: u64,
+    /// Memory over time so far (byte-milliseconds).
+    memory_byte_ms: u128,
     memory_peak: u64,
     disk_bytes: u64,
     /// The latest GPU reading (see crate::gpu) and the most memory seen.
@@ -57,6 +59,7 @@ impl UsageTracker {
             cpu_rate_sum: 0.0,
             cpu_peak_millis: 0,
             cpu_last_millis: 0,
+            memory_byte_ms: 0,
             memory_peak: 0,
             disk_bytes: 0,
             gpu: Default::default(),
@@ -78,6 +81,10 @@ impl UsageTracker {
     pub fn add(&mut self, at: Instant, s: Sample, disk: Option<u64>) {
         if self.last.is_some_and(|(t, _)| at <= t) {
             return;
+        }
+        // The last reading's memory held until this one.
+        if let Some((t, prev)) = self.last {
+            self.memory_byte_ms += prev.memory_bytes as u128 * at.duration_since(t).as_millis();
         }
         match self.anchor {
             Some((t, prev)) if at.duration_since(t) >= MIN_RATE_WINDOW => {
@@ -163,6 +170,7 @@ impl UsageTracker {
             disk_bytes: self.disk_bytes,
             samples: self.samples,
             runtime_ms: self.started.elapsed().as_millis() as u64,
+            memory_byte_seconds: (self.memory_byte_ms / 1000).min(u64::MAX as u128) as u64,
             gpu_memory_bytes: self.gpu.memory,
             gpu_memory_peak_bytes: self.gpu_memory_peak,
             gpu_utilization_percent: self.gpu.utilization_percent,

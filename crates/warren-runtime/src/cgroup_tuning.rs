@@ -102,7 +102,7 @@ impl Cgroup2Mount {
 }
 
 /// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('\\') {

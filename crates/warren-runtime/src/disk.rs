@@ -66,35 +66,13 @@ pub fn device(dir: &Path) -> Option<PathBuf> {
     info.lines().rev().find_map(|line| {
         let fields: Vec<&str> = line.split(' ').collect();
         let sep = fields.iter().position(|f| *f == "-")?;
-        if fields.get(4).map(|p| unescape(p)) != Some(mnt.display().to_string()) {
+        if fields.get(4).map(|p| crate::cgroup_tuning::unescape(p))
+            != Some(mnt.display().to_string())
+        {
             return None;
         }
         fields.get(sep + 2).map(PathBuf::from)
     })
-}
-
-/// A mountinfo path as written (`\040` for a space, and so on).
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(b) => {
-                out.push(b as char);
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// Unmounts the sandbox's file system if it has one; the loop device is

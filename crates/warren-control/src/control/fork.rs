@@ -109,6 +109,7 @@ impl Control {
                 finished_at: None,
                 exit_code: None,
                 grace: false,
+                usage: None,
             };
             let this = self.clone();
             tasks.push(tokio::spawn(async move {

@@ -230,6 +230,9 @@ impl Control {
             .await;
         match held {
             Ok(Some(u)) => {
+                if let Err(e) = self.store.set_usage(id, &u).await {
+                    tracing::warn!(sandbox = %id, error = %e, "keeping a held sandbox's usage");
+                }
                 let _ = self.record_run(row, &u, why == reason::OOM_KILLED).await;
             }
             Ok(None) => {}

@@ -112,6 +112,8 @@ pub struct SandboxRow {
     pub exit_code: Option<i32>,
     /// `stopping` in the grace period of the `delay` policy, not destroying.
     pub grace: bool,
+    /// Its last usage reading, once it ended (its node forgets it).
+    pub usage: Option<warren_core::Usage>,
 }
 
 /// A row of the pools table, as both stores read it.
@@ -153,6 +155,7 @@ impl SandboxRow {
             finished_at: None,
             exit_code: None,
             grace: false,
+            usage: None,
         }
     }
 }
@@ -246,6 +249,8 @@ pub trait Store: Send + Sync {
         message: &str,
     ) -> Result<(), StoreError>;
     async fn set_exit_code(&self, id: &str, code: i32) -> Result<(), StoreError>;
+    /// Keeps a sandbox's last usage reading (it ended).
+    async fn set_usage(&self, id: &str, usage: &warren_core::Usage) -> Result<(), StoreError>;
     async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
     async fn by_request_id(&self, request_id: &str) -> Result<Option<SandboxRow>, StoreError>;
     /// Sandboxes in `states` (all when empty), oldest first. A record that
@@ -392,6 +397,11 @@ where
         finished_at: r.text_opt("finished_at")?,
         exit_code: r.int32_opt("exit_code")?,
         grace: r.flag("grace")?,
+        usage: r
+            .text_opt("usage")?
+            .map(|u| serde_json::from_str(&u))
+            .transpose()
+            .map_err(|e| corrupt("usage", e.to_string()))?,
         id,
     })
 }

@@ -353,6 +353,17 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn set_usage(&self, id: &str, usage: &warren_core::Usage) -> Result<(), StoreError> {
+        let body = serde_json::to_string(usage)
+            .map_err(|e| StoreError::Corrupt(id.to_string(), e.to_string()))?;
+        sqlx::query("UPDATE sandboxes SET usage = $1 WHERE id = $2")
+            .bind(body)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query("SELECT * FROM sandboxes WHERE id = $1")
             .bind(id)

@@ -245,6 +245,19 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn set_usage(&self, id: &str, usage: &warren_core::Usage) -> Result<(), StoreError> {
+        let body = serde_json::to_string(usage)
+            .map_err(|e| StoreError::Corrupt(id.to_string(), e.to_string()))?;
+        let mut tx = self.begin_write().await?;
+        sqlx::query("UPDATE sandboxes SET usage = ? WHERE id = ?")
+            .bind(body)
+            .bind(id)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn get(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
             .bind(id)

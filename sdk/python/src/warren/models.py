@@ -240,6 +240,8 @@ class Usage:
     disk_bytes: int = 0
     samples: int = 0
     runtime_ms: int = 0
+    memory_byte_seconds: int = 0
+    """Memory held over time (byte-seconds; GB-seconds ÷ 10⁹)."""
     gpu_memory_bytes: int = 0
     """GPU memory its processes hold (NVML nodes, GPU sandboxes; else 0)."""
     gpu_memory_peak_bytes: int = 0

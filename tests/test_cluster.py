@@ -95,6 +95,27 @@ def test_a_sandbox_mounting_a_volume_goes_to_the_volumes_node(cluster):
         # A name is the cluster's.
         r = c.server.http.post("/v1/volumes", json={"name": name, "size": "16M"})
         assert r.status_code == 409 and "n3" in r.json()["error"]["message"], r.text
+        # A node that stops with a sandbox still mounting a volume leaves
+        # the volume mounted, so after its restart every sandbox shares one
+        # file system (a second mount would be a second loop device).
+        home = c.nodes["n3"].home
+        mounts = lambda: [l for l in Path("/proc/self/mountinfo").read_text().splitlines()
+                          if f"{home}/volumes/{name}/fs" in l]
+        reader = create(c, cpu=0.1, memory="32M", volumes=[{"name": name, "path": "/v", "read_only": True}])
+        assert len(mounts()) == 1
+        log = home / "warren-node.log"
+        joins = lambda: log.read_text(errors="replace").count(" joined")
+        before = joins()
+        c.nodes["n3"].stop()
+        c.nodes["n3"].start()
+        # The control plane's view says ready at once; the agent takes
+        # calls once it has joined again.
+        wait_until("n3 to join again", lambda: joins() > before)
+        other = create(c, cpu=0.1, memory="32M", volumes=[{"name": name, "path": "/v", "read_only": True}])
+        assert len(mounts()) == 1, mounts()
+        exit_ev, out, _, _ = c.server.exec(other["id"], ["ls", "/v"])
+        assert exit_ev["code"] == 0
+        drop(c, reader["id"], other["id"])
     finally:
         assert c.server.http.delete(f"/v1/volumes/{name}").status_code == 200
 

@@ -239,11 +239,21 @@ impl Volumes {
         lock(&self.claims).remove(id);
     }
 
-    /// Unmounts every volume from the host (the node stops; sandboxes
-    /// that still mount one keep its file system until they end).
+    /// Unmounts from the host every volume no live sandbox mounts (the
+    /// node stops). One still mounted stays so: mounted again at the next
+    /// start it would be a second loop device, a second file system on the
+    /// same image beside the sandbox's.
     pub fn unmount_all(&self) {
+        let held: std::collections::HashSet<String> = lock(&self.claims)
+            .values()
+            .flatten()
+            .map(|m| m.name.to_string())
+            .collect();
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
+                if held.contains(e.file_name().to_string_lossy().as_ref()) {
+                    continue;
+                }
                 if let Err(err) = disk::remove(&e.path()) {
                     tracing::warn!(volume = %e.path().display(), "unmounting: {err}");
                 }

@@ -193,13 +193,18 @@ impl Language {
         }
     }
 
-    /// The code as written: SandboxFusion's PHP runner adds the opening
-    /// tag a snippet leaves out (`ensure_php_tag_in_string`).
+    /// The code as written: SandboxFusion's PHP runner strips leading
+    /// whitespace (which PHP would print) and adds the opening tag a
+    /// snippet leaves out (`ensure_php_tag_in_string`).
     pub fn source_text(&self, code: &str) -> String {
-        if self.name == "php" && !code.trim_start().starts_with("<?php") {
-            format!("<?php\n{code}")
-        } else {
+        if self.name != "php" {
+            return code.to_string();
+        }
+        let code = code.trim_start();
+        if code.starts_with("<?php") {
             code.to_string()
+        } else {
+            format!("<?php\n{code}")
         }
     }
 
@@ -216,11 +221,17 @@ impl Language {
     }
 }
 
-/// Java's class path: the directory, then every jar the request brought
-/// (SandboxFusion also puts its bundled javatuples jar there).
+/// Jars an image bundles for Java calls, as SandboxFusion bundles
+/// javatuples-1.2.jar: javac and java expand the wildcard themselves and
+/// skip it when the directory does not exist.
+pub const BUNDLED_JARS: &str = "/opt/sandbox-fusion/java/*";
+
+/// Java's class path: the directory, every jar the request brought, then
+/// the image's bundled jars.
 pub fn java_classpath<'a>(files: impl Iterator<Item = &'a str>) -> String {
     let mut cp = vec![".".to_string()];
     cp.extend(files.filter(|f| f.ends_with(".jar")).map(str::to_string));
+    cp.push(BUNDLED_JARS.to_string());
     cp.join(":")
 }
 
@@ -264,15 +275,22 @@ mod tests {
         };
         assert_eq!(java.file_name("x"), "Main.java");
         let cp = java_classpath(["a.jar", "b.txt", "lib/c.jar"].into_iter());
-        assert_eq!(cp, ".:a.jar:lib/c.jar");
+        assert_eq!(cp, ".:a.jar:lib/c.jar:/opt/sandbox-fusion/java/*");
         assert_eq!(
             java.argv(java.run, "", "/w", &cp),
-            ["java", "-cp", ".:a.jar:lib/c.jar", "-ea", "Main"]
+            [
+                "java",
+                "-cp",
+                ".:a.jar:lib/c.jar:/opt/sandbox-fusion/java/*",
+                "-ea",
+                "Main"
+            ]
         );
         let Lookup::Runs(php) = lookup("php") else {
             panic!()
         };
         assert_eq!(php.source_text("echo 1;"), "<?php\necho 1;");
         assert_eq!(php.source_text("<?php echo 1;"), "<?php echo 1;");
+        assert_eq!(php.source_text("\n  <?php echo 1;"), "<?php echo 1;");
     }
 }

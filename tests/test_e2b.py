@@ -511,6 +511,30 @@ def test_pause_and_connect_resume(e2b_warren):
         assert isinstance(m, list)
     finally:
         httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+    # on_timeout: pause. At its timeout the sandbox pauses, memory and all,
+    # and a connect carries on where it was.
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", "timeout": 2, "autoPause": True},
+                   headers=key, timeout=60)
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    try:
+        warren_sid = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()
+        assert warren_sid["spec"]["reclaim"] == "pause"
+        e2b_warren.exec(sid, ["sh", "-c", "echo kept > /tmp/state"])
+        wait_until(lambda: httpx.get(f"{api}/sandboxes/{sid}", headers=key).json().get("state") == "paused",
+                   timeout=15, what="the timeout's pause")
+        detail = httpx.get(f"{api}/sandboxes/{sid}", headers=key).json()
+        assert detail["lifecycle"]["onTimeout"] == "pause", detail
+        r = httpx.post(f"{api}/sandboxes/{sid}/connect", json={"timeout": 60}, headers=key)
+        assert r.status_code == 201, r.text
+        assert e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        ev, out, _, _ = e2b_warren.exec(sid, ["cat", "/tmp/state"])
+        assert out == b"kept\n", out
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", "autoPause": True, "autoPauseMemory": False},
+                   headers=key, timeout=60)
+    assert r.status_code == 400 and "filesystem" in r.json()["message"], r.text
 
 
 def test_timeouts_longer_than_warren_keeps_a_sandbox_are_refused_and_change_nothing(e2b_warren):

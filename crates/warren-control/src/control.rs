@@ -538,6 +538,9 @@ impl Control {
             warren_core::spec::ReclaimPolicy::Delay => {
                 format!("reclaim {reclaim}, grace {:?}", spec.delay_for())
             }
+            warren_core::spec::ReclaimPolicy::Pause => {
+                format!("reclaim {reclaim}, paused for {:?}", spec.keep_for())
+            }
             warren_core::spec::ReclaimPolicy::Destroy => format!("reclaim {reclaim}"),
         };
         self.store

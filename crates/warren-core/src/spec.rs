@@ -92,6 +92,10 @@ pub enum ReclaimPolicy {
     Delay,
     Keep,
     KeepOnFailure,
+    /// At its TTL the sandbox pauses (frozen, memory kept) for `keep_for`
+    /// instead of ending; a resume (with a new TTL) carries on. E2B's
+    /// `autoPause`. A main process that exits ends it.
+    Pause,
 }
 
 impl fmt::Display for ReclaimPolicy {
@@ -101,6 +105,7 @@ impl fmt::Display for ReclaimPolicy {
             ReclaimPolicy::Delay => "delay",
             ReclaimPolicy::Keep => "keep",
             ReclaimPolicy::KeepOnFailure => "keep_on_failure",
+            ReclaimPolicy::Pause => "pause",
         };
         f.write_str(s)
     }

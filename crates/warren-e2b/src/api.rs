@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_control::control::Control;
-use warren_core::spec::NetworkMode;
+use warren_core::spec::{NetworkMode, ReclaimPolicy};
 use warren_core::state::reason;
 use warren_core::{ApiError, ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
 
@@ -157,6 +157,12 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     network: Option<Network>,
+    /// At the timeout, pause instead of ending (E2B's `on_timeout: pause`).
+    #[serde(default)]
+    auto_pause: bool,
+    /// False asks for a pause that keeps only the filesystem.
+    #[serde(default)]
+    auto_pause_memory: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -249,6 +255,16 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
     };
     if let Some(n) = req.network {
         (spec.network.mode, spec.network.allow, spec.network.deny) = egress(n)?;
+    }
+    if req.auto_pause {
+        if req.auto_pause_memory == Some(false) {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "Warren pauses a sandbox with its memory (its processes frozen); a pause that keeps only the filesystem (keep_memory=False) is not available",
+            ));
+        }
+        // Paused at the timeout for keep_for (1 h), resumed by a connect.
+        spec.reclaim = ReclaimPolicy::Pause;
     }
     let (info, _) = control.create(spec, true).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
@@ -465,7 +481,10 @@ async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>
         m.insert("domain".into(), Value::Null);
         m.insert(
             "lifecycle".into(),
-            json!({"autoResume": false, "onTimeout": "kill"}),
+            json!({
+                "autoResume": false,
+                "onTimeout": if info.spec.reclaim == ReclaimPolicy::Pause { "pause" } else { "kill" },
+            }),
         );
     }
     Ok(Json(v))

@@ -130,7 +130,9 @@ impl Node {
         };
         let done = match (live.phase(), reclaim) {
             (Phase::Held, _) => self.destroy(id, reason::KEEP_EXPIRED).await.map(|_| ()),
-            (_, ReclaimPolicy::Keep) => {
+            // Without a control plane to resume it, a paused sandbox is a
+            // kept one.
+            (_, ReclaimPolicy::Keep | ReclaimPolicy::Pause) => {
                 let n = note("kept", "held by its node: no control plane answered");
                 self.hold(id, keep_for, &n).await.map(|_| ())
             }

@@ -181,10 +181,20 @@ impl Control {
             }
             _ => return Ok(()),
         }
+        if row.spec.reclaim == ReclaimPolicy::Pause && matches!(ev, NodeEvent::Expired { .. }) {
+            return match row.state {
+                SandboxState::Running => self.pause_at_expiry(&row, why).await,
+                // Paused past its hold.
+                _ => self
+                    .destroy_locked(&id, reason::KEEP_EXPIRED)
+                    .await
+                    .map(|_| ()),
+            };
+        }
         let keep = match row.spec.reclaim {
             ReclaimPolicy::Keep => true,
             ReclaimPolicy::KeepOnFailure => failed,
-            ReclaimPolicy::Destroy | ReclaimPolicy::Delay => false,
+            ReclaimPolicy::Destroy | ReclaimPolicy::Delay | ReclaimPolicy::Pause => false,
         };
         match (keepable, row.spec.reclaim) {
             // Grace period: frozen, files and logs readable, then destroyed.
@@ -210,6 +220,35 @@ impl Control {
             }
         }
         self.retry_member(&row, why).await;
+        Ok(())
+    }
+
+    /// The `pause` policy at the sandbox's expiry: frozen with its memory,
+    /// paused for `keep_for`, resumable (the caller holds its lock).
+    async fn pause_at_expiry(&self, row: &SandboxRow, why: &str) -> Result<(), ApiError> {
+        let node = self.api(&row.node)?;
+        node.set_paused(&row.id, true)
+            .await
+            .map_err(super::node_error)?;
+        node.set_ttl(&row.id, row.spec.keep_for())
+            .await
+            .map_err(super::node_error)?;
+        let message = format!("paused for {:?} (reclaim pause)", row.spec.keep_for());
+        self.store
+            .transition(
+                &row.id,
+                SandboxState::Paused,
+                why,
+                &now_rfc3339(),
+                Transition {
+                    message: &message,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let _ = node
+            .note(&row.id, note(SandboxState::Paused.as_str(), why, &message))
+            .await;
         Ok(())
     }
 

@@ -354,8 +354,8 @@ pub enum Command {
     Reclaim {
         /// The sandbox id (sbx-…).
         id: String,
-        /// destroy, delay, keep or keep_on_failure (as `create --reclaim`).
-        #[arg(value_parser = ["destroy", "delay", "keep", "keep_on_failure"])]
+        /// destroy, delay, keep, keep_on_failure or pause (as `create --reclaim`).
+        #[arg(value_parser = ["destroy", "delay", "keep", "keep_on_failure", "pause"])]
         reclaim: String,
         /// How long a kept sandbox is held (or a delayed one frozen), e.g.
         /// 2h; unchanged when left out.

@@ -119,10 +119,12 @@ pub struct CreateArgs {
     /// What happens when the main process ends or the TTL or lease runs
     /// out: destroy at once; delay (frozen for --keep-for, then destroyed);
     /// keep (frozen, inspectable, until --keep-for ends); keep_on_failure
-    /// (keep after a failure or OOM kill, destroy otherwise).
+    /// (keep after a failure or OOM kill, destroy otherwise); pause (at the
+    /// TTL, paused with its memory for --keep-for: `warren resume` and
+    /// `warren ttl` carry on).
     #[arg(
         long,
-        value_parser = ["destroy", "delay", "keep", "keep_on_failure"]
+        value_parser = ["destroy", "delay", "keep", "keep_on_failure", "pause"]
     )]
     pub reclaim: Option<String>,
     /// How long a kept sandbox is held (keep, keep_on_failure), e.g. 2h.

@@ -50,7 +50,10 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         Some("delay") => ReclaimPolicy::Delay,
         Some("keep") => ReclaimPolicy::Keep,
         Some("keep_on_failure") => ReclaimPolicy::KeepOnFailure,
-        Some(other) => bail!("--reclaim {other:?}: use destroy, delay, keep or keep_on_failure"),
+        Some("pause") => ReclaimPolicy::Pause,
+        Some(other) => {
+            bail!("--reclaim {other:?}: use destroy, delay, keep, keep_on_failure or pause")
+        }
     };
     let size = |s: &Option<String>| -> Result<Option<ByteSize>> {
         s.as_deref()

@@ -196,7 +196,7 @@ class SandboxSpec:
     lease: str | int | float | None = None
     profile: str | None = None
     network: NetworkSpec = field(default_factory=NetworkSpec)
-    reclaim: Literal["destroy", "delay", "keep", "keep_on_failure"] = "destroy"
+    reclaim: Literal["destroy", "delay", "keep", "keep_on_failure", "pause"] = "destroy"
     keep_for: str | int | float | None = None
     cmd: list[str] | None = None
     cwd: str | None = None

@@ -50,12 +50,6 @@ if [ ! -x "$modules/node_modules/.bin/vitest" ]; then
     (cd "$modules" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --no-audit --no-fund \
         --legacy-peer-deps "${before[@]}")
 fi
-image="$cache/debian-bookworm-python3-e2b-oci.tar"
-if [ ! -f "$image" ]; then
-    echo "== E2B's base, offline"
-    "$here/scripts/make-base-image.sh" "$image" --include python3 --tag deb --e2b-user
-fi
-
 work=$(mktemp -d)
 mkdir "$work/js-sdk"
 cp -r "$sdk/src" "$sdk/tests" "$sdk/package.json" "$sdk/tsconfig.json" "$work/js-sdk/"
@@ -105,30 +99,18 @@ export default defineConfig({
 })
 EOF
 
-port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-api=$(port) e2b_api=$(port) e2b_sbx=$(port)
-mkdir -m 0700 "$work/home"
-printf '[templates]\nbase = "e2b-base:1"\n' > "$work/home/e2b-templates.toml"
-printf 'unqualified-search-registries = []\n' > "$work/home/registries.toml"
-"$warren" up --home "$work/home" --listen "127.0.0.1:$api" --cgroup-parent "warren/e2b-js-suite-$$" \
-    --e2b-api "127.0.0.1:$e2b_api" --e2b-sandbox "127.0.0.1:$e2b_sbx" > "$work/warren.log" 2>&1 &
-daemon=$!
+# shellcheck source=lib/e2b-warren.sh
+. "$here/scripts/lib/e2b-warren.sh"
 cleanup() {
-    kill -INT "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+    stop_e2b_warren
     [ -z "${E2B_JS_KEEP_LOG:-}" ] || cp "$work/warren.log" "$work/vitest.log" "$work/vitest.json" "$E2B_JS_KEEP_LOG/" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$api/healthz" | grep -q ok && break
-    sleep 0.1
-done
-WARREN_URL="http://127.0.0.1:$api" "$warren" --home "$work/home" image import "$image" --name e2b-base:1 >/dev/null
+start_e2b_warren "$work" e2b-js-suite
 
 echo "== E2B's JS SDK tests ($commit) against Warren"
 cd "$work/js-sdk"
-export E2B_API_URL="http://127.0.0.1:$e2b_api" E2B_SANDBOX_URL="http://127.0.0.1:$e2b_sbx"
-export E2B_API_KEY="e2b_$(cat "$work/home/token")"
 set +e
 NO_COLOR=1 node_modules/.bin/vitest run --config vitest.warren.config.mts --maxWorkers "${E2B_JS_WORKERS:-3}" \
     --reporter default --reporter json --outputFile.json "$work/vitest.json" "$@" \

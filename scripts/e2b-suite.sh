@@ -29,37 +29,19 @@ if [ ! -x "$venv/bin/pytest" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q "$sdk" "pytest>=9,<10" "pytest-asyncio>=1.3,<2" pytest-timeout python-dotenv pytest-dotenv
 fi
-image="$cache/debian-bookworm-python3-e2b-oci.tar"
-if [ ! -f "$image" ]; then
-    echo "== E2B's base, offline"
-    "$here/scripts/make-base-image.sh" "$image" --include python3 --tag deb --e2b-user
-fi
-
+# shellcheck source=lib/e2b-warren.sh
+. "$here/scripts/lib/e2b-warren.sh"
 work=$(mktemp -d)
-port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-api=$(port) e2b_api=$(port) e2b_sbx=$(port)
-mkdir -m 0700 "$work/home"
-printf '[templates]\nbase = "e2b-base:1"\n' > "$work/home/e2b-templates.toml"
-printf 'unqualified-search-registries = []\n' > "$work/home/registries.toml"
-"$warren" up --home "$work/home" --listen "127.0.0.1:$api" --cgroup-parent "warren/e2b-suite-$$" \
-    --e2b-api "127.0.0.1:$e2b_api" --e2b-sandbox "127.0.0.1:$e2b_sbx" > "$work/warren.log" 2>&1 &
-daemon=$!
 cleanup() {
-    kill -INT "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+    stop_e2b_warren
     rm -rf "$work"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$api/healthz" | grep -q ok && break
-    sleep 0.1
-done
-WARREN_URL="http://127.0.0.1:$api" "$warren" --home "$work/home" image import "$image" --name e2b-base:1 >/dev/null
+start_e2b_warren "$work" e2b-suite
 
 [ $# -gt 0 ] || set -- tests/sync tests/async
 echo "== E2B's SDK tests ($commit) against Warren"
 cd "$sdk"
-export E2B_API_URL="http://127.0.0.1:$e2b_api" E2B_SANDBOX_URL="http://127.0.0.1:$e2b_sbx"
-export E2B_API_KEY="e2b_$(cat "$work/home/token")"
 set +e
 "$venv/bin/pytest" -q -p no:cacheprovider --timeout 60 -rf \
     --ignore tests/sync/template_sync --ignore tests/async/template_async \

@@ -84,8 +84,11 @@ struct Watcher {
 /// here the event crosses the node contract first).
 const POLL_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// How long a poll that has events waits for the next one.
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(30);
+/// How long a poll that has events waits for the next one: a change's
+/// events (a directory made, then a file written in it) cross the node
+/// contract one by one, and on a busy host 30 ms split them over two polls
+/// (seen in E2B's recursive-watch test while another suite ran).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[derive(Default)]
 struct Buffered {

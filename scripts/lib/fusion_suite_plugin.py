@@ -103,9 +103,6 @@ KNOWN = {
     "test_isolation.py::test_isolation_network_external_access":
         "fetches https://www.sina.com.cn: a Warren sandbox has no network (the door's "
         "sandboxes are network none, and this machine reaches no such host)",
-    "test_java.py::test_java_external_jar":
-        "SandboxFusion puts its bundled javatuples-1.2.jar on Java's class path; "
-        "Warren's class path is '.' and the request's own jars",
 }
 
 _probed = {}

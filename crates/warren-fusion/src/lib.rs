@@ -117,7 +117,7 @@ pub fn parse(body: &[u8]) -> Result<Job, Invalid> {
                 kind: "value_error",
                 field: "language",
                 msg: format!(
-                    "SandboxFusion's {name:?} runner depends on files bundled with SandboxFusion itself, which Warren does not have; Warren runs: {}",
+                    "Warren does not run SandboxFusion's {name:?} runner (most of these need files bundled with SandboxFusion itself: a Go module, JUnit jars, a node project, a Lean project, a GPU); Warren runs: {}",
                     languages::supported().join(", ")
                 ),
                 input: serde_json::json!(name),

@@ -302,6 +302,40 @@ def test_node_default_allowlist_is_merged(images, net):
         assert code != 0 and "403" in out
 
 
+def test_open_egress_is_the_operators_choice_and_keeps_the_inside_out(images, net):
+    # Without --egress-open on any node, mode open finds no node, saying why.
+    r = net["w"].http.post("/v1/sandboxes", json={"image": "busybox:latest", "network": {"mode": "open"}})
+    assert r.status_code == 503 and "--egress-open" in r.text, r.text
+    e2b = free_port()
+    args = ["--egress-open", "--net-resolve", f"web.test={WEB}", "--net-resolve", f"evil.test={EVIL}",
+            "--e2b-api", f"127.0.0.1:{e2b}"]
+    with own_daemon(images, args=args) as w:
+        sid = w.create(network={"mode": "open", "deny": [f"evil.test:{net['http']}"]})["id"]
+        # Any name on any port, no rule naming it, through the proxy settings
+        # and (ports 80 and 443 aside) nowhere else.
+        code, out, err = sh(w, sid, f"wget -q -O - http://web.test:{net['http']}/open")
+        assert (code, out) == (0, "web:open\n"), err
+        before = len(net["evil"].hits)
+        for url, why in [(f"http://evil.test:{net['http']}/", "deny rule"),
+                         (f"http://{WEB}:{net['http']}/", "non-public address"),
+                         ("http://169.254.169.254/latest/meta-data/", "metadata address"),
+                         (f"http://localhost:{net['http']}/", "name resolving inside")]:
+            code, out, _ = sh(w, sid, f"wget -q -S -O - '{url}' 2>&1")
+            assert code != 0 and "403" in out, f"{why}: {out}"
+        assert len(net["evil"].hits) == before
+        assert any(l["decision"] == "allow" and l["host"] == "web.test" for l in net_log(w, sid))
+        # E2B's sandboxes reach the internet by default where the operator
+        # permits it, and not when the code turns it off.
+        key = {"X-API-KEY": "e2b_" + w.token}
+        modes = []
+        for body in ({}, {"allowInternetAccess": False}):
+            r = httpx.post(f"http://127.0.0.1:{e2b}/sandboxes", json={"templateID": "busybox:latest", **body},
+                           headers=key, timeout=60)
+            assert r.status_code == 201, r.text
+            modes.append(w.http.get(f"/v1/sandboxes/{r.json()['sandboxID']}").json()["spec"]["network"]["mode"])
+        assert modes == ["open", "none"]
+
+
 def test_transparent_path_decides_by_host_and_sni(net, allow_sbx):
     w = net["w"]
     # A client that ignores the proxy: the Host header decides, the dialled

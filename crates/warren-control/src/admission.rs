@@ -37,10 +37,17 @@ impl Request {
         r: &warren_core::ResolvedResources,
         digest: &str,
     ) -> Request {
+        let mut selector = spec.node_selector.clone();
+        if spec.network.mode == warren_core::spec::NetworkMode::Open {
+            selector.insert(
+                warren_core::network::EGRESS_OPEN_LABEL.to_string(),
+                "true".to_string(),
+            );
+        }
         Request {
             need: Need::of(r),
             pids: r.pids,
-            selector: spec.node_selector.clone(),
+            selector,
             placement: spec.placement,
             image: (!digest.is_empty()).then(|| digest.to_string()),
             node: None,
@@ -384,7 +391,15 @@ impl Admission {
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
-                format!("carries the labels {}", sel.join(","))
+                let open = req
+                    .selector
+                    .contains_key(warren_core::network::EGRESS_OPEN_LABEL);
+                let why = if open {
+                    " (network mode 'open' needs a node started with --egress-open)"
+                } else {
+                    ""
+                };
+                format!("carries the labels {}{why}", sel.join(","))
             };
             return Err(AdmitError::NoNode(which));
         }

@@ -460,10 +460,9 @@ impl Control {
     ) -> Result<(SandboxRow, warren_node_api::PolicyChange), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
         let row = self.get(id).await?;
-        if row.spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
+        if !row.spec.network.mode.is_proxied() {
             return Err(ApiError::conflict(format!(
-                "sandbox {id} has network mode '{}'; the mode is fixed at create, and only an 'allowlist' sandbox has rules to change",
-                serde_json::to_value(row.spec.network.mode).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+                "sandbox {id} has network mode 'none'; the mode is fixed at create, and only an 'allowlist' or 'open' sandbox has rules to change"
             )));
         }
         if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {

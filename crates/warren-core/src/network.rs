@@ -77,6 +77,13 @@ impl Verdict {
             reason: format!("allowed by rule {}", rule.text),
         }
     }
+    fn open(reason: String) -> Verdict {
+        Verdict {
+            allowed: true,
+            rule: None,
+            reason,
+        }
+    }
     fn deny(rule: Option<&Rule>, reason: String) -> Verdict {
         Verdict {
             allowed: false,
@@ -90,7 +97,19 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Policy {
     rules: Vec<Rule>,
+    /// Open egress: any public name or address on any port, unless a deny
+    /// rule says otherwise.
+    open: bool,
 }
+
+/// The label (value `true`) a node carries when its operator permits open
+/// egress: placement sends `open` sandboxes only to such nodes.
+pub const EGRESS_OPEN_LABEL: &str = "warren.dev/egress-open";
+
+/// The ports an open sandbox's transparent path listens on besides those
+/// its rules name: a client that ignores the proxy settings reaches the web
+/// (`HTTP_PROXY`/`HTTPS_PROXY` carry every other port).
+pub const OPEN_PORTS: [u16; 2] = [80, 443];
 
 impl Policy {
     /// Parses allow and deny rules; `defaults` (the node's global allowlist)
@@ -107,7 +126,17 @@ impl Policy {
         for text in deny {
             rules.push(parse_rule(text, false)?);
         }
-        Ok(Policy { rules })
+        Ok(Policy { rules, open: false })
+    }
+
+    /// The same rules with open egress (`NetworkMode::Open`).
+    pub fn open(mut self) -> Policy {
+        self.open = true;
+        self
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open
     }
 
     /// Checks a connection to `target:port` as the client named it.
@@ -131,6 +160,17 @@ impl Policy {
         }
         if let Some(rule) = matching(true) {
             return Verdict::allow(rule);
+        }
+        if self.open {
+            match target {
+                Target::Name(_) => return Verdict::open(format!("{target}:{port}: open egress")),
+                Target::Ip(IpAddr::V4(ip)) if is_public(*ip) => {
+                    return Verdict::open(format!(
+                        "{target}:{port}: open egress to a public address"
+                    ))
+                }
+                _ => {}
+            }
         }
         let reason = match target {
             Target::Ip(_) => format!(
@@ -194,6 +234,9 @@ impl Policy {
     /// Whether some allow rule names this host (on any port), which is what
     /// the sandbox's DNS stub answers for.
     pub fn names(&self, name: &str) -> bool {
+        if self.open {
+            return true;
+        }
         let target = Target::Name(name.to_string());
         let allowed_on = |port| self.check(&target, port).allowed;
         self.rules
@@ -205,15 +248,17 @@ impl Policy {
     /// Every port some allow rule names: the ports the sandbox's transparent
     /// path listens on.
     pub fn ports(&self) -> BTreeSet<u16> {
+        let open = if self.open { &OPEN_PORTS[..] } else { &[] };
         self.rules
             .iter()
             .filter(|r| r.allow)
             .map(|r| r.port)
+            .chain(open.iter().copied())
             .collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && !self.open
     }
 }
 
@@ -464,6 +509,31 @@ mod tests {
             normalize_host("[::1]"),
             Ok(Target::Ip(IpAddr::V6(_)))
         ));
+    }
+
+    #[test]
+    fn open_egress_reaches_public_names_and_addresses_but_not_the_inside() {
+        let pol = p(&["10.1.0.0/16:5432"], &["evil.test:443"]).open();
+        let ip = |a, b, c, d| Target::Ip(IpAddr::V4(Ipv4Addr::new(a, b, c, d)));
+        assert!(pol.check(&name("pypi.org"), 8443).allowed);
+        assert!(pol.names("anything.test"));
+        assert!(pol.check(&ip(1, 1, 1, 1), 53).allowed);
+        assert!(!pol.check(&name("evil.test"), 443).allowed);
+        // Internal and metadata addresses still need an address rule.
+        assert!(!pol.check(&ip(169, 254, 169, 254), 80).allowed);
+        assert!(!pol.check(&ip(10, 2, 0, 1), 5432).allowed);
+        assert!(pol.check(&ip(10, 1, 0, 1), 5432).allowed);
+        assert!(
+            !pol.check_resolved(
+                "x.test",
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+                443,
+                false
+            )
+            .allowed
+        );
+        assert_eq!(pol.ports(), BTreeSet::from([80, 443, 5432]));
+        assert!(!p(&[], &[]).check(&name("pypi.org"), 443).allowed);
     }
 
     #[test]

@@ -52,6 +52,35 @@ pub enum NetworkMode {
     None,
     /// Egress only through the node's proxy, to the listed `host:port` rules.
     Allowlist,
+    /// Egress through the node's proxy to any public address on any port
+    /// (deny rules still win; allow rules add internal addresses). Only on
+    /// nodes whose operator permits it (`--egress-open`).
+    Open,
+}
+
+impl NetworkMode {
+    /// Whether the sandbox's egress goes through the node's proxy.
+    pub fn is_proxied(self) -> bool {
+        self != NetworkMode::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Open => "open",
+        }
+    }
+}
+
+impl std::str::FromStr for NetworkMode {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        [NetworkMode::None, NetworkMode::Allowlist, NetworkMode::Open]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| SpecError::NetworkMode(s.to_string()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -76,11 +105,24 @@ impl NetworkSpec {
                 Err(SpecError::AllowWithoutAllowlist)
             }
             NetworkMode::None => Ok(()),
-            NetworkMode::Allowlist => {
+            NetworkMode::Allowlist | NetworkMode::Open => {
                 crate::network::Policy::parse(&self.allow, &self.deny, &[])?;
                 Ok(())
             }
         }
+    }
+
+    /// The parsed policy, with the node's default allow rules merged in.
+    pub fn policy(
+        &self,
+        defaults: &[String],
+    ) -> Result<crate::network::Policy, crate::network::RuleError> {
+        let policy = crate::network::Policy::parse(&self.allow, &self.deny, defaults)?;
+        Ok(if self.mode == NetworkMode::Open {
+            policy.open()
+        } else {
+            policy
+        })
     }
 }
 
@@ -391,8 +433,10 @@ pub enum SpecError {
     Cwd(String),
     #[error(transparent)]
     NetworkRule(#[from] crate::network::RuleError),
-    #[error("allow and deny rules need network mode 'allowlist'")]
+    #[error("allow and deny rules need network mode 'allowlist' or 'open'")]
     AllowWithoutAllowlist,
+    #[error("network mode {0:?}: use none, allowlist or open")]
+    NetworkMode(String),
     #[error("ttl must be greater than zero")]
     ZeroTtl,
     #[error("lease must be at least 1s")]

@@ -157,6 +157,9 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     network: Option<Network>,
+    /// E2B's default is true: the sandbox reaches the internet.
+    #[serde(default)]
+    allow_internet_access: Option<bool>,
     /// At the timeout, pause instead of ending (E2B's `on_timeout: pause`).
     #[serde(default)]
     auto_pause: bool,
@@ -177,14 +180,25 @@ struct Network {
 /// E2B's "all traffic" (`ALL_TRAFFIC` in its SDKs).
 const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
-/// Warren's egress for E2B's `allowOut`/`denyOut`. An allowlist is Warren's
-/// `allowlist` mode (everything else refused, so `denyOut: [ALL_TRAFFIC]`
-/// says nothing more); E2B's entries are hosts, IPs or CIDRs for every
-/// port, which Warren's proxy reaches per port: a bare entry becomes that
-/// host on 80 and 443, and `HOST:PORT` is taken as it is. A sandbox reaches
-/// nothing unless something is allowed, so a deny list alone (E2B's
-/// "everything but") is refused with what to send instead.
-fn egress(n: Network) -> E2bResult<(NetworkMode, Vec<String>, Vec<String>)> {
+/// Warren's egress for E2B's network settings. E2B sandboxes reach the
+/// internet unless `allowInternetAccess: false` or `denyOut: [ALL_TRAFFIC]`
+/// says otherwise, with `allowOut` as exceptions to `denyOut`. Warren gives
+/// that (mode `open`) where an operator permits open egress (`open`, some
+/// node started with `--egress-open`); elsewhere a sandbox reaches only what
+/// `allowOut` lists (mode `allowlist`) or nothing, and a deny list alone
+/// (E2B's "everything but") is refused with what to send instead. E2B's
+/// entries are hosts, IPs or CIDRs for every port, which Warren's proxy
+/// reaches per port: a bare entry becomes that host on 80 and 443, and
+/// `HOST:PORT` is taken as it is.
+fn egress(
+    n: Network,
+    internet: bool,
+    open: bool,
+) -> E2bResult<(NetworkMode, Vec<String>, Vec<String>)> {
+    let deny_all = n
+        .deny_out
+        .as_ref()
+        .is_some_and(|d| d.iter().any(|e| e.trim() == ALL_TRAFFIC));
     let rules = |entries: Vec<String>| -> Vec<String> {
         entries
             .into_iter()
@@ -204,10 +218,13 @@ fn egress(n: Network) -> E2bResult<(NetworkMode, Vec<String>, Vec<String>)> {
     };
     let allow = rules(n.allow_out.unwrap_or_default());
     let deny = rules(n.deny_out.unwrap_or_default());
+    if internet && !deny_all && open {
+        return Ok((NetworkMode::Open, allow, deny));
+    }
     if allow.is_empty() && !deny.is_empty() {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
-            "Warren sandboxes reach nothing unless allowed: list what the sandbox may reach in allowOut (denyOut alone cannot open the rest)",
+            "this Warren does not permit open egress (no node runs with --egress-open), so a sandbox reaches nothing unless allowed: list what it may reach in allowOut (denyOut alone cannot open the rest)",
         ));
     }
     let mode = if allow.is_empty() {
@@ -253,9 +270,11 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             .map(|k| format!("e2b-{k}")),
         ..Default::default()
     };
-    if let Some(n) = req.network {
-        (spec.network.mode, spec.network.allow, spec.network.deny) = egress(n)?;
-    }
+    (spec.network.mode, spec.network.allow, spec.network.deny) = egress(
+        req.network.unwrap_or_default(),
+        req.allow_internet_access.unwrap_or(true),
+        control.offers_open_egress(),
+    )?;
     if req.auto_pause {
         if req.auto_pause_memory == Some(false) {
             return Err(E2bError::new(
@@ -724,8 +743,19 @@ async fn update_network(
 ) -> E2bResult<StatusCode> {
     let n: Network = body(&raw)?;
     let control = control(&e2b)?;
-    live(&control, &id).await?;
-    let (_, allow, deny) = egress(n)?;
+    let info = live(&control, &id).await?;
+    let open = info.spec.network.mode == NetworkMode::Open;
+    let (mode, allow, deny) = egress(n, open, open)?;
+    if mode != info.spec.network.mode && mode != NetworkMode::None {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "sandbox {id} has network mode '{}', fixed at create; these settings need '{}'",
+                info.spec.network.mode.as_str(),
+                mode.as_str()
+            ),
+        ));
+    }
     control.set_network(&id, allow, deny).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -784,18 +814,34 @@ mod tests {
             allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
             deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
         };
+        // Where no node permits open egress: allowlists or nothing.
+        let closed = |n| egress(n, true, false);
         let (mode, allow, deny) =
-            egress(n(&["pypi.org", "10.0.0.0/8:5000"], &[ALL_TRAFFIC])).expect("allowed");
+            closed(n(&["pypi.org", "10.0.0.0/8:5000"], &[ALL_TRAFFIC])).expect("allowed");
         assert_eq!(mode, NetworkMode::Allowlist);
         assert_eq!(allow, ["pypi.org:80", "pypi.org:443", "10.0.0.0/8:5000"]);
         assert!(deny.is_empty());
-        let (_, _, deny) = egress(n(&["a.io"], &["b.a.io"])).expect("deny");
+        let (_, _, deny) = closed(n(&["a.io"], &["b.a.io"])).expect("deny");
         assert_eq!(deny, ["b.a.io:80", "b.a.io:443"]);
         assert_eq!(
-            egress(n(&[], &[ALL_TRAFFIC])).expect("none").0,
+            closed(n(&[], &[ALL_TRAFFIC])).expect("none").0,
             NetworkMode::None
         );
-        assert!(egress(n(&[], &["evil.example"])).is_err());
+        assert_eq!(
+            closed(Network::default()).expect("none").0,
+            NetworkMode::None
+        );
+        assert!(closed(n(&[], &["evil.example"])).is_err());
+        // Where it is permitted: E2B's internet, unless turned off.
+        let open = |n, internet| egress(n, internet, true).expect("open").0;
+        assert_eq!(open(Network::default(), true), NetworkMode::Open);
+        assert_eq!(open(n(&[], &["evil.example"]), true), NetworkMode::Open);
+        assert_eq!(open(Network::default(), false), NetworkMode::None);
+        assert_eq!(open(n(&["a.io"], &[]), false), NetworkMode::Allowlist);
+        assert_eq!(
+            open(n(&["a.io"], &[ALL_TRAFFIC]), true),
+            NetworkMode::Allowlist
+        );
     }
 
     #[test]

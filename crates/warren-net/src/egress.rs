@@ -11,6 +11,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use warren_core::network::{Policy, Target};
+use warren_core::spec::{NetworkMode, NetworkSpec};
 
 use crate::conns::Conns;
 use crate::limits::Bucket;
@@ -36,9 +37,18 @@ impl Egress {
         })
     }
 
-    /// Checks rules against the node's defaults without attaching anything.
-    pub fn parse(&self, allow: &[String], deny: &[String]) -> Result<Policy, NetError> {
-        Ok(Policy::parse(allow, deny, &self.shared.settings.defaults)?)
+    /// Checks a sandbox's network against the node's defaults and whether
+    /// the operator permits its mode, without attaching anything.
+    pub fn parse(&self, network: &NetworkSpec) -> Result<Policy, NetError> {
+        if network.mode == NetworkMode::Open && !self.shared.settings.open {
+            return Err(NetError::OpenOff);
+        }
+        Ok(network.policy(&self.shared.settings.defaults)?)
+    }
+
+    /// Whether the operator permits open egress on this node.
+    pub fn open_permitted(&self) -> bool {
+        self.shared.settings.open
     }
 
     /// Places the proxy's sockets in the network namespace of `pid` and
@@ -49,11 +59,10 @@ impl Egress {
         &self,
         id: &str,
         pid: i32,
-        allow: &[String],
-        deny: &[String],
+        network: &NetworkSpec,
         log: LogFn,
     ) -> Result<(), NetError> {
-        let policy = Arc::new(self.parse(allow, deny)?);
+        let policy = Arc::new(self.parse(network)?);
         let ports = listen_ports(&policy);
         let setup = |source| NetError::Setup {
             id: id.to_string(),
@@ -124,13 +133,9 @@ impl Egress {
     /// the new rules add that cannot get a transparent listener (something
     /// in the sandbox already listens there) is reported, and served by the
     /// explicit proxy only, so a revocation always takes effect.
-    pub async fn update(
-        &self,
-        id: &str,
-        allow: &[String],
-        deny: &[String],
-    ) -> Result<PolicyChange, NetError> {
-        let policy = Arc::new(self.parse(allow, deny)?);
+    pub async fn update(&self, id: &str, network: &NetworkSpec) -> Result<PolicyChange, NetError> {
+        let policy = Arc::new(self.parse(network)?);
+        let (allow, deny) = (&network.allow, &network.deny);
         let net = lock(&self.sandboxes)
             .get(id)
             .cloned()

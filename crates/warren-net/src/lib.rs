@@ -58,6 +58,8 @@ pub enum NetError {
     Setup { id: String, source: std::io::Error },
     #[error(transparent)]
     Rule(#[from] warren_core::network::RuleError),
-    #[error("sandbox {0} has no egress attachment (network mode is not 'allowlist')")]
+    #[error("sandbox {0} has no egress attachment (its network mode is 'none')")]
     NotAttached(String),
+    #[error("this node does not permit open egress (network mode 'open'); its operator enables it with --egress-open")]
+    OpenOff,
 }

@@ -36,6 +36,8 @@ pub struct Settings {
     /// Allow rules merged into every `allowlist` sandbox's policy (object
     /// storage, log service, model registry).
     pub defaults: Vec<String>,
+    /// Whether sandboxes may ask for open egress (`NetworkMode::Open`).
+    pub open: bool,
     /// Names the proxy resolves to fixed addresses instead of asking DNS.
     pub resolve: HashMap<String, Vec<IpAddr>>,
     pub sandbox: Limits,
@@ -48,6 +50,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             defaults: Vec::new(),
+            open: false,
             resolve: HashMap::new(),
             sandbox: Limits::default(),
             node_max_conns: 16384,

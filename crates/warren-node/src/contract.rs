@@ -53,7 +53,9 @@ pub fn contract_error(e: NodeError) -> api::NodeError {
         NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
         NodeError::Runtime(RuntimeError::NoRoom(m)) => E::new(api::ErrorKind::NoRoom, m),
         NodeError::Image(e) => image_error(e),
-        NodeError::Net(warren_net::NetError::Rule(e)) => E::invalid(e.to_string()),
+        NodeError::Net(e @ (warren_net::NetError::Rule(_) | warren_net::NetError::OpenOff)) => {
+            E::invalid(e.to_string())
+        }
         other => E::internal(other.to_string()),
     }
 }
@@ -173,9 +175,16 @@ impl NodeApi for LocalNode {
             .and_then(Result::ok)
             .map(|list| list.into_iter().map(|r| r.digest).collect())
             .unwrap_or_default();
+        let mut labels = n.labels.clone();
+        if n.egress.open_permitted() {
+            labels.insert(
+                warren_core::network::EGRESS_OPEN_LABEL.to_string(),
+                "true".to_string(),
+            );
+        }
         Ok(NodeInfo {
             name: n.name.clone(),
-            labels: n.labels.clone(),
+            labels,
             allocatable: api::Resources {
                 gpus: n.devices.gpus(),
                 ..n.allocatable

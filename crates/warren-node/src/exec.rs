@@ -341,7 +341,7 @@ impl ExecDefaults {
                 env.insert(k.clone(), v.clone());
             }
         }
-        if spec.network.mode == warren_core::spec::NetworkMode::Allowlist {
+        if spec.network.mode.is_proxied() {
             for (k, v) in warren_net::proxy_env() {
                 env.entry(k).or_insert(v);
             }

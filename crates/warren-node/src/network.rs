@@ -19,14 +19,12 @@ impl Node {
         spec: &SandboxSpec,
         log: &Arc<SandboxLog>,
     ) -> Result<(), NodeError> {
-        if spec.network.mode != warren_core::spec::NetworkMode::Allowlist {
+        if !spec.network.mode.is_proxied() {
             return Ok(());
         }
         let log = log.clone();
         let sink: warren_net::LogFn = Arc::new(move |line| log.record("net", line));
-        self.egress
-            .attach(id, pid, &spec.network.allow, &spec.network.deny, sink)
-            .await?;
+        self.egress.attach(id, pid, &spec.network, sink).await?;
         Ok(())
     }
 
@@ -38,10 +36,7 @@ impl Node {
         network: &warren_core::spec::NetworkSpec,
     ) -> Result<warren_net::PolicyChange, NodeError> {
         let live = self.get(id)?;
-        let change = self
-            .egress
-            .update(id, &network.allow, &network.deny)
-            .await?;
+        let change = self.egress.update(id, network).await?;
         {
             let mut c = lock(&live.create);
             c.spec.network = network.clone();
@@ -52,8 +47,8 @@ impl Node {
 
     /// Checks rules against the node's global defaults.
     pub fn check_network(&self, network: &warren_core::spec::NetworkSpec) -> Result<(), NodeError> {
-        if network.mode == warren_core::spec::NetworkMode::Allowlist {
-            self.egress.parse(&network.allow, &network.deny)?;
+        if network.mode.is_proxied() {
+            self.egress.parse(network)?;
         }
         Ok(())
     }

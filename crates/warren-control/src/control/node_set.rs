@@ -37,6 +37,18 @@ impl Control {
             .map(|n| n.api.clone())
     }
 
+    /// Whether some node of the cluster permits open egress (front doors
+    /// whose protocol assumes the internet, E2B's, use it when one does).
+    pub fn offers_open_egress(&self) -> bool {
+        self.nodes.all().iter().any(|n| {
+            n.view()
+                .info
+                .labels
+                .get(warren_core::network::EGRESS_OPEN_LABEL)
+                .is_some_and(|v| v == "true")
+        })
+    }
+
     /// Registers a node (or replaces the one of the same name) as it
     /// described itself; it takes placements once it is reconciled.
     pub fn add_node(

@@ -104,10 +104,11 @@ pub struct CreateArgs {
     /// Resource profile to learn from and feed (default: the task label).
     #[arg(long)]
     pub profile: Option<String>,
-    /// Network mode: none (loopback only) or allowlist (egress through the
-    /// node's proxy to the --allow rules). Default: none, or allowlist
-    /// with --allow.
-    #[arg(long, value_parser = ["none", "allowlist"])]
+    /// Network mode: none (loopback only), allowlist (egress through the
+    /// node's proxy to the --allow rules) or open (any public address,
+    /// less the --deny rules; only on nodes started with --egress-open).
+    /// Default: none, or allowlist with --allow.
+    #[arg(long, value_parser = ["none", "allowlist", "open"])]
     pub network: Option<String>,
     /// Egress rule HOST:PORT (name, *.suffix, IPv4 or CIDR); implies
     /// `--network allowlist`. Repeatable.

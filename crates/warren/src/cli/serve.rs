@@ -81,6 +81,12 @@ pub struct NodeOpts {
     /// service, model registry), e.g. `logs.internal:443`. Repeatable.
     #[arg(long = "net-default-allow", value_name = "HOST:PORT")]
     pub net_default_allow: Vec<String>,
+    /// Permit network mode `open`: egress through the proxy to any public
+    /// address on any port (internal and metadata addresses still need an
+    /// address rule, deny rules still apply). Off by default: a sandbox
+    /// reaches only what it declares.
+    #[arg(long)]
+    pub egress_open: bool,
     /// Resolve NAME to fixed addresses in the egress proxy instead of DNS
     /// (like curl --resolve), e.g. `data.internal=10.0.0.5`. Repeatable.
     #[arg(long = "net-resolve", value_name = "NAME=IP[,IP]")]

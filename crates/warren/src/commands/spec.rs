@@ -41,9 +41,10 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
     };
     let network = match a.network.as_deref() {
         None if !a.allow.is_empty() || !a.deny.is_empty() => NetworkMode::Allowlist,
-        None | Some("none") => NetworkMode::None,
-        Some("allowlist") => NetworkMode::Allowlist,
-        Some(other) => bail!("--network {other:?}: use none or allowlist"),
+        None => NetworkMode::None,
+        Some(mode) => mode
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--network: {e}"))?,
     };
     let reclaim = match a.reclaim.as_deref() {
         None | Some("destroy") => ReclaimPolicy::Destroy,

@@ -246,6 +246,7 @@ fn egress_settings(args: &NodeOpts, nofile: u64) -> Result<warren_net::Settings>
         .context("--net-bandwidth")?;
     Ok(warren_net::Settings {
         defaults: args.net_default_allow.clone(),
+        open: args.egress_open,
         resolve,
         sandbox: warren_net::Limits {
             conn_rate: args.net_conn_rate,

@@ -285,7 +285,8 @@ _DURATIONS = {"ttl", "lease", "keep_for"}
 
 def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
     """A ``SandboxSpec`` body from keyword arguments. Besides the spec's own
-    fields, ``allow=[…]``/``deny=[…]`` make an ``allowlist`` network, ``cmd``
+    fields, ``allow=[…]``/``deny=[…]`` make an ``allowlist`` network (or
+    add rules to an ``open`` one), ``cmd``
     may be a string (run by ``sh -c``) and durations may be seconds or
     ``timedelta``."""
     body: dict[str, Any] = {}
@@ -311,7 +312,8 @@ def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
         body[key] = value
     if allow is not None or deny is not None:
         net = dict(body.get("network") or {})
-        net["mode"] = "allowlist"
+        if net.get("mode") != "open":
+            net["mode"] = "allowlist"
         net["allow"] = list(allow or net.get("allow") or [])
         net["deny"] = list(deny or net.get("deny") or [])
         body["network"] = net

@@ -126,9 +126,10 @@ def _raw() -> Any:
 
 @dataclass
 class NetworkSpec:
-    """Egress: ``none`` (loopback only) or ``allowlist`` of ``HOST:PORT`` rules."""
+    """Egress: ``none`` (loopback only), ``allowlist`` of ``HOST:PORT`` rules,
+    or ``open`` (any public address, on nodes that permit it)."""
 
-    mode: Literal["none", "allowlist"] = "none"
+    mode: Literal["none", "allowlist", "open"] = "none"
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
 

@@ -173,7 +173,7 @@ class Cluster:
         replica's home), listening on `port`; started."""
         home = self.base / "server-b"
         home.mkdir()
-        for f in ("token", "join-token"):
+        for f in ("token", "join-token", "secrets-key"):
             shutil.copy(self.server.home / f, home / f)
         replica = Server(home, port, database=self.server.database)
         replica.start()

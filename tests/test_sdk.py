@@ -70,6 +70,8 @@ MODELS = {
     models.PathEntry: "PathEntry",
     models.Volume: "VolumeInfo",
     models.VolumeMount: "VolumeMount",
+    models.Secret: "SecretInfo",
+    models.SecretRef: "SecretRef",
 }
 
 
@@ -124,6 +126,7 @@ def public(cls):
         (sdk._sync.Images, sdk._async.AsyncImages),
         (sdk._sync.Profiles, sdk._async.AsyncProfiles),
         (sdk._sync.Batches, sdk._async.AsyncBatches),
+        (sdk._sync.Secrets, sdk._async.AsyncSecrets),
     ],
 )
 def test_sync_and_async_have_the_same_surface(sync_cls, async_cls):

@@ -51,6 +51,8 @@ pub struct Control {
     pub(crate) cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
+    /// The key secrets are sealed with; None: secrets are refused.
+    pub(crate) secret_box: Option<crate::secrets::SecretBox>,
 }
 
 impl From<StoreError> for ApiError {
@@ -134,7 +136,14 @@ impl Control {
             builds: Default::default(),
             cluster_registry: None,
             naming: Default::default(),
+            secret_box: None,
         }
+    }
+
+    /// Keeps secrets, sealed with this key.
+    pub fn with_secret_box(mut self, sealer: crate::secrets::SecretBox) -> Control {
+        self.secret_box = Some(sealer);
+        self
     }
 
     /// Publishes images made in the cluster to `registry` (see

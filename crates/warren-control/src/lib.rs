@@ -22,6 +22,7 @@ pub mod profiles;
 pub mod replica;
 mod sandbox_io;
 mod sandbox_locks;
+pub mod secrets;
 pub mod serve;
 pub mod signing;
 pub mod store;
@@ -169,7 +170,8 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
             cfg.destroy_on_stop,
             liveness,
         )
-        .with_cluster_registry(cluster_registry),
+        .with_cluster_registry(cluster_registry)
+        .with_secret_box(secrets::SecretBox::open_home(&cfg.home).map_err(|e| e.to_string())?),
     );
     let mut join = None;
     match cfg.nodes {

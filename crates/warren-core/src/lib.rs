@@ -19,6 +19,7 @@ pub mod quantity;
 pub mod run;
 pub mod sandbox;
 pub mod sandbox_name;
+pub mod secret;
 pub mod spec;
 pub mod state;
 pub mod sync;

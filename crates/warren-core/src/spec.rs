@@ -211,6 +211,11 @@ pub struct SandboxSpec {
     /// node that holds them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// Secrets given to it, as environment variables or files under
+    /// /run/secrets (see docs/secrets.md); the spec names them, never holds
+    /// their values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secret::SecretRef>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -417,6 +422,10 @@ pub enum SpecError {
     Label(#[from] LabelError),
     #[error("{0}")]
     Volume(#[from] crate::volume::VolumeError),
+    #[error(transparent)]
+    Secret(#[from] crate::secret::SecretError),
+    #[error("environment variable {0} is set both by env and by a secret")]
+    SecretEnvTwice(String),
     #[error(
         "invalid environment variable name {0:?}: names are non-empty and contain no '=' or NUL"
     )]
@@ -538,6 +547,14 @@ impl SandboxSpec {
             return Err(SpecError::MissingImage);
         }
         crate::volume::check_mounts(&self.volumes)?;
+        crate::secret::check_refs(&self.secrets)?;
+        if let Some(env) = self
+            .secrets
+            .iter()
+            .find_map(|r| r.env.as_ref().filter(|e| self.env.contains_key(e.as_str())))
+        {
+            return Err(SpecError::SecretEnvTwice(env.as_str().to_string()));
+        }
         let cpu_millis = self.cpu.map_or(DEFAULT_CPU_MILLIS, |c| c.0);
         if cpu_millis == 0 || cpu_millis > MAX_CPU_MILLIS {
             return Err(SpecError::Cpu(cpu_millis as f64 / 1000.0));

@@ -106,6 +106,10 @@ pub struct CreateSandbox {
     /// The environment those devices' CDI specs set.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub device_env: BTreeMap<String, String>,
+    /// The values of the secrets its spec names, resolved by the control
+    /// plane at each create (the spec holds only their names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<warren_core::secret::Resolved>,
 }
 
 /// Where a sandbox stands on its node.

@@ -803,6 +803,7 @@ fn create_req(id: &str) -> CreateSandbox {
         image_source: None,
         devices: vec!["nvidia.com/gpu=1".into()],
         device_env: BTreeMap::from([("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]),
+        secrets: Vec::new(),
     }
 }
 

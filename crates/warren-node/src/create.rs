@@ -100,6 +100,19 @@ impl Node {
                 id: id.to_string(),
                 lower_dirs: layers,
                 volumes,
+                secret_files: req
+                    .secrets
+                    .iter()
+                    .filter_map(|s| match &s.delivery {
+                        warren_core::secret::Delivery::File(f) => {
+                            Some(warren_runtime::SecretFileData {
+                                name: f.name().to_string(),
+                                data: s.value.clone(),
+                            })
+                        }
+                        warren_core::secret::Delivery::Env(_) => None,
+                    })
+                    .collect(),
                 resources: resources.clone(),
                 devices: injection,
             })
@@ -159,7 +172,9 @@ impl Node {
         let live = self.get(id)?;
         let cpu_millis = live.create().resources.cpu_millis;
         let device_env = live.create().device_env;
-        *lock(&live.exec_defaults) = ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env);
+        // A create that names secrets is never served from a pool.
+        *lock(&live.exec_defaults) =
+            ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env, &[]);
         *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.get()));
         let network = spec.network.clone();
         {
@@ -188,7 +203,13 @@ impl Node {
         lifetime: lifetime::Lifetime,
     ) -> Arc<Live> {
         let (id, spec, resources) = (create.id.clone(), &create.spec, &create.resources);
-        let exec_defaults = ExecDefaults::of(image, spec, resources.cpu_millis, &create.device_env);
+        let exec_defaults = ExecDefaults::of(
+            image,
+            spec,
+            resources.cpu_millis,
+            &create.device_env,
+            &create.secrets,
+        );
         let handle = self.runtime.handle(&id, pid);
         let disk_limit = if resources.disk > 0 {
             0

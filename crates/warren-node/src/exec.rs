@@ -334,8 +334,15 @@ impl ExecDefaults {
         spec: &SandboxSpec,
         cpu_millis: u64,
         device_env: &BTreeMap<String, String>,
+        secrets: &[warren_core::secret::Resolved],
     ) -> ExecDefaults {
         let mut env = warren_core::spec::sandbox_env(&image.config.env, cpu_millis, &spec.env);
+        // The spec cannot set a variable a secret sets (checked with it).
+        for s in secrets {
+            if let warren_core::secret::Delivery::Env(name) = &s.delivery {
+                env.insert(name.as_str().to_string(), s.value.clone());
+            }
+        }
         for (k, v) in device_env {
             if !spec.env.contains_key(k) {
                 env.insert(k.clone(), v.clone());

@@ -163,6 +163,12 @@ mod tests {
                 image_source: None,
                 devices: vec!["test.example/gpu=0".into()],
                 device_env: [("TEST_GPU".to_string(), "0".to_string())].into(),
+                secrets: vec![warren_core::secret::Resolved {
+                    delivery: warren_core::secret::Delivery::Env(
+                        "TOKEN".to_string().try_into().expect("env name"),
+                    ),
+                    value: "v".into(),
+                }],
             },
             pid: 42,
             phase: Phase::Running,

@@ -30,6 +30,7 @@ mod pool;
 pub mod proto;
 pub mod pty;
 pub mod rootfs;
+mod secrets;
 mod setup;
 pub mod spawner;
 pub mod syscall_filter;
@@ -110,12 +111,16 @@ pub struct RuntimeConfig {
     pub userns: bool,
 }
 
+pub use secrets::SecretFileData;
+
 pub struct CreateRequest {
     pub id: String,
     /// Image layer directories, topmost first.
     pub lower_dirs: Vec<PathBuf>,
     /// Volumes mounted into its root.
     pub volumes: Vec<VolumeBind>,
+    /// Files at /run/secrets.
+    pub secret_files: Vec<SecretFileData>,
     pub resources: ResolvedResources,
     /// Device nodes, mounts and cgroup rules of its CDI devices.
     pub devices: cdi::Injection,
@@ -139,6 +144,7 @@ pub(crate) struct RootMounts<'a> {
     /// Size of the sandbox's own disk; 0 = none.
     pub disk: u64,
     pub volumes: &'a [VolumeBind],
+    pub secrets: &'a [SecretFileData],
 }
 
 /// Where a created sandbox lives on the host.
@@ -276,6 +282,7 @@ impl Runtime {
                 disk: req.resources.disk,
                 id_base: ids.map(|r| r.base),
                 volumes: req.volumes.clone(),
+                secrets: req.secret_files.clone(),
             })
             .await;
         match created {
@@ -549,7 +556,8 @@ pub(crate) fn mount_root(
     let root = root_mount(id);
     std::fs::create_dir(&root).map_err(RuntimeError::io("create the root mount point"))?;
     rootfs::mount_overlay(&lower, &upper, &work, &root)?;
-    volumes::mount_all(id, &root, mounts.volumes, ids)
+    volumes::mount_all(id, &root, mounts.volumes, ids)?;
+    secrets::mount(&root, mounts.secrets, ids)
 }
 
 /// Id-mapped read-only binds of the image layers, shown to the sandbox as

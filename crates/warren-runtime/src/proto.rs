@@ -164,6 +164,9 @@ pub enum SpawnerRequest {
         /// Volumes to mount into its root.
         #[serde(default)]
         volumes: Vec<crate::VolumeBind>,
+        /// Files at /run/secrets.
+        #[serde(default)]
+        secrets: Vec<crate::SecretFileData>,
     },
 }
 

@@ -66,11 +66,13 @@ pub fn main() -> ! {
             disk,
             id_base,
             volumes,
+            secrets,
         } = request;
         let mounts = crate::RootMounts {
             lower: &lower,
             disk,
             volumes: &volumes,
+            secrets: &secrets,
         };
         let reply = match create(&id, &bundle, &state_root, &socket, &mounts, id_base) {
             Ok((pid, phases)) => SpawnerReply::Created { pid, phases },

@@ -759,6 +759,31 @@ impl Client {
             .await
     }
 
+    pub async fn secrets(&self) -> Result<Vec<warren_core::secret::SecretInfo>> {
+        self.json(self.request(Method::GET, "/v1/secrets")).await
+    }
+
+    /// Creates (`name` None: updates `path_name`) a secret from `body`
+    /// (`value` and `metadata`, plus `name` for a create).
+    pub async fn put_secret(
+        &self,
+        create: bool,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<warren_core::secret::SecretInfo> {
+        let req = if create {
+            self.request(Method::POST, "/v1/secrets")
+        } else {
+            self.request(Method::PUT, &format!("/v1/secrets/{name}"))
+        };
+        self.json(req.json(body)).await
+    }
+
+    pub async fn remove_secret(&self, name: &str) -> Result<warren_core::secret::SecretInfo> {
+        self.json(self.request(Method::DELETE, &format!("/v1/secrets/{name}")))
+            .await
+    }
+
     pub async fn reset_profile(&self, name: &str) -> Result<Profile> {
         self.json(self.request(Method::POST, &format!("/v1/profiles/{name}/reset")))
             .await

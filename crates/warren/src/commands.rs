@@ -26,6 +26,7 @@ mod pools;
 mod port_forward;
 mod profiles;
 mod sandboxes;
+mod secrets;
 mod simulate;
 mod spec;
 mod stats;
@@ -103,6 +104,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Profile(cmd) => profiles::run(&client()?, cmd).await,
         Command::Pool(cmd) => pools::run(&client()?, cmd).await,
         Command::Volume(cmd) => volumes::run(&client()?, cmd).await,
+        Command::Secret(cmd) => secrets::run(&client()?, cmd).await,
         Command::Events {
             sandbox,
             label,

@@ -32,6 +32,7 @@ mod pools;
 pub mod port_door;
 mod profiles;
 mod sandboxes;
+mod secrets;
 mod usage;
 mod volumes;
 
@@ -45,6 +46,7 @@ use nodes::*;
 use pools::*;
 use profiles::*;
 use sandboxes::*;
+use secrets::*;
 use usage::*;
 use volumes::*;
 
@@ -100,8 +102,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, healthz),
-    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, healthz),
+    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -174,6 +176,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/builds/{id}", get(get_build))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route("/v1/volumes/{name}", axum::routing::delete(delete_volume))
+        .route("/v1/secrets", get(list_secrets).post(create_secret))
+        .route(
+            "/v1/secrets/{name}",
+            get(get_secret).put(update_secret).delete(delete_secret),
+        )
         .route("/v1/images", get(list_images))
         .route("/v1/images/import", post(import_image))
         .route("/v1/images/pull", post(pull_image))

@@ -6,15 +6,28 @@ use std::sync::Arc;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
-use warren_node_api::{CreateSandbox, NodeError, SandboxStatus};
+use warren_node_api::{CreateSandbox, ErrorKind, NodeError, SandboxStatus};
 
 use super::{new_id, node_error, Control};
 use crate::admission::{Admit, AdmitError, Request};
 use crate::store::{SandboxRow, StoreError, Transition};
 
-/// What the node is asked to run for a record.
-pub(crate) fn create_request(row: &SandboxRow, control: &Control) -> CreateSandbox {
-    CreateSandbox {
+/// What the node is asked to run for a record, with the values of the
+/// secrets it names.
+async fn create_request(row: &SandboxRow, control: &Control) -> Result<CreateSandbox, NodeError> {
+    let secrets = control
+        .resolve_secrets(&row.spec.secrets)
+        .await
+        .map_err(|e| {
+            use warren_core::ErrorCode;
+            let kind = match e.code {
+                ErrorCode::BadRequest => ErrorKind::Invalid,
+                ErrorCode::Unavailable => ErrorKind::Unavailable,
+                _ => ErrorKind::Internal,
+            };
+            NodeError::new(kind, e.message)
+        })?;
+    Ok(CreateSandbox {
         id: row.id.clone(),
         spec: row.spec.clone(),
         resources: row.resources.clone(),
@@ -22,7 +35,17 @@ pub(crate) fn create_request(row: &SandboxRow, control: &Control) -> CreateSandb
         image_source: control.image_source(&row.spec.image, &row.image_digest),
         devices: Vec::new(),
         device_env: Default::default(),
-    }
+        secrets,
+    })
+}
+
+/// Creates the record's sandbox on `node`.
+async fn create_on(
+    node: &dyn warren_node_api::NodeApi,
+    row: &SandboxRow,
+    control: &Control,
+) -> Result<SandboxStatus, NodeError> {
+    node.create(create_request(row, control).await?).await
 }
 /// A future's output and how long it took.
 async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Duration) {
@@ -143,6 +166,7 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
+        self.check_secrets(&spec.secrets).await?;
         let _name = self.claim_name(spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {
@@ -150,9 +174,11 @@ impl Control {
             Some(_) => None,
         };
         let node = node.or(volume_node.as_deref());
-        // A pool's members are nameless; a named sandbox is made anew.
+        // A pool's members are nameless, and were made without this
+        // create's secrets: a named sandbox, or one given secrets, is made
+        // anew.
         let pooled = match (node, &spec.name) {
-            (None, None) => self.claim_from_pool(&spec).await?,
+            (None, None) if spec.secrets.is_empty() => self.claim_from_pool(&spec).await?,
             _ => None,
         };
         if let Some(info) = pooled {
@@ -310,7 +336,7 @@ impl Control {
         };
         let (inserted, created) = tokio::join!(
             timed(self.store.insert(&row, row.spec.request_id.as_deref())),
-            timed(node.create(create_request(&row, self)))
+            timed(create_on(node.as_ref(), &row, self))
         );
         let ((inserted, insert_took), (created, create_took)) = (inserted, created);
         self.metrics.create_phase("store_insert", insert_took);
@@ -359,7 +385,7 @@ impl Control {
             .transition(&id, SandboxState::Creating, reason::ADMITTED, &now, t)
             .await?;
         row.node = node;
-        let (created, took) = timed(api.create(create_request(&row, self))).await;
+        let (created, took) = timed(create_on(api.as_ref(), &row, self)).await;
         if created.is_ok() {
             self.metrics.create_phase("node_create", took);
         }

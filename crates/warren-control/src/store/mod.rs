@@ -116,6 +116,35 @@ pub struct SandboxRow {
     pub usage: Option<warren_core::Usage>,
 }
 
+/// A row of the secrets table: the value only sealed.
+#[derive(Clone)]
+pub struct SecretRow {
+    pub name: String,
+    pub id: String,
+    pub version: i64,
+    /// JSON object.
+    pub metadata: String,
+    /// base64 of nonce and ciphertext (see `crate::secrets`).
+    pub sealed: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+fn decode_secret<'r, R>(r: &'r R) -> Result<SecretRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    Ok(SecretRow {
+        name: r.text("name")?,
+        id: r.text("id")?,
+        version: r.int("version")?,
+        metadata: r.text("metadata")?,
+        sealed: r.text("sealed")?,
+        created_at: r.text("created_at")?,
+        updated_at: r.text("updated_at")?,
+    })
+}
+
 /// A row of the pools table, as both stores read it.
 fn decode_pool(
     name: String,
@@ -318,6 +347,13 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
     async fn pools(&self) -> Result<Vec<(String, warren_core::pool::PoolSpec)>, StoreError>;
     async fn delete_pool(&self, name: &str) -> Result<bool, StoreError>;
+    /// Adds a secret; a name taken already is a duplicate.
+    async fn insert_secret(&self, secret: &SecretRow) -> Result<(), StoreError>;
+    /// Replaces the secret of that name if it is still at `version`; false
+    /// when it is gone or another update came first.
+    async fn update_secret(&self, secret: &SecretRow, version: i64) -> Result<bool, StoreError>;
+    async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError>;
+    async fn delete_secret(&self, name: &str) -> Result<bool, StoreError>;
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;

@@ -11,7 +11,7 @@ use warren_core::{Event, SandboxSpec, SandboxState};
 use super::group_commit::{self, GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_readable, json, BatchRow,
-    Leader, NodeRecord, SandboxRow, Store, StoreError, Transition,
+    Leader, NodeRecord, SandboxRow, SecretRow, Store, StoreError, Transition,
 };
 
 /// The statements of a group-committed write, each followed by its event;
@@ -593,6 +593,64 @@ impl Store for SqliteStore {
     async fn delete_pool(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.begin_write().await?;
         let gone = sqlx::query("DELETE FROM pools WHERE name = ?")
+            .bind(name)
+            .execute(tx.conn())
+            .await?
+            .rows_affected()
+            > 0;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    async fn insert_secret(&self, secret: &SecretRow) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO secrets (name, id, version, metadata, sealed, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&secret.name)
+        .bind(&secret.id)
+        .bind(secret.version)
+        .bind(&secret.metadata)
+        .bind(&secret.sealed)
+        .bind(&secret.created_at)
+        .bind(&secret.updated_at)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn update_secret(&self, secret: &SecretRow, version: i64) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let done = sqlx::query(
+            "UPDATE secrets SET version = ?, metadata = ?, sealed = ?, updated_at = ?
+             WHERE name = ? AND version = ?",
+        )
+        .bind(secret.version)
+        .bind(&secret.metadata)
+        .bind(&secret.sealed)
+        .bind(&secret.updated_at)
+        .bind(&secret.name)
+        .bind(version)
+        .execute(tx.conn())
+        .await?
+        .rows_affected()
+            > 0;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM secrets ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(super::decode_secret).collect()
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let gone = sqlx::query("DELETE FROM secrets WHERE name = ?")
             .bind(name)
             .execute(tx.conn())
             .await?

@@ -299,6 +299,9 @@ pub enum Command {
     /// Volumes: named storage kept across sandboxes, mounted with -v.
     #[command(subcommand)]
     Volume(VolumeCmd),
+    /// Secrets: values kept sealed, given to sandboxes with --secret.
+    #[command(subcommand)]
+    Secret(SecretCmd),
     /// Batches: N sandboxes from one spec.
     #[command(subcommand)]
     Batch(BatchCmd),

@@ -217,3 +217,43 @@ pub enum VolumeCmd {
         names: Vec<String>,
     },
 }
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCmd {
+    /// Keep a secret, read from FILE or standard input (never from the
+    /// command line, where other users see it); give it to sandboxes with
+    /// `warren create --secret NAME[,env=VAR|,target=FILE]`.
+    #[command(after_help = "Example:\n  \
+        printf %s \"$HF_TOKEN\" | warren secret create hf\n  \
+        warren run --image python:3.12 --secret hf,env=HF_TOKEN -- python3 fetch.py\n  \
+        warren run --image python:3.12 --secret hf -- cat /run/secrets/hf")]
+    Create {
+        /// Its name: letters, digits, '-' and '_' (kept in lower case).
+        name: String,
+        /// Where the value is read from; `-` (the default) is standard input.
+        #[arg(default_value = "-")]
+        file: String,
+        /// Free text about it, KEY=VALUE. Repeatable.
+        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
+    },
+    /// Replace a secret's value (sandboxes made from now on get it).
+    Set {
+        name: String,
+        #[arg(default_value = "-")]
+        file: String,
+        /// Replaces its metadata when given, KEY=VALUE. Repeatable.
+        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
+    },
+    /// List secrets (names, versions, metadata; never values).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove secrets (sandboxes given them keep their copies).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}

@@ -87,6 +87,11 @@ pub struct CreateArgs {
     /// one). Repeatable.
     #[arg(long = "volume", short = 'v', value_name = "NAME:/PATH[:ro]")]
     pub volumes: Vec<warren_core::volume::VolumeMount>,
+    /// A secret given to the sandbox (`warren secret create` keeps one):
+    /// NAME as the file /run/secrets/NAME, NAME,env=VAR as an environment
+    /// variable, NAME,target=FILE as /run/secrets/FILE. Repeatable.
+    #[arg(long = "secret", value_name = "NAME[,env=VAR|,target=FILE]")]
+    pub secrets: Vec<warren_core::secret::SecretRef>,
     /// Environment variable KEY=VALUE. Repeatable.
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,

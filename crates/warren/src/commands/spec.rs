@@ -83,6 +83,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         gpus: a.gpus,
         devices: a.devices.clone(),
         volumes: a.volumes.clone(),
+        secrets: a.secrets.clone(),
         env: parse_env(&a.env)?,
         labels,
         ttl: dur(&a.ttl)?,

@@ -38,6 +38,7 @@ __all__ = [
     "AsyncBatch",
     "AsyncBatches",
     "AsyncImages",
+    "AsyncSecrets",
     "AsyncVolumes",
     "AsyncProfiles",
     "AsyncEventStream",
@@ -95,6 +96,7 @@ class AsyncClient:
         self.images = AsyncImages(self)
         self.profiles = AsyncProfiles(self)
         self.volumes = AsyncVolumes(self)
+        self.secrets = AsyncSecrets(self)
 
     @property
     def url(self) -> str:
@@ -1051,3 +1053,28 @@ class AsyncVolumes:
 
     async def remove(self, name: str) -> models.Volume:
         return await self._c._call(core.volume_delete_call(name))
+
+
+class AsyncSecrets:
+    """``client.secrets`` (see :class:`warren.Secrets`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, name: str, value: str, *, metadata: Mapping[str, str] | None = None) -> models.Secret:
+        """Keeps a secret (version 1); raises :class:`Conflict` if the name is taken."""
+        return await self._c._call(core.secret_put_call(name, value, metadata, create=True))
+
+    async def set(self, name: str, value: str, *, metadata: Mapping[str, str] | None = None) -> models.Secret:
+        """A new value (and metadata, when given): sandboxes made from now on get it."""
+        return await self._c._call(core.secret_put_call(name, value, metadata, create=False))
+
+    async def get(self, name: str) -> models.Secret:
+        return await self._c._call(core.secret_get_call(name))
+
+    async def list(self) -> builtins.list[models.Secret]:
+        return await self._c._call(core.secrets_list_call())
+
+    async def remove(self, name: str) -> models.Secret:
+        """Removes a secret; sandboxes given it keep their copies."""
+        return await self._c._call(core.secret_delete_call(name))

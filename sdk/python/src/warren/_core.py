@@ -309,6 +309,8 @@ def spec_body(image: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
             value = {str(k): str(v) for k, v in value.items()}
         elif key == "volumes":
             value = [volume_mount(v) for v in value]
+        elif key == "secrets":
+            value = [secret_ref(v) for v in value]
         body[key] = value
     if allow is not None or deny is not None:
         net = dict(body.get("network") or {})
@@ -333,6 +335,44 @@ def volume_mount(v: models.VolumeMount | Mapping[str, Any] | str) -> dict[str, A
             raise TypeError(f"volume {v!r}: write NAME:/PATH or NAME:/PATH:ro")
         return {"name": parts[0], "path": parts[1], "read_only": len(parts) == 3 and parts[2] == "ro"}
     return dict(v)
+
+
+def secret_ref(v: models.SecretRef | Mapping[str, Any] | str) -> dict[str, Any]:
+    """A secret as the API takes it, from a :class:`SecretRef`, a mapping, or
+    ``"NAME[,env=VAR|,target=FILE]"`` as ``warren create --secret`` writes it."""
+    if isinstance(v, models.SecretRef):
+        return {k: x for k, x in dataclasses.asdict(v).items() if x is not None}
+    if isinstance(v, str):
+        name, *opts = v.split(",")
+        out: dict[str, Any] = {"name": name}
+        for opt in opts:
+            key, eq, val = opt.partition("=")
+            if not eq or key not in ("env", "target") or key in out:
+                raise TypeError(f"secret {v!r}: write NAME, NAME,env=VAR or NAME,target=FILE")
+            out[key] = val
+        return out
+    return dict(v)
+
+
+def secrets_list_call() -> Call[list[models.Secret]]:
+    return Call("GET", "/v1/secrets", json_list(models.Secret), idempotent=True)
+
+
+def secret_get_call(name: str) -> Call[models.Secret]:
+    return Call("GET", f"/v1/secrets/{name}", json_of(models.Secret), idempotent=True)
+
+
+def secret_put_call(name: str, value: str, metadata: Mapping[str, str] | None, create: bool) -> Call[models.Secret]:
+    body: dict[str, Any] = {"value": value}
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    if create:
+        return Call("POST", "/v1/secrets", json_of(models.Secret), json={"name": name, **body})
+    return Call("PUT", f"/v1/secrets/{name}", json_of(models.Secret), json=body)
+
+
+def secret_delete_call(name: str) -> Call[models.Secret]:
+    return Call("DELETE", f"/v1/secrets/{name}", json_of(models.Secret), idempotent=True)
 
 
 def volumes_list_call() -> Call[list[models.Volume]]:

@@ -38,6 +38,7 @@ __all__ = [
     "Batches",
     "Images",
     "Profiles",
+    "Secrets",
     "Volumes",
     "EventStream",
     "LogStream",
@@ -94,6 +95,8 @@ class Client:
         """Resource profiles: ``list``, ``get``, ``reset``, ``export``, ``import_``."""
         self.volumes = Volumes(self)
         """Volumes: ``create``, ``list``, ``remove``."""
+        self.secrets = Secrets(self)
+        """Secrets: ``create``, ``set``, ``get``, ``list``, ``remove``."""
 
     @property
     def url(self) -> str:
@@ -1188,3 +1191,30 @@ class Volumes:
         """Removes a volume and its files; raises :class:`Conflict` while a
         sandbox mounts it."""
         return self._c._call(core.volume_delete_call(name))
+
+
+class Secrets:
+    """``client.secrets``: values kept sealed by the server, given to the
+    sandboxes that name them (``secrets=["NAME,env=VAR"]``). No call
+    returns a value."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, name: str, value: str, *, metadata: Mapping[str, str] | None = None) -> models.Secret:
+        """Keeps a secret (version 1); raises :class:`Conflict` if the name is taken."""
+        return self._c._call(core.secret_put_call(name, value, metadata, create=True))
+
+    def set(self, name: str, value: str, *, metadata: Mapping[str, str] | None = None) -> models.Secret:
+        """A new value (and metadata, when given): sandboxes made from now on get it."""
+        return self._c._call(core.secret_put_call(name, value, metadata, create=False))
+
+    def get(self, name: str) -> models.Secret:
+        return self._c._call(core.secret_get_call(name))
+
+    def list(self) -> builtins.list[models.Secret]:
+        return self._c._call(core.secrets_list_call())
+
+    def remove(self, name: str) -> models.Secret:
+        """Removes a secret; sandboxes given it keep their copies."""
+        return self._c._call(core.secret_delete_call(name))

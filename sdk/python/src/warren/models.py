@@ -155,6 +155,30 @@ class VolumeMount:
 
 
 @dataclass
+class SecretRef:
+    """A secret given to a sandbox: as the environment variable ``env``, or
+    as the file ``/run/secrets/<target>`` (``/run/secrets/<name>`` when
+    neither is given). A create also takes ``"NAME[,env=VAR|,target=FILE]"``."""
+
+    name: str
+    env: str | None = None
+    target: str | None = None
+
+
+@dataclass
+class Secret:
+    """A secret (``client.secrets``) as every read shows it: never its value."""
+
+    name: str
+    id: str
+    version: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    created_at: str = ""
+    updated_at: str = ""
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
 class Volume:
     """A volume (``client.volumes``): its node, size and bytes used (in
     bytes), and the live sandboxes mounting it."""
@@ -191,6 +215,8 @@ class SandboxSpec:
     """CDI devices by full name, e.g. ``["nvidia.com/gpu=0"]``."""
     volumes: list[VolumeMount] = field(default_factory=list)
     """Volumes mounted into it; a create also takes ``"NAME:/PATH[:ro]"``."""
+    secrets: list[SecretRef] = field(default_factory=list)
+    """Secrets given to it (names only: a spec never holds a value)."""
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     ttl: str | int | float | None = None

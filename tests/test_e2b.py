@@ -493,7 +493,7 @@ def test_allow_out_makes_an_allowlist_sandbox(e2b_warren):
 
 
 def test_pause_and_connect_resume(e2b_warren):
-    api = e2b_warren.e2b_env["E2B_API_URL"]
+    api, sbx_url = e2b_warren.e2b_env["E2B_API_URL"], e2b_warren.e2b_env["E2B_SANDBOX_URL"]
     key = {"X-API-KEY": e2b_warren.token}
     s = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base"}, headers=key, timeout=60).json()
     sid = s["sandboxID"]
@@ -535,6 +535,29 @@ def test_pause_and_connect_resume(e2b_warren):
     r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", "autoPause": True, "autoPauseMemory": False},
                    headers=key, timeout=60)
     assert r.status_code == 400 and "filesystem" in r.json()["message"], r.text
+    r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", "autoResume": {"enabled": True}},
+                   headers=key, timeout=60)
+    assert r.status_code == 400 and "autoPause" in r.json()["message"], r.text
+    # autoResume: paused at its timeout, the sandbox is resumed by the next
+    # call that reaches it (here envd's file read), with its timeout again.
+    r = httpx.post(f"{api}/v2/sandboxes", headers=key, timeout=60,
+                   json={"templateID": "base", "timeout": 2, "autoPause": True, "autoResume": {"enabled": True}})
+    assert r.status_code == 201, r.text
+    s = r.json()
+    sid = s["sandboxID"]
+    try:
+        e2b_warren.exec(sid, ["sh", "-c", "echo woke > /tmp/state"])
+        wait_until(lambda: e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused",
+                   timeout=15, what="the timeout's pause")
+        detail = httpx.get(f"{api}/sandboxes/{sid}", headers=key).json()
+        assert detail["lifecycle"] == {"autoResume": True, "onTimeout": "pause"} and detail["metadata"] == {}, detail
+        r = httpx.get(f"{sbx_url}/files", params={"path": "/tmp/state", "username": "root"},
+                      headers={"E2b-Sandbox-Id": sid, "X-Access-Token": s["envdAccessToken"]}, timeout=30)
+        assert (r.status_code, r.text) == (200, "woke\n"), r.text
+        info = e2b_warren.http.get(f"/v1/sandboxes/{sid}").json()
+        assert info["state"] == "running" and info["ttl_remaining_ms"] > 0, info
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
 
 
 def test_timeouts_longer_than_warren_keeps_a_sandbox_are_refused_and_change_nothing(e2b_warren):

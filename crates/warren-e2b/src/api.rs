@@ -166,6 +166,25 @@ struct NewSandbox {
     /// False asks for a pause that keeps only the filesystem.
     #[serde(default)]
     auto_pause_memory: Option<bool>,
+    /// A paused sandbox resumes when traffic reaches it.
+    #[serde(default)]
+    auto_resume: Option<AutoResume>,
+}
+
+/// E2B's `autoResume`: `{"enabled": true}` (older SDKs sent a bool).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum AutoResume {
+    Flag(bool),
+    Config { enabled: bool },
+}
+
+impl AutoResume {
+    fn enabled(&self) -> bool {
+        match self {
+            AutoResume::Flag(on) | AutoResume::Config { enabled: on } => *on,
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -284,6 +303,17 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
         }
         // Paused at the timeout for keep_for (1 h), resumed by a connect.
         spec.reclaim = ReclaimPolicy::Pause;
+    }
+    if req.auto_resume.as_ref().is_some_and(AutoResume::enabled) {
+        if !req.auto_pause {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "autoResume wakes a paused sandbox: it needs autoPause (on_timeout: pause)",
+            ));
+        }
+        let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+        spec.labels
+            .insert(crate::AUTO_RESUME_LABEL.into(), timeout.to_string());
     }
     let (info, _) = control.create(spec, true).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
@@ -417,7 +447,7 @@ fn metadata(info: &SandboxInfo) -> BTreeMap<String, String> {
     info.spec
         .labels
         .iter()
-        .filter(|(k, _)| k.as_str() != FRONT_LABEL.0 && k.as_str() != TEMPLATE_LABEL)
+        .filter(|(k, _)| !crate::INTERNAL_LABELS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -501,7 +531,7 @@ async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>
         m.insert(
             "lifecycle".into(),
             json!({
-                "autoResume": false,
+                "autoResume": info.spec.labels.contains_key(crate::AUTO_RESUME_LABEL),
                 "onTimeout": if info.spec.reclaim == ReclaimPolicy::Pause { "pause" } else { "kill" },
             }),
         );

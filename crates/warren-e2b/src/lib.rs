@@ -43,6 +43,11 @@ pub const ENVD_PORT: u16 = 49983;
 pub const FRONT_LABEL: (&str, &str) = ("warren.dev/front", "e2b");
 /// The template a sandbox was made from, when it is a valid label value.
 pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
+/// On a sandbox made with E2B's `autoResume`: the timeout (seconds) it gets
+/// again when traffic resumes it.
+pub const AUTO_RESUME_LABEL: &str = "e2b.dev/auto-resume";
+/// Warren's labels on E2B sandboxes, not shown as E2B metadata.
+pub const INTERNAL_LABELS: [&str; 3] = [FRONT_LABEL.0, TEMPLATE_LABEL, AUTO_RESUME_LABEL];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {

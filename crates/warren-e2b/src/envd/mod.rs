@@ -136,6 +136,10 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
     };
     let row = match control.get(&id).await {
         Ok(row) if row.state == SandboxState::Running => row,
+        Ok(row) if row.state == SandboxState::Paused => match auto_resume(&control, row).await {
+            Some(row) => row,
+            None => return not_found(&id),
+        },
         _ => return not_found(&id),
     };
     let port = match header(headers, "e2b-sandbox-port").map(str::parse::<u16>) {
@@ -183,6 +187,36 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
         accounts,
     });
     next.run(req).await
+}
+
+/// E2B's auto-resume: a paused sandbox made with `autoResume` is resumed
+/// by the traffic that reaches it (envd's calls, a port), with the timeout
+/// it was made with. None: it stays paused (made without, or the resume
+/// failed), and the caller is told it is not running.
+async fn auto_resume(
+    control: &Control,
+    row: warren_control::store::SandboxRow,
+) -> Option<warren_control::store::SandboxRow> {
+    let secs: u64 = row
+        .spec
+        .labels
+        .get(crate::AUTO_RESUME_LABEL)?
+        .parse()
+        .ok()?;
+    let ttl = crate::api::ttl(secs).ok()?;
+    let resumed = control.set_paused(&row.id, false).await;
+    match resumed {
+        Ok(row) => {
+            if let Err(e) = control.set_ttl(&row.id, ttl).await {
+                tracing::warn!(sandbox = %row.id, error = %e.message, "auto-resume: setting the timeout");
+            }
+            Some(row)
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %row.id, error = %e.message, "auto-resume");
+            None
+        }
+    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

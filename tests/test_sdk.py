@@ -744,3 +744,9 @@ def test_queue_full_is_too_many_requests_and_a_create_retries_until_room(images)
             second = patient.sandbox(image="busybox:latest", memory="32M")
             assert second.state == "running"
             second.destroy()
+
+
+def test_a_token_that_cannot_be_a_header_is_refused_with_what_is_wrong():
+    for token in ("…", "abc\n", "two words"):
+        with pytest.raises(sdk.WarrenError, match="printable ASCII"):
+            sdk.Client("http://127.0.0.1:9", token=token)

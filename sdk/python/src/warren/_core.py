@@ -69,6 +69,13 @@ class Config:
                     f"no API token: pass token=, set WARREN_TOKEN or make {path} readable "
                     f"(is `warren up --home {home_dir}` running?): {e}"
                 ) from None
+        # A token travels in a header: anything but printable ASCII (a
+        # placeholder copied from a doc, a stray newline) would fail deep in
+        # httpx with an encoding error instead of saying what is wrong.
+        if not all(" " < c < "\x7f" for c in token):
+            raise errors.WarrenError(
+                "the API token must be printable ASCII without spaces (the one `warren up` wrote to <home>/token)"
+            )
         return Config(url=url.rstrip("/"), token=token)
 
     def headers(self) -> dict[str, str]:

@@ -203,8 +203,9 @@ impl Control {
 
     /// A batch member that ended for `why` is created once more when its
     /// batch asks for it: OOM-killed (`retry_on_oom`), with the grown
-    /// request of its profile (or 1.5× its memory, at most 2× the batch's
-    /// request, when it has no profile); lost with its node
+    /// request of its profile (or, with no profile, its memory grown as the
+    /// profile policy grows one, `grow_by`, at most `max_growth` times the
+    /// batch's request); lost with its node
     /// (`retry_on_lost`), as it was, wherever there is room.
     pub async fn retry_member(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
         let oom = why == reason::OOM_KILLED;
@@ -243,8 +244,9 @@ impl Control {
             spec.cpu = None;
             spec.memory = None;
         } else {
-            let grown = (row.resources.memory as f64 * 1.5) as u64;
-            let cap = batch.spec.memory.map_or(row.resources.memory, |m| m.0) * 2;
+            let grown = (row.resources.memory as f64 * self.policy.grow_by) as u64;
+            let asked = batch.spec.memory.map_or(row.resources.memory, |m| m.0);
+            let cap = (asked as f64 * self.policy.max_growth) as u64;
             spec.memory = Some(warren_core::spec::ByteSize(grown.min(cap)));
         }
         let this = self.clone();

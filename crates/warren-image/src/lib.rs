@@ -49,7 +49,7 @@ pub use error::{ErrorKind, ImageError};
 pub use pull::{Progress, PullEvent, Puller};
 pub use push::Pushed;
 pub use record::{ImageConfig, ImageRecord, LayerRecord};
-pub use registry::{registry_host, RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
+pub use registry::{RegistryConfig, CONFIG_FILE as REGISTRY_CONFIG_FILE};
 pub use session::install_tls_provider;
 pub use steps::{is_step_name, step_name};
 pub use store::{ImageStore, Pin, PruneReport};

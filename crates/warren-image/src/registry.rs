@@ -373,7 +373,7 @@ impl RegistryConfig {
     }
 }
 
-pub use warren_core::image_ref::registry_host;
+pub(crate) use warren_core::image_ref::registry_host;
 
 /// Whether a registry `host[:port]` is `localhost` or a loopback address.
 fn is_loopback(host: &str) -> bool {

@@ -157,7 +157,7 @@ impl Node {
     /// the copy pulled before under its full name (the search registries'
     /// order), else pulled through them.
     pub async fn image_for_create(&self, reference: &str) -> Result<ImageRecord, NodeError> {
-        if warren_image::registry_host(reference).is_some() {
+        if warren_core::image_ref::registry_host(reference).is_some() {
             return self.pull_image(reference, None).await;
         }
         let missing = match self.resolve_image(reference).await {

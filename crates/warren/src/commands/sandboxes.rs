@@ -62,7 +62,7 @@ async fn create_and_wait(
 /// A registry image is pulled with progress before the create (which
 /// would pull it silently); nothing is printed when it is already stored.
 async fn pull_for_create(client: &Client, image: &str) -> Result<()> {
-    if warren_image::registry_host(image).is_some() {
+    if warren_core::image_ref::registry_host(image).is_some() {
         pull(client, image, PullOutput::Downloads).await?;
     }
     Ok(())

@@ -95,6 +95,10 @@ impl PoolSpec {
             && spec.cmd == self.cmd
             && spec.disk.is_none()
             && spec.devices.is_empty()
+            // Members are made without volumes or secrets (a claim cannot
+            // add a mount to a running sandbox).
+            && spec.volumes.is_empty()
+            && spec.secrets.is_empty()
             && spec.node_selector.is_empty()
             && spec.placement.is_spread();
         shape
@@ -132,6 +136,8 @@ mod tests {
             r#"{"image":"bb:1","memory":"256M","node_selector":{"gpu":"a"}}"#,
             r#"{"image":"bb:1","memory":"256M","gpus":1}"#,
             r#"{"image":"bb:1","memory":"256M","devices":["nvidia.com/gpu=0"]}"#,
+            r#"{"image":"bb:1","memory":"256M","secrets":[{"name":"hf"}]}"#,
+            r#"{"image":"bb:1","memory":"256M","volumes":[{"name":"ds","path":"/data"}]}"#,
         ] {
             assert!(!p.serves("py", &spec(other)), "{other}");
         }

@@ -172,7 +172,7 @@ impl Node {
         let live = self.get(id)?;
         let cpu_millis = live.create().resources.cpu_millis;
         let device_env = live.create().device_env;
-        // A create that names secrets is never served from a pool.
+        // A pool serves no create that names secrets (`PoolSpec::serves`).
         *lock(&live.exec_defaults) =
             ExecDefaults::of(&live.image, &spec, cpu_millis, &device_env, &[]);
         *lock(&live.lifetime) = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.get()));

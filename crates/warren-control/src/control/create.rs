@@ -174,11 +174,9 @@ impl Control {
             Some(_) => None,
         };
         let node = node.or(volume_node.as_deref());
-        // A pool's members are nameless, and were made without this
-        // create's secrets: a named sandbox, or one given secrets, is made
-        // anew.
+        // A pool's members are nameless; a named sandbox is made anew.
         let pooled = match (node, &spec.name) {
-            (None, None) if spec.secrets.is_empty() => self.claim_from_pool(&spec).await?,
+            (None, None) => self.claim_from_pool(&spec).await?,
             _ => None,
         };
         if let Some(info) = pooled {

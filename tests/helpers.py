@@ -484,3 +484,28 @@ class WebSocket:
             message += data
             if b0 & 0x80:
                 return kind, (message.decode() if kind == "text" else message)
+
+
+# Shell blocks of the docs, as the README and docs tests read them.
+
+
+def bare(cmd):
+    """The command without its trailing comment (` # …`)."""
+    return re.sub(r"\s+#\s.*$", "", cmd)
+
+
+def commands(code):
+    """Command lines of a block: continuations joined, comment lines and
+    blank lines left out."""
+    out, pending = [], ""
+    for line in code.splitlines():
+        if pending:
+            line = pending + "\n" + line
+            pending = ""
+        if line.rstrip().endswith("\\"):
+            pending = line
+            continue
+        if line.strip() and not line.lstrip().startswith("#"):
+            out.append(line)
+    assert not pending, f"a continuation line ends the block: {pending!r}"
+    return out

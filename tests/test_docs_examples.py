@@ -42,7 +42,7 @@ import pytest
 
 from conftest import ROOT, WARREN, free_port, hermetic, own_daemon
 from debian import CACHE, cache_lock, debian_archive
-from helpers import wait_until
+from helpers import bare, commands, wait_until
 from test_e2b import VERSIONS as E2B_VERSIONS
 from test_e2b import venv as e2b_venv
 
@@ -159,28 +159,6 @@ FENCE = re.compile(r"^```(\S*)\n(.*?)^```[ \t]*$", re.M | re.S)
 def doc_blocks(name):
     """The fenced code blocks of docs/NAME: [(language, code)]."""
     return [(m.group(1), m.group(2)) for m in FENCE.finditer((DOCS / name).read_text())]
-
-
-def bare(cmd):
-    """The command without its trailing comment (` # …`)."""
-    return re.sub(r"\s+#\s.*$", "", cmd)
-
-
-def commands(code):
-    """Command lines of a shell block: continuations joined, comment lines
-    and blank lines left out."""
-    out, pending = [], ""
-    for line in code.splitlines():
-        if pending:
-            line = pending + "\n" + line
-            pending = ""
-        if line.rstrip().endswith("\\"):
-            pending = line
-            continue
-        if line.strip() and not line.lstrip().startswith("#"):
-            out.append(line)
-    assert not pending, f"a continuation line ends the block: {pending!r}"
-    return out
 
 
 class Step:

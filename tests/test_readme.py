@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, UP_ARGS, WARREN, free_port
-from helpers import sigint_as_at_a_terminal
+from helpers import bare, commands, sigint_as_at_a_terminal
 
 # The README starts `warren up` without flags: the suite's second pass
 # (another node transport) would only run the same thing again.
@@ -43,28 +43,6 @@ def block(section):
     m = re.search(rf"^## {re.escape(section)}\n(.*?)^```sh\n(.*?)^```", text, re.M | re.S)
     assert m, f"README has no sh block under '## {section}'"
     return m.group(2)
-
-
-def bare(cmd):
-    """The command without its trailing comment (` # …`)."""
-    return re.sub(r"\s+#\s.*$", "", cmd)
-
-
-def commands(code):
-    """Command lines of a block: continuations joined, comment lines and
-    blank lines left out."""
-    out, pending = [], ""
-    for line in code.splitlines():
-        if pending:
-            line = pending + "\n" + line
-            pending = ""
-        if line.rstrip().endswith("\\"):
-            pending = line
-            continue
-        if line.strip() and not line.lstrip().startswith("#"):
-            out.append(line)
-    assert not pending, f"a continuation line ends the block: {pending!r}"
-    return out
 
 
 class Setting:

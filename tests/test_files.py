@@ -431,6 +431,33 @@ def test_paths_stat_list_mkdir_rename_remove(warren, sandbox):
     assert sh_ok(warren, sid, "test -e /x || echo gone; ls /w") == "gone\nnew\n"
 
 
+def test_paths_make_dir_as_and_set_attrs_give_owners_as_the_sandbox_sees_them(warren, sandbox):
+    sid = sandbox()["id"]
+    [d] = entries(warren, sid, op="make_dir_as", path="/o/p", owner={"uid": 1000, "gid": 1001},
+                  mode=0o750, parents=True)
+    assert (d["uid"], d["gid"], d["mode"]) == (1000, 1001, 0o750), d
+    assert sh_ok(warren, sid, "stat -c '%u %g %a' /o /o/p") == "1000 1001 750\n1000 1001 750\n"
+    r = paths(warren, sid, op="make_dir_as", path="/o/p", owner={"uid": 0, "gid": 0}, mode=0o755)
+    assert r.status_code == 409, r.text
+    [same] = entries(warren, sid, op="make_dir_as", path="/o/p", owner={"uid": 0, "gid": 0}, mode=0o755,
+                     exist_ok=True)
+    assert same["uid"] == 1000, same
+    r = paths(warren, sid, op="make_dir_as", path="/q/r", owner={"uid": 0, "gid": 0}, mode=0o755)
+    assert r.status_code == 404, r.text
+    sh_ok(warren, sid, "echo x > /o/f && ln -s /etc/passwd /o/ln")
+    [f] = entries(warren, sid, op="set_attrs", path="/o/f", uid=7, mode=0o600)
+    assert (f["uid"], f["gid"], f["mode"]) == (7, 0, 0o600), f
+    assert sh_ok(warren, sid, "stat -c '%u %a' /o/f") == "7 600\n"
+    # A link's own owner; its target (the sandbox's /etc/passwd) is untouched.
+    [ln] = entries(warren, sid, op="set_attrs", path="/o/ln", uid=5, gid=5)
+    assert ln["kind"] == "symlink" and ln["uid"] == 5, ln
+    assert sh_ok(warren, sid, "stat -c '%u' /etc/passwd") == "0\n"
+    for op in ({"op": "set_attrs", "path": "/o/ln", "mode": 0o777},
+               {"op": "set_attrs", "path": "/o/f", "uid": 65536}):
+        r = paths(warren, sid, **op)
+        assert r.status_code == 400, (op, r.text)
+
+
 def test_paths_errors(warren, sandbox):
     sid = sandbox()["id"]
     sh_ok(warren, sid, "echo x > /tmp/file")

@@ -26,7 +26,7 @@ pub mod secrets;
 pub mod serve;
 pub mod signing;
 pub mod store;
-mod volumes;
+pub mod volumes;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

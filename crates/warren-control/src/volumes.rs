@@ -2,8 +2,11 @@
 //! one that carries the request's labels), its name is unique in the
 //! cluster, and a sandbox that mounts volumes is placed on their node.
 
+use std::sync::Arc;
+
 use warren_core::volume::{VolumeInfo, VolumeMount, VolumeName, VolumeRequest};
 use warren_core::ApiError;
+use warren_node_api::{ByteStream, FileRead, NodeApi, PathEntry, PathOp, VolumeWrite};
 
 use crate::control::{node_error, Control};
 use crate::images::prefixed;
@@ -30,6 +33,23 @@ impl Control {
     /// The volume of that name, wherever it is.
     async fn volume(&self, name: &VolumeName) -> Result<Option<VolumeInfo>, ApiError> {
         Ok(self.volumes().await?.into_iter().find(|v| &v.name == name))
+    }
+
+    /// The volume of that name; NotFound when no reachable node has it.
+    pub async fn volume_info(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        self.volume(name).await?.ok_or_else(|| {
+            ApiError::not_found(format!(
+                "volume {name} does not exist (see `warren volume ls`)"
+            ))
+        })
+    }
+
+    /// A volume's files, read and written without a sandbox, on its node
+    /// (NotFound when no reachable node has it).
+    pub async fn volume_files(&self, name: &VolumeName) -> Result<VolumeFiles, ApiError> {
+        let info = self.volume_info(name).await?;
+        let api = self.api(&info.node)?;
+        Ok(VolumeFiles { info, api })
     }
 
     /// Makes a volume on a node carrying the request's labels; a name any
@@ -96,5 +116,36 @@ impl Control {
             }
         }
         Ok(node.map(str::to_string))
+    }
+}
+
+/// A volume's files, on the node that holds it: what E2B's volume content
+/// API reads and writes. The node resolves every path inside the volume.
+pub struct VolumeFiles {
+    pub info: VolumeInfo,
+    api: Arc<dyn NodeApi>,
+}
+
+impl VolumeFiles {
+    /// Writes one file from `body` (see [`VolumeWrite`]); answers it.
+    pub async fn write(&self, req: VolumeWrite, body: ByteStream) -> Result<PathEntry, ApiError> {
+        self.api
+            .volume_write(&self.info.name, req, body)
+            .await
+            .map_err(node_error)
+    }
+
+    pub async fn read(&self, path: &str) -> Result<FileRead, ApiError> {
+        self.api
+            .volume_read(&self.info.name, path)
+            .await
+            .map_err(node_error)
+    }
+
+    pub async fn path_op(&self, op: PathOp) -> Result<Vec<PathEntry>, ApiError> {
+        self.api
+            .volume_path_op(&self.info.name, op)
+            .await
+            .map_err(node_error)
     }
 }

@@ -240,6 +240,23 @@ pub trait NodeApi: Send + Sync {
 
     /// Removes a volume and its files (Conflict while a sandbox mounts it).
     async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo>;
+
+    /// Writes a file into a volume from `body`, all or nothing, without a
+    /// sandbox (a running sandbox that mounts it sees it at once); answers
+    /// the file written. Paths are resolved inside the volume.
+    async fn volume_write(
+        &self,
+        volume: &VolumeName,
+        req: VolumeWrite,
+        body: ByteStream,
+    ) -> NodeResult<PathEntry>;
+
+    /// Reads a file (raw) or a directory (a tar archive) of a volume.
+    async fn volume_read(&self, volume: &VolumeName, path: &str) -> NodeResult<FileRead>;
+
+    /// Looks at or changes paths in a volume, as `path_op` in a sandbox
+    /// (ids as the volume's sandboxes see them).
+    async fn volume_path_op(&self, volume: &VolumeName, op: PathOp) -> NodeResult<Vec<PathEntry>>;
 }
 
 /// A stream that yields one error: for transports that fail before any

@@ -400,4 +400,29 @@ impl NodeApi for FakeNode {
     ) -> NodeResult<warren_core::volume::VolumeInfo> {
         unsupported("volumes")
     }
+
+    async fn volume_write(
+        &self,
+        _volume: &warren_core::volume::VolumeName,
+        _req: VolumeWrite,
+        _body: ByteStream,
+    ) -> NodeResult<PathEntry> {
+        unsupported("volumes")
+    }
+
+    async fn volume_read(
+        &self,
+        _volume: &warren_core::volume::VolumeName,
+        _path: &str,
+    ) -> NodeResult<FileRead> {
+        unsupported("volumes")
+    }
+
+    async fn volume_path_op(
+        &self,
+        _volume: &warren_core::volume::VolumeName,
+        _op: PathOp,
+    ) -> NodeResult<Vec<PathEntry>> {
+        unsupported("volumes")
+    }
 }

@@ -291,6 +291,31 @@ pub struct WriteFile {
     pub xattrs: BTreeMap<String, String>,
 }
 
+/// Who a file or directory made through the contract belongs to, as the
+/// target's processes see ids (a volume's: as every sandbox mounting it
+/// sees them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// How to write a file into a volume, without a sandbox (E2B's volume
+/// content API): a [`WriteFile`] (no tar) with an owner. It never makes
+/// parent directories (a missing parent is NotFound), and a directory at
+/// the path is Conflict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeWrite {
+    #[serde(flatten)]
+    pub file: WriteFile,
+    #[serde(default)]
+    pub owner: Owner,
+    /// Replace a regular file at the path; without, anything there is
+    /// Conflict.
+    #[serde(default)]
+    pub replace: bool,
+}
+
 /// A look at, or a change to, paths in a sandbox besides reading and
 /// writing files (what E2B's filesystem service and file browsers need).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -310,6 +335,31 @@ pub enum PathOp {
     Rename { from: String, to: String },
     /// Removes a file, link, or a directory with all it holds.
     Remove { path: String },
+    /// Makes directory `path` with an owner and permission bits (E2B's
+    /// volume `make_dir`): its missing parents too with `parents` (each
+    /// alike; without, a missing parent is NotFound), an existing directory
+    /// answered as it is with `exist_ok`; anything else in the way is
+    /// Conflict.
+    MakeDirAs {
+        path: String,
+        owner: Owner,
+        mode: u32,
+        #[serde(default)]
+        parents: bool,
+        #[serde(default)]
+        exist_ok: bool,
+    },
+    /// Changes the owner, group and/or permission bits of `path`; a final
+    /// symlink's own owner, never its target's (a symlink has no mode).
+    SetAttrs {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gid: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+    },
 }
 
 fn one() -> u32 {
@@ -338,6 +388,12 @@ pub struct PathEntry {
     pub gid: u32,
     /// Last modification, Unix time in milliseconds.
     pub modified_ms: i64,
+    /// Last access and last inode change (ctime), Unix milliseconds, where
+    /// the node reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accessed_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
     /// A regular file's extended attributes in the `user.` namespace.

@@ -17,7 +17,7 @@ use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
 use warren_node_api::{
     ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
     ImageInfo, LogNote, NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange,
-    PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent, WriteFile,
+    PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, VolumeWrite, WatchEvent, WriteFile,
 };
 
 use crate::ndjson::Lines;
@@ -735,6 +735,63 @@ impl NodeApi for HttpNode {
     async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo> {
         let rb = self.request(Method::DELETE, &["volumes", name.as_str()], &[])?;
         self.call_json(rb, Deadline::Open).await
+    }
+
+    async fn volume_write(
+        &self,
+        volume: &VolumeName,
+        req: VolumeWrite,
+        body: ByteStream,
+    ) -> NodeResult<PathEntry> {
+        let (mode, uid, gid) = (
+            req.file.mode.to_string(),
+            req.owner.uid.to_string(),
+            req.owner.gid.to_string(),
+        );
+        let replace = req.replace.to_string();
+        let xattrs = serde_json::to_string(&req.file.xattrs)
+            .map_err(|e| NodeError::internal(format!("encoding xattrs: {e}")))?;
+        let mut query = vec![
+            ("path", req.file.path.as_str()),
+            ("mode", &mode),
+            ("uid", &uid),
+            ("gid", &gid),
+            ("replace", &replace),
+        ];
+        if !req.file.xattrs.is_empty() {
+            query.push(("xattrs", &xattrs));
+        }
+        if req.file.tar {
+            return Err(NodeError::invalid(
+                "a volume takes files one by one, not tar archives",
+            ));
+        }
+        let failed = Arc::new(Mutex::new(None));
+        let rb = self
+            .request(Method::PUT, &["volumes", volume.as_str(), "files"], &query)?
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(uploaded(body, &failed));
+        let result = self.call_json(rb, Deadline::Open).await;
+        upload_failure(result, &failed)
+    }
+
+    async fn volume_read(&self, volume: &VolumeName, path: &str) -> NodeResult<FileRead> {
+        let rb = self.request(
+            Method::GET,
+            &["volumes", volume.as_str(), "files"],
+            &[("path", path)],
+        )?;
+        let resp = self.send(rb, Deadline::Open).await?;
+        let kind = file_kind(&resp, &self.shown)?;
+        Ok(FileRead {
+            kind,
+            body: self.bytes_of(resp),
+        })
+    }
+
+    async fn volume_path_op(&self, volume: &VolumeName, op: PathOp) -> NodeResult<Vec<PathEntry>> {
+        let rb = self.post_json(&["volumes", volume.as_str(), "paths"], &op)?;
+        self.call_json(rb, Deadline::Quick).await
     }
 
     async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {

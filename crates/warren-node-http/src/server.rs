@@ -137,6 +137,9 @@ pub async fn serve_tls(
 /// | `POST /volumes` | `volume_create` (`VolumeRequest`) | `VolumeInfo` |
 /// | `GET /volumes` | `volume_list` | `[VolumeInfo]` |
 /// | `DELETE /volumes/{name}` | `volume_remove` | `VolumeInfo` |
+/// | `PUT /volumes/{name}/files?path=&mode=&uid=&gid=&replace=` | `volume_write` (raw body) | `PathEntry` |
+/// | `GET /volumes/{name}/files?path=` | `volume_read` | raw body, `x-warren-file-kind` |
+/// | `POST /volumes/{name}/paths` | `volume_path_op` (a `PathOp`) | JSON `[PathEntry]` |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
 ///
@@ -186,6 +189,8 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: 
         .route("/images/gc", post(image_gc))
         .route("/volumes", get(volume_list).post(volume_create))
         .route("/volumes/{name}", axum::routing::delete(volume_remove))
+        .route("/volumes/{name}/files", put(volume_write).get(volume_read))
+        .route("/volumes/{name}/paths", post(volume_path_op))
         .route("/images/derive", post(image_derive))
         .route("/images/steps/{key}", get(image_step))
         .method_not_allowed_fallback(wrong_method)
@@ -585,15 +590,7 @@ async fn write_file(
     Q(q): Q<WriteQuery>,
     body: Body,
 ) -> Answer<Response> {
-    let xattrs = match q.xattrs.as_deref() {
-        None => Default::default(),
-        Some(json) => serde_json::from_str(json).map_err(|e| {
-            NodeError::new(
-                ErrorKind::Invalid,
-                format!("xattrs is not a JSON object of strings: {e}"),
-            )
-        })?,
-    };
+    let xattrs = xattrs_of(q.xattrs.as_deref())?;
     let req = WriteFile {
         path: q.path,
         mode: q.mode,
@@ -607,6 +604,19 @@ async fn write_file(
     Ok(done())
 }
 
+/// Extended attributes as the query carries them (a JSON object).
+fn xattrs_of(json: Option<&str>) -> Result<std::collections::BTreeMap<String, String>, NodeError> {
+    match json {
+        None => Ok(Default::default()),
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            NodeError::new(
+                ErrorKind::Invalid,
+                format!("xattrs is not a JSON object of strings: {e}"),
+            )
+        }),
+    }
+}
+
 async fn watch(State(node): Node, P(id): P<String>, Q(q): Q<WatchQuery>) -> Answer<Response> {
     let events = node.watch(&id, &q.path, q.recursive).await?;
     Ok(ndjson_response(ndjson::encode(events)))
@@ -614,6 +624,11 @@ async fn watch(State(node): Node, P(id): P<String>, Q(q): Q<WatchQuery>) -> Answ
 
 async fn read_file(State(node): Node, P(id): P<String>, Q(q): Q<PathQuery>) -> Answer<Response> {
     let read = node.read_file(&id, &q.path).await?;
+    Ok(file_response(read))
+}
+
+/// A read's answer: the bytes, with what they are (and a file's length).
+fn file_response(read: warren_node_api::FileRead) -> Response {
     let mut resp = byte_body("a file read", read.body).into_response();
     let headers = resp.headers_mut();
     match read.kind {
@@ -635,7 +650,7 @@ async fn read_file(State(node): Node, P(id): P<String>, Q(q): Q<PathQuery>) -> A
             );
         }
     }
-    Ok(resp)
+    resp
 }
 
 async fn logs(State(node): Node, P(id): P<String>, Q(q): Q<FollowQuery>) -> Answer<Response> {
@@ -811,6 +826,55 @@ async fn volume_create(
 
 async fn volume_list(State(node): Node) -> Answer<Response> {
     Ok(Json(node.volume_list().await?).into_response())
+}
+
+fn volume_name(name: String) -> Result<warren_core::volume::VolumeName, NodeError> {
+    warren_core::volume::VolumeName::try_from(name)
+        .map_err(|e| NodeError::new(ErrorKind::Invalid, e.to_string()))
+}
+
+async fn volume_write(
+    State(node): Node,
+    P(name): P<String>,
+    Q(q): Q<VolumeWriteQuery>,
+    body: Body,
+) -> Answer<Response> {
+    let name = volume_name(name)?;
+    let req = warren_node_api::VolumeWrite {
+        file: WriteFile {
+            path: q.path,
+            mode: q.mode,
+            tar: false,
+            xattrs: xattrs_of(q.xattrs.as_deref())?,
+        },
+        owner: warren_node_api::Owner {
+            uid: q.uid,
+            gid: q.gid,
+        },
+        replace: q.replace,
+    };
+    let upload = Upload::new(body);
+    let result = node.volume_write(&name, req, upload.stream()).await;
+    upload.linger().await;
+    Ok(Json(result?).into_response())
+}
+
+async fn volume_read(
+    State(node): Node,
+    P(name): P<String>,
+    Q(q): Q<PathQuery>,
+) -> Answer<Response> {
+    let read = node.volume_read(&volume_name(name)?, &q.path).await?;
+    Ok(file_response(read))
+}
+
+async fn volume_path_op(
+    State(node): Node,
+    P(name): P<String>,
+    JsonBody(op): JsonBody<PathOp>,
+) -> Answer<Response> {
+    let name = volume_name(name)?;
+    Ok(Json(node.volume_path_op(&name, op).await?).into_response())
 }
 
 async fn volume_remove(State(node): Node, P(name): P<String>) -> Answer<Response> {

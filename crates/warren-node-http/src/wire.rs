@@ -110,6 +110,22 @@ pub(crate) struct WriteQuery {
     pub xattrs: Option<String>,
 }
 
+/// A volume write's arguments, in the query as a sandbox write's.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct VolumeWriteQuery {
+    pub path: String,
+    pub mode: u32,
+    #[serde(default)]
+    pub uid: u32,
+    #[serde(default)]
+    pub gid: u32,
+    #[serde(default)]
+    pub replace: bool,
+    /// `WriteFile::xattrs` as a JSON object (absent: none).
+    #[serde(default)]
+    pub xattrs: Option<String>,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct NameQuery {
     pub name: String,

@@ -469,6 +469,8 @@ impl NodeApi for FakeNode {
             uid: 0,
             gid: 1000,
             modified_ms: 1_700_000_000_123,
+            accessed_ms: None,
+            changed_ms: Some(1_700_000_000_456),
             symlink_target: (kind == PathKind::Symlink).then(|| "/etc".into()),
             xattrs: Default::default(),
         };
@@ -677,6 +679,79 @@ impl NodeApi for FakeNode {
             return Err(NodeError::conflict("volume busy is mounted by sb-1"));
         }
         Ok(volume(name.as_str()))
+    }
+
+    async fn volume_write(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        req: VolumeWrite,
+        body: ByteStream,
+    ) -> NodeResult<PathEntry> {
+        if req.file.path == "/exists" && !req.replace {
+            return Err(NodeError::conflict("/exists: already exists"));
+        }
+        let chunks = self.drain(body).await?;
+        self.record(format!(
+            "volume_write {volume} {} {:o} {}:{} {} {:?}",
+            req.file.path,
+            req.file.mode,
+            req.owner.uid,
+            req.owner.gid,
+            req.replace,
+            req.file.xattrs
+        ));
+        let size = chunks.iter().map(|c| c.len() as u64).sum();
+        self.files.lock().unwrap().insert(
+            (format!("volume {volume}"), req.file.path.clone()),
+            Stored { dir: false, chunks },
+        );
+        Ok(PathEntry {
+            path: req.file.path,
+            kind: PathKind::File,
+            size,
+            mode: req.file.mode,
+            uid: req.owner.uid,
+            gid: req.owner.gid,
+            modified_ms: 1,
+            accessed_ms: Some(2),
+            changed_ms: Some(3),
+            symlink_target: None,
+            xattrs: req.file.xattrs,
+        })
+    }
+
+    async fn volume_read(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        path: &str,
+    ) -> NodeResult<FileRead> {
+        let files = self.files.lock().unwrap();
+        let stored = files
+            .get(&(format!("volume {volume}"), path.to_string()))
+            .ok_or_else(|| NodeError::not_found(format!("{path}: not in volume {volume}")))?;
+        let size = stored.chunks.iter().map(|c| c.len() as u64).sum();
+        let chunks = stored.chunks.clone();
+        Ok(FileRead {
+            kind: FileKind::File { size },
+            body: stream::iter(chunks.into_iter().map(Ok)).boxed(),
+        })
+    }
+
+    async fn volume_path_op(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        op: PathOp,
+    ) -> NodeResult<Vec<PathEntry>> {
+        self.record(format!(
+            "volume_path_op {volume} {}",
+            serde_json::to_string(&op).unwrap()
+        ));
+        match op {
+            PathOp::SetAttrs { path, .. } if path == "/missing" => {
+                Err(NodeError::not_found("/missing: not in the volume"))
+            }
+            _ => Ok(vec![]),
+        }
     }
 }
 
@@ -1146,6 +1221,86 @@ async fn every_method_crosses_the_wire() {
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_files_cross_the_wire() {
+    let Harness { fake, node, .. } = start().await;
+    let ds = warren_core::volume::VolumeName::try_from("ds".to_string()).unwrap();
+    let body: ByteStream = stream::iter(vec![
+        Ok(Bytes::from_static(b"rows ")),
+        Ok(Bytes::from_static(b"& more")),
+    ])
+    .boxed();
+    let write = VolumeWrite {
+        file: WriteFile {
+            path: "/a b/f&x.txt".into(),
+            mode: 0o600,
+            tar: false,
+            xattrs: [("user.k".to_string(), "v".to_string())].into(),
+        },
+        owner: Owner {
+            uid: 1000,
+            gid: 1001,
+        },
+        replace: true,
+    };
+    let entry = node.volume_write(&ds, write.clone(), body).await.unwrap();
+    assert_eq!(
+        (
+            entry.size,
+            entry.uid,
+            entry.gid,
+            entry.mode,
+            entry.changed_ms
+        ),
+        (11, 1000, 1001, 0o600, Some(3))
+    );
+    let read = node.volume_read(&ds, "/a b/f&x.txt").await.unwrap();
+    assert_eq!(read.kind, FileKind::File { size: 11 });
+    assert_eq!(read_all(read.body).await, b"rows & more");
+    let missing = node.volume_read(&ds, "/nope").await.err().unwrap();
+    assert_eq!(missing.kind, ErrorKind::NotFound);
+    let taken = VolumeWrite {
+        file: WriteFile {
+            path: "/exists".into(),
+            ..write.file.clone()
+        },
+        replace: false,
+        ..write
+    };
+    let refused = node
+        .volume_write(&ds, taken, stream::empty().boxed())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::Conflict);
+    let op = PathOp::MakeDirAs {
+        path: "/d/e".into(),
+        owner: Owner { uid: 1, gid: 2 },
+        mode: 0o750,
+        parents: true,
+        exist_ok: false,
+    };
+    assert!(node.volume_path_op(&ds, op).await.unwrap().is_empty());
+    let op = PathOp::SetAttrs {
+        path: "/missing".into(),
+        uid: None,
+        gid: Some(5),
+        mode: Some(0o644),
+    };
+    let missing = node.volume_path_op(&ds, op).await.unwrap_err();
+    assert_eq!(missing.kind, ErrorKind::NotFound);
+    let calls = fake.calls();
+    for expected in [
+        r#"volume_write ds /a b/f&x.txt 600 1000:1001 true {"user.k": "v"}"#,
+        r#"volume_path_op ds {"op":"make_dir_as","path":"/d/e","owner":{"uid":1,"gid":2},"mode":488,"parents":true,"exist_ok":false}"#,
+        r#"volume_path_op ds {"op":"set_attrs","path":"/missing","gid":5,"mode":420}"#,
+    ] {
+        assert!(
+            calls.iter().any(|c| c == expected),
+            "{expected:?} not in {calls:#?}"
+        );
     }
 }
 

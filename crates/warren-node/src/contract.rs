@@ -15,8 +15,8 @@ use warren_node_api as api;
 use warren_node_api::{
     ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
     ImageInfo, ImageTarget, LogNote, NodeApi, NodeInfo, NodeResult, PathEntry, PathKind, PathOp,
-    Phase, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, WatchEvent,
-    WatchKind, WriteFile,
+    Phase, PolicyChange, PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, VolumeWrite,
+    WatchEvent, WatchKind, WriteFile,
 };
 use warren_runtime::{file_ops, files, RuntimeError};
 
@@ -31,6 +31,19 @@ pub struct LocalNode {
 impl LocalNode {
     pub fn new(node: Arc<Node>) -> LocalNode {
         LocalNode { node }
+    }
+
+    /// The root of a volume's file system, mounted on the host if it is
+    /// not.
+    async fn volume_root(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+    ) -> NodeResult<std::os::fd::OwnedFd> {
+        let (node, volume) = (self.node.clone(), volume.clone());
+        tokio::task::spawn_blocking(move || node.volumes.root(&volume))
+            .await
+            .map_err(joined)?
+            .map_err(contract_error)
     }
 }
 
@@ -82,6 +95,8 @@ fn path_entry(s: warren_runtime::file_ops::Stat, id_base: Option<u32>) -> PathEn
         uid: inside(s.uid),
         gid: inside(s.gid),
         modified_ms: (s.modified_unix_ns / 1_000_000) as i64,
+        accessed_ms: Some((s.accessed_unix_ns / 1_000_000) as i64),
+        changed_ms: Some((s.changed_unix_ns / 1_000_000) as i64),
         symlink_target: s.symlink_target,
         xattrs: s.xattrs,
     }
@@ -126,6 +141,101 @@ fn image_info(r: &warren_image::ImageRecord) -> ImageInfo {
         digest: r.digest.clone(),
         layers: r.layers.len(),
         record: serde_json::to_value(r).unwrap_or_default(),
+    }
+}
+
+/// Runs a path operation in `root`; ids given are as the target's
+/// processes see them (0 to 65535, what a sandbox has, wherever it runs),
+/// `id_base` the first host id of a sandbox's user namespace (None: the
+/// ids are the host's, as in a volume or a sandbox without one).
+fn run_path_op(
+    root: &std::os::fd::OwnedFd,
+    op: PathOp,
+    id_base: Option<u32>,
+) -> Result<Vec<file_ops::Stat>, RuntimeError> {
+    let host = |id: u32| match id_base {
+        _ if id >= 65536 => Err(RuntimeError::BadPath(format!(
+            "owner {id}: a sandbox has the ids 0 to 65535"
+        ))),
+        None => Ok(id),
+        Some(base) => base.checked_add(id).ok_or_else(|| {
+            RuntimeError::Files(format!("owner {id}: beyond the host's ids from {base}"))
+        }),
+    };
+    Ok(match op {
+        PathOp::Stat { path } => vec![file_ops::stat(root, &path)?],
+        PathOp::List { path, depth } => file_ops::list(root, &path, depth)?,
+        PathOp::MakeDir { path } => vec![file_ops::make_dir(root, &path)?],
+        PathOp::Rename { from, to } => vec![file_ops::rename(root, &from, &to)?],
+        PathOp::Remove { path } => {
+            file_ops::remove(root, &path)?;
+            vec![]
+        }
+        PathOp::MakeDirAs {
+            path,
+            owner,
+            mode,
+            parents,
+            exist_ok,
+        } => {
+            let opts = file_ops::DirOptions {
+                owner: (host(owner.uid)?, host(owner.gid)?),
+                mode,
+                parents,
+                exist_ok,
+            };
+            vec![file_ops::make_dir_as(root, &path, opts)?]
+        }
+        PathOp::SetAttrs {
+            path,
+            uid,
+            gid,
+            mode,
+        } => {
+            let uid = uid.map(host).transpose()?;
+            let gid = gid.map(host).transpose()?;
+            vec![file_ops::set_attrs(root, &path, uid, gid, mode)?]
+        }
+    })
+}
+
+/// A refusal about a volume's path, worded for a volume (the runtime's
+/// file functions speak of sandboxes).
+fn in_volume(e: RuntimeError) -> api::NodeError {
+    let mut e = contract_error(e.into());
+    e.message = e.message.replace("sandbox", "volume");
+    e
+}
+
+/// A read's answer: a file's bytes (never more than its length when
+/// opened), or a directory packed as a tar archive as it is read.
+fn file_read(entry: files::Entry) -> FileRead {
+    let io = |r: std::io::Result<Bytes>| r.map_err(|e| api::NodeError::internal(e.to_string()));
+    match entry {
+        files::Entry::File(f, size) => {
+            // The sandbox may write to the file meanwhile: never send
+            // more than the length announced (a file that shrinks ends
+            // the stream early, which a client sees as a short body).
+            use tokio::io::AsyncReadExt;
+            let file = tokio::fs::File::from_std(f).take(size);
+            FileRead {
+                kind: FileKind::File { size },
+                body: tokio_util::io::ReaderStream::new(file).map(io).boxed(),
+            }
+        }
+        files::Entry::Dir(dir) => {
+            let (reader, writer) = tokio::io::duplex(256 * 1024);
+            tokio::task::spawn_blocking(move || {
+                let mut w = tokio_util::io::SyncIoBridge::new(writer);
+                if let Err(e) = files::pack_dir(dir, &mut w) {
+                    tracing::warn!(error = %e, "packing directory");
+                }
+            });
+            FileRead {
+                kind: FileKind::Dir,
+                body: tokio_util::io::ReaderStream::new(reader).map(io).boxed(),
+            }
+        }
     }
 }
 
@@ -376,33 +486,7 @@ impl NodeApi for LocalNode {
             .await
             .map_err(joined)?
             .map_err(|e| contract_error(e.into()))?;
-        let io = |r: std::io::Result<Bytes>| r.map_err(|e| api::NodeError::internal(e.to_string()));
-        Ok(match entry {
-            files::Entry::File(f, size) => {
-                // The sandbox may write to the file meanwhile: never send
-                // more than the length announced (a file that shrinks ends
-                // the stream early, which a client sees as a short body).
-                use tokio::io::AsyncReadExt;
-                let file = tokio::fs::File::from_std(f).take(size);
-                FileRead {
-                    kind: FileKind::File { size },
-                    body: tokio_util::io::ReaderStream::new(file).map(io).boxed(),
-                }
-            }
-            files::Entry::Dir(dir) => {
-                let (reader, writer) = tokio::io::duplex(256 * 1024);
-                tokio::task::spawn_blocking(move || {
-                    let mut w = tokio_util::io::SyncIoBridge::new(writer);
-                    if let Err(e) = files::pack_dir(dir, &mut w) {
-                        tracing::warn!(error = %e, "packing directory");
-                    }
-                });
-                FileRead {
-                    kind: FileKind::Dir,
-                    body: tokio_util::io::ReaderStream::new(reader).map(io).boxed(),
-                }
-            }
-        })
+        Ok(file_read(entry))
     }
 
     async fn exec_input(
@@ -434,19 +518,7 @@ impl NodeApi for LocalNode {
         self.node.renew_lease(id);
         let root = self.node.root(id).map_err(contract_error)?;
         let base = self.node.host_id_base(id);
-        let stats =
-            tokio::task::spawn_blocking(move || -> Result<Vec<file_ops::Stat>, RuntimeError> {
-                Ok(match op {
-                    PathOp::Stat { path } => vec![file_ops::stat(&root, &path)?],
-                    PathOp::List { path, depth } => file_ops::list(&root, &path, depth)?,
-                    PathOp::MakeDir { path } => vec![file_ops::make_dir(&root, &path)?],
-                    PathOp::Rename { from, to } => vec![file_ops::rename(&root, &from, &to)?],
-                    PathOp::Remove { path } => {
-                        file_ops::remove(&root, &path)?;
-                        vec![]
-                    }
-                })
-            })
+        let stats = tokio::task::spawn_blocking(move || run_path_op(&root, op, base))
             .await
             .map_err(joined)?
             .map_err(|e| contract_error(e.into()))?;
@@ -748,6 +820,78 @@ impl NodeApi for LocalNode {
             .await
             .map_err(joined)?
             .map_err(contract_error)
+    }
+
+    async fn volume_write(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        req: VolumeWrite,
+        body: ByteStream,
+    ) -> NodeResult<PathEntry> {
+        if req.file.tar {
+            return Err(api::NodeError::invalid(
+                "a volume takes files one by one, not tar archives",
+            ));
+        }
+        let root = self.volume_root(volume).await?;
+        let stream = body.map(|r| r.map_err(std::io::Error::other));
+        let reader = tokio_util::io::StreamReader::new(stream);
+        let mut sync_reader = tokio_util::io::SyncIoBridge::new(reader);
+        let stat = tokio::task::spawn_blocking(move || -> Result<file_ops::Stat, RuntimeError> {
+            let path = &req.file.path;
+            // A directory in the way is a conflict here (a sandbox's write
+            // calls it a bad path).
+            if let Ok(st) = file_ops::stat(&root, path) {
+                if st.kind == file_ops::Kind::Dir {
+                    return Err(RuntimeError::Exists(format!("{path}: is a directory")));
+                }
+            }
+            let opts = files::WriteOptions {
+                parents: false,
+                replace: req.replace,
+                owner: Some((req.owner.uid, req.owner.gid)),
+            };
+            files::write_file_with(
+                &root,
+                path,
+                req.file.mode,
+                &req.file.xattrs,
+                opts,
+                &mut sync_reader,
+            )?;
+            file_ops::stat(&root, path)
+        })
+        .await
+        .map_err(joined)?
+        .map_err(in_volume)?;
+        Ok(path_entry(stat, None))
+    }
+
+    async fn volume_read(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        path: &str,
+    ) -> NodeResult<FileRead> {
+        let root = self.volume_root(volume).await?;
+        let path = path.to_string();
+        let entry = tokio::task::spawn_blocking(move || files::open_read(&root, &path))
+            .await
+            .map_err(joined)?
+            .map_err(in_volume)?;
+        Ok(file_read(entry))
+    }
+
+    async fn volume_path_op(
+        &self,
+        volume: &warren_core::volume::VolumeName,
+        op: PathOp,
+    ) -> NodeResult<Vec<PathEntry>> {
+        let root = self.volume_root(volume).await?;
+        let stats = tokio::task::spawn_blocking(move || run_path_op(&root, op, None))
+            .await
+            .map_err(joined)?
+            .map_err(in_volume)?;
+        Ok(stats.into_iter().map(|s| path_entry(s, None)).collect())
     }
 
     async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {

@@ -174,6 +174,36 @@ impl Volumes {
         Ok(info)
     }
 
+    /// The root directory of a volume's file system on the host, opened
+    /// (`O_PATH`) for the volume API's reads and writes, which resolve
+    /// every path inside it; the file system is mounted first if no
+    /// sandbox has needed it since the node started. A sandbox mounting
+    /// the volume shares that file system, so each sees what the other
+    /// writes.
+    pub fn root(&self, name: &VolumeName) -> Result<std::os::fd::OwnedFd, NodeError> {
+        let _one = lock(&self.changing);
+        self.record(name)?;
+        let dir = self.path(name);
+        if disk::device(&dir).is_none() {
+            disk::mount(&dir)?;
+            if disk::device(&dir).is_none() {
+                return Err(NodeError::Internal(format!(
+                    "volume {name} is not mounted after mount"
+                )));
+            }
+        }
+        let fs = dir.join("fs");
+        rustix::fs::open(
+            &fs,
+            rustix::fs::OFlags::PATH
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| NodeError::Internal(format!("opening {}: {e}", fs.display())))
+    }
+
     /// Claims `mounts` for sandbox `id` and says where each file system
     /// is: refused when a volume does not exist here, or a read-write
     /// mount meets any other.

@@ -32,6 +32,9 @@ pub struct Stat {
     pub uid: u32,
     pub gid: u32,
     pub modified_unix_ns: i128,
+    pub accessed_unix_ns: i128,
+    /// When its inode last changed (ctime).
+    pub changed_unix_ns: i128,
     /// Where a symlink points, as written in it.
     pub symlink_target: Option<String>,
     /// A regular file's extended attributes in the `user.` namespace
@@ -124,6 +127,8 @@ fn stat_at(dir: &OwnedFd, name: &OsStr, path: String) -> Result<Stat, RuntimeErr
         uid: st.st_uid,
         gid: st.st_gid,
         modified_unix_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+        accessed_unix_ns: st.st_atime as i128 * 1_000_000_000 + st.st_atime_nsec as i128,
+        changed_unix_ns: st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
         symlink_target,
         xattrs,
     })
@@ -236,6 +241,146 @@ pub fn make_dir(root: &OwnedFd, path: &str) -> Result<Stat, RuntimeError> {
     }
     let mut created = Created::default();
     mkdir_all_noting(root, path, Links::WithinRoot, &mut created)?;
+    stat(root, path)
+}
+
+/// How [`make_dir_as`] makes a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirOptions {
+    /// Owner and group (as the host writes them) of each directory made.
+    pub owner: (u32, u32),
+    /// Permission bits of each directory made.
+    pub mode: u32,
+    /// Make missing parents too (each with `owner` and `mode`); without,
+    /// a missing parent is `NotFound`.
+    pub parents: bool,
+    /// An existing directory is the answer; without, it is `Exists`.
+    pub exist_ok: bool,
+}
+
+/// Makes directory `path` with an owner and permission bits (E2B's volume
+/// `make_dir`). Anything but a directory in the way (at the path, or as a
+/// parent) is `Exists`. Each directory made is opened by name, without
+/// following links, before its owner and mode are set: a link swapped in
+/// meanwhile is refused, never followed.
+pub fn make_dir_as(root: &OwnedFd, path: &str, opts: DirOptions) -> Result<Stat, RuntimeError> {
+    let in_the_way = |e: RuntimeError| match e {
+        RuntimeError::BadPath(m) => RuntimeError::Exists(m),
+        e => e,
+    };
+    match stat(root, path) {
+        Ok(st) if st.kind == Kind::Dir && opts.exist_ok => return Ok(st),
+        Ok(_) => {
+            return Err(RuntimeError::Exists(format!("{path}: already exists")));
+        }
+        Err(RuntimeError::NotFound(_)) => {}
+        Err(e) => return Err(in_the_way(e)),
+    }
+    let (parent, name) = split(path)?;
+    let dir = if opts.parents {
+        let mut dir = open_in(root, "/", OFlags::PATH | OFlags::DIRECTORY, 0)?;
+        let mut prefix = String::new();
+        for part in parent.split('/').filter(|p| !p.is_empty()) {
+            if part == ".." {
+                return Err(RuntimeError::BadPath(format!(
+                    "{path}: '..' is not allowed"
+                )));
+            }
+            prefix.push('/');
+            prefix.push_str(part);
+            dir = match open_in(root, &prefix, OFlags::PATH | OFlags::DIRECTORY, 0) {
+                Ok(fd) => fd,
+                Err(RuntimeError::NotFound(_)) => new_dir(&dir, part, &prefix, opts)?,
+                Err(e) => return Err(in_the_way(e)),
+            };
+        }
+        dir
+    } else {
+        open_in(root, &parent, OFlags::PATH | OFlags::DIRECTORY, 0).map_err(in_the_way)?
+    };
+    new_dir(&dir, &name, path, opts)?;
+    stat(root, path)
+}
+
+/// Makes directory `name` in `dir` with the owner and mode of `opts`, and
+/// answers it open (`O_PATH`).
+fn new_dir(
+    dir: &OwnedFd,
+    name: &str,
+    path: &str,
+    opts: DirOptions,
+) -> Result<OwnedFd, RuntimeError> {
+    match rustix::fs::mkdirat(dir, name, rustix::fs::Mode::from_raw_mode(0o700)) {
+        Ok(()) => {}
+        // Made meanwhile by someone else: theirs, as it is.
+        Err(rustix::io::Errno::EXIST) if opts.exist_ok => {}
+        Err(rustix::io::Errno::EXIST) => {
+            return Err(RuntimeError::Exists(format!("{path}: already exists")))
+        }
+        Err(e) => return Err(err(path)(e)),
+    }
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+            RuntimeError::Exists(format!("{path}: not a directory"))
+        }
+        e => err(path)(e),
+    })?;
+    let (uid, gid) = opts.owner;
+    rustix::fs::fchown(
+        &fd,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    )
+    .map_err(|e| RuntimeError::Files(format!("{path}: owner {uid}:{gid}: {e}")))?;
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(opts.mode & 0o7777))
+        .map_err(|e| RuntimeError::Files(format!("{path}: mode {:o}: {e}", opts.mode)))?;
+    Ok(fd)
+}
+
+/// Changes the owner, group and/or permission bits of `path`; a final
+/// symlink's own owner (it has no mode of its own), never what it points
+/// to. The path is opened once (`O_PATH`, not following a final link) and
+/// changed through that descriptor.
+pub fn set_attrs(
+    root: &OwnedFd,
+    path: &str,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mode: Option<u32>,
+) -> Result<Stat, RuntimeError> {
+    let fd = open_in(root, path, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
+    let st = rustix::fs::fstat(&fd).map_err(err(path))?;
+    if mode.is_some() && kind(st.st_mode) == Kind::Symlink {
+        return Err(RuntimeError::BadPath(format!(
+            "{path}: is a symlink, which has no permissions of its own"
+        )));
+    }
+    if uid.is_some() || gid.is_some() {
+        rustix::fs::chownat(
+            &fd,
+            "",
+            uid.map(rustix::fs::Uid::from_raw),
+            gid.map(rustix::fs::Gid::from_raw),
+            AtFlags::EMPTY_PATH,
+        )
+        .map_err(|e| RuntimeError::Files(format!("{path}: owner: {e}")))?;
+    }
+    if let Some(mode) = mode {
+        // chmod has no "this descriptor" form for an O_PATH descriptor;
+        // its /proc link is the inode itself, never a path looked up again.
+        let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        rustix::fs::chmod(
+            link.as_str(),
+            rustix::fs::Mode::from_raw_mode(mode & 0o7777),
+        )
+        .map_err(|e| RuntimeError::Files(format!("{path}: mode {mode:o}: {e}")))?;
+    }
     stat(root, path)
 }
 
@@ -415,5 +560,83 @@ mod tests {
             stat(&r, "/up/passwd"),
             Err(RuntimeError::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn make_dir_as_and_set_attrs_give_owners_and_modes_and_stay_in_the_root() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().expect("tempdir");
+        let r = root(t.path());
+        let opts = |parents, exist_ok| DirOptions {
+            owner: (1000, 1000),
+            mode: 0o750,
+            parents,
+            exist_ok,
+        };
+        let owner_mode = |p: &str| {
+            let m = std::fs::symlink_metadata(t.path().join(p)).expect("meta");
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        };
+        assert!(matches!(
+            make_dir_as(&r, "/a/b", opts(false, false)),
+            Err(RuntimeError::NotFound(_))
+        ));
+        let st = make_dir_as(&r, "/a/b", opts(true, false)).expect("mkdir -p");
+        assert_eq!((st.kind, st.path.as_str()), (Kind::Dir, "/a/b"));
+        assert_eq!(owner_mode("a"), (1000, 1000, 0o750));
+        assert_eq!(owner_mode("a/b"), (1000, 1000, 0o750));
+        assert!(matches!(
+            make_dir_as(&r, "/a/b", opts(false, false)),
+            Err(RuntimeError::Exists(_))
+        ));
+        assert_eq!(
+            make_dir_as(&r, "/a/b", opts(true, true))
+                .expect("exists")
+                .kind,
+            Kind::Dir
+        );
+        std::fs::write(t.path().join("f"), b"x").expect("write");
+        for (path, parents) in [("/f", true), ("/f/x", false), ("/f/x/y", true)] {
+            assert!(
+                matches!(
+                    make_dir_as(&r, path, opts(parents, true)),
+                    Err(RuntimeError::Exists(_))
+                ),
+                "{path}"
+            );
+        }
+
+        let st = set_attrs(&r, "/f", Some(7), None, Some(0o600)).expect("chown chmod");
+        assert_eq!((st.uid, st.gid, st.mode), (7, 0, 0o600));
+        assert_eq!(owner_mode("f"), (7, 0, 0o600));
+        // A link's own owner changes, never its target's; it has no mode.
+        std::os::unix::fs::symlink("/etc/hostname", t.path().join("up")).expect("symlink");
+        let host = std::fs::metadata("/etc/hostname").map(|m| (m.uid(), m.mode()));
+        assert_eq!(
+            set_attrs(&r, "/up", Some(5), Some(5), None)
+                .expect("lchown")
+                .uid,
+            5
+        );
+        assert!(matches!(
+            set_attrs(&r, "/up", None, None, Some(0o777)),
+            Err(RuntimeError::BadPath(_))
+        ));
+        assert_eq!(
+            std::fs::metadata("/etc/hostname")
+                .map(|m| (m.uid(), m.mode()))
+                .ok(),
+            host.ok()
+        );
+        assert!(matches!(
+            set_attrs(&r, "/nope", Some(1), None, None),
+            Err(RuntimeError::NotFound(_))
+        ));
+        // A directory link resolves inside the root.
+        std::os::unix::fs::symlink("/", t.path().join("top")).expect("symlink");
+        std::fs::create_dir(t.path().join("etc")).expect("mkdir");
+        let st = set_attrs(&r, "/top/etc", None, None, Some(0o700)).expect("chmod in root");
+        assert_eq!(st.mode, 0o700);
+        assert_eq!(owner_mode("etc").2, 0o700);
     }
 }

@@ -164,6 +164,11 @@ impl Created {
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             );
         }
+        self.record(dir, name, is_dir);
+    }
+
+    /// Records a new entry, leaving its owner as it is.
+    pub(crate) fn record(&mut self, dir: &OwnedFd, name: &OsStr, is_dir: bool) {
         // dup fails only when the process is out of descriptors; the entry
         // is then left in place, as it was before this bookkeeping existed.
         if let Ok(fd) = dir.try_clone() {
@@ -317,6 +322,44 @@ pub fn write_file(
     xattrs: &BTreeMap<String, String>,
     data: &mut dyn Read,
 ) -> Result<u64, RuntimeError> {
+    write_file_with(root, path, mode, xattrs, WriteOptions::default(), data)
+}
+
+/// How [`write_file_with`] treats what it finds: the defaults are a
+/// sandbox's writes (parents made, a file replaced, the owner its
+/// directory's or the old file's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Make missing parent directories; without, a missing parent (or one
+    /// that is not a directory) is `NotFound`.
+    pub parents: bool,
+    /// Replace a regular file at the path; without, anything there is
+    /// `Exists` (and the new file takes the name only if it is still free).
+    pub replace: bool,
+    /// The new file's owner and group, as the host writes them.
+    pub owner: Option<(u32, u32)>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            parents: true,
+            replace: true,
+            owner: None,
+        }
+    }
+}
+
+/// [`write_file`], with what it does about parents, an existing file and
+/// the owner said by `opts` (a volume's writes: E2B's volume API).
+pub fn write_file_with(
+    root: &OwnedFd,
+    path: &str,
+    mode: u32,
+    xattrs: &BTreeMap<String, String>,
+    opts: WriteOptions,
+    data: &mut dyn Read,
+) -> Result<u64, RuntimeError> {
     for name in xattrs.keys() {
         if !name.starts_with("user.") || name.len() <= 5 || name.len() > 255 || name.contains('\0')
         {
@@ -325,7 +368,7 @@ pub fn write_file(
             )));
         }
     }
-    all_or_nothing(|created| write_file_noting(root, path, mode, xattrs, data, created))
+    all_or_nothing(|created| write_file_noting(root, path, mode, xattrs, opts, data, created))
 }
 
 fn write_file_noting(
@@ -333,11 +376,21 @@ fn write_file_noting(
     path: &str,
     mode: u32,
     xattrs: &BTreeMap<String, String>,
+    opts: WriteOptions,
     data: &mut dyn Read,
     created: &mut Created,
 ) -> Result<u64, RuntimeError> {
     let (parent, name) = split(path)?;
-    let dir = mkdir_all_noting(root, &parent, Links::WithinRoot, created)?;
+    let dir = if opts.parents {
+        mkdir_all_noting(root, &parent, Links::WithinRoot, created)?
+    } else {
+        open_in(root, &parent, OFlags::PATH | OFlags::DIRECTORY, 0).map_err(|e| match e {
+            RuntimeError::NotFound(_) | RuntimeError::BadPath(_) => {
+                RuntimeError::NotFound(format!("{parent}: no such directory"))
+            }
+            e => e,
+        })?
+    };
     let name = OsStr::new(&name);
     // What is there now decides whether it may be replaced, and whose the
     // new file is (an existing file keeps its owner).
@@ -346,6 +399,9 @@ fn write_file_noting(
         Err(rustix::io::Errno::NOENT) => None,
         Err(e) => return Err(RuntimeError::Files(format!("{path}: {e}"))),
     };
+    if existing.is_some() && !opts.replace {
+        return Err(RuntimeError::Exists(format!("{path}: already exists")));
+    }
     if let Some(st) = &existing {
         match rustix::fs::FileType::from_raw_mode(st.st_mode) {
             rustix::fs::FileType::RegularFile => {}
@@ -371,7 +427,14 @@ fn write_file_noting(
     let mut scratch = Created::default();
     let fd = create_regular(&dir, &temp, mode, path, &mut scratch)?;
     let written = (|| {
-        if let Some(st) = &existing {
+        if let Some((uid, gid)) = opts.owner {
+            rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            )
+            .map_err(|e| RuntimeError::Files(format!("{path}: owner {uid}:{gid}: {e}")))?;
+        } else if let Some(st) = &existing {
             let _ = rustix::fs::fchown(
                 &fd,
                 Some(rustix::fs::Uid::from_raw(st.st_uid)),
@@ -395,16 +458,25 @@ fn write_file_noting(
         // The sandbox can swap a directory or a link in meanwhile: renaming
         // replaces a link itself (never writes through it), and fails on a
         // directory.
-        rustix::fs::renameat(&dir, &temp, &dir, name).map_err(|e| match e {
+        let flags = if opts.replace {
+            rustix::fs::RenameFlags::empty()
+        } else {
+            rustix::fs::RenameFlags::NOREPLACE
+        };
+        rustix::fs::renameat_with(&dir, &temp, &dir, name, flags).map_err(|e| match e {
             rustix::io::Errno::ISDIR | rustix::io::Errno::NOTEMPTY => {
                 RuntimeError::BadPath(format!("{path}: is a directory"))
             }
+            rustix::io::Errno::EXIST => RuntimeError::Exists(format!("{path}: already exists")),
             e => RuntimeError::Files(format!("{path}: {e}")),
         })?;
         Ok(n)
     })();
     if written.is_err() {
         scratch.undo();
+    } else if existing.is_none() && opts.owner.is_some() {
+        // Its owner is the one given, not its directory's.
+        created.record(&dir, name, false);
     } else if existing.is_none() {
         created.note(&dir, name, false);
     }
@@ -899,5 +971,49 @@ mod tests {
         let outside: BTreeMap<String, String> = [("trusted.x".to_string(), "y".to_string())].into();
         assert!(write_file(&root, "/g", 0o644, &outside, &mut &b"3"[..]).is_err());
         assert!(!dir.path().join("g").exists());
+    }
+
+    #[test]
+    fn a_strict_write_makes_no_parents_replaces_nothing_and_takes_the_owner_given() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = root_of(dir.path());
+        let strict = |replace| WriteOptions {
+            parents: false,
+            replace,
+            owner: Some((1000, 1001)),
+        };
+        let none = BTreeMap::new();
+        let write = |path: &str, replace, data: &[u8]| {
+            write_file_with(&root, path, 0o640, &none, strict(replace), &mut &data[..])
+        };
+        assert!(matches!(
+            write("/no/f", true, b"x"),
+            Err(RuntimeError::NotFound(_))
+        ));
+        assert!(!dir.path().join("no").exists(), "no parent was made");
+        assert_eq!(write("/f", false, b"one").expect("new file"), 3);
+        let meta = std::fs::metadata(dir.path().join("f")).expect("meta");
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (1000, 1001, 0o640)
+        );
+        assert!(matches!(
+            write("/f", false, b"two"),
+            Err(RuntimeError::Exists(_))
+        ));
+        assert_eq!(std::fs::read(dir.path().join("f")).expect("read"), b"one");
+        assert_eq!(write("/f", true, b"three").expect("replaced"), 5);
+        assert_eq!(std::fs::read(dir.path().join("f")).expect("read"), b"three");
+        // A file as a parent is a missing parent; nothing is left behind.
+        assert!(matches!(
+            write("/f/g", true, b"x"),
+            Err(RuntimeError::NotFound(_))
+        ));
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["f"]);
     }
 }

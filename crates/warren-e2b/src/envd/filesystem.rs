@@ -527,6 +527,8 @@ mod tests {
             uid: 0,
             gid: 0,
             modified_ms: 1_735_689_600_000,
+            accessed_ms: None,
+            changed_ms: None,
             symlink_target: None,
             xattrs: [("user.e2b.a".to_string(), "b".to_string())].into(),
         };

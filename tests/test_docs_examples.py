@@ -127,6 +127,9 @@ E2B_MD = [
         r"\nbuilt by root\nprod\n\n<h1>my app</h1>\n\n\n\Z")),
     ("toml", "[build]", NotRun(REFERENCE)),
     ("sh", "scripts/e2b-js-suite.sh", NotRun(ANOTHER_SUITE)),
+    ("python", 'Secret.create("openai-key"', Python(r"\Ahas key\n\n\Z")),
+    ("sh", "export E2B_VOLUME_API_URL=$E2B_API_URL", Shell(("export E2B_VOLUME_API_URL", 0, None))),
+    ("python", 'Volume.create("datasets")', Python(r"\Aa,b\n1,2\n\ndone\n 1000\n\Z")),
 ]
 
 FUSION_MD = [

@@ -590,3 +590,104 @@ def test_timeouts_longer_than_warren_keeps_a_sandbox_are_refused_and_change_noth
         assert httpx.get(f"{api}/sandboxes/{sid}", headers=key).status_code == 200
     finally:
         httpx.delete(f"{api}/sandboxes/{sid}", headers=key)
+
+
+def test_e2b_secrets_and_volumes_through_the_sdk(e2b_warren):
+    """E2B's `Secret` and `Volume` classes, unchanged (tests/e2b_volumes_secrets_client.py):
+    the secrets API, a secret given as `Secret.fill(name)` in envVars, the
+    volumes API, the volume content API (E2B_VOLUME_API_URL: the same
+    listener), and a sandbox mounting the volume sharing files with it."""
+    w = e2b_warren
+    w.e2b_env["E2B_VOLUME_API_URL"] = w.e2b_env["E2B_API_URL"]
+    try:
+        out = run_script(w, venv(VERSIONS[0]), [Path(__file__).parent / "e2b_volumes_secrets_client.py", "base"],
+                         "e2b secrets and volumes")
+    finally:
+        del w.e2b_env["E2B_VOLUME_API_URL"]
+    assert out.strip().endswith("volumes and secrets ok"), out
+    # Nothing is left: no secret, no volume, no sandbox.
+    assert w.http.get("/v1/secrets").json() == []
+    assert w.http.get("/v1/volumes").json() == []
+
+
+def test_e2b_secrets_and_volumes_refuse_bad_input_clearly(e2b_warren):
+    w = e2b_warren
+    api = w.e2b_env["E2B_API_URL"]
+    key = {"X-API-KEY": w.token}
+    running = lambda: {s["id"] for s in w.http.get("/v1/sandboxes").json() if s["state"] == "running"}
+    before = running()
+
+    def create(**body):
+        r = httpx.post(f"{api}/v2/sandboxes", json={"templateID": "base", **body}, headers=key, timeout=60)
+        assert r.status_code >= 400 and r.json()["code"] == r.status_code, r.text
+        return r.status_code, r.json()["message"]
+
+    # Egress header transforms are refused, not ignored; secrets fill whole variables.
+    rules = {"rules": {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.k}"}}}]}}
+    status, msg = create(network=rules)
+    assert status == 400 and "network.rules" in msg and "TLS" in msg, msg
+    status, msg = create(envVars={"AUTH": "Bearer ${e2b.secrets.k}"})
+    assert status == 400 and "whole variable" in msg, msg
+    status, msg = create(envVars={"AUTH": "${e2b.secrets.no-such-secret}"})
+    assert status == 400 and "no-such-secret" in msg, msg
+    # Mounts name existing, lowercase volumes.
+    status, msg = create(volumeMounts=[{"name": "missing-vol", "path": "/mnt/x"}])
+    assert status == 404 and "Volume.create" in msg, msg
+    status, msg = create(volumeMounts=[{"name": "Missing", "path": "/mnt/x"}])
+    assert status == 400 and "lowercase" in msg, msg
+    assert running() == before
+
+    # Secrets: a page size out of range, a body without a value.
+    r = httpx.get(f"{api}/secrets", params={"limit": 0}, headers=key)
+    assert r.status_code == 400 and "limit" in r.json()["message"], r.text
+    r = httpx.post(f"{api}/secrets", json={"name": "k"}, headers=key)
+    assert r.status_code == 400 and r.json()["code"] == 400, r.text
+    assert httpx.get(f"{api}/secrets", headers={"X-API-KEY": "e2b_00"}).status_code == 401
+
+    # The content API: its own token, paths inside the volume, sane numbers.
+    r = httpx.post(f"{api}/volumes", json={"name": "badinput"}, headers=key)
+    assert r.status_code == 201, r.text
+    token = r.json()["token"]
+    try:
+        content = f"{api}/volumecontent/badinput"
+        r = httpx.get(f"{content}/path", params={"path": "/"})
+        assert r.status_code == 401 and r.json()["code"] == "401", r.text
+        r = httpx.get(f"{content}/path", params={"path": "/"}, headers={"X-API-KEY": w.token})
+        assert r.status_code == 401, r.text              # the API key is not a volume token
+        r = httpx.get(f"{api}/volumecontent/other/path", params={"path": "/"},
+                      headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 403, r.text
+        auth = {"Authorization": f"Bearer {token}"}
+        r = httpx.get(f"{content}/path", params={"path": "/"}, headers=auth)
+        assert r.status_code == 200 and r.json()["type"] == "directory", r.text
+        for params, what in [({"path": "/../etc/passwd"}, ".."), ({}, "path"),
+                             ({"path": "/f", "mode": 0o10644}, "mode"), ({"path": "/f", "uid": 70000}, "uid")]:
+            r = httpx.put(f"{content}/file", params=params, content=b"x", headers=auth)
+            assert r.status_code == 400 and what in r.json()["message"], (params, r.text)
+        r = httpx.delete(f"{content}/path", params={"path": "/"}, headers=auth)
+        assert r.status_code == 400, r.text
+        r = httpx.patch(f"{content}/path", params={"path": "/"}, content=b"{nope", headers=auth)
+        assert r.status_code == 400 and "Invalid metadata" in r.json()["message"], r.text
+        assert httpx.get(f"{content}/dir", params={"path": "/"}, headers=auth).json() == []
+    finally:
+        assert httpx.delete(f"{api}/volumes/badinput", headers=key).status_code == 204
+    assert httpx.delete(f"{api}/volumes/badinput", headers=key).status_code == 404
+    # The token of a volume removed and made again is not the new one's.
+    r = httpx.post(f"{api}/volumes", json={"name": "badinput"}, headers=key)
+    try:
+        assert r.status_code == 201 and r.json()["token"] != token, r.text
+        r = httpx.get(f"{api}/volumecontent/badinput/path", params={"path": "/"},
+                      headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 403, r.text
+    finally:
+        httpx.delete(f"{api}/volumes/badinput", headers=key)
+
+
+def test_the_js_sdk_uses_secrets_and_volumes(e2b_warren):
+    d = npm_e2b()
+    script = d / "volumes_secrets.mjs"
+    shutil.copy(Path(__file__).parent / "e2b_volumes_secrets_client.mjs", script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(e2b_warren.e2b_env, E2B_VOLUME_API_URL=e2b_warren.e2b_env["E2B_API_URL"])
+    p = subprocess.run(["node", script], cwd=d, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "node volumes and secrets ok" in p.stdout, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"

@@ -51,8 +51,11 @@ pub fn router(e2b: Arc<E2b>) -> Router {
             axum::routing::delete(crate::snapshots::delete),
         )
         .merge(crate::template_api::routes())
+        .merge(crate::secrets::routes())
+        .merge(crate::volumes::routes())
         .layer(middleware::from_fn_with_state(e2b.clone(), auth))
         .merge(crate::template_api::upload_route())
+        .merge(crate::volumes::content_routes())
         .with_state(e2b)
 }
 
@@ -69,6 +72,11 @@ impl E2bError {
             status,
             message: message.into(),
         }
+    }
+
+    /// Its status and message.
+    pub(crate) fn parts(self) -> (StatusCode, String) {
+        (self.status, self.message)
     }
 
     fn not_found(id: &str) -> E2bError {
@@ -294,6 +302,10 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
         req.allow_internet_access.unwrap_or(true),
         control.offers_open_egress(),
     )?;
+    // Secrets as variables, egress header rules refused, volumes mounted.
+    crate::secrets::refuse_transforms(&raw, "/network")?;
+    crate::secrets::take_fills(&mut spec)?;
+    crate::volumes::take_mounts(&e2b, &raw, &mut spec).await?;
     if req.auto_pause {
         if req.auto_pause_memory == Some(false) {
             return Err(E2bError::new(
@@ -501,6 +513,7 @@ fn listed(info: &SandboxInfo) -> Value {
         "state": e2b_state(info.state),
         "envdVersion": ENVD_VERSION,
         "metadata": metadata(info),
+        "volumeMounts": crate::volumes::mounts_of(info),
     })
 }
 
@@ -772,6 +785,7 @@ async fn update_network(
     raw: Bytes,
 ) -> E2bResult<StatusCode> {
     let n: Network = body(&raw)?;
+    crate::secrets::refuse_transforms(&raw, "")?;
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
     let open = info.spec.network.mode == NetworkMode::Open;

@@ -23,10 +23,12 @@ use warren_control::ControlCell;
 pub mod api;
 pub mod connect;
 pub mod envd;
+pub mod secrets;
 pub mod snapshots;
 pub mod template_api;
 pub mod template_builds;
 pub mod templates;
+pub mod volumes;
 
 /// The envd version Warren reports: the SDK turns features on by it, and
 /// 0.6.4 is the highest whose features (stdin-less starts, octet-stream and

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod alerts;
 pub mod api;
 pub mod batch;
 mod builds;
@@ -60,6 +61,8 @@ pub struct UpConfig {
     /// Where browsers reach sandbox ports (`--ports-url`, each port a host
     /// `PORT-ID.<host>` below it); None: links to ports are not offered.
     pub ports_url: Option<String>,
+    /// Where alerts are sent (`--alert-webhook`; see `alerts`).
+    pub alert_webhooks: Vec<alerts::Webhook>,
 }
 
 pub enum NodeSource {
@@ -238,6 +241,9 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
     tokio::spawn(control.clone().reconcile());
     tokio::spawn(control.clone().keep_pools());
     tokio::spawn(control.clone().watch_nodes());
+    if !cfg.alert_webhooks.is_empty() {
+        tokio::spawn(control.clone().send_alerts(cfg.alert_webhooks));
+    }
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),
         token: token.clone(),

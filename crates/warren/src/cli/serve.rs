@@ -182,6 +182,11 @@ pub struct ControlOpts {
     /// `*.HOST`); default http://localhost:PORT.
     #[arg(long, value_name = "URL")]
     pub ports_url: Option<String>,
+    /// Send alerts (a node's CPU saturated, unreachable or lost; a sandbox
+    /// OOM-killed, over its disk, or under memory pressure) to this URL in
+    /// Alertmanager's webhook format. Repeatable.
+    #[arg(long = "alert-webhook", value_name = "URL")]
+    pub alert_webhooks: Vec<warren_control::alerts::Webhook>,
 }
 
 #[derive(Args)]

@@ -24,6 +24,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         queue_limit: args.control.queue_limit,
         public_url: args.control.public_url.clone(),
         ports_url: Some(ports.url.clone()),
+        alert_webhooks: args.control.alert_webhooks.clone(),
         policy,
         destroy_on_stop: true,
         database: None,

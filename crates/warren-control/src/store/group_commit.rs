@@ -31,25 +31,23 @@ use warren_core::SandboxSpec;
 
 use super::StoreError;
 
-/// What group commit needs of a database: a write transaction, its
-/// connection, and its commit. A transaction dropped without a commit must
-/// leave nothing behind.
+/// What group commit needs of a database: a write transaction and its
+/// commit. A transaction dropped without a commit must leave nothing
+/// behind.
 pub(super) trait Database: Send + Sync + 'static {
-    type Connection: Send + 'static;
     type Tx: Send + 'static;
     /// `flush`: whether its commit waits until the disk holds it; a
     /// database may flush anyway.
     fn begin(&self, flush: bool) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
-    fn conn(tx: &mut Self::Tx) -> &mut Self::Connection;
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// One write: statements run on the connection inside an open transaction.
+/// One write: statements run inside an open transaction.
 /// It may run twice (see the module's notes), so it owns what it binds.
 type Write<C> =
     Box<dyn for<'c> Fn(&'c mut C) -> BoxFuture<'c, Result<(), StoreError>> + Send + Sync>;
 
-/// The statements of a write, given its connection and owned arguments.
+/// The statements of a write, given its transaction and owned arguments.
 pub(super) type Statements<C, A> =
     for<'c> fn(&'c mut C, Arc<A>) -> BoxFuture<'c, Result<(), StoreError>>;
 
@@ -76,7 +74,7 @@ impl<C> Clone for GroupCommit<C> {
 
 impl<C: Send + 'static> GroupCommit<C> {
     /// Starts the committing task; it ends when the last clone is dropped.
-    pub(super) fn start<D: Database<Connection = C>>(db: D) -> GroupCommit<C> {
+    pub(super) fn start<D: Database<Tx = C>>(db: D) -> GroupCommit<C> {
         let (queue, rx) = mpsc::unbounded_channel();
         tokio::spawn(commit_loop(db, rx));
         GroupCommit { queue }
@@ -107,10 +105,10 @@ impl<C: Send + 'static> GroupCommit<C> {
     }
 }
 
-async fn commit_loop<D: Database>(db: D, mut rx: mpsc::UnboundedReceiver<Pending<D::Connection>>) {
+async fn commit_loop<D: Database>(db: D, mut rx: mpsc::UnboundedReceiver<Pending<D::Tx>>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let writes: Vec<(&Write<D::Connection>, bool)> =
+        let writes: Vec<(&Write<D::Tx>, bool)> =
             batch.iter().map(|p| (&p.write, p.flush)).collect();
         let results = commit_together(&db, &writes).await;
         for (pending, result) in batch.drain(..).zip(results) {
@@ -122,7 +120,7 @@ async fn commit_loop<D: Database>(db: D, mut rx: mpsc::UnboundedReceiver<Pending
 /// One result per write, in order.
 async fn commit_together<D: Database>(
     db: &D,
-    writes: &[(&Write<D::Connection>, bool)],
+    writes: &[(&Write<D::Tx>, bool)],
 ) -> Vec<Result<(), StoreError>> {
     let all = |e: StoreError| {
         let message = e.to_string();
@@ -141,7 +139,7 @@ async fn commit_together<D: Database>(
     };
     let mut failed = false;
     for (w, _) in writes {
-        if w(D::conn(&mut tx)).await.is_err() {
+        if w(&mut tx).await.is_err() {
             failed = true;
             break;
         }
@@ -162,13 +160,9 @@ async fn commit_together<D: Database>(
     results
 }
 
-async fn alone<D: Database>(
-    db: &D,
-    write: &Write<D::Connection>,
-    flush: bool,
-) -> Result<(), StoreError> {
+async fn alone<D: Database>(db: &D, write: &Write<D::Tx>, flush: bool) -> Result<(), StoreError> {
     let mut tx = db.begin(flush).await?;
-    write(D::conn(&mut tx)).await?;
+    write(&mut tx).await?;
     D::commit(tx).await
 }
 

@@ -2,7 +2,9 @@
 //! [`Store`] trait; [`SqliteStore`] keeps them in SQLite (WAL,
 //! `synchronous=FULL`), [`PgStore`] in PostgreSQL (a cluster's servers
 //! share it). A state change is committed together with its event before
-//! the API acknowledges it. [`open`] picks one by the database's URL.
+//! the API acknowledges it. [`open`] picks one by the database's URL. Both
+//! run the same SQL, written once in `sql.rs`; their own files hold only
+//! what each database does its own way.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -13,6 +15,7 @@ use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
 mod group_commit;
 mod postgres;
+mod sql;
 mod sqlite;
 
 pub use postgres::PgStore;

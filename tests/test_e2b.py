@@ -691,3 +691,53 @@ def test_the_js_sdk_uses_secrets_and_volumes(e2b_warren):
     env.update(e2b_warren.e2b_env, E2B_VOLUME_API_URL=e2b_warren.e2b_env["E2B_API_URL"])
     p = subprocess.run(["node", script], cwd=d, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "node volumes and secrets ok" in p.stdout, f"{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+
+
+def test_sandbox_ports_by_host_public_where_the_operator_allows_and_masked(images):
+    """`--e2b-domain`: a request for `PORT-ID.DOMAIN` (E2B's `get_host`)
+    reaches that port; with `--e2b-public-traffic`, a sandbox made with
+    E2B's default `allowPublicTraffic` takes it without a token, one made
+    with `allowPublicTraffic: false` only with its traffic token, and
+    `maskRequestHost` is the Host its server sees."""
+    from conftest import own_daemon
+    api_port, sbx_port = free_port(), free_port()
+    args = ["--e2b-api", f"127.0.0.1:{api_port}", "--e2b-sandbox", f"127.0.0.1:{sbx_port}",
+            "--e2b-domain", "sbx.test", "--e2b-public-traffic"]
+    cgi = "#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n%s' \"$HTTP_HOST\"\n"
+    with own_daemon(images, args=args) as w:
+        api, key = f"http://127.0.0.1:{api_port}", {"X-API-KEY": w.token}
+
+        def make(**network):
+            body = {"templateID": "busybox:latest", **({"network": network} if network else {})}
+            s = httpx.post(f"{api}/sandboxes", json=body, headers=key, timeout=60).json()
+            r = w.http.put(f"/v1/sandboxes/{s['sandboxID']}/files", params={"path": "/www/cgi-bin/host", "mode": "755"},
+                           content=cgi.encode())
+            assert r.status_code in (200, 201, 204), r.text
+            sh_ok(w, s["sandboxID"], "httpd -p 8000 -h /www")
+            return s
+
+        def get(s, **headers):
+            return httpx.get(f"http://127.0.0.1:{sbx_port}/cgi-bin/host", timeout=10,
+                             headers={"Host": f"8000-{s['sandboxID']}.sbx.test", **headers})
+
+        public = make()
+        private = make(allowPublicTraffic=False, maskRequestHost="localhost:${PORT}")
+        assert public["domain"] == "sbx.test"
+        r = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(get(public)), what="httpd up")
+        assert r.text == f"8000-{public['sandboxID']}.sbx.test", r.text
+        r = get(private)
+        assert r.status_code == 403 and "Traffic-Access-Token" in r.text, r.text
+        r = get(private, **{"E2B-Traffic-Access-Token": public["trafficAccessToken"]})
+        assert r.status_code == 403, r.text
+        r = get(private, **{"E2B-Traffic-Access-Token": private["trafficAccessToken"]})
+        assert (r.status_code, r.text) == (200, "localhost:8000"), r.text
+        # envd by host still needs the access token; a host of another
+        # domain routes nothing.
+        r = httpx.get(f"http://127.0.0.1:{sbx_port}/files", params={"path": "/www/cgi-bin/host"},
+                      headers={"Host": f"49983-{public['sandboxID']}.sbx.test"})
+        assert r.status_code == 401, r.text
+        r = httpx.get(f"http://127.0.0.1:{sbx_port}/", headers={"Host": f"8000-{public['sandboxID']}.other.test"})
+        assert r.status_code == 400, r.text
+        r = httpx.post(f"{api}/sandboxes", json={"templateID": "busybox:latest", "network": {"maskRequestHost": "a b"}},
+                       headers=key)
+        assert r.status_code == 400 and "maskRequestHost" in r.text, r.text

@@ -165,8 +165,9 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     network: Option<Network>,
-    /// E2B's default is true: the sandbox reaches the internet.
-    #[serde(default)]
+    /// E2B's default is true: the sandbox reaches the internet. (E2B's
+    /// schema spells it in snake case, unlike its other fields.)
+    #[serde(default, alias = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     /// At the timeout, pause instead of ending (E2B's `on_timeout: pause`).
     #[serde(default)]
@@ -202,6 +203,41 @@ struct Network {
     allow_out: Option<Vec<String>>,
     #[serde(default)]
     deny_out: Option<Vec<String>>,
+    /// False: the sandbox's ports take only requests with its traffic
+    /// token (E2B's default is true: anyone with the URL).
+    #[serde(default)]
+    allow_public_traffic: Option<bool>,
+    /// The Host its ports see, `${PORT}` the port asked for.
+    #[serde(default)]
+    mask_request_host: Option<String>,
+}
+
+/// `maskRequestHost` as labels: its host, and its port (`port` for
+/// `${PORT}`); a host that is not a DNS name or address is refused.
+fn mask_labels(mask: &str) -> E2bResult<[(&'static str, String); 2]> {
+    let bad = || {
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("maskRequestHost {mask:?}: write HOST, HOST:PORT or HOST:${{PORT}}"),
+        )
+    };
+    let (host, port) = match mask.rsplit_once(':') {
+        Some((h, "${PORT}")) => (h, "port".to_string()),
+        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?.to_string()),
+        None => (mask, String::new()),
+    };
+    let host = match warren_core::network::normalize_host(host).map_err(|_| bad())? {
+        warren_core::network::Target::Name(n) => n,
+        warren_core::network::Target::Ip(std::net::IpAddr::V4(ip)) => ip.to_string(),
+        warren_core::network::Target::Ip(_) => return Err(bad()),
+    };
+    if warren_core::labels::validate_value(crate::MASK_HOST_LABEL, &host).is_err() {
+        return Err(bad());
+    }
+    Ok([
+        (crate::MASK_HOST_LABEL, host),
+        (crate::MASK_PORT_LABEL, port),
+    ])
 }
 
 /// E2B's "all traffic" (`ALL_TRAFFIC` in its SDKs).
@@ -297,8 +333,18 @@ async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Res
             .map(|k| format!("e2b-{k}")),
         ..Default::default()
     };
+    let network = req.network.unwrap_or_default();
+    if network.allow_public_traffic == Some(false) {
+        spec.labels
+            .insert(crate::PRIVATE_TRAFFIC_LABEL.into(), "true".into());
+    }
+    if let Some(mask) = network.mask_request_host.as_deref() {
+        for (k, v) in mask_labels(mask)? {
+            spec.labels.insert(k.into(), v);
+        }
+    }
     (spec.network.mode, spec.network.allow, spec.network.deny) = egress(
-        req.network.unwrap_or_default(),
+        network,
         req.allow_internet_access.unwrap_or(true),
         control.offers_open_egress(),
     )?;
@@ -473,7 +519,7 @@ pub(crate) fn sandbox(e2b: &E2b, info: &SandboxInfo) -> Value {
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.access_token(&info.id),
         "trafficAccessToken": e2b.traffic_token(&info.id),
-        "domain": null,
+        "domain": e2b.domain.as_ref().map(crate::SandboxDomain::as_str),
     })
 }
 
@@ -540,7 +586,10 @@ async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>
     if let Value::Object(m) = &mut v {
         m.insert("envdAccessToken".into(), e2b.access_token(&id).into());
         m.insert("trafficAccessToken".into(), e2b.traffic_token(&id).into());
-        m.insert("domain".into(), Value::Null);
+        m.insert(
+            "domain".into(),
+            e2b.domain.as_ref().map(crate::SandboxDomain::as_str).into(),
+        );
         m.insert(
             "lifecycle".into(),
             json!({
@@ -857,6 +906,7 @@ mod tests {
         let n = |allow: &[&str], deny: &[&str]| Network {
             allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
             deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
         };
         // Where no node permits open egress: allowlists or nothing.
         let closed = |n| egress(n, true, false);
@@ -886,6 +936,24 @@ mod tests {
             open(n(&["a.io"], &[ALL_TRAFFIC]), true),
             NetworkMode::Allowlist
         );
+    }
+
+    #[test]
+    fn mask_request_host_is_a_host_and_a_port() {
+        use super::mask_labels;
+        let m = |s: &str| mask_labels(s).map(|[(_, h), (_, p)]| (h, p));
+        assert_eq!(
+            m("localhost:${PORT}").ok(),
+            Some(("localhost".into(), "port".into()))
+        );
+        assert_eq!(
+            m("Example.com:8080").ok(),
+            Some(("example.com".into(), "8080".into()))
+        );
+        assert_eq!(m("10.0.0.5").ok(), Some(("10.0.0.5".into(), String::new())));
+        for bad in ["a b", "x:99999", "x:${HOST}", "[::1]:80", ""] {
+            assert!(m(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

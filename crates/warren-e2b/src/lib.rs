@@ -48,8 +48,67 @@ pub const TEMPLATE_LABEL: &str = "e2b.dev/template";
 /// On a sandbox made with E2B's `autoResume`: the timeout (seconds) it gets
 /// again when traffic resumes it.
 pub const AUTO_RESUME_LABEL: &str = "e2b.dev/auto-resume";
+/// On a sandbox made with `allowPublicTraffic: false`: its ports take only
+/// requests that carry its traffic token.
+pub const PRIVATE_TRAFFIC_LABEL: &str = "e2b.dev/private-traffic";
+/// E2B's `maskRequestHost`, kept as its host and its port (`port`: the
+/// port the request went to, E2B's `${PORT}`).
+pub const MASK_HOST_LABEL: &str = "e2b.dev/mask-host";
+pub const MASK_PORT_LABEL: &str = "e2b.dev/mask-port";
 /// Warren's labels on E2B sandboxes, not shown as E2B metadata.
-pub const INTERNAL_LABELS: [&str; 3] = [FRONT_LABEL.0, TEMPLATE_LABEL, AUTO_RESUME_LABEL];
+pub const INTERNAL_LABELS: [&str; 6] = [
+    FRONT_LABEL.0,
+    TEMPLATE_LABEL,
+    AUTO_RESUME_LABEL,
+    PRIVATE_TRAFFIC_LABEL,
+    MASK_HOST_LABEL,
+    MASK_PORT_LABEL,
+];
+
+/// The domain sandboxes' hosts are below (`--e2b-domain`): E2B's SDKs
+/// name a sandbox's port `PORT-ID.DOMAIN` (`get_host`), and the sandbox
+/// door routes a request by that Host. It needs wildcard DNS (`*.DOMAIN`)
+/// to the door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxDomain(String);
+
+#[derive(Debug, thiserror::Error)]
+#[error("--e2b-domain {0:?}: a DNS name such as sandbox.example.com")]
+pub struct DomainError(String);
+
+impl std::str::FromStr for SandboxDomain {
+    type Err = DomainError;
+
+    fn from_str(s: &str) -> Result<Self, DomainError> {
+        match warren_core::network::normalize_host(s) {
+            Ok(warren_core::network::Target::Name(n)) => Ok(SandboxDomain(n)),
+            _ => Err(DomainError(s.to_string())),
+        }
+    }
+}
+
+impl SandboxDomain {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The sandbox and port a Host below the domain names
+    /// (`PORT-ID.DOMAIN`, any `:port` of the door's own aside).
+    pub fn target(&self, host: &str) -> Option<(String, u16)> {
+        let host = host.rsplit_once(':').map_or(host, |(h, p)| {
+            if p.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        });
+        let host = host.to_ascii_lowercase();
+        let label = host.strip_suffix(&self.0)?.strip_suffix('.')?;
+        let (port, id) = label.split_once('-')?;
+        let port = port.parse().ok().filter(|p| *p != 0)?;
+        (!id.is_empty() && !id.contains('.')).then(|| (id.to_string(), port))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -74,13 +133,33 @@ pub struct E2b {
     processes: envd::process::Processes,
     watchers: envd::filesystem::Watchers,
     accounts: envd::users::SandboxAccounts,
+    domain: Option<SandboxDomain>,
+    /// Whether sandboxes' ports take requests without a token when made
+    /// with E2B's `allowPublicTraffic` (its default); off, every port asks
+    /// for the sandbox's traffic token (knowing an id is not enough).
+    public_traffic: bool,
+}
+
+/// How the sandbox door is reached and what it lets through without a
+/// token (`--e2b-domain`, `--e2b-public-traffic`).
+#[derive(Debug, Clone, Default)]
+pub struct SandboxDoor {
+    pub domain: Option<SandboxDomain>,
+    pub public_traffic: bool,
 }
 
 impl E2b {
     /// `home` holds the template aliases (`e2b-templates.toml`).
-    pub fn new(cell: ControlCell, api_token: String, home: &Path) -> Result<Arc<E2b>, SetupError> {
+    pub fn new(
+        cell: ControlCell,
+        api_token: String,
+        home: &Path,
+        door: SandboxDoor,
+    ) -> Result<Arc<E2b>, SetupError> {
         Ok(Arc::new(E2b {
             cell,
+            domain: door.domain,
+            public_traffic: door.public_traffic,
             signer: Signer::new(&api_token),
             api_token,
             templates: templates::Templates::load(home)?,
@@ -138,5 +217,37 @@ impl E2b {
         use subtle::ConstantTimeEq;
         let key = key.strip_prefix("e2b_").unwrap_or(key);
         key.as_bytes().ct_eq(self.api_token.as_bytes()).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SandboxDomain;
+
+    #[test]
+    fn a_host_below_the_domain_names_a_sandbox_and_port() {
+        let d: SandboxDomain = "Sbx.Example.com.".parse().expect("domain");
+        let t = |h: &str| d.target(h);
+        assert_eq!(
+            t("8000-sbx-abc.sbx.example.com"),
+            Some(("sbx-abc".into(), 8000))
+        );
+        assert_eq!(
+            t("49983-sbx-abc.SBX.example.com:4443"),
+            Some(("sbx-abc".into(), 49983))
+        );
+        for other in [
+            "sbx.example.com",
+            "8000-sbx-abc.example.com",
+            "x-sbx-abc.sbx.example.com",
+            "0-sbx-abc.sbx.example.com",
+            "8000-.sbx.example.com",
+            "8000-a.b.sbx.example.com",
+            "8000-sbx-abc.evilsbx.example.com",
+        ] {
+            assert_eq!(t(other), None, "{other}");
+        }
+        assert!("http://x".parse::<SandboxDomain>().is_err());
+        assert!("10.0.0.1".parse::<SandboxDomain>().is_err());
     }
 }

@@ -695,6 +695,7 @@ mod tests {
             warren_control::ControlCell::default(),
             "api-token".into(),
             home.path(),
+            Default::default(),
         )
         .expect("e2b");
         let v = |name: &str, at: &str| VolumeInfo {

@@ -201,7 +201,14 @@ async fn proxy_http(
     // The trainer's token and cookies are for Warren, not for the sandbox.
     parts.headers.remove(header::AUTHORIZATION);
     crate::api::port_door::strip_credentials(&mut parts.headers, &st.token);
-    let mut resp = forward_http(&st.control, &id, port, Request::from_parts(parts, body)).await?;
+    let mut resp = forward_http(
+        &st.control,
+        &id,
+        port,
+        Request::from_parts(parts, body),
+        None,
+    )
+    .await?;
     resp.headers_mut().insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("sandbox"),
@@ -213,11 +220,14 @@ async fn proxy_http(
 /// loopback over HTTP/1.1 and answers what the server there answers, the
 /// bodies streamed both ways. Also what other front doors (E2B's port
 /// routing) forward with.
+/// `host`: the Host the sandbox's server sees (default `localhost`, what a
+/// server reached on its own loopback expects).
 pub async fn forward_http(
     control: &crate::control::Control,
     id: &str,
     port: u16,
     req: Request,
+    host: Option<HeaderValue>,
 ) -> Result<Response, ApiError> {
     let upstream = control.connect_port(id, port).await?;
     let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
@@ -230,9 +240,10 @@ pub async fn forward_http(
     tokio::spawn(conn);
     let mut sender = sender;
     let (mut parts, body) = req.into_parts();
-    parts
-        .headers
-        .insert(header::HOST, HeaderValue::from_static("localhost"));
+    parts.headers.insert(
+        header::HOST,
+        host.unwrap_or_else(|| HeaderValue::from_static("localhost")),
+    );
     let resp = sender
         .send_request(axum::http::Request::from_parts(parts, body))
         .await

@@ -91,13 +91,21 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
     };
     let headers = req.headers();
     let token = header(headers, "x-access-token");
+    // `PORT-ID.DOMAIN` (E2B's `get_host`): the Host names sandbox and port.
+    let by_host = e2b.domain.as_ref().and_then(|d| {
+        headers
+            .get(axum::http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|h| d.target(h))
+    });
     let signed = (req.uri().path() == "/files")
         .then(|| axum::extract::Query::<files::FileQuery>::try_from_uri(req.uri()).ok())
         .flatten()
         .filter(|q| q.0.signature.is_some());
-    let id = match header(headers, "e2b-sandbox-id") {
-        Some(id) => id.to_string(),
-        None => {
+    let id = match (header(headers, "e2b-sandbox-id"), &by_host) {
+        (Some(id), _) => id.to_string(),
+        (None, Some((id, _))) => id.clone(),
+        (None, None) => {
             let found = match (token, &signed) {
                 (Some(t), _) => live_e2b_sandboxes(&control)
                     .await
@@ -143,7 +151,7 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
         _ => return not_found(&id),
     };
     let port = match header(headers, "e2b-sandbox-port").map(str::parse::<u16>) {
-        None => ENVD_PORT,
+        None => by_host.as_ref().map_or(ENVD_PORT, |(_, p)| *p),
         Some(Ok(p)) => p,
         Some(Err(_)) => {
             return plain_error(
@@ -153,21 +161,45 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
         }
     };
     if port != ENVD_PORT {
-        // Another port: only of a sandbox made through E2B, and only with
-        // one of its tokens (E2B's proxy asks for the traffic token; its
-        // SDKs send that or the access token).
-        let made_by_e2b =
-            row.spec.labels.get(FRONT_LABEL.0).map(String::as_str) == Some(FRONT_LABEL.1);
-        let traffic = header(headers, "e2b-traffic-access-token");
-        let allowed = token.is_some_and(|t| e2b.token_ok(&id, t))
-            || traffic.is_some_and(|t| e2b.traffic_ok(&id, t));
-        if !made_by_e2b || !allowed {
+        // Another port: only of a sandbox made through E2B, with its
+        // traffic token (E2B's SDKs send that or the access token). Where
+        // the operator lets E2B's public traffic through
+        // (`--e2b-public-traffic`), a sandbox made with
+        // `allowPublicTraffic` (E2B's default) takes requests without one.
+        let labels = &row.spec.labels;
+        let made_by_e2b = labels.get(FRONT_LABEL.0).map(String::as_str) == Some(FRONT_LABEL.1);
+        if !made_by_e2b {
             return plain_error(
                 StatusCode::FORBIDDEN,
-                "a sandbox port needs the sandbox's E2B-Traffic-Access-Token (or X-Access-Token) from the create or connect call, and only sandboxes made through E2B's API have one",
+                "only the ports of sandboxes made through E2B's API are served here",
             );
         }
-        return ports::forward(&control, &id, port, req).await;
+        let private = labels.contains_key(crate::PRIVATE_TRAFFIC_LABEL);
+        let traffic = header(headers, "e2b-traffic-access-token");
+        let allowed = (e2b.public_traffic && !private)
+            || token.is_some_and(|t| e2b.token_ok(&id, t))
+            || traffic.is_some_and(|t| e2b.traffic_ok(&id, t));
+        if !allowed {
+            return plain_error(
+                StatusCode::FORBIDDEN,
+                "a sandbox port needs the sandbox's E2B-Traffic-Access-Token (or X-Access-Token) from the create or connect call",
+            );
+        }
+        let mask = labels.get(crate::MASK_HOST_LABEL).map(|host| {
+            match labels.get(crate::MASK_PORT_LABEL).map(String::as_str) {
+                Some("port") => format!("{host}:{port}"),
+                Some(p) if !p.is_empty() => format!("{host}:{p}"),
+                _ => host.clone(),
+            }
+        });
+        let routed_by = by_host.is_some().then(|| {
+            req.headers()
+                .get(axum::http::header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        });
+        return ports::forward(&control, &id, port, req, mask.or(routed_by)).await;
     }
     // envd's own token rule: everything but the health probe needs the
     // sandbox's access token; /files may instead carry a signed URL,

@@ -9,7 +9,17 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use warren_control::control::Control;
 
-pub async fn forward(control: &Control, id: &str, port: u16, mut req: Request) -> Response {
+/// `host`: the Host the sandbox's server sees (E2B's `maskRequestHost`, or
+/// the `PORT-ID.DOMAIN` a request was routed by, as E2B's proxy passes it
+/// on); None: `localhost`.
+pub async fn forward(
+    control: &Control,
+    id: &str,
+    port: u16,
+    mut req: Request,
+    host: Option<String>,
+) -> Response {
+    let host = host.and_then(|h| axum::http::HeaderValue::from_str(&h).ok());
     for h in [
         "e2b-sandbox-id",
         "e2b-sandbox-port",
@@ -20,7 +30,7 @@ pub async fn forward(control: &Control, id: &str, port: u16, mut req: Request) -
     ] {
         req.headers_mut().remove(h);
     }
-    match warren_control::api::network::forward_http(control, id, port, req).await {
+    match warren_control::api::network::forward_http(control, id, port, req, host).await {
         Ok(resp) => resp,
         // E2B's proxy says "port is not open", which the SDK recognises.
         Err(e) => super::plain_error(

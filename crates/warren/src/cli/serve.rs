@@ -136,6 +136,16 @@ pub struct CompatOpts {
     /// Serve E2B's sandbox traffic (envd and ports) here (`E2B_SANDBOX_URL`).
     #[arg(long, value_name = "ADDR")]
     pub e2b_sandbox: Option<SocketAddr>,
+    /// The domain E2B's SDKs name sandbox ports below (`PORT-ID.DOMAIN`,
+    /// `get_host`): the sandbox door also routes requests by that Host.
+    /// Needs wildcard DNS (`*.DOMAIN`) to --e2b-sandbox.
+    #[arg(long, value_name = "DOMAIN")]
+    pub e2b_domain: Option<warren_e2b::SandboxDomain>,
+    /// Let sandboxes made through E2B with `allowPublicTraffic` (E2B's
+    /// default) take requests on their ports without a token, as E2B does.
+    /// Off: every port needs the sandbox's traffic token.
+    #[arg(long)]
+    pub e2b_public_traffic: bool,
     /// Serve SandboxFusion's `/run_code` here. It takes no token unless
     /// --sandbox-fusion-token sets one (its clients send none): keep it on
     /// loopback otherwise.

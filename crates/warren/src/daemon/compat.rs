@@ -17,7 +17,12 @@ pub async fn start(
 ) -> Result<()> {
     if opts.e2b_api.is_some() || opts.e2b_sandbox.is_some() {
         let token = warren_control::ensure_token(home).context("API token")?;
-        let e2b = warren_e2b::E2b::new(control.clone(), token, home).map_err(anyhow::Error::new)?;
+        let door = warren_e2b::SandboxDoor {
+            domain: opts.e2b_domain.clone(),
+            public_traffic: opts.e2b_public_traffic,
+        };
+        let e2b =
+            warren_e2b::E2b::new(control.clone(), token, home, door).map_err(anyhow::Error::new)?;
         if let Some(addr) = opts.e2b_api {
             let at = serve(
                 addr,

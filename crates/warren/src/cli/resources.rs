@@ -239,7 +239,9 @@ pub enum SecretCmd {
     },
     /// Replace a secret's value (sandboxes made from now on get it).
     Set {
+        /// The secret's name (or id).
         name: String,
+        /// Where the new value is read from; `-` (the default) is standard input.
         #[arg(default_value = "-")]
         file: String,
         /// Replaces its metadata when given, KEY=VALUE. Repeatable.
@@ -248,11 +250,13 @@ pub enum SecretCmd {
     },
     /// List secrets (names, versions, metadata; never values).
     Ls {
+        /// The secrets as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Remove secrets (sandboxes given them keep their copies).
     Rm {
+        /// The secrets' names (or ids).
         #[arg(required = true)]
         names: Vec<String>,
     },

@@ -96,7 +96,7 @@ def test_models_follow_openapi(client):
     assert variants["start"] == {f.name for f in dataclasses.fields(models.ExecStart)} - {"type"}
     assert set(typing.get_args(models.PathKind)) == set(schemas["PathKind"]["enum"])
     ops = {v["properties"]["op"]["enum"][0] for v in schemas["PathOp"]["oneOf"]}
-    assert ops == {"stat", "list", "make_dir", "rename", "remove"}, ops
+    assert ops == {"stat", "list", "make_dir", "make_dir_as", "rename", "remove", "set_attrs"}, ops
     # Every path the SDK calls exists with that method.
     for method, path in [
         ("post", "/v1/sandboxes"), ("get", "/v1/sandboxes/{id}"), ("post", "/v1/sandboxes/{id}/exec"),
@@ -317,6 +317,12 @@ def test_files_paths(sb):
     assert made.is_dir and made.path == "/p/new/deeper"
     with pytest.raises(sdk.Conflict):
         sb.files.mkdir("/p/new/deeper")
+
+    # chmod/chown: ids as the sandbox sees them; a link's own owner.
+    changed = sb.files.set_attrs("/p/a/f", uid=1000, gid=1001, mode=0o600)
+    assert (changed.uid, changed.gid, changed.mode) == (1000, 1001, 0o600), changed
+    assert sb.exec("stat -c '%u %g %a' /p/a/f").stdout_text == "1000 1001 600\n"
+    assert sb.files.set_attrs("/p/a/etc", uid=7).uid == 7 and sb.files.stat("/etc").uid == 0
 
     moved = sb.files.rename("/p/a", "/q/r/a")
     assert moved.is_dir and moved.path == "/q/r/a"

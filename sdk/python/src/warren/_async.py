@@ -728,6 +728,11 @@ class AsyncFiles:
     async def rename(self, src: str, dst: str) -> models.PathEntry:
         return core.one_entry(await self._c._call(core.rename_call(self._sb.id, src, dst)), "rename")
 
+    async def set_attrs(
+        self, path: str, *, uid: int | None = None, gid: int | None = None, mode: int | None = None
+    ) -> models.PathEntry:
+        return core.one_entry(await self._c._call(core.set_attrs_call(self._sb.id, path, uid, gid, mode)), "set_attrs")
+
     async def remove(self, path: str) -> None:
         await self._c._call(core.path_call(self._sb.id, "remove", path=path))
 

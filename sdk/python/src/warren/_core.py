@@ -660,6 +660,15 @@ def rename_call(sid: str, src: str, dst: str) -> Call[list[models.PathEntry]]:
     return path_call(sid, "rename", **{"from": src, "to": dst})
 
 
+def set_attrs_call(
+    sid: str, path: str, uid: int | None, gid: int | None, mode: int | None
+) -> Call[list[models.PathEntry]]:
+    attrs = {k: v for k, v in (("uid", uid), ("gid", gid), ("mode", mode)) if v is not None}
+    if not attrs:
+        raise ValueError("set_attrs needs uid, gid or mode")
+    return path_call(sid, "set_attrs", path=path, **attrs)
+
+
 def one_entry(entries: list[models.PathEntry], what: str) -> models.PathEntry:
     """The entry a stat, make_dir or rename answers (always exactly one)."""
     if len(entries) != 1:

@@ -791,6 +791,14 @@ class Files:
         ``dst``'s parents; a file at ``dst`` is replaced. Answers ``dst``."""
         return core.one_entry(self._c._call(core.rename_call(self._sb.id, src, dst)), "rename")
 
+    def set_attrs(
+        self, path: str, *, uid: int | None = None, gid: int | None = None, mode: int | None = None
+    ) -> models.PathEntry:
+        """Changes ``path``'s owner (ids as the sandbox sees them), group
+        and/or permission bits (``chown``/``chmod``); a final symlink's own
+        owner, never its target's."""
+        return core.one_entry(self._c._call(core.set_attrs_call(self._sb.id, path, uid, gid, mode)), "set_attrs")
+
     def remove(self, path: str) -> None:
         """Removes a file, a link (not what it points to) or a directory
         with everything in it; :class:`~warren.NotFound` if nothing is there."""

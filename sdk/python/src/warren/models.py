@@ -618,6 +618,9 @@ class PathEntry:
     symlink_target: str | None = None
     xattrs: dict[str, str] = field(default_factory=dict)
     """A regular file's extended attributes in the ``user.`` namespace."""
+    accessed_ms: int | None = None
+    """Last access and last inode change, Unix milliseconds (where known)."""
+    changed_ms: int | None = None
     raw: dict[str, Any] = _raw()
 
     @property

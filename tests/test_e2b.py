@@ -741,3 +741,9 @@ def test_sandbox_ports_by_host_public_where_the_operator_allows_and_masked(image
         r = httpx.post(f"{api}/sandboxes", json={"templateID": "busybox:latest", "network": {"maskRequestHost": "a b"}},
                        headers=key)
         assert r.status_code == 400 and "maskRequestHost" in r.text, r.text
+        # Both are fixed at create: `updateNetwork` refuses a change.
+        for change, what in [({"allowPublicTraffic": True}, "allowPublicTraffic"),
+                             ({"maskRequestHost": "example.com"}, "maskRequestHost")]:
+            r = httpx.put(f"{api}/sandboxes/{private['sandboxID']}/network", json=change, headers=key)
+            assert r.status_code == 409 and f"{what} is fixed at create" in r.text, r.text
+        assert get(private, **{"E2B-Traffic-Access-Token": private["trafficAccessToken"]}).text == "localhost:8000"

@@ -837,6 +837,29 @@ async fn update_network(
     crate::secrets::refuse_transforms(&raw, "")?;
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
+    // Who may reach its ports and the Host they see are fixed at create
+    // (kept with the sandbox): a change is refused, not dropped.
+    let labels = &info.spec.labels;
+    let private = labels.contains_key(crate::PRIVATE_TRAFFIC_LABEL);
+    let fixed = |what: &str| {
+        Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id}: {what} is fixed at create"),
+        ))
+    };
+    if n.allow_public_traffic
+        .is_some_and(|public| public == private)
+    {
+        return fixed("allowPublicTraffic");
+    }
+    if let Some(mask) = n.mask_request_host.as_deref() {
+        let same = mask_labels(mask)?
+            .iter()
+            .all(|(k, v)| labels.get(*k) == Some(v));
+        if !same {
+            return fixed("maskRequestHost");
+        }
+    }
     let open = info.spec.network.mode == NetworkMode::Open;
     let (mode, allow, deny) = egress(n, open, open)?;
     if mode != info.spec.network.mode && mode != NetworkMode::None {

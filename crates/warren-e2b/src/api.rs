@@ -97,20 +97,23 @@ impl From<ApiError> for E2bError {
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
-        let mut resp = (
-            self.status,
-            Json(json!({"code": self.status.as_u16(), "message": self.message})),
-        )
-            .into_response();
-        if matches!(
-            self.status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        ) {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        error_response(self.status, json!(self.status.as_u16()), self.message)
     }
+}
+
+/// E2B's JSON error (`code`: the status, as a number in the control API
+/// and as text in the volume content API), with a retry hint where one
+/// helps.
+pub(crate) fn error_response(status: StatusCode, code: Value, message: String) -> Response {
+    let mut resp = (status, Json(json!({"code": code, "message": message}))).into_response();
+    if matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
 }
 
 pub(crate) type E2bResult<T> = Result<T, E2bError>;

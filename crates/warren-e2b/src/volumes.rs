@@ -265,19 +265,8 @@ impl From<E2bError> for ContentError {
 
 impl IntoResponse for ContentError {
     fn into_response(self) -> Response {
-        let mut resp = (
-            self.status,
-            Json(json!({"code": self.status.as_u16().to_string(), "message": self.message})),
-        )
-            .into_response();
-        if matches!(
-            self.status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        ) {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        let code = json!(self.status.as_u16().to_string());
+        crate::api::error_response(self.status, code, self.message)
     }
 }
 

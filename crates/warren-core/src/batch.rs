@@ -10,12 +10,10 @@ use crate::sandbox::Usage;
 use crate::spec::SandboxSpec;
 use crate::state::SandboxState;
 
-/// Every sandbox of a batch carries this label with the batch id.
-pub const BATCH_LABEL: &str = "warren.dev/batch";
+// The labels live with the other labels, so a spec can drop them from a
+// fork without knowing about batches.
+pub use crate::labels::{BATCH_LABEL, RETRY_LABEL};
 pub const MAX_BATCH: u32 = 100_000;
-/// A sandbox created to retry an OOM-killed batch member carries this label
-/// with the member's id (and is not retried again).
-pub const RETRY_LABEL: &str = "warren.dev/retry-of";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

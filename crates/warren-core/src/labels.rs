@@ -8,6 +8,12 @@ use thiserror::Error;
 
 pub type Labels = BTreeMap<String, String>;
 
+/// Every sandbox of a batch carries this label with the batch id.
+pub const BATCH_LABEL: &str = "warren.dev/batch";
+/// A sandbox created to retry an OOM-killed batch member carries this label
+/// with the member's id (and is not retried again).
+pub const RETRY_LABEL: &str = "warren.dev/retry-of";
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LabelError {
     #[error("invalid label key {0:?}: keys are 1-63 characters of letters, digits, '-', '_', '.', optionally prefixed by a DNS name and '/' (e.g. task, warren.dev/batch)")]

@@ -23,6 +23,7 @@ pub mod secret;
 pub mod spec;
 pub mod state;
 pub mod sync;
+pub mod units;
 pub mod volume;
 
 pub use batch::{BatchInfo, BatchRequest};

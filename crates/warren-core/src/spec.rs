@@ -11,8 +11,7 @@ use utoipa::ToSchema;
 
 use crate::labels::{self, LabelError, Labels};
 
-mod units;
-pub use units::{ByteSize, Cpu, Dur};
+pub use crate::units::{ByteSize, Cpu, Dur};
 
 /// Smallest memory limit we accept: below this the sandbox's own init and a
 /// shell cannot start reliably, so a lower value is a mistake, not a choice.
@@ -323,7 +322,7 @@ impl ForkRequest {
         // Names are one sandbox's each.
         spec.name = None;
         // A child is no member of its source's batch.
-        for batch in [crate::batch::BATCH_LABEL, crate::batch::RETRY_LABEL] {
+        for batch in [labels::BATCH_LABEL, labels::RETRY_LABEL] {
             spec.labels.remove(batch);
         }
         spec.labels.extend(self.labels.clone());
@@ -846,7 +845,7 @@ mod tests {
         assert_eq!(child.labels["task"], "a");
         assert_eq!(child.labels["run"], "2");
         assert_eq!(child.labels[FORK_LABEL], "sbx-source000000");
-        assert!(!child.labels.contains_key(crate::batch::BATCH_LABEL));
+        assert!(!child.labels.contains_key(crate::labels::BATCH_LABEL));
         // A new limit without a request: the request follows the limit.
         assert_eq!((child.cpu, child.cpu_request), (Some(Cpu(250)), None));
         assert_eq!(child.memory, Some(ByteSize(256 << 20)));

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::spec::ByteSize;
+use crate::units::ByteSize;
 
 /// Smallest volume: room for the file system's own structures.
 pub const MIN_VOLUME: u64 = 16 << 20;

@@ -634,8 +634,8 @@ fn mount_edit(m: &Mount) -> MountEdit {
 
 /// `warren doctor`'s lines: the spec files found, the devices per kind,
 /// and each file skipped with its reason.
-pub fn checks(dirs: &[PathBuf]) -> Vec<crate::host::Check> {
-    use crate::host::{Check, Status};
+pub fn checks(dirs: &[PathBuf]) -> Vec<crate::check::Check> {
+    use crate::check::{Check, Status};
     let reg = Registry::load(dirs);
     let where_ = dirs
         .iter()

@@ -466,6 +466,25 @@ mod tests {
         .expect("open root")
     }
 
+    // Here rather than with files' tests: it reads the attributes back with
+    // `stat`, and files must not depend on this module.
+    #[test]
+    fn a_written_file_has_the_extended_attributes_given_and_no_old_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = root(dir.path());
+        let given: BTreeMap<String, String> =
+            [("user.e2b.author".to_string(), "mish".to_string())].into();
+        crate::files::write_file(&root, "/f", 0o644, &given, &mut &b"1"[..]).expect("write");
+        let seen = stat(&root, "/f").expect("stat").xattrs;
+        assert_eq!(seen, given);
+        crate::files::write_file(&root, "/f", 0o644, &BTreeMap::new(), &mut &b"2"[..])
+            .expect("rewrite");
+        assert!(stat(&root, "/f").expect("stat").xattrs.is_empty());
+        let outside: BTreeMap<String, String> = [("trusted.x".to_string(), "y".to_string())].into();
+        assert!(crate::files::write_file(&root, "/g", 0o644, &outside, &mut &b"3"[..]).is_err());
+        assert!(!dir.path().join("g").exists());
+    }
+
     #[test]
     fn stat_list_mkdir_rename_remove_stay_in_the_root() {
         let t = tempfile::tempdir().expect("tempdir");

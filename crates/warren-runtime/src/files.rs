@@ -955,25 +955,6 @@ mod tests {
     }
 
     #[test]
-    fn a_written_file_has_the_extended_attributes_given_and_no_old_ones() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = root_of(dir.path());
-        let given: BTreeMap<String, String> =
-            [("user.e2b.author".to_string(), "mish".to_string())].into();
-        write_file(&root, "/f", 0o644, &given, &mut &b"1"[..]).expect("write");
-        let seen = crate::file_ops::stat(&root, "/f").expect("stat").xattrs;
-        assert_eq!(seen, given);
-        write_file(&root, "/f", 0o644, &BTreeMap::new(), &mut &b"2"[..]).expect("rewrite");
-        assert!(crate::file_ops::stat(&root, "/f")
-            .expect("stat")
-            .xattrs
-            .is_empty());
-        let outside: BTreeMap<String, String> = [("trusted.x".to_string(), "y".to_string())].into();
-        assert!(write_file(&root, "/g", 0o644, &outside, &mut &b"3"[..]).is_err());
-        assert!(!dir.path().join("g").exists());
-    }
-
-    #[test]
     fn a_strict_write_makes_no_parents_replaces_nothing_and_takes_the_owner_given() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().expect("tempdir");

@@ -3,40 +3,8 @@
 
 use std::path::Path;
 
-use serde::Serialize;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Ok,
-    /// Works with a reduced guarantee.
-    Degraded,
-    /// Warren cannot run sandboxes (or this guarantee) here.
-    Missing,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub name: &'static str,
-    pub status: Status,
-    pub found: String,
-    /// What this means for Warren's guarantees.
-    pub meaning: String,
-}
-
-fn check(
-    name: &'static str,
-    status: Status,
-    found: impl Into<String>,
-    meaning: impl Into<String>,
-) -> Check {
-    Check {
-        name,
-        status,
-        found: found.into(),
-        meaning: meaning.into(),
-    }
-}
+use crate::check::check;
+pub use crate::check::{Check, Status};
 
 fn kernel_version() -> (String, (u32, u32)) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")

@@ -11,6 +11,7 @@
 
 pub use warren_core::crashpoint;
 pub mod cdi;
+pub mod check;
 pub mod cgroup_parent;
 pub mod cgroup_tuning;
 pub mod device_program;

@@ -222,7 +222,7 @@ def test_the_node_api_refuses_users_and_wrong_credentials(cluster):
     n = cluster.nodes["n1"]
     for auth in (None, f"Bearer {cluster.server.token}", "Bearer not-the-credential"):
         headers = {"Authorization": auth} if auth else {}
-        r = httpx.get(f"{n.url}/node/v1/sandboxes", headers=headers, timeout=5, verify=False)
+        r = httpx.post(f"{n.url}/node/v2/inventory", headers=headers, timeout=5, verify=False)
         assert r.status_code == 401, (auth, r.status_code, r.text)
     # A heartbeat for a node with a wrong credential is refused too.
     r = httpx.post(f"{cluster.server.url}/v1/nodes/n1/heartbeat", headers={"Authorization": f"Bearer {cluster.server.token}"},
@@ -299,7 +299,7 @@ def test_the_node_api_is_tls_with_the_certificate_the_server_pinned(cluster):
         assert stored == pin
     # Plain HTTP to the node API gets no answer from it.
     with pytest.raises(httpx.HTTPError):
-        httpx.get(n.url.replace("https://", "http://") + "/node/v1/info", timeout=5)
+        httpx.post(n.url.replace("https://", "http://") + "/node/v2/info", timeout=5)
 
 
 def test_a_killed_node_loses_its_sandboxes_and_is_reconciled_when_back(images):
@@ -711,10 +711,10 @@ def test_a_stalled_leader_is_fenced_off_by_its_nodes(images, postgres):
             # Deterministically, too: a call with the old epoch, sent by hand
             # with the node's credential, is refused.
             cred = postgres.psql("SELECT credential FROM nodes WHERE name = 'a'", url=url).strip()
-            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", verify=False, headers={
+            r = httpx.post(f"{c.nodes['a'].url}/node/v2/info", verify=False, headers={
                 "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "1"})
             assert r.status_code == 412 and r.json()["kind"] == "fenced", r.text
-            r = httpx.get(f"{c.nodes['a'].url}/node/v1/info", verify=False, headers={
+            r = httpx.post(f"{c.nodes['a'].url}/node/v2/info", verify=False, headers={
                 "Authorization": f"Bearer {cred}", "x-warren-leader-epoch": "2"})
             assert r.status_code == 200, r.text
             # Nothing was touched: the sandbox runs on, and answers.

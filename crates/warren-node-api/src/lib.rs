@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod calls;
 pub mod error;
 #[cfg(feature = "fake")]
 pub mod fake;

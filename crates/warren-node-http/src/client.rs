@@ -11,14 +11,8 @@ use reqwest::header::{self, HeaderValue};
 use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use warren_core::spec::NetworkSpec;
-use warren_core::volume::{VolumeInfo, VolumeName, VolumeRequest};
-use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage};
-use warren_node_api::{
-    ByteStream, CommitImage, CreateSandbox, DeriveImage, FileKind, FileRead, ForkLayer, GcReport,
-    ImageInfo, LogNote, NodeApi, NodeError, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange,
-    PullUpdate, Pushed, SandboxStatus, Sequenced, Tunnel, VolumeWrite, WatchEvent, WriteFile,
-};
+use warren_node_api::calls::prelude::*;
+use warren_node_api::{NodeApi, NodeError, NodeResult};
 
 use crate::ndjson::Lines;
 use crate::wire::*;
@@ -43,7 +37,7 @@ const ERROR_BODY_LIMIT: usize = 64 << 10;
 #[derive(Clone)]
 pub struct HttpNode {
     http: reqwest::Client,
-    /// The node's API root (`…/node/v1`).
+    /// The node's API root (`…/node/v2`).
     base: Url,
     /// The URL as configured, for messages.
     shown: Arc<str>,
@@ -252,10 +246,6 @@ impl HttpNode {
         NodeError::unavailable(format!("cannot reach node {}: {}", self.shown, chain(e)))
     }
 
-    async fn call(&self, rb: RequestBuilder, deadline: Deadline) -> NodeResult<()> {
-        self.send(rb, deadline).await.map(drop)
-    }
-
     async fn call_json<T: DeserializeOwned>(
         &self,
         rb: RequestBuilder,
@@ -269,10 +259,6 @@ impl HttpNode {
                 self.shown
             ))
         })
-    }
-
-    fn post_json<B: Serialize>(&self, segments: &[&str], body: &B) -> NodeResult<RequestBuilder> {
-        Ok(self.request(Method::POST, segments, &[])?.json(body))
     }
 
     /// The answer's body as the contract's byte stream; a broken
@@ -396,152 +382,68 @@ fn file_kind(resp: &Response, shown: &str) -> NodeResult<FileKind> {
     }
 }
 
-#[async_trait::async_trait]
-impl NodeApi for HttpNode {
-    async fn info(&self) -> NodeResult<NodeInfo> {
-        self.call_json(self.request(Method::GET, &["info"], &[])?, Deadline::Quick)
-            .await
+/// How each shape of call crosses the wire; the methods of [`NodeApi`]
+/// below are made from the call list and pick theirs by its shape.
+impl HttpNode {
+    /// `POST {prefix}/{call}`, its arguments as the JSON body.
+    fn call_request<A: Serialize>(&self, call: &str, args: &A) -> NodeResult<RequestBuilder> {
+        Ok(self.request(Method::POST, &[call], &[])?.json(args))
     }
 
-    async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>> {
-        // A node just started answers once it has taken its sandboxes over:
-        // no deadline.
-        self.call_json(
-            self.request(Method::GET, &["sandboxes"], &[])?,
-            Deadline::Open,
-        )
-        .await
+    /// `POST {prefix}/{call}?args=…`: the arguments ride in the query where
+    /// the body (or the connection) is something else.
+    fn query_request<A: Serialize>(&self, call: &str, args: &A) -> NodeResult<RequestBuilder> {
+        let json = serde_json::to_string(args)
+            .map_err(|e| NodeError::internal(format!("encoding the arguments of {call}: {e}")))?;
+        self.request(Method::POST, &[call], &[(ARGS, &json)])
     }
 
-    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus> {
-        let read_usage = if read_usage { "true" } else { "false" };
-        self.call_json(
-            self.request(
-                Method::GET,
-                &["sandboxes", id],
-                &[("read_usage", read_usage)],
-            )?,
-            Deadline::Quick,
-        )
-        .await
-    }
-
-    async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>> {
-        let since = since.to_string();
-        let rb = self.request(Method::GET, &["events"], &[("since", &since)])?;
-        let resp = self.send(rb, Deadline::Open).await?;
-        let body = idle_limit(self.bytes_of(resp), EVENTS_IDLE, self.shown.clone());
-        // The feed ends with its connection; the consumer resumes from
-        // the last seq it handled.
-        Ok(self.values_of(body, |e| {
-            tracing::info!("node event feed ended: {e}");
-            None
-        }))
-    }
-
-    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
-        self.call_json(self.post_json(&["sandboxes"], &req)?, Deadline::Open)
-            .await
-    }
-
-    async fn start_main(&self, id: &str) -> NodeResult<()> {
-        let rb = self.request(Method::POST, &["sandboxes", id, "main"], &[])?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>> {
-        let rb = self.request(Method::DELETE, &["sandboxes", id], &[("why", why)])?;
-        self.call_json(rb, Deadline::Open).await
-    }
-
-    async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()> {
-        let rb = self.post_json(&["sandboxes", id, "paused"], &PausedBody { paused })?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>> {
-        let body = HoldBody {
-            hold_for_ms: millis(hold_for),
-            note,
-        };
-        let rb = self.post_json(&["sandboxes", id, "hold"], &body)?;
-        self.call_json(rb, Deadline::Open).await
-    }
-
-    async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()> {
-        let rb = self.post_json(
-            &["sandboxes", id, "ttl"],
-            &TtlBody {
-                ttl_ms: millis(ttl),
-            },
-        )?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
-        let rb = self.post_json(&["sandboxes", id, "claim"], &spec)?;
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn renew_lease(&self, id: &str) -> NodeResult<()> {
-        let rb = self.request(Method::POST, &["sandboxes", id, "lease"], &[])?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn note(&self, id: &str, note: LogNote) -> NodeResult<()> {
-        let rb = self.post_json(&["sandboxes", id, "note"], &note)?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>> {
-        let rb = self.post_json(&["sandboxes", id, "exec"], &req)?;
-        let resp = self.send(rb, Deadline::Open).await?;
-        // Dropping the stream drops the connection, which the node takes
-        // as a kill.
-        Ok(self.values_of(self.bytes_of(resp), |e| {
-            Some(ExecEvent::Error {
-                message: format!("the command's output stopped: {}", e.message),
-            })
-        }))
-    }
-
-    async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {
-        let mode = req.mode.to_string();
-        let tar = req.tar.to_string();
-        let xattrs = serde_json::to_string(&req.xattrs)
-            .map_err(|e| NodeError::internal(format!("encoding xattrs: {e}")))?;
-        let mut query = vec![("path", req.path.as_str()), ("mode", &mode), ("tar", &tar)];
-        if !req.xattrs.is_empty() {
-            query.push(("xattrs", &xattrs));
-        }
-        let failed = Arc::new(Mutex::new(None));
-        let rb = self
-            .request(Method::PUT, &["sandboxes", id, "files"], &query)?
-            .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(uploaded(body, &failed));
-        let result = self.call(rb, Deadline::Open).await;
-        upload_failure(result, &failed)
-    }
-
-    async fn watch(
+    /// Arguments in, one JSON answer out.
+    async fn unary<A: Serialize, R: DeserializeOwned>(
         &self,
-        id: &str,
-        path: &str,
-        recursive: bool,
-    ) -> NodeResult<BoxStream<'static, WatchEvent>> {
-        let recursive = recursive.to_string();
-        let query = [("path", path), ("recursive", recursive.as_str())];
-        let rb = self.request(Method::GET, &["sandboxes", id, "watch"], &query)?;
-        let resp = self.send(rb, Deadline::Open).await?;
-        // Dropping the stream drops the connection, which ends the watch.
-        Ok(self.values_of(self.bytes_of(resp), |error| {
-            Some(WatchEvent::Error { error })
-        }))
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<R> {
+        self.call_json(self.call_request(call, args)?, deadline)
+            .await
     }
 
-    async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {
-        let rb = self.request(Method::GET, &["sandboxes", id, "files"], &[("path", path)])?;
-        let resp = self.send(rb, Deadline::Open).await?;
+    /// NDJSON values as they arrive. Dropping the stream drops the
+    /// connection, which ends the call at the node.
+    async fn stream<A: Serialize, T: Feed>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<BoxStream<'static, T>> {
+        let resp = self.send(self.call_request(call, args)?, deadline).await?;
+        let body = match T::HEARTBEAT {
+            Some((_, idle)) => idle_limit(self.bytes_of(resp), idle, self.shown.clone()),
+            None => self.bytes_of(resp),
+        };
+        Ok(self.values_of(body, T::lost))
+    }
+
+    /// Raw bytes as they arrive.
+    async fn bytes<A: Serialize>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<ByteStream> {
+        let resp = self.send(self.call_request(call, args)?, deadline).await?;
+        Ok(self.bytes_of(resp))
+    }
+
+    /// A file's bytes (with their length) or a directory's archive.
+    async fn file<A: Serialize>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<FileRead> {
+        let resp = self.send(self.call_request(call, args)?, deadline).await?;
         let kind = file_kind(&resp, &self.shown)?;
         Ok(FileRead {
             kind,
@@ -549,259 +451,93 @@ impl NodeApi for HttpNode {
         })
     }
 
-    async fn exec_input(
+    /// `body` sent as it is read; when it fails, its own error is the
+    /// call's, not the broken request it caused.
+    async fn upload<A: Serialize, R: DeserializeOwned>(
         &self,
-        id: &str,
-        exec_id: &str,
-        data: bytes::Bytes,
-        close: bool,
-    ) -> NodeResult<()> {
-        let close = close.to_string();
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+        body: ByteStream,
+    ) -> NodeResult<R> {
+        let failed = Arc::new(Mutex::new(None));
         let rb = self
-            .request(
-                Method::POST,
-                &["sandboxes", id, "execs", exec_id, "stdin"],
-                &[("close", &close)],
-            )?
+            .query_request(call, args)?
             .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(data);
-        self.call(rb, Deadline::Quick).await
+            .body(uploaded(body, &failed));
+        let result = self.call_json(rb, deadline).await;
+        upload_failure(result, &failed)
     }
 
-    async fn exec_resize(
+    /// An HTTP/1 upgrade (`Upgrade: tcp`) that becomes the connection.
+    /// The deadline bounds only its opening (so not reqwest's own, which
+    /// would bound the life of the connection too).
+    async fn tunnel<A: Serialize>(
         &self,
-        id: &str,
-        exec_id: &str,
-        size: warren_core::WindowSize,
-    ) -> NodeResult<()> {
-        let rb = self.post_json(&["sandboxes", id, "execs", exec_id, "resize"], &size)?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
-        let rb = self.post_json(&["sandboxes", id, "paths"], &op)?;
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {
-        let follow = follow.to_string();
-        let rb = self.request(
-            Method::GET,
-            &["sandboxes", id, "logs"],
-            &[("follow", &follow)],
-        )?;
-        let resp = self.send(rb, Deadline::Open).await?;
-        Ok(self.bytes_of(resp))
-    }
-
-    async fn connect_port(&self, id: &str, port: u16) -> NodeResult<Box<dyn Tunnel>> {
-        let port_text = port.to_string();
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<Box<dyn Tunnel>> {
         let rb = self
-            .request(Method::POST, &["sandboxes", id, "ports", &port_text], &[])?
+            .query_request(call, args)?
             .header(header::CONNECTION, "upgrade")
             .header(header::UPGRADE, "tcp");
-        // Not reqwest's own timeout: only opening the tunnel is bounded,
-        // not the life of the connection it becomes.
         let open = async {
             let resp = self.send(rb, Deadline::Open).await?;
             if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
                 return Err(NodeError::internal(format!(
-                    "node {} answered a port connection with {}, not 101 Switching Protocols",
+                    "node {} answered {call} with {}, not 101 Switching Protocols",
                     self.shown,
                     resp.status()
                 )));
             }
             resp.upgrade().await.map_err(|e| {
                 NodeError::unavailable(format!(
-                    "node {}: the tunnel to port {port} did not open: {}",
+                    "node {}: the tunnel of {call} did not open: {}",
                     self.shown,
                     chain(&e)
                 ))
             })
         };
-        let upgraded = tokio::time::timeout(QUICK, open).await.map_err(|_| {
-            NodeError::unavailable(format!(
-                "node {} did not open a tunnel to port {port} within {}s",
-                self.shown,
-                QUICK.as_secs()
-            ))
-        })??;
+        let upgraded = match deadline {
+            Deadline::Open => open.await?,
+            Deadline::Quick => tokio::time::timeout(QUICK, open).await.map_err(|_| {
+                NodeError::unavailable(format!(
+                    "node {} did not open the tunnel of {call} within {}s",
+                    self.shown,
+                    QUICK.as_secs()
+                ))
+            })??,
+        };
         Ok(Box::new(upgraded))
     }
-
-    async fn check_network(&self, network: NetworkSpec) -> NodeResult<()> {
-        let rb = self.post_json(&["network", "check"], &network)?;
-        self.call(rb, Deadline::Quick).await
-    }
-
-    async fn set_network(&self, id: &str, network: NetworkSpec) -> NodeResult<PolicyChange> {
-        let rb = self
-            .request(Method::PUT, &["sandboxes", id, "network"], &[])?
-            .json(&network);
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo> {
-        self.call_json(
-            self.post_json(&["sandboxes", id, "commit"], &req)?,
-            Deadline::Open,
-        )
-        .await
-    }
-
-    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
-        let rb = self.request(Method::POST, &["sandboxes", id, "fork-layer"], &[])?;
-        self.call_json(rb, Deadline::Open).await
-    }
-
-    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
-        let rb = self.request(Method::DELETE, &["fork-layers", layer], &[])?;
-        self.call(rb, Deadline::Open).await
-    }
-
-    async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
-        self.call_json(self.request(Method::GET, &["images"], &[])?, Deadline::Open)
-            .await
-    }
-
-    async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo> {
-        let body = ReferenceBody {
-            reference: reference.into(),
-        };
-        self.call_json(
-            self.post_json(&["images", "for-create"], &body)?,
-            Deadline::Open,
-        )
-        .await
-    }
-
-    async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>> {
-        let body = ReferenceBody {
-            reference: reference.into(),
-        };
-        let resp = self
-            .send(self.post_json(&["images", "pull"], &body)?, Deadline::Open)
-            .await?;
-        // The pull itself runs on at the node; only its progress is lost.
-        Ok(self.values_of(self.bytes_of(resp), |error| {
-            Some(PullUpdate::Error { error })
-        }))
-    }
-
-    async fn image_import(&self, name: &str, archive: ByteStream) -> NodeResult<ImageInfo> {
-        let failed = Arc::new(Mutex::new(None));
-        let rb = self
-            .request(Method::POST, &["images", "import"], &[("name", name)])?
-            .header(header::CONTENT_TYPE, "application/x-tar")
-            .body(uploaded(archive, &failed));
-        let result = self.call_json(rb, Deadline::Open).await;
-        upload_failure(result, &failed)
-    }
-
-    async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed> {
-        let body = PushBody {
-            reference: reference.into(),
-            source: source.map(str::to_string),
-        };
-        self.call_json(self.post_json(&["images", "push"], &body)?, Deadline::Open)
-            .await
-    }
-
-    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo> {
-        self.call_json(self.post_json(&["images", "derive"], &req)?, Deadline::Open)
-            .await
-    }
-
-    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
-        let rb = self.request(Method::GET, &["images", "steps", key], &[])?;
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {
-        let rb = self.request(Method::DELETE, &["images"], &[("reference", reference)])?;
-        self.call_json(rb, Deadline::Open).await
-    }
-
-    async fn volume_create(&self, req: VolumeRequest) -> NodeResult<VolumeInfo> {
-        self.call_json(self.post_json(&["volumes"], &req)?, Deadline::Open)
-            .await
-    }
-
-    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>> {
-        let rb = self.request(Method::GET, &["volumes"], &[])?;
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo> {
-        let rb = self.request(Method::DELETE, &["volumes", name.as_str()], &[])?;
-        self.call_json(rb, Deadline::Open).await
-    }
-
-    async fn volume_write(
-        &self,
-        volume: &VolumeName,
-        req: VolumeWrite,
-        body: ByteStream,
-    ) -> NodeResult<PathEntry> {
-        let (mode, uid, gid) = (
-            req.file.mode.to_string(),
-            req.owner.uid.to_string(),
-            req.owner.gid.to_string(),
-        );
-        let replace = req.replace.to_string();
-        let xattrs = serde_json::to_string(&req.file.xattrs)
-            .map_err(|e| NodeError::internal(format!("encoding xattrs: {e}")))?;
-        let mut query = vec![
-            ("path", req.file.path.as_str()),
-            ("mode", &mode),
-            ("uid", &uid),
-            ("gid", &gid),
-            ("replace", &replace),
-        ];
-        if !req.file.xattrs.is_empty() {
-            query.push(("xattrs", &xattrs));
-        }
-        if req.file.tar {
-            return Err(NodeError::invalid(
-                "a volume takes files one by one, not tar archives",
-            ));
-        }
-        let failed = Arc::new(Mutex::new(None));
-        let rb = self
-            .request(Method::PUT, &["volumes", volume.as_str(), "files"], &query)?
-            .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(uploaded(body, &failed));
-        let result = self.call_json(rb, Deadline::Open).await;
-        upload_failure(result, &failed)
-    }
-
-    async fn volume_read(&self, volume: &VolumeName, path: &str) -> NodeResult<FileRead> {
-        let rb = self.request(
-            Method::GET,
-            &["volumes", volume.as_str(), "files"],
-            &[("path", path)],
-        )?;
-        let resp = self.send(rb, Deadline::Open).await?;
-        let kind = file_kind(&resp, &self.shown)?;
-        Ok(FileRead {
-            kind,
-            body: self.bytes_of(resp),
-        })
-    }
-
-    async fn volume_path_op(&self, volume: &VolumeName, op: PathOp) -> NodeResult<Vec<PathEntry>> {
-        let rb = self.post_json(&["volumes", volume.as_str(), "paths"], &op)?;
-        self.call_json(rb, Deadline::Quick).await
-    }
-
-    async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {
-        self.call_json(
-            self.post_json(&["images", "gc"], &GcBody { budget })?,
-            Deadline::Open,
-        )
-        .await
-    }
 }
+
+/// Implements [`NodeApi`] from the call list: each method sends its
+/// arguments in their wire form by its call's shape.
+macro_rules! http_node {
+    ($(
+        $(#[$meta:meta])*
+        $shape:ident $deadline:ident fn $name:ident(
+            $($arg:ident : $ty:ty $(=> $wire:ty)?),* $(; $body:ident : $body_ty:ty)?
+        ) -> $reply:ty;
+    )*) => {
+        #[async_trait::async_trait]
+        impl NodeApi for HttpNode {
+            $(
+                async fn $name(&self, $($arg: $ty,)* $($body: $body_ty)?) -> NodeResult<$reply> {
+                    let args = args::$name {
+                        $($arg: warren_node_api::wire_own!($arg $(, $wire)?),)*
+                    };
+                    self.$shape(stringify!($name), Deadline::$deadline, &args $(, $body)?)
+                        .await
+                }
+            )*
+        }
+    };
+}
+
+warren_node_api::node_calls!(http_node);
 
 #[cfg(test)]
 mod tests {

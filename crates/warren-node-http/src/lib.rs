@@ -1,11 +1,12 @@
 //! The node contract ([`warren_node_api::NodeApi`]) over HTTP.
 //!
-//! A node serves [`router`] under `/node/v1`, behind its node credential;
+//! A node serves [`router`] under `/node/v2`, behind its node credential;
 //! the control plane drives it through [`HttpNode`], which implements the
 //! same trait, so the control plane does not know whether its node runs
 //! in-process or on another host.
 //!
-//! What crosses the wire:
+//! What crosses the wire (each call is `POST /node/v2/{call}`, made from
+//! the one call list, [`warren_node_api::node_calls!`]):
 //! - answers and request bodies are JSON, errors a [`warren_node_api::NodeError`]
 //!   as JSON: the HTTP status is chosen from its kind for people reading logs,
 //!   but the client rebuilds the error from the body alone;

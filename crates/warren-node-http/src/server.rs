@@ -1,6 +1,7 @@
-//! The node side: every route of the contract under `/node/v1`, behind the
-//! node credential.
+//! The node side: every call of the contract as `POST /node/v2/{call}`,
+//! behind the node credential; the dispatch is made from the call list.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -11,18 +12,16 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
-use warren_core::spec::NetworkSpec;
-use warren_core::{ExecRequest, SandboxSpec};
+use serde::Serialize;
 use warren_node_api::{
-    ByteStream, CommitImage, CreateSandbox, DeriveImage, ErrorKind, FileKind, LogNote, NodeApi,
-    NodeError, PathOp, WriteFile,
+    ByteStream, ErrorKind, FileKind, FileRead, NodeApi, NodeError, NodeResult, Tunnel,
 };
 
 use crate::fence::{Admitted, Fence, Refusal, LEADER_EPOCH};
@@ -94,52 +93,19 @@ pub async fn serve_tls(
 /// <credential>`; the node credential is shared with the control plane
 /// only, never with users. An empty credential refuses every request.
 ///
-/// Under `/node/v1`:
+/// Every call of [`NodeApi`] is `POST /node/v2/{call}`, named as its
+/// method; its arguments are a JSON object of the method's arguments by
+/// name (as [`warren_node_api::calls`] declares them: `Duration`s as
+/// `{"secs","nanos"}`, exec input as base64). By the call's shape:
 ///
-/// | route | call | answer |
+/// | shape | arguments | answer |
 /// |---|---|---|
-/// | `GET /info` | `info` | `NodeInfo` |
-/// | `GET /events?since=N` | `events` | NDJSON `Sequenced`, open-ended |
-/// | `GET /sandboxes` | `inventory` | `[SandboxStatus]` |
-/// | `POST /sandboxes` | `create` (`CreateSandbox`) | `SandboxStatus` |
-/// | `GET /sandboxes/{id}` | `status` | `SandboxStatus` |
-/// | `DELETE /sandboxes/{id}?why=` | `destroy` | `Usage` or `null` |
-/// | `POST /sandboxes/{id}/main` | `start_main` | 204 |
-/// | `POST /sandboxes/{id}/paused` | `set_paused` (`{"paused"}`) | 204 |
-/// | `POST /sandboxes/{id}/hold` | `hold` (`{"hold_for_ms","note"}`) | `Usage` or `null` |
-/// | `POST /sandboxes/{id}/ttl` | `set_ttl` (`{"ttl_ms"}`) | 204 |
-/// | `POST /sandboxes/{id}/claim` | `claim` (a `SandboxSpec`) | 204 |
-/// | `POST /sandboxes/{id}/lease` | `renew_lease` | 204 |
-/// | `POST /sandboxes/{id}/note` | `note` (`LogNote`) | 204 |
-/// | `POST /sandboxes/{id}/exec` | `exec` (`ExecRequest`) | NDJSON `ExecEvent` |
-/// | `PUT /sandboxes/{id}/files?path=&mode=&tar=` | `write_file` (raw body) | 204 |
-/// | `GET /sandboxes/{id}/files?path=` | `read_file` | raw body, `x-warren-file-kind` |
-/// | `POST /sandboxes/{id}/paths` | `path_op` (a `PathOp`) | JSON `[PathEntry]` |
-/// | `POST /sandboxes/{id}/execs/{exec_id}/stdin?close=` | `exec_input` (raw body) | 204 |
-/// | `POST /sandboxes/{id}/execs/{exec_id}/resize` | `exec_resize` (a `WindowSize`) | 204 |
-/// | `GET /sandboxes/{id}/watch?path=&recursive=` | `watch` | NDJSON `WatchEvent` |
-/// | `GET /sandboxes/{id}/logs?follow=` | `logs` | raw body |
-/// | `POST /sandboxes/{id}/ports/{port}` | `connect_port` (`Upgrade: tcp`) | 101, then the port's bytes |
-/// | `PUT /sandboxes/{id}/network` | `set_network` (`NetworkSpec`) | `PolicyChange` |
-/// | `POST /sandboxes/{id}/commit` | `commit` (`CommitImage`) | `ImageInfo` |
-/// | `POST /sandboxes/{id}/fork-layer` | `fork_layer` | `ForkLayer` |
-/// | `DELETE /fork-layers/{layer}` | `release_fork_layer` | 204 |
-/// | `POST /network/check` | `check_network` (`NetworkSpec`) | 204 |
-/// | `GET /images` | `image_list` | `[ImageInfo]` |
-/// | `DELETE /images?reference=` | `image_remove` | `ImageInfo` |
-/// | `POST /images/for-create` | `image_for_create` (`{"reference"}`) | `ImageInfo` |
-/// | `POST /images/pull` | `image_pull` (`{"reference"}`) | NDJSON `PullUpdate` |
-/// | `POST /images/import?name=` | `image_import` (raw body) | `ImageInfo` |
-/// | `POST /images/push` | `image_push` (`{"reference","source"}`) | `Pushed` |
-/// | `POST /images/gc` | `image_gc` (`{"budget"}`) | `GcReport` |
-/// | `POST /images/derive` | `image_derive` (`DeriveImage`) | `ImageInfo` |
-/// | `GET /images/steps/{key}` | `image_step` | `ImageInfo` or `null` |
-/// | `POST /volumes` | `volume_create` (`VolumeRequest`) | `VolumeInfo` |
-/// | `GET /volumes` | `volume_list` | `[VolumeInfo]` |
-/// | `DELETE /volumes/{name}` | `volume_remove` | `VolumeInfo` |
-/// | `PUT /volumes/{name}/files?path=&mode=&uid=&gid=&replace=` | `volume_write` (raw body) | `PathEntry` |
-/// | `GET /volumes/{name}/files?path=` | `volume_read` | raw body, `x-warren-file-kind` |
-/// | `POST /volumes/{name}/paths` | `volume_path_op` (a `PathOp`) | JSON `[PathEntry]` |
+/// | `unary` | JSON body | JSON |
+/// | `stream` | JSON body | NDJSON, one value a line, as they happen (the event feed: a blank line every 15 s when quiet) |
+/// | `bytes` | JSON body | raw bytes (a log) |
+/// | `file` | JSON body | raw bytes; `x-warren-file-kind: file` with its `Content-Length`, or `dir` for a tar archive |
+/// | `upload` | `?args=` JSON | JSON; the request body is the bytes |
+/// | `tunnel` | `?args=` JSON | `Upgrade: tcp`: 101, then the port's bytes both ways |
 ///
 /// A refusal is the `NodeError` as JSON, with a status chosen from its kind.
 ///
@@ -154,51 +120,13 @@ pub fn router(node: Arc<dyn NodeApi>, credential: impl Into<Credential>, fence: 
         );
     }
     let api = Router::new()
-        .route("/info", get(info))
-        .route("/events", get(events))
-        .route("/sandboxes", get(inventory).post(create))
-        .route("/sandboxes/{id}", get(status).delete(destroy))
-        .route("/sandboxes/{id}/main", post(start_main))
-        .route("/sandboxes/{id}/paused", post(set_paused))
-        .route("/sandboxes/{id}/hold", post(hold))
-        .route("/sandboxes/{id}/ttl", post(set_ttl))
-        .route("/sandboxes/{id}/claim", post(claim))
-        .route("/sandboxes/{id}/lease", post(renew_lease))
-        .route("/sandboxes/{id}/note", post(note))
-        .route("/sandboxes/{id}/exec", post(exec))
-        .route("/sandboxes/{id}/files", put(write_file).get(read_file))
-        .route("/sandboxes/{id}/paths", post(path_op))
-        .route("/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_input))
-        .route("/sandboxes/{id}/execs/{exec_id}/resize", post(exec_resize))
-        .route("/sandboxes/{id}/watch", get(watch))
-        .route("/sandboxes/{id}/logs", get(logs))
-        .route("/sandboxes/{id}/ports/{port}", post(connect_port))
-        .route("/sandboxes/{id}/network", put(set_network))
-        .route("/sandboxes/{id}/commit", post(commit))
-        .route("/sandboxes/{id}/fork-layer", post(fork_layer))
-        .route(
-            "/fork-layers/{layer}",
-            axum::routing::delete(release_fork_layer),
-        )
-        .route("/network/check", post(check_network))
-        .route("/images", get(image_list).delete(image_remove))
-        .route("/images/for-create", post(image_for_create))
-        .route("/images/pull", post(image_pull))
-        .route("/images/import", post(image_import))
-        .route("/images/push", post(image_push))
-        .route("/images/gc", post(image_gc))
-        .route("/volumes", get(volume_list).post(volume_create))
-        .route("/volumes/{name}", axum::routing::delete(volume_remove))
-        .route("/volumes/{name}/files", put(volume_write).get(volume_read))
-        .route("/volumes/{name}/paths", post(volume_path_op))
-        .route("/images/derive", post(image_derive))
-        .route("/images/steps/{key}", get(image_step))
+        .route("/{call}", post(call))
         .method_not_allowed_fallback(wrong_method)
         .with_state(node);
     Router::new()
         .nest(&format!("/{}", PREFIX.join("/")), api)
         .fallback(no_route)
-        // Only the JSON extractors buffer (through `Bytes`); file and
+        // Only JSON arguments are buffered (through `Bytes`); file and
         // archive bodies are taken as a stream and are not bound by it.
         .layer(DefaultBodyLimit::max(JSON_LIMIT))
         .layer(middleware::from_fn_with_state(fence, fenced))
@@ -327,40 +255,6 @@ impl IntoResponse for Failure {
 
 type Answer<T> = Result<T, Failure>;
 
-/// A JSON body, refused as a `NodeError` (axum's own rejections are plain
-/// text, which the client could not rebuild).
-struct JsonBody<T>(T);
-
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
-    type Rejection = Failure;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Failure> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            NodeError::invalid(format!(
-                "request body (at most {JSON_LIMIT} bytes): {}",
-                e.body_text()
-            ))
-        })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| Failure(NodeError::invalid(format!("request body: {e}"))))
-    }
-}
-
-/// A query, refused as a `NodeError`.
-struct Q<T>(T);
-
-impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Q<T> {
-    type Rejection = Failure;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
-        Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|Query(q)| Q(q))
-            .map_err(|e| Failure(NodeError::invalid(format!("query: {}", e.body_text()))))
-    }
-}
-
 /// Path parameters, refused as a `NodeError`.
 struct P<T>(T);
 
@@ -373,10 +267,6 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for P<T> {
             .map(|Path(p)| P(p))
             .map_err(|e| Failure(NodeError::invalid(format!("path: {}", e.body_text()))))
     }
-}
-
-fn done() -> Response {
-    StatusCode::NO_CONTENT.into_response()
 }
 
 /// Values as NDJSON, each written as it comes. If the client goes away the
@@ -447,26 +337,6 @@ impl Upload {
     }
 }
 
-async fn info(State(node): Node) -> Answer<Response> {
-    Ok(Json(node.info().await?).into_response())
-}
-
-async fn inventory(State(node): Node) -> Answer<Response> {
-    Ok(Json(node.inventory().await?).into_response())
-}
-
-async fn status(State(node): Node, P(id): P<String>, Q(q): Q<StatusQuery>) -> Answer<Response> {
-    Ok(Json(node.status(&id, q.read_usage).await?).into_response())
-}
-
-async fn events(State(node): Node, Q(q): Q<SinceQuery>) -> Answer<Response> {
-    let feed = node.events(q.since).await?;
-    Ok(ndjson_response(with_heartbeat(
-        ndjson::encode(feed),
-        EVENTS_HEARTBEAT,
-    )))
-}
-
 /// A blank line whenever the feed was quiet for a heartbeat's time.
 fn with_heartbeat<S>(lines: S, every: Duration) -> impl Stream<Item = S::Item> + Send
 where
@@ -479,152 +349,6 @@ where
             Err(_) => Some((Ok(Bytes::from_static(b"\n")), lines)),
         }
     })
-}
-
-/// A caller replaced as leader while its create ran gets `fenced`, and
-/// what it made is destroyed: the new leader took stock of the node
-/// before it existed, so nothing else would ever remove it. The create
-/// itself finishes without its caller (see [`NodeApi::create`]); the task
-/// here is for that check, which must run even when the caller is gone.
-async fn create(
-    State(node): Node,
-    admitted: Option<axum::Extension<Admitted>>,
-    JsonBody(req): JsonBody<CreateSandbox>,
-) -> Answer<Response> {
-    let made = tokio::spawn(async move {
-        let id = req.id.clone();
-        let status = node.create(req).await?;
-        let Some(axum::Extension(admitted)) = admitted else {
-            return Ok(status);
-        };
-        let Some(current) = admitted.superseded_by() else {
-            return Ok(status);
-        };
-        tracing::warn!(sandbox = %id, given = admitted.given, current, "a create of a replaced control plane ended after the new leader took stock; destroying what it made");
-        if let Err(e) = node
-            .destroy(&id, warren_core::state::reason::CREATE_FAILED)
-            .await
-        {
-            tracing::warn!(sandbox = %id, error = %e, "destroying a replaced leader's create");
-        }
-        Err(replaced(admitted.given, current))
-    });
-    let status = made
-        .await
-        .map_err(|e| NodeError::internal(format!("create task: {e}")))??;
-    Ok(Json(status).into_response())
-}
-
-async fn start_main(State(node): Node, P(id): P<String>) -> Answer<Response> {
-    node.start_main(&id).await?;
-    Ok(done())
-}
-
-async fn destroy(State(node): Node, P(id): P<String>, Q(q): Q<WhyQuery>) -> Answer<Response> {
-    Ok(Json(node.destroy(&id, &q.why).await?).into_response())
-}
-
-async fn set_paused(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(b): JsonBody<PausedBody>,
-) -> Answer<Response> {
-    node.set_paused(&id, b.paused).await?;
-    Ok(done())
-}
-
-async fn hold(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(b): JsonBody<HoldBody>,
-) -> Answer<Response> {
-    let usage = node
-        .hold(&id, Duration::from_millis(b.hold_for_ms), b.note)
-        .await?;
-    Ok(Json(usage).into_response())
-}
-
-async fn set_ttl(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(b): JsonBody<TtlBody>,
-) -> Answer<Response> {
-    node.set_ttl(&id, Duration::from_millis(b.ttl_ms)).await?;
-    Ok(done())
-}
-
-async fn claim(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(spec): JsonBody<SandboxSpec>,
-) -> Answer<Response> {
-    Ok(Json(node.claim(&id, spec).await?).into_response())
-}
-
-async fn renew_lease(State(node): Node, P(id): P<String>) -> Answer<Response> {
-    node.renew_lease(&id).await?;
-    Ok(done())
-}
-
-async fn note(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(n): JsonBody<LogNote>,
-) -> Answer<Response> {
-    node.note(&id, n).await?;
-    Ok(done())
-}
-
-async fn exec(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(req): JsonBody<ExecRequest>,
-) -> Answer<Response> {
-    let events = node.exec(&id, req).await?;
-    Ok(ndjson_response(ndjson::encode(events)))
-}
-
-async fn write_file(
-    State(node): Node,
-    P(id): P<String>,
-    Q(q): Q<WriteQuery>,
-    body: Body,
-) -> Answer<Response> {
-    let xattrs = xattrs_of(q.xattrs.as_deref())?;
-    let req = WriteFile {
-        path: q.path,
-        mode: q.mode,
-        tar: q.tar,
-        xattrs,
-    };
-    let upload = Upload::new(body);
-    let result = node.write_file(&id, req, upload.stream()).await;
-    upload.linger().await;
-    result?;
-    Ok(done())
-}
-
-/// Extended attributes as the query carries them (a JSON object).
-fn xattrs_of(json: Option<&str>) -> Result<std::collections::BTreeMap<String, String>, NodeError> {
-    match json {
-        None => Ok(Default::default()),
-        Some(json) => serde_json::from_str(json).map_err(|e| {
-            NodeError::new(
-                ErrorKind::Invalid,
-                format!("xattrs is not a JSON object of strings: {e}"),
-            )
-        }),
-    }
-}
-
-async fn watch(State(node): Node, P(id): P<String>, Q(q): Q<WatchQuery>) -> Answer<Response> {
-    let events = node.watch(&id, &q.path, q.recursive).await?;
-    Ok(ndjson_response(ndjson::encode(events)))
-}
-
-async fn read_file(State(node): Node, P(id): P<String>, Q(q): Q<PathQuery>) -> Answer<Response> {
-    let read = node.read_file(&id, &q.path).await?;
-    Ok(file_response(read))
 }
 
 /// A read's answer: the bytes, with what they are (and a file's length).
@@ -653,28 +377,160 @@ fn file_response(read: warren_node_api::FileRead) -> Response {
     resp
 }
 
-async fn logs(State(node): Node, P(id): P<String>, Q(q): Q<FollowQuery>) -> Answer<Response> {
-    let body = node.logs(&id, q.follow).await?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        byte_body("a log", body),
-    )
-        .into_response())
+/// A caller replaced as leader while its create ran gets `fenced`, and
+/// what it made is destroyed: the new leader took stock of the node
+/// before it existed, so nothing else would ever remove it. The create
+/// itself finishes without its caller (see [`NodeApi::create`]); the task
+/// here is for that check, which must run even when the caller is gone.
+async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
+    let admitted = req.extensions().get::<Admitted>().cloned();
+    let args: args::create = json_args(req).await?;
+    let made = tokio::spawn(async move {
+        let id = args.req.id.clone();
+        let status = node.create(args.req).await?;
+        let Some(admitted) = admitted else {
+            return Ok(status);
+        };
+        let Some(current) = admitted.superseded_by() else {
+            return Ok(status);
+        };
+        tracing::warn!(sandbox = %id, given = admitted.given, current, "a create of a replaced control plane ended after the new leader took stock; destroying what it made");
+        if let Err(e) = node
+            .destroy(&id, warren_core::state::reason::CREATE_FAILED)
+            .await
+        {
+            tracing::warn!(sandbox = %id, error = %e, "destroying a replaced leader's create");
+        }
+        Err(replaced(admitted.given, current))
+    });
+    let status = made
+        .await
+        .map_err(|e| NodeError::internal(format!("create task: {e}")))??;
+    Ok(Json(status).into_response())
 }
 
-/// `Upgrade: tcp`: once the port is reached, `101 Switching Protocols`,
-/// then the connection carries its bytes both ways until either side
-/// closes.
-async fn connect_port(
-    State(node): Node,
-    P((id, port)): P<(String, String)>,
-    mut req: Request,
-) -> Answer<Response> {
-    let port = port
-        .parse::<u16>()
-        .ok()
-        .filter(|p| *p != 0)
-        .ok_or_else(|| NodeError::invalid(format!("port {port:?}: a port is 1 to 65535")))?;
+/// Answers one call: `create` with its fencing (see [`create`]), every
+/// other by the dispatch made from the call list.
+async fn call(State(node): Node, P(call): P<String>, req: Request) -> Answer<Response> {
+    if call == "create" {
+        return create(node, req).await;
+    }
+    dispatch(node, &call, req).await
+}
+
+/// Makes [`dispatch`] from the call list: each call's arguments are read
+/// in their wire form and lent to the node's method, and its answer
+/// written by its shape.
+macro_rules! dispatch {
+    ($(
+        $(#[$meta:meta])*
+        $shape:ident $deadline:ident fn $name:ident(
+            $($arg:ident : $ty:ty $(=> $wire:ty)?),* $(; $body:ident : $body_ty:ty)?
+        ) -> $reply:ty;
+    )*) => {
+        async fn dispatch(node: Arc<dyn NodeApi>, call: &str, req: Request) -> Answer<Response> {
+            match call {
+                $(stringify!($name) => {
+                    $shape(req, move |args::$name { $($arg),* } $(, $body: $body_ty)?| async move {
+                        node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)
+                            .await
+                    })
+                    .await
+                })*
+                _ => Err(NodeError::not_found(format!("the node API has no call {call:?}")).into()),
+            }
+        }
+    };
+}
+
+warren_node_api::node_calls!(dispatch);
+
+/// A call's arguments from its JSON body (an empty body is `{}`, for calls
+/// without any), refused as a `NodeError`.
+async fn json_args<A: DeserializeOwned>(req: Request) -> Result<A, Failure> {
+    let bytes = Bytes::from_request(req, &()).await.map_err(|e| {
+        NodeError::invalid(format!(
+            "request body (at most {JSON_LIMIT} bytes): {}",
+            e.body_text()
+        ))
+    })?;
+    let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { &bytes };
+    serde_json::from_slice(bytes)
+        .map_err(|e| Failure(NodeError::invalid(format!("arguments: {e}"))))
+}
+
+/// A call's arguments from the `args` query parameter.
+fn query_args<A: DeserializeOwned>(req: &Request) -> Result<A, Failure> {
+    let Query(q) = Query::<ArgsQuery>::try_from_uri(req.uri())
+        .map_err(|e| NodeError::invalid(format!("query: {}", e.body_text())))?;
+    serde_json::from_str(&q.args)
+        .map_err(|e| Failure(NodeError::invalid(format!("arguments ({ARGS}): {e}"))))
+}
+
+async fn unary<A, R, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    R: Serialize,
+    F: Future<Output = NodeResult<R>>,
+{
+    let args = json_args(req).await?;
+    Ok(Json(call(args).await?).into_response())
+}
+
+async fn stream<A, T, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    T: Feed,
+    F: Future<Output = NodeResult<BoxStream<'static, T>>>,
+{
+    let args = json_args(req).await?;
+    let lines = ndjson::encode(call(args).await?);
+    Ok(match T::HEARTBEAT {
+        Some((every, _)) => ndjson_response(with_heartbeat(lines, every)),
+        None => ndjson_response(lines),
+    })
+}
+
+async fn bytes<A, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    F: Future<Output = NodeResult<ByteStream>>,
+{
+    let args = json_args(req).await?;
+    let body = byte_body("a byte stream", call(args).await?);
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+async fn file<A, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    F: Future<Output = NodeResult<FileRead>>,
+{
+    let args = json_args(req).await?;
+    Ok(file_response(call(args).await?))
+}
+
+async fn upload<A, R, F>(req: Request, call: impl FnOnce(A, ByteStream) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    R: Serialize,
+    F: Future<Output = NodeResult<R>>,
+{
+    let args = query_args(&req)?;
+    let upload = Upload::new(req.into_body());
+    let result = call(args, upload.stream()).await;
+    upload.linger().await;
+    Ok(Json(result?).into_response())
+}
+
+/// `Upgrade: tcp`: once the node reached the port, `101 Switching
+/// Protocols`, then the connection carries its bytes both ways until
+/// either side closes.
+async fn tunnel<A, F>(mut req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
+where
+    A: DeserializeOwned,
+    F: Future<Output = NodeResult<Box<dyn Tunnel>>>,
+{
     let wants_tcp = req
         .headers()
         .get(header::UPGRADE)
@@ -686,18 +542,19 @@ async fn connect_port(
         )
         .into());
     }
+    let args = query_args(&req)?;
     // Reach the port first, so a failure is still an ordinary answer.
-    let mut tunnel = node.connect_port(&id, port).await?;
+    let mut tunnel = call(args).await?;
     let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
                 let mut client = TokioIo::new(upgraded);
                 if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut tunnel).await {
-                    tracing::debug!("tunnel to {id} port {port} ended: {e}");
+                    tracing::debug!("a port tunnel ended: {e}");
                 }
             }
-            Err(e) => tracing::warn!("tunnel to {id} port {port}: the upgrade failed: {e}"),
+            Err(e) => tracing::warn!("a port tunnel: the upgrade failed: {e}"),
         }
     });
     Ok((
@@ -705,182 +562,6 @@ async fn connect_port(
         [(header::CONNECTION, "upgrade"), (header::UPGRADE, "tcp")],
     )
         .into_response())
-}
-
-async fn check_network(
-    State(node): Node,
-    JsonBody(spec): JsonBody<NetworkSpec>,
-) -> Answer<Response> {
-    node.check_network(spec).await?;
-    Ok(done())
-}
-
-#[derive(serde::Deserialize)]
-struct InputQuery {
-    #[serde(default)]
-    close: bool,
-}
-
-async fn exec_input(
-    State(node): Node,
-    P((id, exec_id)): P<(String, String)>,
-    Q(q): Q<InputQuery>,
-    body: Bytes,
-) -> Answer<Response> {
-    node.exec_input(&id, &exec_id, body, q.close).await?;
-    Ok(done())
-}
-
-async fn exec_resize(
-    State(node): Node,
-    P((id, exec_id)): P<(String, String)>,
-    JsonBody(size): JsonBody<warren_core::WindowSize>,
-) -> Answer<Response> {
-    node.exec_resize(&id, &exec_id, size).await?;
-    Ok(done())
-}
-
-async fn path_op(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(op): JsonBody<PathOp>,
-) -> Answer<Response> {
-    Ok(Json(node.path_op(&id, op).await?).into_response())
-}
-
-async fn set_network(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(spec): JsonBody<NetworkSpec>,
-) -> Answer<Response> {
-    Ok(Json(node.set_network(&id, spec).await?).into_response())
-}
-
-async fn commit(
-    State(node): Node,
-    P(id): P<String>,
-    JsonBody(req): JsonBody<CommitImage>,
-) -> Answer<Response> {
-    Ok(Json(node.commit(&id, req).await?).into_response())
-}
-
-async fn image_derive(State(node): Node, JsonBody(req): JsonBody<DeriveImage>) -> Answer<Response> {
-    Ok(Json(node.image_derive(req).await?).into_response())
-}
-
-async fn image_step(State(node): Node, P(key): P<String>) -> Answer<Response> {
-    Ok(Json(node.image_step(&key).await?).into_response())
-}
-
-async fn fork_layer(State(node): Node, P(id): P<String>) -> Answer<Response> {
-    Ok(Json(node.fork_layer(&id).await?).into_response())
-}
-
-async fn release_fork_layer(State(node): Node, P(layer): P<String>) -> Answer<Response> {
-    node.release_fork_layer(&layer).await?;
-    Ok(done())
-}
-
-async fn image_list(State(node): Node) -> Answer<Response> {
-    Ok(Json(node.image_list().await?).into_response())
-}
-
-async fn image_for_create(
-    State(node): Node,
-    JsonBody(b): JsonBody<ReferenceBody>,
-) -> Answer<Response> {
-    Ok(Json(node.image_for_create(&b.reference).await?).into_response())
-}
-
-async fn image_pull(State(node): Node, JsonBody(b): JsonBody<ReferenceBody>) -> Answer<Response> {
-    let updates: BoxStream<'static, _> = node.image_pull(&b.reference).await?;
-    Ok(ndjson_response(ndjson::encode(updates)))
-}
-
-async fn image_import(State(node): Node, Q(q): Q<NameQuery>, body: Body) -> Answer<Response> {
-    let upload = Upload::new(body);
-    let result = node.image_import(&q.name, upload.stream()).await;
-    upload.linger().await;
-    Ok(Json(result?).into_response())
-}
-
-async fn image_push(State(node): Node, JsonBody(b): JsonBody<PushBody>) -> Answer<Response> {
-    let pushed = node.image_push(&b.reference, b.source.as_deref()).await?;
-    Ok(Json(pushed).into_response())
-}
-
-async fn image_remove(State(node): Node, Q(q): Q<ReferenceQuery>) -> Answer<Response> {
-    Ok(Json(node.image_remove(&q.reference).await?).into_response())
-}
-
-async fn image_gc(State(node): Node, JsonBody(b): JsonBody<GcBody>) -> Answer<Response> {
-    Ok(Json(node.image_gc(b.budget).await?).into_response())
-}
-
-async fn volume_create(
-    State(node): Node,
-    JsonBody(req): JsonBody<warren_core::volume::VolumeRequest>,
-) -> Answer<Response> {
-    Ok(Json(node.volume_create(req).await?).into_response())
-}
-
-async fn volume_list(State(node): Node) -> Answer<Response> {
-    Ok(Json(node.volume_list().await?).into_response())
-}
-
-fn volume_name(name: String) -> Result<warren_core::volume::VolumeName, NodeError> {
-    warren_core::volume::VolumeName::try_from(name)
-        .map_err(|e| NodeError::new(ErrorKind::Invalid, e.to_string()))
-}
-
-async fn volume_write(
-    State(node): Node,
-    P(name): P<String>,
-    Q(q): Q<VolumeWriteQuery>,
-    body: Body,
-) -> Answer<Response> {
-    let name = volume_name(name)?;
-    let req = warren_node_api::VolumeWrite {
-        file: WriteFile {
-            path: q.path,
-            mode: q.mode,
-            tar: false,
-            xattrs: xattrs_of(q.xattrs.as_deref())?,
-        },
-        owner: warren_node_api::Owner {
-            uid: q.uid,
-            gid: q.gid,
-        },
-        replace: q.replace,
-    };
-    let upload = Upload::new(body);
-    let result = node.volume_write(&name, req, upload.stream()).await;
-    upload.linger().await;
-    Ok(Json(result?).into_response())
-}
-
-async fn volume_read(
-    State(node): Node,
-    P(name): P<String>,
-    Q(q): Q<PathQuery>,
-) -> Answer<Response> {
-    let read = node.volume_read(&volume_name(name)?, &q.path).await?;
-    Ok(file_response(read))
-}
-
-async fn volume_path_op(
-    State(node): Node,
-    P(name): P<String>,
-    JsonBody(op): JsonBody<PathOp>,
-) -> Answer<Response> {
-    let name = volume_name(name)?;
-    Ok(Json(node.volume_path_op(&name, op).await?).into_response())
-}
-
-async fn volume_remove(State(node): Node, P(name): P<String>) -> Answer<Response> {
-    let name = warren_core::volume::VolumeName::try_from(name)
-        .map_err(|e| NodeError::new(ErrorKind::Invalid, e.to_string()))?;
-    Ok(Json(node.volume_remove(&name).await?).into_response())
 }
 
 #[cfg(test)]

@@ -1,16 +1,19 @@
-//! What both sides agree on besides the contract's own types: the bodies
-//! and queries of routes whose arguments are not one contract value, the
-//! headers, and how an error kind maps to an HTTP status.
+//! What both sides agree on besides the contract's own types: each call's
+//! arguments as JSON, what a stream's values need, the headers, and how an
+//! error kind maps to an HTTP status.
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use warren_node_api::{ErrorKind, LogNote};
+use warren_core::ExecEvent;
+use warren_node_api::{ErrorKind, NodeError, PullUpdate, Sequenced, WatchEvent};
 
 /// Where the API lives on a node; versioned so a node and a control plane
 /// of different releases can tell they disagree.
-pub(crate) const PREFIX: [&str; 2] = ["node", "v1"];
+/// `v2`: every call is `POST /node/v2/{call}` with its arguments by name.
+pub(crate) const PREFIX: [&str; 2] = ["node", "v2"];
 
 /// Whether a read found a file or a directory (a tar archive).
 pub(crate) const FILE_KIND: &str = "x-warren-file-kind";
@@ -56,124 +59,89 @@ pub(crate) fn kind_of_status(status: StatusCode) -> ErrorKind {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct SinceQuery {
-    #[serde(default)]
-    pub since: u64,
+/// The query parameter that carries a call's arguments (as JSON) when its
+/// body is something else: an upload's bytes, a tunnel's connection.
+pub(crate) const ARGS: &str = "args";
+
+/// A query of one `args` parameter.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ArgsQuery {
+    pub args: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct StatusQuery {
-    /// Absent (a control plane older than the flag): read now, as it expects.
-    #[serde(default = "read_now")]
-    pub read_usage: bool,
+/// Declares, from the call list, each call's arguments as the JSON object
+/// that crosses the wire (`{"id": …, "read_usage": …}`), named as the
+/// call, with the wire form of each argument.
+macro_rules! call_args {
+    ($(
+        $(#[$meta:meta])*
+        $shape:ident $deadline:ident fn $name:ident(
+            $($arg:ident : $ty:ty $(=> $wire:ty)?),* $(; $body:ident : $body_ty:ty)?
+        ) -> $reply:ty;
+    )*) => {
+        $(
+            #[derive(Serialize, Deserialize)]
+            #[serde(deny_unknown_fields)]
+            #[allow(non_camel_case_types)]
+            pub(crate) struct $name {
+                $(pub $arg: warren_node_api::wire_type!($ty $(, $wire)?),)*
+            }
+        )*
+    };
 }
 
-fn read_now() -> bool {
-    true
+/// Every call's arguments, by the call's name.
+pub(crate) mod args {
+    use serde::{Deserialize, Serialize};
+    use warren_node_api::calls::prelude::*;
+
+    warren_node_api::node_calls!(call_args);
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct WhyQuery {
-    #[serde(default)]
-    pub why: String,
+/// What a stream's values need besides their JSON: whether the stream is
+/// kept alive with heartbeats, and what a broken connection becomes.
+pub(crate) trait Feed: Serialize + DeserializeOwned + Send + 'static {
+    /// The server sends a blank line after the first of these without a
+    /// value; the client takes the stream as lost after the second.
+    const HEARTBEAT: Option<(Duration, Duration)> = None;
+
+    /// The last value of a stream whose connection broke, if it has one.
+    fn lost(e: NodeError) -> Option<Self>;
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct FollowQuery {
-    #[serde(default)]
-    pub follow: bool,
+/// The event feed is silent while nothing happens: heartbeats tell a
+/// quiet node from a dead connection, and it ends with its connection
+/// (the consumer resumes from the last seq it handled).
+impl Feed for Sequenced {
+    const HEARTBEAT: Option<(Duration, Duration)> = Some((EVENTS_HEARTBEAT, EVENTS_IDLE));
+
+    fn lost(e: NodeError) -> Option<Self> {
+        tracing::info!("node event feed ended: {e}");
+        None
+    }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct PathQuery {
-    pub path: String,
+/// Dropping an exec's stream drops the connection, which the node takes as
+/// a kill; a connection that broke says so as the exec's last event.
+impl Feed for ExecEvent {
+    fn lost(e: NodeError) -> Option<Self> {
+        Some(ExecEvent::Error {
+            message: format!("the command's output stopped: {}", e.message),
+        })
+    }
 }
 
-/// A directory watch's arguments.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct WatchQuery {
-    pub path: String,
-    #[serde(default)]
-    pub recursive: bool,
+impl Feed for WatchEvent {
+    fn lost(error: NodeError) -> Option<Self> {
+        Some(WatchEvent::Error { error })
+    }
 }
 
-/// A write's arguments ride in the query because its body is the file.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct WriteQuery {
-    pub path: String,
-    pub mode: u32,
-    #[serde(default)]
-    pub tar: bool,
-    /// `WriteFile::xattrs` as a JSON object (absent: none).
-    #[serde(default)]
-    pub xattrs: Option<String>,
-}
-
-/// A volume write's arguments, in the query as a sandbox write's.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct VolumeWriteQuery {
-    pub path: String,
-    pub mode: u32,
-    #[serde(default)]
-    pub uid: u32,
-    #[serde(default)]
-    pub gid: u32,
-    #[serde(default)]
-    pub replace: bool,
-    /// `WriteFile::xattrs` as a JSON object (absent: none).
-    #[serde(default)]
-    pub xattrs: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct NameQuery {
-    pub name: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct ReferenceQuery {
-    pub reference: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct PausedBody {
-    pub paused: bool,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct HoldBody {
-    pub hold_for_ms: u64,
-    pub note: LogNote,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct TtlBody {
-    pub ttl_ms: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct ReferenceBody {
-    pub reference: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct PushBody {
-    pub reference: String,
-    #[serde(default)]
-    pub source: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct GcBody {
-    #[serde(default)]
-    pub budget: Option<u64>,
-}
-
-/// Milliseconds of a duration, saturating: durations beyond u64 ms are
-/// "forever" for every caller.
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// The pull itself runs on at the node; only its progress is lost.
+impl Feed for PullUpdate {
+    fn lost(error: NodeError) -> Option<Self> {
+        Some(PullUpdate::Error { error })
+    }
 }
 
 #[cfg(test)]
@@ -196,11 +164,5 @@ mod tests {
             kind_of_status(status_of(ErrorKind::Upstream)),
             ErrorKind::Unavailable
         );
-    }
-
-    #[test]
-    fn millis_saturates() {
-        assert_eq!(millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(millis(Duration::MAX), u64::MAX);
     }
 }

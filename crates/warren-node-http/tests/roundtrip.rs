@@ -1629,7 +1629,7 @@ async fn a_tunnel_carries_bytes_both_ways() {
 async fn requests_without_the_node_credential_are_refused() {
     let Harness { addr, .. } = start().await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let url = format!("http://{addr}/node/v1/info");
+    let url = format!("http://{addr}/node/v2/info");
 
     let check = |resp: reqwest::Response| async move {
         assert_eq!(resp.status(), reqwest::StatusCode::UNAUTHORIZED);
@@ -1638,9 +1638,9 @@ async fn requests_without_the_node_credential_are_refused() {
         assert!(e.message.contains("node credential"), "{}", e.message);
         assert!(e.message.contains("API token"), "{}", e.message);
     };
-    check(http.get(&url).send().await.unwrap()).await;
+    check(http.post(&url).send().await.unwrap()).await;
     check(
-        http.get(&url)
+        http.post(&url)
             .bearer_auth("wrn_user_api_token")
             .send()
             .await
@@ -1649,7 +1649,7 @@ async fn requests_without_the_node_credential_are_refused() {
     .await;
     // A prefix of the credential is not the credential.
     check(
-        http.get(&url)
+        http.post(&url)
             .bearer_auth(&CREDENTIAL[..CREDENTIAL.len() - 1])
             .send()
             .await
@@ -1657,7 +1657,7 @@ async fn requests_without_the_node_credential_are_refused() {
     )
     .await;
     check(
-        http.get(&url)
+        http.post(&url)
             .basic_auth("node", Some(CREDENTIAL))
             .send()
             .await
@@ -1666,7 +1666,7 @@ async fn requests_without_the_node_credential_are_refused() {
     .await;
     // Unknown routes are refused too, before saying they do not exist.
     check(
-        http.get(format!("http://{addr}/node/v1/secret"))
+        http.get(format!("http://{addr}/node/v2/secret"))
             .send()
             .await
             .unwrap(),
@@ -1692,7 +1692,12 @@ async fn requests_without_the_node_credential_are_refused() {
     assert_eq!(e.kind, ErrorKind::Invalid);
 
     // The right one, sent by hand.
-    let resp = http.get(&url).bearer_auth(CREDENTIAL).send().await.unwrap();
+    let resp = http
+        .post(&url)
+        .bearer_auth(CREDENTIAL)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::OK);
 }
 
@@ -1700,7 +1705,7 @@ async fn requests_without_the_node_credential_are_refused() {
 async fn malformed_requests_are_node_errors() {
     let Harness { addr, .. } = start().await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let base = format!("http://{addr}/node/v1");
+    let base = format!("http://{addr}/node/v2");
     let expect = |resp: reqwest::Response, status: u16, kind: ErrorKind| async move {
         assert_eq!(resp.status().as_u16(), status);
         let e: NodeError = resp.json().await.unwrap();
@@ -1709,7 +1714,7 @@ async fn malformed_requests_are_node_errors() {
     };
 
     let resp = http
-        .post(format!("{base}/sandboxes"))
+        .post(format!("{base}/create"))
         .bearer_auth(CREDENTIAL)
         .body("{not json")
         .send()
@@ -1718,24 +1723,25 @@ async fn malformed_requests_are_node_errors() {
     expect(resp, 400, ErrorKind::Invalid).await;
 
     let resp = http
-        .post(format!("{base}/sandboxes/sb-1/exec"))
+        .post(format!("{base}/exec"))
         .bearer_auth(CREDENTIAL)
-        .body(r#"{"cmd":["true"],"surprise":1}"#)
+        .body(r#"{"id":"sb-1","req":{"cmd":["true"],"surprise":1}}"#)
         .send()
         .await
         .unwrap();
     expect(resp, 400, ErrorKind::Invalid).await;
 
     let resp = http
-        .get(format!("{base}/events?since=minus-one"))
+        .post(format!("{base}/events"))
         .bearer_auth(CREDENTIAL)
+        .body(r#"{"since":"minus-one"}"#)
         .send()
         .await
         .unwrap();
     expect(resp, 400, ErrorKind::Invalid).await;
 
     let resp = http
-        .get(format!("{base}/nowhere"))
+        .post(format!("{base}/nowhere"))
         .bearer_auth(CREDENTIAL)
         .send()
         .await
@@ -1752,7 +1758,13 @@ async fn malformed_requests_are_node_errors() {
 
     // A port tunnel is an upgrade, to a real port.
     let resp = http
-        .post(format!("{base}/sandboxes/sb-1/ports/{ECHO_PORT}"))
+        .post(
+            reqwest::Url::parse_with_params(
+                &format!("{base}/connect_port"),
+                [("args", format!(r#"{{"id":"sb-1","port":{ECHO_PORT}}}"#))],
+            )
+            .unwrap(),
+        )
         .bearer_auth(CREDENTIAL)
         .send()
         .await
@@ -1760,7 +1772,13 @@ async fn malformed_requests_are_node_errors() {
     let m = expect(resp, 400, ErrorKind::Invalid).await;
     assert!(m.contains("Upgrade: tcp"), "{m}");
     let resp = http
-        .post(format!("{base}/sandboxes/sb-1/ports/0"))
+        .post(
+            reqwest::Url::parse_with_params(
+                &format!("{base}/connect_port"),
+                [("args", r#"{"id":"sb-1","port":0}"#)],
+            )
+            .unwrap(),
+        )
         .bearer_auth(CREDENTIAL)
         .header("connection", "upgrade")
         .header("upgrade", "tcp")
@@ -1771,7 +1789,7 @@ async fn malformed_requests_are_node_errors() {
 
     // JSON bodies are bounded.
     let resp = http
-        .post(format!("{base}/sandboxes"))
+        .post(format!("{base}/create"))
         .bearer_auth(CREDENTIAL)
         .body(vec![b' '; 33 << 20])
         .send()

@@ -18,13 +18,15 @@ use std::path::PathBuf;
 
 use nix::mount::{mount, MsFlags};
 
+use crate::os_error::OsError;
+
 /// Turns on `favordynmods` on the host's cgroup2 mount (the whole hierarchy
 /// on v2, the unified mount on a hybrid host). Returns the mount point when
 /// it changed anything; None when there is no cgroup2 mount or it was on.
 /// The kernel keeps the setting until the host restarts.
-pub fn favor_dynmods() -> Result<Option<PathBuf>, String> {
+pub fn favor_dynmods() -> Result<Option<PathBuf>, OsError> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+        .map_err(|e| OsError::new("read /proc/self/mountinfo", e))?;
     let Some(m) = mountinfo.lines().find_map(Cgroup2Mount::parse) else {
         return Ok(None);
     };
@@ -47,7 +49,12 @@ pub fn favor_dynmods() -> Result<Option<PathBuf>, String> {
         MsFlags::MS_REMOUNT | m.flags,
         Some(data.join(",").as_str()),
     )
-    .map_err(|e| format!("remount {} with favordynmods: {e}", m.point.display()))?;
+    .map_err(|e| {
+        OsError::new(
+            format!("remount {} with favordynmods", m.point.display()),
+            e,
+        )
+    })?;
     Ok(Some(m.point))
 }
 

@@ -28,7 +28,7 @@ const ID_COUNT: u32 = 65_536;
 pub fn cycle(rootfs: &Path, scratch: &Path) -> Result<(), String> {
     // Mounts stay in a namespace of the probe's own, as in Warren's
     // spawners, so the host's mount table never sees them.
-    crate::spawner::unshare_private_mounts()?;
+    crate::spawner::unshare_private_mounts().map_err(|e| e.to_string())?;
     let root = scratch.join("root");
     let (upper, work) = (scratch.join("upper"), scratch.join("work"));
     for d in [&root, &upper, &work] {
@@ -142,7 +142,7 @@ fn init(root: &Path, prog: &CString) -> String {
             None::<&str>,
         )
         .map_err(|e| format!("mount /proc: {e}"))?;
-        crate::rootfs::pivot_into(root)?;
+        crate::rootfs::pivot_into(root).map_err(|e| e.to_string())?;
         execv(prog, &[prog]).map_err(|e| format!("exec /bin/true: {e}"))
     };
     match steps() {

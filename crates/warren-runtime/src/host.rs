@@ -67,7 +67,7 @@ fn v2_device_rules(caps: u64) -> Check {
         Err(e) => check(
             NAME,
             Status::Missing,
-            e,
+            e.to_string(),
             "every create fails: the node needs CAP_BPF or CAP_SYS_ADMIN in the host's \
              user namespace and a kernel with CONFIG_CGROUP_BPF",
         ),
@@ -252,7 +252,7 @@ pub fn probe(home: &Path) -> Vec<Check> {
         Err(e) => check(
             "user namespaces",
             Status::Missing,
-            e,
+            e.to_string(),
             "sandboxes cannot get their own uid range here (kernel 5.19+ and a file system with id-mapped mounts are needed): `warren up --no-userns` runs them with root inside as host root, held in only by capabilities, seccomp and namespaces",
         ),
     });

@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use crate::os_error::OsError;
+
 /// Share of the kernel's process table lent to sandboxes together; the rest
 /// stays for the host (the daemon, sshd, the kubelet...).
 const PID_SHARE_PERCENT: u64 = 75;
@@ -14,7 +16,15 @@ const PID_SHARE_PERCENT: u64 = 75;
 const MEMORY_PER_FILE: u64 = 128;
 
 fn read_u64(path: &str) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    read_number(path).ok()
+}
+
+/// The number in the file at `path`; text that is no number is invalid data.
+fn read_number(path: &str) -> std::io::Result<u64> {
+    std::fs::read_to_string(path)?
+        .trim()
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// How many processes all sandboxes together, and any one of them, may
@@ -28,7 +38,7 @@ pub fn pid_budget() -> u32 {
 /// all sandbox cgroups live below (`pids.max` is hierarchical), so sandboxes
 /// that each stay within their own limit still cannot fill the host's
 /// process table.
-pub fn cap_pids(cgroup_parent: &str, budget: u32) -> Result<(), String> {
+pub fn cap_pids(cgroup_parent: &str, budget: u32) -> Result<(), OsError> {
     let rel = cgroup_parent.trim_start_matches('/');
     let root = Path::new("/sys/fs/cgroup");
     let dir = if root.join("cgroup.controllers").exists() {
@@ -38,15 +48,17 @@ pub fn cap_pids(cgroup_parent: &str, budget: u32) -> Result<(), String> {
         for name in rel.split('/') {
             let _ = std::fs::write(at.join("cgroup.subtree_control"), "+pids");
             at.push(name);
-            std::fs::create_dir_all(&at).map_err(|e| format!("create {}: {e}", at.display()))?;
+            std::fs::create_dir_all(&at)
+                .map_err(|e| OsError::new(format!("create {}", at.display()), e))?;
         }
         at
     } else {
         root.join("pids").join(rel)
     };
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| OsError::new(format!("create {}", dir.display()), e))?;
     std::fs::write(dir.join("pids.max"), budget.to_string())
-        .map_err(|e| format!("write {}/pids.max: {e}", dir.display()))
+        .map_err(|e| OsError::new(format!("write {}/pids.max", dir.display()), e))
 }
 
 /// Makes sure the host's open-file table (`fs.file-max`) outlasts the
@@ -54,14 +66,15 @@ pub fn cap_pids(cgroup_parent: &str, budget: u32) -> Result<(), String> {
 /// memory cgroup, so with the table at least this large, a sandbox runs
 /// out of its own memory long before the host runs out of files. Returns
 /// the old and new sizes when it raised the table.
-pub fn size_file_table(sandbox_memory: u64) -> Result<Option<(u64, u64)>, String> {
+pub fn size_file_table(sandbox_memory: u64) -> Result<Option<(u64, u64)>, OsError> {
     const PATH: &str = "/proc/sys/fs/file-max";
-    let current = read_u64(PATH).ok_or_else(|| format!("read {PATH}"))?;
+    let current = read_number(PATH).map_err(|e| OsError::new(format!("read {PATH}"), e))?;
     let wanted = sandbox_memory / MEMORY_PER_FILE;
     if current >= wanted {
         return Ok(None);
     }
-    std::fs::write(PATH, wanted.to_string()).map_err(|e| format!("write {PATH}: {e}"))?;
+    std::fs::write(PATH, wanted.to_string())
+        .map_err(|e| OsError::new(format!("write {PATH}"), e))?;
     Ok(Some((current, wanted)))
 }
 

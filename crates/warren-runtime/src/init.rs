@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 use libcontainer::oci_spec::runtime::Spec;
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 
+use crate::os_error::OsError;
+
 pub use warren_init::LISTEN_FD;
 
 /// The static `warren-init` executable.
@@ -25,7 +27,7 @@ static EXECUTABLE: OnceLock<OwnedFd> = OnceLock::new();
 
 /// Copies the init program into a sealed memfd for the inits this spawner
 /// starts. Call once, before the first create.
-pub fn prepare() -> Result<(), String> {
+pub fn prepare() -> Result<(), OsError> {
     let fd = memfd_with(PROGRAM)?;
     let _ = EXECUTABLE.set(fd);
     Ok(())
@@ -43,7 +45,7 @@ pub(crate) fn above_listen_fd(fd: RawFd) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
-fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
+fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, OsError> {
     use std::io::Write;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // MFD_EXEC (Linux 6.3) keeps the memfd executable where
@@ -56,26 +58,20 @@ fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
         raw = unsafe { libc::memfd_create(c"warren-init".as_ptr(), flags) };
     }
     if raw < 0 {
-        return Err(format!(
-            "create a memfd for warren-init: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(OsError::last("create a memfd for warren-init"));
     }
     // SAFETY: `raw` is a fresh descriptor owned by nobody else.
     let created = unsafe { OwnedFd::from_raw_fd(raw) };
     let fd = above_listen_fd(created.as_raw_fd())
-        .map_err(|e| format!("move the warren-init memfd: {e}"))?;
+        .map_err(|e| OsError::new("move the warren-init memfd", e))?;
     drop(created);
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes)
-        .map_err(|e| format!("write warren-init to its memfd: {e}"))?;
+        .map_err(|e| OsError::new("write warren-init to its memfd", e))?;
     let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
     // SAFETY: fcntl(F_ADD_SEALS) on our memfd with integer flags.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(format!(
-            "seal the warren-init memfd: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(OsError::last("seal the warren-init memfd"));
     }
     Ok(OwnedFd::from(file))
 }

@@ -11,9 +11,9 @@
 
 pub use warren_core::crashpoint;
 pub mod cdi;
-pub mod check;
 pub mod cgroup_parent;
 pub mod cgroup_tuning;
+pub mod check;
 pub mod device_program;
 pub mod disk;
 pub mod exec;
@@ -27,6 +27,7 @@ pub mod host_tables;
 pub mod init;
 pub mod netns;
 pub mod oci;
+pub mod os_error;
 mod pool;
 pub mod proto;
 pub mod pty;

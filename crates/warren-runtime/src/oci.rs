@@ -240,12 +240,16 @@ fn add_device_mounts(config: &mut Value, d: &crate::cdi::Injection) {
     }
 }
 
+/// Warren's device rules, as JSON, did not read back as OCI rules.
+#[derive(Debug, thiserror::Error)]
+#[error("device rules do not fit the OCI schema: {0}")]
+pub struct DeviceRulesError(#[source] pub serde_json::Error);
+
 /// The same rules as libcontainer reads them from the config.
 pub fn device_cgroup_rules(
     d: &crate::cdi::Injection,
-) -> Result<Vec<libcontainer::oci_spec::runtime::LinuxDeviceCgroup>, String> {
-    serde_json::from_value(Value::Array(device_rules(d)))
-        .map_err(|e| format!("device rules do not fit the OCI schema: {e}"))
+) -> Result<Vec<libcontainer::oci_spec::runtime::LinuxDeviceCgroup>, DeviceRulesError> {
+    serde_json::from_value(Value::Array(device_rules(d))).map_err(DeviceRulesError)
 }
 
 /// Socket buffer memory a sandbox may hold on cgroup v1 (see base_config).

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use crate::os_error::OsError;
 use crate::RuntimeError;
 
 /// Overlay mount data must fit in one page.
@@ -100,9 +101,9 @@ pub(crate) fn bind_in_place(path: &Path) -> nix::Result<()> {
 
 /// Makes `root` the calling process's `/` and detaches the old root, which
 /// `pivot_root(".", ".")` leaves stacked on the new one.
-pub(crate) fn pivot_into(root: &Path) -> Result<(), String> {
-    nix::unistd::chdir(root).map_err(|e| format!("enter the root: {e}"))?;
-    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach the old root: {e}"))?;
-    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
+pub(crate) fn pivot_into(root: &Path) -> Result<(), OsError> {
+    nix::unistd::chdir(root).map_err(|e| OsError::new("enter the root", e))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| OsError::new("pivot_root", e))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| OsError::new("detach the old root", e))?;
+    nix::unistd::chdir("/").map_err(|e| OsError::new("chdir /", e))
 }

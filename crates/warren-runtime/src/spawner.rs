@@ -15,9 +15,48 @@ use std::process::{Child, Command, Stdio};
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::syscall::syscall::SyscallType;
 
+use libcontainer::error::LibcontainerError;
+use thiserror::Error;
+
 use crate::init::{WarrenInit, LISTEN_FD};
+use crate::os_error::OsError;
 use crate::proto::{self, SpawnerReply, SpawnerRequest};
+use crate::setup::SetupError;
 use crate::RuntimeError;
+
+/// Why a spawner could not create a sandbox. Typed up to its main loop,
+/// where it crosses to the daemon as the reply's message (the daemon is
+/// another process).
+#[derive(Debug, Error)]
+pub enum SpawnError {
+    #[error(transparent)]
+    Os(#[from] OsError),
+    /// Warren's own set-up (cgroup v1 hosts).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// libcontainer's (cgroup v2 hosts): the step, and its error.
+    #[error("{what}: {source}")]
+    Libcontainer {
+        what: &'static str,
+        // Boxed: libcontainer's error is large, and this one is returned
+        // on every path.
+        source: Box<LibcontainerError>,
+    },
+    #[error("created sandbox has no pid")]
+    NoPid,
+    /// Mounting the sandbox's root (its layers, disk, volumes, secrets).
+    #[error("{}", plain_message(.0))]
+    Mount(RuntimeError),
+}
+
+/// A runtime error's message without the "create failed" prefix the daemon
+/// adds again.
+fn plain_message(e: &RuntimeError) -> String {
+    match e {
+        RuntimeError::Create(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
 
 /// Entry point of `warren spawner`. Never returns normally: exits when the
 /// daemon closes its end of the socket.
@@ -29,7 +68,11 @@ pub fn main() -> ! {
     };
     // Once, for every sandbox this spawner starts: the filter each set-up
     // (a copy of this process) installs, and the init it execs.
-    if let Err(e) = crate::syscall_filter::prepare().and_then(|()| crate::init::prepare()) {
+    if let Err(e) = crate::syscall_filter::prepare() {
+        eprintln!("warren spawner: {e}");
+        std::process::exit(2);
+    }
+    if let Err(e) = crate::init::prepare() {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);
     }
@@ -76,7 +119,10 @@ pub fn main() -> ! {
         };
         let reply = match create(&id, &bundle, &state_root, &socket, &mounts, id_base) {
             Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
-            Err(e) => SpawnerReply::Error { message: e },
+            // The boundary: the daemon gets the error's text.
+            Err(e) => SpawnerReply::Error {
+                message: e.to_string(),
+            },
         };
         if proto::send(&sock, &reply, &[]).is_err() {
             std::process::exit(0);
@@ -86,7 +132,7 @@ pub fn main() -> ! {
             // (1-3 ms, more on a busy host), which no create needs to wait
             // for. The sandbox's namespace holds its own copies.
             if let Err(e) = crate::unmount_root(&bundle, &id) {
-                eprintln!("warren spawner: sandbox {id}: {}", plain(e));
+                eprintln!("warren spawner: sandbox {id}: {}", plain_message(&e));
             }
         }
         if id_base.is_some() {
@@ -113,21 +159,13 @@ fn reap_children() {
     }
 }
 
-/// The message without the "create failed" prefix the daemon adds again.
-fn plain(e: RuntimeError) -> String {
-    match e {
-        RuntimeError::Create(m) => m,
-        other => other.to_string(),
-    }
-}
-
 /// Moves this (single-threaded) process into a mount namespace of its own
 /// whose mounts do not propagate to the host's: what it mounts, the host's
 /// mount table never sees.
-pub(crate) fn unshare_private_mounts() -> Result<(), String> {
+pub(crate) fn unshare_private_mounts() -> Result<(), OsError> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("unshare mount namespace: {e}"))?;
+        .map_err(|e| OsError::new("unshare mount namespace", e))?;
     mount(
         None::<&str>,
         "/",
@@ -135,16 +173,16 @@ pub(crate) fn unshare_private_mounts() -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("make mounts private: {e}"))
+    .map_err(|e| OsError::new("make mounts private", e))
 }
 
-fn private_mount_namespace() -> Result<(), String> {
+fn private_mount_namespace() -> Result<(), OsError> {
     use nix::mount::{mount, MsFlags};
     unshare_private_mounts()?;
     // This spawner's own place for sandbox roots (see ROOTS_DIR); the host
     // directory under it stays empty.
     std::fs::create_dir_all(crate::ROOTS_DIR)
-        .map_err(|e| format!("create {}: {e}", crate::ROOTS_DIR))?;
+        .map_err(|e| OsError::new(format!("create {}", crate::ROOTS_DIR), e))?;
     mount(
         Some("tmpfs"),
         crate::ROOTS_DIR,
@@ -152,7 +190,7 @@ fn private_mount_namespace() -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some("mode=0755,size=1m"),
     )
-    .map_err(|e| format!("mount a tmpfs at {}: {e}", crate::ROOTS_DIR))
+    .map_err(|e| OsError::new(format!("mount a tmpfs at {}", crate::ROOTS_DIR), e))
 }
 
 fn create(
@@ -162,11 +200,11 @@ fn create(
     socket: &Path,
     mounts: &crate::RootMounts,
     id_base: Option<u32>,
-) -> Result<Created, String> {
+) -> Result<Created, SpawnError> {
     let mut phases = Vec::new();
     let mut since = std::time::Instant::now();
     let ids = id_base.map(|base| crate::userns::IdRange { base });
-    let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(plain);
+    let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(SpawnError::Mount);
     took(&mut phases, "spawn_mounts", &mut since);
     let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket, &mut phases));
     match result {
@@ -195,10 +233,10 @@ fn create_mounted(
     state_root: &Path,
     socket: &Path,
     phases: &mut Vec<(String, u64)>,
-) -> Result<i32, String> {
+) -> Result<i32, SpawnError> {
     let _ = std::fs::remove_file(socket);
-    let listener =
-        UnixListener::bind(socket).map_err(|e| format!("bind {}: {e}", socket.display()))?;
+    let listener = UnixListener::bind(socket)
+        .map_err(|e| OsError::new(format!("bind {}", socket.display()), e))?;
     let listener = OwnedFd::from(listener);
     // The init expects its socket at LISTEN_FD; the lowest free descriptor
     // may already be that one.
@@ -207,10 +245,7 @@ fn create_mounted(
     } else {
         // SAFETY: dup2 onto LISTEN_FD, which this process keeps free (see main).
         if unsafe { libc::dup2(listener.as_raw_fd(), LISTEN_FD) } < 0 {
-            return Err(format!(
-                "dup2 listening socket: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(OsError::last("dup2 listening socket").into());
         }
         drop(listener);
         // SAFETY: dup2 just created LISTEN_FD for us; nothing else owns it.
@@ -227,6 +262,7 @@ fn create_mounted(
     } else {
         let mut since = std::time::Instant::now();
         crate::setup::spawn(id, bundle, &mut |name| took(phases, name, &mut since))
+            .map_err(SpawnError::from)
     };
     // The init has its own copy now.
     drop(at_listen_fd);
@@ -236,13 +272,13 @@ fn create_mounted(
     result
 }
 
-fn null() -> Result<OwnedFd, String> {
+fn null() -> Result<OwnedFd, OsError> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/null")
         .map(OwnedFd::from)
-        .map_err(|e| format!("open /dev/null: {e}"))
+        .map_err(|e| OsError::new("open /dev/null", e))
 }
 
 fn build_and_start(
@@ -250,10 +286,13 @@ fn build_and_start(
     bundle: &Path,
     state_root: &Path,
     phases: &mut Vec<(String, u64)>,
-) -> Result<i32, String> {
+) -> Result<i32, SpawnError> {
     let mut since = std::time::Instant::now();
-    fn err(what: &'static str) -> impl Fn(libcontainer::error::LibcontainerError) -> String {
-        move |e| format!("{what}: {e}")
+    fn err(what: &'static str) -> impl Fn(LibcontainerError) -> SpawnError {
+        move |e| SpawnError::Libcontainer {
+            what,
+            source: Box::new(e),
+        }
     }
     let mut container = ContainerBuilder::new(id.to_string(), SyscallType::default())
         .with_executor(WarrenInit)
@@ -273,11 +312,8 @@ fn build_and_start(
     // Namespaces (user namespace and id maps included), cgroup, the init
     // process created and waiting.
     took(phases, "spawn_build", &mut since);
-    let pid = container
-        .pid()
-        .ok_or("created sandbox has no pid")?
-        .as_raw();
-    crate::netns::loopback_up(pid).map_err(|e| format!("bring up loopback: {e}"))?;
+    let pid = container.pid().ok_or(SpawnError::NoPid)?.as_raw();
+    crate::netns::loopback_up(pid).map_err(|e| OsError::new("bring up loopback", e))?;
     took(phases, "spawn_loopback", &mut since);
     container.start().map_err(err("start"))?;
     took(phases, "spawn_start", &mut since);

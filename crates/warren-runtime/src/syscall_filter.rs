@@ -25,15 +25,51 @@ use libcontainer::oci_spec::runtime::{
 use libseccomp::{
     ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
 };
+use thiserror::Error;
+
+use crate::os_error::OsError;
 
 /// A compiled filter: classic BPF instructions as the kernel takes them.
 pub type Program = Vec<libc::sock_filter>;
+
+/// Why the filter could not be compiled or installed.
+#[derive(Debug, Error)]
+pub enum FilterError {
+    #[error("the seccomp profile does not fit the OCI schema: {0}")]
+    Schema(#[source] serde_json::Error),
+    /// The profile asks for what Warren's filter does not do.
+    #[error("{0}")]
+    Unsupported(String),
+    /// libseccomp refused a step: which one, and its error.
+    #[error("{what}: {source}")]
+    Seccomp {
+        what: String,
+        source: libseccomp::error::SeccompError,
+    },
+    #[error(transparent)]
+    Os(#[from] OsError),
+    #[error("no seccomp filter was prepared in this process")]
+    NotPrepared,
+    #[error("a seccomp filter of {0} instructions is too long")]
+    TooLong(usize),
+    #[error("libseccomp exported {0} bytes, not whole BPF instructions")]
+    Torn(usize),
+}
+
+impl FilterError {
+    fn seccomp(what: impl Into<String>) -> impl FnOnce(libseccomp::error::SeccompError) -> Self {
+        move |source| FilterError::Seccomp {
+            what: what.into(),
+            source,
+        }
+    }
+}
 
 static PROGRAM: OnceLock<Program> = OnceLock::new();
 
 /// Compiles the sandbox profile ([`crate::oci::seccomp_profile`]) for this
 /// process and the inits it starts. Call once, before the first create.
-pub fn prepare() -> Result<(), String> {
+pub fn prepare() -> Result<(), FilterError> {
     let program = compile(&crate::oci::seccomp_profile())?;
     // A second call would compile the same profile: keep the first.
     let _ = PROGRAM.set(program);
@@ -44,22 +80,15 @@ pub fn prepare() -> Result<(), String> {
 /// The caller must have set no_new_privs (libcontainer does, from the
 /// config's `noNewPrivileges`): without it an unprivileged process may not
 /// install a filter, and the kernel says EACCES.
-pub fn install_prepared() -> Result<(), String> {
-    let program = PROGRAM
-        .get()
-        .ok_or("no seccomp filter was prepared in this process")?;
+pub fn install_prepared() -> Result<(), FilterError> {
+    let program = PROGRAM.get().ok_or(FilterError::NotPrepared)?;
     install(program)
 }
 
 /// Installs `program` on the calling thread.
-pub fn install(program: &[libc::sock_filter]) -> Result<(), String> {
+pub fn install(program: &[libc::sock_filter]) -> Result<(), FilterError> {
     let prog = libc::sock_fprog {
-        len: u16::try_from(program.len()).map_err(|_| {
-            format!(
-                "a seccomp filter of {} instructions is too long",
-                program.len()
-            )
-        })?,
+        len: u16::try_from(program.len()).map_err(|_| FilterError::TooLong(program.len()))?,
         filter: program.as_ptr().cast_mut(),
     };
     // SAFETY: `prog` points at `program`, which outlives the call; the kernel
@@ -73,32 +102,33 @@ pub fn install(program: &[libc::sock_filter]) -> Result<(), String> {
         )
     };
     if rc != 0 {
-        return Err(format!(
-            "install the seccomp filter: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(OsError::last("install the seccomp filter").into());
     }
     Ok(())
 }
 
 /// Compiles an OCI `linux.seccomp` profile to a BPF program.
-pub fn compile(profile: &serde_json::Value) -> Result<Program, String> {
-    let seccomp: LinuxSeccomp = serde_json::from_value(profile.clone())
-        .map_err(|e| format!("the seccomp profile does not fit the OCI schema: {e}"))?;
+pub fn compile(profile: &serde_json::Value) -> Result<Program, FilterError> {
+    let seccomp: LinuxSeccomp =
+        serde_json::from_value(profile.clone()).map_err(FilterError::Schema)?;
     if seccomp.flags().as_ref().is_some_and(|f| !f.is_empty()) {
         // Warren's profile sets none; refuse rather than drop them silently.
-        return Err("the seccomp profile sets filter flags, which Warren does not apply".into());
+        return Err(FilterError::Unsupported(
+            "the seccomp profile sets filter flags, which Warren does not apply".into(),
+        ));
     }
     let mut ctx = ScmpFilterContext::new(action(
         seccomp.default_action(),
         seccomp.default_errno_ret(),
     ))
-    .map_err(|e| format!("compile the seccomp profile: {e}"))?;
+    .map_err(FilterError::seccomp("compile the seccomp profile"))?;
     for arch in seccomp.architectures().iter().flatten() {
         ctx.add_arch(scmp_arch(*arch)?)
-            .map_err(|e| format!("seccomp architecture {arch:?}: {e}"))?;
+            .map_err(FilterError::seccomp(format!(
+                "seccomp architecture {arch:?}"
+            )))?;
     }
-    add_rules(&mut ctx, &seccomp).map_err(|e| format!("compile the seccomp profile: {e}"))?;
+    add_rules(&mut ctx, &seccomp).map_err(FilterError::seccomp("compile the seccomp profile"))?;
     export(&ctx)
 }
 
@@ -142,22 +172,19 @@ fn add_rules(
     Ok(())
 }
 
-fn export(ctx: &ScmpFilterContext) -> Result<Program, String> {
+fn export(ctx: &ScmpFilterContext) -> Result<Program, FilterError> {
     let fd = rustix::fs::memfd_create("warren-seccomp", rustix::fs::MemfdFlags::CLOEXEC)
-        .map_err(|e| format!("memfd for the seccomp filter: {e}"))?;
+        .map_err(|e| OsError::new("memfd for the seccomp filter", e))?;
     let mut file = std::fs::File::from(fd);
     ctx.export_bpf(&file)
-        .map_err(|e| format!("export the seccomp filter: {e}"))?;
+        .map_err(FilterError::seccomp("export the seccomp filter"))?;
     let mut bytes = Vec::new();
     file.rewind()
         .and_then(|_| file.read_to_end(&mut bytes))
-        .map_err(|e| format!("read the seccomp filter back: {e}"))?;
+        .map_err(|e| OsError::new("read the seccomp filter back", e))?;
     let size = std::mem::size_of::<libc::sock_filter>();
     if bytes.is_empty() || bytes.len() % size != 0 {
-        return Err(format!(
-            "libseccomp exported {} bytes, not whole BPF instructions",
-            bytes.len()
-        ));
+        return Err(FilterError::Torn(bytes.len()));
     }
     Ok(bytes
         .chunks_exact(size)
@@ -206,13 +233,13 @@ fn compare(arg: &LinuxSeccompArg) -> ScmpArgCompare {
 
 /// The architectures the profile names: the native one of each host Warren
 /// builds for (see `oci::native_arch`).
-fn scmp_arch(arch: Arch) -> Result<ScmpArch, String> {
+fn scmp_arch(arch: Arch) -> Result<ScmpArch, FilterError> {
     match arch {
         Arch::ScmpArchNative => Ok(ScmpArch::Native),
         Arch::ScmpArchX86_64 => Ok(ScmpArch::X8664),
         Arch::ScmpArchAarch64 => Ok(ScmpArch::Aarch64),
-        other => Err(format!(
+        other => Err(FilterError::Unsupported(format!(
             "the seccomp profile names architecture {other:?}; Warren's filter is for the host's own"
-        )),
+        ))),
     }
 }

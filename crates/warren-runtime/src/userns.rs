@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use warren_core::sync::lock;
 
+use crate::os_error::OsError;
 use crate::RuntimeError;
 
 /// Ids per sandbox: a full 16-bit range, what images expect (nobody is 65534).
@@ -397,26 +398,39 @@ pub(crate) fn mapped_tree(
     Ok(tree)
 }
 
+/// Why [`check_idmap`] found no id-mapped mounts.
+#[derive(Debug, thiserror::Error)]
+pub enum IdmapCheckError {
+    #[error(transparent)]
+    Os(#[from] OsError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// What the checking child reported: its error crosses the pipe as text.
+    #[error("{0}")]
+    Child(String),
+}
+
 /// Whether sandboxes can get user namespaces with image layers stored
 /// under `dir` (or its nearest existing parent): makes a user namespace and
 /// an id-mapped mount of `dir`, in a child with a mount namespace of its own
 /// so the host sees nothing. Call it only from a single-threaded process.
-pub fn check_idmap(dir: &Path) -> Result<PathBuf, String> {
+pub fn check_idmap(dir: &Path) -> Result<PathBuf, IdmapCheckError> {
     let dir = dir
         .ancestors()
         .find(|d| d.is_dir())
         .unwrap_or(Path::new("/"))
         .to_path_buf();
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+    let (r, w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| OsError::new("pipe", e))?;
     // SAFETY: called from a single-threaded process (`warren doctor` runs
     // before any runtime thread), so the child may allocate; it reports
     // through the pipe and exits without returning.
-    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { nix::unistd::fork() }.map_err(|e| OsError::new("fork", e))? {
         nix::unistd::ForkResult::Child => {
             drop(r);
-            let result = (|| {
+            let result = (|| -> Result<(), IdmapCheckError> {
                 nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-                    .map_err(|e| format!("unshare a mount namespace: {e}"))?;
+                    .map_err(|e| OsError::new("unshare a mount namespace", e))?;
                 nix::mount::mount(
                     None::<&str>,
                     "/",
@@ -424,11 +438,13 @@ pub fn check_idmap(dir: &Path) -> Result<PathBuf, String> {
                     nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
                     None::<&str>,
                 )
-                .map_err(|e| format!("private mounts: {e}"))?;
-                let ns = namespace_fd(IdRange { base: FIRST }).map_err(|e| e.to_string())?;
-                idmapped_bind(&dir, &ns, &dir).map_err(|e| e.to_string())
+                .map_err(|e| OsError::new("private mounts", e))?;
+                let ns = namespace_fd(IdRange { base: FIRST })?;
+                idmapped_bind(&dir, &ns, &dir)?;
+                Ok(())
             })();
-            let msg = result.err().unwrap_or_default();
+            // The boundary: the parent gets the error's text, or nothing.
+            let msg = result.err().map(|e| e.to_string()).unwrap_or_default();
             let _ = File::from(w).write_all(msg.as_bytes());
             // SAFETY: ends the child without running the parent's destructors.
             unsafe { libc::_exit(0) }
@@ -441,7 +457,7 @@ pub fn check_idmap(dir: &Path) -> Result<PathBuf, String> {
             if msg.is_empty() {
                 Ok(dir)
             } else {
-                Err(msg)
+                Err(IdmapCheckError::Child(msg))
             }
         }
     }

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::error::SetupError;
 use super::spec::Resources;
 
 /// One mounted v1 hierarchy.
@@ -65,13 +66,13 @@ impl Hierarchy {
 }
 
 /// The host's v1 hierarchies under `/sys/fs/cgroup`, read once.
-pub fn hierarchies() -> Result<&'static [Hierarchy], String> {
+pub fn hierarchies() -> Result<&'static [Hierarchy], SetupError> {
     static CACHE: OnceLock<Vec<Hierarchy>> = OnceLock::new();
     if let Some(h) = CACHE.get() {
         return Ok(h);
     }
     let table = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+        .map_err(|e| SetupError::os("read /proc/self/mountinfo", e))?;
     Ok(CACHE.get_or_init(|| parse(&table)))
 }
 
@@ -116,7 +117,7 @@ fn parse(mountinfo: &str) -> Vec<Hierarchy> {
 /// returns the directories to put the init's pid in. On an error, what it
 /// made is left for the caller's destroy, which removes the cgroups of a
 /// failed create.
-pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String> {
+pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, SetupError> {
     let mut dirs = Vec::new();
     for h in hierarchies()?.iter().filter(|h| h.sandboxed()) {
         let dir = make_levels(&h.mount, path, h.has("cpuset"))?;
@@ -134,12 +135,11 @@ pub fn create(path: &str, resources: &Resources) -> Result<Vec<PathBuf>, String>
             if dir.join("memory.memsw.limit_in_bytes").exists() {
                 write(&dir, "memory.memsw.limit_in_bytes", m.swap)?;
             } else if has_swap(&read(Path::new("/proc/meminfo"))?) {
-                return Err(
+                return Err(SetupError::Host(
                     "this host has swap but does not account it (no memory.memsw files), so a \
                      sandbox could swap past its memory limit: boot with swapaccount=1 or turn \
-                     swap off"
-                        .into(),
-                );
+                     swap off",
+                ));
             }
             write(&dir, "memory.kmem.tcp.limit_in_bytes", m.kernel_tcp)?;
             write(&dir, "memory.soft_limit_in_bytes", m.reservation)?;
@@ -187,7 +187,7 @@ fn number(n: Option<i64>) -> String {
 /// any level left empty gets its parent's, or no process could join it.
 /// (Sandboxes get no cpuset, so this is only for a host that mounts
 /// `cpuset` together with a controller they do get.)
-fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, String> {
+fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, SetupError> {
     let mut dir = mount.to_path_buf();
     for part in path.split('/').filter(|p| !p.is_empty()) {
         let above = dir.clone();
@@ -195,7 +195,12 @@ fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, String
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("create cgroup {}: {e}", dir.display())),
+            Err(e) => {
+                return Err(SetupError::os(
+                    format!("create cgroup {}", dir.display()),
+                    e,
+                ))
+            }
         }
         if cpuset {
             for file in ["cpuset.cpus", "cpuset.mems"] {
@@ -209,14 +214,15 @@ fn make_levels(mount: &Path, path: &str, cpuset: bool) -> Result<PathBuf, String
     Ok(dir)
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))
+fn read(path: &Path) -> Result<String, SetupError> {
+    std::fs::read_to_string(path).map_err(|e| SetupError::os(format!("read {}", path.display()), e))
 }
 
-fn write(dir: &Path, file: &str, value: impl ToString) -> Result<(), String> {
+fn write(dir: &Path, file: &str, value: impl ToString) -> Result<(), SetupError> {
     let path = dir.join(file);
     let value = value.to_string();
-    std::fs::write(&path, &value).map_err(|e| format!("write {value} to {}: {e}", path.display()))
+    std::fs::write(&path, &value)
+        .map_err(|e| SetupError::os(format!("write {value} to {}", path.display()), e))
 }
 
 #[cfg(test)]

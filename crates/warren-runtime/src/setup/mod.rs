@@ -17,6 +17,7 @@
 
 mod cgroup_v1;
 mod creds;
+mod error;
 mod mounts;
 mod shared;
 mod spec;
@@ -29,6 +30,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{pipe2, read, write, Pid};
 
+pub use error::SetupError;
 use spec::Config;
 
 /// Sets up the sandbox `id` from the config in `bundle` and returns its
@@ -36,18 +38,21 @@ use spec::Config;
 /// under the names libcontainer's path uses: `spawn_build` (cgroups, the
 /// clone, id maps, the init in its cgroups), `spawn_loopback`, and
 /// `spawn_start` (the init's own set-up: root, mounts, user, capabilities).
-pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32, String> {
+pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32, SetupError> {
     if !crate::is_sandbox_id(id) {
-        return Err(format!("{id:?} is not a sandbox id"));
+        return Err(SetupError::Unsupported(format!(
+            "{id:?} is not a sandbox id"
+        )));
     }
     let config = Config::load(bundle)?;
     let flags = clone_flags(&config)?;
     let hierarchies = cgroup_v1::hierarchies()?;
     let shared = shared::get(hierarchies)?;
     let cgroups = cgroup_v1::create(&config.linux.cgroups_path, &config.linux.resources)?;
-    let (go_r, go_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (go_r, go_w) =
+        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SetupError::os("pipe", e))?;
     let (report_r, report_w) =
-        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SetupError::os("pipe", e))?;
     let pid = clone_into(flags)?;
     if pid == 0 {
         drop((go_w, report_r));
@@ -62,12 +67,13 @@ pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32,
         }
         for dir in &cgroups {
             std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-                .map_err(|e| format!("put the sandbox in {}: {e}", dir.display()))?;
+                .map_err(|e| SetupError::os(format!("put the sandbox in {}", dir.display()), e))?;
         }
         took("spawn_build");
-        crate::netns::loopback_up(pid.as_raw()).map_err(|e| format!("bring up loopback: {e}"))?;
+        crate::netns::loopback_up(pid.as_raw())
+            .map_err(|e| SetupError::os("bring up loopback", e))?;
         took("spawn_loopback");
-        write(&go_w, b"g").map_err(|e| format!("start the sandbox's set-up: {e}"))?;
+        write(&go_w, b"g").map_err(|e| SetupError::os("start the sandbox's set-up", e))?;
         drop(go_w);
         let report = read_report(&report_r);
         took("spawn_start");
@@ -84,7 +90,7 @@ pub fn spawn(id: &str, bundle: &Path, took: &mut dyn FnMut(&str)) -> Result<i32,
     Ok(pid.as_raw())
 }
 
-fn clone_flags(config: &Config) -> Result<CloneFlags, String> {
+fn clone_flags(config: &Config) -> Result<CloneFlags, SetupError> {
     let mut flags = CloneFlags::empty();
     for ns in &config.linux.namespaces {
         flags |= match ns.kind.as_str() {
@@ -96,7 +102,11 @@ fn clone_flags(config: &Config) -> Result<CloneFlags, String> {
             "network" => CloneFlags::CLONE_NEWNET,
             // Taken by the child once it is in its cgroups.
             "cgroup" => CloneFlags::empty(),
-            other => return Err(format!("the {other} namespace is not one Warren sets up")),
+            other => {
+                return Err(SetupError::Unsupported(format!(
+                    "the {other} namespace is not one Warren sets up"
+                )))
+            }
         };
     }
     let needed = CloneFlags::CLONE_NEWPID
@@ -105,21 +115,21 @@ fn clone_flags(config: &Config) -> Result<CloneFlags, String> {
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWNET;
     if !flags.contains(needed) || !config.has_namespace("cgroup") {
-        return Err(
+        return Err(SetupError::Unsupported(
             "a sandbox's config must ask for PID, mount, IPC, UTS, network and cgroup namespaces"
                 .into(),
-        );
+        ));
     }
     if config.root.readonly || config.process.terminal {
-        return Err(
+        return Err(SetupError::Unsupported(
             "a read-only root or a terminal for init is not something Warren sets up".into(),
-        );
+        ));
     }
     Ok(flags)
 }
 
 /// Clones this process into new namespaces; 0 in the child, as fork.
-fn clone_into(flags: CloneFlags) -> Result<i32, String> {
+fn clone_into(flags: CloneFlags) -> Result<i32, SetupError> {
     let flags = flags.bits() as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
     // SAFETY: the spawner is single-threaded (see spawner.rs), so the child,
     // a copy of it, holds no lock another thread owns. Without CLONE_VM and
@@ -127,25 +137,23 @@ fn clone_into(flags: CloneFlags) -> Result<i32, String> {
     // after fork; the other arguments are unused for these flags.
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     if pid < 0 {
-        return Err(format!(
-            "clone into new namespaces: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(SetupError::last_os("clone into new namespaces"));
     }
-    i32::try_from(pid).map_err(|_| format!("clone returned {pid}"))
+    // A pid fits an i32; the syscall returns it as a long.
+    Ok(pid as i32)
 }
 
-fn write_id_map(pid: Pid, file: &str, maps: &[spec::IdMapping]) -> Result<(), String> {
+fn write_id_map(pid: Pid, file: &str, maps: &[spec::IdMapping]) -> Result<(), SetupError> {
     let text: String = maps
         .iter()
         .map(|m| format!("{} {} {}\n", m.container_id, m.host_id, m.size))
         .collect();
     std::fs::write(format!("/proc/{pid}/{file}"), text)
-        .map_err(|e| format!("write the sandbox's {file}: {e}"))
+        .map_err(|e| SetupError::os(format!("write the sandbox's {file}"), e))
 }
 
 /// `R` once the child is ready; `E` and a message when it failed.
-fn read_report(from: &OwnedFd) -> Result<(), String> {
+fn read_report(from: &OwnedFd) -> Result<(), SetupError> {
     let mut report = Vec::new();
     let mut buf = [0u8; 512];
     loop {
@@ -158,13 +166,17 @@ fn read_report(from: &OwnedFd) -> Result<(), String> {
                 }
             }
             Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(format!("read the sandbox's set-up report: {e}")),
+            Err(e) => return Err(SetupError::os("read the sandbox's set-up report", e)),
         }
     }
     match report.split_first() {
         Some((b'R', [])) => Ok(()),
-        Some((b'E', message)) => Err(String::from_utf8_lossy(message).into_owned()),
-        _ => Err("the sandbox's init exited during its set-up".into()),
+        Some((b'E', message)) => Err(SetupError::Init(
+            String::from_utf8_lossy(message).into_owned(),
+        )),
+        _ => Err(SetupError::Init(
+            "the sandbox's init exited during its set-up".into(),
+        )),
     }
 }
 
@@ -177,20 +189,20 @@ fn child(
     hierarchies: &[cgroup_v1::Hierarchy],
     shared: &shared::Shared,
 ) -> ! {
-    let set_up = || -> Result<(), String> {
+    let set_up = || -> Result<(), SetupError> {
         let mut b = [0u8; 1];
         if !matches!(read(go.as_raw_fd(), &mut b), Ok(1)) || b[0] != b'g' {
-            // The spawner gave up on this sandbox.
-            return Err(String::new());
+            return Err(SetupError::GivenUp);
         }
         creds::become_user(&config.process.user)?;
-        nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+        nix::unistd::setsid().map_err(|e| SetupError::os("setsid", e))?;
         nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
-            .map_err(|e| format!("unshare the cgroup namespace: {e}"))?;
-        nix::unistd::sethostname(&config.hostname).map_err(|e| format!("set the hostname: {e}"))?;
+            .map_err(|e| SetupError::os("unshare the cgroup namespace", e))?;
+        nix::unistd::sethostname(&config.hostname)
+            .map_err(|e| SetupError::os("set the hostname", e))?;
         mounts::enter_root(config, hierarchies, shared)?;
         nix::unistd::chdir(config.process.cwd.as_str())
-            .map_err(|e| format!("enter {}: {e}", config.process.cwd))?;
+            .map_err(|e| SetupError::os(format!("enter {}", config.process.cwd), e))?;
         creds::set_rlimits(&config.process.rlimits)?;
         creds::set_env(&config.process.env);
         if config.process.no_new_privileges {
@@ -207,8 +219,9 @@ fn child(
             drop(report);
             crate::init::serve()
         }
-        Err(message) => {
-            let _ = write(&report, format!("E{message}").as_bytes());
+        // The boundary: the error crosses the pipe as its message.
+        Err(e) => {
+            let _ = write(&report, format!("E{e}").as_bytes());
             std::process::exit(1)
         }
     }

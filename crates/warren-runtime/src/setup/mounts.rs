@@ -12,6 +12,7 @@ use nix::mount::{mount, MsFlags};
 use rustix::fs::{Mode, OFlags};
 
 use super::cgroup_v1::Hierarchy;
+use super::error::SetupError;
 use super::shared::Shared;
 use super::spec::{Config, Mount};
 use crate::files::{self, Created, Links};
@@ -23,15 +24,15 @@ pub fn enter_root(
     config: &Config,
     hierarchies: &[Hierarchy],
     shared: &Shared,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     let root = &config.root.path;
     let propagation = match config.linux.rootfs_propagation.as_str() {
         "private" => MsFlags::MS_PRIVATE,
         "slave" => MsFlags::MS_SLAVE,
         other => {
-            return Err(format!(
+            return Err(SetupError::Unsupported(format!(
                 "root propagation {other:?} is not one Warren sets up"
-            ))
+            )))
         }
     };
     // Nothing mounted from here on reaches the spawner's namespace.
@@ -42,30 +43,30 @@ pub fn enter_root(
         MsFlags::MS_REC | propagation,
         None::<&str>,
     )
-    .map_err(|e| format!("make the sandbox's mounts private: {e}"))?;
+    .map_err(|e| SetupError::os("make the sandbox's mounts private", e))?;
     // pivot_root needs the new root to be a mount of this namespace.
     crate::rootfs::bind_in_place(root)
-        .map_err(|e| format!("bind the root {} onto itself: {e}", root.display()))?;
+        .map_err(|e| SetupError::os(format!("bind the root {} onto itself", root.display()), e))?;
     let root_fd = rustix::fs::open(
         root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("open the root {}: {e}", root.display()))?;
+    .map_err(|e| SetupError::os(format!("open the root {}", root.display()), e))?;
     for m in &config.mounts {
         mount_one(&root_fd, m, hierarchies, shared)
-            .map_err(|e| format!("mount {} at {}: {e}", m.kind, m.destination))?;
+            .map_err(|e| e.within(format!("mount {} at {}", m.kind, m.destination)))?;
     }
     devices(root)?;
     // Before the pivot: the shared empty directory is only reachable from
     // the spawner's mounts, which the pivot detaches.
     for path in &config.linux.masked_paths {
-        mask(&root_fd, path, shared).map_err(|e| format!("mask {path}: {e}"))?;
+        mask(&root_fd, path, shared).map_err(|e| e.within(format!("mask {path}")))?;
     }
     crate::rootfs::pivot_into(root)?;
     reopen_null()?;
     for path in &config.linux.readonly_paths {
-        read_only(Path::new(path)).map_err(|e| format!("make {path} read-only: {e}"))?;
+        read_only(Path::new(path)).map_err(|e| e.within(format!("make {path} read-only")))?;
     }
     Ok(())
 }
@@ -112,7 +113,7 @@ fn mount_one(
     m: &Mount,
     hierarchies: &[Hierarchy],
     shared: &Shared,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     let opts = Options::parse(&m.options);
     match m.kind.as_str() {
         "bind" => bind(root, m, &opts),
@@ -126,9 +127,11 @@ fn mount_one(
                 opts.flags,
                 opts.data().as_deref(),
             )
-            .map_err(|e| e.to_string())
+            .map_err(|e| SetupError::os("mount", e))
         }
-        other => Err(format!("the mount type {other} is not one Warren sets up")),
+        other => Err(SetupError::Unsupported(format!(
+            "the mount type {other} is not one Warren sets up"
+        ))),
     }
 }
 
@@ -136,7 +139,7 @@ fn mount_one(
 /// go through the image's own links (a merged `/usr`), resolved as if the
 /// root were `/`; the options other than the bind itself need a second,
 /// remounting call, which keeps the flags the kernel locks on the source.
-fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), String> {
+fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), SetupError> {
     let leaf = if m.source.is_dir() {
         Leaf::Dir
     } else {
@@ -151,7 +154,7 @@ fn bind(root: &OwnedFd, m: &Mount, opts: &Options) -> Result<(), String> {
         MsFlags::MS_BIND | recursive,
         None::<&str>,
     )
-    .map_err(|e| format!("bind {}: {e}", m.source.display()))?;
+    .map_err(|e| SetupError::os(format!("bind {}", m.source.display()), e))?;
     let extra = opts.flags - (MsFlags::MS_BIND | MsFlags::MS_REC);
     if extra.is_empty() {
         return Ok(());
@@ -173,7 +176,7 @@ fn cgroup_v1(
     opts: &Options,
     hierarchies: &[Hierarchy],
     shared: &Shared,
-) -> Result<(), String> {
+) -> Result<(), SetupError> {
     let at = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
     mount(
         Some(&shared.cgroup),
@@ -182,7 +185,7 @@ fn cgroup_v1(
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| format!("bind the skeleton: {e}"))?;
+    .map_err(|e| SetupError::os("bind the skeleton", e))?;
     // Opened again: the bind is on top of the first descriptor's directory.
     let base = target(root, &m.destination, Leaf::Dir, Links::Refuse)?;
     for h in hierarchies.iter().filter(|h| h.sandboxed()) {
@@ -195,7 +198,7 @@ fn cgroup_v1(
             OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| format!("open {}: {e}", Path::new(name).display()))?;
+        .map_err(|e| SetupError::os(format!("open {}", Path::new(name).display()), e))?;
         mount(
             Some("cgroup"),
             fd_path(&sub).as_str(),
@@ -203,7 +206,7 @@ fn cgroup_v1(
             opts.flags,
             Some(h.options.as_str()),
         )
-        .map_err(|e| format!("the {} hierarchy: {e}", h.options))?;
+        .map_err(|e| SetupError::os(format!("the {} hierarchy", h.options), e))?;
     }
     Ok(())
 }
@@ -217,14 +220,17 @@ enum Leaf {
 /// Opens `dest` under `root` (an `O_PATH` descriptor to mount on through
 /// `/proc/self/fd`), creating what is missing: directories on the way and
 /// the last component as a `leaf`. Nothing is resolved outside the root.
-fn target(root: &OwnedFd, dest: &str, leaf: Leaf, links: Links) -> Result<OwnedFd, String> {
+fn target(root: &OwnedFd, dest: &str, leaf: Leaf, links: Links) -> Result<OwnedFd, SetupError> {
     let rel = relative(dest)?;
     let rel = rel.to_string_lossy();
     let opened = match leaf {
         Leaf::Dir => files::mkdir_all_noting(root, &rel, links, &mut Created::default()),
         Leaf::File => file_target(root, &rel, links),
     };
-    opened.map_err(|e| format!("mount target {dest} in the root: {e}"))
+    opened.map_err(|e| SetupError::InRoot {
+        what: format!("mount target {dest} in the root"),
+        source: Box::new(e),
+    })
 }
 
 /// A file to bind a file onto, made empty when it is missing.
@@ -249,19 +255,23 @@ fn file_target(root: &OwnedFd, rel: &str, links: Links) -> Result<OwnedFd, Runti
 }
 
 /// `dest` as a path relative to the root, refused when it leaves it.
-fn relative(dest: &str) -> Result<PathBuf, String> {
+fn relative(dest: &str) -> Result<PathBuf, SetupError> {
     let mut rel = PathBuf::new();
     for c in Path::new(dest).components() {
         match c {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(p) => rel.push(p),
             Component::ParentDir | Component::Prefix(_) => {
-                return Err(format!("the destination {dest} climbs out of the root"))
+                return Err(SetupError::Unsupported(format!(
+                    "the destination {dest} climbs out of the root"
+                )))
             }
         }
     }
     if rel.as_os_str().is_empty() {
-        return Err(format!("the destination {dest} is the root itself"));
+        return Err(SetupError::Unsupported(format!(
+            "the destination {dest} is the root itself"
+        )));
     }
     Ok(rel)
 }
@@ -274,11 +284,11 @@ fn fd_path(fd: &OwnedFd) -> String {
 /// namespace mknod is refused; the device cgroup limits what they reach),
 /// and the usual links. `/dev` is the tmpfs just mounted, so nothing in it
 /// comes from the image.
-fn devices(root: &Path) -> Result<(), String> {
+fn devices(root: &Path) -> Result<(), SetupError> {
     let dev = root.join("dev");
     for name in ["null", "zero", "full", "tty", "urandom", "random"] {
         let at = dev.join(name);
-        std::fs::File::create(&at).map_err(|e| format!("create /dev/{name}: {e}"))?;
+        std::fs::File::create(&at).map_err(|e| SetupError::os(format!("create /dev/{name}"), e))?;
         let host = Path::new("/dev").join(name);
         mount(
             Some(&host),
@@ -287,7 +297,7 @@ fn devices(root: &Path) -> Result<(), String> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(|e| format!("bind /dev/{name}: {e}"))?;
+        .map_err(|e| SetupError::os(format!("bind /dev/{name}"), e))?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -297,23 +307,20 @@ fn devices(root: &Path) -> Result<(), String> {
         ("ptmx", "pts/ptmx"),
     ] {
         std::os::unix::fs::symlink(to, dev.join(link))
-            .map_err(|e| format!("link /dev/{link}: {e}"))?;
+            .map_err(|e| SetupError::os(format!("link /dev/{link}"), e))?;
     }
     Ok(())
 }
 
 /// Standard input and output were the host's /dev/null; now the sandbox's.
-fn reopen_null() -> Result<(), String> {
+fn reopen_null() -> Result<(), SetupError> {
     let null = rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| format!("open /dev/null: {e}"))?;
+        .map_err(|e| SetupError::os("open /dev/null", e))?;
     for fd in 0..3 {
         // SAFETY: dup2 onto the standard descriptors, which this process
         // owns and which nothing else refers to.
         if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
-            return Err(format!(
-                "dup2 /dev/null: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(SetupError::last_os("dup2 /dev/null"));
         }
     }
     Ok(())
@@ -321,9 +328,9 @@ fn reopen_null() -> Result<(), String> {
 
 /// A mount's flags that a remount must repeat: the kernel refuses to clear
 /// the ones it locked on a mount that came from a more privileged namespace.
-fn locked_flags(path: &str) -> Result<MsFlags, String> {
+fn locked_flags(path: &str) -> Result<MsFlags, SetupError> {
     use nix::sys::statvfs::FsFlags;
-    let st = nix::sys::statvfs::statvfs(path).map_err(|e| format!("statvfs: {e}"))?;
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| SetupError::os("statvfs", e))?;
     let f = st.flags();
     let mut flags = MsFlags::empty();
     for (fs, ms) in [
@@ -342,7 +349,7 @@ fn locked_flags(path: &str) -> Result<MsFlags, String> {
     Ok(flags)
 }
 
-fn remount(path: &str, flags: MsFlags) -> Result<(), String> {
+fn remount(path: &str, flags: MsFlags) -> Result<(), SetupError> {
     let keep = locked_flags(path)?;
     mount(
         None::<&str>,
@@ -351,27 +358,27 @@ fn remount(path: &str, flags: MsFlags) -> Result<(), String> {
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | keep | flags,
         None::<&str>,
     )
-    .map_err(|e| format!("remount: {e}"))
+    .map_err(|e| SetupError::os("remount", e))
 }
 
-fn exists(path: &Path) -> Result<Option<std::fs::Metadata>, String> {
+fn exists(path: &Path) -> Result<Option<std::fs::Metadata>, SetupError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(SetupError::os("stat", e)),
     }
 }
 
 /// Binds `path` onto itself and makes that bind read-only (and nosuid,
 /// nodev, noexec, as runc does). A path the kernel does not have, or one
 /// on a read-only mount already (the cgroup hierarchies), is skipped.
-fn read_only(path: &Path) -> Result<(), String> {
+fn read_only(path: &Path) -> Result<(), SetupError> {
     if exists(path)?.is_none()
         || locked_flags(&path.to_string_lossy())?.contains(MsFlags::MS_RDONLY)
     {
         return Ok(());
     }
-    crate::rootfs::bind_in_place(path).map_err(|e| format!("bind: {e}"))?;
+    crate::rootfs::bind_in_place(path).map_err(|e| SetupError::os("bind", e))?;
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     remount(&path.to_string_lossy(), flags)
 }
@@ -379,17 +386,22 @@ fn read_only(path: &Path) -> Result<(), String> {
 /// Hides `path` in the root: the shared empty directory over a directory,
 /// the host's /dev/null over a file. A path the root lacks is skipped, and
 /// one that goes through a link is refused.
-fn mask(root: &OwnedFd, path: &str, shared: &Shared) -> Result<(), String> {
+fn mask(root: &OwnedFd, path: &str, shared: &Shared) -> Result<(), SetupError> {
     let rel = relative(path)?;
     let at = match files::open_in_with(root, &rel.to_string_lossy(), OFlags::PATH, 0, Links::Refuse)
     {
         Ok(at) => at,
         Err(RuntimeError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => {
+            return Err(SetupError::InRoot {
+                what: "open it in the root".into(),
+                source: Box::new(e),
+            })
+        }
     };
     let is_dir = rustix::fs::fstat(&at)
         .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
-        .map_err(|e| format!("stat: {e}"))?;
+        .map_err(|e| SetupError::os("stat", e))?;
     let source = if is_dir {
         shared.empty.as_path()
     } else {
@@ -402,7 +414,7 @@ fn mask(root: &OwnedFd, path: &str, shared: &Shared) -> Result<(), String> {
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| SetupError::os("bind over it", e))
 }
 
 #[cfg(test)]

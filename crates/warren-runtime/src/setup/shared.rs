@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use nix::mount::{mount, MsFlags};
 
 use super::cgroup_v1::Hierarchy;
+use super::error::SetupError;
 
 /// Paths, not descriptors: a sandbox's set-up binds them from its own
 /// mount namespace, the spawner's copy, and a descriptor opened before the
@@ -30,7 +31,7 @@ pub struct Shared {
 }
 
 /// This spawner's shared directories, made at its first sandbox.
-pub fn get(hierarchies: &[Hierarchy]) -> Result<&'static Shared, String> {
+pub fn get(hierarchies: &[Hierarchy]) -> Result<&'static Shared, SetupError> {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     if let Some(shared) = SHARED.get() {
         return Ok(shared);
@@ -40,13 +41,13 @@ pub fn get(hierarchies: &[Hierarchy]) -> Result<&'static Shared, String> {
     Ok(SHARED.get_or_init(|| shared))
 }
 
-fn build(hierarchies: &[Hierarchy]) -> Result<Shared, String> {
+fn build(hierarchies: &[Hierarchy]) -> Result<Shared, SetupError> {
     let at = Path::new(crate::ROOTS_DIR).join(".shared");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     match std::fs::create_dir(&at) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("create {}: {e}", at.display())),
+        Err(e) => return Err(SetupError::os(format!("create {}", at.display()), e)),
     }
     mount(
         Some("tmpfs"),
@@ -55,7 +56,7 @@ fn build(hierarchies: &[Hierarchy]) -> Result<Shared, String> {
         flags,
         Some("mode=0755,size=64k"),
     )
-    .map_err(|e| format!("mount a tmpfs at {}: {e}", at.display()))?;
+    .map_err(|e| SetupError::os(format!("mount a tmpfs at {}", at.display()), e))?;
     // A build that fails half way leaves nothing mounted: a retry by the
     // next sandbox would otherwise stack a second tmpfs over the first.
     fill(&at, hierarchies, flags).inspect_err(|_| {
@@ -67,9 +68,10 @@ fn build(hierarchies: &[Hierarchy]) -> Result<Shared, String> {
     })
 }
 
-fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), String> {
+fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), SetupError> {
     let dir = |path: &Path| {
-        std::fs::create_dir(path).map_err(|e| format!("create {}: {e}", path.display()))
+        std::fs::create_dir(path)
+            .map_err(|e| SetupError::os(format!("create {}", path.display()), e))
     };
     dir(&at.join("empty"))?;
     let cgroup = at.join("cgroup");
@@ -82,7 +84,7 @@ fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), Stri
         // Co-mounted controllers (cpu,cpuacct) are reached by each name.
         for controller in h.controllers().filter(|c| OsStr::new(c) != name) {
             std::os::unix::fs::symlink(name, cgroup.join(controller))
-                .map_err(|e| format!("link {controller}: {e}"))?;
+                .map_err(|e| SetupError::os(format!("link {controller}"), e))?;
         }
     }
     // Read-only as a file system, not only as this mount: a bind of it in a
@@ -94,6 +96,6 @@ fn fill(at: &Path, hierarchies: &[Hierarchy], flags: MsFlags) -> Result<(), Stri
         MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | flags,
         None::<&str>,
     )
-    .map_err(|e| format!("make {} read-only: {e}", at.display()))?;
+    .map_err(|e| SetupError::os(format!("make {} read-only", at.display()), e))?;
     Ok(())
 }

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::error::SetupError;
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Config {
@@ -161,11 +163,11 @@ pub struct Pids {
 }
 
 impl Config {
-    pub fn load(bundle: &Path) -> Result<Config, String> {
+    pub fn load(bundle: &Path) -> Result<Config, SetupError> {
         let path = bundle.join("config.json");
-        let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not a config Warren can set up: {e}", path.display()))
+        let bytes = std::fs::read(&path)
+            .map_err(|e| SetupError::os(format!("read {}", path.display()), e))?;
+        serde_json::from_slice(&bytes).map_err(|source| SetupError::Config { path, source })
     }
 
     pub fn has_namespace(&self, kind: &str) -> bool {

@@ -166,10 +166,20 @@ fn bad_request(net: &SandboxNet, via: &str, why: String) -> Response<Body> {
     refuse(&r)
 }
 
+/// Why a request names no host and port the proxy can open.
+#[derive(Debug, thiserror::Error)]
+enum TargetError {
+    /// warren_core's reason the host is no host name or address.
+    #[error("{0}")]
+    Host(String),
+    #[error("{0}: a port is required")]
+    NoPort(String),
+}
+
 /// Host and port of a CONNECT authority or an absolute URL.
-fn target_of(host: &str, port: Option<u16>) -> Result<(Target, u16), String> {
-    let target = normalize_host(host)?;
-    let port = port.ok_or_else(|| format!("{host}: a port is required"))?;
+fn target_of(host: &str, port: Option<u16>) -> Result<(Target, u16), TargetError> {
+    let target = normalize_host(host).map_err(TargetError::Host)?;
+    let port = port.ok_or_else(|| TargetError::NoPort(host.to_string()))?;
     Ok((target, port))
 }
 
@@ -246,7 +256,7 @@ async fn forward(
     let host = uri.host().unwrap_or_default();
     let (target, port) = match target_of(host, Some(uri.port_u16().unwrap_or(default_port))) {
         Ok(t) => t,
-        Err(e) => return Ok(bad_request(&net, "http", e)),
+        Err(e) => return Ok(bad_request(&net, "http", e.to_string())),
     };
     let policy = net.policy();
     let verdict = policy.check(&target, port);

@@ -78,9 +78,7 @@ impl Node {
         let lower_dirs = {
             let images = self.images.clone();
             let image = image.clone();
-            tokio::task::spawn_blocking(move || images.lower_dirs(&image))
-                .await
-                .map_err(|e| NodeError::Internal(e.to_string()))??
+            tokio::task::spawn_blocking(move || images.lower_dirs(&image)).await??
         };
         took(&mut phases, "node_layers", &mut phase);
         let log = self.open_log(id)?;

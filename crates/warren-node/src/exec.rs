@@ -74,7 +74,8 @@ impl Node {
         }
         let root = files::open_root(live.pid)?;
         let user_spec = req.user.clone().unwrap_or(default_user);
-        let user = user::resolve(&root, &user_spec).map_err(NodeError::BadRequest)?;
+        let user =
+            user::resolve(&root, &user_spec).map_err(|e| NodeError::BadRequest(e.to_string()))?;
         // HOME, USER and LOGNAME of the account it runs as (as `su -`
         // and E2B's envd set them): a user named by this request wins over
         // the image's settings; the request's own env wins over both.

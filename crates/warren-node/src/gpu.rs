@@ -9,6 +9,9 @@
 
 use std::collections::BTreeMap;
 
+use nvml_wrapper::error::NvmlError;
+use thiserror::Error;
+
 /// The library NVML is loaded from (the driver's, not the -dev package's
 /// unversioned link).
 pub const NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -31,9 +34,25 @@ pub struct GpuReading {
     pub processes: Vec<GpuProcess>,
 }
 
+/// Why NVML could not be loaded or read.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    /// No library, no driver loaded, no permission.
+    #[error("{lib}: {source}")]
+    Load {
+        lib: &'static str,
+        source: NvmlError,
+    },
+    #[error("{what}: {source}")]
+    Read {
+        what: &'static str,
+        source: NvmlError,
+    },
+}
+
 /// Where GPU readings come from (NVML on a real node, recordings in tests).
 pub trait GpuReader: Send + Sync {
-    fn read(&self) -> Result<Vec<GpuReading>, String>;
+    fn read(&self) -> Result<Vec<GpuReading>, GpuError>;
 }
 
 /// A sandbox's GPU use in one reading.
@@ -93,12 +112,15 @@ pub struct Nvml(nvml_wrapper::Nvml);
 impl Nvml {
     /// Loads and initialises NVML; an error says why not (no library, no
     /// driver loaded, no permission).
-    pub fn load() -> Result<Nvml, String> {
+    pub fn load() -> Result<Nvml, GpuError> {
         nvml_wrapper::Nvml::builder()
             .lib_path(std::ffi::OsStr::new(NVML_LIB))
             .init()
             .map(Nvml)
-            .map_err(|e| format!("{NVML_LIB}: {e}"))
+            .map_err(|source| GpuError::Load {
+                lib: NVML_LIB,
+                source,
+            })
     }
 
     /// Driver version and GPU count, for `warren doctor`.
@@ -116,12 +138,21 @@ impl Nvml {
 }
 
 impl GpuReader for Nvml {
-    fn read(&self) -> Result<Vec<GpuReading>, String> {
+    fn read(&self) -> Result<Vec<GpuReading>, GpuError> {
         use nvml_wrapper::enums::device::UsedGpuMemory;
-        let count = self.0.device_count().map_err(|e| e.to_string())?;
+        let count = self.0.device_count().map_err(|source| GpuError::Read {
+            what: "count the GPUs",
+            source,
+        })?;
         let mut out = Vec::new();
         for index in 0..count {
-            let device = self.0.device_by_index(index).map_err(|e| e.to_string())?;
+            let device = self
+                .0
+                .device_by_index(index)
+                .map_err(|source| GpuError::Read {
+                    what: "open a GPU",
+                    source,
+                })?;
             // A GPU that cannot say (fallen off the bus, MIG parent) is
             // left out of this reading rather than failing the others.
             let Ok(procs) = device.running_compute_processes() else {
@@ -157,7 +188,7 @@ mod tests {
     struct Recorded(Vec<GpuReading>);
 
     impl GpuReader for Recorded {
-        fn read(&self) -> Result<Vec<GpuReading>, String> {
+        fn read(&self) -> Result<Vec<GpuReading>, GpuError> {
             Ok(self.0.clone())
         }
     }
@@ -266,7 +297,7 @@ mod tests {
         // This host has no NVIDIA driver; where one exists the load works.
         match Nvml::load() {
             Ok(n) => assert!(n.describe().contains("driver")),
-            Err(e) => assert!(e.contains(NVML_LIB), "{e}"),
+            Err(e) => assert!(e.to_string().contains(NVML_LIB), "{e}"),
         }
     }
 }

@@ -20,9 +20,7 @@ impl Node {
     pub async fn resolve_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
         let images = self.images.clone();
         let r = reference.to_string();
-        Ok(tokio::task::spawn_blocking(move || images.resolve(&r))
-            .await
-            .map_err(|e| NodeError::Internal(e.to_string()))??)
+        Ok(tokio::task::spawn_blocking(move || images.resolve(&r)).await??)
     }
 
     /// Takes the registries a cluster's control plane gives at join
@@ -144,9 +142,7 @@ impl Node {
         budget: Option<u64>,
     ) -> Result<warren_image::PruneReport, NodeError> {
         let images = self.images.clone();
-        Ok(tokio::task::spawn_blocking(move || images.prune(budget))
-            .await
-            .map_err(|e| NodeError::Internal(e.to_string()))??)
+        Ok(tokio::task::spawn_blocking(move || images.prune(budget)).await??)
     }
 
     /// The image a new sandbox runs: a registry reference is resolved at
@@ -189,8 +185,7 @@ impl Node {
             let lower = images.lower_dirs(&record)?;
             Ok(warren_runtime::check_system_dirs(&lower)?)
         })
-        .await
-        .map_err(|e| NodeError::Internal(e.to_string()))??;
+        .await??;
         {
             let mut c = lock(&self.checked_images);
             c.insert(image.digest.clone());
@@ -240,7 +235,7 @@ impl Node {
                 tracing::warn!(id, error = %e, "could not thaw the sandbox after commit");
             }
         }
-        Ok(result.map_err(|e| NodeError::Internal(e.to_string()))??)
+        Ok(result??)
     }
 
     /// An image the store holds (or `scratch`, the empty one) with its
@@ -255,9 +250,7 @@ impl Node {
     ) -> Result<ImageRecord, NodeError> {
         let base = if base == "scratch" {
             let images = self.images.clone();
-            tokio::task::spawn_blocking(move || images.scratch())
-                .await
-                .map_err(|e| NodeError::Internal(e.to_string()))??
+            tokio::task::spawn_blocking(move || images.scratch()).await??
         } else {
             self.resolve_image(base).await?
         };
@@ -275,8 +268,7 @@ impl Node {
                     images.derive(&base, &how, &name)
                 }
             })
-            .await
-            .map_err(|e| NodeError::Internal(e.to_string()))??,
+            .await??,
         )
     }
 }

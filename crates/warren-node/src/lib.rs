@@ -68,6 +68,10 @@ pub enum NodeError {
     NotFound(String),
     #[error("the client went away")]
     ClientGone,
+    /// A blocking task (an image or cgroup step off the async threads)
+    /// panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
     #[error("{0}")]
     Internal(String),
 }

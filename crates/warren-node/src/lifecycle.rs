@@ -169,8 +169,7 @@ impl Node {
         let live = self.get(id)?;
         let path = live.cgroup_path.clone();
         tokio::task::spawn_blocking(move || warren_runtime::cgroups::freeze(&path, frozen))
-            .await
-            .map_err(|e| NodeError::Internal(e.to_string()))??;
+            .await??;
         if !frozen && live.main_detached.swap(false, Ordering::AcqRel) {
             self.spawn_attach_main(id);
         }

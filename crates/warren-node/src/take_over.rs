@@ -77,8 +77,7 @@ impl Node {
                 Ok(())
             }
         })
-        .await
-        .map_err(|e| NodeError::Internal(e.to_string()))??;
+        .await??;
         let log = self.open_log(id)?;
         log.event(
             "running",

@@ -4,7 +4,17 @@
 use std::io::Read;
 use std::os::fd::OwnedFd;
 
+use thiserror::Error;
 use warren_runtime::files;
+
+/// A user or group named by a name the image does not know.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum UserError {
+    #[error("user {0:?} is not in the image's /etc/passwd; use a numeric uid")]
+    NoSuchUser(String),
+    #[error("group {0:?} is not in the image's /etc/group")]
+    NoSuchGroup(String),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
@@ -16,7 +26,7 @@ pub struct User {
     pub home: Option<String>,
 }
 
-pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, String> {
+pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, UserError> {
     let user = user.trim();
     if user.is_empty() || user == "root" {
         // Root's account is the same everywhere; an exec as root (the
@@ -35,9 +45,10 @@ pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, String> {
     };
     let entry = match name.parse::<u32>() {
         Ok(_) => lookup(&passwd, |f| f[2] == name),
-        Err(_) => Some(lookup(&passwd, |f| f[0] == name).ok_or_else(|| {
-            format!("user {name:?} is not in the image's /etc/passwd; use a numeric uid")
-        })?),
+        Err(_) => Some(
+            lookup(&passwd, |f| f[0] == name)
+                .ok_or_else(|| UserError::NoSuchUser(name.to_string()))?,
+        ),
     };
     let uid = match name.parse::<u32>() {
         Ok(uid) => uid,
@@ -56,7 +67,7 @@ pub fn resolve(root: &OwnedFd, user: &str) -> Result<User, String> {
                 let groups = read_small(root, "/etc/group");
                 lookup(&groups, |f| f[0] == g)
                     .map(|f| parse_id(f[2]))
-                    .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?
+                    .ok_or_else(|| UserError::NoSuchGroup(g.to_string()))?
             }
         },
     };

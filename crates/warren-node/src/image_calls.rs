@@ -1,0 +1,167 @@
+//! The node contract's image calls as the node does them: the image a
+//! create runs (pulled by digest when another node resolved it), a pull
+//! with its progress, an import from an upload, the step cache, removal.
+
+use std::sync::Arc;
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use warren_image::ImageRecord;
+use warren_node_api::{ByteStream, CreateSandbox, ImageTarget};
+
+use crate::{Node, NodeError};
+
+/// Why a create has no image to run.
+pub(crate) enum NoImage {
+    /// Not on this node, and the create names no reference to pull.
+    Local(NodeError),
+    /// Pulling the reference the control plane pinned failed.
+    Pull { pinned: String, error: NodeError },
+    /// The image is here but cannot run.
+    Unusable(NodeError),
+}
+
+/// A pull's progress (one of the store's events), then how it ended
+/// (boxed: a record and an error are large beside an event).
+pub(crate) enum PullStep {
+    Progress(serde_json::Value),
+    Done(Box<Result<ImageRecord, NodeError>>),
+}
+
+impl Node {
+    /// The image `req` runs: the one resolved here, or, in a cluster where
+    /// the control plane resolved the tag on another node, exactly that
+    /// digest fetched from the registry.
+    pub(crate) async fn image_for_sandbox(
+        &self,
+        req: &CreateSandbox,
+    ) -> Result<ImageRecord, NoImage> {
+        let missing = match self.resolve_image(&req.image_digest).await {
+            Ok(image) => return Ok(image),
+            Err(e) => e,
+        };
+        let Some(pinned) = req.image_source.clone() else {
+            return Err(NoImage::Local(missing));
+        };
+        let image = match self.pull_image(&pinned, None).await {
+            Ok(image) => image,
+            Err(error) => return Err(NoImage::Pull { pinned, error }),
+        };
+        self.check_image(&image).await.map_err(NoImage::Unusable)?;
+        Ok(image)
+    }
+
+    /// Pulls `reference` in a task of its own, which runs to its end even
+    /// if the stream is dropped, so the store never keeps a half-finished
+    /// pull's pins or files.
+    pub(crate) fn pull_with_progress(
+        self: &Arc<Self>,
+        reference: &str,
+    ) -> BoxStream<'static, PullStep> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PullStep>();
+        let events = tx.clone();
+        let progress: warren_image::Progress = Arc::new(move |e| {
+            if let Ok(event) = serde_json::to_value(&e) {
+                let _ = events.send(PullStep::Progress(event));
+            }
+        });
+        let (node, reference) = (self.clone(), reference.to_string());
+        tokio::spawn(async move {
+            let done = node.pull_image(&reference, Some(progress)).await;
+            let _ = tx.send(PullStep::Done(Box::new(done)));
+        });
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()
+    }
+
+    /// Imports an OCI image-layout or docker-archive tar from an upload,
+    /// spooled to a file under the node's home first.
+    pub(crate) async fn import_upload(
+        &self,
+        name: &str,
+        mut archive: ByteStream,
+    ) -> Result<ImageRecord, NodeError> {
+        let tmp_dir = self.home.join("tmp");
+        let internal = |e: std::io::Error| NodeError::Internal(e.to_string());
+        tokio::fs::create_dir_all(&tmp_dir)
+            .await
+            .map_err(internal)?;
+        // Removed when dropped, whatever happens below.
+        let tmp = tempfile::Builder::new()
+            .prefix("upload-")
+            .suffix(".tar")
+            .tempfile_in(&tmp_dir)
+            .map_err(internal)?;
+        use tokio::io::AsyncWriteExt;
+        let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(internal)?);
+        while let Some(chunk) = archive.next().await {
+            let chunk =
+                chunk.map_err(|e| NodeError::BadRequest(format!("upload interrupted: {e}")))?;
+            file.write_all(&chunk).await.map_err(internal)?;
+        }
+        file.flush().await.map_err(internal)?;
+        let images = self.images.clone();
+        let (path, name) = (tmp.path().to_path_buf(), name.to_string());
+        Ok(
+            tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
+                .await
+                .map_err(joined)??,
+        )
+    }
+
+    /// Every image of the store.
+    pub(crate) async fn image_records(&self) -> Result<Vec<ImageRecord>, NodeError> {
+        let images = self.images.clone();
+        Ok(tokio::task::spawn_blocking(move || images.list())
+            .await
+            .map_err(joined)??)
+    }
+
+    /// The image the build step cache holds under `key`, if any.
+    pub(crate) async fn step_image(&self, key: &str) -> Result<Option<ImageRecord>, NodeError> {
+        let name = target_name(&ImageTarget::Step(key.to_string()))?;
+        let images = self.images.clone();
+        let found = tokio::task::spawn_blocking(move || images.resolve(&name))
+            .await
+            .map_err(joined)?;
+        match found {
+            Ok(record) => Ok(Some(record)),
+            Err(e) if e.kind() == warren_image::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes an image no live sandbox runs.
+    pub(crate) async fn remove_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
+        let image = self.resolve_image(reference).await?;
+        if self.images_in_use().contains(&image.digest) {
+            return Err(NodeError::Conflict(format!(
+                "image {reference} is used by a live sandbox; remove those sandboxes first (`warren ps`)"
+            )));
+        }
+        let images = self.images.clone();
+        let reference = reference.to_string();
+        Ok(
+            tokio::task::spawn_blocking(move || images.remove(&reference))
+                .await
+                .map_err(joined)??,
+        )
+    }
+}
+
+/// The store name an image made on this node is recorded under; a name
+/// in the step cache's repository is the step cache's alone.
+pub(crate) fn target_name(target: &ImageTarget) -> Result<String, NodeError> {
+    match target {
+        ImageTarget::Name(name) if warren_image::is_step_name(name) => Err(NodeError::BadRequest(
+            format!("{name:?} is in the build step cache's repository; choose another name"),
+        )),
+        ImageTarget::Name(name) => Ok(name.clone()),
+        ImageTarget::Step(key) => warren_image::step_name(key).ok_or_else(|| {
+            NodeError::BadRequest(format!("step key {key:?} is not 64 lowercase hex digits"))
+        }),
+    }
+}
+
+fn joined(e: tokio::task::JoinError) -> NodeError {
+    NodeError::Internal(format!("node task: {e}"))
+}

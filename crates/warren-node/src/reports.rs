@@ -1,0 +1,115 @@
+//! What the node reports through the contract: itself (capacity, load,
+//! images), each sandbox as it stands, and a sandbox's log.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use warren_node_api::{Load, NodeInfo, Phase, Resources, SandboxStatus};
+
+use crate::{Node, NodeError};
+use warren_core::sync::lock;
+
+impl Node {
+    /// Name, labels, capacity, load and the digests of its images.
+    pub(crate) async fn node_info(&self) -> NodeInfo {
+        let images = self.images.clone();
+        // A store that cannot be read reports no images (placement then
+        // only loses its locality preference for this node).
+        let images = tokio::task::spawn_blocking(move || images.list())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|list| list.into_iter().map(|r| r.digest).collect())
+            .unwrap_or_default();
+        let mut labels = self.labels.clone();
+        if self.egress.open_permitted() {
+            labels.insert(
+                warren_core::network::EGRESS_OPEN_LABEL.to_string(),
+                "true".to_string(),
+            );
+        }
+        NodeInfo {
+            name: self.name.clone(),
+            labels,
+            allocatable: Resources {
+                gpus: self.devices.gpus(),
+                ..self.allocatable
+            },
+            max_pids: self.max_pids,
+            load: Load {
+                cpu_busy: self.cpu_busy(),
+                disk_pressure: self.disk_pressure(),
+                memory_pressure: self.memory_pressure(),
+                sandboxes: lock(&self.live).len() as u32,
+            },
+            images,
+            devices: self.devices.classes(),
+        }
+    }
+
+    /// Every sandbox the node holds, once it has taken over those of its
+    /// journal.
+    pub(crate) async fn statuses(&self) -> Vec<SandboxStatus> {
+        self.wait_ready().await;
+        let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
+        ids.iter()
+            .filter_map(|id| self.status_of(id, false))
+            .collect()
+    }
+
+    /// A sandbox as it stands; its usage sampled now with `fresh`, else
+    /// the last periodic sample's. None when the node does not hold it.
+    pub(crate) fn status_of(&self, id: &str, fresh: bool) -> Option<SandboxStatus> {
+        let live = self.get(id).ok()?;
+        if fresh {
+            self.sample_one(id, &live, false);
+        }
+        let usage = lock(&live.usage).usage();
+        let (ttl, lease) = {
+            let l = lock(&live.lifetime);
+            (
+                l.ttl_remaining().as_millis() as u64,
+                l.lease_remaining().map(|d| d.as_millis() as u64),
+            )
+        };
+        Some(SandboxStatus {
+            id: id.to_string(),
+            phase: live.phase(),
+            image_digest: live.image_digest.clone(),
+            pid: live.pid,
+            host_id_base: self.host_id_base(id),
+            ttl_remaining_ms: ttl,
+            lease_remaining_ms: lease,
+            usage: Some(usage),
+            phases: Vec::new(),
+        })
+    }
+
+    /// The sandbox's log as whole JSON lines; with `follow`, until the
+    /// sandbox is over (gone, or held after it finished).
+    pub(crate) fn log_lines(
+        self: &Arc<Self>,
+        id: &str,
+        follow: bool,
+    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>, NodeError> {
+        if !self.has_log(id) {
+            return Err(NodeError::NotFound(format!(
+                "no log for sandbox {id} (logs are kept for the node's --log-retention)"
+            )));
+        }
+        type Over = Box<dyn FnMut() -> BoxFuture<'static, bool> + Send>;
+        let over = follow.then(|| {
+            let (node, id) = (Arc::downgrade(self), id.to_string());
+            Box::new(move || {
+                let over = node
+                    .upgrade()
+                    .and_then(|n| n.get(&id).ok())
+                    .is_none_or(|l| l.phase() == Phase::Held);
+                Box::pin(async move { over }) as BoxFuture<'static, bool>
+            }) as Over
+        });
+        Ok(self.log_stream(id, over).boxed())
+    }
+}

@@ -1,12 +1,11 @@
 //! Warren's plain types, shared by every other crate. Nothing here performs
-//! I/O (but for reading the clock, and the test-only crash hook).
+//! I/O (but for reading the clock).
 
 #![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod build;
 pub mod clock;
-pub mod crashpoint;
 pub mod error;
 pub mod event;
 pub mod exec;

@@ -9,7 +9,6 @@
 //! init for every exec. Destroy removes processes, cgroups, mounts and
 //! directories.
 
-pub use warren_core::crashpoint;
 pub mod cdi;
 pub mod cgroup_parent;
 pub mod cgroup_tuning;
@@ -270,7 +269,7 @@ impl Runtime {
                 return Err(e);
             }
         };
-        crashpoint::hit("create:prepared");
+        warren_crashpoint::hit("create:prepared");
         let prepare_took = preparing.elapsed();
         let spawning = std::time::Instant::now();
         let created = self
@@ -289,7 +288,7 @@ impl Runtime {
             .await;
         match created {
             Ok((pid, spawner_phases)) => {
-                crashpoint::hit("create:spawned");
+                warren_crashpoint::hit("create:spawned");
                 let mut phases = vec![
                     ("runtime_prepare".to_string(), prepare_took),
                     ("runtime_spawn".to_string(), spawning.elapsed()),
@@ -345,7 +344,7 @@ impl Runtime {
             unmount_root(&dir, &id)?;
             let ids = userns::recorded(&dir);
             trash.discard(&dir)?;
-            crashpoint::hit("destroy:trashed");
+            warren_crashpoint::hit("destroy:trashed");
             // Given back once the directory has left its path: the
             // sandbox's processes are gone, and what it left in the trash
             // is out of reach of the range's next holder (see `trash`).
@@ -629,13 +628,13 @@ fn remove_container(
     }
     if let Some(pid) = init_pid {
         kill_init(pid, cgroup_path);
-        crashpoint::hit("destroy:killed");
+        warren_crashpoint::hit("destroy:killed");
     }
     // Stragglers (or a sandbox whose init we could not identify) are killed
     // through the cgroup, which is then removed, exec cgroups first.
     exec_cgroup::remove_all(cgroup_path);
     cgroups::kill_and_remove(cgroup_path)?;
-    crashpoint::hit("destroy:cgroups");
+    warren_crashpoint::hit("destroy:cgroups");
     states
         .iter()
         .try_for_each(|state| trash::remove_tree(state))

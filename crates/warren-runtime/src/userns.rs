@@ -82,7 +82,7 @@ pub fn allocate(dir: &Path) -> Result<IdRange, RuntimeError> {
             base: FIRST + slot * SIZE,
         };
         if claim(slot, owner)? || (reclaim_if_stale(slot)? && claim(slot, owner)?) {
-            crate::crashpoint::hit("create:claimed");
+            warren_crashpoint::hit("create:claimed");
             std::fs::write(dir.join(RECORD), range.base.to_string())
                 .map_err(|e| RuntimeError::Create(format!("record uid range: {e}")))?;
             return Ok(range);

@@ -161,7 +161,7 @@ impl Control {
                         let last = matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. });
                         let sent = tx.send(RunEvent::Exec(ev)).await.is_ok();
                         if last {
-                            warren_core::crashpoint::hit("run:exit_sent");
+                            warren_crashpoint::hit("run:exit_sent");
                         }
                         if !sent || last {
                             return Ok(());

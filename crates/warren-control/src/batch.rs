@@ -57,7 +57,7 @@ impl Control {
                 &req.spec.image,
             )
             .await
-            .map_err(crate::control::node_error)?;
+            .map_err(crate::node_errors::node_error)?;
         if let Some(pinned) = resolved.source {
             req.spec.image = pinned;
         }

@@ -10,9 +10,10 @@ use rand::Rng;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
-use warren_node_api::{ErrorKind, LogNote, NodeApi, NodeError, SandboxStatus};
+use warren_node_api::{LogNote, NodeApi, SandboxStatus};
 
 use crate::admission::Admission;
+use crate::node_errors::node_error;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod create;
@@ -24,26 +25,26 @@ mod recovery;
 mod run;
 
 pub struct Control {
-    pub store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn Store>,
     /// The nodes, each through its contract (in-process or over the
     /// network).
-    pub nodes: crate::nodes::Nodes,
+    pub(crate) nodes: crate::nodes::Nodes,
     /// The FIFO queue and what each sandbox holds of its node.
-    pub admission: Admission,
+    pub(crate) admission: Admission,
     /// When a silent node is given up; None: never (`warren up`'s node).
-    pub liveness: Option<crate::nodes::Liveness>,
+    pub(crate) liveness: Option<crate::nodes::Liveness>,
     /// Whether a clean stop destroys every sandbox (`warren up`); a
     /// control plane of a cluster stops without touching its nodes.
-    pub destroy_on_stop: bool,
-    pub metrics: crate::metrics::Metrics,
+    pub(crate) destroy_on_stop: bool,
+    pub(crate) metrics: crate::metrics::Metrics,
     /// Profile updates are read-modify-write; runs finishing together must
     /// not lose each other's update.
-    pub profile_lock: tokio::sync::Mutex<()>,
+    pub(crate) profile_lock: tokio::sync::Mutex<()>,
     pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
     /// How profiles learn (margins, window, growth cap).
-    pub policy: warren_core::profile::Policy,
-    pub lifecycle: crate::lifecycle::Lifecycle,
-    pub pools: crate::pools::Pools,
+    pub(crate) policy: warren_core::profile::Policy,
+    pub(crate) lifecycle: crate::lifecycle::Lifecycle,
+    pub(crate) pools: crate::pools::Pools,
     /// Image builds, running and recent.
     pub(crate) builds: crate::builds::Builds,
     /// Where images built, committed or imported here are published for
@@ -58,29 +59,6 @@ pub struct Control {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::internal(format!("state store: {e}"))
-    }
-}
-
-/// What a client sees of a node's error: the category decides the status,
-/// the node's message (which says what to do) is kept.
-pub fn node_error(e: NodeError) -> ApiError {
-    use warren_core::ErrorCode;
-    let (code, retry_after_ms) = match e.kind {
-        ErrorKind::NotFound => (ErrorCode::NotFound, None),
-        ErrorKind::Conflict => (ErrorCode::Conflict, None),
-        ErrorKind::Invalid => (ErrorCode::BadRequest, None),
-        ErrorKind::NoRoom => (ErrorCode::NoCapacity, Some(5000)),
-        ErrorKind::Unavailable => (ErrorCode::Unavailable, Some(1000)),
-        ErrorKind::Upstream => (ErrorCode::BadGateway, None),
-        ErrorKind::Internal => (ErrorCode::Internal, None),
-        // This replica was replaced as leader and exits within a second;
-        // a retry reaches the new leader.
-        ErrorKind::Fenced => (ErrorCode::Unavailable, Some(1000)),
-    };
-    ApiError {
-        code,
-        message: e.message,
-        retry_after_ms,
     }
 }
 
@@ -138,6 +116,17 @@ impl Control {
             naming: Default::default(),
             secret_box: None,
         }
+    }
+
+    /// Where the control plane is in its life (recovering, ready,
+    /// stopping): what a daemon waits on and stops.
+    pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
+        &self.lifecycle
+    }
+
+    /// Prometheus metrics, in the text format.
+    pub async fn metrics_text(&self) -> String {
+        self.metrics.render(self).await
     }
 
     /// Keeps secrets, sealed with this key.
@@ -338,7 +327,7 @@ impl Control {
                 .transition(id, SandboxState::Stopping, why, &now, t)
                 .await?;
         }
-        warren_crashpoint::hit("destroy:stopping");
+        warren_core::crashpoint::hit("destroy:stopping");
         let usage = match self.api(&row.node)?.destroy(id, why).await {
             Ok(usage) => usage,
             Err(e) => {

@@ -7,12 +7,12 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::image_ref::registry_host;
 use warren_core::ApiError;
-use warren_node_api::{
-    ByteStream, ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed,
-};
+use warren_node_api::{ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed};
 
-use crate::control::{node_error, Control};
+use crate::control::Control;
+use crate::node_errors::{node_error, to_node};
 use crate::nodes::{Health, NodeEntry};
+use crate::sandbox_io::ByteStream;
 
 /// A push needs a registry in its reference (a pull or prewarm does not:
 /// each node writes a short name out through its search registries).
@@ -160,7 +160,7 @@ impl Control {
         if let [node] = nodes.as_slice() {
             let image = node
                 .api
-                .image_import(name, archive)
+                .image_import(name, to_node(archive))
                 .await
                 .map_err(node_error)?;
             // Nodes that join later pull it from there.
@@ -175,12 +175,12 @@ impl Control {
                 .map_err(|e| ApiError::internal(format!("reading the spooled archive: {e}")))?;
             let body = tokio_util::io::ReaderStream::new(file)
                 .map(|r| {
-                    r.map_err(|e| NodeError::internal(format!("reading the spooled archive: {e}")))
+                    r.map_err(|e| ApiError::internal(format!("reading the spooled archive: {e}")))
                 })
                 .boxed();
             let image = node
                 .api
-                .image_import(name, body)
+                .image_import(name, to_node(body))
                 .await
                 .map_err(|e| prefixed(&node.name, e))?;
             last = Some(image);

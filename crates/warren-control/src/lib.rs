@@ -8,22 +8,34 @@
 pub mod admission;
 pub mod alerts;
 pub mod api;
-pub mod batch;
+mod batch;
 mod builds;
 pub use builds::tar_bytes;
 pub mod control;
 mod images;
 mod json_body;
 pub mod lifecycle;
-pub mod metrics;
+mod metrics;
+mod node_errors;
 pub mod nodes;
-pub mod placement;
-pub mod pools;
-pub mod profiles;
+mod placement;
+mod pools;
+mod profiles;
 pub mod replica;
 mod sandbox_io;
+pub use sandbox_io::{upload, ByteStream, FileRead, WatchEvent};
+
+// The facade every front door (the /v1 API, E2B, SandboxFusion, the
+// console) goes through: `Control`'s methods take and answer core types
+// (`warren_core`) and the few above, and check everything they are given.
+// Front-door crates name nothing of this crate but these and
+// `ControlCell`.
+pub use control::{new_id_with, Control};
+pub use signing::Signer;
+pub use store::SandboxRow;
+pub use volumes::VolumeFiles;
 mod sandbox_locks;
-pub mod secrets;
+mod secrets;
 pub mod serve;
 pub mod signing;
 pub mod store;

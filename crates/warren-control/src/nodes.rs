@@ -163,3 +163,37 @@ pub type Connector =
 /// it pins (the transport's business, supplied with the `Connector`).
 pub type ProofCheck =
     Arc<dyn Fn(&warren_node_api::JoinRequest) -> Result<(), String> + Send + Sync>;
+
+/// A node as `/v1/nodes` lists it.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct NodeLoad {
+    pub cpu_busy: f64,
+    pub disk_pressure: bool,
+    pub memory_pressure: bool,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = NodeInfo)]
+pub struct NodeListing {
+    pub name: String,
+    /// ready, unreachable or lost.
+    pub state: Health,
+    pub cordoned: bool,
+    pub labels: warren_core::Labels,
+    /// Where the control plane reaches it (empty for `warren up`'s own).
+    pub url: String,
+    pub allocatable: crate::admission::Need,
+    pub allocated: crate::admission::Need,
+    /// Sandboxes being created on it now.
+    pub initializing: u32,
+    /// Sandboxes it holds, as it last reported.
+    pub sandboxes: u32,
+    pub load: NodeLoad,
+    /// Milliseconds since it was last heard from.
+    pub last_seen_ms: u64,
+    /// Creates waiting for room (the queue is the cluster's, shared).
+    pub queued: usize,
+    /// Its CDI devices by kind, with those in use (docs/gpu.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<warren_node_api::DeviceClass>,
+}

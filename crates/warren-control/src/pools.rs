@@ -16,7 +16,8 @@ use warren_core::sync::lock;
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 
 use crate::admission::Request;
-use crate::control::{new_id_with, node_error, Control};
+use crate::control::{new_id_with, Control};
+use crate::node_errors::node_error;
 use crate::store::SandboxRow;
 
 /// How often the pools are checked besides the wake-ups (a member that
@@ -67,6 +68,11 @@ impl Pools {
 }
 
 impl Control {
+    /// Every pool with its spec, ready members and creates served.
+    pub fn pool_infos(&self) -> Vec<PoolInfo> {
+        self.pools.infos()
+    }
+
     pub async fn set_pool(
         self: &Arc<Self>,
         name: &str,

@@ -2,15 +2,48 @@
 //! ports, its TTL, commits. The control plane checks the sandbox's state
 //! and renews its lease, then hands the call to the node.
 
+use axum::body::Body;
+use axum::body::Bytes;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
+use hyper_util::rt::TokioIo;
+use warren_core::files::{PathEntry, PathOp, WriteFile};
+use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
 use warren_core::{ApiError, SandboxState, Selector};
-use warren_node_api::{
-    ByteStream, FileRead, ImageInfo, PathEntry, PathOp, Tunnel, WatchEvent, WriteFile,
-};
+use warren_node_api::Tunnel;
 
-use crate::control::{node_error, Control};
+use crate::control::Control;
+use crate::node_errors::{from_node, node_error, to_node};
 use crate::store::SandboxRow;
+
+/// Bytes as the front doors send and get them (a file, an archive, a
+/// log); an error ends them.
+pub type ByteStream = BoxStream<'static, Result<Bytes, ApiError>>;
+
+/// A read of a sandbox's or a volume's path: what it is, then its bytes.
+pub type FileRead = warren_core::files::FileRead<ByteStream>;
+
+/// One line of a directory watch.
+pub type WatchEvent = warren_core::files::WatchEvent<ApiError>;
+
+/// A request's body as the bytes of an upload (a file, an archive, a build
+/// context); a client that stops sending ends it with a bad request.
+pub fn upload(body: Body) -> ByteStream {
+    body.into_data_stream()
+        .map(|r| r.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}"))))
+        .boxed()
+}
+
+/// A node's read as a front door gets it.
+pub(crate) fn file_read(read: warren_node_api::FileRead) -> FileRead {
+    FileRead {
+        kind: read.kind,
+        body: from_node(read.body),
+    }
+}
 
 /// States in which a sandbox has files: live, or held after it finished.
 fn has_files(state: SandboxState) -> bool {
@@ -46,7 +79,7 @@ impl Control {
     ) -> Result<(), ApiError> {
         self.file_access(id)
             .await?
-            .write_file(id, req, body)
+            .write_file(id, req, to_node(body))
             .await
             .map_err(node_error)
     }
@@ -56,6 +89,7 @@ impl Control {
             .await?
             .read_file(id, path)
             .await
+            .map(file_read)
             .map_err(node_error)
     }
 
@@ -84,7 +118,17 @@ impl Control {
             .watch(id, path, recursive)
             .await
             .map_err(node_error)?;
-        Ok(events.take_until(self.lifecycle.stopped()).boxed())
+        Ok(events
+            .map(|e| match e {
+                warren_node_api::WatchEvent::Event { name, kind } => {
+                    WatchEvent::Event { name, kind }
+                }
+                warren_node_api::WatchEvent::Error { error } => WatchEvent::Error {
+                    error: node_error(error),
+                },
+            })
+            .take_until(self.lifecycle.stopped())
+            .boxed())
     }
 
     /// The sandbox's log; with `follow`, until it has ended (or is held).
@@ -95,7 +139,9 @@ impl Control {
             .logs(id, follow)
             .await
             .map_err(node_error)?;
-        Ok(lines.take_until(self.lifecycle.stopped()).boxed())
+        Ok(from_node(lines)
+            .take_until(self.lifecycle.stopped())
+            .boxed())
     }
 
     /// The logs of every sandbox matching `selector`, one after another in
@@ -115,6 +161,7 @@ impl Control {
                     Some(node) => node
                         .logs(&id, false)
                         .await
+                        .map(from_node)
                         .unwrap_or_else(|_| futures_util::stream::empty().boxed()),
                     None => futures_util::stream::empty().boxed(),
                 }
@@ -131,6 +178,41 @@ impl Control {
             .connect_port(id, port)
             .await
             .map_err(node_error)
+    }
+
+    /// Forwards one HTTP request to `port` on the sandbox's loopback over
+    /// HTTP/1.1 and answers what the server there answers, the bodies
+    /// streamed both ways: what every front door's port routing does.
+    /// `host`: the Host the sandbox's server sees (default `localhost`,
+    /// what a server reached on its own loopback expects).
+    pub async fn forward_http(
+        &self,
+        id: &str,
+        port: u16,
+        req: Request,
+        host: Option<HeaderValue>,
+    ) -> Result<Response, ApiError> {
+        let upstream = self.connect_port(id, port).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
+                .await
+                .map_err(|e| {
+                    ApiError::conflict(format!(
+                        "port {port} in sandbox {id} does not speak HTTP: {e}"
+                    ))
+                })?;
+        tokio::spawn(conn);
+        let (mut parts, body) = req.into_parts();
+        parts.headers.insert(
+            header::HOST,
+            host.unwrap_or_else(|| HeaderValue::from_static("localhost")),
+        );
+        let resp = sender
+            .send_request(axum::http::Request::from_parts(parts, body))
+            .await
+            .map_err(|e| ApiError::conflict(format!("port {port} in sandbox {id}: {e}")))?;
+        let (parts, body) = resp.into_parts();
+        Ok(Response::from_parts(parts, Body::new(body)))
     }
 
     /// The sandbox may live `ttl` from now.
@@ -159,11 +241,7 @@ impl Control {
 
     /// The sandbox's changes as a new image (under a name, published to
     /// the cluster registry when there is one; or a build step's key).
-    pub async fn commit(
-        &self,
-        id: &str,
-        req: warren_node_api::CommitImage,
-    ) -> Result<ImageInfo, ApiError> {
+    pub async fn commit(&self, id: &str, req: CommitImage) -> Result<ImageInfo, ApiError> {
         let row = self.get(id).await?;
         match row.state {
             SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
@@ -175,8 +253,8 @@ impl Control {
         }
         let node = self.api(&row.node)?;
         let name = match &req.into {
-            warren_node_api::ImageTarget::Name(name) => Some(name.clone()),
-            warren_node_api::ImageTarget::Step(_) => None,
+            ImageTarget::Name(name) => Some(name.clone()),
+            ImageTarget::Step(_) => None,
         };
         let image = node.commit(id, req).await.map_err(node_error)?;
         if let Some(name) = name {

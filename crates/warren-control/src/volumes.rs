@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 
+use warren_core::files::{PathEntry, PathOp, VolumeWrite};
 use warren_core::volume::{VolumeInfo, VolumeMount, VolumeName, VolumeRequest};
 use warren_core::ApiError;
-use warren_node_api::{ByteStream, FileRead, NodeApi, PathEntry, PathOp, VolumeWrite};
+use warren_node_api::NodeApi;
 
-use crate::control::{node_error, Control};
+use crate::control::Control;
 use crate::images::prefixed;
+use crate::node_errors::{node_error, to_node};
+use crate::sandbox_io::{file_read, ByteStream, FileRead};
 
 impl Control {
     /// Every volume on every reachable node, by name.
@@ -130,7 +133,7 @@ impl VolumeFiles {
     /// Writes one file from `body` (see [`VolumeWrite`]); answers it.
     pub async fn write(&self, req: VolumeWrite, body: ByteStream) -> Result<PathEntry, ApiError> {
         self.api
-            .volume_write(&self.info.name, req, body)
+            .volume_write(&self.info.name, req, to_node(body))
             .await
             .map_err(node_error)
     }
@@ -139,6 +142,7 @@ impl VolumeFiles {
         self.api
             .volume_read(&self.info.name, path)
             .await
+            .map(file_read)
             .map_err(node_error)
     }
 

@@ -63,7 +63,7 @@ async fn plane_with(
     control.add_node(node.clone(), info, String::new(), String::new(), false);
     // Reconciling the node starts following its events.
     control.recover().await.map_err(|e| e.message)?;
-    control.lifecycle.set_ready();
+    control.lifecycle().set_ready();
     Ok(Plane { control, dir })
 }
 
@@ -488,7 +488,7 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
         "unrecorded sandbox destroyed"
     );
     // Capacity: three held (running, paused, kept) of eight.
-    assert_eq!(c.admission.nodes()[0].used.slots, 3);
+    assert_eq!(c.node_usage()[0].used.slots, 3);
     Ok(())
 }
 
@@ -565,7 +565,7 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
         .any(|e| e.reason == reason::FORKED && e.message.contains(&children[1].id)));
 
     // Bad input changes nothing.
-    let before = (node.calls().len(), c.admission.nodes()[0].used.slots);
+    let before = (node.calls().len(), c.node_usage()[0].used.slots);
     for (count, code) in [(0, 400), (257, 400)] {
         let e = c.fork(&source.id, fork(count)).await.unwrap_err();
         assert_eq!(e.code.http_status(), code, "{}", e.message);
@@ -579,16 +579,13 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
     forged.fork = children[0].spec.fork.clone();
     let e = c.create(forged, true).await.unwrap_err();
     assert_eq!(e.code.http_status(), 400, "{}", e.message);
-    assert_eq!(
-        before,
-        (node.calls().len(), c.admission.nodes()[0].used.slots)
-    );
+    assert_eq!(before, (node.calls().len(), c.node_usage()[0].used.slots));
 
     // A child that cannot be made takes its siblings with it.
     node.fail_next("create", NodeError::internal("disk on fire"));
     let e = c.fork(&source.id, fork(1)).await.unwrap_err();
     assert!(e.message.contains("disk on fire"), "{}", e.message);
-    assert_eq!(c.admission.nodes()[0].used.slots, 3);
+    assert_eq!(c.node_usage()[0].used.slots, 3);
     assert!(
         node.calls()
             .iter()

@@ -9,6 +9,8 @@ pub mod clock;
 pub mod error;
 pub mod event;
 pub mod exec;
+pub mod files;
+pub mod image;
 pub mod image_ref;
 pub mod labels;
 pub mod network;

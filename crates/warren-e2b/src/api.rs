@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use warren_control::control::Control;
+use warren_control::Control;
 use warren_core::spec::{NetworkMode, ReclaimPolicy};
 use warren_core::state::reason;
 use warren_core::{ApiError, ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};

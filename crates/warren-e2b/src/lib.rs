@@ -16,9 +16,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use warren_control::control::Control;
-use warren_control::signing::Signer;
+use warren_control::Control;
 use warren_control::ControlCell;
+use warren_control::Signer;
 
 pub mod api;
 pub mod connect;

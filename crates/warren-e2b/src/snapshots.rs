@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use warren_core::image::{CommitImage, ImageTarget};
 use warren_core::spec::ForkRequest;
-use warren_node_api::{CommitImage, ImageTarget};
 
 use crate::api::{body, control, live, page, sandbox, template_of, ttl, E2bError, E2bResult};
 use crate::template_builds::{Built, SnapshotOf};
@@ -96,7 +96,7 @@ pub(crate) async fn create(
     }
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
-    let snapshot_id = warren_control::control::new_id_with("snap");
+    let snapshot_id = warren_control::new_id_with("snap");
     let image = format!("{SNAPSHOT_REPO}/{snapshot_id}:latest");
     let committed = control
         .commit(

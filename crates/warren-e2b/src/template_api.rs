@@ -196,7 +196,9 @@ async fn start_build(
             .try_clone()
             .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     ))
-    .map(|r| r.map_err(|e| warren_node_api::NodeError::internal(e.to_string())))
+    .map(|r| {
+        r.map_err(|e| warren_core::ApiError::internal(format!("reading the build context: {e}")))
+    })
     .boxed();
     let mut events = match control.start_build(prepared.request.clone(), context).await {
         Ok(events) => events,
@@ -275,7 +277,7 @@ const POOL_WARM_WITHIN: std::time::Duration = std::time::Duration::from_secs(60)
 /// for the new image, and waited for. What to say of it in the log.
 async fn warm_pool(
     e2b: &E2b,
-    control: &Arc<warren_control::control::Control>,
+    control: &Arc<warren_control::Control>,
     prepared: &crate::template_builds::Prepared,
     built: &crate::template_builds::Built,
 ) -> Option<String> {

@@ -255,8 +255,8 @@ impl TemplateBuilds {
         let template_id = self
             .get(name)
             .map(|b| b.template_id)
-            .unwrap_or_else(|| warren_control::control::new_id_with("tpl"));
-        let build_id = warren_control::control::new_id_with("bld");
+            .unwrap_or_else(|| warren_control::new_id_with("tpl"));
+        let build_id = warren_control::new_id_with("bld");
         lock(&self.requested).insert(
             template_id.clone(),
             Requested {
@@ -319,10 +319,7 @@ impl TemplateBuilds {
         let dir = self.home.join(FILES_DIR);
         std::fs::create_dir_all(&dir)
             .map_err(|e| TemplateBuildError::Io(format!("creating {}: {e}", dir.display())))?;
-        let tmp = dir.join(format!(
-            ".upload-{}",
-            warren_control::control::new_id_with("u")
-        ));
+        let tmp = dir.join(format!(".upload-{}", warren_control::new_id_with("u")));
         Ok((tmp, path))
     }
 
@@ -799,7 +796,7 @@ fn context_archive(
 fn tempfile_in_tmp() -> std::io::Result<std::fs::File> {
     let path = std::env::temp_dir().join(format!(
         ".warren-e2b-context-{}",
-        warren_control::control::new_id_with("c")
+        warren_control::new_id_with("c")
     ));
     let f = std::fs::OpenOptions::new()
         .read(true)

@@ -21,17 +21,14 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures_util::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use warren_control::volumes::VolumeFiles;
+use warren_control::VolumeFiles;
+use warren_core::files::{FileKind, Owner, PathEntry, PathKind, PathOp, VolumeWrite, WriteFile};
 use warren_core::volume::{
     MountPath, VolumeInfo, VolumeMount, VolumeName, VolumeRequest, VolumeSize,
 };
 use warren_core::{ApiError, ErrorCode, SandboxInfo, SandboxSpec};
-use warren_node_api::{
-    ByteStream, FileKind, NodeError, Owner, PathEntry, PathKind, PathOp, VolumeWrite, WriteFile,
-};
 
 use crate::api::{body, control, E2bError, E2bResult};
 use crate::{E2b, TOKEN_BYTES};
@@ -606,11 +603,7 @@ async fn write_file(
         },
         replace: q.force.unwrap_or(false),
     };
-    let body: ByteStream = upload
-        .into_data_stream()
-        .map_err(|e| NodeError::invalid(format!("reading the upload: {e}")))
-        .boxed();
-    let written = files.write(req, body).await?;
+    let written = files.write(req, warren_control::upload(upload)).await?;
     Ok((StatusCode::CREATED, Json(entry_stat(&written))).into_response())
 }
 

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use futures_util::StreamExt;
-use warren_control::control::Control;
+use warren_control::Control;
+use warren_core::files::{FileKind, WriteFile};
 use warren_core::spec::{ByteSize, Cpu, Dur};
 use warren_core::state::reason;
 use warren_core::{ApiError, ErrorCode, ExecEvent, ExecRequest, SandboxSpec, SandboxState};
-use warren_node_api::{FileKind, WriteFile};
 
 use crate::languages::{java_classpath, Language};
 use crate::protocol::{CommandRunResult, CommandRunStatus, RunCodeResponse};

@@ -38,41 +38,13 @@ pub enum PullUpdate {
     },
 }
 
-/// What happened to an entry of a watched directory (inotify's events as
-/// Go's fsnotify names them, which E2B's envd reports).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WatchKind {
-    /// Made, or moved in.
-    Create,
-    Write,
-    Remove,
-    /// Moved away (its new name, if inside, comes as a `Create`).
-    Rename,
-    /// Permissions or other attributes changed.
-    Chmod,
-}
+pub use warren_core::files::WatchKind;
 
 /// One line of a directory watch: an event, or the error that ended it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum WatchEvent {
-    /// `name` is relative to the watched directory (`sub/file` when
-    /// watching recursively).
-    Event {
-        name: String,
-        kind: WatchKind,
-    },
-    Error {
-        error: NodeError,
-    },
-}
+pub type WatchEvent = warren_core::files::WatchEvent<NodeError>;
 
 /// A read of a sandbox path: what it is, then its bytes.
-pub struct FileRead {
-    pub kind: FileKind,
-    pub body: ByteStream,
-}
+pub type FileRead = warren_core::files::FileRead<ByteStream>;
 
 /// Declares [`NodeApi`] from the call list ([`crate::node_calls!`]).
 macro_rules! declare_node_api {

@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use warren_core::{ResolvedResources, SandboxSpec, Usage};
 
+pub use warren_core::files::{
+    FileKind, Owner, PathEntry, PathKind, PathOp, VolumeWrite, WriteFile,
+};
+pub use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
+
 /// What a node lends, in the units the scheduler counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Resources {
@@ -274,176 +279,6 @@ pub struct PolicyChange {
     /// Ports the new rules name that a server in the sandbox already
     /// listens on: reachable through the explicit proxy only.
     pub unlistened: Vec<u16>,
-}
-
-/// How to write a file into a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WriteFile {
-    pub path: String,
-    /// Permission bits of a regular file.
-    pub mode: u32,
-    /// The body is a tar archive to unpack into directory `path`.
-    #[serde(default)]
-    pub tar: bool,
-    /// Extended attributes (`user.` names) the written file gets; it keeps
-    /// none of the old file's.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub xattrs: BTreeMap<String, String>,
-}
-
-/// Who a file or directory made through the contract belongs to, as the
-/// target's processes see ids (a volume's: as every sandbox mounting it
-/// sees them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-/// How to write a file into a volume, without a sandbox (E2B's volume
-/// content API): a [`WriteFile`] (no tar) with an owner. It never makes
-/// parent directories (a missing parent is NotFound), and a directory at
-/// the path is Conflict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeWrite {
-    #[serde(flatten)]
-    pub file: WriteFile,
-    #[serde(default)]
-    pub owner: Owner,
-    /// Replace a regular file at the path; without, anything there is
-    /// Conflict.
-    #[serde(default)]
-    pub replace: bool,
-}
-
-/// A look at, or a change to, paths in a sandbox besides reading and
-/// writing files (what E2B's filesystem service and file browsers need).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum PathOp {
-    /// What the path is (a final symlink described, not followed).
-    Stat { path: String },
-    /// A directory's entries, down to `depth` levels (1: its own).
-    List {
-        path: String,
-        #[serde(default = "one")]
-        depth: u32,
-    },
-    /// Makes a directory and its parents; conflict if the path exists.
-    MakeDir { path: String },
-    /// Renames `from` to `to`, making `to`'s parents.
-    Rename { from: String, to: String },
-    /// Removes a file, link, or a directory with all it holds.
-    Remove { path: String },
-    /// Makes directory `path` with an owner and permission bits (E2B's
-    /// volume `make_dir`): its missing parents too with `parents` (each
-    /// alike; without, a missing parent is NotFound), an existing directory
-    /// answered as it is with `exist_ok`; anything else in the way is
-    /// Conflict.
-    MakeDirAs {
-        path: String,
-        owner: Owner,
-        mode: u32,
-        #[serde(default)]
-        parents: bool,
-        #[serde(default)]
-        exist_ok: bool,
-    },
-    /// Changes the owner, group and/or permission bits of `path`; a final
-    /// symlink's own owner, never its target's (a symlink has no mode).
-    SetAttrs {
-        path: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        uid: Option<u32>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        gid: Option<u32>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mode: Option<u32>,
-    },
-}
-
-fn one() -> u32 {
-    1
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PathKind {
-    File,
-    Dir,
-    Symlink,
-    Other,
-}
-
-/// A path in a sandbox as its processes see it (owner ids inside its user
-/// namespace).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PathEntry {
-    pub path: String,
-    pub kind: PathKind,
-    pub size: u64,
-    /// Permission bits.
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    /// Last modification, Unix time in milliseconds.
-    pub modified_ms: i64,
-    /// Last access and last inode change (ctime), Unix milliseconds, where
-    /// the node reports them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accessed_ms: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub changed_ms: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub symlink_target: Option<String>,
-    /// A regular file's extended attributes in the `user.` namespace.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub xattrs: BTreeMap<String, String>,
-}
-
-/// What a read of a sandbox path found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum FileKind {
-    /// A regular file of exactly `size` bytes.
-    File { size: u64 },
-    /// A directory, sent as a tar archive.
-    Dir,
-}
-
-/// An image as a node stores it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ImageInfo {
-    /// Normalised `repo:tag`.
-    pub name: String,
-    /// Manifest digest `sha256:…`.
-    pub digest: String,
-    /// Number of layers.
-    pub layers: usize,
-    /// The whole record, as the node's image store keeps it (layers,
-    /// config, source): shown to clients as it is.
-    #[schema(value_type = Object)]
-    pub record: serde_json::Value,
-}
-
-/// Where an image a node makes (a commit, a build step) is recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
-pub enum ImageTarget {
-    /// Under a name, as any image (`repo:tag`).
-    Name(String),
-    /// In the node's step cache under a key (64 hex digits: a sha256 of
-    /// what the step depends on); not listed, pruned first.
-    Step(String),
-}
-
-/// A sandbox's filesystem changes as one new layer (`commit`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommitImage {
-    pub into: ImageTarget,
-    /// The history's `created_by` (default: `warren commit <id>`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_by: Option<String>,
 }
 
 /// An image made from a stored one without a new layer (`image_derive`):

@@ -4,7 +4,6 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use axum::Json;
-use futures_util::StreamExt;
 use warren_core::build::{BuildInfo, BuildRequest};
 use warren_core::{ApiError, ErrorBody};
 
@@ -30,12 +29,7 @@ pub(crate) async fn create_build(
     body: Body,
 ) -> ApiResult<Response> {
     let req = BuildRequest::from_pairs(&pairs).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let context = body
-        .into_data_stream()
-        .map(|r| {
-            r.map_err(|e| warren_node_api::NodeError::invalid(format!("upload interrupted: {e}")))
-        })
-        .boxed();
+    let context = crate::sandbox_io::upload(body);
     let events = st.control.start_build(req, context).await?;
     Ok(ndjson(&st, events))
 }

@@ -114,7 +114,7 @@ async fn session(st: std::sync::Arc<super::AppState>, id: String, socket: WebSoc
     // Input goes on in a task of its own, so a command that does not read
     // its terminal never holds up its output.
     let input = tokio::spawn(forward_input(st.clone(), id.clone(), exec_id, rx));
-    let stopped = st.control.lifecycle.stopped();
+    let stopped = st.control.lifecycle().stopped();
     tokio::pin!(stopped);
     tokio::pin!(input);
     loop {

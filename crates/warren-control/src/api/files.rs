@@ -66,12 +66,7 @@ pub(crate) async fn put_file(
             .map_err(|_| ApiError::bad_request(format!("mode {m:?} must be octal, e.g. 0644")))?,
         None => 0o644,
     };
-    let body = body
-        .into_data_stream()
-        .map(|r| {
-            r.map_err(|e| warren_node_api::NodeError::invalid(format!("upload interrupted: {e}")))
-        })
-        .boxed();
+    let body = crate::sandbox_io::upload(body);
     let req = WriteFile {
         path: q.path,
         mode,

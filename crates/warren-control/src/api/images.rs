@@ -13,8 +13,8 @@ use warren_core::{ApiError, ErrorBody};
 use warren_node_api::PullUpdate;
 
 use super::{ndjson, ApiResult, St};
-use crate::control::node_error;
 use crate::json_body::JsonBody;
+use crate::node_errors::node_error;
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
 pub(crate) async fn list_images(State(st): St) -> ApiResult<Json<Vec<serde_json::Value>>> {
@@ -34,12 +34,7 @@ pub(crate) async fn import_image(
         .get("name")
         .cloned()
         .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
-    let archive = body
-        .into_data_stream()
-        .map(|r| {
-            r.map_err(|e| warren_node_api::NodeError::invalid(format!("upload interrupted: {e}")))
-        })
-        .boxed();
+    let archive = crate::sandbox_io::upload(body);
     let image = st.control.import_image(&name, archive).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
+use warren_core::files::WatchEvent;
 use warren_core::{ApiError, ErrorBody, Selector};
 
 use super::{ndjson, ndjson_lines, ApiResult, St};
@@ -56,7 +57,14 @@ pub(crate) async fn watch(
         .control
         .watch(&id, &q.path, q.recursive.unwrap_or(false))
         .await?;
-    Ok(ndjson(&st, events))
+    // An error line carries the API's error, as every other stream's does.
+    let lines = events.map(|e| match e {
+        WatchEvent::Event { name, kind } => WatchEvent::Event { name, kind },
+        WatchEvent::Error { error } => WatchEvent::Error {
+            error: error.body().error,
+        },
+    });
+    Ok(ndjson(&st, lines))
 }
 
 #[derive(Deserialize)]
@@ -190,7 +198,7 @@ pub(crate) async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiRes
             }
         },
     )
-    .take_until(st.control.lifecycle.stopped());
+    .take_until(st.control.lifecycle().stopped());
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(stream),

@@ -218,8 +218,8 @@ pub const MAX_JSON_BODY: usize = 32 << 20;
 /// API calls wait until the daemon has taken over its sandboxes after a
 /// start (`/healthz` answers at once, with what recovery is doing).
 async fn ready_gate(State(st): St, req: Request, next: Next) -> Response {
-    if !st.control.lifecycle.is_ready() {
-        if let Err(e) = st.control.lifecycle.wait_ready().await {
+    if !st.control.lifecycle().is_ready() {
+        if let Err(e) = st.control.lifecycle().wait_ready().await {
             return Failure(e).into_response();
         }
     }
@@ -343,7 +343,7 @@ where
     T: serde::Serialize,
 {
     let stream = items
-        .take_until(st.control.lifecycle.stopped())
+        .take_until(st.control.lifecycle().stopped())
         .map(|item| {
             let mut line = serde_json::to_vec(&item).unwrap_or_default();
             line.push(b'\n');
@@ -357,7 +357,7 @@ where
 }
 
 /// JSON lines that are bytes already (a log), streamed as they come.
-fn ndjson_lines(lines: warren_node_api::ByteStream) -> Response {
+fn ndjson_lines(lines: crate::sandbox_io::ByteStream) -> Response {
     let body = Body::from_stream(lines.map(|r| r.map_err(std::io::Error::other)));
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
@@ -365,12 +365,12 @@ fn ndjson_lines(lines: warren_node_api::ByteStream) -> Response {
 /// Alive: `ok`, or what start-up recovery is doing (API calls wait for it).
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
 async fn healthz(State(st): St) -> String {
-    format!("{}\n", st.control.lifecycle.status())
+    format!("{}\n", st.control.lifecycle().status())
 }
 
 /// Prometheus metrics (text format).
 async fn metrics(State(st): St) -> Response {
-    let text = st.control.metrics.render(&st.control).await;
+    let text = st.control.metrics_text().await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

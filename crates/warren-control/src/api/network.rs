@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -201,53 +200,13 @@ async fn proxy_http(
     // The trainer's token and cookies are for Warren, not for the sandbox.
     parts.headers.remove(header::AUTHORIZATION);
     crate::api::port_door::strip_credentials(&mut parts.headers, &st.token);
-    let mut resp = forward_http(
-        &st.control,
-        &id,
-        port,
-        Request::from_parts(parts, body),
-        None,
-    )
-    .await?;
+    let mut resp = st
+        .control
+        .forward_http(&id, port, Request::from_parts(parts, body), None)
+        .await?;
     resp.headers_mut().insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("sandbox"),
     );
     Ok(resp)
-}
-
-/// Sends `req` (its URI a path and query) to `port` on the sandbox's
-/// loopback over HTTP/1.1 and answers what the server there answers, the
-/// bodies streamed both ways. Also what other front doors (E2B's port
-/// routing) forward with.
-/// `host`: the Host the sandbox's server sees (default `localhost`, what a
-/// server reached on its own loopback expects).
-pub async fn forward_http(
-    control: &crate::control::Control,
-    id: &str,
-    port: u16,
-    req: Request,
-    host: Option<HeaderValue>,
-) -> Result<Response, ApiError> {
-    let upstream = control.connect_port(id, port).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(upstream))
-        .await
-        .map_err(|e| {
-            ApiError::conflict(format!(
-                "port {port} in sandbox {id} does not speak HTTP: {e}"
-            ))
-        })?;
-    tokio::spawn(conn);
-    let mut sender = sender;
-    let (mut parts, body) = req.into_parts();
-    parts.headers.insert(
-        header::HOST,
-        host.unwrap_or_else(|| HeaderValue::from_static("localhost")),
-    );
-    let resp = sender
-        .send_request(axum::http::Request::from_parts(parts, body))
-        .await
-        .map_err(|e| ApiError::conflict(format!("port {port} in sandbox {id}: {e}")))?;
-    let (parts, body) = resp.into_parts();
-    Ok(Response::from_parts(parts, Body::new(body)))
 }

@@ -10,7 +10,7 @@ use warren_node_api::{JoinRequest, Joined, NodeInfo as Described};
 
 use super::{ApiResult, AppState, Failure, St};
 use crate::json_body::{parse, JsonBody, RawBody};
-use crate::nodes::{Connector, Health, ProofCheck};
+use crate::nodes::{Connector, NodeListing, ProofCheck};
 
 /// How nodes join a cluster's control plane.
 pub struct Join {
@@ -23,79 +23,10 @@ pub struct Join {
     pub registries: Option<String>,
 }
 
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub(crate) struct NodeLoad {
-    cpu_busy: f64,
-    disk_pressure: bool,
-    memory_pressure: bool,
-}
-
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub(crate) struct NodeInfo {
-    name: String,
-    /// ready, unreachable or lost.
-    state: Health,
-    cordoned: bool,
-    labels: warren_core::Labels,
-    /// Where the control plane reaches it (empty for `warren up`'s own).
-    url: String,
-    allocatable: crate::admission::Need,
-    allocated: crate::admission::Need,
-    /// Sandboxes being created on it now.
-    initializing: u32,
-    /// Sandboxes it holds, as it last reported.
-    sandboxes: u32,
-    load: NodeLoad,
-    /// Milliseconds since it was last heard from.
-    last_seen_ms: u64,
-    /// Creates waiting for room (the queue is the cluster's, shared).
-    queued: usize,
-    /// Its CDI devices by kind, with those in use (docs/gpu.md).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    devices: Vec<warren_node_api::DeviceClass>,
-}
-
 /// Nodes with their state, labels, capacity, allocation and load.
-#[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeInfo])))]
-pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeInfo>> {
-    let control = &st.control;
-    let usage: std::collections::HashMap<String, crate::admission::NodeUse> = control
-        .admission
-        .nodes()
-        .into_iter()
-        .map(|n| (n.name.clone(), n))
-        .collect();
-    let queued = control.admission.queued();
-    Json(
-        control
-            .nodes
-            .all()
-            .into_iter()
-            .map(|n| {
-                let v = n.view();
-                let used = usage.get(&n.name);
-                NodeInfo {
-                    name: n.name.clone(),
-                    state: v.health,
-                    cordoned: v.cordoned,
-                    labels: v.info.labels.clone(),
-                    url: v.url.clone(),
-                    allocatable: v.info.allocatable,
-                    allocated: used.map(|u| u.used).unwrap_or_default(),
-                    initializing: used.map_or(0, |u| u.initializing),
-                    sandboxes: v.info.load.sandboxes,
-                    load: NodeLoad {
-                        cpu_busy: v.info.load.cpu_busy,
-                        disk_pressure: v.info.load.disk_pressure,
-                        memory_pressure: v.info.load.memory_pressure,
-                    },
-                    last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
-                    queued,
-                    devices: v.info.devices.clone(),
-                }
-            })
-            .collect(),
-    )
+#[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeListing])))]
+pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeListing>> {
+    Json(st.control.node_list())
 }
 
 pub(crate) async fn cordon(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {

@@ -11,7 +11,7 @@ use crate::json_body::JsonBody;
 /// Every pool with its spec, ready members and creates served.
 #[utoipa::path(get, path = "/v1/pools", responses((status = 200, body = [PoolInfo])))]
 pub(crate) async fn list_pools(State(st): St) -> Json<Vec<PoolInfo>> {
-    Json(st.control.pools.infos())
+    Json(st.control.pool_infos())
 }
 
 #[utoipa::path(get, path = "/v1/pools/{name}", responses((status = 200, body = PoolInfo), (status = 404, body = ErrorBody)))]

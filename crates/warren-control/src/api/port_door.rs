@@ -239,7 +239,7 @@ async fn serve(State(door): State<std::sync::Arc<Door>>, mut req: Request) -> Re
             "this Warren replica does not lead the cluster yet; retry in a moment".into(),
         );
     };
-    match super::network::forward_http(&control, &id, port, req, None).await {
+    match control.forward_http(&id, port, req, None).await {
         Ok(resp) => resp,
         Err(e) => refuse(StatusCode::BAD_GATEWAY, e.message),
     }

@@ -4,16 +4,16 @@
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
+use warren_core::files::{FileKind, PathKind, PathOp, WriteFile};
 use warren_core::sync::lock;
-use warren_core::ExecRequest;
-use warren_node_api::{FileKind, PathKind, PathOp, WriteFile};
+use warren_core::{ApiError, ExecRequest};
 
 use super::context::{Context, Selection};
 use super::dockerfile::Copy;
 use super::engine::{Run, Sandbox};
 use super::state::{key, Failure, State};
 use super::words;
-use crate::control::node_error;
+use crate::node_errors::node_error;
 
 /// A `COPY` with its words substituted: what it copies where.
 struct Plan {
@@ -339,7 +339,7 @@ async fn archive_of(
     rename: Option<String>,
     chmod: Option<u32>,
     unpack: bool,
-) -> Result<warren_node_api::ByteStream, Failure> {
+) -> Result<crate::sandbox_io::ByteStream, Failure> {
     let items = sel.clone();
     let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, String> {
         use std::io::{Seek, SeekFrom};
@@ -362,7 +362,7 @@ async fn archive_of(
     .map_err(|e| Failure::new(format!("build task: {e}")))?
     .map_err(Failure::new)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled))
-        .map(|r| r.map_err(|e| warren_node_api::NodeError::internal(e.to_string())))
+        .map(|r| r.map_err(|e| ApiError::internal(format!("reading the spooled archive: {e}"))))
         .boxed();
     Ok(stream)
 }

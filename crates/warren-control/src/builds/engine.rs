@@ -26,7 +26,8 @@ use super::dockerfile::{Cmd, Copy, Dockerfile, Op, Stage};
 use super::state::{key, Failure, State};
 use super::words::{self, Vars};
 use super::Build;
-use crate::control::{node_error, Control};
+use crate::control::Control;
+use crate::node_errors::node_error;
 
 /// How long one step's sandbox may live (a step that runs longer is
 /// ended with its sandbox).

@@ -15,12 +15,12 @@ mod words;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::sandbox_io::ByteStream;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::build::{BuildEvent, BuildInfo, BuildRequest, BuildState};
 use warren_core::sync::lock;
 use warren_core::ApiError;
-use warren_node_api::ByteStream;
 
 use crate::control::Control;
 

@@ -8,8 +8,9 @@ use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, ErrorKind, NodeError, SandboxStatus};
 
-use super::{new_id, node_error, Control};
+use super::{new_id, Control};
 use crate::admission::{Admit, AdmitError, Request};
+use crate::node_errors::node_error;
 use crate::store::{SandboxRow, StoreError, Transition};
 
 /// What the node is asked to run for a record, with the values of the
@@ -348,7 +349,7 @@ impl Control {
             self.admission.release(&id);
             return self.insert_failed(e, &row.spec).await;
         }
-        warren_crashpoint::hit("create:recorded");
+        warren_core::crashpoint::hit("create:recorded");
         self.finish_create(&id, created).await
     }
 

@@ -11,9 +11,10 @@ use warren_core::spec::{ForkOrigin, ForkRequest};
 use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxState};
 
-use super::{new_id, node_error, Control};
+use super::{new_id, Control};
 use crate::admission::{Admit, Request};
 use crate::control::create::admit_error;
+use crate::node_errors::node_error;
 use crate::store::SandboxRow;
 
 impl Control {

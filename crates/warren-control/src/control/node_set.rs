@@ -12,12 +12,13 @@ use warren_node_api::{JoinRequest, Joined, NodeApi, NodeInfo};
 
 use super::Control;
 use crate::nodes::{Connector, Health, NodeEntry};
+use crate::nodes::{NodeListing, NodeLoad};
 use crate::store::NodeRecord;
 
 impl Control {
     /// The contract client of `node`, whatever its health (a call to a
     /// silent node fails as `unavailable`).
-    pub fn api(&self, node: &str) -> Result<Arc<dyn NodeApi>, ApiError> {
+    pub(crate) fn api(&self, node: &str) -> Result<Arc<dyn NodeApi>, ApiError> {
         self.nodes.get(node).map(|n| n.api.clone()).ok_or_else(|| {
             ApiError::new(
                 warren_core::ErrorCode::Unavailable,
@@ -35,6 +36,49 @@ impl Control {
             .get(node)
             .filter(|n| n.view().health == Health::Ready)
             .map(|n| n.api.clone())
+    }
+
+    /// What each node lends and what its sandboxes hold of it, as
+    /// admission counts (requests, not usage).
+    pub fn node_usage(&self) -> Vec<crate::admission::NodeUse> {
+        self.admission.nodes()
+    }
+
+    /// Every node with its state, labels, capacity, allocation and load.
+    pub fn node_list(&self) -> Vec<NodeListing> {
+        let usage: std::collections::HashMap<String, crate::admission::NodeUse> = self
+            .node_usage()
+            .into_iter()
+            .map(|n| (n.name.clone(), n))
+            .collect();
+        let queued = self.admission.queued();
+        self.nodes
+            .all()
+            .into_iter()
+            .map(|n| {
+                let v = n.view();
+                let used = usage.get(&n.name);
+                NodeListing {
+                    name: n.name.clone(),
+                    state: v.health,
+                    cordoned: v.cordoned,
+                    labels: v.info.labels.clone(),
+                    url: v.url.clone(),
+                    allocatable: v.info.allocatable,
+                    allocated: used.map(|u| u.used).unwrap_or_default(),
+                    initializing: used.map_or(0, |u| u.initializing),
+                    sandboxes: v.info.load.sandboxes,
+                    load: NodeLoad {
+                        cpu_busy: v.info.load.cpu_busy,
+                        disk_pressure: v.info.load.disk_pressure,
+                        memory_pressure: v.info.load.memory_pressure,
+                    },
+                    last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
+                    queued,
+                    devices: v.info.devices.clone(),
+                }
+            })
+            .collect()
     }
 
     /// Whether some node of the cluster permits open egress (front doors

@@ -10,8 +10,9 @@ use warren_core::state::reason;
 use warren_core::{ApiError, SandboxState};
 use warren_node_api::{NodeEvent, Phase, SandboxStatus};
 
-use super::{node_error, note, Control};
+use super::{note, Control};
 use crate::admission::{Admit, Need, Request};
+use crate::node_errors::node_error;
 use crate::nodes::NodeEntry;
 use crate::store::{SandboxRow, Transition};
 

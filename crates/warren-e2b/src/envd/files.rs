@@ -18,8 +18,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::Digest;
+use warren_control::ByteStream;
+use warren_core::files::{FileKind, WriteFile};
 use warren_core::{ApiError, ErrorCode};
-use warren_node_api::{ByteStream, FileKind, NodeError, WriteFile};
 
 use super::{paths, plain_error, Target};
 use crate::E2b;
@@ -297,11 +298,7 @@ async fn write_raw(
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
-    let body: ByteStream = req
-        .into_body()
-        .into_data_stream()
-        .map_err(|e| NodeError::invalid(format!("reading the upload: {e}")))
-        .boxed();
+    let body = warren_control::upload(req.into_body());
     let body = if gzip { gunzip(body) } else { body };
     Ok(vec![write_one(target, &path, meta, body).await?])
 }
@@ -334,7 +331,7 @@ async fn write_multipart(
             }
         };
         let path = paths::resolve(&dest, user);
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, NodeError>>(8);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, ApiError>>(8);
         let body = received(rx);
         let pump = async move {
             loop {
@@ -347,7 +344,9 @@ async fn write_multipart(
                     Ok(None) => break,
                     Err(e) => {
                         let _ = tx
-                            .send(Err(NodeError::invalid(format!("reading the upload: {e}"))))
+                            .send(Err(ApiError::bad_request(format!(
+                                "reading the upload: {e}"
+                            ))))
                             .await;
                         break;
                     }
@@ -370,7 +369,7 @@ async fn write_multipart(
 fn gunzip(body: ByteStream) -> ByteStream {
     let reader =
         tokio_util::io::StreamReader::new(body.map_err(|e| std::io::Error::other(e.message)));
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, NodeError>>(8);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, ApiError>>(8);
     tokio::task::spawn_blocking(move || {
         use std::io::Read;
         let bridge = tokio_util::io::SyncIoBridge::new(reader);
@@ -388,7 +387,7 @@ fn gunzip(body: ByteStream) -> ByteStream {
                     }
                 }
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(NodeError::invalid(format!(
+                    let _ = tx.blocking_send(Err(ApiError::bad_request(format!(
                         "the upload is not valid gzip: {e}"
                     ))));
                     break;
@@ -400,7 +399,7 @@ fn gunzip(body: ByteStream) -> ByteStream {
 }
 
 /// What arrives on `rx`, as an upload body.
-fn received(rx: tokio::sync::mpsc::Receiver<Result<Bytes, NodeError>>) -> ByteStream {
+fn received(rx: tokio::sync::mpsc::Receiver<Result<Bytes, ApiError>>) -> ByteStream {
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
         .boxed()
 }

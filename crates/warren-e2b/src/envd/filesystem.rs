@@ -15,9 +15,10 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use warren_control::WatchEvent;
+use warren_core::files::{PathEntry, PathKind, PathOp, WatchKind};
 use warren_core::sync::lock;
 use warren_core::ErrorCode;
-use warren_node_api::{PathEntry, PathKind, PathOp, WatchEvent, WatchKind};
 
 use super::users::Accounts;
 use super::{paths, Target};
@@ -285,7 +286,7 @@ impl Telling {
                 }
                 Ok(v)
             }
-            WatchEvent::Error { error } => Err(warren_control::control::node_error(error).into()),
+            WatchEvent::Error { error } => Err(error.into()),
         }
     }
 }

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use warren_control::control::Control;
+use warren_control::Control;
 use warren_core::{SandboxState, Selector};
 
 use crate::{E2b, ENVD_PORT, FRONT_LABEL};
@@ -227,8 +227,8 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
 /// failed), and the caller is told it is not running.
 async fn auto_resume(
     control: &Control,
-    row: warren_control::store::SandboxRow,
-) -> Option<warren_control::store::SandboxRow> {
+    row: warren_control::SandboxRow,
+) -> Option<warren_control::SandboxRow> {
     let secs: u64 = row
         .spec
         .labels

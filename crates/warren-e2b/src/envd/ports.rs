@@ -7,7 +7,7 @@
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::Response;
-use warren_control::control::Control;
+use warren_control::Control;
 
 /// `host`: the Host the sandbox's server sees (E2B's `maskRequestHost`, or
 /// the `PORT-ID.DOMAIN` a request was routed by, as E2B's proxy passes it
@@ -30,7 +30,7 @@ pub async fn forward(
     ] {
         req.headers_mut().remove(h);
     }
-    match warren_control::api::network::forward_http(control, id, port, req, host).await {
+    match control.forward_http(id, port, req, host).await {
         Ok(resp) => resp,
         // E2B's proxy says "port is not open", which the SDK recognises.
         Err(e) => super::plain_error(

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
-use warren_control::control::Control;
+use warren_control::Control;
 use warren_core::sync::lock;
 
 /// E2B's default user.

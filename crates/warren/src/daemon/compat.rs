@@ -65,7 +65,7 @@ async fn warn_if_missing(who: String, control: warren_control::ControlCell, imag
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
-    if control.lifecycle.wait_ready().await.is_err() {
+    if control.lifecycle().wait_ready().await.is_err() {
         return;
     }
     let Ok(images) = control.images().await else {

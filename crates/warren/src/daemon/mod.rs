@@ -290,7 +290,7 @@ pub async fn serve_until_signal(
             std::process::exit(130);
         });
         if let Some(control) = running.get() {
-            control.lifecycle.stop();
+            control.lifecycle().stop();
         }
     };
     warren_control::serve::serve(

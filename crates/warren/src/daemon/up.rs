@@ -49,7 +49,7 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
     // the log).
     let control = up.control.clone();
     tokio::spawn(async move {
-        let n = control.lifecycle.recovered().await;
+        let n = control.lifecycle().recovered().await;
         if n > 0 {
             say!("warren up: ready; {n} sandboxes from before the restart reconciled (details in the log)");
         }

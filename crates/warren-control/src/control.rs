@@ -327,7 +327,7 @@ impl Control {
                 .transition(id, SandboxState::Stopping, why, &now, t)
                 .await?;
         }
-        warren_core::crashpoint::hit("destroy:stopping");
+        warren_crashpoint::hit("destroy:stopping");
         let usage = match self.api(&row.node)?.destroy(id, why).await {
             Ok(usage) => usage,
             Err(e) => {

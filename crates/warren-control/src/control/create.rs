@@ -349,7 +349,7 @@ impl Control {
             self.admission.release(&id);
             return self.insert_failed(e, &row.spec).await;
         }
-        warren_core::crashpoint::hit("create:recorded");
+        warren_crashpoint::hit("create:recorded");
         self.finish_create(&id, created).await
     }
 

@@ -7,15 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::watch;
-use warren_core::spec::NetworkSpec;
-use warren_core::{ExecEvent, ExecRequest, Usage};
 
-use crate::api::{ByteStream, FileRead, NodeApi, PullUpdate, Tunnel};
+use crate::api::NodeApi;
+use crate::calls::prelude::*;
 use crate::error::{NodeError, NodeResult};
-use crate::types::*;
 use warren_core::sync::lock;
 
 #[derive(Default)]
@@ -103,6 +100,10 @@ impl FakeNode {
         }
     }
 
+    fn log(&self, id: &str, note: LogNote) {
+        self.state().logs.entry(id.into()).or_default().push(note);
+    }
+
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut SandboxStatus) -> T) -> NodeResult<T> {
         let mut s = self.state();
         let sandbox = s
@@ -134,13 +135,14 @@ fn unsupported<T>(what: &str) -> NodeResult<T> {
 #[async_trait::async_trait]
 impl NodeApi for FakeNode {
     async fn info(&self) -> NodeResult<NodeInfo> {
+        let sandboxes = self.state().sandboxes.len() as u32;
         Ok(NodeInfo {
             name: self.name.clone(),
             labels: Default::default(),
             allocatable: self.allocatable,
             max_pids: 4096,
             load: Load {
-                sandboxes: self.state().sandboxes.len() as u32,
+                sandboxes,
                 ..Default::default()
             },
             images: Vec::new(),
@@ -158,10 +160,10 @@ impl NodeApi for FakeNode {
     }
 
     async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>> {
-        let feed = self.events.clone();
-        let rx = self.last.subscribe();
+        let (feed, rx) = (self.events.clone(), self.last.subscribe());
+        let pending = std::collections::VecDeque::new();
         Ok(futures_util::stream::unfold(
-            (since, rx, std::collections::VecDeque::new()),
+            (since, rx, pending),
             move |(mut seen, mut rx, mut pending)| {
                 let feed = feed.clone();
                 async move {
@@ -203,24 +205,27 @@ impl NodeApi for FakeNode {
 
     async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>> {
         self.call("destroy", id)?;
-        let mut s = self.state();
-        s.logs.entry(id.into()).or_default().push(LogNote {
-            state: "destroyed".into(),
-            reason: why.into(),
-            message: String::new(),
-        });
-        Ok(s.sandboxes.remove(id).and_then(|st| st.usage))
+        let (state, reason) = ("destroyed".into(), why.into());
+        let message = String::new();
+        self.log(
+            id,
+            LogNote {
+                state,
+                reason,
+                message,
+            },
+        );
+        Ok(self.state().sandboxes.remove(id).and_then(|st| st.usage))
     }
 
     async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()> {
         self.call(if paused { "pause" } else { "resume" }, id)?;
-        self.with(id, |s| {
-            s.phase = if paused {
-                Phase::Paused
-            } else {
-                Phase::Running
-            }
-        })
+        let phase = if paused {
+            Phase::Paused
+        } else {
+            Phase::Running
+        };
+        self.with(id, |s| s.phase = phase)
     }
 
     async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>> {
@@ -231,7 +236,7 @@ impl NodeApi for FakeNode {
             s.lease_remaining_ms = None;
             s.usage.clone()
         })?;
-        self.state().logs.entry(id.into()).or_default().push(note);
+        self.log(id, note);
         Ok(usage)
     }
 
@@ -240,7 +245,7 @@ impl NodeApi for FakeNode {
         self.with(id, |s| s.ttl_remaining_ms = ttl.as_millis() as u64)
     }
 
-    async fn claim(&self, id: &str, spec: warren_core::SandboxSpec) -> NodeResult<SandboxStatus> {
+    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
         self.call("claim", id)?;
         self.with(id, |s| {
             s.ttl_remaining_ms = spec.ttl().as_millis() as u64;
@@ -253,7 +258,7 @@ impl NodeApi for FakeNode {
     }
 
     async fn note(&self, id: &str, note: LogNote) -> NodeResult<()> {
-        self.state().logs.entry(id.into()).or_default().push(note);
+        self.log(id, note);
         Ok(())
     }
 
@@ -263,44 +268,28 @@ impl NodeApi for FakeNode {
         Ok(futures_util::stream::empty().boxed())
     }
 
+    async fn exec_input(&self, _: &str, _: &str, _: Bytes, _: bool) -> NodeResult<()> {
+        unsupported("exec input")
+    }
+
+    async fn exec_resize(&self, _id: &str, _exec_id: &str, _size: WindowSize) -> NodeResult<()> {
+        unsupported("terminals")
+    }
+
     async fn write_file(&self, id: &str, _req: WriteFile, _body: ByteStream) -> NodeResult<()> {
         self.call("write_file", id)?;
         self.with(id, |_| ())
     }
 
-    async fn exec_input(
-        &self,
-        _id: &str,
-        _exec_id: &str,
-        _data: bytes::Bytes,
-        _close: bool,
-    ) -> NodeResult<()> {
-        unsupported("exec input")
-    }
-
-    async fn exec_resize(
-        &self,
-        _id: &str,
-        _exec_id: &str,
-        _size: warren_core::WindowSize,
-    ) -> NodeResult<()> {
-        unsupported("terminals")
+    async fn read_file(&self, _id: &str, _path: &str) -> NodeResult<FileRead> {
+        unsupported("files")
     }
 
     async fn path_op(&self, _id: &str, _op: PathOp) -> NodeResult<Vec<PathEntry>> {
         unsupported("files")
     }
 
-    async fn watch(
-        &self,
-        _id: &str,
-        _path: &str,
-        _recursive: bool,
-    ) -> NodeResult<BoxStream<'static, crate::WatchEvent>> {
-        unsupported("files")
-    }
-
-    async fn read_file(&self, _id: &str, _path: &str) -> NodeResult<FileRead> {
+    async fn watch(&self, _: &str, _: &str, _: bool) -> NodeResult<BoxStream<'static, WatchEvent>> {
         unsupported("files")
     }
 
@@ -322,14 +311,6 @@ impl NodeApi for FakeNode {
     }
 
     async fn commit(&self, _id: &str, _req: CommitImage) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn image_derive(&self, _req: DeriveImage) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn image_step(&self, _key: &str) -> NodeResult<Option<ImageInfo>> {
         unsupported("image store")
     }
 
@@ -367,6 +348,14 @@ impl NodeApi for FakeNode {
         unsupported("registry")
     }
 
+    async fn image_derive(&self, _req: DeriveImage) -> NodeResult<ImageInfo> {
+        unsupported("image store")
+    }
+
+    async fn image_step(&self, _key: &str) -> NodeResult<Option<ImageInfo>> {
+        unsupported("image store")
+    }
+
     async fn image_import(&self, _name: &str, _archive: ByteStream) -> NodeResult<ImageInfo> {
         unsupported("image store")
     }
@@ -383,44 +372,34 @@ impl NodeApi for FakeNode {
         Ok(GcReport::default())
     }
 
-    async fn volume_create(
-        &self,
-        _req: warren_core::volume::VolumeRequest,
-    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+    async fn volume_create(&self, _req: VolumeRequest) -> NodeResult<VolumeInfo> {
         unsupported("volumes")
     }
 
-    async fn volume_list(&self) -> NodeResult<Vec<warren_core::volume::VolumeInfo>> {
+    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>> {
         Ok(Vec::new())
     }
 
-    async fn volume_remove(
-        &self,
-        _name: &warren_core::volume::VolumeName,
-    ) -> NodeResult<warren_core::volume::VolumeInfo> {
+    async fn volume_remove(&self, _name: &VolumeName) -> NodeResult<VolumeInfo> {
         unsupported("volumes")
     }
 
     async fn volume_write(
         &self,
-        _volume: &warren_core::volume::VolumeName,
-        _req: VolumeWrite,
-        _body: ByteStream,
+        _: &VolumeName,
+        _: VolumeWrite,
+        _: ByteStream,
     ) -> NodeResult<PathEntry> {
         unsupported("volumes")
     }
 
-    async fn volume_read(
-        &self,
-        _volume: &warren_core::volume::VolumeName,
-        _path: &str,
-    ) -> NodeResult<FileRead> {
+    async fn volume_read(&self, _volume: &VolumeName, _path: &str) -> NodeResult<FileRead> {
         unsupported("volumes")
     }
 
     async fn volume_path_op(
         &self,
-        _volume: &warren_core::volume::VolumeName,
+        _volume: &VolumeName,
         _op: PathOp,
     ) -> NodeResult<Vec<PathEntry>> {
         unsupported("volumes")

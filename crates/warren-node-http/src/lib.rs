@@ -25,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 mod client;
 pub mod fence;
 mod ndjson;
@@ -32,6 +33,7 @@ mod server;
 pub mod tls;
 mod wire;
 
+pub use access::Credential;
 pub use client::HttpNode;
 pub use fence::Fence;
-pub use server::{router, serve, serve_tls, Credential};
+pub use server::{router, serve, serve_tls};

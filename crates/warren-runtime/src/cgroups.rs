@@ -140,10 +140,10 @@ pub fn kill_and_remove(cgroup_path: &str) -> Result<(), RuntimeError> {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
                 Err(e) if Instant::now() > deadline => {
-                    return Err(RuntimeError::Destroy(format!(
-                        "remove cgroup {}: {e}",
-                        dir.display()
-                    )))
+                    return Err(RuntimeError::destroy_os(
+                        format!("remove cgroup {}", dir.display()),
+                        e,
+                    ))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }

@@ -99,7 +99,7 @@ fn err(path: &str) -> impl Fn(rustix::io::Errno) -> RuntimeError + '_ {
         rustix::io::Errno::NOTDIR => {
             RuntimeError::BadPath(format!("{path}: a component is not a directory"))
         }
-        e => RuntimeError::Files(format!("{path}: {e}")),
+        e => RuntimeError::os(path, e),
     }
 }
 
@@ -181,9 +181,7 @@ const MAX_ENTRIES: usize = 100_000;
 fn walk(dir: OwnedFd, path: &str, depth: u32, out: &mut Vec<Stat>) -> Result<(), RuntimeError> {
     let mut subdirs = Vec::new();
     {
-        let dup = dir
-            .try_clone()
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let dup = dir.try_clone().map_err(|e| RuntimeError::os(path, e))?;
         let entries = rustix::fs::Dir::read_from(&dup).map_err(err(path))?;
         for entry in entries {
             let entry = entry.map_err(err(path))?;
@@ -337,9 +335,9 @@ fn new_dir(
         Some(rustix::fs::Uid::from_raw(uid)),
         Some(rustix::fs::Gid::from_raw(gid)),
     )
-    .map_err(|e| RuntimeError::Files(format!("{path}: owner {uid}:{gid}: {e}")))?;
+    .map_err(|e| RuntimeError::os(format!("{path}: owner {uid}:{gid}"), e))?;
     rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(opts.mode & 0o7777))
-        .map_err(|e| RuntimeError::Files(format!("{path}: mode {:o}: {e}", opts.mode)))?;
+        .map_err(|e| RuntimeError::os(format!("{path}: mode {:o}", opts.mode), e))?;
     Ok(fd)
 }
 
@@ -369,7 +367,7 @@ pub fn set_attrs(
             gid.map(rustix::fs::Gid::from_raw),
             AtFlags::EMPTY_PATH,
         )
-        .map_err(|e| RuntimeError::Files(format!("{path}: owner: {e}")))?;
+        .map_err(|e| RuntimeError::os(format!("{path}: owner"), e))?;
     }
     if let Some(mode) = mode {
         // chmod has no "this descriptor" form for an O_PATH descriptor;
@@ -379,7 +377,7 @@ pub fn set_attrs(
             link.as_str(),
             rustix::fs::Mode::from_raw_mode(mode & 0o7777),
         )
-        .map_err(|e| RuntimeError::Files(format!("{path}: mode {mode:o}: {e}")))?;
+        .map_err(|e| RuntimeError::os(format!("{path}: mode {mode:o}"), e))?;
     }
     stat(root, path)
 }
@@ -407,7 +405,7 @@ pub fn rename(root: &OwnedFd, from: &str, to: &str) -> Result<Stat, RuntimeError
             rustix::io::Errno::INVAL => {
                 RuntimeError::BadPath(format!("{from} cannot move into itself ({to})"))
             }
-            e => RuntimeError::Files(format!("rename {from} to {to}: {e}")),
+            e => RuntimeError::os(format!("rename {from} to {to}"), e),
         },
     )?;
     stat(root, to)
@@ -432,9 +430,7 @@ fn remove_at(dir: &OwnedFd, name: &OsStr, path: &str) -> Result<(), RuntimeError
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let sub = rustix::fs::openat(dir, name, flags, rustix::fs::Mode::empty()).map_err(err(path))?;
     let names: Vec<std::ffi::OsString> = {
-        let dup = sub
-            .try_clone()
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let dup = sub.try_clone().map_err(|e| RuntimeError::os(path, e))?;
         rustix::fs::Dir::read_from(&dup)
             .map_err(err(path))?
             .filter_map(Result::ok)

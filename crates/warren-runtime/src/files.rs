@@ -44,7 +44,7 @@ pub fn open_root(init_pid: i32) -> Result<OwnedFd, RuntimeError> {
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| RuntimeError::Files(format!("open sandbox root: {e}")))
+    .map_err(|e| RuntimeError::os("open sandbox root", e))
 }
 
 fn check_path(path: &str) -> Result<(), RuntimeError> {
@@ -98,7 +98,7 @@ pub(crate) fn open_in_with(
         rustix::io::Errno::NOTDIR => RuntimeError::BadPath(format!(
             "{path}: not a directory, or a component of it is not"
         )),
-        e => RuntimeError::Files(format!("{path}: {e}")),
+        e => RuntimeError::os(path, e),
     })
 }
 
@@ -116,7 +116,7 @@ pub fn open_read(root: &OwnedFd, path: &str) -> Result<Entry, RuntimeError> {
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
         0,
     )?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::os(path, e))?;
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
         rustix::fs::FileType::RegularFile => Ok(Entry::File(File::from(fd), st.st_size as u64)),
         rustix::fs::FileType::Directory => Ok(Entry::Dir(fd)),
@@ -247,7 +247,7 @@ pub(crate) fn mkdir_all_noting(
                 match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755)) {
                     Ok(()) => created.note(&dir, name, true),
                     Err(rustix::io::Errno::EXIST) => {}
-                    Err(e) => return Err(RuntimeError::Files(format!("mkdir {prefix_str}: {e}"))),
+                    Err(e) => return Err(RuntimeError::os(format!("mkdir {prefix_str}"), e)),
                 }
                 open_in(root, &prefix_str, dir_flags, 0)?
             }
@@ -293,16 +293,16 @@ fn create_regular(
         rustix::io::Errno::NXIO => RuntimeError::BadPath(format!(
             "{what}: is a fifo or device; only regular files can be written"
         )),
-        e => RuntimeError::Files(format!("{what}: {e}")),
+        e => RuntimeError::os(what, e),
     })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::Files(format!("{what}: {e}")))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| RuntimeError::os(what, e))?;
     let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
     if kind != rustix::fs::FileType::RegularFile {
         return Err(RuntimeError::BadPath(format!(
             "{what}: is a {kind:?}; only regular files can be written"
         )));
     }
-    rustix::fs::ftruncate(&fd, 0).map_err(|e| RuntimeError::Files(format!("{what}: {e}")))?;
+    rustix::fs::ftruncate(&fd, 0).map_err(|e| RuntimeError::os(what, e))?;
     Ok(fd)
 }
 
@@ -397,7 +397,7 @@ fn write_file_noting(
     let existing = match rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => Some(st),
         Err(rustix::io::Errno::NOENT) => None,
-        Err(e) => return Err(RuntimeError::Files(format!("{path}: {e}"))),
+        Err(e) => return Err(RuntimeError::os(path, e)),
     };
     if existing.is_some() && !opts.replace {
         return Err(RuntimeError::Exists(format!("{path}: already exists")));
@@ -433,7 +433,7 @@ fn write_file_noting(
                 Some(rustix::fs::Uid::from_raw(uid)),
                 Some(rustix::fs::Gid::from_raw(gid)),
             )
-            .map_err(|e| RuntimeError::Files(format!("{path}: owner {uid}:{gid}: {e}")))?;
+            .map_err(|e| RuntimeError::os(format!("{path}: owner {uid}:{gid}"), e))?;
         } else if let Some(st) = &existing {
             let _ = rustix::fs::fchown(
                 &fd,
@@ -443,18 +443,14 @@ fn write_file_noting(
         }
         // The mode given wins over the daemon's umask and the old file's mode.
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o1777))
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+            .map_err(|e| RuntimeError::os(path, e))?;
         for (name, value) in xattrs {
             rustix::fs::fsetxattr(&fd, name.as_str(), value.as_bytes(), XattrFlags::empty())
-                .map_err(|e| {
-                    RuntimeError::Files(format!("{path}: extended attribute {name}: {e}"))
-                })?;
+                .map_err(|e| RuntimeError::os(format!("{path}: extended attribute {name}"), e))?;
         }
         let mut file = File::from(fd);
-        let n = std::io::copy(data, &mut file)
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
-        file.flush()
-            .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        let n = std::io::copy(data, &mut file).map_err(|e| RuntimeError::os(path, e))?;
+        file.flush().map_err(|e| RuntimeError::os(path, e))?;
         // The sandbox can swap a directory or a link in meanwhile: renaming
         // replaces a link itself (never writes through it), and fails on a
         // directory.
@@ -468,7 +464,7 @@ fn write_file_noting(
                 RuntimeError::BadPath(format!("{path}: is a directory"))
             }
             rustix::io::Errno::EXIST => RuntimeError::Exists(format!("{path}: already exists")),
-            e => RuntimeError::Files(format!("{path}: {e}")),
+            e => RuntimeError::os(path, e),
         })?;
         Ok(n)
     })();
@@ -497,7 +493,7 @@ pub fn pack_dir(dir: OwnedFd, out: &mut dyn Write) -> Result<(), RuntimeError> {
     add_dir(&mut builder, &dir, PathBuf::from("."), 0)?;
     builder
         .into_inner()
-        .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+        .map_err(|e| RuntimeError::os("tar", e))?;
     Ok(())
 }
 
@@ -509,7 +505,7 @@ fn add_dir(
     rel: PathBuf,
     depth: usize,
 ) -> Result<(), RuntimeError> {
-    let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", rel.display()));
+    let ferr = |e: rustix::io::Errno| RuntimeError::os(format!("{}", rel.display()), e);
     if depth > MAX_DEPTH {
         return Err(RuntimeError::Files(format!(
             "{}: directory tree too deep",
@@ -527,7 +523,7 @@ fn add_dir(
     if rel != Path::new(".") {
         let mut h = header(&st, tar::EntryType::Directory);
         b.append_data(&mut h, &rel, std::io::empty())
-            .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+            .map_err(|e| RuntimeError::os("tar", e))?;
     }
     let entries = rustix::fs::Dir::read_from(&readable).map_err(ferr)?;
     let mut names = Vec::new();
@@ -573,7 +569,7 @@ fn add_dir(
                 let mut h = header(&st, tar::EntryType::Symlink);
                 h.set_size(0);
                 b.append_link(&mut h, &child_rel, OsStr::from_bytes(target.to_bytes()))
-                    .map_err(|e| RuntimeError::Files(format!("tar: {e}")))?;
+                    .map_err(|e| RuntimeError::os("tar", e))?;
             }
             // Devices, fifos and sockets are not file contents.
             _ => {}
@@ -597,7 +593,7 @@ fn append_file(
     let mut h = header(st, tar::EntryType::Regular);
     let exact = file.take(size).chain(std::io::repeat(0)).take(size);
     b.append_data(&mut h, rel, exact)
-        .map_err(|e| RuntimeError::Files(format!("tar: {e}")))
+        .map_err(|e| RuntimeError::os("tar", e))
 }
 
 fn header(st: &rustix::fs::Stat, kind: tar::EntryType) -> tar::Header {
@@ -665,12 +661,12 @@ fn unpack_tar_noting(
             Mode::empty(),
             Links::WithinRoot.resolve(),
         )
-        .map_err(|e| RuntimeError::Files(format!("{path}: {e}")))?;
+        .map_err(|e| RuntimeError::os(path, e))?;
         for p in &parts {
             match rustix::fs::mkdirat(&dir, p.as_os_str(), Mode::from_raw_mode(0o755)) {
                 Ok(()) => created.note(&dir, p, true),
                 Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(RuntimeError::Files(format!("{}: {e}", name.display()))),
+                Err(e) => return Err(RuntimeError::os(format!("{}", name.display()), e)),
             }
             dir = rustix::fs::openat(
                 &dir,
@@ -686,7 +682,7 @@ fn unpack_tar_noting(
             })?;
         }
         let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
-        let ferr = |e: rustix::io::Errno| RuntimeError::Files(format!("{}: {e}", name.display()));
+        let ferr = |e: rustix::io::Errno| RuntimeError::os(format!("{}", name.display()), e);
         match entry.header().entry_type() {
             tar::EntryType::Directory => match rustix::fs::mkdirat(&dir, last.as_os_str(), Mode::from_raw_mode(mode)) {
                 Ok(()) => created.note(&dir, &last, true),
@@ -697,7 +693,7 @@ fn unpack_tar_noting(
                 let shown = name.display().to_string();
                 let fd = create_regular(&dir, last.as_os_str(), mode, &shown, created)?;
                 let mut f = File::from(fd);
-                std::io::copy(&mut entry, &mut f).map_err(|e| RuntimeError::Files(format!("{}: {e}", name.display())))?;
+                std::io::copy(&mut entry, &mut f).map_err(|e| RuntimeError::os(format!("{}", name.display()), e))?;
                 rustix::fs::fchmod(f.as_fd(), Mode::from_raw_mode(mode)).map_err(ferr)?;
             }
             tar::EntryType::Symlink => {

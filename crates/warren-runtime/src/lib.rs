@@ -81,6 +81,27 @@ pub enum RuntimeError {
     /// The node's disk has no room for it.
     #[error("{0}")]
     NoRoom(String),
+    /// A create step failed at a system call: what it was, and the errno.
+    #[error("create failed: {what}: {source}")]
+    CreateIo {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A destroy step failed at a system call: what it was, and the errno.
+    #[error("destroy failed: {what}: {source}")]
+    DestroyIo {
+        what: String,
+        source: std::io::Error,
+    },
+    /// A blocking task (a create or destroy step off the async threads)
+    /// panicked or was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    #[error("create failed: serialise config: {0}")]
+    Config(#[source] serde_json::Error),
 }
 
 impl RuntimeError {
@@ -95,6 +116,31 @@ impl RuntimeError {
             what: what.to_string(),
             source: e.into(),
         }
+    }
+    /// `e` (an I/O error, or nix's or rustix's errno) while doing `what`.
+    pub fn os(what: impl Into<String>, e: impl Into<std::io::Error>) -> RuntimeError {
+        RuntimeError::Io {
+            what: what.into(),
+            source: e.into(),
+        }
+    }
+    /// [`RuntimeError::os`] in a create: the message says the create failed.
+    pub fn create_os(what: impl Into<String>, e: impl Into<std::io::Error>) -> RuntimeError {
+        RuntimeError::CreateIo {
+            what: what.into(),
+            source: e.into(),
+        }
+    }
+    /// [`RuntimeError::os`] in a destroy: the message says the destroy failed.
+    pub fn destroy_os(what: impl Into<String>, e: impl Into<std::io::Error>) -> RuntimeError {
+        RuntimeError::DestroyIo {
+            what: what.into(),
+            source: e.into(),
+        }
+    }
+    /// A blocking task that did not finish, named `what`.
+    pub fn task(what: &'static str) -> impl Fn(tokio::task::JoinError) -> RuntimeError {
+        move |source| RuntimeError::Task { what, source }
     }
 }
 
@@ -260,7 +306,7 @@ impl Runtime {
             let userns = self.cfg.userns;
             tokio::task::spawn_blocking(move || prepare(&handle, &resources, &devices, userns))
                 .await
-                .map_err(|e| RuntimeError::Create(format!("prepare task: {e}")))?
+                .map_err(RuntimeError::task("prepare task"))?
         };
         let ids = match prepared {
             Ok(ids) => ids,
@@ -325,7 +371,7 @@ impl Runtime {
         let cgroup_path = self.cgroup_path(id);
         tokio::task::spawn_blocking(move || remove_container(init_pid, &states, &cgroup_path))
             .await
-            .map_err(|e| RuntimeError::Destroy(format!("destroy task: {e}")))??;
+            .map_err(RuntimeError::task("destroy task"))??;
         self.cleanup_dirs(&self.handle(id, 0)).await
     }
 
@@ -355,7 +401,7 @@ impl Runtime {
             Ok(())
         })
         .await
-        .map_err(|e| RuntimeError::Destroy(format!("cleanup task: {e}")))?
+        .map_err(RuntimeError::task("cleanup task"))?
     }
 
     /// Ids of sandboxes that have a directory on this host.
@@ -506,8 +552,7 @@ fn prepare(
         ids,
         devices,
     });
-    let bytes = serde_json::to_vec(&config)
-        .map_err(|e| RuntimeError::Create(format!("serialise config: {e}")))?;
+    let bytes = serde_json::to_vec(&config).map_err(RuntimeError::Config)?;
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
     Ok(ids)

@@ -62,6 +62,6 @@ impl SpawnerPool {
             result
         })
         .await
-        .map_err(|e| RuntimeError::Create(format!("spawner task: {e}")))?
+        .map_err(RuntimeError::task("spawner task"))?
     }
 }

@@ -62,7 +62,7 @@ fn slot_file(slot: u32) -> PathBuf {
 /// Claims a free range for the sandbox in `dir` and records it there.
 pub fn allocate(dir: &Path) -> Result<IdRange, RuntimeError> {
     std::fs::create_dir_all(SLOT_DIR)
-        .map_err(|e| RuntimeError::Create(format!("create {SLOT_DIR}: {e}")))?;
+        .map_err(|e| RuntimeError::create_os(format!("create {SLOT_DIR}"), e))?;
     // Start where the last allocation stopped (seeded from the clock so
     // concurrent daemons do not all probe the same slots first).
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -84,7 +84,7 @@ pub fn allocate(dir: &Path) -> Result<IdRange, RuntimeError> {
         if claim(slot, owner)? || (reclaim_if_stale(slot)? && claim(slot, owner)?) {
             warren_crashpoint::hit("create:claimed");
             std::fs::write(dir.join(RECORD), range.base.to_string())
-                .map_err(|e| RuntimeError::Create(format!("record uid range: {e}")))?;
+                .map_err(|e| RuntimeError::create_os("record uid range", e))?;
             return Ok(range);
         }
     }
@@ -103,11 +103,11 @@ fn claim(slot: u32, owner: &[u8]) -> Result<bool, RuntimeError> {
     {
         Ok(mut f) => {
             f.write_all(owner)
-                .map_err(|e| RuntimeError::Create(format!("write uid slot {slot}: {e}")))?;
+                .map_err(|e| RuntimeError::create_os(format!("write uid slot {slot}"), e))?;
             Ok(true)
         }
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(RuntimeError::Create(format!("claim uid slot {slot}: {e}"))),
+        Err(e) => Err(RuntimeError::create_os(format!("claim uid slot {slot}"), e)),
     }
 }
 
@@ -116,9 +116,9 @@ fn claim(slot: u32, owner: &[u8]) -> Result<bool, RuntimeError> {
 /// lock so two daemons never both remove and re-claim the same slot.
 fn reclaim_if_stale(slot: u32) -> Result<bool, RuntimeError> {
     let lock = File::create(Path::new(SLOT_DIR).join(".lock"))
-        .map_err(|e| RuntimeError::Create(format!("uid slot lock: {e}")))?;
+        .map_err(|e| RuntimeError::create_os("uid slot lock", e))?;
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| RuntimeError::Create(format!("uid slot lock: {e}")))?;
+        .map_err(|(_, e)| RuntimeError::create_os("uid slot lock", e))?;
     let path = slot_file(slot);
     let mut owner = Vec::new();
     match File::open(&path).and_then(|mut f| f.read_to_end(&mut owner)) {
@@ -234,7 +234,7 @@ struct Unmapped {
 impl Unmapped {
     fn start() -> Result<Unmapped, RuntimeError> {
         let err = |what: &str, e: std::io::Error| {
-            RuntimeError::Create(format!("user namespace: {what}: {e}"))
+            RuntimeError::create_os(format!("user namespace: {what}"), e)
         };
         let (ready_r, ready_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| err("pipe", e.into()))?;
@@ -303,7 +303,7 @@ impl Unmapped {
 
 fn map_child(pid: i32, range: IdRange, ready: OwnedFd) -> Result<OwnedFd, RuntimeError> {
     let err = |what: &str, e: std::io::Error| {
-        RuntimeError::Create(format!("user namespace: {what}: {e}"))
+        RuntimeError::create_os(format!("user namespace: {what}"), e)
     };
     let mut ok = [0u8];
     File::from(ready)
@@ -335,10 +335,10 @@ pub fn idmapped_bind(src: &Path, userns: &OwnedFd, target: &Path) -> Result<(), 
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
     .map_err(|e| {
-        RuntimeError::Create(format!(
-            "id-mapped mount of {}: move_mount: {e}",
-            src.display()
-        ))
+        RuntimeError::create_os(
+            format!("id-mapped mount of {}: move_mount", src.display()),
+            e,
+        )
     })
 }
 
@@ -357,10 +357,10 @@ pub(crate) fn mapped_tree(
         OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
     )
     .map_err(|e| {
-        RuntimeError::Create(format!(
-            "id-mapped mount of {}: open_tree: {e}",
-            src.display()
-        ))
+        RuntimeError::create_os(
+            format!("id-mapped mount of {}: open_tree", src.display()),
+            e,
+        )
     })?;
     let mut attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if userns.is_some() {

@@ -34,7 +34,7 @@ pub(crate) fn mount_all(
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| RuntimeError::Create(format!("open the sandbox root: {e}")))?;
+    .map_err(|e| RuntimeError::create_os("open the sandbox root", e))?;
     let stage = staging(id);
     std::fs::create_dir(&stage).map_err(RuntimeError::io("create volume mount points"))?;
     for (i, v) in volumes.iter().enumerate() {
@@ -48,11 +48,10 @@ pub(crate) fn mount_all(
             None::<&str>,
         )
         .map_err(|e| {
-            RuntimeError::Create(format!(
-                "volume for {}: mount {}: {e}",
-                v.target,
-                v.device.display()
-            ))
+            RuntimeError::create_os(
+                format!("volume for {}: mount {}", v.target, v.device.display()),
+                e,
+            )
         })?;
         let tree = userns::mapped_tree(&at, userns_fd.as_ref(), v.read_only);
         // The copy holds the file system; the staging mount is not needed.
@@ -67,7 +66,7 @@ pub(crate) fn mount_all(
             "",
             MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
         )
-        .map_err(|e| RuntimeError::Create(format!("mount the volume at {}: {e}", v.target)))?;
+        .map_err(|e| RuntimeError::create_os(format!("mount the volume at {}", v.target), e))?;
     }
     Ok(())
 }

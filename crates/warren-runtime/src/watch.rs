@@ -69,7 +69,7 @@ impl Watch {
     /// NotFound when it is missing, BadPath when it is not a directory.
     pub fn new(root: OwnedFd, path: &str, recursive: bool) -> Result<Watch, RuntimeError> {
         let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
-            .map_err(|e| RuntimeError::Files(format!("inotify: {e}")))?;
+            .map_err(|e| RuntimeError::os("inotify", e))?;
         let mut w = Watch {
             inotify,
             root,
@@ -115,7 +115,7 @@ impl Watch {
             rustix::io::Errno::NOSPC => {
                 RuntimeError::Files(format!("{path}: the host's inotify watch limit is reached"))
             }
-            e => RuntimeError::Files(format!("{path}: watch: {e}")),
+            e => RuntimeError::os(format!("{path}: watch"), e),
         })?;
         self.dirs.insert(wd, rel.to_string());
         Ok(wd)
@@ -206,7 +206,7 @@ impl Watch {
                     )),
                     Err(rustix::io::Errno::AGAIN) => break,
                     Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => return Err(RuntimeError::Files(format!("inotify read: {e}"))),
+                    Err(e) => return Err(RuntimeError::os("inotify read", e)),
                 }
                 if reader.is_buffer_empty() {
                     break;

@@ -249,7 +249,7 @@ fn file_target(root: &OwnedFd, rel: &str, links: Links) -> Result<OwnedFd, Runti
     );
     match made {
         Ok(_) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(RuntimeError::Files(format!("create {rel}: {e}"))),
+        Err(e) => return Err(RuntimeError::os(format!("create {rel}"), e)),
     }
     files::open_in_with(root, rel, OFlags::PATH, 0, links)
 }

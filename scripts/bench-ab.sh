@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What a change costs: the release build of an earlier revision (A) and of
-# the working tree (B) side by side, two `warren up`s measured by `warren
-# bench` in alternating rounds so both see the same machine load. Prints
-# Markdown for docs/benchmarks.md.
+# the working tree (B) side by side, two `warren up`s measured by
+# `warren-bench lifecycle` in alternating rounds so both see the same machine
+# load. Prints Markdown for docs/benchmarks.md. Both sides are measured by
+# the working tree's warren-bench: the client is the same, only the daemons
+# differ (and a REV from before warren-bench has none).
 #   Usage: scripts/bench-ab.sh REV [ITERATIONS] [ROUNDS]
 # REV `.` compares the working tree with itself, under different `warren
 # up` flags (A_ARGS, B_ARGS), e.g. the node driven in-process or over HTTP:
@@ -32,8 +34,9 @@ trap cleanup EXIT
 mkdir -p "$work/a" "$work/b"
 # A: the earlier revision, built in a worktree with a target directory of
 # its own (kept between runs, so a second comparison builds incrementally).
-cargo build --release -p warren
+cargo build --release -p warren -p warren-bench
 cp target/release/warren "$work/b/warren"
+cp target/release/warren-bench "$work/warren-bench"
 if [ -n "${A_BIN:-}" ]; then
     cp "$A_BIN" "$work/a/warren"
 elif [ "$rev" = . ]; then
@@ -62,7 +65,7 @@ for r in $(seq "$rounds"); do
     if [ $((r % 2)) = 1 ]; then order="a b"; else order="b a"; fi
     for side in $order; do
         WARREN_URL=$(cat "$work/$side.url") WARREN_HOME=$work/$side/home \
-            "$work/$side/warren" bench --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$side.$r.json"
+            "$work/warren-bench" lifecycle --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$side.$r.json"
     done
 done
 python3 - "$work" "$rounds" "$n" "$rev" "${A_ARGS:-}" "${B_ARGS:-}" <<'PY'

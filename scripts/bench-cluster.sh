@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The control plane alone, end to end: `warren server` on PostgreSQL (and on
 # SQLite, same run) with COUNT fake nodes (in-memory nodes that speak the
-# real node API but make no sandboxes), then `warren bench-creates` through
+# real node API but make no sandboxes), then `warren-bench creates` through
 # the public API. Results go to docs/benchmarks.md by hand.
 #   scripts/bench-cluster.sh [SANDBOXES] [NODES] [CONCURRENCY]
 set -euo pipefail
@@ -10,7 +10,8 @@ sandboxes=${1:-20000}
 nodes=${2:-200}
 concurrency=${3:-64}
 bin=${WARREN_BIN:-target/release/warren}
-[ -x "$bin" ] || cargo build --release -q
+bench=${WARREN_BENCH_BIN:-$(dirname "$bin")/warren-bench}
+[ -x "$bin" ] && [ -x "$bench" ] || cargo build --release -q -p warren -p warren-bench
 work=$(mktemp -d /tmp/warren-bench-cluster-XXXXXX)
 pgdir=/tmp/warren-bench-pg-$$
 pids=()
@@ -42,14 +43,14 @@ run() { # NAME DATABASE
     local server=$!
     pids+=("$server")
     for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$port/healthz" 2>/dev/null | grep -q ok && break; sleep 0.1; done
-    "$bin" fake-nodes --server "http://127.0.0.1:$port" --join-token "$home/join-token" --count "$nodes" 2>"$home/nodes.err" &
+    "$bench" fake-nodes --server "http://127.0.0.1:$port" --join-token "$home/join-token" --count "$nodes" 2>"$home/nodes.err" &
     pids+=("$!")
     local token
     token=$(cat "$home/token")
     wait_nodes "http://127.0.0.1:$port" "$token" "$nodes"
     echo "== $name: $sandboxes sandboxes over $nodes fake nodes, concurrency $concurrency"
     WARREN_URL="http://127.0.0.1:$port" WARREN_TOKEN=$token \
-        "$bin" bench-creates --image busybox:latest --count "$sandboxes" --concurrency "$concurrency"
+        "$bench" creates --image busybox:latest --count "$sandboxes" --concurrency "$concurrency"
     kill "${pids[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
     pids=()

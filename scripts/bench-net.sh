@@ -10,4 +10,4 @@ k=${2:-500}
 . scripts/lib/bench-daemon.sh
 start_bench_daemon 7078
 echo "# $(date -u +%Y-%m-%d) on $(nproc) cores, $(uname -r)"
-"$bin" bench-net --image busybox:latest --iterations "$n" --sandboxes "$k" --daemon-pid "$pid" --json
+"$bench" net --image busybox:latest --iterations "$n" --sandboxes "$k" --daemon-pid "$pid" --json

@@ -3,7 +3,7 @@
 # (download, verify, unpack every layer) against `skopeo copy` of the same
 # image to a local directory (download and verify only), in the same run.
 # Then `warren commit` of a sandbox that wrote 10 MiB of random bytes, and
-# create latency (`warren bench`) from a small and a 300 MiB image, both
+# create latency (`warren-bench lifecycle`) from a small and a 300 MiB image, both
 # pulled, both named by registry reference (so every create asks the
 # registry for the tag's digest).
 #
@@ -15,8 +15,9 @@ set -euo pipefail
 runs=${1:-5}
 mb=${2:-16}
 root=$(cd "$(dirname "$0")/.." && pwd)
-cargo build --release -q -p warren --manifest-path "$root/Cargo.toml"
+cargo build --release -q -p warren -p warren-bench --manifest-path "$root/Cargo.toml"
 warren=$root/target/release/warren
+bench=$root/target/release/warren-bench
 
 work=$(mktemp -d /tmp/warren-bench-pull.XXXXXX)
 pids=()
@@ -101,7 +102,7 @@ small_digest=$("$warren" image pull -q "127.0.0.1:$reg_port/small:v1" | awk '{pr
 for name in small large "small@$small_digest"; do
     ref=127.0.0.1:$reg_port/$name
     [[ $name == *@* ]] || ref=$ref:v1
-    "$warren" bench --image "$ref" --iterations 10 --concurrency 1 --idle 0 --json \
+    "$bench" lifecycle --image "$ref" --iterations 10 --concurrency 1 --idle 0 --json \
         >"$work/create-${name%%@*}$([[ $name == *@* ]] && echo -digest).json"
 done
 

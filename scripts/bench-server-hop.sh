@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the cluster's extra hop costs on real sandboxes: `warren bench`
+# What the cluster's extra hop costs on real sandboxes: `warren-bench lifecycle`
 # (create, exec round trip, destroy) against a `warren up`, and against a
 # `warren server` driving one `warren node` on this machine, alternately,
 # ROUNDS times each, same run.   scripts/bench-server-hop.sh [ITERATIONS] [ROUNDS]
@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 iterations=${1:-200}
 rounds=${2:-2}
 bin=${WARREN_BIN:-target/release/warren}
-[ -x "$bin" ] || cargo build --release -q -p warren
+bench_bin=${WARREN_BENCH_BIN:-$(dirname "$bin")/warren-bench}
+[ -x "$bin" ] && [ -x "$bench_bin" ] || cargo build --release -q -p warren -p warren-bench
 work=$(mktemp -d /tmp/warren-bench-hop.XXXXXX)
 pids=()
 cleanup() {
@@ -27,7 +28,7 @@ sizes=(--cpu-overcommit 256)
 bench() { # LABEL URL HOME
     WARREN_URL=$2 WARREN_HOME=$3 "$bin" image import "$work/busybox.tar" --name busybox:latest >/dev/null
     echo "== $1"
-    WARREN_URL=$2 WARREN_HOME=$3 "$bin" bench --image busybox:latest --iterations "$iterations" --concurrency 1,8 --idle 0
+    WARREN_URL=$2 WARREN_HOME=$3 "$bench_bin" lifecycle --image busybox:latest --iterations "$iterations" --concurrency 1,8 --idle 0
 }
 
 for r in $(seq 1 "$rounds"); do

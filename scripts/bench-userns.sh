@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 n=${1:-100}
 rounds=${2:-3}
 scripts/install-deps.sh --test
-cargo build --release -p warren
+cargo build --release -p warren -p warren-bench
 bin=$PWD/target/release/warren
+bench=$PWD/target/release/warren-bench
 work=$(mktemp -d /tmp/warren-bench-userns.XXXXXX)
 pids=()
 cleanup() {
@@ -38,7 +39,7 @@ done
 for r in $(seq "$rounds"); do
     for mode in userns nouserns; do
         WARREN_URL=$(cat "$work/$mode.url") WARREN_HOME=$work/$mode \
-            "$bin" bench --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$mode.$r.json"
+            "$bench" lifecycle --image busybox:latest --iterations "$n" --concurrency 1,8 --idle 0 --json > "$work/$mode.$r.json"
     done
 done
 python3 - "$work" "$rounds" "$n" <<'PY'

@@ -40,11 +40,12 @@ def measure(make_cmd, n, conc):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--warren-json", required=True, help="output of `warren bench --json`")
+    ap.add_argument("--warren-json", required=True, help="output of `warren-bench lifecycle --json`")
     ap.add_argument("--image-tar", required=True, help="OCI layout tar of the busybox image")
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--warren-bin", help="also time `warren run --rm -- true` through the CLI (WARREN_URL set)")
+    ap.add_argument("--bench-bin", help="also time `warren-bench floor`, the kernel work alone (as root)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -69,12 +70,12 @@ def main():
             runtimes["warren run --rm (CLI)"] = lambda i: [
                 args.warren_bin, "run", "--rm", "--image", "busybox:latest", "--", "true",
             ]
-            if os.geteuid() == 0:
-                # The least kernel work for the same isolation, one process
-                # per cycle like runc (crates/warren-runtime/src/floor.rs).
-                runtimes["floor (kernel work only)"] = lambda i: [
-                    args.warren_bin, "bench-floor", "--rootfs", str(rootfs),
-                ]
+        if args.bench_bin and os.geteuid() == 0:
+            # The least kernel work for the same isolation, one process
+            # per cycle like runc (crates/warren-runtime/src/floor.rs).
+            runtimes["floor (kernel work only)"] = lambda i: [
+                args.bench_bin, "floor", "--rootfs", str(rootfs),
+            ]
         if shutil.which("runc"):
             runtimes["runc run"] = lambda i: ["runc", "run", "--bundle", str(bundle), f"bench-{os.getpid()}-{i}"]
         if shutil.which("bwrap"):

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # (scripts/test.sh puts them in a cache outside the clone in CI).
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 WARREN = Path(os.environ.get("WARREN_BIN", TARGET / "debug" / "warren"))
+# The benchmarks and simulator, a binary of their own beside `warren`.
+WARREN_BENCH = Path(os.environ.get("WARREN_BENCH_BIN", WARREN.parent / "warren-bench"))
 
 
 def pytest_configure(config):

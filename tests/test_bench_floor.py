@@ -1,4 +1,4 @@
-"""`warren bench-floor`, the benchmark's floor probe (docs/benchmarks.md):
+"""`warren-bench floor`, the benchmark's floor probe (docs/benchmarks.md):
 one sandbox's worth of kernel work with nothing of Warren around it. It
 must really run the program in its namespaces and leave nothing behind on
 the host, also when it fails."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import UP_ARGS, WARREN
+from conftest import UP_ARGS, WARREN_BENCH
 
 # The probe runs without a daemon: the suite's second pass (another node
 # transport) would only run the same thing again.
@@ -39,7 +39,7 @@ def leftovers(pid: int) -> list[str]:
 
 
 def run_probe(root: Path):
-    p = subprocess.Popen([str(WARREN), "bench-floor", "--rootfs", str(root)],
+    p = subprocess.Popen([str(WARREN_BENCH), "floor", "--rootfs", str(root)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=60)
     return p.pid, p.returncode, err

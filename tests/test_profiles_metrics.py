@@ -188,10 +188,10 @@ def test_batch_retries_an_oom_killed_member_once_with_a_grown_request(warren):
 def _simulate(*args):
     import subprocess
 
-    from conftest import WARREN
+    from conftest import WARREN_BENCH
 
     out = subprocess.run(
-        [str(WARREN), "simulate", "--sandboxes", "2000", "--tasks", "80", *args],
+        [str(WARREN_BENCH), "simulate", "--sandboxes", "2000", "--tasks", "80", *args],
         check=True,
         capture_output=True,
         text=True,

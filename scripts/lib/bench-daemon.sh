@@ -1,13 +1,14 @@
-# Sourced by the benchmark scripts: builds the release binary, starts a
+# Sourced by the benchmark scripts: builds the release binaries, starts a
 # `warren up` of the benchmark's own on PORT with busybox:latest imported,
-# and removes everything on exit. Sets: bin, work, home, pid, WARREN_URL,
-# WARREN_HOME.   Usage: start_bench_daemon PORT [EXTRA UP FLAGS...]
+# and removes everything on exit. Sets: bin (warren), bench (warren-bench),
+# work, home, pid, WARREN_URL, WARREN_HOME.   Usage: start_bench_daemon PORT [EXTRA UP FLAGS...]
 start_bench_daemon() {
     local port=$1
     shift
     scripts/install-deps.sh --test
-    cargo build --release -p warren
+    cargo build --release -p warren -p warren-bench
     bin=$PWD/target/release/warren
+    bench=$PWD/target/release/warren-bench
     work=$(mktemp -d /tmp/warren-bench.XXXXXX)
     home=$work/home
     trap 'stop_bench_daemon' EXIT

@@ -5,14 +5,9 @@ use anyhow::Result;
 use warren_core::quantity;
 
 use crate::cli::{Cli, Command};
-use crate::client::Client;
+use warren_cli::client::Client;
 
 mod batches;
-mod bench;
-mod bench_creates;
-pub mod bench_floor;
-mod bench_net;
-mod bench_placement;
 mod build;
 pub mod doctor;
 mod files;
@@ -27,7 +22,6 @@ mod port_forward;
 mod profiles;
 mod sandboxes;
 mod secrets;
-mod simulate;
 mod spec;
 mod stats;
 mod terminal;
@@ -89,17 +83,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
             Some((id, path)) => paths::rm(&client()?, id, path).await,
             None => sandboxes::rm(&client()?, ids, label).await,
         },
-        Command::Bench(args) => bench::run(&client()?, args).await,
-        Command::BenchNet(args) => bench_net::run(&client()?, args).await,
-        Command::Simulate(args) => simulate::run(args),
-        Command::BenchPlacement(args) => bench_placement::run(&args),
-        Command::BenchCreates(args) => bench_creates::run(&client()?, &args).await,
-        Command::FakeNodes(args) => crate::daemon::node_agent::fake_nodes(args).await,
         // Run by main before the async runtime starts (it forks).
         Command::Doctor { .. } => anyhow::bail!("doctor runs before the async runtime starts"),
-        Command::BenchFloor { .. } => {
-            anyhow::bail!("bench-floor runs before the async runtime starts")
-        }
         Command::Batch(cmd) => batches::run(&client()?, cmd).await,
         Command::Profile(cmd) => profiles::run(&client()?, cmd).await,
         Command::Pool(cmd) => pools::run(&client()?, cmd).await,

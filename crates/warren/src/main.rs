@@ -1,10 +1,11 @@
 //! `warren`: the daemon (`up`, `spawner`) and the client commands.
 
+// `say!` and `say_partial!`, and the client, are in the library target
+// (src/lib.rs), which `warren-bench` shares.
 #[macro_use]
-mod say;
+extern crate warren_cli;
 
 mod cli;
-mod client;
 mod commands;
 mod daemon;
 
@@ -25,10 +26,6 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
         warren_runtime::spawner::main();
-    }
-    // The floor probe forks as well.
-    if let cli::Command::BenchFloor { rootfs } = &args.command {
-        std::process::exit(commands::bench_floor::run(rootfs));
     }
     // The doctor forks to try namespaces and mounts: also before any thread.
     if let cli::Command::Doctor { json, cdi_dirs } = args.command {

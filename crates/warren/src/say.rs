@@ -16,6 +16,7 @@ pub fn write(text: &str) {
 }
 
 /// `eprintln!`, written whole.
+#[macro_export]
 macro_rules! say {
     () => {
         $crate::say::write("\n")
@@ -26,6 +27,7 @@ macro_rules! say {
 }
 
 /// `eprint!`, written whole (progress lines that end in `\r`).
+#[macro_export]
 macro_rules! say_partial {
     ($($arg:tt)*) => {
         $crate::say::write(&format!($($arg)*))

@@ -5,12 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-mod measure;
 mod resources;
 mod sandbox;
 mod serve;
 
-pub use measure::*;
 pub use resources::*;
 pub use sandbox::*;
 pub use serve::*;
@@ -393,32 +391,6 @@ pub enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         address: std::net::IpAddr,
     },
-    /// Measure create/exec/destroy through the API (see docs/benchmarks.md).
-    Bench(BenchArgs),
-    /// Measure the scheduler alone: placement decisions per second over
-    /// simulated nodes, full filter and score (see docs/benchmarks.md).
-    BenchPlacement(BenchPlacementArgs),
-    /// Measure creates per second through the API: COUNT sandboxes at a
-    /// concurrency, then their deletes (see docs/benchmarks.md).
-    BenchCreates(BenchCreatesArgs),
-    /// One sandbox's worth of kernel work with nothing of Warren around it
-    /// (cgroup limits, overlay root, namespaces, pivot_root, /proc,
-    /// /bin/true, teardown): the floor that `scripts/bench.sh` times beside
-    /// the runtimes. Root only.
-    #[command(hide = true)]
-    BenchFloor {
-        /// The image's unpacked root file system (the overlay's lower layer).
-        #[arg(long)]
-        rootfs: PathBuf,
-    },
-    /// Join COUNT in-memory nodes to a `warren server`: each speaks the real
-    /// node API but makes no sandboxes (for control-plane benchmarks).
-    #[command(hide = true)]
-    FakeNodes(FakeNodesArgs),
-    /// Measure what network mode `allowlist` costs: create latency, proxy
-    /// latency and tunnel throughput, many live policies (run as root on
-    /// the node; see docs/benchmarks.md).
-    BenchNet(BenchNetArgs),
     /// Check this host: kernel features, cgroups, overlayfs, seccomp, user
     /// namespaces, disk limits; say what Warren can and cannot guarantee.
     Doctor {
@@ -430,9 +402,6 @@ pub enum Command {
         #[arg(long = "cdi-dir", value_name = "DIR")]
         cdi_dirs: Vec<std::path::PathBuf>,
     },
-    /// Replay a synthetic training workload against simulated nodes with
-    /// fixed, learned and oracle requests (see docs/benchmarks.md).
-    Simulate(SimulateArgs),
     #[command(hide = true)]
     Spawner,
 }

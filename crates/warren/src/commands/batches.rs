@@ -5,7 +5,7 @@ use warren_core::labels;
 
 use super::spec::spec_from;
 use crate::cli::BatchCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn run(client: &Client, cmd: BatchCmd) -> Result<i32> {
     match cmd {

@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use warren_core::build::{BuildEvent, BuildRequest};
 
 use crate::cli::BuildArgs;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn build(client: &Client, args: &BuildArgs) -> Result<i32> {
     let context = std::fs::canonicalize(&args.context)

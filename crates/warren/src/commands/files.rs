@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use crate::client::Client;
+use warren_cli::client::Client;
 
 fn split_remote(s: &str) -> Option<(&str, &str)> {
     let (id, path) = s.split_once(':')?;

@@ -6,7 +6,7 @@ use warren_core::spec::{ByteSize, Cpu, Dur, ForkRequest};
 use warren_core::{labels, quantity};
 
 use crate::cli::ForkArgs;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 fn request(a: &ForkArgs) -> Result<ForkRequest> {
     let size = |flag: &str, v: &Option<String>| -> Result<Option<ByteSize>> {

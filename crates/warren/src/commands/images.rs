@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use warren_core::quantity;
 
 use crate::cli::ImageCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn run(client: &Client, cmd: ImageCmd) -> Result<i32> {
     match cmd {

@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::Result;
 use base64::Engine;
 
-use crate::client::{Client, EventQuery};
+use warren_cli::client::{Client, EventQuery};
 
 /// How a log is shown.
 #[derive(Clone, Copy, PartialEq, Eq)]

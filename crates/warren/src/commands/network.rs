@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn set_rules(
     client: &Client,

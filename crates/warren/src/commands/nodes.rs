@@ -4,7 +4,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::cli::NodeCmd;
-use crate::client::{Client, SandboxQuery};
+use warren_cli::client::{Client, SandboxQuery};
 
 pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
     match cmd {

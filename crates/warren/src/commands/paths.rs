@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use warren_node_api::{PathEntry, PathKind, PathOp};
 
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn ls(
     client: &Client,

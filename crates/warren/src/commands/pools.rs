@@ -6,7 +6,7 @@ use warren_core::quantity;
 use warren_core::spec::{ByteSize, Cpu};
 
 use crate::cli::PoolCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn run(client: &Client, cmd: PoolCmd) -> Result<i32> {
     match cmd {

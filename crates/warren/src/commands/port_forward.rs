@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::client::Client;
+use warren_cli::client::Client;
 
 fn parse_ports(spec: &str) -> Result<(u16, u16)> {
     let port = |p: &str| -> Result<u16> {

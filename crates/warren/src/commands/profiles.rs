@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use warren_core::quantity;
 
 use crate::cli::ProfileCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn run(client: &Client, cmd: ProfileCmd) -> Result<i32> {
     match cmd {

@@ -12,7 +12,7 @@ use super::images::{pull, PullOutput};
 use super::logs::follow_log;
 use super::spec::{parse_env, spec_from};
 use crate::cli::{CreateArgs, ExecArgs};
-use crate::client::{Client, SandboxQuery};
+use warren_cli::client::{Client, SandboxQuery};
 
 pub(super) async fn create(client: &Client, args: &CreateArgs, cmd: Vec<String>) -> Result<i32> {
     pull_for_create(client, &args.image).await?;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use warren_core::secret::{SecretMetadata, SecretName, SecretValue};
 
 use crate::cli::SecretCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 /// The value from FILE, or standard input for `-`, checked as the API
 /// checks it.

@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Write};
 use anyhow::{bail, Result};
 
 use super::images::human;
-use crate::client::{Client, SandboxQuery};
+use warren_cli::client::{Client, SandboxQuery};
 
 /// The table of the sandboxes asked for (every live one when none are).
 async fn table(client: &Client, ids: &[String]) -> Result<String> {

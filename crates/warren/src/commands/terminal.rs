@@ -16,7 +16,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_tungstenite::tungstenite::Message;
 use warren_core::{ErrorBody, ExecEvent, ExecRequest, WindowSize};
 
-use crate::client::Client;
+use warren_cli::client::Client;
 
 /// This process's terminal in raw mode until dropped.
 struct RawMode {

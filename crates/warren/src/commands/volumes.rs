@@ -6,7 +6,7 @@ use warren_core::{labels, quantity};
 
 use super::images::human;
 use crate::cli::VolumeCmd;
-use crate::client::Client;
+use warren_cli::client::Client;
 
 pub(super) async fn run(client: &Client, cmd: VolumeCmd) -> Result<i32> {
     match cmd {

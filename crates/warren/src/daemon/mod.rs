@@ -12,6 +12,9 @@ use anyhow::{Context, Result};
 
 use crate::cli::{ControlOpts, NodeOpts};
 
+// In the library: `warren-bench fake-nodes` listens and stops the same way.
+pub use warren_cli::serving::{first_signal, listen};
+
 /// The daemon's log: everything from info up goes to `<home>/<file>`
 /// (`warren-up.log`, `warren-server.log`, `warren-node.log`); the terminal
 /// (or the journal, under systemd) gets only warnings and errors, besides
@@ -202,20 +205,6 @@ pub fn start_node(
 /// sandbox's destroy.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
-pub async fn first_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {},
-        _ = term.recv() => {},
-    }
-}
-
 fn egress_settings(args: &NodeOpts, nofile: u64) -> Result<warren_net::Settings> {
     let mut resolve = std::collections::HashMap::new();
     for entry in &args.net_resolve {
@@ -302,25 +291,4 @@ pub async fn serve_until_signal(
     )
     .await
     .context("HTTP server")
-}
-
-/// How many finished handshakes a listener holds before the daemon accepts
-/// them (the kernel caps it at `net.core.somaxconn`, 4096 by default).
-/// tokio's `TcpListener::bind` asks for 128: a training run that opened a
-/// thousand connections at once overflowed it, the kernel dropped the
-/// handshakes past it (`TcpExtListenOverflows` in `nstat`), and those
-/// clients waited on retransmits while the daemon was idle.
-const ACCEPT_BACKLOG: u32 = 4096;
-
-/// A listening socket for one of the daemon's HTTP APIs.
-pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = match addr {
-        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    // As `TcpListener::bind` does: a restarted daemon rebinds its port
-    // while the last one's connections sit in TIME_WAIT.
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(ACCEPT_BACKLOG)
 }

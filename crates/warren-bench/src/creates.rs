@@ -1,6 +1,6 @@
-//! `warren bench-creates`: creates per second through the public API, COUNT
+//! `warren-bench creates`: creates per second through the public API, COUNT
 //! sandboxes at a fixed concurrency (all alive at the end), then one delete
-//! of them all by label. Against `warren server` with `warren fake-nodes`
+//! of them all by label. Against `warren server` with `warren-bench fake-nodes`
 //! it measures the control plane alone (scripts/bench-cluster.sh).
 
 use std::sync::Arc;
@@ -10,17 +10,17 @@ use anyhow::Result;
 use tokio::sync::Semaphore;
 use warren_core::SandboxSpec;
 
-use super::bench::{removing_on_exit, Progress, Samples};
-use crate::cli::BenchCreatesArgs;
-use crate::client::Client;
+use crate::cli::CreatesArgs;
+use crate::lifecycle::{removing_on_exit, Progress, Samples};
+use warren_cli::client::Client;
 
-pub(super) async fn run(client: &Client, args: &BenchCreatesArgs) -> Result<i32> {
+pub async fn run(client: &Client, args: &CreatesArgs) -> Result<i32> {
     let run_label = format!("creates-{}", std::process::id());
     let label = format!("bench={run_label}");
     removing_on_exit(client, &label, measure(client, args, run_label)).await
 }
 
-async fn measure(client: &Client, args: &BenchCreatesArgs, run_label: String) -> Result<i32> {
+async fn measure(client: &Client, args: &CreatesArgs, run_label: String) -> Result<i32> {
     let spec = SandboxSpec {
         image: args.image.clone(),
         cpu: Some(warren_core::spec::Cpu(warren_core::quantity::parse_cpu(

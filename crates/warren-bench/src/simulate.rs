@@ -1,4 +1,4 @@
-//! `warren simulate`: replays a synthetic training workload shaped like
+//! `warren-bench simulate`: replays a synthetic training workload shaped like
 //! DSec's (exploration phases that want CPU, update phases that want memory,
 //! varied peaks) against simulated nodes, using the node's own admission
 //! queue and the control plane's own profile learning. Compares fixed

@@ -1,4 +1,4 @@
-//! `warren bench-floor`: one cycle of [`warren_runtime::floor`], for
+//! `warren-bench floor`: one cycle of [`warren_runtime::floor`], for
 //! `scripts/bench.sh` to time as a process, as it times `runc run`.
 
 use std::path::Path;

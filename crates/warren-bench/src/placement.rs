@@ -1,4 +1,4 @@
-//! `warren bench-placement`: the scheduler alone, without sandboxes: how
+//! `warren-bench placement`: the scheduler alone, without sandboxes: how
 //! many placement decisions per second one core makes over simulated
 //! nodes (admission's real path: the queue check, filter, score and the
 //! bookkeeping of what each node holds).
@@ -8,9 +8,9 @@ use std::time::Instant;
 use anyhow::Result;
 use warren_control::admission::{Admission, Admit, Need, Request};
 
-use crate::cli::BenchPlacementArgs;
+use crate::cli::PlacementArgs;
 
-pub(super) fn run(args: &BenchPlacementArgs) -> Result<i32> {
+pub fn run(args: &PlacementArgs) -> Result<i32> {
     println!(
         "{:>8} {:>10} {:>14} {:>12}",
         "nodes", "decisions", "decisions/s", "µs/decision"

@@ -1,4 +1,4 @@
-//! `warren bench`: create→ready, exec round trip, destroy and the full
+//! `warren-bench lifecycle`: create→ready, exec round trip, destroy and the full
 //! create+exec+destroy cycle through the HTTP API, plus an idle-density check.
 //! Prints p50/p99 and throughput; scripts/bench.sh runs it beside runc, bwrap
 //! and podman and writes the ratios.
@@ -12,8 +12,8 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use warren_core::{ExecRequest, SandboxSpec};
 
-use crate::cli::BenchArgs;
-use crate::client::Client;
+use crate::cli::LifecycleArgs;
+use warren_cli::client::Client;
 
 #[derive(Default)]
 pub(crate) struct Samples(pub(crate) Vec<Duration>);
@@ -58,15 +58,15 @@ where
     let outcome = tokio::select! {
         r = bench => r,
         _ = tokio::signal::ctrl_c() => {
-            say!("warren bench: interrupted; removing its sandboxes (label {label})");
+            say!("warren-bench: interrupted; removing its sandboxes (label {label})");
             Err(anyhow::anyhow!("interrupted"))
         }
     };
     if outcome.is_err() {
         match client.delete_sandboxes(&[label.to_string()]).await {
-            Ok(gone) => say!("warren bench: removed {} sandboxes", gone.len()),
+            Ok(gone) => say!("warren-bench: removed {} sandboxes", gone.len()),
             Err(e) => say!(
-                "warren bench: could not remove its sandboxes ({e:#}); run `warren rm --label {label}`"
+                "warren-bench: could not remove its sandboxes ({e:#}); run `warren rm --label {label}`"
             ),
         }
     }
@@ -83,7 +83,7 @@ pub(crate) struct Progress {
 
 impl Progress {
     pub(crate) fn new(phase: &'static str, total: usize) -> Progress {
-        say!("warren bench: {phase} 0/{total}");
+        say!("warren-bench: {phase} 0/{total}");
         Progress {
             phase,
             total,
@@ -94,7 +94,7 @@ impl Progress {
     pub(crate) fn tick(&mut self, done: usize) {
         if done == self.total || self.shown.elapsed() >= Duration::from_millis(500) {
             self.shown = Instant::now();
-            say!("warren bench: {} {done}/{}", self.phase, self.total);
+            say!("warren-bench: {} {done}/{}", self.phase, self.total);
         }
     }
 }
@@ -130,12 +130,12 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-pub async fn run(client: &Client, args: BenchArgs) -> Result<i32> {
+pub async fn run(client: &Client, args: LifecycleArgs) -> Result<i32> {
     let label = format!("bench={}", run_label());
     removing_on_exit(client, &label, measure(client, args)).await
 }
 
-async fn measure(client: &Client, args: BenchArgs) -> Result<i32> {
+async fn measure(client: &Client, args: LifecycleArgs) -> Result<i32> {
     let n = args.iterations.max(1);
     let mut results = Vec::new();
     // Warm up caches and connections.

@@ -1,4 +1,4 @@
-//! `warren bench-net`: what the `allowlist` network mode costs. Create
+//! `warren-bench net`: what the `allowlist` network mode costs. Create
 //! latency against mode `none`; one request's latency through the proxy
 //! against the same request sent directly; throughput through one CONNECT
 //! tunnel against a direct connection; and many sandboxes with live
@@ -18,9 +18,9 @@ use tokio::sync::Semaphore;
 use warren_core::spec::{NetworkMode, NetworkSpec};
 use warren_core::SandboxSpec;
 
-use super::bench::{print_results, rss_kib, Samples};
-use crate::cli::BenchNetArgs;
-use crate::client::Client;
+use crate::cli::NetArgs;
+use crate::lifecycle::{print_results, rss_kib, Samples};
+use warren_cli::client::Client;
 
 const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 
@@ -132,7 +132,7 @@ async fn proxy(client: &Client, id: &str) -> Result<TcpStream> {
     Ok(s)
 }
 
-pub async fn run(client: &Client, args: BenchNetArgs) -> Result<i32> {
+pub async fn run(client: &Client, args: NetArgs) -> Result<i32> {
     let n = args.iterations.max(1);
     let ok_listener = TcpListener::bind("127.0.0.1:0").await?;
     let ok_port = ok_listener.local_addr()?.port();

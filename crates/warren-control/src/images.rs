@@ -10,9 +10,10 @@ use warren_core::ApiError;
 use warren_node_api::{ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed};
 
 use crate::control::Control;
-use crate::node_errors::{node_error, to_node};
+use crate::node_errors::node_error;
 use crate::nodes::{Health, NodeEntry};
-use crate::sandbox_io::ByteStream;
+use crate::streams::to_node;
+use crate::streams::ByteStream;
 
 /// A push needs a registry in its reference (a pull or prewarm does not:
 /// each node writes a short name out through its search registries).

@@ -13,7 +13,6 @@ mod builds;
 pub use builds::tar_bytes;
 pub mod control;
 mod images;
-mod json_body;
 pub mod lifecycle;
 mod metrics;
 mod node_errors;
@@ -23,7 +22,7 @@ mod pools;
 mod profiles;
 pub mod replica;
 mod sandbox_io;
-pub use sandbox_io::{upload, ByteStream, FileRead, WatchEvent};
+pub use streams::{upload, ByteStream, FileRead, WatchEvent};
 
 // The facade every front door (the /v1 API, E2B, SandboxFusion, the
 // console) goes through: `Control`'s methods take and answer core types
@@ -39,6 +38,7 @@ mod secrets;
 pub mod serve;
 pub mod signing;
 pub mod store;
+mod streams;
 pub mod volumes;
 
 use std::net::SocketAddr;

@@ -2,11 +2,8 @@
 //! few that go the other way (an upload a front door could not read):
 //! the one place the two vocabularies meet.
 
-use futures_util::{StreamExt, TryStreamExt};
 use warren_core::{ApiError, ErrorCode};
 use warren_node_api::{ErrorKind, NodeError};
-
-use crate::sandbox_io::ByteStream;
 
 /// What a client sees of a node's error: the category decides the status,
 /// the node's message (which says what to do) is kept.
@@ -33,7 +30,7 @@ pub(crate) fn node_error(e: NodeError) -> ApiError {
 /// A front door's error in a body it streams to a node (a client that
 /// stopped sending, a part it could not decode): the node gives up the
 /// write and answers with it, which [`node_error`] turns back.
-fn upload_error(e: ApiError) -> NodeError {
+pub(crate) fn upload_error(e: ApiError) -> NodeError {
     let kind = match e.code {
         ErrorCode::NotFound => ErrorKind::NotFound,
         ErrorCode::Conflict => ErrorKind::Conflict,
@@ -47,16 +44,6 @@ fn upload_error(e: ApiError) -> NodeError {
         | ErrorCode::PayloadTooLarge => ErrorKind::Invalid,
     };
     NodeError::new(kind, e.message)
-}
-
-/// A node's bytes (a file, an archive, a log) as a front door gets them.
-pub(crate) fn from_node(body: warren_node_api::ByteStream) -> ByteStream {
-    body.map_err(node_error).boxed()
-}
-
-/// A front door's bytes as the node takes them.
-pub(crate) fn to_node(body: ByteStream) -> warren_node_api::ByteStream {
-    body.map_err(upload_error).boxed()
 }
 
 #[cfg(test)]

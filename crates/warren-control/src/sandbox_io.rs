@@ -3,7 +3,6 @@
 //! and renews its lease, then hands the call to the node.
 
 use axum::body::Body;
-use axum::body::Bytes;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
@@ -16,34 +15,9 @@ use warren_core::{ApiError, SandboxState, Selector};
 use warren_node_api::Tunnel;
 
 use crate::control::Control;
-use crate::node_errors::{from_node, node_error, to_node};
+use crate::node_errors::node_error;
 use crate::store::SandboxRow;
-
-/// Bytes as the front doors send and get them (a file, an archive, a
-/// log); an error ends them.
-pub type ByteStream = BoxStream<'static, Result<Bytes, ApiError>>;
-
-/// A read of a sandbox's or a volume's path: what it is, then its bytes.
-pub type FileRead = warren_core::files::FileRead<ByteStream>;
-
-/// One line of a directory watch.
-pub type WatchEvent = warren_core::files::WatchEvent<ApiError>;
-
-/// A request's body as the bytes of an upload (a file, an archive, a build
-/// context); a client that stops sending ends it with a bad request.
-pub fn upload(body: Body) -> ByteStream {
-    body.into_data_stream()
-        .map(|r| r.map_err(|e| ApiError::bad_request(format!("upload interrupted: {e}"))))
-        .boxed()
-}
-
-/// A node's read as a front door gets it.
-pub(crate) fn file_read(read: warren_node_api::FileRead) -> FileRead {
-    FileRead {
-        kind: read.kind,
-        body: from_node(read.body),
-    }
-}
+use crate::streams::{file_read, from_node, to_node, ByteStream, FileRead, WatchEvent};
 
 /// States in which a sandbox has files: live, or held after it finished.
 fn has_files(state: SandboxState) -> bool {

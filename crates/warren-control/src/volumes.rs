@@ -11,8 +11,9 @@ use warren_node_api::NodeApi;
 
 use crate::control::Control;
 use crate::images::prefixed;
-use crate::node_errors::{node_error, to_node};
-use crate::sandbox_io::{file_read, ByteStream, FileRead};
+use crate::node_errors::node_error;
+use crate::streams::to_node;
+use crate::streams::{file_read, ByteStream, FileRead};
 
 impl Control {
     /// Every volume on every reachable node, by name.

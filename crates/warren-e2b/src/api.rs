@@ -8,152 +8,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_control::Control;
 use warren_core::spec::{NetworkMode, ReclaimPolicy};
 use warren_core::state::reason;
-use warren_core::{ApiError, ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
+use warren_core::{ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
 
+use crate::reply::{body, control, page, E2bError, E2bResult};
 use crate::{E2b, ENVD_VERSION, FRONT_LABEL, TEMPLATE_LABEL};
 
-type St = State<Arc<E2b>>;
+pub(crate) type St = State<Arc<E2b>>;
 
 /// E2B's own default when a create names no timeout.
 const DEFAULT_TIMEOUT_SECS: u64 = 300;
-
-pub fn router(e2b: Arc<E2b>) -> Router {
-    Router::new()
-        .route("/sandboxes", post(create).get(list))
-        .route("/v2/sandboxes", post(create).get(list))
-        .route("/sandboxes/{id}", get(detail).delete(kill))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/resume", post(connect))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route(
-            "/sandboxes/{id}/network",
-            axum::routing::put(update_network),
-        )
-        .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/fork", post(crate::snapshots::fork))
-        .route("/sandboxes/{id}/snapshots", post(crate::snapshots::create))
-        .route("/snapshots", get(crate::snapshots::list))
-        .route(
-            "/templates/{id}",
-            axum::routing::delete(crate::snapshots::delete),
-        )
-        .merge(crate::template_api::routes())
-        .merge(crate::secrets::routes())
-        .merge(crate::volumes::routes())
-        .layer(middleware::from_fn_with_state(e2b.clone(), auth))
-        .merge(crate::template_api::upload_route())
-        .merge(crate::volumes::content_routes())
-        .with_state(e2b)
-}
-
-/// An E2B error: `{code, message}` with the HTTP status as code.
-#[derive(Debug)]
-pub struct E2bError {
-    status: StatusCode,
-    message: String,
-}
-
-impl E2bError {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
-        E2bError {
-            status,
-            message: message.into(),
-        }
-    }
-
-    /// Its status and message.
-    pub(crate) fn parts(self) -> (StatusCode, String) {
-        (self.status, self.message)
-    }
-
-    fn not_found(id: &str) -> E2bError {
-        E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!("sandbox {id:?} not found (killed, timed out, or never made)"),
-        )
-    }
-}
-
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> Self {
-        let status =
-            StatusCode::from_u16(e.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        E2bError::new(status, e.message)
-    }
-}
-
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
-        error_response(self.status, json!(self.status.as_u16()), self.message)
-    }
-}
-
-/// E2B's JSON error (`code`: the status, as a number in the control API
-/// and as text in the volume content API), with a retry hint where one
-/// helps.
-pub(crate) fn error_response(status: StatusCode, code: Value, message: String) -> Response {
-    let mut resp = (status, Json(json!({"code": code, "message": message}))).into_response();
-    if matches!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    resp
-}
-
-pub(crate) type E2bResult<T> = Result<T, E2bError>;
-
-async fn auth(State(e2b): St, req: Request, next: Next) -> Response {
-    let key = req
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if e2b.api_key_ok(key) {
-        next.run(req).await
-    } else {
-        E2bError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong API key: set E2B_API_KEY to Warren's API token (<home>/token), bare or as e2b_<token>",
-        )
-        .into_response()
-    }
-}
-
-pub(crate) fn control(e2b: &E2b) -> E2bResult<Arc<Control>> {
-    e2b.control().ok_or_else(|| {
-        E2bError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "this Warren replica does not lead the cluster yet; retry in a moment",
-        )
-    })
-}
-
-/// A JSON body, with a clear answer when it is not one.
-pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> E2bResult<T> {
-    let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
-    serde_json::from_slice(bytes).map_err(|e| {
-        E2bError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid request body: {e}"),
-        )
-    })
-}
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -301,7 +173,7 @@ fn egress(
     Ok((mode, allow, deny))
 }
 
-async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Response> {
+pub(crate) async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Response> {
     let req: NewSandbox = body(&raw)?;
     let control = control(&e2b)?;
     if req.template_id.trim().is_empty() {
@@ -582,7 +454,7 @@ pub(crate) async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> 
     Ok(control.info(row, false).await)
 }
 
-async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
+pub(crate) async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
     let mut v = listed(&info);
@@ -606,7 +478,7 @@ async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-struct ListQuery {
+pub(crate) struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
     limit: Option<usize>,
@@ -642,7 +514,7 @@ fn started(info: &SandboxInfo) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
 }
 
-async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response> {
+pub(crate) async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response> {
     let control = control(&e2b)?;
     let states: Vec<SandboxState> = match q.state.as_deref().filter(|s| !s.is_empty()) {
         None => vec![SandboxState::Running, SandboxState::Paused],
@@ -712,37 +584,6 @@ async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response>
     ))
 }
 
-/// One page of a list as E2B pages them: `limit` items (100 unless asked,
-/// at most 1000) after the one whose key is `next_token`, and the last
-/// one's key in `x-next-token` when more follow.
-pub(crate) fn page<T>(
-    all: &[T],
-    key: impl Fn(&T) -> String,
-    next_token: Option<&str>,
-    limit: Option<usize>,
-    show: impl Fn(&T) -> Value,
-) -> Response {
-    let start = match next_token.filter(|t| !t.is_empty()) {
-        Some(t) => all
-            .iter()
-            .position(|x| key(x) == t)
-            .map_or(all.len(), |i| i + 1),
-        None => 0,
-    };
-    let limit = limit.unwrap_or(100).clamp(1, 1000);
-    let page: Vec<&T> = all.iter().skip(start).take(limit).collect();
-    let more = start + page.len() < all.len();
-    let mut resp = Json(page.iter().map(|x| show(x)).collect::<Vec<_>>()).into_response();
-    if more {
-        if let Some(last) = page.last() {
-            if let Ok(v) = HeaderValue::from_str(&key(last)) {
-                resp.headers_mut().insert("x-next-token", v);
-            }
-        }
-    }
-    resp
-}
-
 /// A query value as forms encode it (`+` for space, `%XX`).
 fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(&s.replace('+', " "))
@@ -758,7 +599,11 @@ struct Timeout {
 
 /// Connect (and resume): a paused sandbox is resumed (201), a running one
 /// answered as it is (200); a timeout given becomes its new TTL.
-async fn connect(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResult<Response> {
+pub(crate) async fn connect(
+    State(e2b): St,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<Response> {
     let req: Timeout = body(&raw)?;
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
@@ -783,7 +628,11 @@ async fn connect(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResul
     Ok((status, Json(sandbox(&e2b, &info))).into_response())
 }
 
-async fn set_timeout(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResult<StatusCode> {
+pub(crate) async fn set_timeout(
+    State(e2b): St,
+    Path(id): Path<String>,
+    raw: Bytes,
+) -> E2bResult<StatusCode> {
     let req: Timeout = body(&raw)?;
     let control = control(&e2b)?;
     let Some(secs) = req.timeout else {
@@ -805,7 +654,7 @@ pub(crate) fn ttl(secs: u64) -> E2bResult<warren_core::spec::Dur> {
         .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("timeout: {e}")))
 }
 
-async fn kill(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
+pub(crate) async fn kill(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
     let control = control(&e2b)?;
     live(&control, &id).await?;
     control.destroy(&id, reason::USER_DELETED).await?;
@@ -813,7 +662,7 @@ async fn kill(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
+pub(crate) async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
     let control = control(&e2b)?;
     let info = live(&control, &id).await?;
     if info.state == SandboxState::Paused {
@@ -831,7 +680,7 @@ async fn pause(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> 
 /// allowlist sandbox change at once (live connections they no longer allow
 /// are closed); a sandbox made without allowOut can reach nothing and
 /// stays so (409).
-async fn update_network(
+pub(crate) async fn update_network(
     State(e2b): St,
     Path(id): Path<String>,
     raw: Bytes,
@@ -882,7 +731,7 @@ async fn update_network(
 /// The sandbox's usage now, as one E2B metric point (Warren samples usage
 /// but keeps the running summary, not a series).
 #[derive(Deserialize, Default)]
-struct MetricsRange {
+pub(crate) struct MetricsRange {
     /// Unix seconds: only points within [start, end].
     start: Option<i64>,
     end: Option<i64>,
@@ -890,7 +739,7 @@ struct MetricsRange {
 
 /// The sandbox's usage as one point, now (Warren keeps no series per
 /// sandbox here): none when `start`..`end` leaves now out.
-async fn metrics(
+pub(crate) async fn metrics(
     State(e2b): St,
     Path(id): Path<String>,
     Query(range): Query<MetricsRange>,

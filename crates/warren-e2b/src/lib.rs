@@ -16,13 +16,22 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use warren_control::Control;
 use warren_control::ControlCell;
 use warren_control::Signer;
 
+use crate::reply::E2bError;
+
 pub mod api;
 pub mod connect;
 pub mod envd;
+mod reply;
 pub mod secrets;
 pub mod snapshots;
 pub mod template_api;
@@ -217,6 +226,54 @@ impl E2b {
         use subtle::ConstantTimeEq;
         let key = key.strip_prefix("e2b_").unwrap_or(key);
         key.as_bytes().ct_eq(self.api_token.as_bytes()).into()
+    }
+}
+
+/// E2B's control API (`E2B_API_URL`): sandboxes, snapshots, templates,
+/// secrets and volumes, behind the API key (but for the two routes that
+/// carry their own token: template file uploads and volume content).
+pub fn router(e2b: Arc<E2b>) -> Router {
+    Router::new()
+        .route("/sandboxes", post(api::create).get(api::list))
+        .route("/v2/sandboxes", post(api::create).get(api::list))
+        .route("/sandboxes/{id}", get(api::detail).delete(api::kill))
+        .route("/sandboxes/{id}/connect", post(api::connect))
+        .route("/v2/sandboxes/{id}/connect", post(api::connect))
+        .route("/sandboxes/{id}/resume", post(api::connect))
+        .route("/sandboxes/{id}/timeout", post(api::set_timeout))
+        .route("/sandboxes/{id}/pause", post(api::pause))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(api::update_network),
+        )
+        .route("/sandboxes/{id}/metrics", get(api::metrics))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", axum::routing::delete(snapshots::delete))
+        .merge(template_api::routes())
+        .merge(secrets::routes())
+        .merge(volumes::routes())
+        .layer(middleware::from_fn_with_state(e2b.clone(), auth))
+        .merge(template_api::upload_route())
+        .merge(volumes::content_routes())
+        .with_state(e2b)
+}
+
+async fn auth(State(e2b): api::St, req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if e2b.api_key_ok(key) {
+        next.run(req).await
+    } else {
+        E2bError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key: set E2B_API_KEY to Warren's API token (<home>/token), bare or as e2b_<token>",
+        )
+        .into_response()
     }
 }
 

@@ -25,7 +25,7 @@ use warren_core::secret::{
 };
 use warren_core::SandboxSpec;
 
-use crate::api::{body, control, E2bError, E2bResult};
+use crate::reply::{body, control, E2bError, E2bResult};
 use crate::E2b;
 
 type St = State<Arc<E2b>>;

@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 use warren_core::image::{CommitImage, ImageTarget};
 use warren_core::spec::ForkRequest;
 
-use crate::api::{body, control, live, page, sandbox, template_of, ttl, E2bError, E2bResult};
+use crate::api::{live, sandbox, template_of, ttl};
+use crate::reply::{body, control, page, E2bError, E2bResult};
 use crate::template_builds::{Built, SnapshotOf};
 use crate::E2b;
 

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{body, control, E2bError, E2bResult};
+use crate::reply::{body, control, E2bError, E2bResult};
 use crate::template_builds::TemplateBuildError;
 use crate::E2b;
 

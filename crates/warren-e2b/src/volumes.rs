@@ -30,7 +30,7 @@ use warren_core::volume::{
 };
 use warren_core::{ApiError, ErrorCode, SandboxInfo, SandboxSpec};
 
-use crate::api::{body, control, E2bError, E2bResult};
+use crate::reply::{body, control, E2bError, E2bResult};
 use crate::{E2b, TOKEN_BYTES};
 
 type St = State<Arc<E2b>>;
@@ -263,7 +263,7 @@ impl From<E2bError> for ContentError {
 impl IntoResponse for ContentError {
     fn into_response(self) -> Response {
         let code = json!(self.status.as_u16().to_string());
-        crate::api::error_response(self.status, code, self.message)
+        crate::reply::error_response(self.status, code, self.message)
     }
 }
 

@@ -7,7 +7,7 @@ use axum::Json;
 use warren_core::{BatchInfo, BatchRequest, ErrorBody};
 
 use super::{ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 /// Create a batch of sandboxes from one spec; answers at once (202) while
 /// the sandboxes are submitted; poll `GET /v1/batches/{id}` for progress.

@@ -29,7 +29,7 @@ pub(crate) async fn create_build(
     body: Body,
 ) -> ApiResult<Response> {
     let req = BuildRequest::from_pairs(&pairs).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let context = crate::sandbox_io::upload(body);
+    let context = crate::streams::upload(body);
     let events = st.control.start_build(req, context).await?;
     Ok(ndjson(&st, events))
 }

@@ -12,7 +12,7 @@ use warren_core::{ApiError, ErrorBody};
 use warren_node_api::{FileKind, PathEntry, PathOp, WriteFile};
 
 use super::{ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 #[derive(Deserialize)]
 pub(crate) struct FileQuery {
@@ -66,7 +66,7 @@ pub(crate) async fn put_file(
             .map_err(|_| ApiError::bad_request(format!("mode {m:?} must be octal, e.g. 0644")))?,
         None => 0o644,
     };
-    let body = crate::sandbox_io::upload(body);
+    let body = crate::streams::upload(body);
     let req = WriteFile {
         path: q.path,
         mode,

@@ -13,7 +13,7 @@ use warren_core::{ApiError, ErrorBody};
 use warren_node_api::PullUpdate;
 
 use super::{ndjson, ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 use crate::node_errors::node_error;
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
@@ -34,7 +34,7 @@ pub(crate) async fn import_image(
         .get("name")
         .cloned()
         .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
-    let archive = crate::sandbox_io::upload(body);
+    let archive = crate::streams::upload(body);
     let image = st.control.import_image(&name, archive).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }

@@ -21,6 +21,7 @@ use crate::control::Control;
 
 mod batches;
 mod builds;
+mod json_body;
 pub mod console;
 mod exec_ws;
 mod files;
@@ -357,7 +358,7 @@ where
 }
 
 /// JSON lines that are bytes already (a log), streamed as they come.
-fn ndjson_lines(lines: crate::sandbox_io::ByteStream) -> Response {
+fn ndjson_lines(lines: crate::streams::ByteStream) -> Response {
     let body = Body::from_stream(lines.map(|r| r.map_err(std::io::Error::other)));
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }

@@ -16,7 +16,7 @@ use warren_core::{ApiError, SandboxInfo};
 
 use crate::api::port_door::PortLink;
 use crate::api::{ApiResult, AppState, Caller, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()

@@ -9,7 +9,7 @@ use warren_core::ApiError;
 use warren_node_api::{JoinRequest, Joined, NodeInfo as Described};
 
 use super::{ApiResult, AppState, Failure, St};
-use crate::json_body::{parse, JsonBody, RawBody};
+use crate::api::json_body::{parse, JsonBody, RawBody};
 use crate::nodes::{Connector, NodeListing, ProofCheck};
 
 /// How nodes join a cluster's control plane.

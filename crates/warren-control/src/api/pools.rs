@@ -6,7 +6,7 @@ use warren_core::pool::{PoolInfo, PoolSpec};
 use warren_core::ErrorBody;
 
 use super::{ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 /// Every pool with its spec, ready members and creates served.
 #[utoipa::path(get, path = "/v1/pools", responses((status = 200, body = [PoolInfo])))]

@@ -13,7 +13,7 @@ use warren_core::{
 };
 
 use super::{ndjson, ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 #[derive(Deserialize)]
 pub(crate) struct CreateQuery {

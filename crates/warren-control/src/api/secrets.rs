@@ -12,7 +12,7 @@ use warren_core::secret::{SecretInfo, SecretMetadata, SecretRequest, SecretValue
 use warren_core::ErrorBody;
 
 use super::{ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 /// Every secret, by name (never a value).
 #[utoipa::path(get, path = "/v1/secrets", responses((status = 200, body = [SecretInfo])))]

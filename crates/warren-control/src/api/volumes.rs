@@ -9,7 +9,7 @@ use warren_core::volume::{VolumeInfo, VolumeName, VolumeRequest};
 use warren_core::{ApiError, ErrorBody};
 
 use super::{ApiResult, St};
-use crate::json_body::JsonBody;
+use crate::api::json_body::JsonBody;
 
 /// Every volume, with its node, size, bytes used and the sandboxes
 /// mounting it.

@@ -339,7 +339,7 @@ async fn archive_of(
     rename: Option<String>,
     chmod: Option<u32>,
     unpack: bool,
-) -> Result<crate::sandbox_io::ByteStream, Failure> {
+) -> Result<crate::streams::ByteStream, Failure> {
     let items = sel.clone();
     let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, String> {
         use std::io::{Seek, SeekFrom};

@@ -15,7 +15,7 @@ mod words;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::sandbox_io::ByteStream;
+use crate::streams::ByteStream;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::build::{BuildEvent, BuildInfo, BuildRequest, BuildState};

@@ -26,7 +26,7 @@ pub async fn start(
         if let Some(addr) = opts.e2b_api {
             let at = serve(
                 addr,
-                warren_e2b::api::router(e2b.clone()),
+                warren_e2b::router(e2b.clone()),
                 "--e2b-api",
                 nofile,
             )

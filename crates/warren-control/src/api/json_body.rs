@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use warren_core::ApiError;
 
-use crate::api::{Failure, MAX_JSON_BODY};
+use super::{Failure, MAX_JSON_BODY};
 
 pub struct JsonBody<T>(pub T);
 

@@ -10,9 +10,8 @@ its top-level module (foo). Comments, strings and character literals are
 stripped first, so prose and messages naming a module make no edge.
 
 A cycle is a strongly connected component of more than one module: modules
-that cannot be understood, tested or moved one without the others. Exits 1
-when a crate outside ALLOWED has one, 0 otherwise; prints every cycle found
-either way.
+that cannot be understood, tested or moved one without the others. Prints
+every cycle found; exits 1 when there is one, 0 otherwise.
 
     scripts/module-cycles.py [--crates DIR] [CRATE...]
 """
@@ -23,11 +22,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Crates whose cycles are known and being broken by their owners: reported,
-# but they do not fail the run. To be removed by issue 41, one crate at a
-# time as its cycles go; an empty set is the goal.
-ALLOWED: set[str] = {"warren-control"}
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 
@@ -228,14 +222,12 @@ def main() -> int:
             continue
         graph = crate_graph(crate / "src")
         for comp in cycles(graph):
-            allowed = crate.name in ALLOWED
-            failed |= not allowed
+            failed = True
             # Each module's edges inside the component: where to cut.
             edges = "; ".join(
                 f"{m} -> {', '.join(sorted(graph[m] & set(comp)))}" for m in comp
             )
-            note = " (allowed, issue 41)" if allowed else ""
-            print(f"{crate.name}: cycle {' <-> '.join(comp)}{note}\n    {edges}")
+            print(f"{crate.name}: cycle {' <-> '.join(comp)}\n    {edges}")
     return 1 if failed else 0
 
 

@@ -16,8 +16,6 @@ SCRIPT = ROOT / "scripts" / "module-cycles.py"
 
 
 def test_no_crate_has_a_module_cycle():
-    # The script's own allow-list (ALLOWED) names the crates whose cycles
-    # are still being broken (issue 41); any other cycle fails here.
     run = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"module cycles:\n{run.stdout}{run.stderr}"
 

@@ -21,6 +21,7 @@ mod fork;
 mod names;
 mod node_events;
 mod node_set;
+mod pools;
 mod recovery;
 mod run;
 
@@ -46,14 +47,14 @@ pub struct Control {
     pub(crate) lifecycle: crate::lifecycle::Lifecycle,
     pub(crate) pools: crate::pools::Pools,
     /// Image builds, running and recent.
-    pub(crate) builds: crate::builds::Builds,
+    pub(crate) builds: crate::build_log::Builds,
     /// Where images built, committed or imported here are published for
     /// every node (`--cluster-registry`); None: images stay on their node.
     pub(crate) cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
-    /// The key secrets are sealed with; None: secrets are refused.
-    pub(crate) secret_box: Option<crate::secrets::SecretBox>,
+    /// Named values sealed in the store (refused without a key).
+    pub(crate) secrets: crate::secrets::Secrets,
 }
 
 impl From<StoreError> for ApiError {
@@ -100,6 +101,7 @@ impl Control {
         liveness: Option<crate::nodes::Liveness>,
     ) -> Control {
         Control {
+            secrets: crate::secrets::Secrets::new(store.clone(), None),
             store,
             nodes: Default::default(),
             admission: Admission::new(queue_limit),
@@ -114,7 +116,6 @@ impl Control {
             builds: Default::default(),
             cluster_registry: None,
             naming: Default::default(),
-            secret_box: None,
         }
     }
 
@@ -124,14 +125,37 @@ impl Control {
         &self.lifecycle
     }
 
+    /// The secrets service.
+    pub fn secrets(&self) -> &crate::secrets::Secrets {
+        &self.secrets
+    }
+
     /// Prometheus metrics, in the text format.
     pub async fn metrics_text(&self) -> String {
-        self.metrics.render(self).await
+        let sandboxes = self.store.list(&[]).await.ok();
+        let held = match sandboxes {
+            Some(_) => self.inventory().await,
+            None => Default::default(),
+        };
+        self.metrics.render(crate::metrics::Snapshot {
+            nodes: self.admission.nodes(),
+            queued: self.admission.queued(),
+            cpu_busy: self
+                .nodes
+                .all()
+                .iter()
+                .map(|n| n.view().info.load.cpu_busy)
+                .collect(),
+            pools: self.pools.infos(),
+            sandboxes,
+            held,
+            profiles: self.store.profiles().await.ok(),
+        })
     }
 
     /// Keeps secrets, sealed with this key.
     pub fn with_secret_box(mut self, sealer: crate::secrets::SecretBox) -> Control {
-        self.secret_box = Some(sealer);
+        self.secrets = crate::secrets::Secrets::new(self.store.clone(), Some(sealer));
         self
     }
 

@@ -13,10 +13,23 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use warren_core::SandboxState;
 
-use crate::control::Control;
-
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// What the gauges are set from at a scrape, gathered by the control
+/// plane (so that this module needs none of it).
+pub struct Snapshot {
+    pub nodes: Vec<crate::admission::NodeUse>,
+    pub queued: usize,
+    /// Each node's CPU busy fraction, as it last reported.
+    pub cpu_busy: Vec<f64>,
+    pub pools: Vec<warren_core::pool::PoolInfo>,
+    /// Every sandbox record; None when the store could not be read.
+    pub sandboxes: Option<Vec<crate::store::SandboxRow>>,
+    /// What the nodes hold now, by sandbox id (their usage).
+    pub held: std::collections::HashMap<String, warren_node_api::SandboxStatus>,
+    pub profiles: Option<Vec<warren_core::profile::Profile>>,
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -177,10 +190,10 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub async fn render(&self, control: &Control) -> String {
-        let admission = &control.admission;
+    /// The metrics in the text format, gauges set from `now`.
+    pub fn render(&self, now: Snapshot) -> String {
         let (mut total, mut used) = (Need::default(), Need::default());
-        for n in admission.nodes() {
+        for n in &now.nodes {
             for (sum, add) in [(&mut total, n.total), (&mut used, n.used)] {
                 sum.cpu_millis += add.cpu_millis;
                 sum.memory += add.memory;
@@ -188,7 +201,7 @@ impl Metrics {
                 sum.gpus += add.gpus;
             }
         }
-        let queued = admission.queued();
+        let queued = now.queued;
         for (fam, need) in [(&self.allocatable, total), (&self.allocated, used)] {
             fam.get_or_create(&l(&[("resource", "cpu")]))
                 .set(need.cpu_millis as f64 / 1000.0);
@@ -201,12 +214,7 @@ impl Metrics {
         }
         self.queue_length.set(queued as i64);
         // The cluster's mean (the one node's figure for `warren up`).
-        let busy: Vec<f64> = control
-            .nodes
-            .all()
-            .iter()
-            .map(|n| n.view().info.load.cpu_busy)
-            .collect();
+        let busy = &now.cpu_busy;
         self.cpu_busy
             .set(busy.iter().sum::<f64>() / busy.len().max(1) as f64);
         self.sandboxes.clear();
@@ -217,7 +225,7 @@ impl Metrics {
         self.sandbox_throttled.clear();
         self.pool_ready.clear();
         self.pool_claimed.clear();
-        for p in control.pools.infos() {
+        for p in &now.pools {
             let labels = l(&[("pool", p.name.as_str())]);
             self.pool_ready
                 .get_or_create(&labels)
@@ -226,14 +234,14 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(p.claimed as i64);
         }
-        if let Ok(rows) = control.store.list(&[]).await {
-            let held = control.inventory().await;
+        if let Some(rows) = &now.sandboxes {
+            let held = &now.held;
             for st in SandboxState::ALL {
                 self.sandboxes
                     .get_or_create(&l(&[("state", st.as_str())]))
                     .set(0);
             }
-            for r in &rows {
+            for r in rows {
                 self.sandboxes
                     .get_or_create(&l(&[("state", r.state.as_str())]))
                     .inc();
@@ -263,7 +271,7 @@ impl Metrics {
         }
         self.profile_request.clear();
         self.profile_anomalous.clear();
-        if let Ok(profiles) = control.store.profiles().await {
+        if let Some(profiles) = &now.profiles {
             for p in profiles {
                 self.profile_request
                     .get_or_create(&l(&[("profile", &p.name), ("resource", "cpu")]))

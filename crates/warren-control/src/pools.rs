@@ -5,25 +5,21 @@
 //! good (it is never handed out twice) and the pool refills in the
 //! background, only when a node has room now and no create is waiting.
 
+//!
+//! This module holds the pools' state (definitions, ready members, members
+//! being made, claims); `control::pools` keeps them with the control
+//! plane's creates and destroys.
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
-use warren_core::clock::now_rfc3339;
 use warren_core::pool::{PoolInfo, PoolSpec, POOL_LABEL};
-use warren_core::state::reason;
 use warren_core::sync::lock;
-use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
+use warren_core::{SandboxInfo, SandboxSpec, SandboxState};
 
-use crate::admission::Request;
-use crate::control::{new_id_with, Control};
-use crate::node_errors::node_error;
 use crate::store::SandboxRow;
 
-/// How often the pools are checked besides the wake-ups (a member that
-/// ended, a node that came back).
-const EVERY: Duration = Duration::from_secs(1);
-
+/// The warm pools' state; every change is one short critical section.
 #[derive(Default)]
 pub struct Pools {
     state: Mutex<State>,
@@ -42,7 +38,7 @@ struct State {
 
 impl Pools {
     /// A ready member of a pool that serves `spec`, taken out of it.
-    fn take(&self, spec: &SandboxSpec) -> Option<(String, String)> {
+    pub(crate) fn take(&self, spec: &SandboxSpec) -> Option<(String, String)> {
         let mut s = lock(&self.state);
         let name = s
             .defs
@@ -65,297 +61,127 @@ impl Pools {
             })
             .collect()
     }
-}
 
-impl Control {
-    /// Every pool with its spec, ready members and creates served.
-    pub fn pool_infos(&self) -> Vec<PoolInfo> {
-        self.pools.infos()
+    pub(crate) fn info(&self, name: &str) -> Option<PoolInfo> {
+        self.infos().into_iter().find(|p| p.name == name)
     }
 
-    pub async fn set_pool(
-        self: &Arc<Self>,
-        name: &str,
-        spec: PoolSpec,
-    ) -> Result<PoolInfo, ApiError> {
-        self.lifecycle.refuse_if_stopping()?;
-        spec.validate(name)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        // An image no node can resolve is refused now, not at each refill.
-        self.image_for_create(self.resolver(&Default::default())?.as_ref(), &spec.image)
-            .await
-            .map_err(node_error)?;
-        self.store.put_pool(name, &spec, &now_rfc3339()).await?;
-        // Members made for other resources must not serve the new ones.
-        let stale = {
-            let mut s = lock(&self.pools.state);
-            let resized_only = s.defs.get(name).is_some_and(|old| {
-                PoolSpec {
-                    size: spec.size,
-                    ..old.clone()
-                } == spec
-            });
-            s.defs.insert(name.to_string(), spec);
-            if resized_only {
-                Vec::new()
-            } else {
-                s.ready.remove(name).unwrap_or_default().into()
-            }
-        };
-        for id in stale {
-            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
+    /// Defines (or redefines) a pool; answers the ready members that no
+    /// longer serve it (made for other resources), taken out of it.
+    pub(crate) fn define(&self, name: &str, spec: PoolSpec) -> Vec<String> {
+        let mut s = lock(&self.state);
+        let resized_only = s.defs.get(name).is_some_and(|old| {
+            PoolSpec {
+                size: spec.size,
+                ..old.clone()
+            } == spec
+        });
+        s.defs.insert(name.to_string(), spec);
+        if resized_only {
+            Vec::new()
+        } else {
+            s.ready.remove(name).unwrap_or_default().into()
         }
-        self.pools.wake.notify_one();
-        self.pool_info(name)
     }
 
-    pub fn pool_info(&self, name: &str) -> Result<PoolInfo, ApiError> {
-        self.pools
-            .infos()
-            .into_iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| {
-                ApiError::not_found(format!("no pool named {name:?}; see `warren pool ls`"))
-            })
+    /// Forgets a pool; answers its ready members.
+    pub(crate) fn remove(&self, name: &str) -> VecDeque<String> {
+        let mut s = lock(&self.state);
+        s.defs.remove(name);
+        s.ready.remove(name).unwrap_or_default()
     }
 
-    /// Removes a pool and destroys its ready members.
-    pub async fn delete_pool(&self, name: &str) -> Result<PoolInfo, ApiError> {
-        let info = self.pool_info(name)?;
-        self.store.delete_pool(name).await?;
-        let members = {
-            let mut s = lock(&self.pools.state);
-            s.defs.remove(name);
-            s.ready.remove(name).unwrap_or_default()
-        };
-        for id in members {
-            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
-        }
-        Ok(info)
+    /// A member of `pool` served a create.
+    pub(crate) fn count_claim(&self, pool: String) {
+        *lock(&self.state).claimed.entry(pool).or_default() += 1;
     }
 
-    /// Serves a create from a warm pool when one matches and has a ready
-    /// member: the member becomes the create's sandbox (its labels, env,
-    /// TTL, lease, network policy, request id). None: make one instead.
-    pub(crate) async fn claim_from_pool(
+    /// Asks the keeper for a pass now (a member claimed or lost, a pool
+    /// changed).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) async fn woken(&self) {
+        self.wake.notified().await
+    }
+
+    /// The definitions as stored, and their members from the running
+    /// records; answers the members of pools that are gone (or that no
+    /// longer serve theirs).
+    pub(crate) fn load(
         &self,
-        spec: &SandboxSpec,
-    ) -> Result<Option<SandboxInfo>, ApiError> {
-        while let Some((pool, id)) = self.pools.take(spec) {
-            let _one = self.sandbox_locks.lock(&id).await;
-            let Ok(row) = self.get(&id).await else {
+        defs: BTreeMap<String, PoolSpec>,
+        rows: Vec<SandboxRow>,
+    ) -> Vec<String> {
+        let mut orphans = Vec::new();
+        let mut s = lock(&self.state);
+        for row in rows {
+            let Some(pool) = row.spec.labels.get(POOL_LABEL) else {
                 continue;
             };
-            if row.state != SandboxState::Running {
-                continue;
-            }
-            let claimed = async {
-                let phase = std::time::Instant::now();
-                let status = self
-                    .api(&row.node)?
-                    .claim(&id, spec.clone())
-                    .await
-                    .map_err(node_error)?;
-                self.metrics.create_phase("claim_node", phase.elapsed());
-                let phase = std::time::Instant::now();
-                let stored = self
-                    .store
-                    .claim_pooled(
-                        &id,
-                        spec,
-                        spec.request_id.as_deref(),
-                        &now_rfc3339(),
-                        &format!("taken from warm pool {pool}"),
-                    )
-                    .await
-                    .map_err(ApiError::from);
-                self.metrics.create_phase("claim_store", phase.elapsed());
-                stored.map(|()| status)
-            }
-            .await;
-            match claimed {
-                Ok(status) => {
-                    *lock(&self.pools.state).claimed.entry(pool).or_default() += 1;
-                    // The row as the claim left it (held under the
-                    // sandbox's lock, nothing else changed it) and the
-                    // node's answer: no second look at either.
-                    let row = SandboxRow {
-                        spec: spec.clone(),
-                        ..row
-                    };
-                    let answer = self.info_with(row, Some(&status), false);
-                    // The refill's create takes the CPUs for a while: only
-                    // once this create has its answer.
-                    self.pools.wake.notify_one();
-                    return Ok(Some(answer));
+            match defs.get(pool) {
+                Some(def) if def.serves(pool, &row.spec) => {
+                    s.ready.entry(pool.clone()).or_default().push_back(row.id)
                 }
-                Err(e) => {
-                    // Half-claimed: it belongs to nobody; make a fresh one.
-                    tracing::warn!(%id, %pool, error = %e.message, "a pool member could not be claimed; destroying it");
-                    let _ = self.destroy_locked(&id, reason::POOL_SHRUNK).await;
-                    self.pools.wake.notify_one();
-                }
+                _ => orphans.push(row.id),
             }
         }
-        Ok(None)
+        s.defs = defs;
+        orphans
     }
 
-    /// Loads the pools after recovery and keeps them filled until the
-    /// control plane stops.
-    pub async fn keep_pools(self: Arc<Self>) {
-        if self.lifecycle.wait_ready().await.is_err() {
-            return;
-        }
-        if let Err(e) = self.load_pools().await {
-            tracing::warn!(error = %e.message, "could not load the warm pools; they stay empty");
-            return;
-        }
-        loop {
-            tokio::select! {
-                _ = self.pools.wake.notified() => {}
-                _ = tokio::time::sleep(EVERY) => {}
-                _ = self.lifecycle.stopped() => return,
-            }
-            self.refill().await;
-        }
-    }
-
-    /// The definitions from the store, and their members from the records
-    /// (they survive restarts like any sandbox); members of pools that are
-    /// gone are destroyed.
-    async fn load_pools(self: &Arc<Self>) -> Result<(), ApiError> {
-        let defs: BTreeMap<String, PoolSpec> = self.store.pools().await?.into_iter().collect();
-        let rows = self.store.list(&[SandboxState::Running]).await?;
-        let mut orphans = Vec::new();
-        {
-            let mut s = lock(&self.pools.state);
-            for row in rows {
-                let Some(pool) = row.spec.labels.get(POOL_LABEL) else {
-                    continue;
-                };
-                match defs.get(pool) {
-                    Some(def) if def.serves(pool, &row.spec) => {
-                        s.ready.entry(pool.clone()).or_default().push_back(row.id)
-                    }
-                    _ => orphans.push(row.id),
-                }
-            }
-            s.defs = defs;
-        }
-        for id in orphans {
-            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
-        }
-        Ok(())
-    }
-
-    /// One pass: sheds members while a node's memory is short or a pool is
-    /// over its size, and starts the missing ones that fit now.
-    async fn refill(self: &Arc<Self>) {
-        let pressure = self
-            .nodes
-            .all()
-            .iter()
-            .any(|n| n.view().info.load.memory_pressure);
-        let defs: Vec<(String, PoolSpec)> = lock(&self.pools.state)
+    pub(crate) fn defs(&self) -> Vec<(String, PoolSpec)> {
+        lock(&self.state)
             .defs
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (name, def) in defs {
-            let surplus = {
-                let mut s = lock(&self.pools.state);
-                let ready = s.ready.entry(name.clone()).or_default();
-                let keep = if pressure {
-                    ready.len().saturating_sub(1)
-                } else {
-                    def.size as usize
-                };
-                let n = ready.len().saturating_sub(keep);
-                ready.drain(..n).collect::<Vec<_>>()
-            };
-            for id in surplus {
-                let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
-            }
-            if pressure {
-                continue;
-            }
-            let missing = {
-                let s = lock(&self.pools.state);
-                let have = s.ready.get(&name).map_or(0, VecDeque::len) as u32
-                    + s.filling.get(&name).copied().unwrap_or(0);
-                def.size.saturating_sub(have)
-            };
-            for _ in 0..missing {
-                if !self.start_member(&name, &def).await {
-                    break;
-                }
-            }
-        }
+            .collect()
     }
 
-    /// Starts one member if a node has room now; false when none has.
-    async fn start_member(self: &Arc<Self>, name: &str, def: &PoolSpec) -> bool {
-        let spec = def.template(name);
-        let Ok(resources) = spec.resolve() else {
-            return false;
-        };
-        let Ok(resolver) = self.resolver(&spec.node_selector) else {
-            return false;
-        };
-        let Ok(image) = self.image_for_create(resolver.as_ref(), &spec.image).await else {
-            return false;
-        };
-        let id = new_id_with("sbx");
-        let Some(node) = self
-            .admission
-            .try_admit(&id, Request::of(&spec, &resources, &image.digest))
-        else {
-            return false;
-        };
-        *lock(&self.pools.state)
+    /// Takes the oldest ready members beyond `keep` out of the pool.
+    pub(crate) fn shed(&self, name: &str, keep: impl FnOnce(usize) -> usize) -> Vec<String> {
+        let mut s = lock(&self.state);
+        let ready = s.ready.entry(name.to_string()).or_default();
+        let n = ready.len().saturating_sub(keep(ready.len()));
+        ready.drain(..n).collect()
+    }
+
+    /// How many members the pool lacks of `size`, counting those being made.
+    pub(crate) fn missing(&self, name: &str, size: u32) -> u32 {
+        let s = lock(&self.state);
+        let have = s.ready.get(name).map_or(0, VecDeque::len) as u32
+            + s.filling.get(name).copied().unwrap_or(0);
+        size.saturating_sub(have)
+    }
+
+    /// A member of `name` is being made.
+    pub(crate) fn filling(&self, name: &str) {
+        *lock(&self.state)
             .filling
             .entry(name.to_string())
             .or_default() += 1;
-        let row = SandboxRow::new(
-            &id,
-            spec,
-            resources,
-            node,
-            image.digest,
-            SandboxState::Creating,
-        );
-        let (this, name) = (self.clone(), name.to_string());
-        tokio::spawn(async move {
-            let made = this.create_admitted(row).await;
-            let unwanted = {
-                let mut s = lock(&this.pools.state);
-                if let Some(f) = s.filling.get_mut(&name) {
-                    *f = f.saturating_sub(1);
-                }
-                match made {
-                    Ok((info, _)) => {
-                        // The pool may have gone or changed while it was made.
-                        let wanted = info.state == SandboxState::Running
-                            && s.defs
-                                .get(&name)
-                                .is_some_and(|d| d.serves(&name, &info.spec));
-                        if wanted {
-                            s.ready.entry(name.clone()).or_default().push_back(info.id);
-                            None
-                        } else {
-                            Some(info.id)
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(pool = %name, error = %e.message, "a warm pool member could not be made");
-                        None
-                    }
-                }
-            };
-            if let Some(id) = unwanted {
-                let _ = this.destroy(&id, reason::POOL_SHRUNK).await;
-            }
-        });
-        true
+    }
+
+    /// A member of `name` was made (`made`: what it became, None: it
+    /// failed). Answers it when it is not wanted after all: the pool went
+    /// or changed meanwhile, or it did not come up running.
+    pub(crate) fn made(&self, name: &str, made: Option<SandboxInfo>) -> Option<String> {
+        let mut s = lock(&self.state);
+        if let Some(f) = s.filling.get_mut(name) {
+            *f = f.saturating_sub(1);
+        }
+        let info = made?;
+        let wanted = info.state == SandboxState::Running
+            && s.defs.get(name).is_some_and(|d| d.serves(name, &info.spec));
+        if wanted {
+            s.ready
+                .entry(name.to_string())
+                .or_default()
+                .push_back(info.id);
+            None
+        } else {
+            Some(info.id)
+        }
     }
 }

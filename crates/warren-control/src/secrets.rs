@@ -17,8 +17,7 @@ use warren_core::secret::{
 };
 use warren_core::ApiError;
 
-use crate::control::Control;
-use crate::store::SecretRow;
+use crate::store::{SecretRow, Store};
 
 /// The file under the server's home that holds the key (32 random bytes
 /// as hex, mode 0600); replicas of a cluster share it, as they share the
@@ -139,9 +138,21 @@ fn not_found(which: &str) -> ApiError {
     ))
 }
 
-impl Control {
+/// The secrets service: named values sealed in the store, opened only for
+/// a create that names them. No answer of it carries a value.
+pub struct Secrets {
+    store: Arc<dyn Store>,
+    /// None: this server has no key, and every call is refused.
+    sealer: Option<SecretBox>,
+}
+
+impl Secrets {
+    pub(crate) fn new(store: Arc<dyn Store>, sealer: Option<SecretBox>) -> Secrets {
+        Secrets { store, sealer }
+    }
+
     fn secret_box(&self) -> Result<&SecretBox, ApiError> {
-        self.secret_box.as_ref().ok_or_else(|| {
+        self.sealer.as_ref().ok_or_else(|| {
             ApiError::new(
                 warren_core::ErrorCode::Unavailable,
                 "this server keeps no secrets (it has no key)",
@@ -160,7 +171,7 @@ impl Control {
             .ok_or_else(|| not_found(which))
     }
 
-    pub async fn create_secret(&self, req: SecretRequest) -> Result<SecretInfo, ApiError> {
+    pub async fn create(&self, req: SecretRequest) -> Result<SecretInfo, ApiError> {
         let sealer = self.secret_box()?;
         let id = format!("sec_{}", &crate::new_secret()[..24]);
         let now = now_rfc3339();
@@ -185,7 +196,7 @@ impl Control {
     }
 
     /// A new version of the value (and the metadata, when given).
-    pub async fn update_secret(
+    pub async fn update(
         &self,
         which: &str,
         value: SecretValue,
@@ -215,18 +226,18 @@ impl Control {
         info(&row)
     }
 
-    pub async fn secret(&self, which: &str) -> Result<SecretInfo, ApiError> {
+    pub async fn get(&self, which: &str) -> Result<SecretInfo, ApiError> {
         info(&self.secret_row(which).await?)
     }
 
     /// Every secret, by name.
-    pub async fn secrets(&self) -> Result<Vec<SecretInfo>, ApiError> {
+    pub async fn list(&self) -> Result<Vec<SecretInfo>, ApiError> {
         self.store.secrets().await?.iter().map(info).collect()
     }
 
     /// Removes a secret. Sandboxes given it keep their copy; new ones that
     /// name it are refused.
-    pub async fn delete_secret(&self, which: &str) -> Result<SecretInfo, ApiError> {
+    pub async fn delete(&self, which: &str) -> Result<SecretInfo, ApiError> {
         let row = self.secret_row(which).await?;
         if !self.store.delete_secret(&row.name).await? {
             return Err(not_found(which));
@@ -236,7 +247,7 @@ impl Control {
 
     /// Refuses a spec that names a secret that does not exist, before
     /// anything is made for it.
-    pub(crate) async fn check_secrets(&self, refs: &[SecretRef]) -> Result<(), ApiError> {
+    pub(crate) async fn check(&self, refs: &[SecretRef]) -> Result<(), ApiError> {
         if refs.is_empty() {
             return Ok(());
         }
@@ -256,10 +267,7 @@ impl Control {
 
     /// The values a sandbox is given, opened now (so an update reaches the
     /// sandboxes made after it).
-    pub(crate) async fn resolve_secrets(
-        &self,
-        refs: &[SecretRef],
-    ) -> Result<Vec<Resolved>, ApiError> {
+    pub(crate) async fn resolve(&self, refs: &[SecretRef]) -> Result<Vec<Resolved>, ApiError> {
         if refs.is_empty() {
             return Ok(Vec::new());
         }

@@ -85,7 +85,7 @@ async fn create(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
         value: value(req.value)?,
         metadata: metadata(req.metadata)?,
     };
-    let made = control(&e2b)?.create_secret(req).await?;
+    let made = control(&e2b)?.secrets().create(req).await?;
     Ok((StatusCode::CREATED, Json(secret(&made))).into_response())
 }
 
@@ -100,16 +100,19 @@ struct SecretUpdate {
 async fn update(State(e2b): St, Path(id): Path<String>, raw: Bytes) -> E2bResult<Json<Value>> {
     let req: SecretUpdate = body(&raw)?;
     let (value, metadata) = (value(req.value)?, metadata(req.metadata)?);
-    let updated = control(&e2b)?.update_secret(&id, value, metadata).await?;
+    let updated = control(&e2b)?
+        .secrets()
+        .update(&id, value, metadata)
+        .await?;
     Ok(Json(secret(&updated)))
 }
 
 async fn one(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
-    Ok(Json(secret(&control(&e2b)?.secret(&id).await?)))
+    Ok(Json(secret(&control(&e2b)?.secrets().get(&id).await?)))
 }
 
 async fn destroy(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
-    control(&e2b)?.delete_secret(&id).await?;
+    control(&e2b)?.secrets().delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -144,7 +147,7 @@ async fn list(State(e2b): St, q: Result<Query<ListQuery>, QueryRejection>) -> E2
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad(format!("limit {limit}: 1 to {MAX_PAGE}")));
     }
-    let mut all = control(&e2b)?.secrets().await?;
+    let mut all = control(&e2b)?.secrets().list().await?;
     all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
         None => 0,

@@ -21,11 +21,11 @@ use crate::control::Control;
 
 mod batches;
 mod builds;
-mod json_body;
 pub mod console;
 mod exec_ws;
 mod files;
 mod images;
+mod json_body;
 mod logs;
 pub mod network;
 mod nodes;

@@ -14,9 +14,9 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use warren_core::{ApiError, SandboxInfo};
 
+use crate::api::json_body::JsonBody;
 use crate::api::port_door::PortLink;
 use crate::api::{ApiResult, AppState, Caller, St};
-use crate::api::json_body::JsonBody;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()

@@ -17,7 +17,7 @@ use crate::api::json_body::JsonBody;
 /// Every secret, by name (never a value).
 #[utoipa::path(get, path = "/v1/secrets", responses((status = 200, body = [SecretInfo])))]
 pub(crate) async fn list_secrets(State(st): St) -> ApiResult<Json<Vec<SecretInfo>>> {
-    Ok(Json(st.control.secrets().await?))
+    Ok(Json(st.control.secrets().list().await?))
 }
 
 /// Keeps a secret (version 1). 409 if the name is taken.
@@ -27,7 +27,7 @@ pub(crate) async fn create_secret(
     State(st): St,
     JsonBody(req): JsonBody<SecretRequest>,
 ) -> ApiResult<Response> {
-    let made = st.control.create_secret(req).await?;
+    let made = st.control.secrets().create(req).await?;
     Ok((StatusCode::CREATED, Json(made)).into_response())
 }
 
@@ -38,7 +38,7 @@ pub(crate) async fn get_secret(
     State(st): St,
     Path(name): Path<String>,
 ) -> ApiResult<Json<SecretInfo>> {
-    Ok(Json(st.control.secret(&name).await?))
+    Ok(Json(st.control.secrets().get(&name).await?))
 }
 
 /// `PUT /v1/secrets/{name}`: a new value (and metadata, when given).
@@ -61,7 +61,8 @@ pub(crate) async fn update_secret(
 ) -> ApiResult<Json<SecretInfo>> {
     Ok(Json(
         st.control
-            .update_secret(&name, req.value, req.metadata)
+            .secrets()
+            .update(&name, req.value, req.metadata)
             .await?,
     ))
 }
@@ -73,5 +74,5 @@ pub(crate) async fn delete_secret(
     State(st): St,
     Path(name): Path<String>,
 ) -> ApiResult<Json<SecretInfo>> {
-    Ok(Json(st.control.delete_secret(&name).await?))
+    Ok(Json(st.control.secrets().delete(&name).await?))
 }

@@ -17,7 +17,6 @@ use base64::Engine as _;
 use futures_util::StreamExt;
 use warren_core::build::{BuildEvent, BuildRequest, ImageSettings};
 use warren_core::spec::Dur;
-use warren_core::sync::lock;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
 use warren_node_api::{CommitImage, DeriveImage, ImageTarget, NodeApi, PathOp};
 
@@ -406,7 +405,7 @@ impl Run {
     /// A sandbox of the node from `digest` for one step.
     pub(super) async fn sandbox(&self, digest: &str, network: bool) -> Result<Sandbox, Failure> {
         let mut labels = warren_core::Labels::new();
-        let build_id = lock(&self.build.info).id.clone();
+        let build_id = self.build.id();
         labels.insert(BUILD_LABEL.to_string(), build_id);
         let spec = SandboxSpec {
             image: digest.to_string(),

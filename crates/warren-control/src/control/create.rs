@@ -17,7 +17,8 @@ use crate::store::{SandboxRow, StoreError, Transition};
 /// secrets it names.
 async fn create_request(row: &SandboxRow, control: &Control) -> Result<CreateSandbox, NodeError> {
     let secrets = control
-        .resolve_secrets(&row.spec.secrets)
+        .secrets
+        .resolve(&row.spec.secrets)
         .await
         .map_err(|e| {
             use warren_core::ErrorCode;
@@ -167,7 +168,7 @@ impl Control {
                 return Ok((self.info(settled, false).await, false));
             }
         }
-        self.check_secrets(&spec.secrets).await?;
+        self.secrets.check(&spec.secrets).await?;
         let _name = self.claim_name(spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {

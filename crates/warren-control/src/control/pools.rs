@@ -1,0 +1,242 @@
+//! How the control plane keeps its warm pools (state in `crate::pools`):
+//! defines and removes them, serves creates from them, and refills them in
+//! the background only when a node has room now and no create is waiting.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warren_core::clock::now_rfc3339;
+use warren_core::pool::{PoolInfo, PoolSpec};
+use warren_core::state::reason;
+use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
+
+use super::{new_id_with, Control};
+use crate::admission::Request;
+use crate::node_errors::node_error;
+use crate::store::SandboxRow;
+
+/// How often the pools are checked besides the wake-ups (a member that
+/// ended, a node that came back).
+const EVERY: Duration = Duration::from_secs(1);
+
+impl Control {
+    /// Every pool with its spec, ready members and creates served.
+    pub fn pool_infos(&self) -> Vec<PoolInfo> {
+        self.pools.infos()
+    }
+
+    pub async fn set_pool(
+        self: &Arc<Self>,
+        name: &str,
+        spec: PoolSpec,
+    ) -> Result<PoolInfo, ApiError> {
+        self.lifecycle.refuse_if_stopping()?;
+        spec.validate(name)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // An image no node can resolve is refused now, not at each refill.
+        self.image_for_create(self.resolver(&Default::default())?.as_ref(), &spec.image)
+            .await
+            .map_err(node_error)?;
+        self.store.put_pool(name, &spec, &now_rfc3339()).await?;
+        // Members made for other resources must not serve the new ones.
+        let stale = self.pools.define(name, spec);
+        for id in stale {
+            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
+        }
+        self.pools.wake();
+        self.pool_info(name)
+    }
+
+    pub fn pool_info(&self, name: &str) -> Result<PoolInfo, ApiError> {
+        self.pools.info(name).ok_or_else(|| {
+            ApiError::not_found(format!("no pool named {name:?}; see `warren pool ls`"))
+        })
+    }
+
+    /// Removes a pool and destroys its ready members.
+    pub async fn delete_pool(&self, name: &str) -> Result<PoolInfo, ApiError> {
+        let info = self.pool_info(name)?;
+        self.store.delete_pool(name).await?;
+        let members = self.pools.remove(name);
+        for id in members {
+            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
+        }
+        Ok(info)
+    }
+
+    /// Serves a create from a warm pool when one matches and has a ready
+    /// member: the member becomes the create's sandbox (its labels, env,
+    /// TTL, lease, network policy, request id). None: make one instead.
+    pub(crate) async fn claim_from_pool(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<Option<SandboxInfo>, ApiError> {
+        while let Some((pool, id)) = self.pools.take(spec) {
+            let _one = self.sandbox_locks.lock(&id).await;
+            let Ok(row) = self.get(&id).await else {
+                continue;
+            };
+            if row.state != SandboxState::Running {
+                continue;
+            }
+            let claimed = async {
+                let phase = std::time::Instant::now();
+                let status = self
+                    .api(&row.node)?
+                    .claim(&id, spec.clone())
+                    .await
+                    .map_err(node_error)?;
+                self.metrics.create_phase("claim_node", phase.elapsed());
+                let phase = std::time::Instant::now();
+                let stored = self
+                    .store
+                    .claim_pooled(
+                        &id,
+                        spec,
+                        spec.request_id.as_deref(),
+                        &now_rfc3339(),
+                        &format!("taken from warm pool {pool}"),
+                    )
+                    .await
+                    .map_err(ApiError::from);
+                self.metrics.create_phase("claim_store", phase.elapsed());
+                stored.map(|()| status)
+            }
+            .await;
+            match claimed {
+                Ok(status) => {
+                    self.pools.count_claim(pool);
+                    // The row as the claim left it (held under the
+                    // sandbox's lock, nothing else changed it) and the
+                    // node's answer: no second look at either.
+                    let row = SandboxRow {
+                        spec: spec.clone(),
+                        ..row
+                    };
+                    let answer = self.info_with(row, Some(&status), false);
+                    // The refill's create takes the CPUs for a while: only
+                    // once this create has its answer.
+                    self.pools.wake();
+                    return Ok(Some(answer));
+                }
+                Err(e) => {
+                    // Half-claimed: it belongs to nobody; make a fresh one.
+                    tracing::warn!(%id, %pool, error = %e.message, "a pool member could not be claimed; destroying it");
+                    let _ = self.destroy_locked(&id, reason::POOL_SHRUNK).await;
+                    self.pools.wake();
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Loads the pools after recovery and keeps them filled until the
+    /// control plane stops.
+    pub async fn keep_pools(self: Arc<Self>) {
+        if self.lifecycle.wait_ready().await.is_err() {
+            return;
+        }
+        if let Err(e) = self.load_pools().await {
+            tracing::warn!(error = %e.message, "could not load the warm pools; they stay empty");
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = self.pools.woken() => {}
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+            self.refill().await;
+        }
+    }
+
+    /// The definitions from the store, and their members from the records
+    /// (they survive restarts like any sandbox); members of pools that are
+    /// gone are destroyed.
+    async fn load_pools(self: &Arc<Self>) -> Result<(), ApiError> {
+        let defs: BTreeMap<String, PoolSpec> = self.store.pools().await?.into_iter().collect();
+        let rows = self.store.list(&[SandboxState::Running]).await?;
+        for id in self.pools.load(defs, rows) {
+            let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
+        }
+        Ok(())
+    }
+
+    /// One pass: sheds members while a node's memory is short or a pool is
+    /// over its size, and starts the missing ones that fit now.
+    async fn refill(self: &Arc<Self>) {
+        let pressure = self
+            .nodes
+            .all()
+            .iter()
+            .any(|n| n.view().info.load.memory_pressure);
+        for (name, def) in self.pools.defs() {
+            let surplus = self.pools.shed(&name, |ready| {
+                if pressure {
+                    ready.saturating_sub(1)
+                } else {
+                    def.size as usize
+                }
+            });
+            for id in surplus {
+                let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
+            }
+            if pressure {
+                continue;
+            }
+            let missing = self.pools.missing(&name, def.size);
+            for _ in 0..missing {
+                if !self.start_member(&name, &def).await {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Starts one member if a node has room now; false when none has.
+    async fn start_member(self: &Arc<Self>, name: &str, def: &PoolSpec) -> bool {
+        let spec = def.template(name);
+        let Ok(resources) = spec.resolve() else {
+            return false;
+        };
+        let Ok(resolver) = self.resolver(&spec.node_selector) else {
+            return false;
+        };
+        let Ok(image) = self.image_for_create(resolver.as_ref(), &spec.image).await else {
+            return false;
+        };
+        let id = new_id_with("sbx");
+        let Some(node) = self
+            .admission
+            .try_admit(&id, Request::of(&spec, &resources, &image.digest))
+        else {
+            return false;
+        };
+        self.pools.filling(name);
+        let row = SandboxRow::new(
+            &id,
+            spec,
+            resources,
+            node,
+            image.digest,
+            SandboxState::Creating,
+        );
+        let (this, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move {
+            let made = this.create_admitted(row).await;
+            let made = match made {
+                Ok((info, _)) => Some(info),
+                Err(e) => {
+                    tracing::warn!(pool = %name, error = %e.message, "a warm pool member could not be made");
+                    None
+                }
+            };
+            let unwanted = this.pools.made(&name, made);
+            if let Some(id) = unwanted {
+                let _ = this.destroy(&id, reason::POOL_SHRUNK).await;
+            }
+        });
+        true
+    }
+}

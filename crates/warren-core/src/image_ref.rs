@@ -51,10 +51,20 @@ pub fn pinned(reference: &str, digest: &str) -> Option<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterRegistry(String);
 
-impl std::str::FromStr for ClusterRegistry {
-    type Err = String;
+/// Why `--cluster-registry` names no registry to publish below.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterRegistryError {
+    /// Its host would make the references below it read as local names.
+    #[error("{0:?} is not a registry: give HOST[:PORT][/PATH] whose host has a `.` or a port, or is localhost (e.g. registry.internal:5000/warren)")]
+    Host(String),
+    #[error("{0:?} is not a repository path: lowercase letters, digits, `.`, `_` and `-` between slashes")]
+    Path(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for ClusterRegistry {
+    type Err = ClusterRegistryError;
+
+    fn from_str(s: &str) -> Result<Self, ClusterRegistryError> {
         let s = s.trim().trim_end_matches('/');
         let (host, path) = s.split_once('/').unwrap_or((s, ""));
         // Without a `.`, `:` or `localhost` the references made below it
@@ -65,9 +75,7 @@ impl std::str::FromStr for ClusterRegistry {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '[' | ']'));
         if !host_ok {
-            return Err(format!(
-                "{s:?} is not a registry: give HOST[:PORT][/PATH] whose host has a `.` or a port, or is localhost (e.g. registry.internal:5000/warren)"
-            ));
+            return Err(ClusterRegistryError::Host(s.to_string()));
         }
         let path_ok = path.is_empty()
             || path.split('/').all(|c| {
@@ -79,9 +87,7 @@ impl std::str::FromStr for ClusterRegistry {
                     })
             });
         if !path_ok {
-            return Err(format!(
-                "{path:?} is not a repository path: lowercase letters, digits, `.`, `_` and `-` between slashes"
-            ));
+            return Err(ClusterRegistryError::Path(path.to_string()));
         }
         Ok(ClusterRegistry(s.to_string()))
     }
@@ -141,6 +147,10 @@ mod tests {
         ] {
             assert!(bad.parse::<ClusterRegistry>().is_err(), "{bad:?}");
         }
+        assert_eq!(
+            "reg.internal/Warren".parse::<ClusterRegistry>(),
+            Err(ClusterRegistryError::Path("Warren".into()))
+        );
     }
 
     #[test]

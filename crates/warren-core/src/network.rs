@@ -21,6 +21,38 @@ pub enum RuleError {
     Port(String),
     #[error("network rule {0:?}: {1}")]
     Host(String, String),
+    /// The rule's host is neither a host name nor an IPv4 address.
+    #[error("network rule {rule:?}: {source}")]
+    HostName { rule: String, source: HostError },
+}
+
+/// Why a host a client wrote is neither a host name nor an IP address
+/// ([`normalize_host`]); each message quotes the host as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// `[...]` around something that is not an IPv6 address. The parser's
+    /// own words ("invalid IPv6 address syntax") say no more than this
+    /// message, so they stay in the source only.
+    #[error("{host:?} is not a valid IPv6 address")]
+    Ipv6 {
+        host: String,
+        source: std::net::AddrParseError,
+    },
+    /// A `:` outside brackets, in what is not an IPv6 address either.
+    #[error("{host:?} is not a valid host")]
+    Colon {
+        host: String,
+        source: std::net::AddrParseError,
+    },
+    #[error("{0:?} is not ASCII: write internationalised names in punycode (xn--...)")]
+    NotAscii(String),
+    #[error("{0:?} is not a valid host name (1 to 253 characters)")]
+    Length(String),
+    #[error("{0:?} is not a valid host name: labels are 1-63 letters, digits, '-' or '_'")]
+    Label(String),
+    /// Some resolvers would read it as an address.
+    #[error("{0:?} is neither a valid IPv4 address nor a host name")]
+    NumericLabel(String),
 }
 
 /// What a client asked to reach, after normalisation.
@@ -296,6 +328,10 @@ fn parse_rule(text: &str, allow: bool) -> Result<Rule, RuleError> {
         .filter(|p| *p != 0)
         .ok_or_else(|| RuleError::Port(text.to_string()))?;
     let bad = |why: &str| RuleError::Host(text.to_string(), why.to_string());
+    let host_name = |source| RuleError::HostName {
+        rule: text.to_string(),
+        source,
+    };
     let host = if let Some((addr, prefix)) = host.split_once('/') {
         let addr: Ipv4Addr = addr.parse().map_err(|_| bad("a CIDR is an IPv4 address in dotted form, a '/' and a prefix length, e.g. 10.0.0.0/8"))?;
         let prefix: u8 = prefix
@@ -316,7 +352,7 @@ fn parse_rule(text: &str, allow: bool) -> Result<Rule, RuleError> {
             prefix,
         }
     } else if let Some(suffix) = host.strip_prefix("*.") {
-        match normalize_host(suffix).map_err(|e| bad(&e))? {
+        match normalize_host(suffix).map_err(host_name)? {
             Target::Name(n) if n.contains('.') => Host::Suffix(format!(".{n}")),
             Target::Name(_) => {
                 return Err(bad(
@@ -326,7 +362,7 @@ fn parse_rule(text: &str, allow: bool) -> Result<Rule, RuleError> {
             Target::Ip(_) => return Err(bad("a wildcard cannot cover an IP address")),
         }
     } else {
-        match normalize_host(host).map_err(|e| bad(&e))? {
+        match normalize_host(host).map_err(host_name)? {
             Target::Name(n) => Host::Exact(n),
             Target::Ip(IpAddr::V4(ip)) => Host::Net {
                 base: u32::from(ip),
@@ -347,7 +383,7 @@ fn parse_rule(text: &str, allow: bool) -> Result<Rule, RuleError> {
 /// every spelling of an IPv4 address (`127.1`, `2130706433`, `0x7f.0.0.1`,
 /// octal) read the way `inet_aton` reads it, so an address never passes as a
 /// name. Non-ASCII names must be given in punycode.
-pub fn normalize_host(raw: &str) -> Result<Target, String> {
+pub fn normalize_host(raw: &str) -> Result<Target, HostError> {
     let host = raw.trim();
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         return inner
@@ -356,24 +392,26 @@ pub fn normalize_host(raw: &str) -> Result<Target, String> {
                 Some(v4) => Target::Ip(IpAddr::V4(v4)),
                 None => Target::Ip(IpAddr::V6(ip)),
             })
-            .map_err(|_| format!("{raw:?} is not a valid IPv6 address"));
+            .map_err(|source| HostError::Ipv6 {
+                host: raw.to_string(),
+                source,
+            });
     }
     if host.contains(':') {
         return host
             .parse::<std::net::Ipv6Addr>()
             .map(|ip| Target::Ip(IpAddr::V6(ip)))
-            .map_err(|_| format!("{raw:?} is not a valid host"));
+            .map_err(|source| HostError::Colon {
+                host: raw.to_string(),
+                source,
+            });
     }
     let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     if !host.is_ascii() {
-        return Err(format!(
-            "{raw:?} is not ASCII: write internationalised names in punycode (xn--...)"
-        ));
+        return Err(HostError::NotAscii(raw.to_string()));
     }
     if host.is_empty() || host.len() > 253 {
-        return Err(format!(
-            "{raw:?} is not a valid host name (1 to 253 characters)"
-        ));
+        return Err(HostError::Length(raw.to_string()));
     }
     if let Some(ip) = inet_aton(&host) {
         return Ok(Target::Ip(IpAddr::V4(ip)));
@@ -387,9 +425,7 @@ pub fn normalize_host(raw: &str) -> Result<Target, String> {
             && !label.starts_with('-')
             && !label.ends_with('-');
         if !ok {
-            return Err(format!(
-                "{raw:?} is not a valid host name: labels are 1-63 letters, digits, '-' or '_'"
-            ));
+            return Err(HostError::Label(raw.to_string()));
         }
     }
     // A name whose last label is numeric would be read as an address by some
@@ -399,9 +435,7 @@ pub fn normalize_host(raw: &str) -> Result<Target, String> {
         .next()
         .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()) || l.starts_with("0x"))
     {
-        return Err(format!(
-            "{raw:?} is neither a valid IPv4 address nor a host name"
-        ));
+        return Err(HostError::NumericLabel(raw.to_string()));
     }
     Ok(Target::Name(host))
 }
@@ -505,6 +539,11 @@ mod tests {
         assert!(normalize_host("a..b").is_err());
         assert!(normalize_host("bücher.de").is_err());
         assert!(normalize_host("foo.123").is_err());
+        // The messages quote the host as written; the parser's error stays
+        // reachable as the source.
+        let bad_v6 = normalize_host("[zz]").expect_err("not an address");
+        assert_eq!(bad_v6.to_string(), r#""[zz]" is not a valid IPv6 address"#);
+        assert!(std::error::Error::source(&bad_v6).is_some());
         assert!(matches!(
             normalize_host("[::1]"),
             Ok(Target::Ip(IpAddr::V6(_)))

@@ -73,16 +73,23 @@ impl fmt::Display for SandboxState {
     }
 }
 
+/// A name that is no [`SandboxState`]'s; the message lists them all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown state {0:?}: expected one of {names}", names = state_names())]
+pub struct UnknownState(pub String);
+
+fn state_names() -> String {
+    let names: Vec<&str> = SandboxState::ALL.iter().map(|s| s.as_str()).collect();
+    names.join(", ")
+}
+
 impl FromStr for SandboxState {
-    type Err = String;
+    type Err = UnknownState;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         SandboxState::ALL
             .into_iter()
             .find(|st| st.as_str() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = SandboxState::ALL.iter().map(|s| s.as_str()).collect();
-                format!("unknown state {s:?}: expected one of {}", names.join(", "))
-            })
+            .ok_or_else(|| UnknownState(s.to_string()))
     }
 }
 
@@ -123,4 +130,20 @@ pub mod reason {
     pub const MEMORY_PRESSURE: &str = "memory_pressure";
     /// Its stored record could not be read (see the store's recovery).
     pub const CORRUPT_RECORD: &str = "corrupt_record";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_state_lists_the_known_ones() {
+        assert_eq!("running".parse::<SandboxState>(), Ok(SandboxState::Running));
+        let e = "runing".parse::<SandboxState>().expect_err("no such state");
+        assert_eq!(e, UnknownState("runing".into()));
+        assert_eq!(
+            e.to_string(),
+            r#"unknown state "runing": expected one of queued, creating, running, paused, stopping, destroyed, failed, kept, lost"#
+        );
+    }
 }

@@ -169,16 +169,16 @@ fn bad_request(net: &SandboxNet, via: &str, why: String) -> Response<Body> {
 /// Why a request names no host and port the proxy can open.
 #[derive(Debug, thiserror::Error)]
 enum TargetError {
-    /// warren_core's reason the host is no host name or address.
-    #[error("{0}")]
-    Host(String),
+    /// The host is no host name or address.
+    #[error(transparent)]
+    Host(#[from] warren_core::network::HostError),
     #[error("{0}: a port is required")]
     NoPort(String),
 }
 
 /// Host and port of a CONNECT authority or an absolute URL.
 fn target_of(host: &str, port: Option<u16>) -> Result<(Target, u16), TargetError> {
-    let target = normalize_host(host).map_err(TargetError::Host)?;
+    let target = normalize_host(host)?;
     let port = port.ok_or_else(|| TargetError::NoPort(host.to_string()))?;
     Ok((target, port))
 }

@@ -130,7 +130,7 @@ async fn decide(
     };
     match normalize_host(&host) {
         Ok(t) => Ok((t, kind)),
-        Err(e) => Err((refusal(e), kind)),
+        Err(e) => Err((refusal(e.to_string()), kind)),
     }
 }
 

@@ -70,7 +70,7 @@ pub(crate) fn list_filter(q: &ListQuery) -> Result<(Vec<SandboxState>, Selector)
             .split(',')
             .map(|x| x.trim().parse::<SandboxState>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(ApiError::bad_request)?,
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
         None if q.all.unwrap_or(false) => vec![],
         None => SandboxState::ALL
             .into_iter()

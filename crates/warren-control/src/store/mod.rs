@@ -424,7 +424,7 @@ where
     let spec = r.text("spec")?;
     let resources = r.text("resources")?;
     Ok(SandboxRow {
-        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e))?,
+        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e.to_string()))?,
         reason: r.text("reason")?,
         spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.to_string()))?,
         resources: serde_json::from_str(&resources)

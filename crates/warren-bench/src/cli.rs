@@ -14,33 +14,8 @@ use clap::{Args, Parser, Subcommand};
                   --url/WARREN_URL, and the token from --token/WARREN_TOKEN or --home/WARREN_HOME."
 )]
 pub struct Cli {
-    /// The API of the `warren up` or `warren server` to measure.
-    #[arg(
-        long,
-        env = "WARREN_URL",
-        default_value = "http://127.0.0.1:7070",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub url: String,
-    /// API token; default: the token file in --home.
-    #[arg(
-        long,
-        env = "WARREN_TOKEN",
-        global = true,
-        hide_env_values = true,
-        help_heading = "Global options"
-    )]
-    pub token: Option<String>,
-    /// The measured daemon's state directory, where its token is read.
-    #[arg(
-        long,
-        env = "WARREN_HOME",
-        default_value = "/var/lib/warren",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub home: PathBuf,
+    #[command(flatten)]
+    pub api: warren_cli::ApiArgs,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -17,7 +17,6 @@ mod simulate;
 
 use anyhow::Result;
 use clap::Parser;
-use warren_cli::client::Client;
 
 use cli::{Cli, Command};
 
@@ -32,28 +31,11 @@ fn main() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // The client's reqwest needs rustls' process-wide provider, as in `warren`.
     warren_image::install_tls_provider();
-    let rt = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            say!("error: cannot start the async runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let code = rt.block_on(async {
-        match run(args).await {
-            Ok(code) => code,
-            Err(e) => {
-                say!("error: {e:#}");
-                1
-            }
-        }
-    });
-    // Streams may still be open in background tasks; exit with the code now.
-    std::process::exit(code)
+    warren_cli::run_async(run(args))
 }
 
 async fn run(cli: Cli) -> Result<i32> {
-    let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
+    let client = || cli.api.client();
     match cli.command {
         Command::Lifecycle(args) => lifecycle::run(&client()?, args).await,
         Command::Net(args) => net::run(&client()?, args).await,

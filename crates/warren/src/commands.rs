@@ -5,7 +5,6 @@ use anyhow::Result;
 use warren_core::quantity;
 
 use crate::cli::{Cli, Command};
-use warren_cli::client::Client;
 
 mod batches;
 mod build;
@@ -28,13 +27,13 @@ mod terminal;
 mod volumes;
 
 pub async fn run(cli: Cli) -> Result<i32> {
-    let client = || Client::new(&cli.url, cli.token.clone(), &cli.home);
+    let client = || cli.api.client();
     match cli.command {
-        Command::Up(args) => crate::daemon::up::run(&cli.home, args).await,
-        Command::Server(args) => crate::daemon::server::run(&cli.home, args).await,
+        Command::Up(args) => crate::daemon::up::run(&cli.api.home, args).await,
+        Command::Server(args) => crate::daemon::server::run(&cli.api.home, args).await,
         Command::Node(args) => match args.command {
             Some(cmd) => nodes::run(&client()?, cmd).await,
-            None => crate::daemon::node_agent::run(&cli.home, args).await,
+            None => crate::daemon::node_agent::run(&cli.api.home, args).await,
         },
         Command::Spawner => unreachable!("dispatched before the runtime starts"),
         Command::Image(cmd) => images::run(&client()?, cmd).await,

@@ -29,7 +29,7 @@ fn main() {
     }
     // The doctor forks to try namespaces and mounts: also before any thread.
     if let cli::Command::Doctor { json, cdi_dirs } = args.command {
-        let code = commands::doctor::run(&args.home, json, &cdi_dirs).unwrap_or_else(|e| {
+        let code = commands::doctor::run(&args.api.home, json, &cdi_dirs).unwrap_or_else(|e| {
             say!("error: {e:#}");
             1
         });
@@ -47,22 +47,5 @@ fn main() {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     warren_image::install_tls_provider();
-    let rt = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            say!("error: cannot start the async runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let code = rt.block_on(async {
-        match commands::run(args).await {
-            Ok(code) => code,
-            Err(e) => {
-                say!("error: {e:#}");
-                1
-            }
-        }
-    });
-    // Streams may still be open in background tasks; exit with the code now.
-    std::process::exit(code)
+    warren_cli::run_async(commands::run(args))
 }

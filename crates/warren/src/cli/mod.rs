@@ -1,8 +1,6 @@
 //! The command line: [`Cli`] and its commands. The flags of each family of
 //! commands are in a module of their own and re-exported here.
 
-use std::path::PathBuf;
-
 use clap::{Parser, Subcommand};
 
 mod resources;
@@ -22,34 +20,8 @@ pub use serve::*;
                   `warren COMMAND --help` shows each command's flags and examples."
 )]
 pub struct Cli {
-    /// The API of the `warren up` to talk to (client commands).
-    #[arg(
-        long,
-        env = "WARREN_URL",
-        default_value = "http://127.0.0.1:7070",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub url: String,
-    /// API token; default: the token file in --home.
-    #[arg(
-        long,
-        env = "WARREN_TOKEN",
-        global = true,
-        hide_env_values = true,
-        help_heading = "Global options"
-    )]
-    pub token: Option<String>,
-    /// Warren's state directory: where `warren up` keeps everything, and
-    /// where client commands read its token.
-    #[arg(
-        long,
-        env = "WARREN_HOME",
-        default_value = "/var/lib/warren",
-        global = true,
-        help_heading = "Global options"
-    )]
-    pub home: PathBuf,
+    #[command(flatten)]
+    pub api: warren_cli::ApiArgs,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -135,20 +135,28 @@ pub fn write_secret(path: &Path, token: &str) -> std::io::Result<String> {
     Ok(token.to_string())
 }
 
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenStoreError {
+    /// `<home>/warren.db`, the store without `--database`.
+    #[error(transparent)]
+    Home(store::StoreError),
+    #[error("--database: {0}")]
+    Database(#[source] store::StoreError),
+}
+
 /// The store `--database` names (`<home>/warren.db` without one).
 pub async fn open_store(
     home: &Path,
     database: Option<&str>,
-) -> Result<Arc<dyn store::Store>, String> {
+) -> Result<Arc<dyn store::Store>, OpenStoreError> {
     Ok(match database {
         None => Arc::new(
             store::SqliteStore::open(&home.join("warren.db"))
                 .await
-                .map_err(|e| e.to_string())?,
+                .map_err(OpenStoreError::Home)?,
         ),
-        Some(url) => store::open(url)
-            .await
-            .map_err(|e| format!("--database: {e}"))?,
+        Some(url) => store::open(url).await.map_err(OpenStoreError::Database)?,
     })
 }
 
@@ -157,12 +165,47 @@ pub struct Up {
     pub token: String,
 }
 
+/// Why the control plane did not start. Each message says what was being
+/// done and keeps its cause's words; the cause is also the source.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("create home {}: {source}", path.display())]
+    Home {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("API token: {0}")]
+    Token(#[source] std::io::Error),
+    /// `--public-url` or `--ports-url`.
+    #[error(transparent)]
+    Url(#[from] api::console::OriginError),
+    #[error(transparent)]
+    Store(#[from] OpenStoreError),
+    /// The key secrets are sealed with.
+    #[error(transparent)]
+    SecretKey(#[from] secrets::SealError),
+    /// `warren up`'s own node did not say what it lends.
+    #[error("asking the node what it lends: {0}")]
+    NodeInfo(#[source] warren_node_api::NodeError),
+    /// The nodes known from before could not be read from the store.
+    #[error("reading the known nodes: {0}")]
+    KnownNodes(#[source] store::StoreError),
+    /// A known node's recorded URL or pin is one the transport refuses.
+    #[error("node {name}: {source}")]
+    Connect {
+        name: String,
+        source: nodes::ConnectError,
+    },
+}
+
 /// Starts the store, the nodes and the control loops; returns the router to
 /// serve.
-pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
-    std::fs::create_dir_all(&cfg.home)
-        .map_err(|e| format!("create home {}: {e}", cfg.home.display()))?;
-    let token = ensure_token(&cfg.home).map_err(|e| format!("API token: {e}"))?;
+pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
+    std::fs::create_dir_all(&cfg.home).map_err(|source| StartError::Home {
+        path: cfg.home.clone(),
+        source,
+    })?;
+    let token = ensure_token(&cfg.home).map_err(StartError::Token)?;
     let console = api::console::Console::new(cfg.public_url.as_deref())?;
     let ports = cfg
         .ports_url
@@ -187,15 +230,12 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
             liveness,
         )
         .with_cluster_registry(cluster_registry)
-        .with_secret_box(secrets::SecretBox::open_home(&cfg.home).map_err(|e| e.to_string())?),
+        .with_secret_box(secrets::SecretBox::open_home(&cfg.home)?),
     );
     let mut join = None;
     match cfg.nodes {
         NodeSource::Local(node) => {
-            let info = node
-                .info()
-                .await
-                .map_err(|e| format!("asking the node what it lends: {e}"))?;
+            let info = node.info().await.map_err(StartError::NodeInfo)?;
             let entry = control.add_node(node, info, String::new(), String::new(), false);
             tokio::spawn(control.clone().follow_load(entry));
         }
@@ -208,9 +248,12 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), String> {
         } => {
             // Known nodes are expected back: silent ones are given up after
             // the liveness timeouts, counted from now.
-            for rec in store.nodes().await.map_err(|e| e.to_string())? {
+            for rec in store.nodes().await.map_err(StartError::KnownNodes)? {
                 let api = connect(&rec.url, &rec.credential, rec.tls_fingerprint.as_deref())
-                    .map_err(|e| format!("node {}: {e}", rec.name))?;
+                    .map_err(|source| StartError::Connect {
+                        name: rec.name.clone(),
+                        source,
+                    })?;
                 let info = warren_node_api::NodeInfo {
                     name: rec.name.clone(),
                     labels: rec.labels.clone(),

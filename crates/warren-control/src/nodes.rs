@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use warren_core::sync::lock;
-use warren_node_api::{NodeApi, NodeInfo};
+use warren_core::ApiError;
+use warren_node_api::{NodeApi, NodeError, NodeInfo};
 
 /// How a node stands, as the control plane judges it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -152,17 +153,53 @@ impl Nodes {
 }
 
 /// Makes the contract client of a node the control plane reaches over the
-/// network (its URL and the credential it shows there). The binary supplies
-/// it (the HTTP transport), so the control plane names no transport.
-/// Makes the client for a node: its URL, its credential, and the SHA-256
-/// of its certificate when it serves TLS.
+/// network: its URL, the credential it shows there, and the SHA-256 of its
+/// certificate when it serves TLS. The binary supplies it (the HTTP
+/// transport), so the control plane names no transport.
 pub type Connector =
-    Arc<dyn Fn(&str, &str, Option<&str>) -> Result<Arc<dyn NodeApi>, String> + Send + Sync>;
+    Arc<dyn Fn(&str, &str, Option<&str>) -> Result<Arc<dyn NodeApi>, ConnectError> + Send + Sync>;
 
 /// Checks that a join comes from the holder of the key of the certificate
 /// it pins (the transport's business, supplied with the `Connector`).
 pub type ProofCheck =
-    Arc<dyn Fn(&warren_node_api::JoinRequest) -> Result<(), String> + Send + Sync>;
+    Arc<dyn Fn(&warren_node_api::JoinRequest) -> Result<(), ProofError> + Send + Sync>;
+
+/// The transport made no client for a node: the URL, credential or
+/// certificate pin it was given is not one it can use. The contract's
+/// error says which, in words the node's operator can act on.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct ConnectError(#[from] pub NodeError);
+
+/// A joining node did not prove that it holds the key of the certificate
+/// it pins. The transport checks the proof, so its error is the
+/// transport's own, kept whole.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct ProofError(Box<dyn std::error::Error + Send + Sync>);
+
+impl ProofError {
+    pub fn new(why: impl std::error::Error + Send + Sync + 'static) -> ProofError {
+        ProofError(Box::new(why))
+    }
+}
+
+/// A join whose node cannot be reached as it says: the joining node's
+/// request is at fault, whatever category the transport gave it.
+impl From<ConnectError> for ApiError {
+    fn from(e: ConnectError) -> ApiError {
+        ApiError::bad_request(e.0.message)
+    }
+}
+
+/// The message [`ApiError`]'s constructors take: `join_node` (in
+/// control/node_set.rs) still hands the error to `ApiError::bad_request`
+/// itself. Drop this once it converts with `ApiError::from`.
+impl From<ConnectError> for String {
+    fn from(e: ConnectError) -> String {
+        e.0.message
+    }
+}
 
 /// A node as `/v1/nodes` lists it.
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -47,7 +47,7 @@ impl Control {
     /// The profile table as TOML, to edit by hand and load again.
     pub async fn export_profiles(&self) -> Result<String, ApiError> {
         let profiles = self.store.profiles().await?;
-        table::export(&profiles).map_err(ApiError::internal)
+        Ok(table::export(&profiles)?)
     }
 
     /// Loads a TOML profile table; listed profiles are replaced.
@@ -55,7 +55,7 @@ impl Control {
         &self,
         text: &str,
     ) -> Result<Vec<warren_core::profile::Profile>, ApiError> {
-        let profiles = table::import(text).map_err(ApiError::bad_request)?;
+        let profiles = table::import(text)?;
         let now = now_rfc3339();
         for p in &profiles {
             self.store.put_profile(p, &now).await?;
@@ -165,8 +165,41 @@ pub mod table {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Serialize};
+    use warren_core::labels::LabelError;
     use warren_core::profile::{Profile, Request};
-    use warren_core::quantity;
+    use warren_core::quantity::{self, QuantityError};
+    use warren_core::ApiError;
+
+    /// Why a profile table could not be written or read.
+    #[derive(Debug, thiserror::Error)]
+    pub enum TableError {
+        /// The profiles could not be written as TOML (a bug: every field
+        /// has a TOML form).
+        #[error("writing the profile table: {0}")]
+        Write(#[source] toml::ser::Error),
+        #[error("invalid profile table: {0}")]
+        Parse(#[source] toml::de::Error),
+        /// A profile's name is not a label value.
+        #[error(transparent)]
+        Name(#[from] LabelError),
+        #[error("profile {name}: cpu must be a positive number of cores")]
+        Cpu { name: String },
+        #[error("profile {name}: {source}")]
+        Memory { name: String, source: QuantityError },
+        #[error("profile {name}: gpu_memory: {source}")]
+        GpuMemory { name: String, source: QuantityError },
+    }
+
+    /// A table that cannot be written is the server's fault; one that
+    /// cannot be read, the caller's.
+    impl From<TableError> for ApiError {
+        fn from(e: TableError) -> ApiError {
+            match e {
+                TableError::Write(_) => ApiError::internal(e.to_string()),
+                _ => ApiError::bad_request(e.to_string()),
+            }
+        }
+    }
 
     #[derive(Serialize, Deserialize)]
     struct Entry {
@@ -198,7 +231,7 @@ pub mod table {
         millis as f64 / 1000.0
     }
 
-    pub fn export(profiles: &[Profile]) -> Result<String, String> {
+    pub fn export(profiles: &[Profile]) -> Result<String, TableError> {
         let mut t = Table::default();
         for p in profiles {
             t.profiles.insert(
@@ -214,18 +247,19 @@ pub mod table {
                 },
             );
         }
-        toml::to_string_pretty(&t).map_err(|e| e.to_string())
+        toml::to_string_pretty(&t).map_err(TableError::Write)
     }
 
-    pub fn import(text: &str) -> Result<Vec<Profile>, String> {
-        let t: Table = toml::from_str(text).map_err(|e| format!("invalid profile table: {e}"))?;
-        let parse = |name: &str, cpu: f64, mem: &str| -> Result<Request, String> {
+    pub fn import(text: &str) -> Result<Vec<Profile>, TableError> {
+        let t: Table = toml::from_str(text).map_err(TableError::Parse)?;
+        let parse = |name: &str, cpu: f64, mem: &str| -> Result<Request, TableError> {
             if !(cpu > 0.0 && cpu.is_finite()) {
-                return Err(format!(
-                    "profile {name}: cpu must be a positive number of cores"
-                ));
+                return Err(TableError::Cpu { name: name.into() });
             }
-            let memory = quantity::parse_size(mem).map_err(|e| format!("profile {name}: {e}"))?;
+            let memory = quantity::parse_size(mem).map_err(|source| TableError::Memory {
+                name: name.into(),
+                source,
+            })?;
             Ok(Request {
                 cpu_millis: (cpu * 1000.0).round() as u64,
                 memory,
@@ -234,10 +268,13 @@ pub mod table {
         };
         let mut out = Vec::new();
         for (name, e) in t.profiles {
-            warren_core::labels::validate_value("profile", &name).map_err(|e| e.to_string())?;
-            let gpu = |given: Option<&str>| -> Result<u64, String> {
+            warren_core::labels::validate_value("profile", &name)?;
+            let gpu = |given: Option<&str>| -> Result<u64, TableError> {
                 given.map_or(Ok(0), |g| {
-                    quantity::parse_size(g).map_err(|e| format!("profile {name}: gpu_memory: {e}"))
+                    quantity::parse_size(g).map_err(|source| TableError::GpuMemory {
+                        name: name.clone(),
+                        source,
+                    })
                 })
             };
             let mut current = parse(&name, e.cpu, &e.memory)?;
@@ -296,6 +333,11 @@ mod tests {
         );
         assert_eq!(by_name("explore").map(|p| p.current), Some(cpu.current));
         let bad = "[profiles.x]\ncpu = 1.0\nmemory = \"1G\"\ngpu_memory = \"lots\"\n";
-        assert!(table::import(bad).unwrap_err().contains("gpu_memory"));
+        let err = table::import(bad).expect_err("no size");
+        assert!(
+            matches!(err, table::TableError::GpuMemory { ref name, .. } if name == "x"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("gpu_memory"), "{err}");
     }
 }

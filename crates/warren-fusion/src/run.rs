@@ -243,8 +243,30 @@ async fn steps(control: &Arc<Control>, image: &str, id: &str, job: &Job) -> RunC
     };
     match fetch_all(control, id, &dir, &job.fetch_files).await {
         Ok(files) => RunCodeResponse::from_steps(compile_result, run_result, files),
-        Err(message) => RunCodeResponse::sandbox_error(message),
+        Err(e) => RunCodeResponse::sandbox_error(e.to_string()),
     }
+}
+
+/// A file of `fetch_files` that could not be read back.
+#[derive(Debug, thiserror::Error)]
+#[error("fetching {name}: {source}")]
+struct FetchError {
+    /// As the request named it.
+    name: String,
+    source: ReadError,
+}
+
+/// Why one file could not be read back.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// The sandbox's answer (its message says what went wrong).
+    #[error(transparent)]
+    Sandbox(#[from] ApiError),
+    #[error(
+        "the fetched files come to more than {} MiB together; fetch fewer or smaller files",
+        FETCH_CAP >> 20
+    )]
+    OverCap,
 }
 
 /// The `fetch_files` that are regular files, base64 by the name asked for.
@@ -255,7 +277,7 @@ async fn fetch_all(
     id: &str,
     dir: &str,
     names: &[String],
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, FetchError> {
     // By file: its bytes in base64 and their number, or None (not a file).
     let mut read: BTreeMap<String, Option<(String, u64)>> = BTreeMap::new();
     let mut files = BTreeMap::new();
@@ -267,7 +289,10 @@ async fn fetch_all(
             None => {
                 let got = fetch(control, id, &path, FETCH_CAP.saturating_sub(total))
                     .await
-                    .map_err(|e| format!("fetching {name}: {e}"))?
+                    .map_err(|source| FetchError {
+                        name: name.clone(),
+                        source,
+                    })?
                     .map(|data| {
                         let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
                         (b64, data.len() as u64)
@@ -282,18 +307,14 @@ async fn fetch_all(
         };
         total += size;
         if total > FETCH_CAP {
-            return Err(format!("fetching {name}: {}", over_cap()));
+            return Err(FetchError {
+                name: name.clone(),
+                source: ReadError::OverCap,
+            });
         }
         files.insert(name.clone(), encoded);
     }
     Ok(files)
-}
-
-fn over_cap() -> String {
-    format!(
-        "the fetched files come to more than {} MiB together; fetch fewer or smaller files",
-        FETCH_CAP >> 20
-    )
 }
 
 /// `path` with `.`, empty and `..` names resolved lexically (the sandbox
@@ -331,24 +352,24 @@ async fn fetch(
     id: &str,
     path: &str,
     room: u64,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, ReadError> {
     let read = match control.read_file(id, path).await {
         Ok(r) => r,
         Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::BadRequest) => return Ok(None),
-        Err(e) => return Err(e.message),
+        Err(e) => return Err(e.into()),
     };
     let FileKind::File { size } = read.kind else {
         return Ok(None);
     };
     if size > room {
-        return Err(over_cap());
+        return Err(ReadError::OverCap);
     }
     let mut body = read.body;
     let mut data = Vec::with_capacity(size as usize);
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| e.to_string())?;
+        let chunk = chunk?;
         if (data.len() + chunk.len()) as u64 > room {
-            return Err(over_cap());
+            return Err(ReadError::OverCap);
         }
         data.extend_from_slice(&chunk);
     }

@@ -139,50 +139,67 @@ const PROOF_SCHEMES: &[SignatureScheme] = &[
 /// How far a proof's time may be from the control plane's clock.
 const PROOF_SKEW_S: i64 = 300;
 
+/// Why a join's proof that it holds its certificate's key was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JoinProofError {
+    /// An older node pins a certificate but sends no proof.
+    #[error("a join that pins a certificate must prove it holds its key (tls_proof): update the node's warren")]
+    Missing,
+    #[error("the join proof was signed at {signed_at} but it is {now} here: the node's and the server's clocks differ by more than {PROOF_SKEW_S} s")]
+    Skew { signed_at: i64, now: i64 },
+    /// `field` of the proof is not base64.
+    #[error("{field}: {source}")]
+    Base64 {
+        field: &'static str,
+        source: base64::DecodeError,
+    },
+    #[error("tls_proof.certificate is not the certificate tls_fingerprint names")]
+    NotThePin,
+    /// webpki's errors print as their variant's name only.
+    #[error("tls_proof.certificate: {0:?}")]
+    Certificate(#[source] webpki::Error),
+    #[error("tls_proof.scheme {0:?} is not one Warren accepts")]
+    Scheme(String),
+    #[error("tls_proof.signature is not this join's, signed by the certificate's key")]
+    Signature,
+}
+
 /// Checks that `req` comes from the holder of the key of the certificate
 /// it pins (`now`: unix seconds): its proof's certificate has the pinned
 /// SHA-256 and its key signed this join's name, URL and fingerprint,
 /// within minutes of now. A join without a pin needs no proof.
-pub fn check_join_proof(req: &JoinRequest, now: i64) -> Result<(), String> {
+pub fn check_join_proof(req: &JoinRequest, now: i64) -> Result<(), JoinProofError> {
     use base64::Engine;
     let Some(pin) = req.tls_fingerprint.as_deref() else {
         return Ok(());
     };
-    let proof = req.tls_proof.as_ref().ok_or(
-        "a join that pins a certificate must prove it holds its key (tls_proof): update the node's warren",
-    )?;
+    let proof = req.tls_proof.as_ref().ok_or(JoinProofError::Missing)?;
     if (proof.signed_at - now).abs() > PROOF_SKEW_S {
-        return Err(format!(
-            "the join proof was signed at {} but it is {now} here: the node's and the server's clocks differ by more than {PROOF_SKEW_S} s",
-            proof.signed_at
-        ));
+        return Err(JoinProofError::Skew {
+            signed_at: proof.signed_at,
+            now,
+        });
     }
     let b64 = base64::engine::general_purpose::STANDARD;
-    let cert = b64
-        .decode(&proof.certificate)
-        .map_err(|e| format!("tls_proof.certificate: {e}"))?;
-    let signature = b64
-        .decode(&proof.signature)
-        .map_err(|e| format!("tls_proof.signature: {e}"))?;
+    let decode = |field, text: &str| {
+        b64.decode(text)
+            .map_err(|source| JoinProofError::Base64 { field, source })
+    };
+    let cert = decode("tls_proof.certificate", &proof.certificate)?;
+    let signature = decode("tls_proof.signature", &proof.signature)?;
     use subtle::ConstantTimeEq;
     if !bool::from(fingerprint(&cert).as_bytes().ct_eq(pin.as_bytes())) {
-        return Err("tls_proof.certificate is not the certificate tls_fingerprint names".into());
+        return Err(JoinProofError::NotThePin);
     }
     let der = CertificateDer::from(cert);
-    let cert = webpki::EndEntityCert::try_from(&der)
-        .map_err(|e| format!("tls_proof.certificate: {e:?}"))?;
+    let cert = webpki::EndEntityCert::try_from(&der).map_err(JoinProofError::Certificate)?;
     let algorithms = provider()
         .signature_verification_algorithms
         .mapping
         .iter()
         .find(|(scheme, _)| PROOF_SCHEMES.contains(scheme) && format!("{scheme:?}") == proof.scheme)
         .map(|(_, algs)| *algs)
-        .ok_or_else(|| {
-            format!(
-                "tls_proof.scheme {:?} is not one Warren accepts",
-                proof.scheme
-            )
-        })?;
+        .ok_or_else(|| JoinProofError::Scheme(proof.scheme.clone()))?;
     let statement = join_statement(&req.info.name, &req.url, pin, proof.signed_at);
     if algorithms
         .iter()
@@ -190,7 +207,7 @@ pub fn check_join_proof(req: &JoinRequest, now: i64) -> Result<(), String> {
     {
         Ok(())
     } else {
-        Err("tls_proof.signature is not this join's, signed by the certificate's key".into())
+        Err(JoinProofError::Signature)
     }
 }
 
@@ -343,14 +360,27 @@ mod tests {
             Ok(())
         );
         // Another time, URL, key or no proof at all: refused.
-        assert!(check_join_proof(&req(&a, "https://a:1", Some(proof.clone())), now + 400).is_err());
-        assert!(check_join_proof(&req(&a, "https://evil:1", Some(proof.clone())), now).is_err());
-        assert!(check_join_proof(&req(&b, "https://a:1", Some(proof.clone())), now).is_err());
+        assert!(matches!(
+            check_join_proof(&req(&a, "https://a:1", Some(proof.clone())), now + 400),
+            Err(JoinProofError::Skew { .. })
+        ));
+        assert_eq!(
+            check_join_proof(&req(&a, "https://evil:1", Some(proof.clone())), now),
+            Err(JoinProofError::Signature)
+        );
+        assert_eq!(
+            check_join_proof(&req(&b, "https://a:1", Some(proof.clone())), now),
+            Err(JoinProofError::NotThePin)
+        );
         let b_proof = b.prove_join("n1", "https://a:1", now).expect("prove");
         let mut stolen = req(&a, "https://a:1", Some(b_proof));
-        assert!(check_join_proof(&stolen, now).is_err(), "b's key, a's pin");
+        assert_eq!(
+            check_join_proof(&stolen, now),
+            Err(JoinProofError::NotThePin),
+            "b's key, a's pin"
+        );
         stolen.tls_proof = None;
-        assert!(check_join_proof(&stolen, now).is_err());
+        assert_eq!(check_join_proof(&stolen, now), Err(JoinProofError::Missing));
         // A plain-HTTP node pins nothing and proves nothing.
         stolen.tls_fingerprint = None;
         assert_eq!(check_join_proof(&stolen, now), Ok(()));

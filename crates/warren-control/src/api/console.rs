@@ -49,7 +49,7 @@ pub struct Console {
 impl Console {
     /// `public_url`: where browsers reach the console (behind a proxy or
     /// TLS); its scheme, host and port are the origin requests must carry.
-    pub fn new(public_url: Option<&str>) -> Result<Self, String> {
+    pub fn new(public_url: Option<&str>) -> Result<Self, OriginError> {
         let public_origin = public_url
             .map(|u| origin_of("--public-url", u))
             .transpose()?;
@@ -160,19 +160,39 @@ impl Console {
     }
 }
 
+/// Why a URL given for where browsers reach Warren (`--public-url`,
+/// `--ports-url`) names no origin Warren can serve; `flag` is the option it
+/// came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OriginError {
+    #[error("{flag} {url}: expected http://HOST[:PORT] or https://HOST[:PORT]")]
+    Scheme { flag: &'static str, url: String },
+    /// No host, or a user and password before it (never in an `Origin`).
+    #[error("{flag} {url}: no host in it")]
+    NoHost { flag: &'static str, url: String },
+    /// Sandbox ports are hosts below it (`PORT-ID.HOST`): an IP address
+    /// has nothing below it.
+    #[error("{flag} {url}: needs a host name (each sandbox port is a host below it, PORT-ID.HOST), not an IP address; on one machine use http://localhost:PORT")]
+    NotAName { flag: &'static str, url: String },
+}
+
 /// `scheme://host[:port]` of a URL, lower-cased, as `Origin` carries it
 /// (`flag`: the option it came from, for errors).
-pub(crate) fn origin_of(flag: &str, url: &str) -> Result<String, String> {
+pub(crate) fn origin_of(flag: &'static str, url: &str) -> Result<String, OriginError> {
     let lower = url.trim().to_ascii_lowercase();
     let (scheme, rest) = lower
         .split_once("://")
         .filter(|(s, _)| *s == "http" || *s == "https")
-        .ok_or_else(|| {
-            format!("{flag} {url}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+        .ok_or_else(|| OriginError::Scheme {
+            flag,
+            url: url.to_string(),
         })?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.is_empty() || authority.contains('@') {
-        return Err(format!("{flag} {url}: no host in it"));
+        return Err(OriginError::NoHost {
+            flag,
+            url: url.to_string(),
+        });
     }
     let authority = match (scheme, authority.rsplit_once(':')) {
         ("http", Some((h, "80"))) | ("https", Some((h, "443"))) => h,
@@ -398,8 +418,14 @@ mod tests {
             origin_of("--public-url", "http://10.0.0.1:7070").as_deref(),
             Ok("http://10.0.0.1:7070")
         );
-        assert!(origin_of("--public-url", "ftp://x").is_err());
-        assert!(origin_of("--public-url", "https://").is_err());
+        assert!(matches!(
+            origin_of("--public-url", "ftp://x"),
+            Err(OriginError::Scheme { .. })
+        ));
+        assert!(matches!(
+            origin_of("--public-url", "https://"),
+            Err(OriginError::NoHost { .. })
+        ));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde::Serialize;
 
+use super::console::OriginError;
 use crate::signing::Signer;
 use crate::ControlCell;
 
@@ -78,16 +79,23 @@ pub struct PortLink {
 
 impl PortLinks {
     /// `ports_url`: `http(s)://HOST[:PORT]` of the door (`--ports-url`).
-    pub fn new(ports_url: &str, api_token: &str) -> Result<PortLinks, String> {
-        let origin = super::console::origin_of("--ports-url", ports_url)?;
+    pub fn new(ports_url: &str, api_token: &str) -> Result<PortLinks, OriginError> {
+        const FLAG: &str = "--ports-url";
+        let origin = super::console::origin_of(FLAG, ports_url)?;
+        // `origin_of` answers `scheme://authority`; were it ever otherwise,
+        // the URL given is still what is at fault.
         let (scheme, authority) = origin
             .split_once("://")
             .map(|(s, a)| (s.to_string(), a.to_string()))
-            .ok_or_else(|| format!("--ports-url {ports_url}: expected http://HOST[:PORT]"))?;
+            .ok_or_else(|| OriginError::Scheme {
+                flag: FLAG,
+                url: ports_url.to_string(),
+            })?;
         if authority.starts_with('[') || authority.parse::<std::net::SocketAddr>().is_ok() {
-            return Err(format!(
-                "--ports-url {ports_url}: needs a host name (each sandbox port is a host below it, PORT-ID.HOST), not an IP address; on one machine use http://localhost:PORT"
-            ));
+            return Err(OriginError::NotAName {
+                flag: FLAG,
+                url: ports_url.to_string(),
+            });
         }
         Ok(PortLinks {
             scheme,
@@ -348,8 +356,14 @@ mod tests {
         ] {
             assert_eq!(l.target(wrong), None, "{wrong}");
         }
-        assert!(PortLinks::new("http://127.0.0.1:7071", "tok").is_err());
-        assert!(PortLinks::new("ftp://x", "tok").is_err());
+        assert!(matches!(
+            PortLinks::new("http://127.0.0.1:7071", "tok"),
+            Err(OriginError::NotAName { .. })
+        ));
+        assert!(matches!(
+            PortLinks::new("ftp://x", "tok"),
+            Err(OriginError::Scheme { .. })
+        ));
     }
 
     #[test]

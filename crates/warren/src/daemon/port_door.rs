@@ -34,8 +34,7 @@ pub fn serve(
     nofile: u64,
 ) -> Result<()> {
     let token = warren_control::ensure_token(home).context("API token")?;
-    let links = warren_control::api::port_door::PortLinks::new(&door.url, &token)
-        .map_err(anyhow::Error::msg)?;
+    let links = warren_control::api::port_door::PortLinks::new(&door.url, &token)?;
     let router = warren_control::api::port_door::router(running, links, token);
     say!("{who}: sandbox ports for browsers on {} (PORT-ID.HOST; links from GET /v1/sandboxes/ID/ports/PORT)", door.url);
     super::compat::serve_on(door.listener, router, "--ports-listen", nofile);

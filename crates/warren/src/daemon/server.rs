@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use warren_control::nodes::{Connector, Liveness};
+use warren_control::nodes::{ConnectError, Connector, Liveness, ProofError};
 use warren_control::{replica, NodeSource, UpConfig};
 use warren_node_api::NodeApi;
 
@@ -38,7 +38,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             }
             .map(|n| n.with_leader_epoch(epoch.load(std::sync::atomic::Ordering::Acquire)))
             .map(|n| Arc::new(n) as Arc<dyn NodeApi>)
-            .map_err(|e| e.to_string())
+            .map_err(ConnectError::from)
         })
     };
     let ports = super::port_door::bind(&args.control)?;
@@ -62,6 +62,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
             connect,
             check_proof: std::sync::Arc::new(|req: &warren_node_api::JoinRequest| {
                 warren_node_http::tls::check_join_proof(req, warren_core::clock::unix_now())
+                    .map_err(ProofError::new)
             }),
             liveness: Liveness::default(),
             registries,
@@ -135,7 +136,7 @@ async fn hold_lease(
     };
     let store = match warren_control::open_store(&home, cfg.database.as_deref()).await {
         Ok(store) => store,
-        Err(e) => fatal(&e),
+        Err(e) => fatal(&e.to_string()),
     };
     let mut cfg = Some(cfg);
     let mut renewed = std::time::Instant::now();
@@ -164,7 +165,7 @@ async fn hold_lease(
                             let _ = leading.set(up.control.clone());
                             switch.lead(router);
                         }
-                        Err(e) => fatal(&e),
+                        Err(e) => fatal(&e.to_string()),
                     }
                 }
             }

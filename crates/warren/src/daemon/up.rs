@@ -30,9 +30,11 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         database: None,
         nodes: NodeSource::Local(local),
     };
+    // The message carries its causes already: as anyhow's source chain
+    // they would be printed twice.
     let (up, router) = warren_control::start(cfg)
         .await
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let listener = super::listen(listen)
         .with_context(|| format!("listen on {listen} (is another warren up running?)"))?;
     let running: super::Running = Default::default();

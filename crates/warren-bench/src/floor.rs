@@ -5,9 +5,12 @@ use std::path::Path;
 
 pub fn run(rootfs: &Path) -> i32 {
     let scratch = std::env::temp_dir().join(format!("warren-floor-{}", std::process::id()));
-    let result = std::fs::create_dir(&scratch)
-        .map_err(|e| format!("scratch directory {}: {e}", scratch.display()))
-        .and_then(|()| warren_runtime::floor::cycle(rootfs, &scratch));
+    // One that could not be made is not this run's to remove.
+    if let Err(e) = std::fs::create_dir(&scratch) {
+        say!("error: scratch directory {}: {e}", scratch.display());
+        return 1;
+    }
+    let result = warren_runtime::floor::run_cycle(rootfs, &scratch);
     // The overlay was mounted in the probe's own mount namespace only.
     let _ = std::fs::remove_dir_all(&scratch);
     match result {

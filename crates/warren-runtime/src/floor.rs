@@ -1,5 +1,5 @@
 //! The floor: the least kernel work for a sandbox's isolation, with nothing
-//! of Warren around it. One [`cycle`] makes cgroups with CPU, memory and
+//! of Warren around it. One [`run_cycle`] makes cgroups with CPU, memory and
 //! process limits, an overlay root over an image's files, a child in new
 //! user (mapped), mount, PID, network, IPC, UTS and cgroup namespaces that
 //! pivots into that root, mounts /proc and runs `/bin/true`, then removes
@@ -44,14 +44,6 @@ const ID_COUNT: u32 = 65_536;
 
 /// One full cycle with `rootfs` as the image; `scratch` is an empty
 /// directory for the overlay's upper and work directories.
-///
-/// The error is text for warren-bench, which prints it beside its own
-/// String errors; [`run_cycle`] is the same with the typed error.
-pub fn cycle(rootfs: &Path, scratch: &Path) -> Result<(), String> {
-    run_cycle(rootfs, scratch).map_err(|e| e.to_string())
-}
-
-/// [`cycle`], with the typed error.
 pub fn run_cycle(rootfs: &Path, scratch: &Path) -> Result<(), FloorError> {
     // Mounts stay in a namespace of the probe's own, as in Warren's
     // spawners, so the host's mount table never sees them.

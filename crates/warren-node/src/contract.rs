@@ -143,7 +143,8 @@ impl NodeApi for LocalNode {
         let resolving = std::time::Instant::now();
         let image = self
             .node
-            .image_for_sandbox(&req)
+            .images
+            .for_sandbox(&req)
             .await
             .map_err(|missing| match missing {
                 NoImage::Local(e) => {
@@ -314,18 +315,18 @@ impl NodeApi for LocalNode {
     }
 
     async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
-        let records = answer(self.node.image_records().await)?;
+        let records = answer(self.node.images.records().await)?;
         Ok(records.iter().map(image_info).collect())
     }
 
     async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo> {
-        let image = answer(self.node.image_for_create(reference).await)?;
-        answer(self.node.check_image(&image).await)?;
+        let image = answer(self.node.images.for_create(reference).await)?;
+        answer(self.node.images.check(&image).await)?;
         Ok(image_info(&image))
     }
 
     async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>> {
-        let steps = self.node.pull_with_progress(reference);
+        let steps = self.node.images.pull_with_progress(reference);
         Ok(steps
             .map(|step| match step {
                 PullStep::Progress(event) => PullUpdate::Progress { event },
@@ -345,23 +346,24 @@ impl NodeApi for LocalNode {
         let name = answer(target_name(&req.into))?;
         let derived = self
             .node
-            .derive_image(&req.base, &name, req.settings, req.created_by)
+            .images
+            .derive(&req.base, &name, req.settings, req.created_by)
             .await;
         Ok(image_info(&answer(derived)?))
     }
 
     async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
-        Ok(answer(self.node.step_image(key).await)?.map(|r| image_info(&r)))
+        Ok(answer(self.node.images.step(key).await)?.map(|r| image_info(&r)))
     }
 
     async fn image_import(&self, name: &str, archive: ByteStream) -> NodeResult<ImageInfo> {
         Ok(image_info(&answer(
-            self.node.import_upload(name, archive).await,
+            self.node.images.import_upload(name, archive).await,
         )?))
     }
 
     async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed> {
-        let (image, pushed) = answer(self.node.push_image(reference, source).await)?;
+        let (image, pushed) = answer(self.node.images.push(reference, source).await)?;
         Ok(Pushed {
             image: image_info(&image),
             uploaded: pushed.uploaded,
@@ -371,12 +373,15 @@ impl NodeApi for LocalNode {
 
     async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {
         Ok(image_info(&answer(
-            self.node.remove_image(reference).await,
+            self.node
+                .images
+                .remove(reference, || self.node.images_in_use())
+                .await,
         )?))
     }
 
     async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {
-        let r = answer(self.node.prune_images(budget).await)?;
+        let r = answer(self.node.images.prune(budget).await)?;
         Ok(GcReport {
             removed: r.removed,
             used_before: r.used_before,

@@ -75,11 +75,7 @@ impl Node {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
         let mut phases = Vec::new();
         let mut phase = std::time::Instant::now();
-        let lower_dirs = {
-            let images = self.images.clone();
-            let image = image.clone();
-            tokio::task::spawn_blocking(move || images.lower_dirs(&image)).await??
-        };
+        let lower_dirs = self.images.lower_dirs(image).await?;
         took(&mut phases, "node_layers", &mut phase);
         let log = self.open_log(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
@@ -224,7 +220,7 @@ impl Node {
             cgroup_path: handle.cgroup_path,
             exec_defaults: Mutex::new(exec_defaults),
             image_digest: image.digest.clone(),
-            _image_pin: self.images.pin_image(image),
+            _image_pin: self.images.pin(image),
             image: image.clone(),
             main_cmd,
             log,

@@ -9,7 +9,8 @@ use futures_util::StreamExt;
 use warren_image::ImageRecord;
 use warren_node_api::{ByteStream, CreateSandbox, ImageTarget};
 
-use crate::{Node, NodeError};
+use crate::images::Images;
+use crate::NodeError;
 
 /// Why a create has no image to run.
 pub(crate) enum NoImage {
@@ -28,26 +29,23 @@ pub(crate) enum PullStep {
     Done(Box<Result<ImageRecord, NodeError>>),
 }
 
-impl Node {
+impl Images {
     /// The image `req` runs: the one resolved here, or, in a cluster where
     /// the control plane resolved the tag on another node, exactly that
     /// digest fetched from the registry.
-    pub(crate) async fn image_for_sandbox(
-        &self,
-        req: &CreateSandbox,
-    ) -> Result<ImageRecord, NoImage> {
-        let missing = match self.resolve_image(&req.image_digest).await {
+    pub(crate) async fn for_sandbox(&self, req: &CreateSandbox) -> Result<ImageRecord, NoImage> {
+        let missing = match self.resolve(&req.image_digest).await {
             Ok(image) => return Ok(image),
             Err(e) => e,
         };
         let Some(pinned) = req.image_source.clone() else {
             return Err(NoImage::Local(missing));
         };
-        let image = match self.pull_image(&pinned, None).await {
+        let image = match self.pull(&pinned, None).await {
             Ok(image) => image,
             Err(error) => return Err(NoImage::Pull { pinned, error }),
         };
-        self.check_image(&image).await.map_err(NoImage::Unusable)?;
+        self.check(&image).await.map_err(NoImage::Unusable)?;
         Ok(image)
     }
 
@@ -65,9 +63,9 @@ impl Node {
                 let _ = events.send(PullStep::Progress(event));
             }
         });
-        let (node, reference) = (self.clone(), reference.to_string());
+        let (images, reference) = (self.clone(), reference.to_string());
         tokio::spawn(async move {
-            let done = node.pull_image(&reference, Some(progress)).await;
+            let done = images.pull(&reference, Some(progress)).await;
             let _ = tx.send(PullStep::Done(Box::new(done)));
         });
         tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()
@@ -80,16 +78,14 @@ impl Node {
         name: &str,
         mut archive: ByteStream,
     ) -> Result<ImageRecord, NodeError> {
-        let tmp_dir = self.home.join("tmp");
+        let tmp_dir = self.tmp_dir();
         let internal = |e: std::io::Error| NodeError::Internal(e.to_string());
-        tokio::fs::create_dir_all(&tmp_dir)
-            .await
-            .map_err(internal)?;
+        tokio::fs::create_dir_all(tmp_dir).await.map_err(internal)?;
         // Removed when dropped, whatever happens below.
         let tmp = tempfile::Builder::new()
             .prefix("upload-")
             .suffix(".tar")
-            .tempfile_in(&tmp_dir)
+            .tempfile_in(tmp_dir)
             .map_err(internal)?;
         use tokio::io::AsyncWriteExt;
         let mut file = tokio::fs::File::from_std(tmp.reopen().map_err(internal)?);
@@ -99,7 +95,7 @@ impl Node {
             file.write_all(&chunk).await.map_err(internal)?;
         }
         file.flush().await.map_err(internal)?;
-        let images = self.images.clone();
+        let images = self.store();
         let (path, name) = (tmp.path().to_path_buf(), name.to_string());
         Ok(
             tokio::task::spawn_blocking(move || images.import_archive(&path, &name))
@@ -109,17 +105,17 @@ impl Node {
     }
 
     /// Every image of the store.
-    pub(crate) async fn image_records(&self) -> Result<Vec<ImageRecord>, NodeError> {
-        let images = self.images.clone();
+    pub(crate) async fn records(&self) -> Result<Vec<ImageRecord>, NodeError> {
+        let images = self.store();
         Ok(tokio::task::spawn_blocking(move || images.list())
             .await
             .map_err(joined)??)
     }
 
     /// The image the build step cache holds under `key`, if any.
-    pub(crate) async fn step_image(&self, key: &str) -> Result<Option<ImageRecord>, NodeError> {
+    pub(crate) async fn step(&self, key: &str) -> Result<Option<ImageRecord>, NodeError> {
         let name = target_name(&ImageTarget::Step(key.to_string()))?;
-        let images = self.images.clone();
+        let images = self.store();
         let found = tokio::task::spawn_blocking(move || images.resolve(&name))
             .await
             .map_err(joined)?;
@@ -130,15 +126,20 @@ impl Node {
         }
     }
 
-    /// Removes an image no live sandbox runs.
-    pub(crate) async fn remove_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
-        let image = self.resolve_image(reference).await?;
-        if self.images_in_use().contains(&image.digest) {
+    /// Removes an image no live sandbox runs; `in_use` lists the digests
+    /// they run (asked once the reference is resolved).
+    pub(crate) async fn remove(
+        &self,
+        reference: &str,
+        in_use: impl FnOnce() -> Vec<String>,
+    ) -> Result<ImageRecord, NodeError> {
+        let image = self.resolve(reference).await?;
+        if in_use().contains(&image.digest) {
             return Err(NodeError::Conflict(format!(
                 "image {reference} is used by a live sandbox; remove those sandboxes first (`warren ps`)"
             )));
         }
-        let images = self.images.clone();
+        let images = self.store();
         let reference = reference.to_string();
         Ok(
             tokio::task::spawn_blocking(move || images.remove(&reference))

@@ -1,38 +1,112 @@
-//! The node's images: resolving, pulling (with the store's budget), pushing,
-//! pruning, checking that an image can be run, and commits of sandboxes.
+//! The node's images: its store and puller, resolving, pulling (within the
+//! store's budget), pushing, pruning, checking that an image can be run,
+//! and writing a commit's layer. Which images live sandboxes run is not
+//! its business: a caller that must know says so.
 
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::{Node, NodeError};
+use crate::feed::Feed;
+use crate::NodeError;
 use warren_core::sync::lock;
-use warren_image::{ImageRecord, Progress};
-use warren_node_api::{NodeEvent, Phase};
+use warren_image::{ImageRecord, ImageStore, Pin, Progress, Puller};
+use warren_node_api::NodeEvent;
 
-impl Node {
-    /// Image digests used by live sandboxes (they must not be removed).
-    pub fn images_in_use(&self) -> Vec<String> {
-        lock(&self.live)
-            .values()
-            .map(|l| l.image_digest.clone())
-            .collect()
+pub(crate) struct Images {
+    store: Arc<ImageStore>,
+    puller: Puller,
+    /// Bytes the store may keep after a pull that downloaded layers.
+    budget: Option<u64>,
+    /// Digests that passed `check` (layers are immutable, so once is enough).
+    checked: Mutex<HashSet<String>>,
+    /// Where uploads are spooled before they are imported.
+    tmp: PathBuf,
+    /// Pulls and budget prunes are reported on the node's feed.
+    feed: Arc<Feed>,
+}
+
+impl Images {
+    pub(crate) fn new(
+        store: Arc<ImageStore>,
+        puller: Puller,
+        budget: Option<u64>,
+        tmp: PathBuf,
+        feed: Arc<Feed>,
+    ) -> Images {
+        Images {
+            store,
+            puller,
+            budget,
+            checked: Mutex::new(HashSet::new()),
+            tmp,
+            feed,
+        }
     }
 
-    pub async fn resolve_image(&self, reference: &str) -> Result<ImageRecord, NodeError> {
-        let images = self.images.clone();
+    /// The store, for blocking work handed to a thread of its own.
+    pub(crate) fn store(&self) -> Arc<ImageStore> {
+        self.store.clone()
+    }
+
+    /// Where an upload is spooled before it is imported.
+    pub(crate) fn tmp_dir(&self) -> &std::path::Path {
+        &self.tmp
+    }
+
+    /// Keeps the image's layers while a sandbox runs it.
+    pub(crate) fn pin(&self, image: &ImageRecord) -> Pin {
+        self.store.pin_image(image)
+    }
+
+    /// The image's layer directories, for a sandbox's overlay root.
+    pub(crate) async fn lower_dirs(&self, image: &ImageRecord) -> Result<Vec<PathBuf>, NodeError> {
+        let images = self.store.clone();
+        let image = image.clone();
+        Ok(tokio::task::spawn_blocking(move || images.lower_dirs(&image)).await??)
+    }
+
+    /// Writes a sandbox's changes (`upper`, its writable layer) as a new
+    /// layer on `base`, under `name`. The caller keeps the sandbox frozen
+    /// meanwhile.
+    pub(crate) async fn commit_changes(
+        &self,
+        base: &ImageRecord,
+        upper: PathBuf,
+        owners: warren_image::Owners,
+        name: &str,
+        created_by: String,
+    ) -> Result<ImageRecord, NodeError> {
+        let images = self.store.clone();
+        let base = base.clone();
+        let name = name.to_string();
+        Ok(tokio::task::spawn_blocking(move || {
+            let how = warren_image::Derivation {
+                settings: None,
+                created_by: &created_by,
+                comment: "warren commit",
+            };
+            images.commit_changes(&base, &upper, owners, &name, &how)
+        })
+        .await??)
+    }
+
+    pub(crate) async fn resolve(&self, reference: &str) -> Result<ImageRecord, NodeError> {
+        let images = self.store.clone();
         let r = reference.to_string();
         Ok(tokio::task::spawn_blocking(move || images.resolve(&r)).await??)
     }
 
     /// Takes the registries a cluster's control plane gives at join
-    /// beneath this node's own `registries.toml` (None: none).
-    pub fn set_cluster_registries(&self, text: Option<&str>) -> Result<(), NodeError> {
+    /// beneath the node's own `registries.toml` (None: none).
+    pub(crate) fn set_cluster_registries(&self, text: Option<&str>) -> Result<(), NodeError> {
         Ok(self.puller.set_cluster_registries(text)?)
     }
 
     /// Pulls `reference` (`host[:port]/repo[:tag|@digest]`) from its
     /// registry: resolves it to a digest there and downloads what the
     /// store lacks.
-    pub async fn pull_image(
+    pub(crate) async fn pull(
         &self,
         reference: &str,
         progress: Option<Progress>,
@@ -87,9 +161,9 @@ impl Node {
             },
         };
         self.feed.push(event);
-        if let (Some(budget), Ok(image)) = (self.image_budget, &result) {
+        if let (Some(budget), Ok(image)) = (self.budget, &result) {
             if layers > 0 {
-                self.enforce_image_budget(budget, image);
+                self.enforce_budget(budget, image);
             }
         }
         Ok(result?)
@@ -98,10 +172,10 @@ impl Node {
     /// Prunes the store to `budget` in the background: the pull that grew it
     /// has its answer already, and its image is kept (it is about to be
     /// used).
-    pub(crate) fn enforce_image_budget(&self, budget: u64, pulled: &ImageRecord) {
-        let images = self.images.clone();
+    fn enforce_budget(&self, budget: u64, pulled: &ImageRecord) {
+        let images = self.store.clone();
         let feed = self.feed.clone();
-        let keep = self.images.pin_image(pulled);
+        let keep = self.store.pin_image(pulled);
         tokio::task::spawn_blocking(move || {
             let _keep = keep;
             match images.prune(Some(budget)) {
@@ -127,7 +201,7 @@ impl Node {
     /// Pushes a stored image (`source`, default the image named
     /// `reference`) to `reference` at its registry. Returns the image and
     /// the blobs uploaded and mounted.
-    pub async fn push_image(
+    pub(crate) async fn push(
         &self,
         reference: &str,
         source: Option<&str>,
@@ -137,11 +211,11 @@ impl Node {
 
     /// Collects unreferenced image content and, with a budget, removes
     /// registry images no live sandbox uses until the store fits it.
-    pub async fn prune_images(
+    pub(crate) async fn prune(
         &self,
         budget: Option<u64>,
     ) -> Result<warren_image::PruneReport, NodeError> {
-        let images = self.images.clone();
+        let images = self.store.clone();
         Ok(tokio::task::spawn_blocking(move || images.prune(budget)).await??)
     }
 
@@ -152,11 +226,11 @@ impl Node {
     /// A short name (`debian:bookworm`) the store lacks is, as with Docker,
     /// the copy pulled before under its full name (the search registries'
     /// order), else pulled through them.
-    pub async fn image_for_create(&self, reference: &str) -> Result<ImageRecord, NodeError> {
+    pub(crate) async fn for_create(&self, reference: &str) -> Result<ImageRecord, NodeError> {
         if warren_core::image_ref::registry_host(reference).is_some() {
-            return self.pull_image(reference, None).await;
+            return self.pull(reference, None).await;
         }
-        let missing = match self.resolve_image(reference).await {
+        let missing = match self.resolve(reference).await {
             Err(NodeError::Image(e)) if e.kind() == warren_image::ErrorKind::NotFound => e,
             other => return other,
         };
@@ -165,21 +239,21 @@ impl Node {
             return Err(missing.into());
         }
         for name in &full {
-            if let Ok(record) = self.resolve_image(name).await {
+            if let Ok(record) = self.resolve(name).await {
                 return Ok(record);
             }
         }
-        self.pull_image(reference, None).await
+        self.pull(reference, None).await
     }
 
     /// Refuses images a sandbox cannot safely be made from (see
     /// `warren_runtime::check_system_dirs`), before anything is recorded.
-    pub async fn check_image(&self, image: &ImageRecord) -> Result<(), NodeError> {
+    pub(crate) async fn check(&self, image: &ImageRecord) -> Result<(), NodeError> {
         // Layers are immutable: an image that passed once passes again.
-        if lock(&self.checked_images).contains(&image.digest) {
+        if lock(&self.checked).contains(&image.digest) {
             return Ok(());
         }
-        let images = self.images.clone();
+        let images = self.store.clone();
         let record = image.clone();
         tokio::task::spawn_blocking(move || -> Result<(), NodeError> {
             let lower = images.lower_dirs(&record)?;
@@ -187,61 +261,16 @@ impl Node {
         })
         .await??;
         {
-            let mut c = lock(&self.checked_images);
+            let mut c = lock(&self.checked);
             c.insert(image.digest.clone());
         }
         Ok(())
     }
 
-    /// Records the sandbox's filesystem changes as a new layer on top of its
-    /// image, under `name`. A running sandbox's processes are frozen while
-    /// the layer is written (so files are not caught half-changed) and
-    /// thawed after; a paused or kept sandbox is already frozen.
-    pub async fn commit(
-        self: &Arc<Self>,
-        id: &str,
-        name: &str,
-        created_by: Option<String>,
-    ) -> Result<ImageRecord, NodeError> {
-        let live = self.get(id)?;
-        let freeze = live.phase() == Phase::Running;
-        let upper = self.runtime.upper_dir(id).ok_or_else(|| {
-            NodeError::BadRequest(format!(
-                "sandbox {id} has a disk limit; its changes live on its own file system, \
-                 which commit cannot read yet: create the sandbox without --disk to commit it"
-            ))
-        })?;
-        if freeze {
-            self.freeze(id, true).await?;
-        }
-        let images = self.images.clone();
-        let base = live.image.clone();
-        let name = name.to_string();
-        let created_by = created_by.unwrap_or_else(|| format!("warren commit {id}"));
-        let owners = warren_image::Owners {
-            root: self.runtime.id_range(id).map(|r| r.base),
-        };
-        let result = tokio::task::spawn_blocking(move || {
-            let how = warren_image::Derivation {
-                settings: None,
-                created_by: &created_by,
-                comment: "warren commit",
-            };
-            images.commit_changes(&base, &upper, owners, &name, &how)
-        })
-        .await;
-        if freeze {
-            if let Err(e) = self.freeze(id, false).await {
-                tracing::warn!(id, error = %e, "could not thaw the sandbox after commit");
-            }
-        }
-        Ok(result??)
-    }
-
     /// An image the store holds (or `scratch`, the empty one) with its
     /// config changed, or (with neither settings nor history) under one
     /// more name.
-    pub async fn derive_image(
+    pub(crate) async fn derive(
         &self,
         base: &str,
         name: &str,
@@ -249,12 +278,12 @@ impl Node {
         created_by: Option<String>,
     ) -> Result<ImageRecord, NodeError> {
         let base = if base == "scratch" {
-            let images = self.images.clone();
+            let images = self.store.clone();
             tokio::task::spawn_blocking(move || images.scratch()).await??
         } else {
-            self.resolve_image(base).await?
+            self.resolve(base).await?
         };
-        let images = self.images.clone();
+        let images = self.store.clone();
         let name = name.to_string();
         Ok(
             tokio::task::spawn_blocking(move || match (&settings, &created_by) {

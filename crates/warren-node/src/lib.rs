@@ -5,6 +5,7 @@
 //! drives it only through the node contract ([`warren_node_api::NodeApi`],
 //! implemented by [`LocalNode`]), in `warren up` and in a cluster.
 
+mod commit;
 mod contract;
 mod create;
 mod devices;
@@ -46,6 +47,7 @@ use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
 pub use contract::LocalNode;
 use exec::{ExecControl, ExecDefaults};
 pub use exec_stream::ExitInfo;
+use images::Images;
 use logs::SandboxLog;
 use settings::host_memory;
 pub use settings::{NodeConfig, NodeSettings, DEFAULT_DISK, DEFAULT_GPU_KIND};
@@ -123,7 +125,6 @@ struct Live {
 
 pub struct Node {
     cpu: Mutex<CpuBusy>,
-    checked_images: Mutex<std::collections::HashSet<String>>,
     name: String,
     labels: std::collections::BTreeMap<String, String>,
     allocatable: Resources,
@@ -135,9 +136,8 @@ pub struct Node {
     ready: watch::Sender<bool>,
     home: PathBuf,
     runtime: Runtime,
-    images: Arc<ImageStore>,
-    puller: Puller,
-    image_budget: Option<u64>,
+    /// The image store and its puller.
+    images: Arc<Images>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Creates under way: a destroy of one of them waits for it.
     creating: in_flight::InFlight,
@@ -181,7 +181,7 @@ impl Node {
         // reaps them.
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        let images = Arc::new(ImageStore::open(&cfg.home.join("images"))?);
+        let store = Arc::new(ImageStore::open(&cfg.home.join("images"))?);
         let cgroup_parent = warren_runtime::cgroup_parent::CgroupParent::for_home(
             &cfg.home,
             cfg.settings.cgroup_parent.clone(),
@@ -243,9 +243,22 @@ impl Node {
                 None
             }
         };
+        // Sequence numbers grow across node restarts on one boot.
+        let feed = Arc::new(feed::Feed::new(lifetime::boot_ms().max(1) as u64 * 1000));
+        let images = Arc::new(Images::new(
+            store.clone(),
+            Puller::new(
+                store,
+                registries,
+                MAX_DOWNLOADS,
+                (cores as usize).div_ceil(2),
+            ),
+            cfg.settings.image_budget,
+            cfg.home.join("tmp"),
+            feed.clone(),
+        ));
         let node = Arc::new(Node {
             cpu: Mutex::new(CpuBusy::default()),
-            checked_images: Mutex::new(std::collections::HashSet::new()),
             allocatable: total,
             max_pids,
             journal,
@@ -255,13 +268,6 @@ impl Node {
             labels: cfg.labels,
             home: cfg.home,
             runtime,
-            puller: Puller::new(
-                images.clone(),
-                registries,
-                MAX_DOWNLOADS,
-                (cores as usize).div_ceil(2),
-            ),
-            image_budget: cfg.settings.image_budget,
             images,
             live: Mutex::new(HashMap::new()),
             creating: Default::default(),
@@ -274,8 +280,7 @@ impl Node {
                 .memory_floor
                 .unwrap_or_else(|| settings::default_memory_floor(host_memory())),
             memory_pressure: AtomicBool::new(false),
-            // Sequence numbers grow across node restarts on one boot.
-            feed: Arc::new(feed::Feed::new(lifetime::boot_ms().max(1) as u64 * 1000)),
+            feed,
             // Exec ids name cgroups that can outlive a daemon (an exec left
             // running, or one a crash interrupted while it was being
             // killed): they must never repeat, so they count on from the
@@ -343,6 +348,20 @@ impl Node {
 
     pub fn is_live(&self, id: &str) -> bool {
         self.get(id).is_ok()
+    }
+
+    /// Image digests used by live sandboxes (they must not be removed).
+    pub fn images_in_use(&self) -> Vec<String> {
+        lock(&self.live)
+            .values()
+            .map(|l| l.image_digest.clone())
+            .collect()
+    }
+
+    /// Takes the registries a cluster's control plane gives at join
+    /// beneath this node's own `registries.toml` (None: none).
+    pub fn set_cluster_registries(&self, text: Option<&str>) -> Result<(), NodeError> {
+        self.images.set_cluster_registries(text)
     }
 
     /// What the node leaves on the host as it stops: its own cgroup parent

@@ -14,13 +14,13 @@ use warren_core::sync::lock;
 impl Node {
     /// Name, labels, capacity, load and the digests of its images.
     pub(crate) async fn node_info(&self) -> NodeInfo {
-        let images = self.images.clone();
         // A store that cannot be read reports no images (placement then
         // only loses its locality preference for this node).
-        let images = tokio::task::spawn_blocking(move || images.list())
+        let images = self
+            .images
+            .records()
             .await
             .ok()
-            .and_then(Result::ok)
             .map(|list| list.into_iter().map(|r| r.digest).collect())
             .unwrap_or_default();
         let mut labels = self.labels.clone();

@@ -61,7 +61,7 @@ impl Node {
     pub(crate) async fn adopt(self: &Arc<Self>, entry: journal::Entry) -> Result<(), NodeError> {
         let id = entry.create.id.clone();
         let id = id.as_str();
-        let image = self.resolve_image(&entry.create.image_digest).await?;
+        let image = self.images.resolve(&entry.create.image_digest).await?;
         let cgroup_path = self.runtime.cgroup_path(id);
         if !warren_runtime::owns_pid(entry.pid, &cgroup_path) {
             return Err(NodeError::NotRunning(id.to_string()));

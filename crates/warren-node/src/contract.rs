@@ -237,11 +237,11 @@ impl NodeApi for LocalNode {
         data: Bytes,
         close: bool,
     ) -> NodeResult<()> {
-        answer(self.node.exec_input(id, exec_id, data, close).await)
+        answer(self.node.execs.input(id, exec_id, data, close).await)
     }
 
     async fn exec_resize(&self, id: &str, exec_id: &str, size: WindowSize) -> NodeResult<()> {
-        answer(self.node.exec_resize(id, exec_id, size).await)
+        answer(self.node.execs.resize(id, exec_id, size).await)
     }
 
     async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {

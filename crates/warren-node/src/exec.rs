@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use warren_core::sync::lock;
-use warren_core::{ExecEvent, ExecRequest, SandboxSpec, WindowSize};
+use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
 use warren_image::ImageRecord;
 use warren_node_api::{NodeEvent, Phase};
-use warren_runtime::{files, ExecSpec, RuntimeError, TermSize};
+use warren_runtime::{files, ExecSpec, TermSize};
 
 use crate::{exec_stream, user, ExitInfo, Live, Node, NodeError};
 
@@ -89,7 +89,7 @@ impl Node {
                 env.entry(k.into()).or_insert(v);
             }
         }
-        let seq = self.exec_seq.fetch_add(1, Ordering::Relaxed);
+        let seq = self.execs.next_seq();
         Ok(exec_stream::ExecJob {
             socket: live.socket.clone(),
             sandbox_cgroup: live.cgroup_path.clone(),
@@ -135,7 +135,8 @@ impl Node {
         }
         let held = live.phase() == Phase::Held;
         if held {
-            self.thaw_held(id).await?;
+            // The first exec into a kept sandbox thaws it.
+            self.execs.thaw_held(id, self.freeze(id, false)).await?;
         }
         let mut job = match self.exec_job(id, &live, req, false) {
             Ok(job) => job,
@@ -153,14 +154,8 @@ impl Node {
             input_tx
         });
         let control_key = (id.to_string(), job.exec_id.clone());
-        lock(&self.exec_controls).insert(
-            control_key.clone(),
-            ExecControl {
-                input,
-                stdin: req.stdin_open,
-                tty: req.tty,
-            },
-        );
+        self.execs
+            .open(control_key.clone(), input, req.stdin_open, req.tty);
         let senders = Arc::downgrade(self);
         let (tx, rx) = mpsc::channel(64);
         // Surface "cannot start" errors synchronously so the API can answer 409.
@@ -188,7 +183,7 @@ impl Node {
             });
             let result = exec_stream::run(job, inner_tx).await;
             if let Some(node) = senders.upgrade() {
-                lock(&node.exec_controls).remove(&control_key);
+                node.execs.close(&control_key);
                 if held {
                     node.refreeze_held(&control_key.0).await;
                 }
@@ -204,120 +199,19 @@ impl Node {
         }
     }
 
-    /// Thaws a kept sandbox for an exec (the first of its execs does).
-    async fn thaw_held(self: &Arc<Self>, id: &str) -> Result<(), NodeError> {
-        let mut held = self.held_execs.lock().await;
-        let n = held.get(id).copied().unwrap_or(0);
-        if n == 0 {
-            self.freeze(id, false).await?;
-        }
-        held.insert(id.to_string(), n + 1);
-        Ok(())
-    }
-
     /// Freezes a kept sandbox again when its last exec has ended (unless
     /// it has gone meanwhile).
     async fn refreeze_held(self: &Arc<Self>, id: &str) {
-        let mut held = self.held_execs.lock().await;
-        match held.get(id).copied() {
-            Some(n) if n > 1 => {
-                held.insert(id.to_string(), n - 1);
-            }
-            Some(_) => {
-                held.remove(id);
-                let still_held = self.get(id).is_ok_and(|l| l.phase() == Phase::Held);
-                if still_held {
-                    if let Err(e) = self.freeze(id, true).await {
-                        tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox again after an exec");
-                    }
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// Sends more stdin to a running exec started with `stdin_open`;
-    /// `close` ends its stdin after `data`.
-    pub async fn exec_input(
-        &self,
-        id: &str,
-        exec_id: &str,
-        data: bytes::Bytes,
-        close: bool,
-    ) -> Result<(), NodeError> {
-        use exec_stream::ExecInput;
-        let key = (id.to_string(), exec_id.to_string());
-        let sender = {
-            let mut controls = lock(&self.exec_controls);
-            let open = controls.get_mut(&key).filter(|c| c.stdin).and_then(|c| {
-                // Closed now: a later send finds it closed, in order.
-                c.stdin = !close;
-                c.input.clone()
-            });
-            open.ok_or_else(|| {
-                NodeError::Runtime(RuntimeError::NotFound(format!(
-                    "no exec {exec_id} with an open stdin in sandbox {id}: start it with stdin_open, and send while it runs"
-                )))
-            })?
-        };
-        let gone = || NodeError::Conflict(format!("exec {exec_id} has ended; its stdin is closed"));
-        if !data.is_empty() {
-            sender
-                .send(ExecInput::Data(data))
-                .await
-                .map_err(|_| gone())?;
-        }
-        if close {
-            sender.send(ExecInput::Close).await.map_err(|_| gone())?;
-        }
-        Ok(())
-    }
-
-    /// Sets the window size of a running exec's terminal.
-    pub async fn exec_resize(
-        &self,
-        id: &str,
-        exec_id: &str,
-        size: WindowSize,
-    ) -> Result<(), NodeError> {
-        size.validate()
-            .map_err(|e| NodeError::BadRequest(e.to_string()))?;
-        let key = (id.to_string(), exec_id.to_string());
-        let sender = {
-            let controls = lock(&self.exec_controls);
-            let control = controls.get(&key).ok_or_else(|| {
-                NodeError::Runtime(RuntimeError::NotFound(format!(
-                    "no running exec {exec_id} in sandbox {id} (it has ended, or never ran)"
-                )))
-            })?;
-            match (&control.input, control.tty) {
-                (Some(input), true) => input.clone(),
-                _ => {
-                    return Err(NodeError::Conflict(format!(
-                        "exec {exec_id} has no terminal to resize: start it with \"tty\": true"
-                    )))
+        let refreeze = async {
+            let still_held = self.get(id).is_ok_and(|l| l.phase() == Phase::Held);
+            if still_held {
+                if let Err(e) = self.freeze(id, true).await {
+                    tracing::warn!(sandbox = %id, error = %e, "freezing a kept sandbox again after an exec");
                 }
             }
         };
-        sender
-            .send(exec_stream::ExecInput::Resize(size))
-            .await
-            .map_err(|_| {
-                NodeError::Runtime(RuntimeError::NotFound(format!(
-                    "exec {exec_id} in sandbox {id} has ended"
-                )))
-            })
+        self.execs.refreeze_held(id, refreeze).await
     }
-}
-
-/// How the API reaches a running exec after its start (every exec but
-/// the main process has one while it runs).
-pub(crate) struct ExecControl {
-    /// Where its further input and resizes go, when it takes any.
-    input: Option<mpsc::Sender<exec_stream::ExecInput>>,
-    /// It was started with `stdin_open`, and its stdin was not closed yet.
-    stdin: bool,
-    tty: bool,
 }
 
 /// The environment, working directory and user an exec inherits.

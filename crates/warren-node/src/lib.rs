@@ -12,6 +12,7 @@ mod devices;
 mod dir_watch;
 mod exec;
 pub mod exec_stream;
+mod execs;
 mod feed;
 mod file_access;
 mod forks;
@@ -36,7 +37,7 @@ mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -45,7 +46,7 @@ use warren_node_api::{CreateSandbox, Phase, Resources};
 use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
 
 pub use contract::LocalNode;
-use exec::{ExecControl, ExecDefaults};
+use exec::ExecDefaults;
 pub use exec_stream::ExitInfo;
 use images::Images;
 use logs::SandboxLog;
@@ -150,13 +151,8 @@ pub struct Node {
     memory_floor: u64,
     memory_pressure: AtomicBool,
     feed: Arc<feed::Feed>,
-    exec_seq: AtomicU64,
-    /// Where more stdin goes, for execs started with `stdin_open`, by
-    /// sandbox and exec id; gone when the exec ends.
-    exec_controls: Mutex<HashMap<(String, String), ExecControl>>,
-    /// Execs running in each kept (held, frozen) sandbox: it is thawed
-    /// while there is one, so a person can look at its scene in a terminal.
-    held_execs: tokio::sync::Mutex<HashMap<String, usize>>,
+    /// Running execs: their ids, input, and the kept sandboxes they thaw.
+    execs: execs::Execs,
     egress: Arc<warren_net::Egress>,
     /// Read-only copies of sandboxes' changes that forks are built on.
     forks: Arc<forks::ForkLayers>,
@@ -285,9 +281,7 @@ impl Node {
             // running, or one a crash interrupted while it was being
             // killed): they must never repeat, so they count on from the
             // boot clock, not from zero at every start.
-            exec_seq: AtomicU64::new(lifetime::boot_ms().max(0) as u64 * 1000),
-            exec_controls: Default::default(),
-            held_execs: Default::default(),
+            execs: execs::Execs::new(lifetime::boot_ms().max(0) as u64 * 1000),
             egress: warren_net::Egress::new(cap.egress.clone()),
             forks,
             devices,

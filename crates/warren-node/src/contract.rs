@@ -127,13 +127,13 @@ impl NodeApi for LocalNode {
     async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
         // Never beside the sweep that follows a start.
         self.node.wait_ready().await;
-        if self.node.disk_pressure() {
+        if self.node.pressure.disk() {
             return Err(api::NodeError::new(
                 api::ErrorKind::NoRoom,
                 "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)",
             ));
         }
-        if self.node.memory_pressure() {
+        if self.node.pressure.memory() {
             return Err(api::NodeError::new(
                 api::ErrorKind::NoRoom,
                 "the host's available memory is below the node's floor; no sandboxes start until memory is freed (see docs/configuration.md, \"Requests and limits\")",

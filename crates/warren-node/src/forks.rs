@@ -325,7 +325,8 @@ impl Node {
             .spec
             .fork
             .and_then(|f| f.layers.first().cloned());
-        let budget = self.fork_budget();
+        // A fork layer may take the free space above the disk floor.
+        let budget = self.pressure.disk_headroom();
         let ids = self.runtime.id_range(id);
         let name = new_name();
         let staging = self.forks.dir.join(format!("{STAGING_PREFIX}{name}"));
@@ -394,13 +395,6 @@ impl Node {
             entries: copied.entries,
             frozen_ms,
         })
-    }
-
-    /// Bytes a fork layer may take: free space under the home above the
-    /// node's disk floor (as the disk guard computes it).
-    fn fork_budget(&self) -> u64 {
-        crate::settings::disk_headroom(&self.home, self.disk_floor)
-            .map_or(u64::MAX, |(free, floor)| free.saturating_sub(floor))
     }
 
     pub async fn release_fork_layer(&self, name: &str) {

@@ -26,6 +26,7 @@ pub mod lifetime;
 pub mod logs;
 mod monitor;
 mod network;
+mod pressure;
 mod reports;
 pub mod sampler;
 mod settings;
@@ -50,11 +51,11 @@ use exec::ExecDefaults;
 pub use exec_stream::ExitInfo;
 use images::Images;
 use logs::SandboxLog;
+pub use pressure::{SATURATION, SATURATION_AFTER};
 use settings::host_memory;
 pub use settings::{NodeConfig, NodeSettings, DEFAULT_DISK, DEFAULT_GPU_KIND};
 use tasks::{enforce_lifetimes, expire_logs};
-use usage::{sample_usage, CpuBusy};
-pub use usage::{SATURATION, SATURATION_AFTER};
+use usage::sample_usage;
 use warren_core::sync::lock;
 
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +126,6 @@ struct Live {
 }
 
 pub struct Node {
-    cpu: Mutex<CpuBusy>,
     name: String,
     labels: std::collections::BTreeMap<String, String>,
     allocatable: Resources,
@@ -144,12 +144,8 @@ pub struct Node {
     creating: in_flight::InFlight,
     log_max: u64,
     default_disk: u64,
-    disk_floor: Option<u64>,
-    /// Free space under the home is below the floor: no new sandboxes.
-    disk_pressure: AtomicBool,
-    /// Host memory the node keeps available (see NodeSettings).
-    memory_floor: u64,
-    memory_pressure: AtomicBool,
+    /// The host's CPU, disk and memory against their limits.
+    pressure: pressure::Pressure,
     feed: Arc<feed::Feed>,
     /// Running execs: their ids, input, and the kept sandboxes they thaw.
     execs: execs::Execs,
@@ -253,8 +249,15 @@ impl Node {
             cfg.home.join("tmp"),
             feed.clone(),
         ));
+        let pressure = pressure::Pressure::new(
+            cfg.home.clone(),
+            cfg.settings.disk_floor,
+            cfg.settings
+                .memory_floor
+                .unwrap_or_else(|| settings::default_memory_floor(host_memory())),
+            feed.clone(),
+        );
         let node = Arc::new(Node {
-            cpu: Mutex::new(CpuBusy::default()),
             allocatable: total,
             max_pids,
             journal,
@@ -269,13 +272,7 @@ impl Node {
             creating: Default::default(),
             log_max: cfg.settings.log_max,
             default_disk: cfg.settings.default_disk,
-            disk_floor: cfg.settings.disk_floor,
-            disk_pressure: AtomicBool::new(false),
-            memory_floor: cfg
-                .settings
-                .memory_floor
-                .unwrap_or_else(|| settings::default_memory_floor(host_memory())),
-            memory_pressure: AtomicBool::new(false),
+            pressure,
             feed,
             // Exec ids name cgroups that can outlive a daemon (an exec left
             // running, or one a crash interrupted while it was being

@@ -39,9 +39,9 @@ impl Node {
             },
             max_pids: self.max_pids,
             load: Load {
-                cpu_busy: self.cpu_busy(),
-                disk_pressure: self.disk_pressure(),
-                memory_pressure: self.memory_pressure(),
+                cpu_busy: self.pressure.cpu_busy(),
+                disk_pressure: self.pressure.disk(),
+                memory_pressure: self.pressure.memory(),
                 sandboxes: lock(&self.live).len() as u32,
             },
             images,

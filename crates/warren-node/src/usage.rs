@@ -1,5 +1,6 @@
-//! What sandboxes and the node use: cgroup samples, the disk guard (per
-//! sandbox and the node's floor), CPU saturation.
+//! What sandboxes use: cgroup samples, the disk guard (per sandbox, and
+//! the largest writer when the node's disk floor is crossed), and the
+//! sandbox stopped when host memory is below its floor.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,29 +10,6 @@ use warren_core::sync::lock;
 use warren_core::Usage;
 use warren_node_api::NodeEvent;
 
-/// The node's CPU busy share between samples, from /proc/stat.
-#[derive(Debug, Default)]
-pub(crate) struct CpuBusy {
-    last: Option<(u64, u64)>,
-    busy: f64,
-    high_since: Option<std::time::Instant>,
-    reported: bool,
-}
-pub const SATURATION: f64 = 0.85;
-pub const SATURATION_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
-pub(crate) fn proc_stat_cpu() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    let fields: Vec<u64> = text
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let total: u64 = fields.iter().sum();
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    Some((total, idle))
-}
 /// Cgroup readings per second the sampler allows itself: each is a few
 /// file reads, so sampling every sandbox each second would cost a node
 /// with thousands of them a good part of a core.
@@ -59,7 +37,7 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
             .collect();
         wait = round_interval(interval, live.len());
         let _ = tokio::task::spawn_blocking(move || {
-            n.sample_cpu();
+            n.pressure.sample_cpu();
             for (id, l) in &live {
                 if !l.destroying.load(Ordering::Acquire) {
                     n.sample_periodic(id, l);
@@ -190,28 +168,13 @@ impl Node {
         });
     }
 
-    /// Whether free space under the home is below the floor (creates are
-    /// refused meanwhile).
-    pub fn disk_pressure(&self) -> bool {
-        self.disk_pressure.load(Ordering::Acquire)
-    }
-
     /// Checks free space under the home; below the floor, measures every
     /// sandbox's writable layer and reports the largest (one per check: its
     /// removal may be enough).
     pub(crate) fn check_disk_floor(&self, live: &[(String, Arc<Live>)]) {
-        let Some((free, floor)) = crate::settings::disk_headroom(&self.home, self.disk_floor)
-        else {
+        let Some(pressure) = self.pressure.check_disk() else {
             return;
         };
-        let pressure = free < floor;
-        if self.disk_pressure.swap(pressure, Ordering::AcqRel) != pressure {
-            if pressure {
-                tracing::warn!(free, floor, "disk under the home is below its floor: creates refused, the largest writer is stopped");
-            } else {
-                tracing::info!(free, floor, "disk under the home is above its floor again");
-            }
-        }
         if !pressure {
             return;
         }
@@ -227,36 +190,6 @@ impl Node {
         }
     }
 
-    /// Whether the host's available memory is below the node's floor
-    /// (creates are refused meanwhile). While the last sample said so,
-    /// memory is read again: a create that comes right after the stopped
-    /// sandbox freed its memory must not be refused on the old sample.
-    pub fn memory_pressure(&self) -> bool {
-        self.memory_pressure.load(Ordering::Acquire)
-            && self
-                .sample_memory_floor()
-                .is_none_or(|(pressure, _)| pressure)
-    }
-
-    /// Reads the host's available memory and records whether it is below
-    /// the floor; None if it cannot be read (the last verdict stands).
-    fn sample_memory_floor(&self) -> Option<(bool, u64)> {
-        let available = crate::settings::available_memory()?;
-        let pressure = available < self.memory_floor;
-        if self.memory_pressure.swap(pressure, Ordering::AcqRel) != pressure {
-            if pressure {
-                tracing::warn!(available, floor = self.memory_floor, "host memory is below the node's floor: creates refused, the sandbox furthest above its request is stopped");
-            } else {
-                tracing::info!(
-                    available,
-                    floor = self.memory_floor,
-                    "host memory is above the node's floor again"
-                );
-            }
-        }
-        Some((pressure, available))
-    }
-
     /// Requests are what admission counts, so the limits of the sandboxes
     /// on a node may add up to more than its memory. When their real use
     /// drains the host's available memory below the floor, the sandbox
@@ -264,7 +197,7 @@ impl Node {
     /// a sandbox within its request is never chosen, so a request is a
     /// guarantee and the limit a ceiling.
     pub(crate) fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
-        let Some((pressure, available)) = self.sample_memory_floor() else {
+        let Some((pressure, available)) = self.pressure.check_memory() else {
             return;
         };
         if !pressure {
@@ -297,35 +230,6 @@ impl Node {
         self.get(id)
             .map(|l| warren_runtime::cgroups::oom_kills(&l.cgroup_path))
             .unwrap_or(0)
-    }
-
-    /// Share of the node's CPU time spent busy over the last sample interval.
-    pub fn cpu_busy(&self) -> f64 {
-        lock(&self.cpu).busy
-    }
-
-    pub(crate) fn sample_cpu(&self) {
-        let Some((total, idle)) = proc_stat_cpu() else {
-            return;
-        };
-        let mut c = lock(&self.cpu);
-        if let Some((t0, i0)) = c.last {
-            let dt = total.saturating_sub(t0);
-            if dt > 0 {
-                c.busy = 1.0 - idle.saturating_sub(i0) as f64 / dt as f64;
-            }
-        }
-        c.last = Some((total, idle));
-        if c.busy > SATURATION {
-            let since = *c.high_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= SATURATION_AFTER && !c.reported {
-                c.reported = true;
-                self.feed.push(NodeEvent::CpuSaturated { busy: c.busy });
-            }
-        } else {
-            c.high_since = None;
-            c.reported = false;
-        }
     }
 }
 

@@ -15,8 +15,8 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -386,8 +386,37 @@ struct ContentQuery {
     force: Option<bool>,
 }
 
-fn query(q: Result<Query<ContentQuery>, QueryRejection>) -> ContentResult<ContentQuery> {
-    q.map(|Query(q)| q).map_err(|e| bad(format!("query: {e}")))
+/// What every content call starts from: its query, the volume its token
+/// opens (checked before anything else is looked at), and the path in it.
+struct Content {
+    files: VolumeFiles,
+    /// Rooted in the volume (see [`volume_path`]).
+    path: String,
+    q: ContentQuery,
+}
+
+impl FromRequestParts<Arc<E2b>> for Content {
+    type Rejection = ContentError;
+
+    async fn from_request_parts(parts: &mut Parts, e2b: &Arc<E2b>) -> ContentResult<Content> {
+        let Query(q) = Query::<ContentQuery>::from_request_parts(parts, e2b)
+            .await
+            .map_err(|e| bad(format!("query: {e}")))?;
+        let Path(id) = Path::<String>::from_request_parts(parts, e2b)
+            .await
+            .map_err(|e| bad(format!("volume id: {e}")))?;
+        let files = open(e2b, &parts.headers, &id).await?;
+        let path = volume_path(q.path.as_deref())?;
+        Ok(Content { files, path, q })
+    }
+}
+
+/// The owner a made file or directory gets (root unless the query says).
+fn owner(q: &ContentQuery) -> ContentResult<Owner> {
+    Ok(Owner {
+        uid: id_of("uid", q.uid)?.unwrap_or(0),
+        gid: id_of("gid", q.gid)?.unwrap_or(0),
+    })
 }
 
 fn id_of(what: &str, id: Option<u32>) -> ContentResult<Option<u32>> {
@@ -429,15 +458,7 @@ fn not_there(e: ApiError) -> ContentError {
     }
 }
 
-async fn stat(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-) -> ContentResult<Json<Value>> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn stat(Content { files, path, .. }: Content) -> ContentResult<Json<Value>> {
     let got = files
         .path_op(PathOp::Stat { path: path.clone() })
         .await
@@ -457,16 +478,7 @@ struct Metadata {
 }
 
 /// `update_metadata`: the owner, group and/or mode given.
-async fn set_attrs(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-    raw: Bytes,
-) -> ContentResult<Json<Value>> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn set_attrs(Content { files, path, .. }: Content, raw: Bytes) -> ContentResult<Json<Value>> {
     let raw: &[u8] = if raw.is_empty() { b"{}" } else { &raw };
     let m: Metadata = serde_json::from_slice(raw).map_err(|e| {
         bad(format!(
@@ -484,15 +496,7 @@ async fn set_attrs(
 }
 
 /// Removes a file, a link, or a directory with all it holds.
-async fn remove(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-) -> ContentResult<StatusCode> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn remove(Content { files, path, .. }: Content) -> ContentResult<StatusCode> {
     if path == "/" {
         return Err(bad(
             "/ is the volume's root: remove what is in it, or the volume (Volume.destroy)",
@@ -504,15 +508,7 @@ async fn remove(
 
 /// A directory's entries (`depth` levels; 1: its own), the directory
 /// itself left out.
-async fn list_dir(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-) -> ContentResult<Json<Value>> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn list_dir(Content { files, path, q }: Content) -> ContentResult<Json<Value>> {
     let op = PathOp::List {
         path,
         depth: q.depth.unwrap_or(1).max(1),
@@ -523,22 +519,11 @@ async fn list_dir(
 
 /// `make_dir`: with `force`, its parents too and an existing directory
 /// answered as it is.
-async fn make_dir(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-) -> ContentResult<Response> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn make_dir(Content { files, path, q }: Content) -> ContentResult<Response> {
     let force = q.force.unwrap_or(false);
     let op = PathOp::MakeDirAs {
         path: path.clone(),
-        owner: Owner {
-            uid: id_of("uid", q.uid)?.unwrap_or(0),
-            gid: id_of("gid", q.gid)?.unwrap_or(0),
-        },
+        owner: owner(&q)?,
         mode: mode_of(q.mode)?.unwrap_or(0o755),
         parents: force,
         exist_ok: force,
@@ -548,15 +533,7 @@ async fn make_dir(
 }
 
 /// A file's bytes (404 for a directory or anything but a file).
-async fn read_file(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-) -> ContentResult<Response> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn read_file(Content { files, path, .. }: Content) -> ContentResult<Response> {
     let read = files.read(&path).await.map_err(not_there)?;
     let FileKind::File { size } = read.kind else {
         return Err(ContentError::new(
@@ -577,16 +554,7 @@ async fn read_file(
 /// Writes a file from the body, all or nothing: 409 when something is
 /// there (without `force`) or a directory is, 404 when its directory is
 /// not (parents are not made).
-async fn write_file(
-    State(e2b): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    q: Result<Query<ContentQuery>, QueryRejection>,
-    upload: Body,
-) -> ContentResult<Response> {
-    let q = query(q)?;
-    let files = open(&e2b, &headers, &id).await?;
-    let path = volume_path(q.path.as_deref())?;
+async fn write_file(Content { files, path, q }: Content, upload: Body) -> ContentResult<Response> {
     if path == "/" {
         return Err(bad("path names the volume's root; give a file's path"));
     }
@@ -597,10 +565,7 @@ async fn write_file(
             tar: false,
             xattrs: Default::default(),
         },
-        owner: Owner {
-            uid: id_of("uid", q.uid)?.unwrap_or(0),
-            gid: id_of("gid", q.gid)?.unwrap_or(0),
-        },
+        owner: owner(&q)?,
         replace: q.force.unwrap_or(false),
     };
     let written = files.write(req, warren_control::upload(upload)).await?;

@@ -77,7 +77,7 @@ impl Node {
         let mut phase = std::time::Instant::now();
         let lower_dirs = self.images.lower_dirs(image).await?;
         took(&mut phases, "node_layers", &mut phase);
-        let log = self.open_log(id)?;
+        let log = self.logs.open(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
         let permit = self
             .initializing

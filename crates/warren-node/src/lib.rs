@@ -23,6 +23,7 @@ mod in_flight;
 mod journal;
 mod lifecycle;
 pub mod lifetime;
+mod log_dir;
 pub mod logs;
 mod monitor;
 mod network;
@@ -135,14 +136,14 @@ pub struct Node {
     journal: journal::Journal,
     /// True once the sandboxes of the journal are taken over (after a start).
     ready: watch::Sender<bool>,
-    home: PathBuf,
     runtime: Runtime,
     /// The image store and its puller.
     images: Arc<Images>,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Creates under way: a destroy of one of them waits for it.
     creating: in_flight::InFlight,
-    log_max: u64,
+    /// Sandboxes' logs, kept past their sandboxes for a while.
+    logs: log_dir::LogDir,
     default_disk: u64,
     /// The host's CPU, disk and memory against their limits.
     pressure: pressure::Pressure,
@@ -265,12 +266,11 @@ impl Node {
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
             name: cfg.name,
             labels: cfg.labels,
-            home: cfg.home,
             runtime,
             images,
             live: Mutex::new(HashMap::new()),
             creating: Default::default(),
-            log_max: cfg.settings.log_max,
+            logs: log_dir::LogDir::new(cfg.home.join("logs"), cfg.settings.log_max),
             default_disk: cfg.settings.default_disk,
             pressure,
             feed,
@@ -300,34 +300,6 @@ impl Node {
 
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The sandbox's JSON-lines log, opened for appending.
-    fn open_log(&self, id: &str) -> Result<Arc<SandboxLog>, NodeError> {
-        SandboxLog::open(&self.home.join("logs"), id, self.log_max)
-            .map(Arc::new)
-            .map_err(|e| NodeError::Internal(format!("open log: {e}")))
-    }
-
-    /// Whether the node has a log for the sandbox.
-    pub fn has_log(&self, id: &str) -> bool {
-        logs::files(&self.home.join("logs"), id)
-            .iter()
-            .any(|f| f.exists())
-    }
-
-    /// The sandbox's log as whole JSON lines, oldest first. With `over`, the
-    /// stream follows the log until `over` says the sandbox has ended.
-    pub fn log_stream(
-        &self,
-        id: &str,
-        over: Option<Box<dyn FnMut() -> futures_util::future::BoxFuture<'static, bool> + Send>>,
-    ) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
-        let follow = over.map(|over| logs::Follow {
-            changes: self.log(id).map(|l| l.subscribe()),
-            over,
-        });
-        logs::stream(&self.home.join("logs"), id, follow)
     }
 
     fn get(&self, id: &str) -> Result<Arc<Live>, NodeError> {

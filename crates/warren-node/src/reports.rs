@@ -8,7 +8,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_node_api::{Load, NodeInfo, Phase, Resources, SandboxStatus};
 
-use crate::{Node, NodeError};
+use crate::{logs, Node, NodeError};
 use warren_core::sync::lock;
 
 impl Node {
@@ -94,7 +94,7 @@ impl Node {
         id: &str,
         follow: bool,
     ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>, NodeError> {
-        if !self.has_log(id) {
+        if !self.logs.has(id) {
             return Err(NodeError::NotFound(format!(
                 "no log for sandbox {id} (logs are kept for the node's --log-retention)"
             )));
@@ -110,6 +110,10 @@ impl Node {
                 Box::pin(async move { over }) as BoxFuture<'static, bool>
             }) as Over
         });
-        Ok(self.log_stream(id, over).boxed())
+        let follow = over.map(|over| logs::Follow {
+            changes: self.log(id).map(|l| l.subscribe()),
+            over,
+        });
+        Ok(self.logs.stream(id, follow).boxed())
     }
 }

@@ -78,7 +78,7 @@ impl Node {
             }
         })
         .await??;
-        let log = self.open_log(id)?;
+        let log = self.logs.open(id)?;
         log.event(
             "running",
             "adopted",

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::lifetime::ACT_ALONE_AFTER;
-use crate::{logs, Node};
+use crate::Node;
 use warren_core::sync::lock;
 use warren_node_api::NodeEvent;
 
@@ -17,30 +17,10 @@ pub(crate) async fn expire_logs(node: std::sync::Weak<Node>, retention: std::tim
     );
     loop {
         let Some(n) = node.upgrade() else { return };
-        let dir = n.home.join("logs");
+        let logs = n.logs.clone();
         let live: Vec<String> = lock(&n.live).keys().cloned().collect();
         drop(n);
-        let _ = tokio::task::spawn_blocking(move || {
-            let Ok(rd) = std::fs::read_dir(&dir) else {
-                return;
-            };
-            for entry in rd.filter_map(|e| e.ok()) {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(id) = logs::owner(&name) else {
-                    continue;
-                };
-                let old = entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > retention);
-                if old && !live.iter().any(|l| l == id) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || logs.expire(&live, retention)).await;
         tokio::time::sleep(tick).await;
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use tokio::sync::oneshot;
 use warren_core::spec::Placement;
 use warren_core::sync::lock;
-use warren_core::Labels;
+use warren_core::{ApiError, ErrorCode, Labels};
 
 use crate::placement::{self, Candidate};
 
@@ -96,6 +96,31 @@ pub enum AdmitError {
         max_cpu: u64,
         max_memory: u64,
     },
+}
+
+/// What a client is told when admission refuses.
+pub(crate) fn admit_error(e: AdmitError) -> ApiError {
+    let code = match e {
+        AdmitError::QueueFull(_) => {
+            return ApiError {
+                code: ErrorCode::TooManyRequests,
+                message: e.to_string(),
+                retry_after_ms: Some(1000),
+            }
+        }
+        AdmitError::NoNode(_) => {
+            return ApiError {
+                code: ErrorCode::NoCapacity,
+                message: e.to_string(),
+                retry_after_ms: Some(5000),
+            }
+        }
+        AdmitError::Closed => ErrorCode::Unavailable,
+        AdmitError::NeverFits { .. }
+        | AdmitError::TooManyPids { .. }
+        | AdmitError::TooManyGpus { .. } => ErrorCode::BadRequest,
+    };
+    ApiError::new(code, e.to_string())
 }
 
 /// What admission keeps of one node.

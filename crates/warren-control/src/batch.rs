@@ -52,8 +52,9 @@ impl Control {
         // The tag is resolved once, here: every member runs this digest,
         // whatever the tag points at later and on whichever node.
         let resolved = self
+            .images
             .resolve(
-                self.resolver(&req.spec.node_selector)?.as_ref(),
+                self.images.resolver(&req.spec.node_selector)?.as_ref(),
                 &req.spec.image,
             )
             .await
@@ -82,6 +83,7 @@ impl Control {
         // member is placed (one download per node, side by side).
         if warren_core::image_ref::registry_host(&batch.spec.image).is_some() {
             if let Err(e) = self
+                .images
                 .prewarm(&batch.spec.image, &[], &batch.spec.node_selector)
                 .await
             {

@@ -28,8 +28,8 @@ mod run;
 pub struct Control {
     pub(crate) store: Arc<dyn Store>,
     /// The nodes, each through its contract (in-process or over the
-    /// network).
-    pub(crate) nodes: crate::nodes::Nodes,
+    /// network); shared with the services that call them.
+    pub(crate) nodes: Arc<crate::nodes::Nodes>,
     /// The FIFO queue and what each sandbox holds of its node.
     pub(crate) admission: Admission,
     /// When a silent node is given up; None: never (`warren up`'s node).
@@ -48,9 +48,8 @@ pub struct Control {
     pub(crate) pools: crate::pools::Pools,
     /// Image builds, running and recent.
     pub(crate) builds: crate::build_log::Builds,
-    /// Where images built, committed or imported here are published for
-    /// every node (`--cluster-registry`); None: images stay on their node.
-    pub(crate) cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
+    /// The cluster's images, on its nodes and in its registry.
+    pub(crate) images: crate::images::Images,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
     /// Named values sealed in the store (refused without a key).
@@ -100,10 +99,12 @@ impl Control {
         destroy_on_stop: bool,
         liveness: Option<crate::nodes::Liveness>,
     ) -> Control {
+        let nodes: Arc<crate::nodes::Nodes> = Default::default();
         Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
+            images: crate::images::Images::new(nodes.clone(), None),
             store,
-            nodes: Default::default(),
+            nodes,
             admission: Admission::new(queue_limit),
             liveness,
             destroy_on_stop,
@@ -114,7 +115,6 @@ impl Control {
             lifecycle: Default::default(),
             pools: Default::default(),
             builds: Default::default(),
-            cluster_registry: None,
             naming: Default::default(),
         }
     }
@@ -128,6 +128,11 @@ impl Control {
     /// The secrets service.
     pub fn secrets(&self) -> &crate::secrets::Secrets {
         &self.secrets
+    }
+
+    /// The images service.
+    pub fn images(&self) -> &crate::images::Images {
+        &self.images
     }
 
     /// Prometheus metrics, in the text format.
@@ -160,12 +165,12 @@ impl Control {
     }
 
     /// Publishes images made in the cluster to `registry` (see
-    /// [`Control::publish`]).
+    /// [`crate::images::Images::publish`]).
     pub fn with_cluster_registry(
         mut self,
         registry: Option<warren_core::image_ref::ClusterRegistry>,
     ) -> Control {
-        self.cluster_registry = registry;
+        self.images = crate::images::Images::new(self.nodes.clone(), registry);
         self
     }
 

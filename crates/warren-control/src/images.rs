@@ -3,15 +3,17 @@
 //! the rest (a short name is written out through its search registries).
 //! Pulls, imports, removals and collections go to every reachable node.
 
+use std::sync::Arc;
+
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use warren_core::image_ref::registry_host;
+use warren_core::image_ref::{registry_host, ClusterRegistry};
 use warren_core::ApiError;
 use warren_node_api::{ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed};
 
-use crate::control::Control;
+use crate::admission::{admit_error, AdmitError};
 use crate::node_errors::node_error;
-use crate::nodes::{Health, NodeEntry};
+use crate::nodes::{Health, NodeEntry, Nodes};
 use crate::streams::to_node;
 use crate::streams::ByteStream;
 
@@ -34,11 +36,102 @@ pub(crate) struct Resolved {
     pub(crate) source: Option<String>,
 }
 
-impl Control {
+/// The images service: the cluster's images, kept by its nodes (each
+/// through its contract) and published to the cluster registry.
+pub struct Images {
+    /// The nodes, shared with the control plane.
+    nodes: Arc<Nodes>,
+    /// Where images built, committed or imported here are published for
+    /// every node (`--cluster-registry`); None: images stay on their node.
+    cluster_registry: Option<ClusterRegistry>,
+}
+
+/// The nodes image and volume calls go to: every reachable one.
+pub(crate) fn reachable(nodes: &Nodes) -> Result<Vec<Arc<NodeEntry>>, ApiError> {
+    let nodes: Vec<_> = nodes
+        .all()
+        .into_iter()
+        .filter(|n| n.view().health == Health::Ready)
+        .collect();
+    if nodes.is_empty() {
+        return Err(ApiError::new(
+            warren_core::ErrorCode::Unavailable,
+            "no node is reachable; see `warren node ls`",
+        ));
+    }
+    Ok(nodes)
+}
+
+/// The node that resolves a create's image reference (and checks the
+/// image): a reachable node carrying `selector`'s labels, not short of
+/// disk or memory.
+pub(crate) fn resolving_node(
+    nodes: &Nodes,
+    selector: &warren_core::Labels,
+) -> Result<Arc<NodeEntry>, ApiError> {
+    let candidates: Vec<_> = nodes
+        .all()
+        .into_iter()
+        .map(|n| (n.view(), n))
+        .filter(|(v, _)| {
+            v.health == Health::Ready && crate::placement::selects(selector, &v.info.labels)
+        })
+        .collect();
+    if candidates.is_empty() {
+        let which = if selector.is_empty() {
+            "is reachable".to_string()
+        } else {
+            let sel: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("carrying the labels {} is reachable", sel.join(","))
+        };
+        return Err(admit_error(AdmitError::NoNode(which)));
+    }
+    let disk_low = candidates.iter().all(|(v, _)| v.info.load.disk_pressure);
+    candidates
+        .into_iter()
+        .find(|(v, _)| !v.info.load.disk_pressure && !v.info.load.memory_pressure)
+        .map(|(_, n)| n)
+        .ok_or_else(|| ApiError {
+            code: warren_core::ErrorCode::NoCapacity,
+            message: if disk_low {
+                "free disk space under the node's home is below its --disk-floor; no sandboxes start until some is freed (remove sandboxes, images or other files there, or lower --disk-floor; see docs/configuration.md)"
+            } else {
+                "the host's available memory is below the node's --memory-floor; no sandboxes start until some is freed (the sandbox furthest above its memory request is stopped; see `warren ps` and docs/configuration.md)"
+            }
+            .into(),
+            retry_after_ms: Some(5000),
+        })
+}
+
+impl Images {
+    pub(crate) fn new(nodes: Arc<Nodes>, cluster_registry: Option<ClusterRegistry>) -> Images {
+        Images {
+            nodes,
+            cluster_registry,
+        }
+    }
+
+    /// The node that resolves a create's image reference (and checks the
+    /// image): a reachable node the create may run on, not short of disk.
+    pub(crate) fn resolver(
+        &self,
+        selector: &warren_core::Labels,
+    ) -> Result<Arc<dyn NodeApi>, ApiError> {
+        self.resolving_node(selector).map(|n| n.api.clone())
+    }
+
+    /// [`Images::resolver`]'s node, named.
+    pub(crate) fn resolving_node(
+        &self,
+        selector: &warren_core::Labels,
+    ) -> Result<Arc<NodeEntry>, ApiError> {
+        resolving_node(&self.nodes, selector)
+    }
+
     /// Where a node that lacks `digest` pulls it for a sandbox of
     /// `reference`: the reference's own registry, or the cluster registry
     /// a local name is published to.
-    pub(crate) fn image_source(&self, reference: &str, digest: &str) -> Option<String> {
+    pub(crate) fn source(&self, reference: &str, digest: &str) -> Option<String> {
         warren_core::image_ref::pinned(reference, digest).or_else(|| {
             self.cluster_registry
                 .as_ref()
@@ -50,7 +143,7 @@ impl Control {
     /// local name published to the cluster registry is its newest push
     /// there (any node can pull that digest, however old its own copy);
     /// anything else, or a name never published, as the node resolves it.
-    pub(crate) async fn image_for_create(
+    pub(crate) async fn for_create(
         &self,
         node: &dyn NodeApi,
         reference: &str,
@@ -58,7 +151,7 @@ impl Control {
         self.resolve(node, reference).await.map(|r| r.image)
     }
 
-    /// [`Control::image_for_create`], with where any node pulls it.
+    /// [`Images::for_create`], with where any node pulls it.
     pub(crate) async fn resolve(
         &self,
         node: &dyn NodeApi,
@@ -117,28 +210,11 @@ impl Control {
         Ok(Some(published))
     }
 
-    /// The nodes image and volume calls go to: every reachable one.
-    pub(crate) fn reachable_nodes(&self) -> Result<Vec<std::sync::Arc<NodeEntry>>, ApiError> {
-        let nodes: Vec<_> = self
-            .nodes
-            .all()
-            .into_iter()
-            .filter(|n| n.view().health == Health::Ready)
-            .collect();
-        if nodes.is_empty() {
-            return Err(ApiError::new(
-                warren_core::ErrorCode::Unavailable,
-                "no node is reachable; see `warren node ls`",
-            ));
-        }
-        Ok(nodes)
-    }
-
     /// Every image on a reachable node, once per name and digest.
-    pub async fn images(&self) -> Result<Vec<ImageInfo>, ApiError> {
+    pub async fn list(&self) -> Result<Vec<ImageInfo>, ApiError> {
         let mut seen = std::collections::HashSet::new();
         let mut all = Vec::new();
-        for node in self.reachable_nodes()? {
+        for node in reachable(&self.nodes)? {
             for image in node.api.image_list().await.map_err(node_error)? {
                 if seen.insert((image.name.clone(), image.digest.clone())) {
                     all.push(image);
@@ -152,12 +228,8 @@ impl Control {
     /// the cluster registry, for nodes that join later). With more than one,
     /// the archive is spooled to a temporary file first (streamed, never
     /// held in memory) and sent to each in turn.
-    pub async fn import_image(
-        &self,
-        name: &str,
-        archive: ByteStream,
-    ) -> Result<ImageInfo, ApiError> {
-        let nodes = self.reachable_nodes()?;
+    pub async fn import(&self, name: &str, archive: ByteStream) -> Result<ImageInfo, ApiError> {
+        let nodes = reachable(&self.nodes)?;
         if let [node] = nodes.as_slice() {
             let image = node
                 .api
@@ -192,11 +264,8 @@ impl Control {
 
     /// A registry pull onto every reachable node, one after another: each
     /// node's progress, then the image (or the first error).
-    pub async fn pull_image(
-        &self,
-        reference: &str,
-    ) -> Result<BoxStream<'static, PullUpdate>, ApiError> {
-        let nodes = self.reachable_nodes()?;
+    pub async fn pull(&self, reference: &str) -> Result<BoxStream<'static, PullUpdate>, ApiError> {
+        let nodes = reachable(&self.nodes)?;
         let count = nodes.len();
         let reference = reference.to_string();
         let per_node =
@@ -230,14 +299,10 @@ impl Control {
     }
 
     /// Pushes from the first node that holds the source image.
-    pub async fn push_image(
-        &self,
-        reference: &str,
-        source: Option<&str>,
-    ) -> Result<Pushed, ApiError> {
+    pub async fn push(&self, reference: &str, source: Option<&str>) -> Result<Pushed, ApiError> {
         needs_registry(reference)?;
         let mut not_found = None;
-        for node in self.reachable_nodes()? {
+        for node in reachable(&self.nodes)? {
             match node.api.image_push(reference, source).await {
                 Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),
                 other => return other.map_err(node_error),
@@ -250,9 +315,9 @@ impl Control {
 
     /// Collects unused images on every reachable node; what each removed,
     /// together.
-    pub async fn gc_images(&self, budget: Option<u64>) -> Result<GcReport, ApiError> {
+    pub async fn gc(&self, budget: Option<u64>) -> Result<GcReport, ApiError> {
         let mut all = GcReport::default();
-        for node in self.reachable_nodes()? {
+        for node in reachable(&self.nodes)? {
             let r = node.api.image_gc(budget).await.map_err(node_error)?;
             all.removed.extend(r.removed);
             all.used_before += r.used_before;
@@ -271,8 +336,7 @@ impl Control {
         selector: &warren_core::Labels,
     ) -> Result<Vec<(String, ImageInfo)>, ApiError> {
         let targets = if nodes.is_empty() {
-            let matching: Vec<_> = self
-                .reachable_nodes()?
+            let matching: Vec<_> = reachable(&self.nodes)?
                 .into_iter()
                 .filter(|n| crate::placement::selects(selector, &n.view().info.labels))
                 .collect();
@@ -297,7 +361,7 @@ impl Control {
             targets
         };
         let pulls = targets.iter().map(|node| async move {
-            self.image_for_create(node.api.as_ref(), reference)
+            self.for_create(node.api.as_ref(), reference)
                 .await
                 .map(|image| (node.name.clone(), image))
                 .map_err(|e| prefixed(&node.name, e))
@@ -309,10 +373,10 @@ impl Control {
     }
 
     /// Removes an image from every reachable node that has it.
-    pub async fn remove_image(&self, reference: &str) -> Result<ImageInfo, ApiError> {
+    pub async fn remove(&self, reference: &str) -> Result<ImageInfo, ApiError> {
         let mut removed = None;
         let mut not_found = None;
-        for node in self.reachable_nodes()? {
+        for node in reachable(&self.nodes)? {
             match node.api.image_remove(reference).await {
                 Ok(image) => removed = Some(image),
                 Err(e) if e.kind == ErrorKind::NotFound => not_found = Some(e),

@@ -232,7 +232,7 @@ impl Control {
         };
         let image = node.commit(id, req).await.map_err(node_error)?;
         if let Some(name) = name {
-            self.publish(node.as_ref(), &name).await?;
+            self.images.publish(node.as_ref(), &name).await?;
         }
         Ok(image)
     }

@@ -19,7 +19,7 @@ impl Control {
     /// Every volume on every reachable node, by name.
     pub async fn volumes(&self) -> Result<Vec<VolumeInfo>, ApiError> {
         let mut all = Vec::new();
-        for node in self.reachable_nodes()? {
+        for node in crate::images::reachable(&self.nodes)? {
             let listed = node
                 .api
                 .volume_list()
@@ -65,7 +65,7 @@ impl Control {
                 v.name, v.node
             )));
         }
-        let node = self.resolving_node(&req.node_selector)?;
+        let node = self.images.resolving_node(&req.node_selector)?;
         let made = node
             .api
             .volume_create(req)

@@ -187,7 +187,7 @@ pub(crate) async fn delete(State(e2b): St, Path(id): Path<String>) -> E2bResult<
         ));
     };
     let control = control(&e2b)?;
-    match control.remove_image(&found.image).await {
+    match control.images().remove(&found.image).await {
         Ok(_) => {}
         // Removed by hand already: only the record is left.
         Err(e) if e.code == warren_core::ErrorCode::NotFound => {}

@@ -179,7 +179,7 @@ async fn start_build(
     let control = control(&e2b)?;
     // What the base image runs as: RUN steps with a user of their own go
     // back to it after.
-    let images = control.images().await.unwrap_or_default();
+    let images = control.images().list().await.unwrap_or_default();
     let base_user = |name: &str| {
         images
             .iter()

@@ -18,7 +18,7 @@ use crate::node_errors::node_error;
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
 pub(crate) async fn list_images(State(st): St) -> ApiResult<Json<Vec<serde_json::Value>>> {
-    let list = st.control.images().await?;
+    let list = st.control.images().list().await?;
     Ok(Json(list.into_iter().map(|i| i.record).collect()))
 }
 
@@ -35,7 +35,7 @@ pub(crate) async fn import_image(
         .cloned()
         .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
     let archive = crate::streams::upload(body);
-    let image = st.control.import_image(&name, archive).await?;
+    let image = st.control.images().import(&name, archive).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
 
@@ -67,7 +67,7 @@ pub(crate) async fn pull_image(
     Query(q): Query<PullQuery>,
     JsonBody(req): JsonBody<PullRequest>,
 ) -> ApiResult<Response> {
-    let updates = st.control.pull_image(&req.reference).await?;
+    let updates = st.control.images().pull(&req.reference).await?;
     if !q.progress {
         let last = updates
             .filter(|u| futures_util::future::ready(!matches!(u, PullUpdate::Progress { .. })))
@@ -117,7 +117,7 @@ pub(crate) async fn gc_images(
         .map_err(|e| {
             ApiError::bad_request(format!("budget: {e}; use a size such as 500M or 20G"))
         })?;
-    let report = st.control.gc_images(budget).await?;
+    let report = st.control.images().gc(budget).await?;
     Ok(Json(report))
 }
 
@@ -145,7 +145,8 @@ pub(crate) async fn push_image(
 ) -> ApiResult<Json<serde_json::Value>> {
     let pushed = st
         .control
-        .push_image(&req.reference, req.source.as_deref())
+        .images()
+        .push(&req.reference, req.source.as_deref())
         .await?;
     Ok(Json(
         serde_json::json!({"image": pushed.image.record, "uploaded": pushed.uploaded, "mounted": pushed.mounted}),
@@ -191,6 +192,7 @@ pub(crate) async fn prewarm_image(
 ) -> ApiResult<Json<PrewarmResult>> {
     let held = st
         .control
+        .images()
         .prewarm(&req.reference, &req.nodes, &req.node_selector)
         .await?;
     Ok(Json(PrewarmResult {
@@ -211,6 +213,6 @@ pub(crate) async fn delete_image(
     State(st): St,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let removed = st.control.remove_image(&reference).await?;
+    let removed = st.control.images().remove(&reference).await?;
     Ok(Json(removed.record))
 }

@@ -203,7 +203,8 @@ impl Run {
                 })?,
             None => {
                 self.control
-                    .image_for_create(self.api.as_ref(), from)
+                    .images()
+                    .for_create(self.api.as_ref(), from)
                     .await
                     .map_err(|e| Failure::at(line, node_error(e).message))?
                     .digest

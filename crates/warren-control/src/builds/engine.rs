@@ -97,7 +97,7 @@ async fn prepare_and_run(
         message: e.to_string(),
         line: Some(e.line),
     })?;
-    let node = control.resolving_node(&Default::default())?;
+    let node = control.images().resolving_node(&Default::default())?;
     let mut run = Run {
         control: control.clone(),
         build,
@@ -234,7 +234,8 @@ impl Run {
             None => {
                 let image = self
                     .control
-                    .image_for_create(self.api.as_ref(), &from)
+                    .images()
+                    .for_create(self.api.as_ref(), &from)
                     .await
                     .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
                 State::of(&image)
@@ -587,13 +588,18 @@ impl Run {
                 })
                 .await
                 .map_err(node_error)?;
-            if let Some(reference) = self.control.publish(self.api.as_ref(), tag).await? {
+            if let Some(reference) = self
+                .control
+                .images()
+                .publish(self.api.as_ref(), tag)
+                .await?
+            {
                 self.build.emit(BuildEvent::Published { reference });
             }
         }
         if let Some(push) = &self.req.push {
             let source = self.req.tag.clone().unwrap_or_else(|| digest.to_string());
-            self.control.push_image(push, Some(&source)).await?;
+            self.control.images().push(push, Some(&source)).await?;
         }
         Ok(())
     }

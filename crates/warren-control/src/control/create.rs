@@ -9,7 +9,7 @@ use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, ErrorKind, NodeError, SandboxStatus};
 
 use super::{new_id, Control};
-use crate::admission::{Admit, AdmitError, Request};
+use crate::admission::{admit_error, Admit, Request};
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, StoreError, Transition};
 
@@ -34,7 +34,7 @@ async fn create_request(row: &SandboxRow, control: &Control) -> Result<CreateSan
         spec: row.spec.clone(),
         resources: row.resources.clone(),
         image_digest: row.image_digest.clone(),
-        image_source: control.image_source(&row.spec.image, &row.image_digest),
+        image_source: control.images.source(&row.spec.image, &row.image_digest),
         devices: Vec::new(),
         device_env: Default::default(),
         secrets,
@@ -56,82 +56,7 @@ async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Dur
     (out, t.elapsed())
 }
 
-/// What a client is told when admission refuses.
-pub(crate) fn admit_error(e: AdmitError) -> ApiError {
-    let code = match e {
-        AdmitError::QueueFull(_) => {
-            return ApiError {
-                code: warren_core::ErrorCode::TooManyRequests,
-                message: e.to_string(),
-                retry_after_ms: Some(1000),
-            }
-        }
-        AdmitError::NoNode(_) => {
-            return ApiError {
-                code: warren_core::ErrorCode::NoCapacity,
-                message: e.to_string(),
-                retry_after_ms: Some(5000),
-            }
-        }
-        AdmitError::Closed => warren_core::ErrorCode::Unavailable,
-        AdmitError::NeverFits { .. }
-        | AdmitError::TooManyPids { .. }
-        | AdmitError::TooManyGpus { .. } => warren_core::ErrorCode::BadRequest,
-    };
-    ApiError::new(code, e.to_string())
-}
-
 impl Control {
-    /// The node that resolves a create's image reference (and checks the
-    /// image): a reachable node the create may run on, not short of disk.
-    pub(crate) fn resolver(
-        &self,
-        selector: &warren_core::Labels,
-    ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
-        self.resolving_node(selector).map(|n| n.api.clone())
-    }
-
-    /// [`Control::resolver`]'s node, named.
-    pub(crate) fn resolving_node(
-        &self,
-        selector: &warren_core::Labels,
-    ) -> Result<std::sync::Arc<crate::nodes::NodeEntry>, ApiError> {
-        let candidates: Vec<_> = self
-            .nodes
-            .all()
-            .into_iter()
-            .map(|n| (n.view(), n))
-            .filter(|(v, _)| {
-                v.health == crate::nodes::Health::Ready
-                    && crate::placement::selects(selector, &v.info.labels)
-            })
-            .collect();
-        if candidates.is_empty() {
-            let which = if selector.is_empty() {
-                "is reachable".to_string()
-            } else {
-                let sel: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                format!("carrying the labels {} is reachable", sel.join(","))
-            };
-            return Err(admit_error(AdmitError::NoNode(which)));
-        }
-        let disk_low = candidates.iter().all(|(v, _)| v.info.load.disk_pressure);
-        candidates
-            .into_iter()
-            .find(|(v, _)| !v.info.load.disk_pressure && !v.info.load.memory_pressure)
-            .map(|(_, n)| n)
-            .ok_or_else(|| ApiError {
-                code: warren_core::ErrorCode::NoCapacity,
-                message: if disk_low {
-                    "free disk space under the node's home is below its --disk-floor; no sandboxes start until some is freed (remove sandboxes, images or other files there, or lower --disk-floor; see docs/configuration.md)"
-                } else {
-                    "the host's available memory is below the node's --memory-floor; no sandboxes start until some is freed (the sandbox furthest above its memory request is stopped; see `warren ps` and docs/configuration.md)"
-                }
-                .into(),
-                retry_after_ms: Some(5000),
-            })
-    }
-
     /// Validates, admits (or queues) and creates a sandbox. The work runs in
     /// its own task, so a client that disconnects cannot leave a sandbox
     /// half made. With `wait == false` a queued create answers at once.
@@ -190,10 +115,11 @@ impl Control {
         let phase = std::time::Instant::now();
         let resolver = match node {
             Some(node) => self.api(node)?,
-            None => self.resolver(&spec.node_selector)?,
+            None => self.images.resolver(&spec.node_selector)?,
         };
         let image = self
-            .image_for_create(resolver.as_ref(), &spec.image)
+            .images
+            .for_create(resolver.as_ref(), &spec.image)
             .await
             .map_err(node_error)?;
         self.metrics.create_phase("image_resolve", phase.elapsed());

@@ -12,8 +12,8 @@ use warren_core::state::reason;
 use warren_core::{ApiError, SandboxInfo, SandboxState};
 
 use super::{new_id, Control};
+use crate::admission::admit_error;
 use crate::admission::{Admit, Request};
-use crate::control::create::admit_error;
 use crate::node_errors::node_error;
 use crate::store::SandboxRow;
 

@@ -35,7 +35,11 @@ impl Control {
         spec.validate(name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         // An image no node can resolve is refused now, not at each refill.
-        self.image_for_create(self.resolver(&Default::default())?.as_ref(), &spec.image)
+        self.images
+            .for_create(
+                self.images.resolver(&Default::default())?.as_ref(),
+                &spec.image,
+            )
             .await
             .map_err(node_error)?;
         self.store.put_pool(name, &spec, &now_rfc3339()).await?;
@@ -200,10 +204,10 @@ impl Control {
         let Ok(resources) = spec.resolve() else {
             return false;
         };
-        let Ok(resolver) = self.resolver(&spec.node_selector) else {
+        let Ok(resolver) = self.images.resolver(&spec.node_selector) else {
             return false;
         };
-        let Ok(image) = self.image_for_create(resolver.as_ref(), &spec.image).await else {
+        let Ok(image) = self.images.for_create(resolver.as_ref(), &spec.image).await else {
             return false;
         };
         let id = new_id_with("sbx");

@@ -132,7 +132,7 @@ impl SandboxAccounts {
         if let Some(known) = lock(&self.images).get(&row.image_digest) {
             return known.clone();
         }
-        let Ok(images) = control.images().await else {
+        let Ok(images) = control.images().list().await else {
             return Default::default();
         };
         let mut known = lock(&self.images);

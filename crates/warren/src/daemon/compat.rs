@@ -68,7 +68,7 @@ async fn warn_if_missing(who: String, control: warren_control::ControlCell, imag
     if control.lifecycle().wait_ready().await.is_err() {
         return;
     }
-    let Ok(images) = control.images().await else {
+    let Ok(images) = control.images().list().await else {
         return;
     };
     let names = [

@@ -50,6 +50,8 @@ pub struct Control {
     pub(crate) builds: crate::build_log::Builds,
     /// The cluster's images, on its nodes and in its registry.
     pub(crate) images: crate::images::Images,
+    /// The cluster's volumes, each on its node.
+    pub(crate) volumes: crate::volumes::Volumes,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
     /// Named values sealed in the store (refused without a key).
@@ -103,6 +105,7 @@ impl Control {
         Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
             images: crate::images::Images::new(nodes.clone(), None),
+            volumes: crate::volumes::Volumes::new(nodes.clone()),
             store,
             nodes,
             admission: Admission::new(queue_limit),
@@ -133,6 +136,11 @@ impl Control {
     /// The images service.
     pub fn images(&self) -> &crate::images::Images {
         &self.images
+    }
+
+    /// The volumes service.
+    pub fn volumes(&self) -> &crate::volumes::Volumes {
+        &self.volumes
     }
 
     /// Prometheus metrics, in the text format.

@@ -9,63 +9,96 @@ use warren_core::volume::{VolumeInfo, VolumeMount, VolumeName, VolumeRequest};
 use warren_core::ApiError;
 use warren_node_api::NodeApi;
 
-use crate::control::Control;
-use crate::images::prefixed;
+use crate::images::{prefixed, reachable, resolving_node};
 use crate::node_errors::node_error;
+use crate::nodes::{NodeEntry, Nodes};
 use crate::streams::to_node;
 use crate::streams::{file_read, ByteStream, FileRead};
 
-impl Control {
-    /// Every volume on every reachable node, by name.
-    pub async fn volumes(&self) -> Result<Vec<VolumeInfo>, ApiError> {
+/// The volumes service: the cluster's volumes, each kept by its node.
+pub struct Volumes {
+    /// The nodes, shared with the control plane.
+    nodes: Arc<Nodes>,
+}
+
+/// The volume a name was asked for does not exist.
+fn not_found(name: &VolumeName) -> ApiError {
+    ApiError::not_found(format!(
+        "volume {name} does not exist (see `warren volume ls`)"
+    ))
+}
+
+impl Volumes {
+    pub(crate) fn new(nodes: Arc<Nodes>) -> Volumes {
+        Volumes { nodes }
+    }
+
+    /// Every volume on every reachable node, by name, with that node.
+    async fn listed(&self) -> Result<Vec<(VolumeInfo, Arc<NodeEntry>)>, ApiError> {
         let mut all = Vec::new();
-        for node in crate::images::reachable(&self.nodes)? {
+        for node in reachable(&self.nodes)? {
             let listed = node
                 .api
                 .volume_list()
                 .await
                 .map_err(|e| prefixed(&node.name, e))?;
-            all.extend(listed.into_iter().map(|v| VolumeInfo {
-                node: node.name.clone(),
-                ..v
+            all.extend(listed.into_iter().map(|v| {
+                let v = VolumeInfo {
+                    node: node.name.clone(),
+                    ..v
+                };
+                (v, node.clone())
             }));
         }
-        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name));
         Ok(all)
     }
 
-    /// The volume of that name, wherever it is.
-    async fn volume(&self, name: &VolumeName) -> Result<Option<VolumeInfo>, ApiError> {
-        Ok(self.volumes().await?.into_iter().find(|v| &v.name == name))
+    /// Every volume on every reachable node, by name.
+    pub async fn list(&self) -> Result<Vec<VolumeInfo>, ApiError> {
+        Ok(self.listed().await?.into_iter().map(|(v, _)| v).collect())
+    }
+
+    /// The volume of that name, wherever it is, with its node.
+    async fn find(
+        &self,
+        name: &VolumeName,
+    ) -> Result<Option<(VolumeInfo, Arc<NodeEntry>)>, ApiError> {
+        Ok(self
+            .listed()
+            .await?
+            .into_iter()
+            .find(|(v, _)| &v.name == name))
     }
 
     /// The volume of that name; NotFound when no reachable node has it.
-    pub async fn volume_info(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
-        self.volume(name).await?.ok_or_else(|| {
-            ApiError::not_found(format!(
-                "volume {name} does not exist (see `warren volume ls`)"
-            ))
-        })
+    pub async fn info(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        self.find(name)
+            .await?
+            .map(|(v, _)| v)
+            .ok_or_else(|| not_found(name))
     }
 
     /// A volume's files, read and written without a sandbox, on its node
     /// (NotFound when no reachable node has it).
-    pub async fn volume_files(&self, name: &VolumeName) -> Result<VolumeFiles, ApiError> {
-        let info = self.volume_info(name).await?;
-        let api = self.api(&info.node)?;
-        Ok(VolumeFiles { info, api })
+    pub async fn files(&self, name: &VolumeName) -> Result<VolumeFiles, ApiError> {
+        let (info, node) = self.find(name).await?.ok_or_else(|| not_found(name))?;
+        Ok(VolumeFiles {
+            info,
+            api: node.api.clone(),
+        })
     }
 
     /// Makes a volume on a node carrying the request's labels; a name any
     /// node already has is refused.
-    pub async fn create_volume(&self, req: VolumeRequest) -> Result<VolumeInfo, ApiError> {
-        if let Some(v) = self.volume(&req.name).await? {
+    pub async fn create(&self, req: VolumeRequest) -> Result<VolumeInfo, ApiError> {
+        if let Some((v, _)) = self.find(&req.name).await? {
             return Err(ApiError::conflict(format!(
                 "volume {} already exists (on node {})",
                 v.name, v.node
             )));
         }
-        let node = self.images.resolving_node(&req.node_selector)?;
+        let node = resolving_node(&self.nodes, &req.node_selector)?;
         let made = node
             .api
             .volume_create(req)
@@ -78,14 +111,11 @@ impl Control {
     }
 
     /// Removes a volume no sandbox mounts, with its files.
-    pub async fn remove_volume(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
-        let Some(v) = self.volume(name).await? else {
-            return Err(ApiError::not_found(format!(
-                "volume {name} does not exist (see `warren volume ls`)"
-            )));
+    pub async fn remove(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        let Some((v, node)) = self.find(name).await? else {
+            return Err(not_found(name));
         };
-        let api = self.api(&v.node)?;
-        let removed = api.volume_remove(name).await.map_err(node_error)?;
+        let removed = node.api.volume_remove(name).await.map_err(node_error)?;
         Ok(VolumeInfo {
             node: v.node,
             ..removed
@@ -93,14 +123,11 @@ impl Control {
     }
 
     /// The node holding every volume of `mounts`; None without mounts.
-    pub(crate) async fn volume_node(
-        &self,
-        mounts: &[VolumeMount],
-    ) -> Result<Option<String>, ApiError> {
+    pub(crate) async fn node_of(&self, mounts: &[VolumeMount]) -> Result<Option<String>, ApiError> {
         if mounts.is_empty() {
             return Ok(None);
         }
-        let all = self.volumes().await?;
+        let all = self.list().await?;
         let mut node: Option<&str> = None;
         for m in mounts {
             let Some(v) = all.iter().find(|v| v.name == m.name) else {

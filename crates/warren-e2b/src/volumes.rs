@@ -117,7 +117,7 @@ fn e2b_name(name: &str) -> E2bResult<VolumeName> {
 async fn lookup(e2b: &E2b, id: &str) -> E2bResult<VolumeInfo> {
     let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("volume {id:?} not found"));
     let name = VolumeName::try_from(id.to_string()).map_err(|_| missing())?;
-    control(e2b)?.volume_info(&name).await.map_err(|e| {
+    control(e2b)?.volumes().info(&name).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             missing()
         } else {
@@ -141,7 +141,8 @@ async fn create(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
     let size = VolumeSize::try_from(warren_core::spec::ByteSize(DEFAULT_SIZE))
         .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let made = control(&e2b)?
-        .create_volume(VolumeRequest {
+        .volumes()
+        .create(VolumeRequest {
             name,
             size,
             node_selector: Default::default(),
@@ -151,7 +152,7 @@ async fn create(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
 }
 
 async fn list(State(e2b): St) -> E2bResult<Json<Value>> {
-    let all = control(&e2b)?.volumes().await?;
+    let all = control(&e2b)?.volumes().list().await?;
     Ok(Json(
         all.iter()
             .map(|v| json!({"volumeID": v.name, "name": v.name}))
@@ -167,7 +168,7 @@ async fn one(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
 /// Removes a volume and its files (409 while a sandbox mounts it).
 async fn destroy(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
     let v = lookup(&e2b, &id).await?;
-    control(&e2b)?.remove_volume(&v.name).await?;
+    control(&e2b)?.volumes().remove(&v.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -197,7 +198,7 @@ pub(crate) async fn take_mounts(e2b: &E2b, raw: &[u8], spec: &mut SandboxSpec) -
     let Some(mounts) = m.volume_mounts.filter(|m| !m.is_empty()) else {
         return Ok(());
     };
-    let all = control(e2b)?.volumes().await?;
+    let all = control(e2b)?.volumes().list().await?;
     for m in mounts {
         let name = e2b_name(&m.name)?;
         if !all.iter().any(|v| v.name == name) {
@@ -297,7 +298,8 @@ async fn open(e2b: &E2b, headers: &HeaderMap, id: &str) -> ContentResult<VolumeF
     };
     let name = VolumeName::try_from(id.to_string()).map_err(|_| refused())?;
     let files = control(e2b)?
-        .volume_files(&name)
+        .volumes()
+        .files(&name)
         .await
         .map_err(|e| match e.code {
             ErrorCode::NotFound => refused(),

@@ -15,7 +15,7 @@ use crate::api::json_body::JsonBody;
 /// mounting it.
 #[utoipa::path(get, path = "/v1/volumes", responses((status = 200, body = [VolumeInfo])))]
 pub(crate) async fn list_volumes(State(st): St) -> ApiResult<Json<Vec<VolumeInfo>>> {
-    Ok(Json(st.control.volumes().await?))
+    Ok(Json(st.control.volumes().list().await?))
 }
 
 /// Makes a volume: a file system of `size` of its own on a node carrying
@@ -26,7 +26,7 @@ pub(crate) async fn create_volume(
     State(st): St,
     JsonBody(req): JsonBody<VolumeRequest>,
 ) -> ApiResult<Response> {
-    let made = st.control.create_volume(req).await?;
+    let made = st.control.volumes().create(req).await?;
     Ok((StatusCode::CREATED, Json(made)).into_response())
 }
 
@@ -38,5 +38,5 @@ pub(crate) async fn delete_volume(
     Path(name): Path<String>,
 ) -> ApiResult<Json<VolumeInfo>> {
     let name = VolumeName::try_from(name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(Json(st.control.remove_volume(&name).await?))
+    Ok(Json(st.control.volumes().remove(&name).await?))
 }

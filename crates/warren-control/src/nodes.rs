@@ -192,15 +192,6 @@ impl From<ConnectError> for ApiError {
     }
 }
 
-/// The message [`ApiError`]'s constructors take: `join_node` (in
-/// control/node_set.rs) still hands the error to `ApiError::bad_request`
-/// itself. Drop this once it converts with `ApiError::from`.
-impl From<ConnectError> for String {
-    fn from(e: ConnectError) -> String {
-        e.0.message
-    }
-}
-
 /// A node as `/v1/nodes` lists it.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct NodeLoad {

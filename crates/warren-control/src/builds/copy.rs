@@ -342,26 +342,25 @@ async fn archive_of(
     unpack: bool,
 ) -> Result<crate::streams::ByteStream, Failure> {
     let items = sel.clone();
-    let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, String> {
+    let spooled = tokio::task::spawn_blocking(move || -> Result<std::fs::File, Failure> {
         use std::io::{Seek, SeekFrom};
-        let mut out = tempfile::tempfile().map_err(|e| e.to_string())?;
+        let mut out = tempfile::tempfile().map_err(Failure::new)?;
         let mut ctx = lock(&context);
         if unpack {
             let path = &items.items[0].0;
-            let reader = ctx.open(path).map_err(|e| e.to_string())?;
+            let reader = ctx.open(path).map_err(Failure::new)?;
             super::tar_bytes(reader)
                 .and_then(|mut tar| std::io::copy(&mut tar, &mut out))
-                .map_err(|e| format!("unpacking {path}: {e}"))?;
+                .map_err(|e| Failure::new(format!("unpacking {path}: {e}")))?;
         } else {
             ctx.write_tar(&items, rename.as_deref(), chmod, &mut out)
-                .map_err(|e| e.to_string())?;
+                .map_err(Failure::new)?;
         }
-        out.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+        out.seek(SeekFrom::Start(0)).map_err(Failure::new)?;
         Ok(out)
     })
     .await
-    .map_err(|e| Failure::new(format!("build task: {e}")))?
-    .map_err(Failure::new)?;
+    .map_err(|e| Failure::new(format!("build task: {e}")))??;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled))
         .map(|r| r.map_err(|e| ApiError::internal(format!("reading the spooled archive: {e}"))))
         .boxed();

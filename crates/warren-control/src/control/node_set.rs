@@ -290,7 +290,7 @@ impl Control {
         let cordoned = known.is_some_and(|n| n.cordoned);
         let credential = crate::new_secret();
         let api = connect(&req.url, &credential, req.tls_fingerprint.as_deref())
-            .map_err(ApiError::bad_request)?;
+            .map_err(ApiError::from)?;
         let now = now_rfc3339();
         self.store
             .put_node(&NodeRecord {

@@ -53,7 +53,10 @@ impl Control {
     }
 
     async fn drive_run(self: Arc<Self>, id: String, exec: ExecRequest, tx: mpsc::Sender<RunEvent>) {
-        if let Err(message) = self.run_command(&id, &exec, &tx).await {
+        if let Err(e) = self.run_command(&id, &exec, &tx).await {
+            // The run's client reads the stream, not a status: the error
+            // is its last exec event.
+            let message = e.message;
             let _ = tx.send(RunEvent::Exec(ExecEvent::Error { message })).await;
         }
         // The last line says the sandbox is gone, so a client that reads on
@@ -110,7 +113,7 @@ impl Control {
         id: &str,
         exec: &ExecRequest,
         tx: &mpsc::Sender<RunEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApiError> {
         let sandbox = |state, queue_position| RunEvent::Sandbox {
             sandbox: RunSandbox {
                 id: id.to_string(),
@@ -120,7 +123,7 @@ impl Control {
         };
         let mut shown = None;
         loop {
-            let row = self.get(id).await.map_err(|e| e.message)?;
+            let row = self.get(id).await?;
             match row.state {
                 SandboxState::Running => break,
                 SandboxState::Queued | SandboxState::Creating => {
@@ -140,17 +143,17 @@ impl Control {
                     }
                 }
                 state => {
-                    return Err(format!(
+                    return Err(ApiError::conflict(format!(
                         "sandbox {id} is {state} ({}) and cannot run the command; see `warren inspect {id}`",
                         row.reason
-                    ))
+                    )))
                 }
             }
         }
         if tx.send(sandbox(SandboxState::Running, None)).await.is_err() {
             return Ok(());
         }
-        let mut events = self.exec(id, exec).await.map_err(|e| e.message)?;
+        let mut events = self.exec(id, exec).await?;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
@@ -167,7 +170,7 @@ impl Control {
                             return Ok(());
                         }
                     }
-                    None => return Err(format!("the command's stream in sandbox {id} ended without an exit (the sandbox was destroyed?)")),
+                    None => return Err(ApiError::internal(format!("the command's stream in sandbox {id} ended without an exit (the sandbox was destroyed?)"))),
                 },
                 // Dropping the exec stream kills the command at once.
                 _ = tx.closed() => return Ok(()),

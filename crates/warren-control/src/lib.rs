@@ -31,16 +31,18 @@ pub use streams::{upload, ByteStream, FileRead, WatchEvent};
 // Front-door crates name nothing of this crate but these and
 // `ControlCell`.
 pub use control::{new_id_with, Control};
+pub use images::Images;
+pub use secrets::Secrets;
 pub use signing::Signer;
 pub use store::SandboxRow;
-pub use volumes::VolumeFiles;
+pub use volumes::{VolumeFiles, Volumes};
 mod sandbox_locks;
-pub mod secrets;
+mod secrets;
 pub mod serve;
 pub mod signing;
 pub mod store;
 mod streams;
-pub mod volumes;
+mod volumes;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -24,13 +24,7 @@ pub async fn start(
         let e2b =
             warren_e2b::E2b::new(control.clone(), token, home, door).map_err(anyhow::Error::new)?;
         if let Some(addr) = opts.e2b_api {
-            let at = serve(
-                addr,
-                warren_e2b::router(e2b.clone()),
-                "--e2b-api",
-                nofile,
-            )
-            .await?;
+            let at = serve(addr, warren_e2b::router(e2b.clone()), "--e2b-api", nofile).await?;
             say!("{who}: E2B API on http://{at} (E2B_API_URL; the API key is Warren's token)");
         }
         if let Some(addr) = opts.e2b_sandbox {

@@ -57,6 +57,26 @@ impl ApiArgs {
     }
 }
 
+/// The flags, arguments and commands of `cmd` (named `path`) that do not
+/// say what they are for: each binary's test of its command line wants
+/// none.
+pub fn undescribed(cmd: &clap::Command, path: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    for arg in cmd.get_arguments() {
+        let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+        if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
+            missing.push(format!("{path} {}", arg.get_id()));
+        }
+    }
+    for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+        if sub.get_about().is_none() && sub.get_name() != "help" {
+            missing.push(format!("{path} {} (the command)", sub.get_name()));
+        }
+        missing.extend(undescribed(sub, &format!("{path} {}", sub.get_name())));
+    }
+    missing
+}
+
 /// Runs a command's future on a new runtime and exits with its code (an
 /// error is said first): the end of both binaries' `main`. Streams may
 /// still be open in background tasks, so it exits rather than returns.

@@ -385,22 +385,7 @@ mod tests {
     /// Every flag and argument of every command says what it is for.
     #[test]
     fn every_argument_is_described() {
-        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            for arg in cmd.get_arguments() {
-                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
-                if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
-                    missing.push(format!("{path} {}", arg.get_id()));
-                }
-            }
-            for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
-                if sub.get_about().is_none() && sub.get_name() != "help" {
-                    missing.push(format!("{path} {} (the command)", sub.get_name()));
-                }
-                walk(sub, &format!("{path} {}", sub.get_name()), missing);
-            }
-        }
-        let mut missing = Vec::new();
-        walk(&super::Cli::command(), "warren", &mut missing);
+        let missing = warren_cli::undescribed(&super::Cli::command(), "warren");
         assert!(missing.is_empty(), "undescribed: {missing:#?}");
     }
 }

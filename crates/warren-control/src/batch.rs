@@ -246,9 +246,10 @@ impl Control {
             spec.cpu = None;
             spec.memory = None;
         } else {
-            let grown = (row.resources.memory as f64 * self.policy.grow_by) as u64;
+            let policy = self.profiles.policy();
+            let grown = (row.resources.memory as f64 * policy.grow_by) as u64;
             let asked = batch.spec.memory.map_or(row.resources.memory, |m| m.0);
-            let cap = (asked as f64 * self.policy.max_growth) as u64;
+            let cap = (asked as f64 * policy.max_growth) as u64;
             spec.memory = Some(warren_core::spec::ByteSize(grown.min(cap)));
         }
         let this = self.clone();

@@ -38,12 +38,9 @@ pub struct Control {
     /// control plane of a cluster stops without touching its nodes.
     pub(crate) destroy_on_stop: bool,
     pub(crate) metrics: crate::metrics::Metrics,
-    /// Profile updates are read-modify-write; runs finishing together must
-    /// not lose each other's update.
-    pub(crate) profile_lock: tokio::sync::Mutex<()>,
     pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
-    /// How profiles learn (margins, window, growth cap).
-    pub(crate) policy: warren_core::profile::Policy,
+    /// The learned profiles and how they learn.
+    pub(crate) profiles: crate::profiles::Profiles,
     pub(crate) lifecycle: crate::lifecycle::Lifecycle,
     pub(crate) pools: crate::pools::Pools,
     /// Image builds, running and recent.
@@ -106,15 +103,14 @@ impl Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
             images: crate::images::Images::new(nodes.clone(), None),
             volumes: crate::volumes::Volumes::new(nodes.clone()),
+            profiles: crate::profiles::Profiles::new(store.clone(), policy),
             store,
             nodes,
             admission: Admission::new(queue_limit),
             liveness,
             destroy_on_stop,
             metrics: crate::metrics::Metrics::new(),
-            profile_lock: tokio::sync::Mutex::new(()),
             sandbox_locks: Default::default(),
-            policy,
             lifecycle: Default::default(),
             pools: Default::default(),
             builds: Default::default(),
@@ -141,6 +137,11 @@ impl Control {
     /// The volumes service.
     pub fn volumes(&self) -> &crate::volumes::Volumes {
         &self.volumes
+    }
+
+    /// The profiles service.
+    pub fn profiles(&self) -> &crate::profiles::Profiles {
+        &self.profiles
     }
 
     /// Prometheus metrics, in the text format.
@@ -395,7 +396,11 @@ impl Control {
             if let Err(e) = self.store.set_usage(id, u).await {
                 tracing::warn!(sandbox = %id, error = %e, "keeping a finished sandbox's usage");
             }
-            if let Err(e) = self.record_run(&row, u, why == reason::OOM_KILLED).await {
+            if let Err(e) = self
+                .profiles
+                .record_run(&row, u, why == reason::OOM_KILLED)
+                .await
+            {
                 tracing::warn!(sandbox = %id, error = %e.message, "recording a profile run");
             }
         }

@@ -32,6 +32,7 @@ pub use streams::{upload, ByteStream, FileRead, WatchEvent};
 // `ControlCell`.
 pub use control::{new_id_with, Control};
 pub use images::Images;
+pub use profiles::Profiles;
 pub use secrets::Secrets;
 pub use signing::Signer;
 pub use store::SandboxRow;

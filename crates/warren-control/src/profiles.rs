@@ -1,12 +1,13 @@
 //! Requests that learn: finished sandboxes feed their task's profile, and a
 //! create that names a profile without sizes gets its current request.
 
+use std::sync::Arc;
+
 use warren_core::clock::now_rfc3339;
 use warren_core::profile::{Policy, Profile, Request, Run};
 use warren_core::{ApiError, SandboxSpec, Usage};
 
-use crate::control::Control;
-use crate::store::SandboxRow;
+use crate::store::{SandboxRow, Store};
 
 /// The profile a spec belongs to: its `profile` field, else its `task` label.
 pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
@@ -16,28 +17,48 @@ pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
         .filter(|n| !n.is_empty())
 }
 
-impl Control {
-    pub async fn profiles(&self) -> Result<Vec<warren_core::profile::Profile>, ApiError> {
+/// The profiles service: the learned profiles in the store and how they
+/// learn.
+pub struct Profiles {
+    store: Arc<dyn Store>,
+    /// How profiles learn (margins, window, growth cap).
+    policy: Policy,
+    /// Profile updates are read-modify-write; runs finishing together must
+    /// not lose each other's update.
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// No profile of that name.
+fn not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no profile named {name:?}; see `warren profile ls`"
+    ))
+}
+
+impl Profiles {
+    pub(crate) fn new(store: Arc<dyn Store>, policy: Policy) -> Profiles {
+        Profiles {
+            store,
+            policy,
+            lock: Default::default(),
+        }
+    }
+
+    /// Every profile.
+    pub async fn list(&self) -> Result<Vec<Profile>, ApiError> {
         Ok(self.store.profiles().await?)
     }
 
     /// A profile, what it would recommend now, and the runs it learned from.
-    pub async fn profile_detail(
+    pub async fn detail(
         &self,
         name: &str,
-    ) -> Result<
-        (
-            warren_core::profile::Profile,
-            Option<warren_core::profile::Request>,
-            Vec<Run>,
-        ),
-        ApiError,
-    > {
-        let profile = self.store.profile(name).await?.ok_or_else(|| {
-            ApiError::not_found(format!(
-                "no profile named {name:?}; see `warren profile ls`"
-            ))
-        })?;
+    ) -> Result<(Profile, Option<Request>, Vec<Run>), ApiError> {
+        let profile = self
+            .store
+            .profile(name)
+            .await?
+            .ok_or_else(|| not_found(name))?;
         let policy = self.policy();
         let runs = self.store.runs(name, policy.window).await?;
         let recommendation = warren_core::profile::recommend(&runs, &policy);
@@ -45,16 +66,13 @@ impl Control {
     }
 
     /// The profile table as TOML, to edit by hand and load again.
-    pub async fn export_profiles(&self) -> Result<String, ApiError> {
+    pub async fn export(&self) -> Result<String, ApiError> {
         let profiles = self.store.profiles().await?;
         Ok(table::export(&profiles)?)
     }
 
     /// Loads a TOML profile table; listed profiles are replaced.
-    pub async fn import_profiles(
-        &self,
-        text: &str,
-    ) -> Result<Vec<warren_core::profile::Profile>, ApiError> {
+    pub async fn import(&self, text: &str) -> Result<Vec<Profile>, ApiError> {
         let profiles = table::import(text)?;
         let now = now_rfc3339();
         for p in &profiles {
@@ -63,12 +81,13 @@ impl Control {
         Ok(profiles)
     }
 
+    /// How profiles learn.
     pub fn policy(&self) -> Policy {
         self.policy.clone()
     }
 
     /// Fills the sizes a spec leaves out from its profile, if it has one.
-    pub async fn apply_profile(&self, spec: &mut SandboxSpec) -> Result<(), ApiError> {
+    pub async fn apply(&self, spec: &mut SandboxSpec) -> Result<(), ApiError> {
         let Some(name) = profile_name(spec) else {
             return Ok(());
         };
@@ -90,7 +109,7 @@ impl Control {
 
     /// Records a finished sandbox in its profile (once) and lets the profile
     /// learn from it.
-    pub async fn record_run(
+    pub(crate) async fn record_run(
         &self,
         row: &SandboxRow,
         usage: &Usage,
@@ -123,7 +142,7 @@ impl Control {
             gpu_memory_peak: usage.gpu_memory_peak_bytes,
         };
         let now = now_rfc3339();
-        let _serial = self.profile_lock.lock().await;
+        let _serial = self.lock.lock().await;
         if !self.store.add_run(&name, &row.id, &run, &now).await? {
             return Ok(());
         }
@@ -144,13 +163,15 @@ impl Control {
         Ok(())
     }
 
-    pub async fn reset_profile(&self, name: &str) -> Result<Profile, ApiError> {
-        let p = self.store.profile(name).await?.ok_or_else(|| {
-            ApiError::not_found(format!(
-                "no profile named {name:?}; see `warren profile ls`"
-            ))
-        })?;
-        let _serial = self.profile_lock.lock().await;
+    /// Forgets a profile's runs and anomaly; it restarts from its original
+    /// request.
+    pub async fn reset(&self, name: &str) -> Result<Profile, ApiError> {
+        let p = self
+            .store
+            .profile(name)
+            .await?
+            .ok_or_else(|| not_found(name))?;
+        let _serial = self.lock.lock().await;
         let fresh = Profile::new(name, p.original);
         self.store.delete_runs(name).await?;
         self.store.put_profile(&fresh, &now_rfc3339()).await?;

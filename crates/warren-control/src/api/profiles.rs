@@ -14,7 +14,7 @@ use super::{ApiResult, St};
 pub(crate) async fn list_profiles(
     State(st): St,
 ) -> ApiResult<Json<Vec<warren_core::profile::Profile>>> {
-    Ok(Json(st.control.profiles().await?))
+    Ok(Json(st.control.profiles().list().await?))
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -30,7 +30,7 @@ pub(crate) async fn get_profile(
     State(st): St,
     Path(name): Path<String>,
 ) -> ApiResult<Json<ProfileDetail>> {
-    let (profile, recommendation, runs) = st.control.profile_detail(&name).await?;
+    let (profile, recommendation, runs) = st.control.profiles().detail(&name).await?;
     Ok(Json(ProfileDetail {
         profile,
         recommendation,
@@ -44,13 +44,13 @@ pub(crate) async fn reset_profile(
     State(st): St,
     Path(name): Path<String>,
 ) -> ApiResult<Json<warren_core::profile::Profile>> {
-    Ok(Json(st.control.reset_profile(&name).await?))
+    Ok(Json(st.control.profiles().reset(&name).await?))
 }
 
 /// The profile table as TOML, to edit by hand and load again.
 #[utoipa::path(get, path = "/v1/profiles/export", responses((status = 200, content_type = "application/toml")))]
 pub(crate) async fn export_profiles(State(st): St) -> ApiResult<Response> {
-    let text = st.control.export_profiles().await?;
+    let text = st.control.profiles().export().await?;
     Ok(([(header::CONTENT_TYPE, "application/toml")], text).into_response())
 }
 
@@ -63,6 +63,6 @@ pub(crate) async fn import_profiles(
 ) -> ApiResult<Json<Vec<warren_core::profile::Profile>>> {
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::bad_request("the profile table must be UTF-8 TOML"))?;
-    let profiles = st.control.import_profiles(text).await?;
+    let profiles = st.control.profiles().import(text).await?;
     Ok(Json(profiles))
 }

@@ -83,7 +83,7 @@ impl Control {
                 "fork is set by a fork (POST /v1/sandboxes/{id}/fork, `warren fork ID`) on its children; a create cannot name one",
             ));
         }
-        self.apply_profile(&mut spec).await?;
+        self.profiles.apply(&mut spec).await?;
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;

@@ -272,7 +272,10 @@ impl Control {
                 if let Err(e) = self.store.set_usage(id, &u).await {
                     tracing::warn!(sandbox = %id, error = %e, "keeping a held sandbox's usage");
                 }
-                let _ = self.record_run(row, &u, why == reason::OOM_KILLED).await;
+                let _ = self
+                    .profiles
+                    .record_run(row, &u, why == reason::OOM_KILLED)
+                    .await;
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(sandbox = %id, error = %e, "holding a finished sandbox"),

@@ -1,5 +1,5 @@
 """The per-phase breakdown of a create on /metrics
-(warren_create_phase_seconds{phase=...}), which `warren bench` reports."""
+(warren_create_phase_seconds{phase=...}), which `warren-bench lifecycle` reports."""
 
 import time
 

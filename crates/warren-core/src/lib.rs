@@ -24,6 +24,7 @@ pub mod secret;
 pub mod spec;
 pub mod state;
 pub mod sync;
+pub mod tenant;
 pub mod units;
 pub mod volume;
 

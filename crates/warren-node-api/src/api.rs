@@ -72,6 +72,75 @@ macro_rules! declare_node_api {
 
 crate::node_calls!(declare_node_api);
 
+/// Implements [`NodeApi`] for a type from the call list and a body for
+/// each call, headed by its name and its arguments' names (their types
+/// are the list's):
+///
+/// ```ignore
+/// warren_node_api::node_impl! { MyNode;
+///     info(self) { Ok(self.info.clone()) }
+///     status(self, id, _read_usage) { self.status_of(id) }
+///     // …every other call
+/// }
+/// ```
+///
+/// A call without a body does not compile, unless `else FALLBACK` names a
+/// function that answers the calls the type has no body for, given the
+/// call's name (`fn(&'static str) -> NodeResult<T>`). No argument may be
+/// named `__done`, `__reply` or `__rest`. Each call is two
+/// steps of macro expansion: past about 60 calls a crate needs a higher
+/// `recursion_limit`.
+#[macro_export]
+macro_rules! node_impl {
+    (
+        $ty:ty $(, else $fallback:path)?;
+        $($call:ident($s:ident $(, $p:ident)*) $body:block)*
+    ) => {
+        $crate::node_impl!(@ ($) [$ty] [$($fallback)?] $($call($s $(, $p)*) $body)*);
+    };
+    // `$d` is a `$` for the macros this one defines: one that takes the
+    // list's entries one by one, and one that makes an entry's method.
+    (
+        @ ($d:tt) [$ty:ty] [$($fallback:path)?]
+        $($call:ident($s:ident $(, $p:ident)*) $body:block)*
+    ) => {
+        macro_rules! __node_methods {
+            ([$d($d done:tt)*]) => {
+                #[$crate::async_trait::async_trait]
+                impl $crate::NodeApi for $ty { $d($d done)* }
+            };
+            (
+                [$d($d done:tt)*]
+                $d(#[$d meta:meta])* $d shape:ident $d deadline:ident fn $d name:ident(
+                    $d($d arg:ident : $d ty:ty $d(=> $d wire:ty)?),*
+                    $d(; $d body:ident : $d body_ty:ty)?
+                ) -> $d reply:ty;
+                $d($d rest:tt)*
+            ) => {
+                __node_method!(
+                    [$d($d done)*] $d name($d($d ty,)* $d($d body_ty,)?) -> $d reply;
+                    $d($d rest)*
+                );
+            };
+        }
+        macro_rules! __node_method {
+            $(([$d($d __done:tt)*] $call($($d $p:ty,)*) -> $d __reply:ty; $d($d __rest:tt)*) => {
+                __node_methods!([$d($d __done)*
+                    async fn $call(&$s, $($p: $d $p),*) -> $crate::NodeResult<$d __reply> $body
+                ] $d($d __rest)*);
+            };)*
+            $(([$d($d done:tt)*] $d name:ident($d($d ty:ty,)*) -> $d reply:ty; $d($d rest:tt)*) => {
+                __node_methods!([$d($d done)*
+                    async fn $d name(&self, $d(_: $d ty),*) -> $crate::NodeResult<$d reply> {
+                        $fallback(stringify!($d name))
+                    }
+                ] $d($d rest)*);
+            };)?
+        }
+        $crate::node_calls!(__node_methods []);
+    };
+}
+
 /// A stream that yields one error: for transports that fail before any
 /// byte moved.
 pub fn failed_stream(e: NodeError) -> ByteStream {

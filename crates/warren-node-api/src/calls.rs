@@ -1,8 +1,9 @@
 //! The node contract's calls, declared once. [`node_calls!`] hands the
 //! list to a macro of the caller's; the trait [`crate::NodeApi`] is made
 //! from it here, and the HTTP transport makes its client methods, its
-//! argument bodies and its server dispatch from the same list. Adding a
-//! call is one entry here, then its implementation in each node.
+//! argument bodies and its server dispatch from the same list, and each
+//! node implements it with [`crate::node_impl!`], a body for each call.
+//! Adding a call is one entry here, then its body in each node.
 //!
 //! An entry reads
 //!
@@ -42,11 +43,13 @@ pub mod prelude {
     pub use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage, WindowSize};
 }
 
-/// Expands `$then! { …every call… }`: the one list of the node contract.
+/// Expands `$then! { …every call… }`: the one list of the node contract
+/// (after `$pre`, tokens of the caller's own, if any).
 #[macro_export]
 macro_rules! node_calls {
-    ($then:ident) => {
+    ($then:ident $($pre:tt)*) => {
         $then! {
+            $($pre)*
             /// Name, capacity and load.
             unary Quick fn info() -> NodeInfo;
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
-use crate::api::NodeApi;
 use crate::calls::prelude::*;
 use crate::error::{NodeError, NodeResult};
 use warren_core::sync::lock;
@@ -128,13 +127,13 @@ fn status(id: &str, phase: Phase) -> SandboxStatus {
     }
 }
 
-fn unsupported<T>(what: &str) -> NodeResult<T> {
-    Err(NodeError::invalid(format!("the fake node has no {what}")))
+/// The calls the fake node has no body for answer this.
+fn unsupported<T>(call: &str) -> NodeResult<T> {
+    Err(NodeError::invalid(format!("the fake node has no {call}")))
 }
 
-#[async_trait::async_trait]
-impl NodeApi for FakeNode {
-    async fn info(&self) -> NodeResult<NodeInfo> {
+crate::node_impl! { FakeNode, else unsupported;
+    info(self) {
         let sandboxes = self.state().sandboxes.len() as u32;
         Ok(NodeInfo {
             name: self.name.clone(),
@@ -150,16 +149,14 @@ impl NodeApi for FakeNode {
         })
     }
 
-    async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>> {
+    inventory(self) {
         self.call("inventory", "")?;
         Ok(self.state().sandboxes.values().cloned().collect())
     }
 
-    async fn status(&self, id: &str, _read_usage: bool) -> NodeResult<SandboxStatus> {
-        self.with(id, |s| s.clone())
-    }
+    status(self, id, _read_usage) { self.with(id, |s| s.clone()) }
 
-    async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>> {
+    events(self, since) {
         let (feed, rx) = (self.events.clone(), self.last.subscribe());
         let pending = std::collections::VecDeque::new();
         Ok(futures_util::stream::unfold(
@@ -185,7 +182,7 @@ impl NodeApi for FakeNode {
         .boxed())
     }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
+    create(self, req) {
         let delay = *lock(&self.create_delay);
         tokio::time::sleep(delay).await;
         self.call("create", &req.id)?;
@@ -198,37 +195,25 @@ impl NodeApi for FakeNode {
         Ok(st)
     }
 
-    async fn start_main(&self, id: &str) -> NodeResult<()> {
+    start_main(self, id) {
         self.call("start_main", id)?;
         self.with(id, |_| ())
     }
 
-    async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>> {
+    destroy(self, id, why) {
         self.call("destroy", id)?;
-        let (state, reason) = ("destroyed".into(), why.into());
-        let message = String::new();
-        self.log(
-            id,
-            LogNote {
-                state,
-                reason,
-                message,
-            },
-        );
+        let (state, reason, message) = ("destroyed".into(), why.into(), String::new());
+        self.log(id, LogNote { state, reason, message });
         Ok(self.state().sandboxes.remove(id).and_then(|st| st.usage))
     }
 
-    async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()> {
+    set_paused(self, id, paused) {
         self.call(if paused { "pause" } else { "resume" }, id)?;
-        let phase = if paused {
-            Phase::Paused
-        } else {
-            Phase::Running
-        };
+        let phase = if paused { Phase::Paused } else { Phase::Running };
         self.with(id, |s| s.phase = phase)
     }
 
-    async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>> {
+    hold(self, id, hold_for, note) {
         self.call("hold", id)?;
         let usage = self.with(id, |s| {
             s.phase = Phase::Held;
@@ -240,12 +225,12 @@ impl NodeApi for FakeNode {
         Ok(usage)
     }
 
-    async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()> {
+    set_ttl(self, id, ttl) {
         self.call("set_ttl", id)?;
         self.with(id, |s| s.ttl_remaining_ms = ttl.as_millis() as u64)
     }
 
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
+    claim(self, id, spec) {
         self.call("claim", id)?;
         self.with(id, |s| {
             s.ttl_remaining_ms = spec.ttl().as_millis() as u64;
@@ -253,68 +238,32 @@ impl NodeApi for FakeNode {
         })
     }
 
-    async fn renew_lease(&self, _id: &str) -> NodeResult<()> {
-        Ok(())
-    }
+    renew_lease(self, _id) { Ok(()) }
 
-    async fn note(&self, id: &str, note: LogNote) -> NodeResult<()> {
+    note(self, id, note) {
         self.log(id, note);
         Ok(())
     }
 
-    async fn exec(&self, id: &str, _req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>> {
+    exec(self, id, _req) {
         self.call("exec", id)?;
         self.with(id, |_| ())?;
         Ok(futures_util::stream::empty().boxed())
     }
 
-    async fn exec_input(&self, _: &str, _: &str, _: Bytes, _: bool) -> NodeResult<()> {
-        unsupported("exec input")
-    }
-
-    async fn exec_resize(&self, _id: &str, _exec_id: &str, _size: WindowSize) -> NodeResult<()> {
-        unsupported("terminals")
-    }
-
-    async fn write_file(&self, id: &str, _req: WriteFile, _body: ByteStream) -> NodeResult<()> {
+    write_file(self, id, _req, _body) {
         self.call("write_file", id)?;
         self.with(id, |_| ())
     }
 
-    async fn read_file(&self, _id: &str, _path: &str) -> NodeResult<FileRead> {
-        unsupported("files")
-    }
+    check_network(self, _network) { Ok(()) }
 
-    async fn path_op(&self, _id: &str, _op: PathOp) -> NodeResult<Vec<PathEntry>> {
-        unsupported("files")
-    }
-
-    async fn watch(&self, _: &str, _: &str, _: bool) -> NodeResult<BoxStream<'static, WatchEvent>> {
-        unsupported("files")
-    }
-
-    async fn logs(&self, _id: &str, _follow: bool) -> NodeResult<ByteStream> {
-        unsupported("log files")
-    }
-
-    async fn connect_port(&self, _id: &str, _port: u16) -> NodeResult<Box<dyn Tunnel>> {
-        unsupported("ports")
-    }
-
-    async fn check_network(&self, _network: NetworkSpec) -> NodeResult<()> {
-        Ok(())
-    }
-
-    async fn set_network(&self, id: &str, _network: NetworkSpec) -> NodeResult<PolicyChange> {
+    set_network(self, id, _network) {
         self.call("set_network", id)?;
         self.with(id, |_| PolicyChange::default())
     }
 
-    async fn commit(&self, _id: &str, _req: CommitImage) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+    fork_layer(self, id) {
         self.call("fork_layer", id)?;
         self.with(id, |_| ())?;
         let n = self.state().calls.len();
@@ -326,15 +275,11 @@ impl NodeApi for FakeNode {
         })
     }
 
-    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
-        self.call("release_fork_layer", layer)
-    }
+    release_fork_layer(self, layer) { self.call("release_fork_layer", layer) }
 
-    async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
-        Ok(vec![])
-    }
+    image_list(self) { Ok(vec![]) }
 
-    async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo> {
+    image_for_create(self, reference) {
         self.call("image_for_create", reference)?;
         Ok(ImageInfo {
             name: reference.into(),
@@ -344,64 +289,7 @@ impl NodeApi for FakeNode {
         })
     }
 
-    async fn image_pull(&self, _reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>> {
-        unsupported("registry")
-    }
+    image_gc(self, _budget) { Ok(GcReport::default()) }
 
-    async fn image_derive(&self, _req: DeriveImage) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn image_step(&self, _key: &str) -> NodeResult<Option<ImageInfo>> {
-        unsupported("image store")
-    }
-
-    async fn image_import(&self, _name: &str, _archive: ByteStream) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn image_push(&self, _reference: &str, _source: Option<&str>) -> NodeResult<Pushed> {
-        unsupported("registry")
-    }
-
-    async fn image_remove(&self, _reference: &str) -> NodeResult<ImageInfo> {
-        unsupported("image store")
-    }
-
-    async fn image_gc(&self, _budget: Option<u64>) -> NodeResult<GcReport> {
-        Ok(GcReport::default())
-    }
-
-    async fn volume_create(&self, _req: VolumeRequest) -> NodeResult<VolumeInfo> {
-        unsupported("volumes")
-    }
-
-    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>> {
-        Ok(Vec::new())
-    }
-
-    async fn volume_remove(&self, _name: &VolumeName) -> NodeResult<VolumeInfo> {
-        unsupported("volumes")
-    }
-
-    async fn volume_write(
-        &self,
-        _: &VolumeName,
-        _: VolumeWrite,
-        _: ByteStream,
-    ) -> NodeResult<PathEntry> {
-        unsupported("volumes")
-    }
-
-    async fn volume_read(&self, _volume: &VolumeName, _path: &str) -> NodeResult<FileRead> {
-        unsupported("volumes")
-    }
-
-    async fn volume_path_op(
-        &self,
-        _volume: &VolumeName,
-        _op: PathOp,
-    ) -> NodeResult<Vec<PathEntry>> {
-        unsupported("volumes")
-    }
+    volume_list(self) { Ok(Vec::new()) }
 }

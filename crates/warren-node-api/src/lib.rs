@@ -14,6 +14,9 @@ pub mod error;
 pub mod fake;
 pub mod types;
 
+#[doc(hidden)]
+pub use async_trait;
+
 pub use api::{
     failed_stream, ByteStream, FileRead, NodeApi, PullUpdate, Tunnel, WatchEvent, WatchKind,
 };

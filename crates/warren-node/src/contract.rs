@@ -5,20 +5,11 @@
 //! own errors become the contract's categories here, and nowhere else.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use warren_core::spec::NetworkSpec;
-use warren_core::volume::{VolumeInfo, VolumeName, VolumeRequest};
-use warren_core::{ExecEvent, ExecRequest, SandboxSpec, Usage, WindowSize};
 use warren_node_api as api;
-use warren_node_api::{
-    ByteStream, CommitImage, CreateSandbox, DeriveImage, FileRead, ForkLayer, GcReport, ImageInfo,
-    LogNote, NodeApi, NodeInfo, NodeResult, PathEntry, PathOp, PolicyChange, PullUpdate, Pushed,
-    SandboxStatus, Sequenced, Tunnel, VolumeWrite, WatchEvent, WriteFile,
-};
+use warren_node_api::calls::prelude::*;
+use warren_node_api::NodeResult;
 use warren_runtime::RuntimeError;
 
 use crate::file_access::InVolume;
@@ -104,27 +95,20 @@ fn answer<T>(r: Result<T, NodeError>) -> NodeResult<T> {
     r.map_err(contract_error)
 }
 
-#[async_trait::async_trait]
-impl NodeApi for LocalNode {
-    async fn info(&self) -> NodeResult<NodeInfo> {
-        Ok(self.node.node_info().await)
-    }
+warren_node_api::node_impl! { LocalNode;
+    info(self) { Ok(self.node.node_info().await) }
 
-    async fn inventory(&self) -> NodeResult<Vec<SandboxStatus>> {
-        Ok(self.node.statuses().await)
-    }
+    inventory(self) { Ok(self.node.statuses().await) }
 
-    async fn status(&self, id: &str, read_usage: bool) -> NodeResult<SandboxStatus> {
+    status(self, id, read_usage) {
         self.node
             .status_of(id, read_usage)
             .ok_or_else(|| api::NodeError::not_found(format!("sandbox {id} is not on this node")))
     }
 
-    async fn events(&self, since: u64) -> NodeResult<BoxStream<'static, Sequenced>> {
-        Ok(self.node.feed.subscribe(since))
-    }
+    events(self, since) { Ok(self.node.feed.subscribe(since)) }
 
-    async fn create(&self, req: CreateSandbox) -> NodeResult<SandboxStatus> {
+    create(self, req) {
         // Never beside the sweep that follows a start.
         self.node.wait_ready().await;
         if self.node.pressure.disk() {
@@ -181,87 +165,64 @@ impl NodeApi for LocalNode {
         Ok(status)
     }
 
-    async fn start_main(&self, id: &str) -> NodeResult<()> {
+    start_main(self, id) {
         if let Some(log) = self.node.log(id) {
             log.event("running", warren_core::state::reason::READY, "");
         }
         answer(self.node.start_main(id))
     }
 
-    async fn destroy(&self, id: &str, why: &str) -> NodeResult<Option<Usage>> {
-        answer(self.node.destroy(id, why).await)
-    }
+    destroy(self, id, why) { answer(self.node.destroy(id, why).await) }
 
-    async fn set_paused(&self, id: &str, paused: bool) -> NodeResult<()> {
-        answer(self.node.set_paused(id, paused).await)
-    }
+    set_paused(self, id, paused) { answer(self.node.set_paused(id, paused).await) }
 
-    async fn hold(&self, id: &str, hold_for: Duration, note: LogNote) -> NodeResult<Option<Usage>> {
-        answer(self.node.hold(id, hold_for, &note).await)
-    }
+    hold(self, id, hold_for, note) { answer(self.node.hold(id, hold_for, &note).await) }
 
-    async fn set_ttl(&self, id: &str, ttl: Duration) -> NodeResult<()> {
+    set_ttl(self, id, ttl) {
         self.node.renew_lease(id);
         answer(self.node.set_ttl(id, ttl))
     }
 
-    async fn claim(&self, id: &str, spec: SandboxSpec) -> NodeResult<SandboxStatus> {
+    claim(self, id, spec) {
         answer(self.node.claim(id, spec).await)?;
         self.node.status_of(id, false).ok_or_else(|| {
             api::NodeError::not_found(format!("sandbox {id} was destroyed as it was claimed"))
         })
     }
 
-    async fn renew_lease(&self, id: &str) -> NodeResult<()> {
+    renew_lease(self, id) {
         self.node.renew_lease(id);
         Ok(())
     }
 
-    async fn note(&self, id: &str, note: LogNote) -> NodeResult<()> {
+    note(self, id, note) {
         if let Some(log) = self.node.log(id) {
             log.event(&note.state, &note.reason, &note.message);
         }
         Ok(())
     }
 
-    async fn exec(&self, id: &str, req: ExecRequest) -> NodeResult<BoxStream<'static, ExecEvent>> {
+    exec(self, id, req) {
         self.node.renew_lease(id);
         let rx = answer(self.node.exec(id, &req).await)?;
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
     }
 
-    async fn exec_input(
-        &self,
-        id: &str,
-        exec_id: &str,
-        data: Bytes,
-        close: bool,
-    ) -> NodeResult<()> {
+    exec_input(self, id, exec_id, data, close) {
         answer(self.node.execs.input(id, exec_id, data, close).await)
     }
 
-    async fn exec_resize(&self, id: &str, exec_id: &str, size: WindowSize) -> NodeResult<()> {
+    exec_resize(self, id, exec_id, size) {
         answer(self.node.execs.resize(id, exec_id, size).await)
     }
 
-    async fn write_file(&self, id: &str, req: WriteFile, body: ByteStream) -> NodeResult<()> {
-        answer(self.node.write_file(id, req, body).await)
-    }
+    write_file(self, id, req, body) { answer(self.node.write_file(id, req, body).await) }
 
-    async fn read_file(&self, id: &str, path: &str) -> NodeResult<FileRead> {
-        answer(self.node.read_file(id, path).await)
-    }
+    read_file(self, id, path) { answer(self.node.read_file(id, path).await) }
 
-    async fn path_op(&self, id: &str, op: PathOp) -> NodeResult<Vec<PathEntry>> {
-        answer(self.node.path_op(id, op).await)
-    }
+    path_op(self, id, op) { answer(self.node.path_op(id, op).await) }
 
-    async fn watch(
-        &self,
-        id: &str,
-        path: &str,
-        recursive: bool,
-    ) -> NodeResult<BoxStream<'static, WatchEvent>> {
+    watch(self, id, path, recursive) {
         let changes = answer(self.node.watch_dir(id, path, recursive).await)?;
         Ok(changes
             .map(|change| match change {
@@ -273,23 +234,21 @@ impl NodeApi for LocalNode {
             .boxed())
     }
 
-    async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {
+    logs(self, id, follow) {
         let lines = answer(self.node.log_lines(id, follow))?;
         Ok(lines
             .map(|r| r.map_err(|e| api::NodeError::internal(format!("reading the log: {e}"))))
             .boxed())
     }
 
-    async fn connect_port(&self, id: &str, port: u16) -> NodeResult<Box<dyn Tunnel>> {
+    connect_port(self, id, port) {
         self.node.renew_lease(id);
         Ok(Box::new(answer(self.node.connect_port(id, port).await)?))
     }
 
-    async fn check_network(&self, network: NetworkSpec) -> NodeResult<()> {
-        answer(self.node.check_network(&network))
-    }
+    check_network(self, network) { answer(self.node.check_network(&network)) }
 
-    async fn set_network(&self, id: &str, network: NetworkSpec) -> NodeResult<PolicyChange> {
+    set_network(self, id, network) {
         let change = answer(self.node.update_network(id, &network).await)?;
         Ok(PolicyChange {
             closed: change.closed,
@@ -297,35 +256,35 @@ impl NodeApi for LocalNode {
         })
     }
 
-    async fn commit(&self, id: &str, req: CommitImage) -> NodeResult<ImageInfo> {
+    commit(self, id, req) {
         self.node.renew_lease(id);
         let name = answer(target_name(&req.into))?;
         let image = answer(self.node.commit(id, &name, req.created_by).await)?;
         Ok(image_info(&image))
     }
 
-    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+    fork_layer(self, id) {
         self.node.renew_lease(id);
         answer(self.node.fork_layer(id).await)
     }
 
-    async fn release_fork_layer(&self, layer: &str) -> NodeResult<()> {
+    release_fork_layer(self, layer) {
         self.node.release_fork_layer(layer).await;
         Ok(())
     }
 
-    async fn image_list(&self) -> NodeResult<Vec<ImageInfo>> {
+    image_list(self) {
         let records = answer(self.node.images.records().await)?;
         Ok(records.iter().map(image_info).collect())
     }
 
-    async fn image_for_create(&self, reference: &str) -> NodeResult<ImageInfo> {
+    image_for_create(self, reference) {
         let image = answer(self.node.images.for_create(reference).await)?;
         answer(self.node.images.check(&image).await)?;
         Ok(image_info(&image))
     }
 
-    async fn image_pull(&self, reference: &str) -> NodeResult<BoxStream<'static, PullUpdate>> {
+    image_pull(self, reference) {
         let steps = self.node.images.pull_with_progress(reference);
         Ok(steps
             .map(|step| match step {
@@ -342,7 +301,7 @@ impl NodeApi for LocalNode {
             .boxed())
     }
 
-    async fn image_derive(&self, req: DeriveImage) -> NodeResult<ImageInfo> {
+    image_derive(self, req) {
         let name = answer(target_name(&req.into))?;
         let derived = self
             .node
@@ -352,17 +311,13 @@ impl NodeApi for LocalNode {
         Ok(image_info(&answer(derived)?))
     }
 
-    async fn image_step(&self, key: &str) -> NodeResult<Option<ImageInfo>> {
-        Ok(answer(self.node.images.step(key).await)?.map(|r| image_info(&r)))
+    image_step(self, key) { Ok(answer(self.node.images.step(key).await)?.map(|r| image_info(&r))) }
+
+    image_import(self, name, archive) {
+        Ok(image_info(&answer(self.node.images.import_upload(name, archive).await)?))
     }
 
-    async fn image_import(&self, name: &str, archive: ByteStream) -> NodeResult<ImageInfo> {
-        Ok(image_info(&answer(
-            self.node.images.import_upload(name, archive).await,
-        )?))
-    }
-
-    async fn image_push(&self, reference: &str, source: Option<&str>) -> NodeResult<Pushed> {
+    image_push(self, reference, source) {
         let (image, pushed) = answer(self.node.images.push(reference, source).await)?;
         Ok(Pushed {
             image: image_info(&image),
@@ -371,16 +326,12 @@ impl NodeApi for LocalNode {
         })
     }
 
-    async fn image_remove(&self, reference: &str) -> NodeResult<ImageInfo> {
-        Ok(image_info(&answer(
-            self.node
-                .images
-                .remove(reference, || self.node.images_in_use())
-                .await,
-        )?))
+    image_remove(self, reference) {
+        let in_use = || self.node.images_in_use();
+        Ok(image_info(&answer(self.node.images.remove(reference, in_use).await)?))
     }
 
-    async fn image_gc(&self, budget: Option<u64>) -> NodeResult<GcReport> {
+    image_gc(self, budget) {
         let r = answer(self.node.images.prune(budget).await)?;
         Ok(GcReport {
             removed: r.removed,
@@ -389,37 +340,28 @@ impl NodeApi for LocalNode {
         })
     }
 
-    async fn volume_create(&self, req: VolumeRequest) -> NodeResult<VolumeInfo> {
+    volume_create(self, req) {
         let node = self.node.clone();
         answer(blocking(move || node.volumes.create(&req)).await)
     }
 
-    async fn volume_list(&self) -> NodeResult<Vec<VolumeInfo>> {
+    volume_list(self) {
         let node = self.node.clone();
         answer(blocking(move || node.volumes.list()).await)
     }
 
-    async fn volume_remove(&self, name: &VolumeName) -> NodeResult<VolumeInfo> {
+    volume_remove(self, name) {
         let (node, name) = (self.node.clone(), name.clone());
         answer(blocking(move || node.volumes.remove(&name)).await)
     }
 
-    async fn volume_write(
-        &self,
-        volume: &VolumeName,
-        req: VolumeWrite,
-        body: ByteStream,
-    ) -> NodeResult<PathEntry> {
+    volume_write(self, volume, req, body) {
         in_volume(self.node.volume_write(volume, req, body).await)
     }
 
-    async fn volume_read(&self, volume: &VolumeName, path: &str) -> NodeResult<FileRead> {
-        in_volume(self.node.volume_read(volume, path).await)
-    }
+    volume_read(self, volume, path) { in_volume(self.node.volume_read(volume, path).await) }
 
-    async fn volume_path_op(&self, volume: &VolumeName, op: PathOp) -> NodeResult<Vec<PathEntry>> {
-        in_volume(self.node.volume_path_op(volume, op).await)
-    }
+    volume_path_op(self, volume, op) { in_volume(self.node.volume_path_op(volume, op).await) }
 }
 
 /// Runs the node's blocking work off the async threads.

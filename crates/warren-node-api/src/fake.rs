@@ -157,28 +157,23 @@ crate::node_impl! { FakeNode, else unsupported;
     status(self, id, _read_usage) { self.with(id, |s| s.clone()) }
 
     events(self, since) {
+        // Sequence numbers count from 1 without gaps: the event after `seen`
+        // is at index `seen`.
         let (feed, rx) = (self.events.clone(), self.last.subscribe());
-        let pending = std::collections::VecDeque::new();
-        Ok(futures_util::stream::unfold(
-            (since, rx, pending),
-            move |(mut seen, mut rx, mut pending)| {
-                let feed = feed.clone();
-                async move {
-                    loop {
-                        if let Some(ev) = pending.pop_front() {
-                            let ev: Sequenced = ev;
-                            seen = ev.seq;
-                            return Some((ev, (seen, rx, pending)));
-                        }
-                        rx.borrow_and_update();
-                        pending.extend(lock(&feed).iter().filter(|e| e.seq > seen).cloned());
-                        if pending.is_empty() && rx.changed().await.is_err() {
-                            return None;
-                        }
+        Ok(futures_util::stream::unfold((since, rx), move |(seen, mut rx)| {
+            let feed = feed.clone();
+            async move {
+                loop {
+                    rx.borrow_and_update();
+                    let next = lock(&feed).get(seen as usize).cloned();
+                    if let Some(ev) = next {
+                        let seq = ev.seq;
+                        return Some((ev, (seq, rx)));
                     }
+                    rx.changed().await.ok()?;
                 }
-            },
-        )
+            }
+        })
         .boxed())
     }
 

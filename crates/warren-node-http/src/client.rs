@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use reqwest::header::{self, HeaderValue};
-use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
+use reqwest::{RequestBuilder, Response, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use warren_node_api::calls::prelude::*;
@@ -78,27 +78,21 @@ impl HttpNode {
     }
 
     fn build(base_url: &str, credential: &str, pin: Option<&str>) -> Result<HttpNode, NodeError> {
-        let mut base = Url::parse(base_url)
-            .map_err(|e| NodeError::invalid(format!("node URL {base_url:?}: {e}")))?;
+        let bad = |why: &str| NodeError::invalid(format!("node URL {base_url:?}: {why}"));
+        let mut base = Url::parse(base_url).map_err(|e| bad(&e.to_string()))?;
         match (base.scheme(), pin) {
             ("http", None) | ("https", Some(_)) => {}
             ("https", None) => {
-                return Err(NodeError::invalid(format!(
-                    "node URL {base_url:?}: https needs the node's certificate pin, which the \
-                     node sends when it joins"
-                )))
+                return Err(bad(
+                    "https needs the node's certificate pin, which the node sends when it joins",
+                ))
             }
             ("http", Some(_)) => {
-                return Err(NodeError::invalid(format!(
-                    "node URL {base_url:?}: the node has a certificate pin but a plain http URL; \
-                     it serves https"
-                )))
+                return Err(bad(
+                    "the node has a certificate pin but a plain http URL; it serves https",
+                ))
             }
-            (other, _) => {
-                return Err(NodeError::invalid(format!(
-                    "node URL {base_url:?}: scheme {other:?} is not http or https"
-                )))
-            }
+            (other, _) => return Err(bad(&format!("scheme {other:?} is not http or https"))),
         }
         if base.host().is_none() {
             return Err(NodeError::invalid(format!(
@@ -164,33 +158,46 @@ impl HttpNode {
         &self.shown
     }
 
-    fn url_of(&self, segments: &[&str], query: &[(&str, &str)]) -> NodeResult<Url> {
+    /// `POST {prefix}/{call}`, its arguments as the JSON body, or, where
+    /// the body (or the connection) is something else, as JSON in the
+    /// `args` query parameter.
+    fn post<A: Serialize>(
+        &self,
+        call: &str,
+        args: &A,
+        in_query: bool,
+    ) -> NodeResult<RequestBuilder> {
         let mut url = self.base.clone();
         url.path_segments_mut()
             .map_err(|()| {
                 NodeError::internal(format!("node URL {} cannot take a path", self.shown))
             })?
-            .extend(segments);
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
+            .push(call);
+        if in_query {
+            let json = serde_json::to_string(args).map_err(|e| {
+                NodeError::internal(format!("encoding the arguments of {call}: {e}"))
+            })?;
+            url.query_pairs_mut().append_pair(ARGS, &json);
         }
-        Ok(url)
-    }
-
-    fn request(
-        &self,
-        method: Method,
-        segments: &[&str],
-        query: &[(&str, &str)],
-    ) -> NodeResult<RequestBuilder> {
         let rb = self
             .http
-            .request(method, self.url_of(segments, query)?)
+            .post(url)
             .header(header::AUTHORIZATION, self.auth.clone());
-        Ok(match &self.epoch {
+        let rb = match &self.epoch {
             Some(epoch) => rb.header(crate::fence::LEADER_EPOCH, epoch.clone()),
             None => rb,
-        })
+        };
+        Ok(if in_query { rb } else { rb.json(args) })
+    }
+
+    /// A call whose arguments are its body, sent.
+    async fn call<A: Serialize>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<Response> {
+        self.send(self.post(call, args, false)?, deadline).await
     }
 
     /// Sends a request; an answer other than success is the node's error.
@@ -246,12 +253,7 @@ impl HttpNode {
         NodeError::unavailable(format!("cannot reach node {}: {}", self.shown, chain(e)))
     }
 
-    async fn call_json<T: DeserializeOwned>(
-        &self,
-        rb: RequestBuilder,
-        deadline: Deadline,
-    ) -> NodeResult<T> {
-        let resp = self.send(rb, deadline).await?;
+    async fn json_of<T: DeserializeOwned>(&self, resp: Response) -> NodeResult<T> {
         let body = resp.bytes().await.map_err(|e| self.transport(&e))?;
         serde_json::from_slice(&body).map_err(|e| {
             NodeError::internal(format!(
@@ -274,12 +276,14 @@ impl HttpNode {
 
     /// The answer's NDJSON lines, parsed as they arrive. A line this client
     /// cannot read (a newer node's kind of value) is skipped; a broken
-    /// connection goes to `lost`, which may yield one last value.
-    fn values_of<T, L>(&self, body: ByteStream, lost: L) -> BoxStream<'static, T>
-    where
-        T: DeserializeOwned + Send + 'static,
-        L: Fn(NodeError) -> Option<T> + Send + Sync + 'static,
-    {
+    /// connection (or, for a feed with heartbeats, a silent one) goes to
+    /// `T::lost`, which may yield one last value. Dropping the stream drops
+    /// the connection, which ends the call at the node.
+    fn feed_of<T: Feed>(&self, resp: Response) -> BoxStream<'static, T> {
+        let body = match T::HEARTBEAT {
+            Some((_, idle)) => idle_limit(self.bytes_of(resp), idle, self.shown.clone()),
+            None => self.bytes_of(resp),
+        };
         let shown = self.shown.clone();
         Lines::new(body)
             .filter_map(move |line| {
@@ -291,11 +295,97 @@ impl HttpNode {
                             )
                         })
                         .ok(),
-                    Err(e) => lost(e),
+                    Err(e) => T::lost(e),
                 };
                 futures_util::future::ready(value)
             })
             .boxed()
+    }
+
+    /// A file's bytes (with their length) or a directory's archive.
+    fn file_of(&self, resp: Response) -> NodeResult<FileRead> {
+        let get = |name| resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let size = get(header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
+        let shown = &self.shown;
+        let kind = match (get(FILE_KIND), size) {
+            (Some("file"), Some(size)) => FileKind::File { size },
+            (Some("dir"), _) => FileKind::Dir,
+            (Some("file"), None) => Err(NodeError::internal(format!(
+                "node {shown} sent a file without its length"
+            )))?,
+            (other, _) => Err(NodeError::internal(format!(
+                "node {shown} answered a read with {FILE_KIND} {other:?}, not file or dir"
+            )))?,
+        };
+        Ok(FileRead {
+            kind,
+            body: self.bytes_of(resp),
+        })
+    }
+
+    /// `body` sent as it is read; when it fails, its own error is the
+    /// call's, not the broken request it caused.
+    async fn upload<A: Serialize, R: DeserializeOwned>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+        body: ByteStream,
+    ) -> NodeResult<R> {
+        let failed = Arc::new(Mutex::new(None));
+        let failing = failed.clone();
+        let body = body.inspect_err(move |e| {
+            lock(&failing).get_or_insert_with(|| e.clone());
+        });
+        let rb = self
+            .post(call, args, true)?
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(reqwest::Body::wrap_stream(body));
+        let answer = async { self.json_of(self.send(rb, deadline).await?).await };
+        answer.await.map_err(|e| lock(&failed).take().unwrap_or(e))
+    }
+
+    /// An HTTP/1 upgrade (`Upgrade: tcp`) that becomes the connection.
+    /// The deadline bounds only its opening (so not reqwest's own, which
+    /// would bound the life of the connection too).
+    async fn tunnel<A: Serialize>(
+        &self,
+        call: &str,
+        deadline: Deadline,
+        args: &A,
+    ) -> NodeResult<Box<dyn Tunnel>> {
+        let rb = self
+            .post(call, args, true)?
+            .header(header::CONNECTION, "upgrade")
+            .header(header::UPGRADE, "tcp");
+        let open = async {
+            let resp = self.send(rb, Deadline::Open).await?;
+            if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+                return Err(NodeError::internal(format!(
+                    "node {} answered {call} with {}, not 101 Switching Protocols",
+                    self.shown,
+                    resp.status()
+                )));
+            }
+            resp.upgrade().await.map_err(|e| {
+                NodeError::unavailable(format!(
+                    "node {}: the tunnel of {call} did not open: {}",
+                    self.shown,
+                    chain(&e)
+                ))
+            })
+        };
+        let upgraded = match deadline {
+            Deadline::Open => open.await?,
+            Deadline::Quick => tokio::time::timeout(QUICK, open).await.map_err(|_| {
+                NodeError::unavailable(format!(
+                    "node {} did not open the tunnel of {call} within {}s",
+                    self.shown,
+                    QUICK.as_secs()
+                ))
+            })??,
+        };
+        Ok(Box::new(upgraded))
     }
 }
 
@@ -337,184 +427,8 @@ fn idle_limit(body: ByteStream, idle: Duration, shown: Arc<str>) -> ByteStream {
     .boxed()
 }
 
-fn uploaded(body: ByteStream, failed: &Arc<Mutex<Option<NodeError>>>) -> reqwest::Body {
-    let failed = failed.clone();
-    reqwest::Body::wrap_stream(body.inspect_err(move |e| {
-        let mut slot = lock(&failed);
-        slot.get_or_insert_with(|| e.clone());
-    }))
-}
-
-/// The upload's own failure when it broke the request: the caller's stream
-/// failed, which says more than the connection that broke because of it.
-fn upload_failure<T>(
-    result: NodeResult<T>,
-    failed: &Arc<Mutex<Option<NodeError>>>,
-) -> NodeResult<T> {
-    match result {
-        Err(e) => Err({
-            let mut f = lock(failed);
-            f.take()
-        }
-        .unwrap_or(e)),
-        ok => ok,
-    }
-}
-
-fn file_kind(resp: &Response, shown: &str) -> NodeResult<FileKind> {
-    let kind = resp.headers().get(FILE_KIND).and_then(|v| v.to_str().ok());
-    match kind {
-        Some("file") => {
-            let size = resp
-                .headers()
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    NodeError::internal(format!("node {shown} sent a file without its length"))
-                })?;
-            Ok(FileKind::File { size })
-        }
-        Some("dir") => Ok(FileKind::Dir),
-        other => Err(NodeError::internal(format!(
-            "node {shown} answered a read with {FILE_KIND} {other:?}, not file or dir"
-        ))),
-    }
-}
-
-/// How each shape of call crosses the wire; the methods of [`NodeApi`]
-/// below are made from the call list and pick theirs by its shape.
-impl HttpNode {
-    /// `POST {prefix}/{call}`, its arguments as the JSON body.
-    fn call_request<A: Serialize>(&self, call: &str, args: &A) -> NodeResult<RequestBuilder> {
-        Ok(self.request(Method::POST, &[call], &[])?.json(args))
-    }
-
-    /// `POST {prefix}/{call}?args=…`: the arguments ride in the query where
-    /// the body (or the connection) is something else.
-    fn query_request<A: Serialize>(&self, call: &str, args: &A) -> NodeResult<RequestBuilder> {
-        let json = serde_json::to_string(args)
-            .map_err(|e| NodeError::internal(format!("encoding the arguments of {call}: {e}")))?;
-        self.request(Method::POST, &[call], &[(ARGS, &json)])
-    }
-
-    /// Arguments in, one JSON answer out.
-    async fn unary<A: Serialize, R: DeserializeOwned>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-    ) -> NodeResult<R> {
-        self.call_json(self.call_request(call, args)?, deadline)
-            .await
-    }
-
-    /// NDJSON values as they arrive. Dropping the stream drops the
-    /// connection, which ends the call at the node.
-    async fn stream<A: Serialize, T: Feed>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-    ) -> NodeResult<BoxStream<'static, T>> {
-        let resp = self.send(self.call_request(call, args)?, deadline).await?;
-        let body = match T::HEARTBEAT {
-            Some((_, idle)) => idle_limit(self.bytes_of(resp), idle, self.shown.clone()),
-            None => self.bytes_of(resp),
-        };
-        Ok(self.values_of(body, T::lost))
-    }
-
-    /// Raw bytes as they arrive.
-    async fn bytes<A: Serialize>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-    ) -> NodeResult<ByteStream> {
-        let resp = self.send(self.call_request(call, args)?, deadline).await?;
-        Ok(self.bytes_of(resp))
-    }
-
-    /// A file's bytes (with their length) or a directory's archive.
-    async fn file<A: Serialize>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-    ) -> NodeResult<FileRead> {
-        let resp = self.send(self.call_request(call, args)?, deadline).await?;
-        let kind = file_kind(&resp, &self.shown)?;
-        Ok(FileRead {
-            kind,
-            body: self.bytes_of(resp),
-        })
-    }
-
-    /// `body` sent as it is read; when it fails, its own error is the
-    /// call's, not the broken request it caused.
-    async fn upload<A: Serialize, R: DeserializeOwned>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-        body: ByteStream,
-    ) -> NodeResult<R> {
-        let failed = Arc::new(Mutex::new(None));
-        let rb = self
-            .query_request(call, args)?
-            .header(header::CONTENT_TYPE, "application/octet-stream")
-            .body(uploaded(body, &failed));
-        let result = self.call_json(rb, deadline).await;
-        upload_failure(result, &failed)
-    }
-
-    /// An HTTP/1 upgrade (`Upgrade: tcp`) that becomes the connection.
-    /// The deadline bounds only its opening (so not reqwest's own, which
-    /// would bound the life of the connection too).
-    async fn tunnel<A: Serialize>(
-        &self,
-        call: &str,
-        deadline: Deadline,
-        args: &A,
-    ) -> NodeResult<Box<dyn Tunnel>> {
-        let rb = self
-            .query_request(call, args)?
-            .header(header::CONNECTION, "upgrade")
-            .header(header::UPGRADE, "tcp");
-        let open = async {
-            let resp = self.send(rb, Deadline::Open).await?;
-            if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-                return Err(NodeError::internal(format!(
-                    "node {} answered {call} with {}, not 101 Switching Protocols",
-                    self.shown,
-                    resp.status()
-                )));
-            }
-            resp.upgrade().await.map_err(|e| {
-                NodeError::unavailable(format!(
-                    "node {}: the tunnel of {call} did not open: {}",
-                    self.shown,
-                    chain(&e)
-                ))
-            })
-        };
-        let upgraded = match deadline {
-            Deadline::Open => open.await?,
-            Deadline::Quick => tokio::time::timeout(QUICK, open).await.map_err(|_| {
-                NodeError::unavailable(format!(
-                    "node {} did not open the tunnel of {call} within {}s",
-                    self.shown,
-                    QUICK.as_secs()
-                ))
-            })??,
-        };
-        Ok(Box::new(upgraded))
-    }
-}
-
 /// Implements [`NodeApi`] from the call list: each method sends its
-/// arguments in their wire form by its call's shape.
+/// arguments in their wire form and reads its answer by its call's shape.
 macro_rules! http_node {
     ($(
         $(#[$meta:meta])*
@@ -529,12 +443,24 @@ macro_rules! http_node {
                     let args = args::$name {
                         $($arg: warren_node_api::wire_own!($arg $(, $wire)?),)*
                     };
-                    self.$shape(stringify!($name), Deadline::$deadline, &args $(, $body)?)
-                        .await
+                    let (call, deadline) = (stringify!($name), Deadline::$deadline);
+                    shape!($shape self, call, deadline, &args $(, $body)?)
                 }
             )*
         }
     };
+}
+
+/// A call sent and its answer read by its shape: JSON, NDJSON values as
+/// they arrive, raw bytes, a file (or a directory's archive), an upload's
+/// answer, or a tunnel.
+macro_rules! shape {
+    (unary $node:ident, $($a:expr),*) => { $node.json_of($node.call($($a),*).await?).await };
+    (stream $node:ident, $($a:expr),*) => { Ok($node.feed_of($node.call($($a),*).await?)) };
+    (bytes $node:ident, $($a:expr),*) => { Ok($node.bytes_of($node.call($($a),*).await?)) };
+    (file $node:ident, $($a:expr),*) => { $node.file_of($node.call($($a),*).await?) };
+    (upload $node:ident, $($a:expr),*) => { $node.upload($($a),*).await };
+    (tunnel $node:ident, $($a:expr),*) => { $node.tunnel($($a),*).await };
 }
 
 warren_node_api::node_calls!(http_node);

@@ -3,12 +3,11 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::{Body, BodyDataStream};
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
-use axum::http::request::Parts;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -17,10 +16,10 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt, TryStreamExt};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-use warren_node_api::{ByteStream, FileKind, FileRead, NodeApi, NodeError, NodeResult, Tunnel};
+use warren_node_api::{ByteStream, FileKind, FileRead, NodeApi, NodeError, Tunnel};
 
 use crate::access::{auth, fenced, replaced, Credential};
 use crate::fence::{Admitted, Fence};
@@ -166,32 +165,17 @@ impl IntoResponse for Failure {
 
 type Answer<T> = Result<T, Failure>;
 
-/// Path parameters, refused as a `NodeError`.
-struct P<T>(T);
-
-impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for P<T> {
-    type Rejection = Failure;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Failure> {
-        Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|Path(p)| P(p))
-            .map_err(|e| Failure(NodeError::invalid(format!("path: {}", e.body_text()))))
-    }
-}
-
-/// Values as NDJSON, each written as it comes. If the client goes away the
-/// body, and so the node's stream, is dropped: for an exec that kills it.
-fn ndjson_response<S>(lines: S) -> Response
-where
-    S: Stream<Item = Result<Bytes, serde_json::Error>> + Send + 'static,
-{
-    let lines = lines.inspect_err(|e| tracing::error!("cannot encode a stream value: {e}"));
-    (
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(lines),
-    )
-        .into_response()
+/// Values as NDJSON, each written as it comes (with heartbeats where the
+/// feed has them). If the client goes away the body, and so the node's
+/// stream, is dropped: for an exec that kills it.
+fn feed_response<T: Feed>(values: BoxStream<'static, T>) -> Response {
+    let lines = ndjson::encode(values)
+        .inspect_err(|e| tracing::error!("cannot encode a stream value: {e}"));
+    let body = match T::HEARTBEAT {
+        Some((every, _)) => Body::from_stream(with_heartbeat(lines, every)),
+        None => Body::from_stream(lines),
+    };
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
 
 /// A byte stream as a body. A failure mid-way can only cut the body short
@@ -206,38 +190,23 @@ fn byte_body(what: &'static str, body: ByteStream) -> Body {
 const LINGER_BYTES: u64 = 256 << 20;
 const LINGER_TIME: Duration = Duration::from_secs(15);
 
-/// A request body as the contract's byte stream, chunk by chunk, shared
-/// with the handler so it can read what the node left unread.
-#[derive(Clone)]
-struct Upload(Arc<Mutex<BodyDataStream>>);
-
-impl Upload {
-    fn new(body: Body) -> Upload {
-        Upload(Arc::new(Mutex::new(body.into_data_stream())))
-    }
-
-    fn poll_chunk(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, axum::Error>>> {
-        lock(&self.0).poll_next_unpin(cx)
-    }
-
-    fn stream(&self) -> ByteStream {
-        let upload = self.clone();
-        futures_util::stream::poll_fn(move |cx| upload.poll_chunk(cx))
-            .map_err(|e| NodeError::unavailable(format!("the upload broke off: {e}")))
-            .boxed()
-    }
-
-    /// Reads the rest of the body (within bounds) once the node is done:
-    /// a node that refuses an upload answers before reading it, and an
-    /// answer sent while the client still writes is lost with the
-    /// connection that is closed under it: the client would see a broken
-    /// pipe, not the node's error.
-    async fn linger(self) {
+/// A request body as the contract's byte stream, chunk by chunk, and
+/// what reads the rest of it (within bounds) once the node is done: a
+/// node that refuses an upload answers before reading it, and an answer
+/// sent while the client still writes is lost with the connection that
+/// is closed under it: the client would see a broken pipe, not the
+/// node's error.
+fn upload(body: Body) -> (ByteStream, impl Future<Output = ()>) {
+    let body = Arc::new(Mutex::new(body.into_data_stream()));
+    let shared = body.clone();
+    let chunks = futures_util::stream::poll_fn(move |cx| lock(&shared).poll_next_unpin(cx))
+        .map_err(|e| NodeError::unavailable(format!("the upload broke off: {e}")))
+        .boxed();
+    let linger = async move {
         let rest = async {
             let mut read = 0u64;
-            while let Some(Ok(chunk)) =
-                futures_util::future::poll_fn(|cx| self.poll_chunk(cx)).await
-            {
+            let next = || futures_util::future::poll_fn(|cx| lock(&body).poll_next_unpin(cx));
+            while let Some(Ok(chunk)) = next().await {
                 read += chunk.len() as u64;
                 if read > LINGER_BYTES {
                     break;
@@ -245,7 +214,8 @@ impl Upload {
             }
         };
         let _ = tokio::time::timeout(LINGER_TIME, rest).await;
-    }
+    };
+    (chunks, linger)
 }
 
 /// A blank line whenever the feed was quiet for a heartbeat's time.
@@ -263,28 +233,20 @@ where
 }
 
 /// A read's answer: the bytes, with what they are (and a file's length).
-fn file_response(read: warren_node_api::FileRead) -> Response {
+fn file_response(read: FileRead) -> Response {
     let mut resp = byte_body("a file read", read.body).into_response();
     let headers = resp.headers_mut();
-    match read.kind {
+    let (kind, content_type) = match read.kind {
         FileKind::File { size } => {
-            headers.insert(FILE_KIND, HeaderValue::from_static("file"));
             // hyper sends exactly this many bytes, or cuts the connection:
             // the client can tell a short read from a whole one.
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
+            ("file", "application/octet-stream")
         }
-        FileKind::Dir => {
-            headers.insert(FILE_KIND, HeaderValue::from_static("dir"));
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-tar"),
-            );
-        }
-    }
+        FileKind::Dir => ("dir", "application/x-tar"),
+    };
+    headers.insert(FILE_KIND, HeaderValue::from_static(kind));
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -322,7 +284,13 @@ async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
 
 /// Answers one call: `create` with its fencing (see [`create`]), every
 /// other by the dispatch made from the call list.
-async fn call(State(node): Node, P(call): P<String>, req: Request) -> Answer<Response> {
+async fn call(
+    State(node): Node,
+    call: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Answer<Response> {
+    let Path(call): Path<String> =
+        call.map_err(|e| NodeError::invalid(format!("path: {}", e.body_text())))?;
     if call == "create" {
         return create(node, req).await;
     }
@@ -331,7 +299,7 @@ async fn call(State(node): Node, P(call): P<String>, req: Request) -> Answer<Res
 
 /// Makes [`dispatch`] from the call list: each call's arguments are read
 /// in their wire form and lent to the node's method, and its answer
-/// written by its shape.
+/// written by its shape (see [`answer`]).
 macro_rules! dispatch {
     ($(
         $(#[$meta:meta])*
@@ -339,19 +307,56 @@ macro_rules! dispatch {
             $($arg:ident : $ty:ty $(=> $wire:ty)?),* $(; $body:ident : $body_ty:ty)?
         ) -> $reply:ty;
     )*) => {
-        async fn dispatch(node: Arc<dyn NodeApi>, call: &str, req: Request) -> Answer<Response> {
+        async fn dispatch(
+            node: Arc<dyn NodeApi>,
+            call: &str,
+            mut req: Request,
+        ) -> Answer<Response> {
             match call {
-                $(stringify!($name) => {
-                    $shape(req, move |args::$name { $($arg),* } $(, $body: $body_ty)?| async move {
-                        node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)
-                            .await
-                    })
-                    .await
-                })*
+                $(stringify!($name) => answer!($shape req, args::$name { $($arg),* } $(, $body)? =>
+                    node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)),)*
                 _ => Err(NodeError::not_found(format!("the node API has no call {call:?}")).into()),
             }
         }
     };
+}
+
+/// One call by its shape: its arguments read into `$args` (from the JSON
+/// body, or from `?args=` where the body is an upload's bytes or the
+/// connection a tunnel's), `$call` made, its answer written.
+macro_rules! answer {
+    (unary $req:ident, $args:pat => $call:expr) => {{
+        let $args = json_args($req).await?;
+        Ok(Json($call.await?).into_response())
+    }};
+    (stream $req:ident, $args:pat => $call:expr) => {{
+        let $args = json_args($req).await?;
+        Ok(feed_response($call.await?))
+    }};
+    (bytes $req:ident, $args:pat => $call:expr) => {{
+        let $args = json_args($req).await?;
+        let body = byte_body("a byte stream", $call.await?);
+        Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+    }};
+    (file $req:ident, $args:pat => $call:expr) => {{
+        let $args = json_args($req).await?;
+        Ok(file_response($call.await?))
+    }};
+    // The node's answer waits for what it left of the upload (see
+    // [`upload`]).
+    (upload $req:ident, $args:pat, $body:ident => $call:expr) => {{
+        let $args = query_args(&$req)?;
+        let ($body, linger) = upload($req.into_body());
+        let answer = $call.await;
+        linger.await;
+        Ok(Json(answer?).into_response())
+    }};
+    (tunnel $req:ident, $args:pat => $call:expr) => {{
+        let upgrade = upgrade_of(&mut $req)?;
+        let $args = query_args(&$req)?;
+        // Reach the port first, so a failure is still an ordinary answer.
+        Ok(tunnel_response(upgrade, $call.await?))
+    }};
 }
 
 warren_node_api::node_calls!(dispatch);
@@ -378,70 +383,9 @@ fn query_args<A: DeserializeOwned>(req: &Request) -> Result<A, Failure> {
         .map_err(|e| Failure(NodeError::invalid(format!("arguments ({ARGS}): {e}"))))
 }
 
-async fn unary<A, R, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    R: Serialize,
-    F: Future<Output = NodeResult<R>>,
-{
-    let args = json_args(req).await?;
-    Ok(Json(call(args).await?).into_response())
-}
-
-async fn stream<A, T, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    T: Feed,
-    F: Future<Output = NodeResult<BoxStream<'static, T>>>,
-{
-    let args = json_args(req).await?;
-    let lines = ndjson::encode(call(args).await?);
-    Ok(match T::HEARTBEAT {
-        Some((every, _)) => ndjson_response(with_heartbeat(lines, every)),
-        None => ndjson_response(lines),
-    })
-}
-
-async fn bytes<A, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    F: Future<Output = NodeResult<ByteStream>>,
-{
-    let args = json_args(req).await?;
-    let body = byte_body("a byte stream", call(args).await?);
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
-}
-
-async fn file<A, F>(req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    F: Future<Output = NodeResult<FileRead>>,
-{
-    let args = json_args(req).await?;
-    Ok(file_response(call(args).await?))
-}
-
-async fn upload<A, R, F>(req: Request, call: impl FnOnce(A, ByteStream) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    R: Serialize,
-    F: Future<Output = NodeResult<R>>,
-{
-    let args = query_args(&req)?;
-    let upload = Upload::new(req.into_body());
-    let result = call(args, upload.stream()).await;
-    upload.linger().await;
-    Ok(Json(result?).into_response())
-}
-
-/// `Upgrade: tcp`: once the node reached the port, `101 Switching
-/// Protocols`, then the connection carries its bytes both ways until
-/// either side closes.
-async fn tunnel<A, F>(mut req: Request, call: impl FnOnce(A) -> F) -> Answer<Response>
-where
-    A: DeserializeOwned,
-    F: Future<Output = NodeResult<Box<dyn Tunnel>>>,
-{
+/// A tunnel's request is an upgrade (`Upgrade: tcp`): the connection it
+/// becomes once the answer is sent.
+fn upgrade_of(req: &mut Request) -> Result<OnUpgrade, Failure> {
     let wants_tcp = req
         .headers()
         .get(header::UPGRADE)
@@ -453,12 +397,14 @@ where
         )
         .into());
     }
-    let args = query_args(&req)?;
-    // Reach the port first, so a failure is still an ordinary answer.
-    let mut tunnel = call(args).await?;
-    let on_upgrade = hyper::upgrade::on(&mut req);
+    Ok(hyper::upgrade::on(req))
+}
+
+/// Once the node reached the port, `101 Switching Protocols`, then the
+/// connection carries its bytes both ways until either side closes.
+fn tunnel_response(upgrade: OnUpgrade, mut tunnel: Box<dyn Tunnel>) -> Response {
     tokio::spawn(async move {
-        match on_upgrade.await {
+        match upgrade.await {
             Ok(upgraded) => {
                 let mut client = TokioIo::new(upgraded);
                 if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut tunnel).await {
@@ -468,11 +414,11 @@ where
             Err(e) => tracing::warn!("a port tunnel: the upgrade failed: {e}"),
         }
     });
-    Ok((
+    (
         StatusCode::SWITCHING_PROTOCOLS,
         [(header::CONNECTION, "upgrade"), (header::UPGRADE, "tcp")],
     )
-        .into_response())
+        .into_response()
 }
 
 #[cfg(test)]

@@ -93,10 +93,7 @@ impl FakeNode {
     fn call(&self, method: &str, id: &str) -> NodeResult<()> {
         let mut s = self.state();
         s.calls.push(format!("{method} {id}").trim().to_string());
-        match s.fail.remove(method) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        s.fail.remove(method).map_or(Ok(()), Err)
     }
 
     fn log(&self, id: &str, note: LogNote) {
@@ -105,11 +102,10 @@ impl FakeNode {
 
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut SandboxStatus) -> T) -> NodeResult<T> {
         let mut s = self.state();
-        let sandbox = s
-            .sandboxes
-            .get_mut(id)
-            .ok_or_else(|| NodeError::not_found(format!("sandbox {id} is not on this node")))?;
-        Ok(f(sandbox))
+        let sandbox = s.sandboxes.get_mut(id);
+        sandbox
+            .map(f)
+            .ok_or_else(|| NodeError::not_found(format!("sandbox {id} is not on this node")))
     }
 }
 

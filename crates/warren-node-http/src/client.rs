@@ -168,21 +168,15 @@ impl HttpNode {
         in_query: bool,
     ) -> NodeResult<RequestBuilder> {
         let mut url = self.base.clone();
-        url.path_segments_mut()
-            .map_err(|()| {
-                NodeError::internal(format!("node URL {} cannot take a path", self.shown))
-            })?
-            .push(call);
+        url.set_path(&format!("{}/{call}", self.base.path()));
         if in_query {
             let json = serde_json::to_string(args).map_err(|e| {
                 NodeError::internal(format!("encoding the arguments of {call}: {e}"))
             })?;
             url.query_pairs_mut().append_pair(ARGS, &json);
         }
-        let rb = self
-            .http
-            .post(url)
-            .header(header::AUTHORIZATION, self.auth.clone());
+        let rb = self.http.post(url);
+        let rb = rb.header(header::AUTHORIZATION, self.auth.clone());
         let rb = match &self.epoch {
             Some(epoch) => rb.header(crate::fence::LEADER_EPOCH, epoch.clone()),
             None => rb,

@@ -261,20 +261,18 @@ async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
     let made = tokio::spawn(async move {
         let id = args.req.id.clone();
         let status = node.create(args.req).await?;
-        let Some(admitted) = admitted else {
+        let Some((given, current)) = admitted.and_then(|a| Some((a.given, a.superseded_by()?)))
+        else {
             return Ok(status);
         };
-        let Some(current) = admitted.superseded_by() else {
-            return Ok(status);
-        };
-        tracing::warn!(sandbox = %id, given = admitted.given, current, "a create of a replaced control plane ended after the new leader took stock; destroying what it made");
+        tracing::warn!(sandbox = %id, given, current, "a create of a replaced control plane ended after the new leader took stock; destroying what it made");
         if let Err(e) = node
             .destroy(&id, warren_core::state::reason::CREATE_FAILED)
             .await
         {
             tracing::warn!(sandbox = %id, error = %e, "destroying a replaced leader's create");
         }
-        Err(replaced(admitted.given, current))
+        Err(replaced(given, current))
     });
     let status = made
         .await
@@ -282,24 +280,10 @@ async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
     Ok(Json(status).into_response())
 }
 
-/// Answers one call: `create` with its fencing (see [`create`]), every
-/// other by the dispatch made from the call list.
-async fn call(
-    State(node): Node,
-    call: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Answer<Response> {
-    let Path(call): Path<String> =
-        call.map_err(|e| NodeError::invalid(format!("path: {}", e.body_text())))?;
-    if call == "create" {
-        return create(node, req).await;
-    }
-    dispatch(node, &call, req).await
-}
-
-/// Makes [`dispatch`] from the call list: each call's arguments are read
-/// in their wire form and lent to the node's method, and its answer
-/// written by its shape (see [`answer`]).
+/// Makes [`call`], which answers one call, from the call list: `create`
+/// with its fencing (see [`create`]); every other's arguments are read in
+/// their wire form and lent to the node's method, and its answer written
+/// by its shape (see `answer!`).
 macro_rules! dispatch {
     ($(
         $(#[$meta:meta])*
@@ -307,12 +291,17 @@ macro_rules! dispatch {
             $($arg:ident : $ty:ty $(=> $wire:ty)?),* $(; $body:ident : $body_ty:ty)?
         ) -> $reply:ty;
     )*) => {
-        async fn dispatch(
-            node: Arc<dyn NodeApi>,
-            call: &str,
+        async fn call(
+            State(node): Node,
+            call: Result<Path<String>, PathRejection>,
             mut req: Request,
         ) -> Answer<Response> {
-            match call {
+            let Path(call): Path<String> =
+                call.map_err(|e| NodeError::invalid(format!("path: {}", e.body_text())))?;
+            if call == "create" {
+                return create(node, req).await;
+            }
+            match call.as_str() {
                 $(stringify!($name) => answer!($shape req, args::$name { $($arg),* } $(, $body)? =>
                     node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)),)*
                 _ => Err(NodeError::not_found(format!("the node API has no call {call:?}")).into()),

@@ -22,14 +22,6 @@ pub(crate) const FILE_KIND: &str = "x-warren-file-kind";
 /// not bound by it.
 pub(crate) const JSON_LIMIT: usize = 32 << 20;
 
-/// The event feed is silent while nothing happens; a blank line this often
-/// lets the client tell a quiet node from a dead connection.
-pub(crate) const EVENTS_HEARTBEAT: Duration = Duration::from_secs(15);
-
-/// A feed silent this long (several missed heartbeats) is taken as lost;
-/// the consumer reconnects with the last `seq` it saw.
-pub(crate) const EVENTS_IDLE: Duration = Duration::from_secs(60);
-
 pub(crate) fn status_of(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -109,11 +101,13 @@ pub(crate) trait Feed: Serialize + DeserializeOwned + Send + 'static {
     fn lost(e: NodeError) -> Option<Self>;
 }
 
-/// The event feed is silent while nothing happens: heartbeats tell a
-/// quiet node from a dead connection, and it ends with its connection
-/// (the consumer resumes from the last seq it handled).
+/// The event feed is silent while nothing happens: a blank line every 15 s
+/// tells a quiet node from a dead connection, and a feed silent for 60 s
+/// (several missed heartbeats) is taken as lost. It ends with its
+/// connection (the consumer resumes from the last seq it handled).
 impl Feed for Sequenced {
-    const HEARTBEAT: Option<(Duration, Duration)> = Some((EVENTS_HEARTBEAT, EVENTS_IDLE));
+    const HEARTBEAT: Option<(Duration, Duration)> =
+        Some((Duration::from_secs(15), Duration::from_secs(60)));
 
     fn lost(e: NodeError) -> Option<Self> {
         tracing::info!("node event feed ended: {e}");

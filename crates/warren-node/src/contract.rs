@@ -97,7 +97,6 @@ fn answer<T>(r: Result<T, NodeError>) -> NodeResult<T> {
 
 warren_node_api::node_impl! { LocalNode;
     info(self) { Ok(self.node.node_info().await) }
-
     inventory(self) { Ok(self.node.statuses().await) }
 
     status(self, id, read_usage) {
@@ -173,9 +172,7 @@ warren_node_api::node_impl! { LocalNode;
     }
 
     destroy(self, id, why) { answer(self.node.destroy(id, why).await) }
-
     set_paused(self, id, paused) { answer(self.node.set_paused(id, paused).await) }
-
     hold(self, id, hold_for, note) { answer(self.node.hold(id, hold_for, &note).await) }
 
     set_ttl(self, id, ttl) {
@@ -217,9 +214,7 @@ warren_node_api::node_impl! { LocalNode;
     }
 
     write_file(self, id, req, body) { answer(self.node.write_file(id, req, body).await) }
-
     read_file(self, id, path) { answer(self.node.read_file(id, path).await) }
-
     path_op(self, id, op) { answer(self.node.path_op(id, op).await) }
 
     watch(self, id, path, recursive) {
@@ -360,7 +355,6 @@ warren_node_api::node_impl! { LocalNode;
     }
 
     volume_read(self, volume, path) { in_volume(self.node.volume_read(volume, path).await) }
-
     volume_path_op(self, volume, op) { in_volume(self.node.volume_path_op(volume, op).await) }
 }
 

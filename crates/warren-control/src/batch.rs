@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use warren_core::tenant::Principal;
 
 use tokio::sync::Semaphore;
 use warren_core::batch::{BatchFailure, BATCH_LABEL, MAX_BATCH};
@@ -21,10 +22,13 @@ use crate::store::BatchRow;
 const BATCH_PARALLELISM: usize = 16;
 
 impl Control {
+    /// A batch of `who`'s tenant: its members are that tenant's.
     pub async fn create_batch(
         self: &Arc<Self>,
+        who: &Principal,
         mut req: BatchRequest,
     ) -> Result<BatchInfo, ApiError> {
+        let tenant = crate::access::changer(who)?;
         if req.count == 0 || req.count > MAX_BATCH {
             return Err(ApiError::bad_request(format!(
                 "count must be between 1 and {MAX_BATCH}"
@@ -71,6 +75,7 @@ impl Control {
             deleted_at: None,
             retry_on_oom: req.retry_on_oom,
             retry_on_lost: req.retry_on_lost,
+            tenant,
         };
         self.store.insert_batch(&row).await?;
         tokio::spawn(self.clone().fill_batch(row.clone()));
@@ -102,10 +107,10 @@ impl Control {
             if self.batch_deleted(&batch.id).await {
                 break;
             }
-            let (this, spec) = (self.clone(), spec.clone());
+            let (this, spec, tenant) = (self.clone(), spec.clone(), batch.tenant.clone());
             tasks.push(tokio::spawn(async move {
                 loop {
-                    match this.create(spec.clone(), false).await {
+                    match this.create_pinned(&tenant, spec.clone(), false, None).await {
                         Err(e) if e.code == ErrorCode::TooManyRequests => {
                             let wait = e.retry_after_ms.unwrap_or(1000);
                             tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -139,8 +144,7 @@ impl Control {
         // The records themselves: an ended member's carries its usage.
         let selector = Self::batch_selector(id);
         let members: Vec<crate::store::SandboxRow> = self
-            .store
-            .list(&[])
+            .rows_owned(Some(&batch.tenant), &[])
             .await?
             .into_iter()
             .filter(|r| selector.matches(r.labels()))
@@ -200,6 +204,7 @@ impl Control {
             states,
             usage,
             failures,
+            tenant: batch.tenant,
         })
     }
 
@@ -252,10 +257,10 @@ impl Control {
             let cap = (asked as f64 * policy.max_growth) as u64;
             spec.memory = Some(warren_core::spec::ByteSize(grown.min(cap)));
         }
-        let this = self.clone();
+        let (this, tenant) = (self.clone(), batch.tenant.clone());
         let (retry_of, why) = (row.id.clone(), why.to_string());
         tokio::spawn(async move {
-            match this.create(spec, false).await {
+            match this.create_pinned(&tenant, spec, false, None).await {
                 Ok((s, _)) => {
                     tracing::info!(sandbox = %s.id, %retry_of, %why, "retrying a batch member")
                 }
@@ -266,9 +271,13 @@ impl Control {
         });
     }
 
-    pub async fn list_batches(&self) -> Result<Vec<BatchInfo>, ApiError> {
+    /// The batches `who` reaches.
+    pub async fn list_batches(&self, who: &Principal) -> Result<Vec<BatchInfo>, ApiError> {
         let mut out = Vec::new();
         for b in self.store.batches(None).await? {
+            if !who.reaches(&b.tenant) {
+                continue;
+            }
             out.push(self.batch_info(&b.id).await?);
         }
         Ok(out)
@@ -276,7 +285,7 @@ impl Control {
 
     /// Stops submitting and destroys every sandbox of the batch.
     pub async fn delete_batch(&self, id: &str) -> Result<BatchInfo, ApiError> {
-        self.batch_info(id).await?;
+        let tenant = self.batch_info(id).await?.tenant;
         self.store.delete_batch(id, &now_rfc3339()).await?;
         let open: Vec<SandboxState> = SandboxState::ALL
             .into_iter()
@@ -284,7 +293,9 @@ impl Control {
             .collect();
         // Members submitted while we delete are caught by a second pass.
         for _ in 0..2 {
-            let members = self.list(&open, &Self::batch_selector(id)).await?;
+            let members = self
+                .list_owned(Some(&tenant), &open, &Self::batch_selector(id))
+                .await?;
             let deletes = members
                 .iter()
                 .map(|m| self.destroy(&m.id, reason::USER_DELETED));

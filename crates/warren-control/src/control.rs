@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use warren_core::tenant::{Principal, TenantName};
 
 use futures_util::stream::BoxStream;
 use rand::Rng;
@@ -24,6 +25,7 @@ mod node_set;
 mod pools;
 mod recovery;
 mod run;
+mod tenancy;
 
 pub struct Control {
     pub(crate) store: Arc<dyn Store>,
@@ -53,6 +55,8 @@ pub struct Control {
     pub(crate) naming: tokio::sync::Mutex<()>,
     /// Named values sealed in the store (refused without a key).
     pub(crate) secrets: crate::secrets::Secrets,
+    /// Tenants, their tokens, and who a token is.
+    pub(crate) tenants: crate::tenants::Tenants,
 }
 
 impl From<StoreError> for ApiError {
@@ -101,6 +105,7 @@ impl Control {
         let nodes: Arc<crate::nodes::Nodes> = Default::default();
         Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
+            tenants: crate::tenants::Tenants::new(store.clone(), None),
             images: crate::images::Images::new(nodes.clone(), None),
             volumes: crate::volumes::Volumes::new(nodes.clone()),
             profiles: crate::profiles::Profiles::new(store.clone(), policy),
@@ -127,6 +132,17 @@ impl Control {
     /// The secrets service.
     pub fn secrets(&self) -> &crate::secrets::Secrets {
         &self.secrets
+    }
+
+    /// The tenants service.
+    pub fn tenants(&self) -> &crate::tenants::Tenants {
+        &self.tenants
+    }
+
+    /// Takes `token` as the operator's (admin of every tenant).
+    pub fn with_operator_token(mut self, token: &str) -> Control {
+        self.tenants = crate::tenants::Tenants::new(self.store.clone(), Some(token.to_string()));
+        self
     }
 
     /// The images service.
@@ -240,6 +256,7 @@ impl Control {
             finished_at: row.finished_at,
             exit_code: row.exit_code,
             events: vec![],
+            tenant: row.tenant,
         }
     }
 
@@ -302,14 +319,26 @@ impl Control {
         })
     }
 
+    /// The sandboxes `who` reaches in `states` (all when empty) that
+    /// match `selector`.
     pub async fn list(
         &self,
+        who: &Principal,
+        states: &[SandboxState],
+        selector: &Selector,
+    ) -> Result<Vec<SandboxInfo>, ApiError> {
+        self.list_owned(who.scope(), states, selector).await
+    }
+
+    /// [`Control::list`] of one tenant's sandboxes, or every tenant's.
+    pub(crate) async fn list_owned(
+        &self,
+        tenant: Option<&TenantName>,
         states: &[SandboxState],
         selector: &Selector,
     ) -> Result<Vec<SandboxInfo>, ApiError> {
         let rows: Vec<SandboxRow> = self
-            .store
-            .list(states)
+            .rows_owned(tenant, states)
             .await?
             .into_iter()
             .filter(|r| selector.matches(r.labels()))
@@ -326,6 +355,20 @@ impl Control {
                 self.info_with(r, status, false)
             })
             .collect())
+    }
+
+    /// The records of one tenant's sandboxes (every tenant's with None) in
+    /// `states` (all when empty).
+    pub(crate) async fn rows_owned(
+        &self,
+        tenant: Option<&TenantName>,
+        states: &[SandboxState],
+    ) -> Result<Vec<SandboxRow>, ApiError> {
+        let mut rows = self.store.list(states).await?;
+        if let Some(t) = tenant {
+            rows.retain(|r| &r.tenant == t);
+        }
+        Ok(rows)
     }
 
     /// Destroys a sandbox for `why`; an already final sandbox is left as is.
@@ -517,6 +560,7 @@ impl Control {
         spec.network
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.egress_allowed(&row.tenant, &spec.network).await?;
         let node = self.api(&row.node)?;
         node.check_network(spec.network.clone())
             .await

@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod admission;
 pub mod alerts;
 pub mod api;
@@ -36,6 +37,7 @@ pub use profiles::Profiles;
 pub use secrets::Secrets;
 pub use signing::Signer;
 pub use store::SandboxRow;
+pub use tenants::Tenants;
 pub use volumes::{VolumeFiles, Volumes};
 mod sandbox_locks;
 mod secrets;
@@ -43,6 +45,7 @@ pub mod serve;
 pub mod signing;
 pub mod store;
 mod streams;
+mod tenants;
 mod volumes;
 
 use std::net::SocketAddr;
@@ -233,6 +236,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
             liveness,
         )
         .with_cluster_registry(cluster_registry)
+        .with_operator_token(&token)
         .with_secret_box(secrets::SecretBox::open_home(&cfg.home)?),
     );
     let mut join = None;

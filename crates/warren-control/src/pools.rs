@@ -17,7 +17,9 @@ use warren_core::pool::{PoolInfo, PoolSpec, POOL_LABEL};
 use warren_core::sync::lock;
 use warren_core::{SandboxInfo, SandboxSpec, SandboxState};
 
-use crate::store::SandboxRow;
+use warren_core::tenant::{Principal, TenantName};
+
+use crate::store::{PoolRow, SandboxRow};
 
 /// The warm pools' state; every change is one short critical section.
 #[derive(Default)]
@@ -29,6 +31,9 @@ pub struct Pools {
 #[derive(Default)]
 struct State {
     defs: BTreeMap<String, PoolSpec>,
+    /// Each pool's tenant: its members are that tenant's, and only that
+    /// tenant's creates take them.
+    owners: HashMap<String, TenantName>,
     /// Ready members by pool, oldest first.
     ready: HashMap<String, VecDeque<String>>,
     /// Members being made.
@@ -37,16 +42,31 @@ struct State {
 }
 
 impl Pools {
-    /// A ready member of a pool that serves `spec`, taken out of it.
-    pub(crate) fn take(&self, spec: &SandboxSpec) -> Option<(String, String)> {
+    /// A ready member of a pool of `tenant`'s that serves `spec`, taken
+    /// out of it.
+    pub(crate) fn take(&self, tenant: &TenantName, spec: &SandboxSpec) -> Option<(String, String)> {
         let mut s = lock(&self.state);
         let name = s
             .defs
             .iter()
-            .find(|(name, def)| def.serves(name, spec))
+            .find(|(name, def)| s.owners.get(*name) == Some(tenant) && def.serves(name, spec))
             .map(|(name, _)| name.clone())?;
         let id = s.ready.get_mut(&name)?.pop_front()?;
         Some((name, id))
+    }
+
+    /// The tenant a pool belongs to.
+    pub(crate) fn owner(&self, name: &str) -> Option<TenantName> {
+        lock(&self.state).owners.get(name).cloned()
+    }
+
+    /// The pools `who` reaches.
+    pub fn infos_for(&self, who: &Principal) -> Vec<PoolInfo> {
+        let owners = lock(&self.state).owners.clone();
+        self.infos()
+            .into_iter()
+            .filter(|p| owners.get(&p.name).is_some_and(|t| who.reaches(t)))
+            .collect()
     }
 
     pub fn infos(&self) -> Vec<PoolInfo> {
@@ -68,8 +88,9 @@ impl Pools {
 
     /// Defines (or redefines) a pool; answers the ready members that no
     /// longer serve it (made for other resources), taken out of it.
-    pub(crate) fn define(&self, name: &str, spec: PoolSpec) -> Vec<String> {
+    pub(crate) fn define(&self, name: &str, spec: PoolSpec, tenant: TenantName) -> Vec<String> {
         let mut s = lock(&self.state);
+        s.owners.insert(name.to_string(), tenant);
         let resized_only = s.defs.get(name).is_some_and(|old| {
             PoolSpec {
                 size: spec.size,
@@ -88,6 +109,7 @@ impl Pools {
     pub(crate) fn remove(&self, name: &str) -> VecDeque<String> {
         let mut s = lock(&self.state);
         s.defs.remove(name);
+        s.owners.remove(name);
         s.ready.remove(name).unwrap_or_default()
     }
 
@@ -109,19 +131,22 @@ impl Pools {
     /// The definitions as stored, and their members from the running
     /// records; answers the members of pools that are gone (or that no
     /// longer serve theirs).
-    pub(crate) fn load(
-        &self,
-        defs: BTreeMap<String, PoolSpec>,
-        rows: Vec<SandboxRow>,
-    ) -> Vec<String> {
+    pub(crate) fn load(&self, pools: Vec<PoolRow>, rows: Vec<SandboxRow>) -> Vec<String> {
         let mut orphans = Vec::new();
         let mut s = lock(&self.state);
+        let mut defs = BTreeMap::new();
+        for p in pools {
+            s.owners.insert(p.name.clone(), p.tenant);
+            defs.insert(p.name, p.spec);
+        }
         for row in rows {
             let Some(pool) = row.spec.labels.get(POOL_LABEL) else {
                 continue;
             };
             match defs.get(pool) {
-                Some(def) if def.serves(pool, &row.spec) => {
+                Some(def)
+                    if def.serves(pool, &row.spec) && s.owners.get(pool) == Some(&row.tenant) =>
+                {
                     s.ready.entry(pool.clone()).or_default().push_back(row.id)
                 }
                 _ => orphans.push(row.id),
@@ -131,11 +156,15 @@ impl Pools {
         orphans
     }
 
-    pub(crate) fn defs(&self) -> Vec<(String, PoolSpec)> {
-        lock(&self.state)
-            .defs
+    /// Every pool: its name, spec and tenant.
+    pub(crate) fn defs(&self) -> Vec<(String, PoolSpec, TenantName)> {
+        let s = lock(&self.state);
+        s.defs
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| {
+                let owner = s.owners.get(k).cloned().unwrap_or_default();
+                (k.clone(), v.clone(), owner)
+            })
             .collect()
     }
 

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use hyper_util::rt::TokioIo;
 use warren_core::files::{PathEntry, PathOp, WriteFile};
 use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
+use warren_core::tenant::Principal;
 use warren_core::{ApiError, SandboxState, Selector};
 use warren_node_api::Tunnel;
 
@@ -120,9 +121,13 @@ impl Control {
 
     /// The logs of every sandbox matching `selector`, one after another in
     /// creation order, streamed line by line.
-    pub async fn logs_by_label(&self, selector: &Selector) -> Result<ByteStream, ApiError> {
+    pub async fn logs_by_label(
+        &self,
+        who: &Principal,
+        selector: &Selector,
+    ) -> Result<ByteStream, ApiError> {
         let members: Vec<_> = self
-            .list(&[], selector)
+            .list(who, &[], selector)
             .await?
             .into_iter()
             .map(|s| (self.api(&s.node).ok(), s.id))

@@ -15,6 +15,7 @@ use warren_core::secret::{
     Delivery, Resolved, SecretInfo, SecretMetadata, SecretName, SecretRef, SecretRequest,
     SecretValue, MAX_PER_SANDBOX_BYTES,
 };
+use warren_core::tenant::{Principal, TenantName};
 use warren_core::ApiError;
 
 use crate::store::{SecretRow, Store};
@@ -160,18 +161,35 @@ impl Secrets {
         })
     }
 
-    /// The row of a secret by name or by id (`sec_…`).
-    async fn secret_row(&self, which: &str) -> Result<SecretRow, ApiError> {
+    /// The row of a secret by name or by id (`sec_…`), if any.
+    async fn find(&self, which: &str) -> Result<Option<SecretRow>, ApiError> {
         let name = which.to_ascii_lowercase();
-        self.store
+        Ok(self
+            .store
             .secrets()
             .await?
             .into_iter()
-            .find(|r| r.id == which || r.name == name)
-            .ok_or_else(|| not_found(which))
+            .find(|r| r.id == which || r.name == name))
     }
 
-    pub async fn create(&self, req: SecretRequest) -> Result<SecretInfo, ApiError> {
+    /// The row of a secret by name or by id (`sec_…`).
+    async fn secret_row(&self, which: &str) -> Result<SecretRow, ApiError> {
+        self.find(which).await?.ok_or_else(|| not_found(which))
+    }
+
+    /// The tenant a secret belongs to, if it exists.
+    pub(crate) async fn owner(&self, which: &str) -> Result<Option<TenantName>, ApiError> {
+        Ok(self.find(which).await?.map(|r| r.tenant))
+    }
+
+    /// Keeps a new secret for `who`'s tenant. Names are unique across
+    /// tenants (one taken answers 409 without saying whose it is).
+    pub async fn create(
+        &self,
+        who: &Principal,
+        req: SecretRequest,
+    ) -> Result<SecretInfo, ApiError> {
+        let tenant = crate::access::changer(who)?;
         let sealer = self.secret_box()?;
         let id = format!("sec_{}", &crate::new_secret()[..24]);
         let now = now_rfc3339();
@@ -184,6 +202,7 @@ impl Secrets {
                 .map_err(|e| ApiError::internal(e.to_string()))?,
             created_at: now.clone(),
             updated_at: now,
+            tenant,
         };
         match self.store.insert_secret(&row).await {
             Ok(()) => info(&row),
@@ -230,9 +249,15 @@ impl Secrets {
         info(&self.secret_row(which).await?)
     }
 
-    /// Every secret, by name.
-    pub async fn list(&self) -> Result<Vec<SecretInfo>, ApiError> {
-        self.store.secrets().await?.iter().map(info).collect()
+    /// Every secret `who` reaches, by name.
+    pub async fn list(&self, who: &Principal) -> Result<Vec<SecretInfo>, ApiError> {
+        self.store
+            .secrets()
+            .await?
+            .iter()
+            .filter(|r| who.reaches(&r.tenant))
+            .map(info)
+            .collect()
     }
 
     /// Removes a secret. Sandboxes given it keep their copy; new ones that
@@ -245,14 +270,25 @@ impl Secrets {
         info(&row)
     }
 
-    /// Refuses a spec that names a secret that does not exist, before
+    /// `tenant`'s secrets: a sandbox is given only its own tenant's.
+    async fn rows_of(&self, tenant: &TenantName) -> Result<Vec<SecretRow>, ApiError> {
+        let mut rows = self.store.secrets().await?;
+        rows.retain(|r| &r.tenant == tenant);
+        Ok(rows)
+    }
+
+    /// Refuses a spec that names a secret `tenant` does not have, before
     /// anything is made for it.
-    pub(crate) async fn check(&self, refs: &[SecretRef]) -> Result<(), ApiError> {
+    pub(crate) async fn check(
+        &self,
+        refs: &[SecretRef],
+        tenant: &TenantName,
+    ) -> Result<(), ApiError> {
         if refs.is_empty() {
             return Ok(());
         }
         self.secret_box()?;
-        let rows = self.store.secrets().await?;
+        let rows = self.rows_of(tenant).await?;
         match refs
             .iter()
             .find(|r| !rows.iter().any(|row| row.name == r.name.as_str()))
@@ -267,12 +303,16 @@ impl Secrets {
 
     /// The values a sandbox is given, opened now (so an update reaches the
     /// sandboxes made after it).
-    pub(crate) async fn resolve(&self, refs: &[SecretRef]) -> Result<Vec<Resolved>, ApiError> {
+    pub(crate) async fn resolve(
+        &self,
+        refs: &[SecretRef],
+        tenant: &TenantName,
+    ) -> Result<Vec<Resolved>, ApiError> {
         if refs.is_empty() {
             return Ok(Vec::new());
         }
         let sealer = self.secret_box()?;
-        let rows = self.store.secrets().await?;
+        let rows = self.rows_of(tenant).await?;
         let mut out = Vec::with_capacity(refs.len());
         let mut total = 0;
         for r in refs {
@@ -317,6 +357,7 @@ mod tests {
             sealed: b.seal("sec_1", 1, &value).expect("seal"),
             created_at: String::new(),
             updated_at: String::new(),
+            tenant: Default::default(),
         };
         assert!(!row.sealed.contains("hunter2"));
         assert_eq!(b.unseal(&row).expect("open"), "hunter2");

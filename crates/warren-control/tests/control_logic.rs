@@ -8,6 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Tests call as the operator (tenants have their own tests).
+const OP: warren_core::tenant::Principal = warren_core::tenant::Principal::Operator;
+
 use warren_control::control::Control;
 use warren_control::store::SqliteStore;
 use warren_core::state::reason;
@@ -244,7 +247,7 @@ async fn reclaim_rules_decide_what_happens_when_a_sandbox_ends() -> TestResult {
     for (policy, event, state, why, held) in cases {
         let (info, _) = p
             .control
-            .create(spec(serde_json::json!({"reclaim": policy})), true)
+            .create(&OP, spec(serde_json::json!({"reclaim": policy})), true)
             .await
             .map_err(|e| e.message)?;
         node.push(event(&info.id));
@@ -269,7 +272,7 @@ async fn a_held_sandbox_goes_when_its_hold_ends() -> TestResult {
     ] {
         let (info, _) = p
             .control
-            .create(spec(serde_json::json!({"reclaim": policy})), true)
+            .create(&OP, spec(serde_json::json!({"reclaim": policy})), true)
             .await
             .map_err(|e| e.message)?;
         node.push(exited(&info.id, 0, None, false));
@@ -293,7 +296,7 @@ async fn a_held_sandbox_goes_when_its_hold_ends() -> TestResult {
     for _ in 0..4 {
         let (info, _) = p
             .control
-            .create(spec(serde_json::json!({})), false)
+            .create(&OP, spec(serde_json::json!({})), false)
             .await
             .map_err(|e| e.message)?;
         assert_eq!(info.state, SandboxState::Running);
@@ -309,7 +312,7 @@ async fn the_queue_is_first_in_first_out_and_frees_on_destroy() -> TestResult {
     let mut ids = Vec::new();
     for i in 0..5 {
         let (info, _) = c
-            .create(spec(serde_json::json!({})), false)
+            .create(&OP, spec(serde_json::json!({})), false)
             .await
             .map_err(|e| e.message)?;
         let expected = if i < 2 {
@@ -360,7 +363,7 @@ async fn a_failed_create_is_recorded_and_gives_its_capacity_back() -> TestResult
     node.fail_next("create", NodeError::invalid("no such user: nobody2"));
     let err = p
         .control
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .err()
         .ok_or("create should fail")?;
@@ -368,14 +371,14 @@ async fn a_failed_create_is_recorded_and_gives_its_capacity_back() -> TestResult
     assert!(err.message.contains("nobody2"), "{}", err.message);
     let failed = p
         .control
-        .list(&[SandboxState::Failed], &Default::default())
+        .list(&OP, &[SandboxState::Failed], &Default::default())
         .await
         .map_err(|e| e.message)?;
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].reason, reason::CREATE_FAILED);
     let (info, _) = p
         .control
-        .create(spec(serde_json::json!({})), false)
+        .create(&OP, spec(serde_json::json!({})), false)
         .await
         .map_err(|e| e.message)?;
     assert_eq!(info.state, SandboxState::Running, "the slot came back");
@@ -388,12 +391,13 @@ async fn a_destroy_racing_a_create_leaves_nothing_behind() -> TestResult {
     let p = plane(&node).await?;
     node.set_create_delay(Duration::from_millis(200));
     let c = p.control.clone();
-    let creating = tokio::spawn(async move { c.create(spec(serde_json::json!({})), true).await });
+    let creating =
+        tokio::spawn(async move { c.create(&OP, spec(serde_json::json!({})), true).await });
     // The record exists while the node creates.
     let id = loop {
         let rows = p
             .control
-            .list(&[], &Default::default())
+            .list(&OP, &[], &Default::default())
             .await
             .map_err(|e| e.message)?;
         if let Some(r) = rows.first() {
@@ -415,7 +419,7 @@ async fn a_destroy_racing_a_create_leaves_nothing_behind() -> TestResult {
     assert!(node.ids().is_empty(), "the node holds {:?}", node.ids());
     let (info, _) = p
         .control
-        .create(spec(serde_json::json!({})), false)
+        .create(&OP, spec(serde_json::json!({})), false)
         .await
         .map_err(|e| e.message)?;
     assert_eq!(info.state, SandboxState::Running, "the slot came back");
@@ -429,22 +433,22 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
     let first = plane_in(&node, dir).await?;
     let c = &first.control;
     let (kept_on_node, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let (gone, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let (paused, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     c.set_paused(&paused.id, true)
         .await
         .map_err(|e| e.message)?;
     let (kept, _) = c
-        .create(spec(serde_json::json!({"reclaim": "keep"})), true)
+        .create(&OP, spec(serde_json::json!({"reclaim": "keep"})), true)
         .await
         .map_err(|e| e.message)?;
     node.push(exited(&kept.id, 0, None, false));
@@ -498,7 +502,7 @@ async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> Tes
     let p = plane_with(&node, tempfile::tempdir()?, false).await?;
     let c = &p.control;
     let (s, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     c.shutdown(Duration::from_secs(1)).await;
@@ -517,7 +521,11 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
     let p = plane(&node).await?;
     let c = &p.control;
     let (source, _) = c
-        .create(spec(serde_json::json!({"labels": {"task": "t"}})), true)
+        .create(
+            &OP,
+            spec(serde_json::json!({"labels": {"task": "t"}})),
+            true,
+        )
         .await
         .map_err(|e| e.message)?;
     let fork = |count| ForkRequest {
@@ -577,7 +585,7 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
     assert_eq!(e.code.http_status(), 429, "{}", e.message);
     let mut forged = spec(serde_json::json!({}));
     forged.fork = children[0].spec.fork.clone();
-    let e = c.create(forged, true).await.unwrap_err();
+    let e = c.create(&OP, forged, true).await.unwrap_err();
     assert_eq!(e.code.http_status(), 400, "{}", e.message);
     assert_eq!(before, (node.calls().len(), c.node_usage()[0].used.slots));
 
@@ -619,11 +627,11 @@ async fn a_fork_child_that_waits_for_room_is_made_when_room_frees() -> TestResul
     let p = plane(&node).await?;
     let c = p.control.clone();
     let (source, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let (other, _) = c
-        .create(spec(serde_json::json!({})), true)
+        .create(&OP, spec(serde_json::json!({})), true)
         .await
         .map_err(|e| e.message)?;
     let req = ForkRequest {
@@ -639,7 +647,7 @@ async fn a_fork_child_that_waits_for_room_is_made_when_room_frees() -> TestResul
     let queued = async {
         loop {
             let rows = c
-                .list(&[SandboxState::Queued], &Default::default())
+                .list(&OP, &[SandboxState::Queued], &Default::default())
                 .await
                 .map_err(|e| e.message)?;
             if let Some(q) = rows.first() {

@@ -23,7 +23,10 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, SqliteConnection};
 use tokio::sync::watch;
-use warren_control::store::{self, BatchRow, PgStore, SandboxRow, SqliteStore, Store, Transition};
+use warren_control::store::{
+    self, BatchRow, PgStore, PoolRow, SandboxRow, SqliteStore, Store, TenantRow, TokenRow,
+    Transition,
+};
 use warren_core::profile::{Profile, Request, Run};
 use warren_core::{ResolvedResources, SandboxSpec, SandboxState};
 
@@ -86,6 +89,7 @@ cases![
     nodes,
     leader_lease,
     pools_and_claims,
+    tenants_and_tokens,
 ];
 
 #[tokio::test]
@@ -156,6 +160,7 @@ fn row(id: &str, state: SandboxState, created_at: &str) -> SandboxRow {
         exit_code: None,
         grace: false,
         usage: None,
+        tenant: Default::default(),
     }
 }
 
@@ -537,13 +542,28 @@ async fn pools_and_claims(f: &Fixture) -> TestResult {
         cmd: None,
         size,
     };
-    s.put_pool("b", &pool(2), "t0").await?;
-    s.put_pool("a", &pool(1), "t0").await?;
-    s.put_pool("b", &pool(5), "t1").await?;
-    let got = s.pools().await?;
+    let of = |name: &str, size, tenant: &str| PoolRow {
+        name: name.into(),
+        spec: pool(size),
+        tenant: tenant.parse().unwrap(),
+    };
+    assert!(s.put_pool(&of("b", 2, "default"), "t0").await?);
+    assert!(s.put_pool(&of("a", 1, "team-a"), "t0").await?);
+    assert!(s.put_pool(&of("b", 5, "default"), "t1").await?);
+    // A name another tenant holds is not taken over.
+    assert!(!s.put_pool(&of("a", 9, "team-b"), "t2").await?);
+    let got: Vec<_> = s
+        .pools()
+        .await?
+        .into_iter()
+        .map(|p| (p.name, p.spec, p.tenant.to_string()))
+        .collect();
     assert_eq!(
         got,
-        vec![("a".to_string(), pool(1)), ("b".to_string(), pool(5))]
+        vec![
+            ("a".to_string(), pool(1), "team-a".to_string()),
+            ("b".to_string(), pool(5), "default".to_string())
+        ]
     );
     assert!(s.delete_pool("a").await?);
     assert!(!s.delete_pool("a").await?, "a second delete finds nothing");
@@ -610,6 +630,68 @@ async fn set_spec_and_exit_code(f: &Fixture) -> TestResult {
     Ok(())
 }
 
+async fn tenants_and_tokens(f: &Fixture) -> TestResult {
+    use warren_core::tenant::{Role, TenantSpec, TokenInfo};
+    let s = &f.store;
+    let spec: TenantSpec = serde_json::from_str(r#"{"quota":{"cpu":"4"},"weight":2}"#)?;
+    let team = |name: &str, spec: &TenantSpec| TenantRow {
+        name: name.parse().unwrap(),
+        spec: spec.clone(),
+        created_at: "t0".into(),
+    };
+    s.put_tenant(&team("team-b", &TenantSpec::default()))
+        .await?;
+    s.put_tenant(&team("team-a", &TenantSpec::default()))
+        .await?;
+    // A change replaces the spec and keeps when it was made.
+    s.put_tenant(&TenantRow {
+        created_at: "t9".into(),
+        ..team("team-a", &spec)
+    })
+    .await?;
+    let got: Vec<_> = s
+        .tenants()
+        .await?
+        .into_iter()
+        .map(|t| (t.name.to_string(), t.spec, t.created_at))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("team-a".into(), spec, "t0".into()),
+            ("team-b".into(), TenantSpec::default(), "t0".into())
+        ]
+    );
+    let token = |id: &str, tenant: &str, hash: &str| TokenRow {
+        info: TokenInfo {
+            id: id.into(),
+            tenant: tenant.parse().unwrap(),
+            role: Role::Viewer,
+            description: "d".into(),
+            created_at: "t1".into(),
+        },
+        hash: hash.into(),
+    };
+    s.insert_token(&token("tok-1", "team-a", "h1")).await?;
+    s.insert_token(&token("tok-2", "team-b", "h2")).await?;
+    let e = s.insert_token(&token("tok-3", "team-b", "h2")).await;
+    assert!(e.is_err_and(|e| e.is_duplicate()), "one hash, one token");
+    let found = s.token_by_hash("h1").await?.expect("tok-1");
+    assert_eq!(
+        (found.info.id.as_str(), found.info.role),
+        ("tok-1", Role::Viewer)
+    );
+    assert!(s.token_by_hash("h9").await?.is_none());
+    assert_eq!(s.tokens().await?.len(), 2);
+    assert!(s.delete_token("tok-2").await?);
+    assert!(!s.delete_token("tok-2").await?);
+    // A tenant goes with its tokens.
+    assert!(s.delete_tenant(&"team-a".parse()?).await?);
+    assert!(s.token_by_hash("h1").await?.is_none());
+    assert_eq!(s.tenants().await?.len(), 1);
+    Ok(())
+}
+
 async fn batches(f: &Fixture) -> TestResult {
     let s = &f.store;
     let batch = |id: &str, created_at: &str, count: u32, retry: bool| BatchRow {
@@ -621,6 +703,7 @@ async fn batches(f: &Fixture) -> TestResult {
         deleted_at: None,
         retry_on_oom: retry,
         retry_on_lost: !retry,
+        tenant: Default::default(),
     };
     // A count past i32's range comes back whole.
     s.insert_batch(&batch("b-2", "t2", 4_000_000_000, true))

@@ -62,4 +62,7 @@ pub struct BatchInfo {
     pub usage: Usage,
     /// Sandboxes that failed: create errors, lost, OOM kills, non-zero exits.
     pub failures: Vec<BatchFailure>,
+    /// The tenant it belongs to.
+    #[serde(default)]
+    pub tenant: crate::tenant::TenantName,
 }

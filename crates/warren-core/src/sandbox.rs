@@ -48,6 +48,9 @@ pub struct SandboxInfo {
     pub lease_remaining_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
+    /// The tenant it belongs to.
+    #[serde(default)]
+    pub tenant: crate::tenant::TenantName,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -322,6 +322,14 @@ impl Principal {
         }
     }
 
+    /// The one tenant whose things it sees; None: every tenant's.
+    pub fn scope(&self) -> Option<&TenantName> {
+        match self {
+            Principal::Operator => None,
+            Principal::Tenant { tenant, .. } => Some(tenant),
+        }
+    }
+
     pub fn is_operator(&self) -> bool {
         matches!(self, Principal::Operator)
     }

@@ -11,12 +11,13 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_control::Control;
 use warren_core::spec::{NetworkMode, ReclaimPolicy};
 use warren_core::state::reason;
+use warren_core::tenant::Principal;
 use warren_core::{ErrorCode, Labels, SandboxInfo, SandboxSpec, SandboxState, Selector};
 
 use crate::reply::{body, control, page, E2bError, E2bResult};
@@ -173,7 +174,12 @@ fn egress(
     Ok((mode, allow, deny))
 }
 
-pub(crate) async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2bResult<Response> {
+pub(crate) async fn create(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> E2bResult<Response> {
     let req: NewSandbox = body(&raw)?;
     let control = control(&e2b)?;
     if req.template_id.trim().is_empty() {
@@ -248,7 +254,7 @@ pub(crate) async fn create(State(e2b): St, headers: HeaderMap, raw: Bytes) -> E2
         spec.labels
             .insert(crate::AUTO_RESUME_LABEL.into(), timeout.to_string());
     }
-    let (info, _) = control.create(spec, true).await.map_err(|e| {
+    let (info, _) = control.create(&who, spec, true).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             E2bError::new(
                 StatusCode::NOT_FOUND,
@@ -514,7 +520,11 @@ fn started(info: &SandboxInfo) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
 }
 
-pub(crate) async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResult<Response> {
+pub(crate) async fn list(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<ListQuery>,
+) -> E2bResult<Response> {
     let control = control(&e2b)?;
     let states: Vec<SandboxState> = match q.state.as_deref().filter(|s| !s.is_empty()) {
         None => vec![SandboxState::Running, SandboxState::Paused],
@@ -563,7 +573,7 @@ pub(crate) async fn list(State(e2b): St, Query(q): Query<ListQuery>) -> E2bResul
             ))
         }
     };
-    let mut all = control.list(&states, &selector).await?;
+    let mut all = control.list(&who, &states, &selector).await?;
     all.retain(|s| {
         after.is_none_or(|t| started(s).is_some_and(|at| at > t))
             && q.template

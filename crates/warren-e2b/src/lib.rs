@@ -16,18 +16,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use warren_control::Control;
 use warren_control::ControlCell;
 use warren_control::Signer;
 
-use crate::reply::E2bError;
-
+mod access;
 pub mod api;
 pub mod connect;
 pub mod envd;
@@ -134,7 +130,6 @@ const TOKEN_BYTES: usize = 20;
 
 pub struct E2b {
     cell: ControlCell,
-    api_token: String,
     /// Signs each sandbox's tokens with a key from the API token.
     signer: Signer,
     templates: templates::Templates,
@@ -170,7 +165,6 @@ impl E2b {
             domain: door.domain,
             public_traffic: door.public_traffic,
             signer: Signer::new(&api_token),
-            api_token,
             templates: templates::Templates::load(home)?,
             builds: template_builds::TemplateBuilds::load(home)?,
             processes: Default::default(),
@@ -219,14 +213,6 @@ impl E2b {
         self.signer
             .verify(TRAFFIC_ACCESS, &[sandbox_id.as_bytes()], TOKEN_BYTES, token)
     }
-
-    /// Whether `key` (E2B's `X-API-KEY`) is Warren's token, bare or in the
-    /// `e2b_…` shape some SDK versions insist on.
-    fn api_key_ok(&self, key: &str) -> bool {
-        use subtle::ConstantTimeEq;
-        let key = key.strip_prefix("e2b_").unwrap_or(key);
-        key.as_bytes().ct_eq(self.api_token.as_bytes()).into()
-    }
 }
 
 /// E2B's control API (`E2B_API_URL`): sandboxes, snapshots, templates,
@@ -254,27 +240,11 @@ pub fn router(e2b: Arc<E2b>) -> Router {
         .merge(template_api::routes())
         .merge(secrets::routes())
         .merge(volumes::routes())
-        .layer(middleware::from_fn_with_state(e2b.clone(), auth))
+        .route_layer(middleware::from_fn_with_state(e2b.clone(), access::gate))
+        .layer(middleware::from_fn_with_state(e2b.clone(), access::auth))
         .merge(template_api::upload_route())
         .merge(volumes::content_routes())
         .with_state(e2b)
-}
-
-async fn auth(State(e2b): api::St, req: Request, next: Next) -> Response {
-    let key = req
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if e2b.api_key_ok(key) {
-        next.run(req).await
-    } else {
-        E2bError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong API key: set E2B_API_KEY to Warren's API token (<home>/token), bare or as e2b_<token>",
-        )
-        .into_response()
-    }
 }
 
 #[cfg(test)]

@@ -78,14 +78,18 @@ struct NewSecret {
     metadata: Option<BTreeMap<String, String>>,
 }
 
-async fn create(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
+async fn create(
+    State(e2b): St,
+    axum::Extension(who): axum::Extension<warren_core::tenant::Principal>,
+    raw: Bytes,
+) -> E2bResult<Response> {
     let req: NewSecret = body(&raw)?;
     let req = SecretRequest {
         name: SecretName::try_from(req.name).map_err(|e| bad(e.to_string()))?,
         value: value(req.value)?,
         metadata: metadata(req.metadata)?,
     };
-    let made = control(&e2b)?.secrets().create(req).await?;
+    let made = control(&e2b)?.secrets().create(&who, req).await?;
     Ok((StatusCode::CREATED, Json(secret(&made))).into_response())
 }
 
@@ -141,13 +145,17 @@ fn after_cursor(token: &str) -> E2bResult<(String, String)> {
 
 /// A page of secrets, oldest first: `limit` (1 to 100, 100 unless given)
 /// after `nextToken`, and `X-Next-Token` only when more follow.
-async fn list(State(e2b): St, q: Result<Query<ListQuery>, QueryRejection>) -> E2bResult<Response> {
+async fn list(
+    State(e2b): St,
+    axum::Extension(who): axum::Extension<warren_core::tenant::Principal>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> E2bResult<Response> {
     let Query(q) = q.map_err(|e| bad(format!("query: {e}")))?;
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad(format!("limit {limit}: 1 to {MAX_PAGE}")));
     }
-    let mut all = control(&e2b)?.secrets().list().await?;
+    let mut all = control(&e2b)?.secrets().list(&who).await?;
     all.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
     let start = match q.next_token.as_deref().filter(|t| !t.is_empty()) {
         None => 0,

@@ -305,7 +305,9 @@ async fn warm_pool(
         cmd: template.cmd.clone(),
         size,
     };
-    if let Err(e) = control.set_pool(&name, spec).await {
+    // Template builds are the operator's (see `access`): so is their pool.
+    let operator = warren_core::tenant::Principal::Operator;
+    if let Err(e) = control.set_pool(&operator, &name, spec).await {
         return Some(format!("warm pool {name} not kept: {}", e.message));
     }
     let deadline = tokio::time::Instant::now() + POOL_WARM_WITHIN;

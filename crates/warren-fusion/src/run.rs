@@ -146,7 +146,10 @@ async fn create(control: &Arc<Control>, image: &str, job: &Job) -> Result<String
     let deadline = Instant::now() + CAPACITY_PATIENCE;
     let spec = spec(image, job);
     loop {
-        match control.create(spec.clone(), true).await {
+        // The door is the operator's (opened by `--sandbox-fusion`, with its
+        // own token): its sandboxes are the default tenant's.
+        let operator = warren_core::tenant::Principal::Operator;
+        match control.create(&operator, spec.clone(), true).await {
             Ok((info, _)) if info.state == SandboxState::Running => return Ok(info.id),
             Ok((info, _)) => {
                 let _ = control.destroy(&info.id, reason::USER_DELETED).await;

@@ -197,6 +197,25 @@ impl Client {
         resp.json().await.context("decoding the API response")
     }
 
+    /// `method path` with an optional JSON body, its JSON answer decoded.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl serde::Serialize + ?Sized)>,
+    ) -> Result<T> {
+        let mut req = self.request(method, path);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        self.json(req).await
+    }
+
+    /// `method path`, its answer's body dropped.
+    pub async fn call_only(&self, method: Method, path: &str) -> Result<()> {
+        self.send(self.request(method, path)).await.map(drop)
+    }
+
     pub async fn nodes(&self) -> Result<Vec<Value>> {
         self.json(self.request(Method::GET, "/v1/nodes")).await
     }

@@ -23,6 +23,7 @@ mod sandboxes;
 mod secrets;
 mod spec;
 mod stats;
+mod tenants;
 mod terminal;
 mod volumes;
 
@@ -89,6 +90,8 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Pool(cmd) => pools::run(&client()?, cmd).await,
         Command::Volume(cmd) => volumes::run(&client()?, cmd).await,
         Command::Secret(cmd) => secrets::run(&client()?, cmd).await,
+        Command::Tenant(cmd) => tenants::tenant(&client()?, cmd).await,
+        Command::Token(cmd) => tenants::token(&client()?, cmd).await,
         Command::Events {
             sandbox,
             label,

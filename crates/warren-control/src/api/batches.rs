@@ -6,7 +6,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use warren_core::{BatchInfo, BatchRequest, ErrorBody};
 
-use super::{ApiResult, St};
+use axum::Extension;
+
+use super::{ApiResult, St, Who};
 use crate::api::json_body::JsonBody;
 
 /// Create a batch of sandboxes from one spec; answers at once (202) while
@@ -15,15 +17,19 @@ use crate::api::json_body::JsonBody;
     responses((status = 202, body = BatchInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn create_batch(
     State(st): St,
+    Extension(who): Who,
     JsonBody(req): JsonBody<BatchRequest>,
 ) -> ApiResult<Response> {
-    let info = st.control.create_batch(req).await?;
+    let info = st.control.create_batch(&who, req).await?;
     Ok((StatusCode::ACCEPTED, Json(info)).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/batches", responses((status = 200, body = [BatchInfo])))]
-pub(crate) async fn list_batches(State(st): St) -> ApiResult<Json<Vec<BatchInfo>>> {
-    Ok(Json(st.control.list_batches().await?))
+pub(crate) async fn list_batches(
+    State(st): St,
+    Extension(who): Who,
+) -> ApiResult<Json<Vec<BatchInfo>>> {
+    Ok(Json(st.control.list_batches(&who).await?))
 }
 
 /// Counts per state, summed usage and failures of a batch.

@@ -39,8 +39,10 @@ pub const CONSOLE_HEADER: &str = "x-warren-console";
 
 /// The console's sessions and where it is served from.
 pub struct Console {
-    /// Session id -> when it ends.
-    sessions: Mutex<HashMap<String, Instant>>,
+    /// Session id -> when it ends, and the token it logged in with (kept
+    /// here only, checked again on each request, so a revoked token's
+    /// sessions end with it).
+    sessions: Mutex<HashMap<String, (Instant, String)>>,
     /// `scheme://host[:port]` from `--public-url`; None: `http://` and the
     /// request's Host.
     public_origin: Option<String>,
@@ -66,37 +68,35 @@ impl Console {
             .is_some_and(|o| o.starts_with("https://"))
     }
 
-    fn open_session(&self) -> String {
+    fn open_session(&self, token: &str) -> String {
         let id = hex(&rand::random::<[u8; 32]>());
         let now = Instant::now();
         let mut s = lock(&self.sessions);
-        s.retain(|_, end| *end > now);
+        s.retain(|_, (end, _)| *end > now);
         if s.len() >= MAX_SESSIONS {
             if let Some(oldest) = s
                 .iter()
-                .min_by_key(|(_, end)| **end)
+                .min_by_key(|(_, (end, _))| *end)
                 .map(|(k, _)| k.clone())
             {
                 s.remove(&oldest);
             }
         }
-        s.insert(id.clone(), now + SESSION_TTL);
+        s.insert(id.clone(), (now + SESSION_TTL, token.to_string()));
         id
     }
 
-    /// Whether the request carries a live session's cookie.
-    pub fn has_session(&self, headers: &HeaderMap) -> bool {
-        let Some(id) = session_cookie(headers) else {
-            return false;
-        };
+    /// The token of the live session the request's cookie names.
+    pub fn session_token(&self, headers: &HeaderMap) -> Option<String> {
+        let id = session_cookie(headers)?;
         let mut s = lock(&self.sessions);
         match s.get(id) {
-            Some(end) if *end > Instant::now() => true,
+            Some((end, token)) if *end > Instant::now() => Some(token.clone()),
             Some(_) => {
                 s.remove(id);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
     }
 
@@ -337,15 +337,19 @@ async fn login(State(st): St, headers: HeaderMap, body: Json<Login>) -> Response
     if let Err(why) = st.console.check_origin(&headers, false) {
         return forbidden(why);
     }
-    use subtle::ConstantTimeEq;
-    if !bool::from(body.token.trim().as_bytes().ct_eq(st.token.as_bytes())) {
-        return refused(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "wrong API token (it is in <home>/token)",
-        );
+    let token = body.token.trim();
+    match st.control.tenants().authenticate(token).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return refused(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "wrong API token (the operator's is in <home>/token; a tenant's comes from `warren token create`)",
+            )
+        }
+        Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.message),
     }
-    let id = st.console.open_session();
+    let id = st.console.open_session(token);
     let cookie = st.console.cookie(&id, SESSION_TTL.as_secs());
     match HeaderValue::from_str(&cookie) {
         Ok(v) => (StatusCode::NO_CONTENT, [(header::SET_COOKIE, v)]).into_response(),
@@ -431,13 +435,15 @@ mod tests {
     #[test]
     fn sessions_open_close_and_are_found_in_the_cookie_header() {
         let c = Console::new(None).expect("console");
-        let id = c.open_session();
+        let id = c.open_session("tok");
         assert_eq!(id.len(), 64);
         let h = headers(&[("cookie", &format!("a=b; {COOKIE}={id}; c=d"))]);
-        assert!(c.has_session(&h));
-        assert!(!c.has_session(&headers(&[("cookie", &format!("{COOKIE}=nope"))])));
+        assert_eq!(c.session_token(&h).as_deref(), Some("tok"));
+        assert!(c
+            .session_token(&headers(&[("cookie", &format!("{COOKIE}=nope"))]))
+            .is_none());
         c.close_session(&h);
-        assert!(!c.has_session(&h));
+        assert!(c.session_token(&h).is_none());
     }
 
     #[test]

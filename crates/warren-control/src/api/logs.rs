@@ -12,7 +12,10 @@ use serde::Deserialize;
 use warren_core::files::WatchEvent;
 use warren_core::{ApiError, ErrorBody, Selector};
 
-use super::{ndjson, ndjson_lines, ApiResult, St};
+use axum::Extension;
+use warren_core::tenant::Principal;
+
+use super::{ndjson, ndjson_lines, ApiResult, St, Who};
 use crate::control::Control;
 
 #[derive(Deserialize)]
@@ -78,6 +81,7 @@ pub(crate) struct LabelQuery {
     responses((status = 200, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody)))]
 pub(crate) async fn logs_by_label(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<LabelQuery>,
 ) -> ApiResult<Response> {
     let label = q.label.unwrap_or_default();
@@ -86,7 +90,7 @@ pub(crate) async fn logs_by_label(
     }
     let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // Streamed line by line, never a whole log in memory.
-    Ok(ndjson_lines(st.control.logs_by_label(&sel).await?))
+    Ok(ndjson_lines(st.control.logs_by_label(&who, &sel).await?))
 }
 
 #[derive(Deserialize, Clone)]
@@ -121,6 +125,7 @@ impl EventQuery {
 /// Events after `after` that pass the filters, and the last sequence seen.
 pub(crate) async fn filtered_events(
     control: &Control,
+    who: &Principal,
     q: &EventQuery,
     sel: &Selector,
     after: i64,
@@ -128,15 +133,18 @@ pub(crate) async fn filtered_events(
     let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
     let evs = control.events(q.sandbox.as_deref(), after, limit).await?;
     let last = evs.last().map_or(after, |e| e.seq);
-    let members: Option<std::collections::HashSet<String>> = if sel.is_empty() {
+    // A tenant sees its own sandboxes' events only (no node's).
+    let members: Option<std::collections::HashSet<String>> = if sel.is_empty() && who.is_operator()
+    {
         None
     } else {
         Some(
             control
-                .list(&[], sel)
+                .rows_owned(who.scope(), &[])
                 .await?
                 .into_iter()
-                .map(|s| s.id)
+                .filter(|r| sel.matches(r.labels()))
+                .map(|r| r.id)
                 .collect(),
         )
     };
@@ -158,11 +166,15 @@ pub(crate) async fn filtered_events(
     ("batch" = Option<String>, Query), ("type" = Option<String>, Query), ("after" = Option<i64>, Query),
     ("limit" = Option<i64>, Query), ("follow" = Option<bool>, Query)),
     responses((status = 200, body = [warren_core::Event])))]
-pub(crate) async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiResult<Response> {
+pub(crate) async fn events(
+    State(st): St,
+    Extension(who): Who,
+    Query(q): Query<EventQuery>,
+) -> ApiResult<Response> {
     let sel = q.selector()?;
     let after = q.after.unwrap_or(0);
     if !q.follow.unwrap_or(false) {
-        let (evs, _) = filtered_events(&st.control, &q, &sel, after).await?;
+        let (evs, _) = filtered_events(&st.control, &who, &q, &sel, after).await?;
         return Ok(Json(evs).into_response());
     }
     let control = st.control.clone();
@@ -170,7 +182,7 @@ pub(crate) async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiRes
     let stream = futures_util::stream::unfold(
         (after, Vec::<warren_core::Event>::new(), written),
         move |(mut seq, mut pending, mut written)| {
-            let (control, q, sel) = (control.clone(), q.clone(), sel.clone());
+            let (control, q, sel, who) = (control.clone(), q.clone(), sel.clone(), who.clone());
             async move {
                 loop {
                     if let Some(ev) = pending.pop() {
@@ -182,7 +194,7 @@ pub(crate) async fn events(State(st): St, Query(q): Query<EventQuery>) -> ApiRes
                     // Marked seen before reading, so a write in between
                     // wakes the wait below.
                     written.borrow_and_update();
-                    match filtered_events(&control, &q, &sel, seq).await {
+                    match filtered_events(&control, &who, &q, &sel, seq).await {
                         Ok((evs, last)) => {
                             seq = last;
                             pending = evs.into_iter().rev().collect();

@@ -13,12 +13,14 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use utoipa::OpenApi;
+use warren_core::tenant::Principal;
 use warren_core::{
     ApiError, BatchInfo, BatchRequest, ErrorBody, ExecEvent, ExecRequest, SandboxInfo, SandboxSpec,
 };
 
 use crate::control::Control;
 
+mod access;
 mod batches;
 mod builds;
 pub mod console;
@@ -34,6 +36,7 @@ pub mod port_door;
 mod profiles;
 mod sandboxes;
 mod secrets;
+mod tenants;
 mod usage;
 mod volumes;
 
@@ -48,6 +51,7 @@ use pools::*;
 use profiles::*;
 use sandboxes::*;
 use secrets::*;
+use tenants::*;
 use usage::*;
 use volumes::*;
 
@@ -76,6 +80,9 @@ pub use nodes::Join;
 
 pub(crate) type St = State<Arc<AppState>>;
 
+/// Who calls (set by `auth` on every API request).
+pub(crate) type Who = axum::Extension<Principal>;
+
 pub struct Failure(pub ApiError);
 
 impl From<ApiError> for Failure {
@@ -103,8 +110,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, healthz),
-    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, list_tenants, create_tenant, get_tenant, set_tenant, delete_tenant, list_tokens, create_token, revoke_token, healthz),
+    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate, warren_core::tenant::TenantRequest, warren_core::tenant::TenantSpec, warren_core::tenant::TenantInfo, warren_core::tenant::TenantUsage, warren_core::tenant::Quota, warren_core::tenant::Role, warren_core::tenant::TokenRequest, warren_core::tenant::TokenInfo, warren_core::tenant::NewToken)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -192,8 +199,16 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/images/{*reference}",
             axum::routing::delete(delete_image),
         )
+        .route("/v1/tenants", get(list_tenants).post(create_tenant))
+        .route(
+            "/v1/tenants/{name}",
+            get(get_tenant).put(set_tenant).delete(delete_tenant),
+        )
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), access::gate))
         .layer(middleware::from_fn_with_state(state.clone(), ready_gate))
         .layer(middleware::from_fn_with_state(state.clone(), auth));
     let routed = Router::new()
@@ -259,10 +274,12 @@ pub(crate) async fn close_after_unread_body(req: Request, next: Next) -> Respons
 
 /// The bearer token, or a console session's cookie (see `console`): one
 /// that changes something or opens a WebSocket must come from the console.
+/// Sets who calls ([`Principal`]) and how ([`Caller`]) for what follows.
 async fn auth(State(st): St, mut req: Request, next: Next) -> Response {
-    match caller(&st, &req) {
-        Ok(caller) => {
+    match caller(&st, req.method(), req.headers()).await {
+        Ok((caller, who)) => {
             req.extensions_mut().insert(caller);
+            req.extensions_mut().insert(who);
             next.run(req).await
         }
         Err(refused) => *refused,
@@ -270,28 +287,40 @@ async fn auth(State(st): St, mut req: Request, next: Next) -> Response {
 }
 
 /// Who is calling, or the answer that refuses them.
-fn caller(st: &AppState, req: &Request) -> Result<Caller, Box<Response>> {
-    let given = req
-        .headers()
+async fn caller(
+    st: &AppState,
+    method: &axum::http::Method,
+    headers: &axum::http::HeaderMap,
+) -> Result<(Caller, Principal), Box<Response>> {
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    use subtle::ConstantTimeEq;
-    if let Some(given) = given {
-        if given.as_bytes().ct_eq(st.token.as_bytes()).into() {
-            return Ok(Caller::Token);
-        }
-    } else if st.console.has_session(req.headers()) {
-        return match st.console.same_site(req.method(), req.headers()) {
-            Ok(()) => Ok(Caller::ConsoleSession),
-            Err(why) => Err(Box::new(console::forbidden(why))),
-        };
+    let (how, token) = match given {
+        Some(given) => (Caller::Token, given.to_string()),
+        None => match st.console.session_token(headers) {
+            Some(token) => {
+                if let Err(why) = st.console.same_site(method, headers) {
+                    return Err(Box::new(console::forbidden(why)));
+                }
+                (Caller::ConsoleSession, token)
+            }
+            None => return Err(Box::new(unauthorized())),
+        },
+    };
+    match st.control.tenants().authenticate(&token).await {
+        Ok(Some(who)) => Ok((how, who)),
+        Ok(None) => Err(Box::new(unauthorized())),
+        Err(e) => Err(Box::new(Failure(e).into_response())),
     }
-    Err(Box::new(Failure(ApiError::new(
+}
+
+fn unauthorized() -> Response {
+    Failure(ApiError::new(
         warren_core::ErrorCode::Unauthorized,
-        "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token or WARREN_TOKEN",
+        "missing or wrong API token: send 'Authorization: Bearer <token>' with the token from <home>/token, WARREN_TOKEN or `warren token create`",
     ))
-    .into_response()))
+    .into_response()
 }
 
 /// `/v1/sandboxes/NAME/...` is `/v1/sandboxes/ID/...` of the live sandbox
@@ -308,19 +337,33 @@ async fn names_to_ids(State(st): St, mut req: Request, next: Next) -> Response {
         && segment
             .parse::<warren_core::sandbox_name::SandboxName>()
             .is_ok();
-    if !is_name || caller(&st, &req).is_err() {
+    if !is_name {
         return next.run(req).await;
     }
+    let Ok((_, who)) = caller(&st, req.method(), req.headers()).await else {
+        return next.run(req).await;
+    };
+    let unnamed = || {
+        Failure(ApiError::not_found(format!(
+            "no sandbox is named {segment} (`warren ps` lists them)"
+        )))
+        .into_response()
+    };
     let id = match st.control.named(segment).await {
         Ok(Some(id)) => id,
-        Ok(None) => {
-            return Failure(ApiError::not_found(format!(
-                "no sandbox is named {segment} (`warren ps` lists them)"
-            )))
-            .into_response()
-        }
+        Ok(None) => return unnamed(),
         Err(e) => return Failure(e).into_response(),
     };
+    // Another tenant's name is no name at all (its id is not shown).
+    let owned = crate::access::Owned::Sandbox(&id);
+    if st
+        .control
+        .authorize(&who, owned, crate::access::Access::Read)
+        .await
+        .is_err()
+    {
+        return unnamed();
+    }
     let mut rewritten = format!("/v1/sandboxes/{id}");
     if !tail.is_empty() || path.ends_with('/') {
         rewritten.push('/');

@@ -5,13 +5,15 @@ use axum::Json;
 use warren_core::pool::{PoolInfo, PoolSpec};
 use warren_core::ErrorBody;
 
-use super::{ApiResult, St};
+use axum::Extension;
+
+use super::{ApiResult, St, Who};
 use crate::api::json_body::JsonBody;
 
 /// Every pool with its spec, ready members and creates served.
 #[utoipa::path(get, path = "/v1/pools", responses((status = 200, body = [PoolInfo])))]
-pub(crate) async fn list_pools(State(st): St) -> Json<Vec<PoolInfo>> {
-    Json(st.control.pool_infos())
+pub(crate) async fn list_pools(State(st): St, Extension(who): Who) -> Json<Vec<PoolInfo>> {
+    Json(st.control.pool_infos_for(&who))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{name}", responses((status = 200, body = PoolInfo), (status = 404, body = ErrorBody)))]
@@ -26,10 +28,11 @@ pub(crate) async fn get_pool(State(st): St, Path(name): Path<String>) -> ApiResu
     responses((status = 200, body = PoolInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn put_pool(
     State(st): St,
+    Extension(who): Who,
     Path(name): Path<String>,
     JsonBody(spec): JsonBody<PoolSpec>,
 ) -> ApiResult<Json<PoolInfo>> {
-    Ok(Json(st.control.set_pool(&name, spec).await?))
+    Ok(Json(st.control.set_pool(&who, &name, spec).await?))
 }
 
 /// Removes a pool and destroys its ready sandboxes (claimed ones stay).

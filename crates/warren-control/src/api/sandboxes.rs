@@ -12,7 +12,9 @@ use warren_core::{
     SandboxState, Selector, WindowSize,
 };
 
-use super::{ndjson, ApiResult, St};
+use axum::Extension;
+
+use super::{ndjson, ApiResult, St, Who};
 use crate::api::json_body::JsonBody;
 
 #[derive(Deserialize)]
@@ -30,10 +32,14 @@ pub(crate) struct CreateQuery {
               (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry")))]
 pub(crate) async fn create_sandbox(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<CreateQuery>,
     JsonBody(spec): JsonBody<SandboxSpec>,
 ) -> ApiResult<Response> {
-    let (info, created) = st.control.create(spec, q.wait.unwrap_or(true)).await?;
+    let (info, created) = st
+        .control
+        .create(&who, spec, q.wait.unwrap_or(true))
+        .await?;
     let status = match (created, info.state) {
         (true, SandboxState::Queued) => StatusCode::ACCEPTED,
         (true, _) => StatusCode::CREATED,
@@ -50,8 +56,12 @@ pub(crate) async fn create_sandbox(
     responses((status = 200, body = RunEvent, content_type = "application/x-ndjson"),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 429, body = ErrorBody, description = "queue full; Retry-After says when to retry")))]
-pub(crate) async fn run(State(st): St, JsonBody(req): JsonBody<RunRequest>) -> ApiResult<Response> {
-    let events = st.control.run(req).await?;
+pub(crate) async fn run(
+    State(st): St,
+    Extension(who): Who,
+    JsonBody(req): JsonBody<RunRequest>,
+) -> ApiResult<Response> {
+    let events = st.control.run(&who, req).await?;
     Ok(ndjson(&st, events))
 }
 
@@ -85,10 +95,11 @@ pub(crate) fn list_filter(q: &ListQuery) -> Result<(Vec<SandboxState>, Selector)
     responses((status = 200, body = [SandboxInfo])))]
 pub(crate) async fn list_sandboxes(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Vec<SandboxInfo>>> {
     let (states, selector) = list_filter(&q)?;
-    Ok(Json(st.control.list(&states, &selector).await?))
+    Ok(Json(st.control.list(&who, &states, &selector).await?))
 }
 
 /// Renew the sandbox's lease (any other call on the sandbox renews it too).
@@ -191,6 +202,7 @@ const BULK_DESTROYS: usize = 32;
 #[utoipa::path(delete, path = "/v1/sandboxes", params(("label" = String, Query)), responses((status = 200, body = [SandboxInfo])))]
 pub(crate) async fn delete_sandboxes(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Vec<SandboxInfo>>> {
     if q.label.as_deref().unwrap_or("").trim().is_empty() {
@@ -203,7 +215,7 @@ pub(crate) async fn delete_sandboxes(
         all: Some(false),
         ..q
     })?;
-    let victims = st.control.list(&states, &selector).await?;
+    let victims = st.control.list(&who, &states, &selector).await?;
     let total = victims.len();
     // A few at a time: thousands of destroys at once only queue on the
     // node's cores and time out. Every one is tried; one failure does not

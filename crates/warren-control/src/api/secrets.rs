@@ -11,13 +11,18 @@ use utoipa::ToSchema;
 use warren_core::secret::{SecretInfo, SecretMetadata, SecretRequest, SecretValue};
 use warren_core::ErrorBody;
 
-use super::{ApiResult, St};
+use axum::Extension;
+
+use super::{ApiResult, St, Who};
 use crate::api::json_body::JsonBody;
 
 /// Every secret, by name (never a value).
 #[utoipa::path(get, path = "/v1/secrets", responses((status = 200, body = [SecretInfo])))]
-pub(crate) async fn list_secrets(State(st): St) -> ApiResult<Json<Vec<SecretInfo>>> {
-    Ok(Json(st.control.secrets().list().await?))
+pub(crate) async fn list_secrets(
+    State(st): St,
+    Extension(who): Who,
+) -> ApiResult<Json<Vec<SecretInfo>>> {
+    Ok(Json(st.control.secrets().list(&who).await?))
 }
 
 /// Keeps a secret (version 1). 409 if the name is taken.
@@ -25,9 +30,10 @@ pub(crate) async fn list_secrets(State(st): St) -> ApiResult<Json<Vec<SecretInfo
     responses((status = 201, body = SecretInfo), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn create_secret(
     State(st): St,
+    Extension(who): Who,
     JsonBody(req): JsonBody<SecretRequest>,
 ) -> ApiResult<Response> {
-    let made = st.control.secrets().create(req).await?;
+    let made = st.control.secrets().create(&who, req).await?;
     Ok((StatusCode::CREATED, Json(made)).into_response())
 }
 

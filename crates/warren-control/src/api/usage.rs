@@ -8,7 +8,9 @@ use serde::Serialize;
 use warren_core::{Labels, SandboxState};
 
 use super::sandboxes::{list_filter, ListQuery};
-use super::{ApiResult, St};
+use axum::Extension;
+
+use super::{ApiResult, St, Who};
 
 /// One sandbox as the console's tables and matrix need it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -56,7 +58,11 @@ pub(crate) struct UsageList {
 /// otherwise) with its latest usage sample, in one answer.
 #[utoipa::path(get, path = "/v1/usage", params(("label" = Option<String>, Query), ("state" = Option<String>, Query), ("all" = Option<bool>, Query)),
     responses((status = 200, body = UsageList), (status = 400, body = warren_core::ErrorBody)))]
-pub(crate) async fn usage(State(st): St, Query(q): Query<ListQuery>) -> ApiResult<Json<UsageList>> {
+pub(crate) async fn usage(
+    State(st): St,
+    Extension(who): Who,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<UsageList>> {
     let (states, selector) = list_filter(&q)?;
     let event_seq = st
         .control
@@ -64,12 +70,7 @@ pub(crate) async fn usage(State(st): St, Query(q): Query<ListQuery>) -> ApiResul
         .last_event_seq()
         .await
         .map_err(warren_core::ApiError::from)?;
-    let rows = st
-        .control
-        .store
-        .list(&states)
-        .await
-        .map_err(warren_core::ApiError::from)?;
+    let rows = st.control.rows_owned(who.scope(), &states).await?;
     let held = if rows.iter().any(|r| r.state.is_live()) {
         st.control.inventory().await
     } else {

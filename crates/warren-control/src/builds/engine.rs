@@ -426,7 +426,12 @@ impl Run {
         };
         let (info, _) = self
             .control
-            .create_pinned(spec, true, Some(&self.node))
+            .create_pinned(
+                &warren_core::tenant::TenantName::default_tenant(),
+                spec,
+                true,
+                Some(&self.node),
+            )
             .await?;
         Ok(Sandbox {
             control: self.control.clone(),

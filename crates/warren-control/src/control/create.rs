@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
+use warren_core::tenant::{Principal, TenantName};
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, ErrorKind, NodeError, SandboxStatus};
 
@@ -18,7 +19,7 @@ use crate::store::{SandboxRow, StoreError, Transition};
 async fn create_request(row: &SandboxRow, control: &Control) -> Result<CreateSandbox, NodeError> {
     let secrets = control
         .secrets
-        .resolve(&row.spec.secrets)
+        .resolve(&row.spec.secrets, &row.tenant)
         .await
         .map_err(|e| {
             use warren_core::ErrorCode;
@@ -49,6 +50,18 @@ async fn create_on(
 ) -> Result<SandboxStatus, NodeError> {
     node.create(create_request(row, control).await?).await
 }
+/// A request id answers with the sandbox it made only to its own tenant;
+/// another tenant's reuse of it is refused without showing that sandbox.
+fn same_tenant(existing: &SandboxRow, tenant: &TenantName, rid: &str) -> Result<(), ApiError> {
+    if &existing.tenant == tenant {
+        Ok(())
+    } else {
+        Err(ApiError::conflict(format!(
+            "request_id {rid:?} is taken; use another"
+        )))
+    }
+}
+
 /// A future's output and how long it took.
 async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Duration) {
     let t = std::time::Instant::now();
@@ -60,24 +73,30 @@ impl Control {
     /// Validates, admits (or queues) and creates a sandbox. The work runs in
     /// its own task, so a client that disconnects cannot leave a sandbox
     /// half made. With `wait == false` a queued create answers at once.
+    /// The sandbox belongs to `who`'s tenant.
     pub async fn create(
         self: &Arc<Self>,
+        who: &Principal,
         spec: SandboxSpec,
         wait: bool,
     ) -> Result<(SandboxInfo, bool), ApiError> {
-        self.create_pinned(spec, wait, None).await
+        let tenant = crate::access::changer(who)?;
+        self.create_pinned(&tenant, spec, wait, None).await
     }
 
-    /// A create on `node` only, when given (a build's steps, whose images
-    /// are on the node that made them); it takes no pooled sandbox.
+    /// A create for `tenant`, on `node` only when given (a build's steps,
+    /// whose images are on the node that made them); a pinned create takes
+    /// no pooled sandbox.
     pub(crate) async fn create_pinned(
         self: &Arc<Self>,
+        tenant: &TenantName,
         mut spec: SandboxSpec,
         wait: bool,
         node: Option<&str>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
+        self.tenant_may_create(tenant, &spec).await?;
         if spec.fork.is_some() {
             return Err(ApiError::bad_request(
                 "fork is set by a fork (POST /v1/sandboxes/{id}/fork, `warren fork ID`) on its children; a create cannot name one",
@@ -89,11 +108,12 @@ impl Control {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(rid) = &spec.request_id {
             if let Some(existing) = self.store.by_request_id(rid).await? {
+                same_tenant(&existing, tenant, rid)?;
                 let settled = self.settled(existing, wait).await?;
                 return Ok((self.info(settled, false).await, false));
             }
         }
-        self.secrets.check(&spec.secrets).await?;
+        self.secrets.check(&spec.secrets, tenant).await?;
         let _name = self.claim_name(spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {
@@ -103,7 +123,7 @@ impl Control {
         let node = node.or(volume_node.as_deref());
         // A pool's members are nameless; a named sandbox is made anew.
         let pooled = match (node, &spec.name) {
-            (None, None) => self.claim_from_pool(&spec).await?,
+            (None, None) => self.claim_from_pool(tenant, &spec).await?,
             _ => None,
         };
         if let Some(info) = pooled {
@@ -143,14 +163,17 @@ impl Control {
         } else {
             SandboxState::Creating
         };
-        let row = SandboxRow::new(
-            &id,
-            spec.clone(),
-            resources.clone(),
-            node,
-            image.digest.clone(),
-            state,
-        );
+        let row = SandboxRow {
+            tenant: tenant.clone(),
+            ..SandboxRow::new(
+                &id,
+                spec.clone(),
+                resources.clone(),
+                node,
+                image.digest.clone(),
+                state,
+            )
+        };
         let this = self.clone();
         let task = match admit {
             Admit::Now(_) => tokio::spawn(async move { this.create_admitted(row).await }),
@@ -158,7 +181,7 @@ impl Control {
                 // The queued record is what a client polls; it must exist first.
                 if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
                     self.admission.release(&id);
-                    return self.insert_failed(e, &spec).await;
+                    return self.insert_failed(e, &row).await;
                 }
                 let task = tokio::spawn(this.wait_then_start(row, ready));
                 if !wait {
@@ -225,11 +248,13 @@ impl Control {
     pub(crate) async fn insert_failed(
         &self,
         e: StoreError,
-        spec: &SandboxSpec,
+        row: &SandboxRow,
     ) -> Result<(SandboxInfo, bool), ApiError> {
+        let (spec, row_tenant) = (&row.spec, row.tenant.clone());
         // A concurrent create with the same request id won the race.
         if let (true, Some(rid)) = (e.is_duplicate(), &spec.request_id) {
             if let Some(existing) = self.store.by_request_id(rid).await? {
+                same_tenant(&existing, &row_tenant, rid)?;
                 let settled = self.settled(existing, true).await?;
                 return Ok((self.info(settled, false).await, false));
             }
@@ -274,7 +299,7 @@ impl Control {
                 let _ = node.destroy(&id, reason::CREATE_FAILED).await;
             }
             self.admission.release(&id);
-            return self.insert_failed(e, &row.spec).await;
+            return self.insert_failed(e, &row).await;
         }
         warren_crashpoint::hit("create:recorded");
         self.finish_create(&id, created).await

@@ -111,6 +111,7 @@ impl Control {
                 exit_code: None,
                 grace: false,
                 usage: None,
+                tenant: source.tenant.clone(),
             };
             let this = self.clone();
             tasks.push(tokio::spawn(async move {

@@ -2,19 +2,19 @@
 //! defines and removes them, serves creates from them, and refills them in
 //! the background only when a node has room now and no create is waiting.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use warren_core::clock::now_rfc3339;
 use warren_core::pool::{PoolInfo, PoolSpec};
 use warren_core::state::reason;
+use warren_core::tenant::{Principal, TenantName};
 use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
 
 use super::{new_id_with, Control};
 use crate::admission::Request;
 use crate::node_errors::node_error;
-use crate::store::SandboxRow;
+use crate::store::{PoolRow, SandboxRow};
 
 /// How often the pools are checked besides the wake-ups (a member that
 /// ended, a node that came back).
@@ -26,11 +26,21 @@ impl Control {
         self.pools.infos()
     }
 
+    /// The pools `who` reaches.
+    pub fn pool_infos_for(&self, who: &Principal) -> Vec<PoolInfo> {
+        self.pools.infos_for(who)
+    }
+
+    /// Defines or redefines a pool of `who`'s tenant (the caller has
+    /// checked, with [`Control::authorize`], that the name is not
+    /// another's).
     pub async fn set_pool(
         self: &Arc<Self>,
+        who: &Principal,
         name: &str,
         spec: PoolSpec,
     ) -> Result<PoolInfo, ApiError> {
+        let tenant = crate::access::changer(who)?;
         self.lifecycle.refuse_if_stopping()?;
         spec.validate(name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -42,9 +52,18 @@ impl Control {
             )
             .await
             .map_err(node_error)?;
-        self.store.put_pool(name, &spec, &now_rfc3339()).await?;
+        let row = PoolRow {
+            name: name.to_string(),
+            spec: spec.clone(),
+            tenant: tenant.clone(),
+        };
+        if !self.store.put_pool(&row, &now_rfc3339()).await? {
+            return Err(ApiError::conflict(format!(
+                "the pool name {name:?} is taken; choose another"
+            )));
+        }
         // Members made for other resources must not serve the new ones.
-        let stale = self.pools.define(name, spec);
+        let stale = self.pools.define(name, spec, tenant);
         for id in stale {
             let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
         }
@@ -74,9 +93,10 @@ impl Control {
     /// TTL, lease, network policy, request id). None: make one instead.
     pub(crate) async fn claim_from_pool(
         &self,
+        tenant: &TenantName,
         spec: &SandboxSpec,
     ) -> Result<Option<SandboxInfo>, ApiError> {
-        while let Some((pool, id)) = self.pools.take(spec) {
+        while let Some((pool, id)) = self.pools.take(tenant, spec) {
             let _one = self.sandbox_locks.lock(&id).await;
             let Ok(row) = self.get(&id).await else {
                 continue;
@@ -159,7 +179,7 @@ impl Control {
     /// (they survive restarts like any sandbox); members of pools that are
     /// gone are destroyed.
     async fn load_pools(self: &Arc<Self>) -> Result<(), ApiError> {
-        let defs: BTreeMap<String, PoolSpec> = self.store.pools().await?.into_iter().collect();
+        let defs = self.store.pools().await?;
         let rows = self.store.list(&[SandboxState::Running]).await?;
         for id in self.pools.load(defs, rows) {
             let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
@@ -175,7 +195,7 @@ impl Control {
             .all()
             .iter()
             .any(|n| n.view().info.load.memory_pressure);
-        for (name, def) in self.pools.defs() {
+        for (name, def, tenant) in self.pools.defs() {
             let surplus = self.pools.shed(&name, |ready| {
                 if pressure {
                     ready.saturating_sub(1)
@@ -191,7 +211,7 @@ impl Control {
             }
             let missing = self.pools.missing(&name, def.size);
             for _ in 0..missing {
-                if !self.start_member(&name, &def).await {
+                if !self.start_member(&name, &def, &tenant).await {
                     break;
                 }
             }
@@ -199,7 +219,12 @@ impl Control {
     }
 
     /// Starts one member if a node has room now; false when none has.
-    async fn start_member(self: &Arc<Self>, name: &str, def: &PoolSpec) -> bool {
+    async fn start_member(
+        self: &Arc<Self>,
+        name: &str,
+        def: &PoolSpec,
+        tenant: &TenantName,
+    ) -> bool {
         let spec = def.template(name);
         let Ok(resources) = spec.resolve() else {
             return false;
@@ -218,14 +243,17 @@ impl Control {
             return false;
         };
         self.pools.filling(name);
-        let row = SandboxRow::new(
-            &id,
-            spec,
-            resources,
-            node,
-            image.digest,
-            SandboxState::Creating,
-        );
+        let row = SandboxRow {
+            tenant: tenant.clone(),
+            ..SandboxRow::new(
+                &id,
+                spec,
+                resources,
+                node,
+                image.digest,
+                SandboxState::Creating,
+            )
+        };
         let (this, name) = (self.clone(), name.to_string());
         tokio::spawn(async move {
             let made = this.create_admitted(row).await;

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use warren_core::tenant::Principal;
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
@@ -22,6 +23,7 @@ impl Control {
     /// the stream's last line says it is destroyed.
     pub async fn run(
         self: &Arc<Self>,
+        who: &Principal,
         req: RunRequest,
     ) -> Result<BoxStream<'static, RunEvent>, ApiError> {
         let RunRequest {
@@ -42,7 +44,7 @@ impl Control {
         };
         exec.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let (info, _) = self.create(spec, false).await?;
+        let (info, _) = self.create(who, spec, false).await?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(self.clone().drive_run(info.id, exec, tx));
         Ok(futures_util::stream::unfold(

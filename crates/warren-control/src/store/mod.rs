@@ -11,6 +11,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use sqlx::Row;
+use warren_core::tenant::{TenantError, TenantName, TenantSpec, TokenInfo};
 use warren_core::{Event, Labels, ResolvedResources, SandboxSpec, SandboxState};
 
 mod group_commit;
@@ -117,6 +118,8 @@ pub struct SandboxRow {
     pub grace: bool,
     /// Its last usage reading, once it ended (its node forgets it).
     pub usage: Option<warren_core::Usage>,
+    /// Who owns it (the default tenant for the operator's).
+    pub tenant: TenantName,
 }
 
 /// A row of the secrets table: the value only sealed.
@@ -131,6 +134,7 @@ pub struct SecretRow {
     pub sealed: String,
     pub created_at: String,
     pub updated_at: String,
+    pub tenant: TenantName,
 }
 
 fn decode_secret<'r, R>(r: &'r R) -> Result<SecretRow, StoreError>
@@ -145,17 +149,38 @@ where
         sealed: r.text("sealed")?,
         created_at: r.text("created_at")?,
         updated_at: r.text("updated_at")?,
+        tenant: tenant_of(r)?,
     })
 }
 
-/// A row of the pools table, as both stores read it.
-fn decode_pool(
-    name: String,
-    spec: &str,
-) -> Result<(String, warren_core::pool::PoolSpec), StoreError> {
-    let spec = serde_json::from_str(spec)
+/// A row's owner, from its `tenant` column.
+fn tenant_of<'r, R>(r: &'r R) -> Result<TenantName, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    tenant_of_column(r, "tenant")
+}
+
+/// A row of the pools table: its name, spec and owner.
+#[derive(Debug, Clone)]
+pub struct PoolRow {
+    pub name: String,
+    pub spec: warren_core::pool::PoolSpec,
+    pub tenant: TenantName,
+}
+
+fn decode_pool<'r, R>(r: &'r R) -> Result<PoolRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let name = r.text("name")?;
+    let spec = serde_json::from_str(&r.text("spec")?)
         .map_err(|e| StoreError::Corrupt(format!("pool {name}"), e.to_string()))?;
-    Ok((name, spec))
+    Ok(PoolRow {
+        spec,
+        tenant: tenant_of(r)?,
+        name,
+    })
 }
 
 impl SandboxRow {
@@ -188,6 +213,7 @@ impl SandboxRow {
             exit_code: None,
             grace: false,
             usage: None,
+            tenant: TenantName::default_tenant(),
         }
     }
 }
@@ -342,13 +368,9 @@ pub trait Store: Send + Sync {
     /// A node-level event (type `node`); its sandbox id is empty.
     async fn node_event(&self, reason: &str, message: &str, time: &str) -> Result<(), StoreError>;
     /// Adds or replaces a node (a join, a re-join, a cordon).
-    async fn put_pool(
-        &self,
-        name: &str,
-        spec: &warren_core::pool::PoolSpec,
-        time: &str,
-    ) -> Result<(), StoreError>;
-    async fn pools(&self) -> Result<Vec<(String, warren_core::pool::PoolSpec)>, StoreError>;
+    /// Makes or replaces a pool; false when the name is another tenant's.
+    async fn put_pool(&self, pool: &PoolRow, time: &str) -> Result<bool, StoreError>;
+    async fn pools(&self) -> Result<Vec<PoolRow>, StoreError>;
     async fn delete_pool(&self, name: &str) -> Result<bool, StoreError>;
     /// Adds a secret; a name taken already is a duplicate.
     async fn insert_secret(&self, secret: &SecretRow) -> Result<(), StoreError>;
@@ -357,6 +379,16 @@ pub trait Store: Send + Sync {
     async fn update_secret(&self, secret: &SecretRow, version: i64) -> Result<bool, StoreError>;
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError>;
     async fn delete_secret(&self, name: &str) -> Result<bool, StoreError>;
+    /// Makes or replaces a tenant's spec (its `created_at` kept).
+    async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError>;
+    async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError>;
+    /// Removes a tenant's tokens, then the tenant (a crash between leaves
+    /// a tenant nobody can reach but the operator, never a live token).
+    async fn delete_tenant(&self, name: &TenantName) -> Result<bool, StoreError>;
+    async fn insert_token(&self, t: &TokenRow) -> Result<(), StoreError>;
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError>;
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>, StoreError>;
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError>;
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
@@ -441,6 +473,7 @@ where
             .map(|u| serde_json::from_str(&u))
             .transpose()
             .map_err(|e| corrupt("usage", e.to_string()))?,
+        tenant: tenant_of(r)?,
         id,
     })
 }
@@ -494,6 +527,7 @@ where
         deleted_at: r.text_opt("deleted_at")?,
         retry_on_oom: r.flag("retry_on_oom")?,
         retry_on_lost: r.flag("retry_on_lost")?,
+        tenant: tenant_of(r)?,
         id,
     })
 }
@@ -537,6 +571,66 @@ pub struct BatchRow {
     pub deleted_at: Option<String>,
     pub retry_on_oom: bool,
     pub retry_on_lost: bool,
+    pub tenant: TenantName,
+}
+
+/// A row of the tenants table.
+#[derive(Debug, Clone)]
+pub struct TenantRow {
+    pub name: TenantName,
+    pub spec: TenantSpec,
+    pub created_at: String,
+}
+
+fn decode_tenant<'r, R>(r: &'r R) -> Result<TenantRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let name = tenant_of_column(r, "name")?;
+    let spec = serde_json::from_str(&r.text("spec")?)
+        .map_err(|e| StoreError::Corrupt(format!("tenant {name}"), e.to_string()))?;
+    Ok(TenantRow {
+        name,
+        spec,
+        created_at: r.text("created_at")?,
+    })
+}
+
+/// A row of the tokens table: the token's hash, never its value.
+#[derive(Debug, Clone)]
+pub struct TokenRow {
+    pub info: TokenInfo,
+    /// Hex SHA-256 of the token.
+    pub hash: String,
+}
+
+fn decode_token<'r, R>(r: &'r R) -> Result<TokenRow, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let id = r.text("id")?;
+    let role = r.text("role")?;
+    Ok(TokenRow {
+        info: TokenInfo {
+            tenant: tenant_of(r)?,
+            role: role
+                .parse()
+                .map_err(|e: TenantError| StoreError::Corrupt(id.clone(), e.to_string()))?,
+            description: r.text("description")?,
+            created_at: r.text("created_at")?,
+            id,
+        },
+        hash: r.text("hash")?,
+    })
+}
+
+fn tenant_of_column<'r, R>(r: &'r R, column: &str) -> Result<TenantName, StoreError>
+where
+    R: StoreRow<'r>,
+{
+    let t = r.text(column)?;
+    t.parse()
+        .map_err(|e: TenantError| StoreError::Corrupt(format!("tenant {t}"), e.to_string()))
 }
 
 #[cfg(test)]

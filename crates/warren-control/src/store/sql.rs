@@ -12,15 +12,15 @@ use std::future::Future;
 
 use sqlx::{Database, Encode, Type};
 use tokio::sync::watch;
-use warren_core::pool::PoolSpec;
 use warren_core::profile::{Profile, Run};
+use warren_core::tenant::TenantName;
 use warren_core::{Event, SandboxSpec, SandboxState, Usage};
 
 use super::group_commit::{GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_pool, decode_readable,
-    decode_secret, json, BatchRow, Leader, NodeRecord, SandboxRow, SecretRow, Store, StoreError,
-    StoreRow, Transition,
+    decode_secret, decode_tenant, decode_token, json, BatchRow, Leader, NodeRecord, PoolRow,
+    SandboxRow, SecretRow, Store, StoreError, StoreRow, TenantRow, TokenRow, Transition,
 };
 
 /// One statement: SQLite's text (`?` placeholders) and PostgreSQL's.
@@ -316,8 +316,8 @@ impl<D: Dialect> Store for D {
                     let (row, request_id) = &*args;
                     let sql = evented!(
                         "INSERT INTO sandboxes (id, state, reason, spec, resources, node,
-                            image_digest, request_id, created_at)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                            image_digest, request_id, created_at, tenant)
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     );
                     let (state, spec, resources) =
                         (row.state.as_str(), json(&row.spec), json(&row.resources));
@@ -331,6 +331,7 @@ impl<D: Dialect> Store for D {
                         &row.image_digest,
                         request_id,
                         &row.created_at,
+                        row.tenant.as_str(),
                     ];
                     let event = event(&row.created_at, &row.id, Some(row.state), &row.reason, "");
                     D::write_evented(tx, sql, args, &event).await
@@ -500,8 +501,9 @@ impl<D: Dialect> Store for D {
 
     async fn insert_batch(&self, b: &BatchRow) -> Result<(), StoreError> {
         let sql = sql!(
-            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom, retry_on_lost)
-             VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO batches (id, count, spec, labels, created_at, retry_on_oom, retry_on_lost,
+                tenant)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         );
         let (spec, labels) = (json(&b.spec), json(&b.labels));
         let args = args![
@@ -512,6 +514,7 @@ impl<D: Dialect> Store for D {
             &b.created_at,
             b.retry_on_oom,
             b.retry_on_lost,
+            b.tenant.as_str(),
         ];
         self.execute(sql, args).await?;
         Ok(())
@@ -622,24 +625,25 @@ impl<D: Dialect> Store for D {
         Ok(())
     }
 
-    async fn put_pool(&self, name: &str, spec: &PoolSpec, time: &str) -> Result<(), StoreError> {
+    async fn put_pool(&self, pool: &PoolRow, time: &str) -> Result<bool, StoreError> {
+        // The owner is part of the condition: a name another tenant holds
+        // is never taken over, whatever the caller checked before.
         let sql = sql!(
-            "INSERT INTO pools (name, spec, size, updated_at) VALUES (?, ?, ?, ?)
+            "INSERT INTO pools (name, spec, size, updated_at, tenant) VALUES (?, ?, ?, ?, ?)
              ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, size = excluded.size,
-                updated_at = excluded.updated_at"
+                updated_at = excluded.updated_at
+             WHERE pools.tenant = excluded.tenant"
         );
-        let body = json(spec);
-        let args = args![name, &body, i64::from(spec.size), time];
-        self.execute(sql, args).await?;
-        Ok(())
+        let body = json(&pool.spec);
+        let size = i64::from(pool.spec.size);
+        let args = args![&pool.name, &body, size, time, pool.tenant.as_str()];
+        Ok(self.execute(sql, args).await? > 0)
     }
 
-    async fn pools(&self) -> Result<Vec<(String, PoolSpec)>, StoreError> {
-        let sql = sql!("SELECT name, spec FROM pools ORDER BY name");
+    async fn pools(&self) -> Result<Vec<PoolRow>, StoreError> {
+        let sql = sql!("SELECT name, spec, tenant FROM pools ORDER BY name");
         let rows = self.fetch_all(sql, &[]).await?;
-        rows.iter()
-            .map(|r| decode_pool(r.text("name")?, &r.text("spec")?))
-            .collect()
+        rows.iter().map(decode_pool).collect()
     }
 
     async fn delete_pool(&self, name: &str) -> Result<bool, StoreError> {
@@ -649,8 +653,9 @@ impl<D: Dialect> Store for D {
 
     async fn insert_secret(&self, s: &SecretRow) -> Result<(), StoreError> {
         let sql = sql!(
-            "INSERT INTO secrets (name, id, version, metadata, sealed, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO secrets (name, id, version, metadata, sealed, created_at, updated_at,
+                tenant)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         );
         let args = args![
             &s.name,
@@ -660,6 +665,7 @@ impl<D: Dialect> Store for D {
             &s.sealed,
             &s.created_at,
             &s.updated_at,
+            s.tenant.as_str(),
         ];
         self.execute(sql, args).await?;
         Ok(())
@@ -690,6 +696,64 @@ impl<D: Dialect> Store for D {
     async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
         let sql = sql!("DELETE FROM secrets WHERE name = ?");
         Ok(self.execute(sql, args![name]).await? > 0)
+    }
+
+    async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError> {
+        let sql = sql!(
+            "INSERT INTO tenants (name, spec, created_at) VALUES (?, ?, ?)
+             ON CONFLICT (name) DO UPDATE SET spec = excluded.spec"
+        );
+        self.execute(sql, args![t.name.as_str(), &json(&t.spec), &t.created_at])
+            .await?;
+        Ok(())
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError> {
+        let sql = sql!("SELECT * FROM tenants ORDER BY name");
+        let rows = self.fetch_all(sql, &[]).await?;
+        rows.iter().map(decode_tenant).collect()
+    }
+
+    async fn delete_tenant(&self, name: &TenantName) -> Result<bool, StoreError> {
+        let sql = sql!("DELETE FROM tokens WHERE tenant = ?");
+        self.execute(sql, args![name.as_str()]).await?;
+        let sql = sql!("DELETE FROM tenants WHERE name = ?");
+        Ok(self.execute(sql, args![name.as_str()]).await? > 0)
+    }
+
+    async fn insert_token(&self, t: &TokenRow) -> Result<(), StoreError> {
+        let sql = sql!(
+            "INSERT INTO tokens (id, tenant, role, hash, description, created_at)
+             VALUES (?, ?, ?, ?, ?, ?)"
+        );
+        let i = &t.info;
+        let args = args![
+            &i.id,
+            i.tenant.as_str(),
+            i.role.as_str(),
+            &t.hash,
+            &i.description,
+            &i.created_at,
+        ];
+        self.execute(sql, args).await?;
+        Ok(())
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+        let sql = sql!("SELECT * FROM tokens ORDER BY tenant, created_at, id");
+        let rows = self.fetch_all(sql, &[]).await?;
+        rows.iter().map(decode_token).collect()
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>, StoreError> {
+        let sql = sql!("SELECT * FROM tokens WHERE hash = ?");
+        let row = self.fetch_optional(sql, args![hash]).await?;
+        row.as_ref().map(decode_token).transpose()
+    }
+
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let sql = sql!("DELETE FROM tokens WHERE id = ?");
+        Ok(self.execute(sql, args![id]).await? > 0)
     }
 
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError> {

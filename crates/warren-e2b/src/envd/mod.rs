@@ -266,7 +266,13 @@ async fn live_e2b_sandboxes(control: &Control) -> Vec<String> {
         return Vec::new();
     };
     control
-        .list(&[SandboxState::Running, SandboxState::Paused], &selector)
+        .list(
+            // Every tenant's: the token's MAC, checked by the caller, says
+            // which sandbox it was made for.
+            &warren_core::tenant::Principal::Operator,
+            &[SandboxState::Running, SandboxState::Paused],
+            &selector,
+        )
         .await
         .map(|live| live.into_iter().map(|s| s.id).collect())
         .unwrap_or_default()

@@ -275,6 +275,12 @@ pub enum Command {
     /// Batches: N sandboxes from one spec.
     #[command(subcommand)]
     Batch(BatchCmd),
+    /// Tenants: teams sharing this Warren, with quotas and fair shares.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Tokens of tenants (admin, user or viewer).
+    #[command(subcommand)]
+    Token(TokenCmd),
     /// Show the event stream (state changes with reasons).
     #[command(after_help = "Examples:\n  \
         warren events --sandbox $id\n  \

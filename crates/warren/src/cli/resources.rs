@@ -261,3 +261,96 @@ pub enum SecretCmd {
         names: Vec<String>,
     },
 }
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCmd {
+    /// Make a tenant (a team or training run sharing this Warren) and print
+    /// a first token for it (an admin token, shown this once).
+    #[command(after_help = "Example:\n  \
+        warren tenant create team-a --cpu 64 --memory 256G --gpus 8 --weight 2\n  \
+        WARREN_TOKEN=wrt_... warren ps      # as team-a: its sandboxes only")]
+    Create {
+        /// Its name: lower-case letters, digits and '-'.
+        name: String,
+        #[command(flatten)]
+        spec: TenantArgs,
+    },
+    /// List tenants with what their sandboxes hold against their quotas.
+    Ls {
+        /// The tenants as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a tenant's quota, weight, priority, preemption and egress
+    /// (what is not given is cleared to its default).
+    Set {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        spec: TenantArgs,
+    },
+    /// Remove tenants and their tokens (refused while one owns anything).
+    Rm {
+        /// The tenants' names.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+/// A tenant's spec, as flags.
+#[derive(clap::Args, Debug)]
+pub struct TenantArgs {
+    /// CPU its live sandboxes may request in all (cores, or 500m).
+    #[arg(long)]
+    pub cpu: Option<String>,
+    /// Memory its live sandboxes may request in all (e.g. 64G).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// GPUs its live sandboxes may hold in all.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// Sandboxes it may hold at once.
+    #[arg(long)]
+    pub sandboxes: Option<u32>,
+    /// Its share of a full cluster, relative to other waiting tenants'.
+    #[arg(long, default_value_t = 1)]
+    pub weight: u32,
+    /// Its creates' priority (higher first; lower preempted first).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Take its share back by preempting sandboxes others run on borrowed capacity.
+    #[arg(long)]
+    pub preempt: bool,
+    /// An allow rule its sandboxes may use (HOST:PORT); repeatable. With
+    /// none given, any the node permits.
+    #[arg(long = "egress", value_name = "HOST:PORT")]
+    pub egress: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Make a token for a tenant; its value is printed this once.
+    Create {
+        /// The tenant it acts for.
+        #[arg(long)]
+        tenant: String,
+        /// admin (also manages the tenant's tokens), user, or viewer (reads only).
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// What it is for.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List tokens (never their values).
+    Ls {
+        /// The tokens as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke tokens at once.
+    Revoke {
+        /// The tokens' ids (tok-…).
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}

@@ -310,6 +310,7 @@ class SandboxInfo:
     ttl_remaining_ms: int | None = None
     lease_remaining_ms: int | None = None
     events: list[Event] = field(default_factory=list)
+    tenant: str = "default"
     raw: dict[str, Any] = _raw()
 
     @property
@@ -350,6 +351,7 @@ class BatchInfo:
     deleted_at: str | None = None
     retry_on_oom: bool = False
     retry_on_lost: bool = False
+    tenant: str = "default"
     raw: dict[str, Any] = _raw()
 
     def count_in(self, *states: str) -> int:

@@ -1,0 +1,318 @@
+//! The tenants service: tenants, their tokens, and who a token is. The
+//! operator's token (`<home>/token`) is checked here too, so every front
+//! door (the API, E2B, the console) learns a caller's [`Principal`] one
+//! way. Tokens are kept as the SHA-256 of their value: a stolen database
+//! gives no token. A token is 32 random bytes, so a plain hash suffices (a
+//! slow password hash protects guessable secrets, which these are not).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use warren_core::clock::now_rfc3339;
+use warren_core::sync::lock;
+use warren_core::tenant::{
+    NewToken, Principal, Role, TenantInfo, TenantName, TenantRequest, TenantSpec, TokenInfo,
+    TokenRequest, TOKEN_PREFIX,
+};
+use warren_core::{ApiError, ErrorCode};
+
+use crate::store::{Store, TenantRow, TokenRow};
+
+/// How long a token's check is remembered: a revocation made through
+/// another replica of a cluster takes effect within this (at once on the
+/// replica that made it).
+const REMEMBER: Duration = Duration::from_secs(2);
+/// Checks remembered at most (wrong tokens included), so a flood of made-up
+/// tokens cannot grow memory.
+const REMEMBERED_MAX: usize = 10_000;
+
+pub struct Tenants {
+    store: Arc<dyn Store>,
+    /// The operator's token; None where the daemon has none (tests that
+    /// build a control plane alone).
+    operator: Option<String>,
+    /// Hash of a token → its row (None: no such token), and when read.
+    seen: Mutex<HashMap<String, (Option<TokenRow>, Instant)>>,
+}
+
+fn hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn unknown_tenant(name: &TenantName) -> ApiError {
+    ApiError::not_found(format!(
+        "no tenant {name}; list them with `warren tenant ls`"
+    ))
+}
+
+fn forbidden(m: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::Forbidden, m)
+}
+
+impl Tenants {
+    pub(crate) fn new(store: Arc<dyn Store>, operator: Option<String>) -> Tenants {
+        Tenants {
+            store,
+            operator,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Who `token` is: the operator, a tenant's token, or nobody (None).
+    pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, ApiError> {
+        use subtle::ConstantTimeEq;
+        if let Some(op) = &self.operator {
+            if bool::from(token.as_bytes().ct_eq(op.as_bytes())) {
+                return Ok(Some(Principal::Operator));
+            }
+        }
+        if !token.starts_with(TOKEN_PREFIX) {
+            return Ok(None);
+        }
+        let h = hash(token);
+        let remembered = lock(&self.seen)
+            .get(&h)
+            .filter(|(_, at)| at.elapsed() < REMEMBER)
+            .map(|(row, _)| row.clone());
+        let row = match remembered {
+            Some(row) => row,
+            None => {
+                let row = self.store.token_by_hash(&h).await?;
+                let mut seen = lock(&self.seen);
+                if seen.len() >= REMEMBERED_MAX {
+                    seen.clear();
+                }
+                seen.insert(h, (row.clone(), Instant::now()));
+                row
+            }
+        };
+        Ok(row.map(|r| Principal::Tenant {
+            tenant: r.info.tenant,
+            role: r.info.role,
+            token: r.info.id,
+        }))
+    }
+
+    async fn row(&self, name: &TenantName) -> Result<Option<TenantRow>, ApiError> {
+        Ok(self
+            .store
+            .tenants()
+            .await?
+            .into_iter()
+            .find(|t| &t.name == name))
+    }
+
+    /// Whether `name` is a tenant (the default one always is).
+    pub async fn exists(&self, name: &TenantName) -> Result<bool, ApiError> {
+        Ok(name.is_default() || self.row(name).await?.is_some())
+    }
+
+    /// A tenant's spec (the default tenant's: no quota, weight 1).
+    pub async fn spec(&self, name: &TenantName) -> Result<TenantSpec, ApiError> {
+        match self.row(name).await? {
+            Some(t) => Ok(t.spec),
+            None if name.is_default() => Ok(TenantSpec::default()),
+            None => Err(unknown_tenant(name)),
+        }
+    }
+
+    /// Every tenant's spec, the default one's included.
+    pub async fn specs(&self) -> Result<Vec<(TenantName, TenantSpec, String)>, ApiError> {
+        let mut out: Vec<_> = self
+            .store
+            .tenants()
+            .await?
+            .into_iter()
+            .map(|t| (t.name, t.spec, t.created_at))
+            .collect();
+        if !out.iter().any(|(n, _, _)| n.is_default()) {
+            out.push((
+                TenantName::default_tenant(),
+                TenantSpec::default(),
+                String::new(),
+            ));
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        Ok(out)
+    }
+
+    /// Makes a tenant; 409 if it exists.
+    pub async fn create(&self, req: &TenantRequest) -> Result<TenantInfo, ApiError> {
+        if self.exists(&req.name).await? {
+            return Err(ApiError::conflict(format!(
+                "tenant {} already exists; change it with `warren tenant set`",
+                req.name
+            )));
+        }
+        let row = TenantRow {
+            name: req.name.clone(),
+            spec: req.spec.clone(),
+            created_at: now_rfc3339(),
+        };
+        self.store.put_tenant(&row).await?;
+        Ok(bare_info(row.name, row.spec, row.created_at))
+    }
+
+    /// Replaces a tenant's spec.
+    pub async fn set(&self, name: &TenantName, spec: TenantSpec) -> Result<TenantInfo, ApiError> {
+        let created_at = match self.row(name).await? {
+            Some(t) => t.created_at,
+            None if name.is_default() => now_rfc3339(),
+            None => return Err(unknown_tenant(name)),
+        };
+        let row = TenantRow {
+            name: name.clone(),
+            spec,
+            created_at,
+        };
+        self.store.put_tenant(&row).await?;
+        Ok(bare_info(row.name, row.spec, row.created_at))
+    }
+
+    /// Removes a tenant and its tokens; the caller has checked it owns
+    /// nothing live.
+    pub(crate) async fn remove(&self, name: &TenantName) -> Result<(), ApiError> {
+        if name.is_default() {
+            return Err(ApiError::bad_request(
+                "the default tenant holds the operator's things and cannot be removed",
+            ));
+        }
+        if !self.store.delete_tenant(name).await? {
+            return Err(unknown_tenant(name));
+        }
+        lock(&self.seen).clear();
+        Ok(())
+    }
+
+    /// Makes a token for a tenant: the operator for any, a tenant's admin
+    /// for its own.
+    pub async fn create_token(
+        &self,
+        by: &Principal,
+        req: &TokenRequest,
+    ) -> Result<NewToken, ApiError> {
+        may_manage_tokens(by, &req.tenant)?;
+        if !self.exists(&req.tenant).await? {
+            return Err(unknown_tenant(&req.tenant));
+        }
+        let mut secret = [0u8; 32];
+        rand::Rng::fill(&mut rand::rng(), &mut secret[..]);
+        let token = format!(
+            "{TOKEN_PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
+        );
+        let info = TokenInfo {
+            id: crate::new_id_with("tok"),
+            tenant: req.tenant.clone(),
+            role: req.role,
+            description: req.description.clone(),
+            created_at: now_rfc3339(),
+        };
+        let row = TokenRow {
+            info: info.clone(),
+            hash: hash(&token),
+        };
+        self.store.insert_token(&row).await?;
+        Ok(NewToken { info, token })
+    }
+
+    /// The tokens `by` may see: all for the operator, its tenant's for a
+    /// tenant's admin.
+    pub async fn tokens(&self, by: &Principal) -> Result<Vec<TokenInfo>, ApiError> {
+        let rows = self.store.tokens().await?;
+        match by {
+            Principal::Operator => {}
+            Principal::Tenant { tenant, .. } => may_manage_tokens(by, tenant)?,
+        }
+        Ok(rows
+            .into_iter()
+            .map(|r| r.info)
+            .filter(|i| by.reaches(&i.tenant))
+            .collect())
+    }
+
+    /// Revokes a token at once (on every replica within [`REMEMBER`]).
+    pub async fn revoke(&self, by: &Principal, id: &str) -> Result<TokenInfo, ApiError> {
+        let missing = || ApiError::not_found(format!("no token {id}; see `warren token ls`"));
+        let row = self
+            .store
+            .tokens()
+            .await?
+            .into_iter()
+            .find(|r| r.info.id == id && by.reaches(&r.info.tenant))
+            .ok_or_else(missing)?;
+        may_manage_tokens(by, &row.info.tenant)?;
+        if !self.store.delete_token(id).await? {
+            return Err(missing());
+        }
+        lock(&self.seen).remove(&row.hash);
+        Ok(row.info)
+    }
+}
+
+/// A tenant as listed before its usage is added.
+pub(crate) fn bare_info(name: TenantName, spec: TenantSpec, created_at: String) -> TenantInfo {
+    TenantInfo {
+        name,
+        spec,
+        usage: Default::default(),
+        queued: 0,
+        created_at,
+    }
+}
+
+fn may_manage_tokens(by: &Principal, tenant: &TenantName) -> Result<(), ApiError> {
+    match by {
+        Principal::Operator => Ok(()),
+        Principal::Tenant {
+            tenant: own,
+            role: Role::Admin,
+            ..
+        } if own == tenant => Ok(()),
+        Principal::Tenant { tenant: own, .. } if own == tenant => Err(forbidden(
+            "only an admin token of a tenant makes, lists and revokes its tokens",
+        )),
+        Principal::Tenant { .. } => Err(unknown_tenant(tenant)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_hashed_and_never_equal_their_hash() {
+        let h = hash("wrt_abc");
+        assert_eq!(h.len(), 64);
+        assert_ne!(h, hash("wrt_abd"));
+    }
+
+    #[test]
+    fn only_a_tenants_admin_or_the_operator_manages_its_tokens() {
+        let a: TenantName = "a".parse().unwrap();
+        let b: TenantName = "b".parse().unwrap();
+        let admin = Principal::Tenant {
+            tenant: a.clone(),
+            role: Role::Admin,
+            token: "t".into(),
+        };
+        let user = Principal::Tenant {
+            tenant: a.clone(),
+            role: Role::User,
+            token: "t".into(),
+        };
+        assert!(may_manage_tokens(&Principal::Operator, &b).is_ok());
+        assert!(may_manage_tokens(&admin, &a).is_ok());
+        assert_eq!(
+            may_manage_tokens(&admin, &b).unwrap_err().code,
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            may_manage_tokens(&user, &a).unwrap_err().code,
+            ErrorCode::Forbidden
+        );
+    }
+}

@@ -1,0 +1,249 @@
+"""Tenants (issue 43): each tenant's token reaches its own tenant's things
+only, through the API and the E2B door alike; what another tenant owns
+answers as what does not exist, and nothing of it changes. Viewers read
+and never change; revoked tokens stop at once; tokens are kept hashed."""
+
+import base64
+import contextlib
+
+import httpx
+import pytest
+
+from conftest import free_port, own_daemon
+
+
+@pytest.fixture(scope="module")
+def tw(images):
+    e2b = free_port()
+    with own_daemon(images, args=["--e2b-api", f"127.0.0.1:{e2b}"]) as w:
+        w.e2b_api = f"http://127.0.0.1:{e2b}"
+        yield w
+
+
+def new_tenant(w, name, *flags):
+    """Makes a tenant; answers its admin token (the CLI prints it once)."""
+    out = w.cli("tenant", "create", name, *flags).stdout.decode().strip()
+    assert out.startswith("wrt_"), out
+    return out
+
+
+def as_token(w, token):
+    return httpx.Client(base_url=w.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def two(tw):
+    """Tenants a and b; a owns a running sandbox, a batch, a pool and a secret."""
+    a, b = new_tenant(tw, "team-a"), new_tenant(tw, "team-b")
+    ha, hb = as_token(tw, a), as_token(tw, b)
+    r = ha.post("/v1/sandboxes", json={"image": "busybox:latest", "name": "a-web", "labels": {"who": "a"}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert r.json()["tenant"] == "team-a"
+    r = ha.post("/v1/batches", json={"count": 1, "spec": {"image": "busybox:latest"}})
+    assert r.status_code == 202, r.text
+    batch = r.json()["id"]
+    r = ha.put("/v1/pools/a-pool", json={"image": "busybox:latest", "size": 0})
+    assert r.status_code == 200, r.text
+    r = ha.post("/v1/secrets", json={"name": "a-key", "value": "v1"})
+    assert r.status_code == 201, r.text
+    yield {"a": a, "b": b, "ha": ha, "hb": hb, "sid": sid, "batch": batch}
+    ha.delete(f"/v1/batches/{batch}")
+    ha.delete("/v1/pools/a-pool")
+    ha.delete("/v1/secrets/a-key")
+    ha.delete(f"/v1/sandboxes/{sid}")
+
+
+# Every way the API names one sandbox, as (method, path, body): tenant b
+# must get 404 from each, and a's sandbox must be as it was.
+SANDBOX_VERBS = {
+    "inspect": ("GET", "", None),
+    "destroy": ("DELETE", "", None),
+    "exec": ("POST", "/exec", {"cmd": ["true"]}),
+    "exec_ws": ("GET", "/exec/ws", None),
+    "stdin": ("POST", "/execs/x/stdin", None),
+    "heartbeat": ("POST", "/heartbeat", None),
+    "pause": ("POST", "/pause", None),
+    "resume": ("POST", "/resume", None),
+    "ttl": ("POST", "/ttl", {"ttl": "1s"}),
+    "reclaim": ("POST", "/reclaim", {"reclaim": "destroy"}),
+    "fork": ("POST", "/fork", {"count": 1}),
+    "read_file": ("GET", "/files?path=/etc/hostname", None),
+    "write_file": ("PUT", "/files?path=/tmp/x", b"x"),
+    "paths": ("POST", "/paths", {"op": "list", "path": "/"}),
+    "logs": ("GET", "/logs", None),
+    "watch": ("GET", "/watch?path=/tmp", None),
+    "network": ("PATCH", "/network", {"mode": "none"}),
+    "port_forward": ("POST", "/ports/80", None),
+    "port_link": ("GET", "/ports/80", None),
+    "port_http": ("GET", "/ports/80/", None),
+}
+
+
+def call(h, method, path, body):
+    if isinstance(body, bytes):
+        return h.request(method, path, content=body)
+    return h.request(method, path, json=body) if body is not None else h.request(method, path)
+
+
+@pytest.mark.parametrize("verb", sorted(SANDBOX_VERBS))
+@pytest.mark.parametrize("by", ["id", "name"])
+def test_another_tenants_sandbox_is_not_found_by_any_verb(tw, two, verb, by):
+    method, tail, body = SANDBOX_VERBS[verb]
+    target = two["sid"] if by == "id" else "a-web"
+    r = call(two["hb"], method, f"/v1/sandboxes/{target}{tail}", body)
+    assert r.status_code == 404, (verb, r.status_code, r.text)
+    # Neither its id nor anything of it shows in the refusal.
+    assert two["sid"] not in r.text or by == "id", r.text
+    info = tw.http.get(f"/v1/sandboxes/{two['sid']}").json()
+    assert info["state"] == "running" and info["tenant"] == "team-a", info
+
+
+def test_lists_events_usage_and_logs_show_only_the_tenants_own(tw, two):
+    hb, sid = two["hb"], two["sid"]
+    assert hb.get("/v1/sandboxes", params={"all": "true"}).json() == []
+    assert all(e["sandbox_id"] != sid for e in hb.get("/v1/events").json())
+    assert hb.get("/v1/events", params={"sandbox": sid}).json() == []
+    assert hb.get("/v1/usage").json()["sandboxes"] == []
+    assert hb.get("/v1/logs", params={"label": "who=a"}).text == ""
+    assert hb.get("/v1/batches").json() == [] and hb.get("/v1/pools").json() == []
+    assert hb.get("/v1/secrets").json() == []
+    assert [t["name"] for t in hb.get("/v1/tenants").json()] == ["team-b"]
+    # The bulk delete reaches only b's own.
+    assert hb.delete("/v1/sandboxes", params={"label": "who=a"}).json() == []
+    # The owner and the operator see it.
+    assert [s["id"] for s in two["ha"].get("/v1/sandboxes", params={"label": "who=a"}).json()] == [sid]
+    assert sid in [s["id"] for s in tw.http.get("/v1/sandboxes").json()]
+
+
+@pytest.mark.parametrize("what", ["batch_get", "batch_delete", "pool_get", "pool_put", "pool_delete",
+                                  "secret_get", "secret_set", "secret_delete", "secret_use"])
+def test_another_tenants_batches_pools_and_secrets_are_not_found(tw, two, what):
+    hb, batch = two["hb"], two["batch"]
+    r = {
+        "batch_get": lambda: hb.get(f"/v1/batches/{batch}"),
+        "batch_delete": lambda: hb.delete(f"/v1/batches/{batch}"),
+        "pool_get": lambda: hb.get("/v1/pools/a-pool"),
+        "pool_put": lambda: hb.put("/v1/pools/a-pool", json={"image": "busybox:latest", "size": 1}),
+        "pool_delete": lambda: hb.delete("/v1/pools/a-pool"),
+        "secret_get": lambda: hb.get("/v1/secrets/a-key"),
+        "secret_set": lambda: hb.put("/v1/secrets/a-key", json={"value": "stolen"}),
+        "secret_delete": lambda: hb.delete("/v1/secrets/a-key"),
+        # Naming another tenant's secret in a spec is naming none.
+        "secret_use": lambda: hb.post("/v1/sandboxes", json={"image": "busybox:latest", "secrets": ["a-key"]}),
+    }[what]()
+    assert r.status_code in (400, 404), (what, r.status_code, r.text)
+    assert tw.http.get(f"/v1/batches/{batch}").json().get("deleted_at") is None
+    assert tw.http.get("/v1/pools/a-pool").json()["spec"]["size"] == 0
+    assert tw.http.get("/v1/secrets/a-key").json()["version"] == 1
+
+
+def test_a_pools_members_serve_only_its_own_tenants_creates(tw, two):
+    from helpers import wait_until
+
+    ha, hb = two["ha"], two["hb"]
+    assert ha.put("/v1/pools/a-warm", json={"image": "busybox:latest", "memory": "64M", "size": 1}).status_code == 200
+    try:
+        wait_until(lambda: tw.http.get("/v1/pools/a-warm").json()["ready"] == 1, timeout=30, what="a ready member")
+        r = hb.post("/v1/sandboxes", json={"image": "busybox:latest", "memory": "64M"})
+        assert r.status_code == 201 and r.json()["tenant"] == "team-b", r.text
+        hb.delete(f"/v1/sandboxes/{r.json()['id']}")
+        assert tw.http.get("/v1/pools/a-warm").json()["claimed"] == 0
+        r = ha.post("/v1/sandboxes", json={"image": "busybox:latest", "memory": "64M"})
+        assert r.status_code in (200, 201) and r.json()["tenant"] == "team-a", r.text
+        ha.delete(f"/v1/sandboxes/{r.json()['id']}")
+        assert tw.http.get("/v1/pools/a-warm").json()["claimed"] == 1
+    finally:
+        ha.delete("/v1/pools/a-warm")
+
+
+def test_the_operators_routes_are_refused_to_tenants(tw, two):
+    hb = two["hb"]
+    for method, path in [("GET", "/v1/nodes"), ("GET", "/metrics"), ("POST", "/v1/tenants"),
+                         ("DELETE", "/v1/tenants/team-a"), ("POST", "/v1/images/gc"),
+                         ("GET", "/v1/profiles"), ("GET", "/v1/volumes")]:
+        r = hb.request(method, path, json={})
+        assert r.status_code == 403 and "operator" in r.json()["error"]["message"], (method, path, r.text)
+
+
+def test_a_viewer_reads_and_changes_nothing(tw, two):
+    made = two["ha"].post("/v1/tokens", json={"tenant": "team-a", "role": "viewer"})
+    assert made.status_code == 201, made.text
+    v = as_token(tw, made.json()["token"])
+    sid = two["sid"]
+    assert v.get(f"/v1/sandboxes/{sid}").status_code == 200
+    assert v.get(f"/v1/sandboxes/{sid}/logs").status_code == 200
+    for method, path, body in [("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}),
+                               ("DELETE", f"/v1/sandboxes/{sid}", None),
+                               ("POST", "/v1/sandboxes", {"image": "busybox:latest"}),
+                               ("POST", "/v1/tokens", {"tenant": "team-a", "role": "admin"})]:
+        r = call(v, method, path, body)
+        assert r.status_code == 403, (path, r.text)
+    assert tw.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+def test_tokens_are_kept_hashed_listed_without_values_and_revoked_at_once(tw, two):
+    made = two["ha"].post("/v1/tokens", json={"tenant": "team-a", "role": "user", "description": "ci"}).json()
+    token, tid = made["token"], made["id"]
+    h = as_token(tw, token)
+    assert h.get("/v1/sandboxes").status_code == 200
+    listed = tw.cli("token", "ls").stdout.decode()
+    assert tid in listed and "wrt_" not in listed
+    # A tenant's admin sees its own tenant's tokens only; b's cannot revoke a's.
+    assert all(t["tenant"] == "team-b" for t in two["hb"].get("/v1/tokens").json())
+    assert two["hb"].delete(f"/v1/tokens/{tid}").status_code == 404
+    stored = b"".join(p.read_bytes() for p in tw.home.glob("warren.db*"))
+    assert token.encode() not in stored
+    tw.cli("token", "revoke", tid)
+    r = h.get("/v1/sandboxes")
+    assert r.status_code == 401, r.text
+
+
+def test_the_e2b_door_keeps_tenants_apart(tw, two):
+    api = tw.e2b_api
+    ka, kb = {"X-API-KEY": two["a"]}, {"X-API-KEY": "e2b_" + two["b"]}
+    r = httpx.post(f"{api}/sandboxes", headers=ka, json={"templateID": "busybox:latest", "timeout": 300},
+                   timeout=60)
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    try:
+        assert tw.http.get(f"/v1/sandboxes/{sid}").json()["tenant"] == "team-a"
+        for method, path, body in [("GET", "", None), ("DELETE", "", None), ("POST", "/connect", {"timeout": 60}),
+                                   ("POST", "/timeout", {"timeout": 1}), ("POST", "/pause", None),
+                                   ("GET", "/metrics", None), ("PUT", "/network", {"allowOut": []}),
+                                   ("POST", "/fork", {})]:
+            r = httpx.request(method, f"{api}/sandboxes/{sid}{path}", headers=kb, json=body)
+            assert r.status_code == 404, (path, r.status_code, r.text)
+        assert sid not in [s["sandboxID"] for s in httpx.get(f"{api}/v2/sandboxes", headers=kb).json()]
+        assert sid in [s["sandboxID"] for s in httpx.get(f"{api}/v2/sandboxes", headers=ka).json()]
+        assert httpx.get(f"{api}/secrets", headers=kb).json() == []
+        assert tw.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    finally:
+        httpx.delete(f"{api}/sandboxes/{sid}", headers=ka)
+
+
+def test_a_tenant_is_removed_only_once_it_owns_nothing(tw):
+    token = new_tenant(tw, "team-gone")
+    h = as_token(tw, token)
+    sid = h.post("/v1/sandboxes", json={"image": "busybox:latest"}).json()["id"]
+    p = tw.cli("tenant", "rm", "team-gone", check=False)
+    assert p.returncode == 1 and b"1 sandboxes" in p.stderr, p.stderr
+    assert h.delete(f"/v1/sandboxes/{sid}").status_code == 200
+    tw.cli("tenant", "rm", "team-gone")
+    assert h.get("/v1/sandboxes").status_code == 401
+    assert "team-gone" not in tw.cli("tenant", "ls").stdout.decode()
+
+
+def test_a_tenants_egress_policy_bounds_its_sandboxes_rules(tw):
+    token = new_tenant(tw, "team-net", "--egress", "pypi.org:443")
+    h = as_token(tw, token)
+    r = h.post("/v1/sandboxes", json={"image": "busybox:latest",
+                                      "network": {"mode": "allowlist", "allow": ["evil.example:443"]}})
+    assert r.status_code == 403 and "egress" in r.json()["error"]["message"], r.text
+    r = h.post("/v1/sandboxes", json={"image": "busybox:latest",
+                                      "network": {"mode": "allowlist", "allow": ["pypi.org:443"]}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    r = h.patch(f"/v1/sandboxes/{sid}/network", json={"allow": ["evil.example:443"]})
+    assert r.status_code == 403, r.text
+    h.delete(f"/v1/sandboxes/{sid}")

@@ -151,7 +151,20 @@ FUSION_MD = [
     )),
 ]
 
-DOCS_TABLES = {"python.md": PYTHON_MD, "e2b.md": E2B_MD, "sandbox-fusion.md": FUSION_MD}
+TENANTS_MD = [
+    ("sh", "warren tenant create team-a", Shell(
+        ("warren tenant create team-a", 0, None),
+        ("warren tenant create team-b", 0, None),
+        ("warren run --rm", 0, r"(?m)^hello from team-a$"),
+        ("--name a-web", 0, r"(?m)^sbx-\w+$"),
+        ("warren inspect a-web", 1, r"no sandbox is named a-web"),
+        ("warren token create --tenant team-a --role viewer", 0, r"(?m)^wrt_[\w-]{43}$"),
+        ("warren tenant ls", 0, r"(?m)^team-a +2 +0 +[\d.]+/8 +\S+/32G +0/- +1/100 +0$"),
+    )),
+]
+
+DOCS_TABLES = {"python.md": PYTHON_MD, "e2b.md": E2B_MD, "sandbox-fusion.md": FUSION_MD,
+               "tenants.md": TENANTS_MD}
 
 
 # ------------------------------------------------------------ reading a doc
@@ -476,6 +489,20 @@ def test_python_md_as_written(images, base):
         run = Run(s, steps, "python3")
         try:
             run.check(run.wait_done(timeout=300))
+        finally:
+            run.stop()
+
+
+# ------------------------------------------------------------ docs/tenants.md
+
+
+def test_tenants_md_as_written(images, base):
+    steps = plan("tenants.md")
+    with own_daemon(images) as w:
+        s = Session(base, "tenants.md", w.home, w.url, {})
+        run = Run(s, steps, "python3")
+        try:
+            run.check(run.wait_done(timeout=120))
         finally:
             run.stop()
 

@@ -92,7 +92,8 @@ impl std::str::FromStr for TenantName {
 
 impl std::fmt::Display for TenantName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        // `pad`, so tables can give it a width.
+        f.pad(&self.0)
     }
 }
 
@@ -138,7 +139,7 @@ impl std::str::FromStr for Role {
 
 impl std::fmt::Display for Role {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

@@ -47,10 +47,10 @@ class Console:
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("dialog", lambda d: d.accept())
 
-    def login(self):
+    def login(self, token=None):
         self.page.goto(self.warren.url + "/ui/")
         self.page.wait_for_selector("#token", state="visible")
-        self.page.fill("#token", self.warren.token)
+        self.page.fill("#token", token or self.warren.token)
         self.page.click("#login-form button")
         self.page.wait_for_selector("#top", state="visible")
         return self
@@ -160,6 +160,29 @@ def test_batch_appears_and_changes_state_live_and_filters_by_label(console, warr
     finally:
         delete_label(warren, f"task={a}")
         delete_label(warren, f"task={b}")
+
+
+def test_a_tenants_console_shows_its_own_world_only(console, warren):
+    name = f"ui-{secrets.token_hex(3)}"
+    token = warren.cli("tenant", "create", name).stdout.decode().strip()
+    mine = httpx.post(f"{warren.url}/v1/sandboxes", headers={"Authorization": f"Bearer {token}"},
+                      json={"image": "busybox:latest", "labels": {"task": name}}, timeout=60).json()["id"]
+    theirs = warren.create(labels={"task": name})["id"]
+    try:
+        console.login(token)
+        assert console.page.text_content("#whoami") == f"{name} (admin)"
+        assert console.page.is_hidden("#nav a[href='#/nodes']")
+        console.go("#/sandboxes")
+        console.page.fill("#filter-label", f"task={name}")
+        got = wait_until(lambda: rows(console.page) or None, what="the tenant's sandbox")
+        assert [r[0] for r in got] == [mine], got
+        time.sleep(2.5)  # one more poll: still its own only
+        assert [r[0] for r in rows(console.page)] == [mine]
+        assert not any("/v1/nodes" in u for u in console.urls)
+    finally:
+        warren.destroy(theirs)
+        warren.destroy(mine)
+        warren.cli("tenant", "rm", name)
 
 
 def test_fleet_matrix_and_drill_down(console, warren):

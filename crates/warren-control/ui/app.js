@@ -32,6 +32,9 @@ export const live = {
   nodeListeners: new Set(),
   cpuHistory: new Map(),
   nodeTimer: 0,
+  // Whether the session is the operator's (GET /v1/whoami); a tenant's
+  // sees its own tenant only, without nodes, profiles or images.
+  operator: true,
 
   onChange(fn) { this.listeners.add(fn); return () => this.listeners.delete(fn); },
   onNodes(fn) { this.nodeListeners.add(fn); return () => this.nodeListeners.delete(fn); },
@@ -111,11 +114,12 @@ export const live = {
       this.pollTimer = setTimeout(tick, 2000);
       this.follow(signal, from);
     })();
+    // Nodes are the operator's: a tenant's console has none to poll.
     const nodeTick = async () => {
       try { await this.pollNodes(); } catch (_) { /* shown as stale; retried */ }
       if (!signal.aborted) this.nodeTimer = setTimeout(nodeTick, 2000);
     };
-    nodeTick();
+    if (this.operator) nodeTick();
   },
 
   stop() {
@@ -236,8 +240,14 @@ async function route() {
   const [name, ...rest] = path.split('/');
   const view = ROUTES[name] || views.overview;
   try {
-    // One cheap authenticated call decides between the login and the app.
-    if (!live.abort) await api('/v1/nodes');
+    // One cheap authenticated call decides between the login and the app,
+    // and says whose console it is.
+    if (!live.abort) {
+      const me = await api('/v1/whoami');
+      live.operator = me.role === 'operator';
+      $('whoami').textContent = live.operator ? '' : `${me.tenant} (${me.role})`;
+      for (const a of document.querySelectorAll('#nav a[data-operator]')) a.hidden = !live.operator;
+    }
   } catch (e) {
     if (e instanceof AuthError) { showLogin(); return; }
   }

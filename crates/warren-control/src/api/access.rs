@@ -21,7 +21,7 @@ use Rule::{Operator, Owned as Own, Tenant};
 pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
     let get = method == Method::GET || method == Method::HEAD;
     let rule = match (path, get) {
-        ("/openapi.json", true) => Tenant(Read),
+        ("/openapi.json", true) | ("/v1/whoami", true) => Tenant(Read),
         ("/v1/sandboxes", true) => Tenant(Read),
         ("/v1/sandboxes", false) => Tenant(Change),
         ("/v1/run", false) => Tenant(Change),

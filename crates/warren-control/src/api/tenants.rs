@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use warren_core::tenant::{
-    NewToken, TenantInfo, TenantName, TenantRequest, TenantSpec, TokenInfo, TokenRequest,
+    NewToken, Principal, TenantInfo, TenantName, TenantRequest, TenantSpec, TokenInfo, TokenRequest,
 };
 use warren_core::{ApiError, ErrorBody};
 
@@ -18,6 +18,32 @@ use crate::api::json_body::JsonBody;
 fn tenant_name(name: &str) -> Result<TenantName, ApiError> {
     name.parse()
         .map_err(|e: warren_core::tenant::TenantError| ApiError::bad_request(e.to_string()))
+}
+
+/// Who the caller is, as its token says.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct WhoAmI {
+    /// The tenant whose things it acts on (`default` for the operator).
+    tenant: TenantName,
+    /// `operator`, or its role in its tenant.
+    role: String,
+    /// Its token's id (`operator` for the operator's).
+    token: String,
+}
+
+/// Who the token is: its tenant and role (the console shows it, and leaves
+/// out what a tenant may not open).
+#[utoipa::path(get, path = "/v1/whoami", responses((status = 200, body = WhoAmI)))]
+pub(crate) async fn whoami(Extension(who): Who) -> Json<WhoAmI> {
+    let role = match &who {
+        Principal::Operator => "operator".to_string(),
+        Principal::Tenant { role, .. } => role.to_string(),
+    };
+    Json(WhoAmI {
+        tenant: who.tenant(),
+        role,
+        token: who.token_id().to_string(),
+    })
 }
 
 /// Every tenant the caller reaches (a tenant's token: its own), with what

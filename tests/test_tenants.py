@@ -247,3 +247,39 @@ def test_a_tenants_egress_policy_bounds_its_sandboxes_rules(tw):
     r = h.patch(f"/v1/sandboxes/{sid}/network", json={"allow": ["evil.example:443"]})
     assert r.status_code == 403, r.text
     h.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_every_change_is_audited_with_its_tenant_and_token(tw):
+    import json
+
+    token = new_tenant(tw, "team-audit")
+    h = as_token(tw, token)
+    tid = h.get("/v1/whoami").json()["token"]
+    sid = h.post("/v1/sandboxes", json={"image": "busybox:latest"}).json()["id"]
+    assert h.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]}).status_code == 200
+    assert h.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}, content=b"x").status_code in (200, 201, 204)
+    assert h.get(f"/v1/sandboxes/{sid}").status_code == 200  # a read: not audited
+    assert h.delete(f"/v1/sandboxes/{sid}").status_code == 200
+    e2b = httpx.post(f"{tw.e2b_api}/sandboxes", headers={"X-API-KEY": token},
+                     json={"templateID": "busybox:latest"}, timeout=60).json()["sandboxID"]
+    httpx.delete(f"{tw.e2b_api}/sandboxes/{e2b}", headers={"X-API-KEY": token})
+    out = tw.cli("audit", "--tenant", "team-audit", "--since", "10m", "--json").stdout.decode()
+    lines = [json.loads(l) for l in out.splitlines()]
+    calls = [(l["door"], l["method"], l["route"], l.get("target", ""), l["status"]) for l in lines]
+    assert calls == [
+        ("api", "POST", "/v1/sandboxes", "", 201),
+        ("api", "POST", "/v1/sandboxes/{id}/exec", sid, 200),
+        ("api", "PUT", "/v1/sandboxes/{id}/files", sid, 204),
+        ("api", "DELETE", "/v1/sandboxes/{id}", sid, 200),
+        ("e2b", "POST", "/sandboxes", "", 201),
+        ("e2b", "DELETE", "/sandboxes/{id}", e2b, 204),
+    ], calls
+    assert {l["token"] for l in lines} == {tid} and {l["tenant"] for l in lines} == {"team-audit"}
+    # A refused change is audited too, with its status.
+    assert h.delete("/v1/sandboxes/sbx-nosuchthing").status_code == 404
+    assert h.get("/v1/audit", params={"limit": 1}).json()[0]["status"] == 404
+    # A tenant's admin reads its own tenant's lines only; a user none.
+    assert {l["tenant"] for l in h.get("/v1/audit", params={"tenant": "default"}).json()} == {"team-audit"}
+    user = h.post("/v1/tokens", json={"tenant": "team-audit", "role": "user"}).json()["token"]
+    assert as_token(tw, user).get("/v1/audit").status_code == 403
+    assert tw.http.get("/v1/audit", params={"since": "yesterday"}).status_code == 400

@@ -47,6 +47,17 @@ pub enum Rule {
     Operator,
 }
 
+impl Rule {
+    /// Whether a call under it changes something (and so is audited): a
+    /// change by its rule, or any operator's call but a GET.
+    pub fn changes(self, is_get: bool) -> bool {
+        match self {
+            Rule::Tenant(a) | Rule::Owned(_, a) => a == Access::Change,
+            Rule::Operator => !is_get,
+        }
+    }
+}
+
 /// A viewer's refusal.
 pub fn read_only() -> ApiError {
     ApiError::new(
@@ -72,6 +83,28 @@ pub fn changer(who: &Principal) -> Result<TenantName, ApiError> {
 }
 
 impl Control {
+    /// Records a change a door answered (see [`crate::audit`]).
+    pub fn audit_call(
+        &self,
+        who: &Principal,
+        door: &str,
+        method: &str,
+        route: &str,
+        target: &str,
+        status: u16,
+    ) {
+        self.audit.record(&warren_core::audit::AuditEntry {
+            time: warren_core::clock::now_rfc3339(),
+            tenant: who.tenant(),
+            token: who.token_id().to_string(),
+            door: door.to_string(),
+            method: method.to_string(),
+            route: route.to_string(),
+            target: target.to_string(),
+            status,
+        });
+    }
+
     /// Refuses `who` a call under `rule` (None: undeclared, so the
     /// operator's only); `key` is the id or name the call's path names,
     /// `call` how the refusal names the call.

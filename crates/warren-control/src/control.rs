@@ -57,6 +57,8 @@ pub struct Control {
     pub(crate) secrets: crate::secrets::Secrets,
     /// Tenants, their tokens, and who a token is.
     pub(crate) tenants: crate::tenants::Tenants,
+    /// Every change, with who asked.
+    pub(crate) audit: crate::audit::Audit,
 }
 
 impl From<StoreError> for ApiError {
@@ -106,6 +108,7 @@ impl Control {
         Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
             tenants: crate::tenants::Tenants::new(store.clone(), None),
+            audit: crate::audit::Audit::new(None),
             images: crate::images::Images::new(nodes.clone(), None),
             volumes: crate::volumes::Volumes::new(nodes.clone()),
             profiles: crate::profiles::Profiles::new(store.clone(), policy),
@@ -137,6 +140,17 @@ impl Control {
     /// The tenants service.
     pub fn tenants(&self) -> &crate::tenants::Tenants {
         &self.tenants
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &crate::audit::Audit {
+        &self.audit
+    }
+
+    /// Keeps the audit log under `home`.
+    pub fn with_audit(mut self, home: &std::path::Path) -> Control {
+        self.audit = crate::audit::Audit::new(Some(home));
+        self
     }
 
     /// Takes `token` as the operator's (admin of every tenant).

@@ -9,6 +9,7 @@ pub mod access;
 pub mod admission;
 pub mod alerts;
 pub mod api;
+pub mod audit;
 mod batch;
 mod build_log;
 mod builds;
@@ -237,6 +238,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
         )
         .with_cluster_registry(cluster_registry)
         .with_operator_token(&token)
+        .with_audit(&cfg.home)
         .with_secret_box(secrets::SecretBox::open_home(&cfg.home)?),
     );
     let mut join = None;

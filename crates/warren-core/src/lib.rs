@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod batch;
 pub mod build;
 pub mod clock;

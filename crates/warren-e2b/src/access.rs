@@ -95,19 +95,25 @@ pub(crate) async fn gate(
         .find(|(k, _)| *k == "id")
         .map(|(_, v)| v.to_string())
         .unwrap_or_default();
-    let call = format!("{} {}", req.method(), matched.as_str());
-    let rule = rule(req.method(), matched.as_str());
-    let checked = match control(&e2b) {
-        Ok(c) => c
-            .check(&who, rule, &key, &call)
-            .await
-            .map_err(E2bError::from),
-        Err(e) => Err(e),
+    let (method, route) = (req.method().clone(), matched.as_str().to_string());
+    let call = format!("{method} {route}");
+    let rule = rule(&method, &route);
+    let control = match control(&e2b) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
     };
-    match checked {
+    let resp = match control.check(&who, rule, &key, &call).await {
         Ok(()) => next.run(req).await,
         // An E2B client asking for another tenant's sandbox reads E2B's
         // own "not found".
-        Err(e) => e.into_response(),
+        Err(e) => E2bError::from(e).into_response(),
+    };
+    if rule
+        .unwrap_or(Rule::Operator)
+        .changes(method == Method::GET)
+    {
+        let status = resp.status().as_u16();
+        control.audit_call(&who, "e2b", method.as_str(), &route, &key, status);
     }
+    resp
 }

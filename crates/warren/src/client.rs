@@ -197,14 +197,16 @@ impl Client {
         resp.json().await.context("decoding the API response")
     }
 
-    /// `method path` with an optional JSON body, its JSON answer decoded.
+    /// `method path?query` with an optional JSON body, its JSON answer
+    /// decoded.
     pub async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
+        query: &[(&str, String)],
         body: Option<&(impl serde::Serialize + ?Sized)>,
     ) -> Result<T> {
-        let mut req = self.request(method, path);
+        let mut req = self.request(method, path).query(query);
         if let Some(body) = body {
             req = req.json(body);
         }

@@ -92,6 +92,13 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Secret(cmd) => secrets::run(&client()?, cmd).await,
         Command::Tenant(cmd) => tenants::tenant(&client()?, cmd).await,
         Command::Token(cmd) => tenants::token(&client()?, cmd).await,
+        Command::Audit {
+            tenant,
+            since,
+            until,
+            limit,
+            json,
+        } => tenants::audit(&client()?, tenant, since, until, limit, json).await,
         Command::Events {
             sandbox,
             label,

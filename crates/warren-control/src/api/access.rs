@@ -21,7 +21,7 @@ use Rule::{Operator, Owned as Own, Tenant};
 pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
     let get = method == Method::GET || method == Method::HEAD;
     let rule = match (path, get) {
-        ("/openapi.json", true) | ("/v1/whoami", true) => Tenant(Read),
+        ("/openapi.json", true) | ("/v1/whoami", true) | ("/v1/audit", true) => Tenant(Read),
         ("/v1/sandboxes", true) => Tenant(Read),
         ("/v1/sandboxes", false) => Tenant(Change),
         ("/v1/run", false) => Tenant(Change),
@@ -116,12 +116,21 @@ pub(crate) async fn gate(
         .find(|(k, _)| matches!(*k, "id" | "name"))
         .map(|(_, v)| v.to_string())
         .unwrap_or_default();
-    let call = format!("{} {}", req.method(), matched.as_str());
-    let rule = rule(req.method(), matched.as_str());
-    match st.control.check(&who, rule, &key, &call).await {
+    let (method, route) = (req.method().clone(), matched.as_str().to_string());
+    let call = format!("{method} {route}");
+    let rule = rule(&method, &route);
+    let resp = match st.control.check(&who, rule, &key, &call).await {
         Ok(()) => next.run(req).await,
         Err(e) => Failure(e).into_response(),
+    };
+    let is_get = method == Method::GET || method == Method::HEAD;
+    if rule.unwrap_or(Rule::Operator).changes(is_get) {
+        // Before the answer leaves: an answered change is in the log.
+        let status = resp.status().as_u16();
+        st.control
+            .audit_call(&who, "api", method.as_str(), &route, &key, status);
     }
+    resp
 }
 
 #[cfg(test)]

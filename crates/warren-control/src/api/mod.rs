@@ -21,6 +21,7 @@ use warren_core::{
 use crate::control::Control;
 
 mod access;
+mod audit;
 mod batches;
 mod builds;
 pub mod console;
@@ -40,6 +41,7 @@ mod tenants;
 mod usage;
 mod volumes;
 
+use audit::*;
 use batches::*;
 use builds::*;
 use exec_ws::*;
@@ -110,8 +112,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, list_tenants, create_tenant, get_tenant, set_tenant, delete_tenant, list_tokens, create_token, revoke_token, whoami, healthz),
-    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate, warren_core::tenant::TenantRequest, warren_core::tenant::TenantSpec, warren_core::tenant::TenantInfo, warren_core::tenant::TenantUsage, warren_core::tenant::Quota, warren_core::tenant::Role, warren_core::tenant::TokenRequest, warren_core::tenant::TokenInfo, warren_core::tenant::NewToken, WhoAmI)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, list_tenants, create_tenant, get_tenant, set_tenant, delete_tenant, list_tokens, create_token, revoke_token, whoami, audit, healthz),
+    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate, warren_core::tenant::TenantRequest, warren_core::tenant::TenantSpec, warren_core::tenant::TenantInfo, warren_core::tenant::TenantUsage, warren_core::tenant::Quota, warren_core::tenant::Role, warren_core::tenant::TokenRequest, warren_core::tenant::TokenInfo, warren_core::tenant::NewToken, WhoAmI, warren_core::audit::AuditEntry)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -206,6 +208,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/whoami", get(whoami))
+        .route("/v1/audit", get(audit))
         .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))

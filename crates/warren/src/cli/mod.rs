@@ -281,6 +281,27 @@ pub enum Command {
     /// Tokens of tenants (admin, user or viewer).
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Show the audit log: every change, with the tenant and token that asked.
+    #[command(after_help = "Examples:\n  \
+        warren audit --tenant team-a --since 1h\n  \
+        warren audit --since 2026-12-06T00:00:00Z --json")]
+    Audit {
+        /// Only this tenant's calls (a tenant's admin token reads its own only).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// From this long ago (30m, 2h) or this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Before this long ago or this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// At most this many lines (the newest).
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// The lines as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the event stream (state changes with reasons).
     #[command(after_help = "Examples:\n  \
         warren events --sandbox $id\n  \

@@ -88,19 +88,22 @@ pub(super) async fn tenant(client: &Client, cmd: TenantCmd) -> Result<i32> {
                 spec: spec(args)?,
             };
             let _: TenantInfo = client
-                .call(Method::POST, "/v1/tenants", Some(&body))
+                .call(Method::POST, "/v1/tenants", &[], Some(&body))
                 .await?;
             let req = TokenRequest {
                 tenant: name,
                 role: Role::Admin,
                 description: "made with the tenant".into(),
             };
-            let made: NewToken = client.call(Method::POST, "/v1/tokens", Some(&req)).await?;
+            let made: NewToken = client
+                .call(Method::POST, "/v1/tokens", &[], Some(&req))
+                .await?;
             print_token(&made);
         }
         TenantCmd::Ls { json } => {
-            let tenants: Vec<TenantInfo> =
-                client.call(Method::GET, "/v1/tenants", None::<&()>).await?;
+            let tenants: Vec<TenantInfo> = client
+                .call(Method::GET, "/v1/tenants", &[], None::<&()>)
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&tenants)?);
             } else {
@@ -110,7 +113,9 @@ pub(super) async fn tenant(client: &Client, cmd: TenantCmd) -> Result<i32> {
         TenantCmd::Set { name, spec: args } => {
             let name: TenantName = name.parse()?;
             let path = format!("/v1/tenants/{name}");
-            let t: TenantInfo = client.call(Method::PUT, &path, Some(&spec(args)?)).await?;
+            let t: TenantInfo = client
+                .call(Method::PUT, &path, &[], Some(&spec(args)?))
+                .await?;
             print_tenants(&[t]);
         }
         TenantCmd::Rm { names } => {
@@ -145,12 +150,15 @@ pub(super) async fn token(client: &Client, cmd: TokenCmd) -> Result<i32> {
                 role: role.parse()?,
                 description,
             };
-            let made: NewToken = client.call(Method::POST, "/v1/tokens", Some(&req)).await?;
+            let made: NewToken = client
+                .call(Method::POST, "/v1/tokens", &[], Some(&req))
+                .await?;
             print_token(&made);
         }
         TokenCmd::Ls { json } => {
-            let tokens: Vec<TokenInfo> =
-                client.call(Method::GET, "/v1/tokens", None::<&()>).await?;
+            let tokens: Vec<TokenInfo> = client
+                .call(Method::GET, "/v1/tokens", &[], None::<&()>)
+                .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&tokens)?);
                 return Ok(0);
@@ -171,7 +179,7 @@ pub(super) async fn token(client: &Client, cmd: TokenCmd) -> Result<i32> {
             for id in ids {
                 let path = format!("/v1/tokens/{id}");
                 match client
-                    .call::<TokenInfo>(Method::DELETE, &path, None::<&()>)
+                    .call::<TokenInfo>(Method::DELETE, &path, &[], None::<&()>)
                     .await
                 {
                     Ok(t) => println!("{}", t.id),
@@ -183,6 +191,59 @@ pub(super) async fn token(client: &Client, cmd: TokenCmd) -> Result<i32> {
             }
             return Ok(i32::from(failed > 0));
         }
+    }
+    Ok(0)
+}
+
+/// `30m` ago, or an RFC 3339 time as given.
+fn moment(flag: &str, given: &str) -> Result<String> {
+    if let Ok(ago) = warren_core::quantity::parse_duration(given) {
+        let at = time::OffsetDateTime::now_utc() - ago;
+        return Ok(at.format(&time::format_description::well_known::Rfc3339)?);
+    }
+    time::OffsetDateTime::parse(given, &time::format_description::well_known::Rfc3339)
+        .with_context(|| {
+            format!("--{flag} {given:?}: give a duration (30m) or an RFC 3339 time")
+        })?;
+    Ok(given.to_string())
+}
+
+pub(super) async fn audit(
+    client: &Client,
+    tenant: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    limit: usize,
+    json: bool,
+) -> Result<i32> {
+    let mut query = vec![("limit", limit.to_string())];
+    if let Some(t) = tenant {
+        query.push(("tenant", t.parse::<TenantName>()?.to_string()));
+    }
+    if let Some(s) = since {
+        query.push(("since", moment("since", &s)?));
+    }
+    if let Some(u) = until {
+        query.push(("until", moment("until", &u)?));
+    }
+    let lines: Vec<warren_core::audit::AuditEntry> = client
+        .call(Method::GET, "/v1/audit", &query, None::<&()>)
+        .await?;
+    if json {
+        for l in &lines {
+            println!("{}", serde_json::to_string(l)?);
+        }
+        return Ok(0);
+    }
+    println!(
+        "{:<25} {:<16} {:<18} {:<4} {:<6} {:<44} {:<20} STATUS",
+        "TIME", "TENANT", "TOKEN", "DOOR", "METHOD", "ROUTE", "TARGET"
+    );
+    for l in lines {
+        println!(
+            "{:<25} {:<16} {:<18} {:<4} {:<6} {:<44} {:<20} {}",
+            l.time, l.tenant, l.token, l.door, l.method, l.route, l.target, l.status
+        );
     }
     Ok(0)
 }

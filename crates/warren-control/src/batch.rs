@@ -178,8 +178,10 @@ impl Control {
                 usage.runtime_ms += u.runtime_ms;
                 usage.memory_byte_seconds += u.memory_byte_seconds;
             }
-            let failed = matches!(m.state, SandboxState::Failed | SandboxState::Lost)
-                || m.reason == reason::OOM_KILLED
+            let failed = matches!(
+                m.state,
+                SandboxState::Failed | SandboxState::Lost | SandboxState::Preempted
+            ) || m.reason == reason::OOM_KILLED
                 || m.reason == reason::INIT_DIED
                 || m.exit_code.is_some_and(|c| c != 0);
             if failed {

@@ -462,10 +462,17 @@ impl Control {
             }
         }
         let done = now_rfc3339();
+        // A preemption ends it as `preempted`, so lists and batches tell it
+        // from a destroy that was asked for.
+        let end = if why == reason::PREEMPTED {
+            SandboxState::Preempted
+        } else {
+            SandboxState::Destroyed
+        };
         self.store
             .transition(
                 id,
-                SandboxState::Destroyed,
+                end,
                 why,
                 &done,
                 Transition {

@@ -162,7 +162,7 @@ export const live = {
     for (const fn of this.eventListeners) fn(ev);
     if (!ev.state) return;
     const r = this.rows.get(ev.sandbox_id);
-    const final = ['destroyed', 'failed', 'lost'].includes(ev.state);
+    const final = ['destroyed', 'failed', 'lost', 'preempted'].includes(ev.state);
     if (r) {
       r.state = ev.state;
       r.reason = ev.reason;

@@ -96,10 +96,10 @@ export function fmtTime(t) {
 
 export function pct(x) { return `${(x * 100).toFixed(0)}%`; }
 
-export const STATES = ['queued', 'creating', 'running', 'paused', 'stopping', 'kept', 'failed', 'lost', 'destroyed'];
+export const STATES = ['queued', 'creating', 'running', 'paused', 'stopping', 'kept', 'failed', 'lost', 'preempted', 'destroyed'];
 export const STATE_COLOR = {
   queued: '#e3b341', creating: '#d29922', running: '#3fb950', paused: '#a371f7', stopping: '#8a95a3',
-  kept: '#4fa3ff', failed: '#f85149', lost: '#ff7b72', destroyed: '#484f58',
+  kept: '#4fa3ff', failed: '#f85149', lost: '#ff7b72', preempted: '#d29922', destroyed: '#484f58',
 };
 
 // A stacked bar of counts by state.

@@ -270,7 +270,7 @@ export function sandbox(root, { args }, live) {
       // Keep the scene when it ends (frozen, files and logs readable).
       ['running', 'paused'].includes(s.state) && s.spec && s.spec.reclaim !== 'keep'
         ? act('Keep when it ends', () => api(`${path}/reclaim`, { method: 'POST', body: { reclaim: 'keep', keep_for: '2h' } })) : null,
-      ['destroyed', 'failed', 'lost'].includes(s.state) ? null
+      ['destroyed', 'failed', 'lost', 'preempted'].includes(s.state) ? null
         : act(s.state === 'kept' ? 'Destroy (end keep)' : 'Destroy', async () => {
           if (confirm(`Destroy ${id}?`)) await api(path, { method: 'DELETE' });
         }, 'danger')].filter(Boolean));
@@ -383,7 +383,7 @@ export function batches(root, { args }, _live) {
   const stop = every(2000, async () => {
     const all = one ? [await api(`/v1/batches/${encodeURIComponent(one)}`)] : await api('/v1/batches');
     list.replaceChildren(...all.map((b) => {
-      const done = ['destroyed', 'failed', 'lost', 'kept'].reduce((a, s) => a + (b.states[s] || 0), 0);
+      const done = ['destroyed', 'failed', 'lost', 'preempted', 'kept'].reduce((a, s) => a + (b.states[s] || 0), 0);
       return h('div', { class: 'panel', style: 'margin-bottom:12px', 'data-batch': b.id },
         h('div', { class: 'toolbar' },
           h('a', { href: `#/batch/${encodeURIComponent(b.id)}`, class: 'mono' }, b.id),

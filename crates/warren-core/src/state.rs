@@ -18,10 +18,13 @@ pub enum SandboxState {
     Failed,
     Kept,
     Lost,
+    /// Ended to give its capacity back to a tenant below its fair share
+    /// (it ran on capacity its tenant borrowed).
+    Preempted,
 }
 
 impl SandboxState {
-    pub const ALL: [SandboxState; 9] = [
+    pub const ALL: [SandboxState; 10] = [
         SandboxState::Queued,
         SandboxState::Creating,
         SandboxState::Running,
@@ -31,6 +34,7 @@ impl SandboxState {
         SandboxState::Failed,
         SandboxState::Kept,
         SandboxState::Lost,
+        SandboxState::Preempted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +48,7 @@ impl SandboxState {
             SandboxState::Failed => "failed",
             SandboxState::Kept => "kept",
             SandboxState::Lost => "lost",
+            SandboxState::Preempted => "preempted",
         }
     }
 
@@ -62,7 +67,10 @@ impl SandboxState {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            SandboxState::Destroyed | SandboxState::Failed | SandboxState::Lost
+            SandboxState::Destroyed
+                | SandboxState::Failed
+                | SandboxState::Lost
+                | SandboxState::Preempted
         )
     }
 }
@@ -119,6 +127,8 @@ pub mod reason {
     pub const INIT_DIED: &str = "init_died";
     pub const CREATE_FAILED: &str = "create_failed";
     pub const NODE_LOST: &str = "node_lost";
+    /// Ended for a tenant that took back its fair share (issue 43).
+    pub const PREEMPTED: &str = "preempted";
     /// Still on a drained node at its drain's deadline.
     pub const NODE_DRAINED: &str = "node_drained";
     pub const SHUTDOWN: &str = "shutdown";

@@ -443,7 +443,7 @@ impl<D: Dialect> Store for D {
 
     async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
         let sql =
-            sql!("SELECT * FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'lost')");
+            sql!("SELECT * FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'lost', 'preempted')");
         let rows = self.fetch_all(sql, &[]).await?;
         let mut failed = Vec::new();
         for r in &rows {
@@ -454,7 +454,7 @@ impl<D: Dialect> Store for D {
             // Another server may have retired it since the read above.
             let sql = sql!(
                 "UPDATE sandboxes SET state = 'failed', reason = ?, finished_at = ?
-                 WHERE id = ? AND state NOT IN ('destroyed', 'failed', 'lost')"
+                 WHERE id = ? AND state NOT IN ('destroyed', 'failed', 'lost', 'preempted')"
             );
             if D::execute_in(&mut tx, sql, args![why, time, &id]).await? == 0 {
                 D::commit(tx).await?;

@@ -165,11 +165,11 @@ pub enum Command {
             long,
             value_parser = [
                 "queued", "creating", "running", "paused", "stopping",
-                "destroyed", "failed", "kept", "lost",
+                "destroyed", "failed", "kept", "lost", "preempted",
             ]
         )]
         state: Option<String>,
-        /// Include destroyed, failed and lost sandboxes.
+        /// Include destroyed, failed, lost and preempted sandboxes.
         #[arg(long, short)]
         all: bool,
         /// One JSON array instead of the table.

@@ -55,11 +55,11 @@ __all__ = [
 ]
 
 SandboxState = Literal[
-    "queued", "creating", "running", "paused", "stopping", "destroyed", "failed", "kept", "lost"
+    "queued", "creating", "running", "paused", "stopping", "destroyed", "failed", "kept", "lost", "preempted"
 ]
 """A sandbox's state. ``destroyed``, ``failed`` and ``lost`` are final."""
 
-FINAL_STATES: frozenset[str] = frozenset({"destroyed", "failed", "lost"})
+FINAL_STATES: frozenset[str] = frozenset({"destroyed", "failed", "lost", "preempted"})
 
 M = TypeVar("M")
 

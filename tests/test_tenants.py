@@ -283,3 +283,23 @@ def test_every_change_is_audited_with_its_tenant_and_token(tw):
     user = h.post("/v1/tokens", json={"tenant": "team-audit", "role": "user"}).json()["token"]
     assert as_token(tw, user).get("/v1/audit").status_code == 403
     assert tw.http.get("/v1/audit", params={"since": "yesterday"}).status_code == 400
+
+
+def test_a_tenants_usage_against_its_quota_shows_in_ls_and_metrics(tw):
+    import json
+
+    token = new_tenant(tw, "team-q", "--cpu", "2", "--memory", "1G", "--sandboxes", "5", "--weight", "3")
+    h = as_token(tw, token)
+    sid = h.post("/v1/sandboxes", json={"image": "busybox:latest", "cpu": 0.5, "memory": "128M"}).json()["id"]
+    try:
+        t = next(t for t in json.loads(tw.cli("tenant", "ls", "--json").stdout) if t["name"] == "team-q")
+        assert t["usage"] == {"cpu_millis": 500, "memory": 128 << 20, "gpus": 0, "sandboxes": 1}, t
+        assert t["quota"] == {"cpu": 2.0, "memory": 1 << 30, "sandboxes": 5} and t["weight"] == 3, t
+        text = tw.http.get("/metrics").text
+        for line in ['warren_tenant_requested{tenant="team-q",resource="cpu"} 0.5',
+                     'warren_tenant_quota{tenant="team-q",resource="sandboxes"} 5.0',
+                     'warren_tenant_queued{tenant="team-q"} 0',
+                     'warren_tenant_weight{tenant="team-q"} 3']:
+            assert line in text, line
+    finally:
+        h.delete(f"/v1/sandboxes/{sid}")

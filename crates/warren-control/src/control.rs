@@ -194,6 +194,10 @@ impl Control {
             sandboxes,
             held,
             profiles: self.store.profiles().await.ok(),
+            tenants: self
+                .tenant_infos(&warren_core::tenant::Principal::Operator)
+                .await
+                .ok(),
         })
     }
 

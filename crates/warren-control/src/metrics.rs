@@ -29,6 +29,9 @@ pub struct Snapshot {
     /// What the nodes hold now, by sandbox id (their usage).
     pub held: std::collections::HashMap<String, warren_node_api::SandboxStatus>,
     pub profiles: Option<Vec<warren_core::profile::Profile>>,
+    /// Every tenant with what its sandboxes hold and its queue; None when
+    /// the store could not be read.
+    pub tenants: Option<Vec<warren_core::tenant::TenantInfo>>,
 }
 
 pub struct Metrics {
@@ -50,6 +53,10 @@ pub struct Metrics {
     sandbox_throttled: Family<Labels, Gauge>,
     pool_ready: Family<Labels, Gauge>,
     pool_claimed: Family<Labels, Gauge>,
+    tenant_requested: Family<Labels, FloatGauge>,
+    tenant_quota: Family<Labels, FloatGauge>,
+    tenant_queued: Family<Labels, Gauge>,
+    tenant_weight: Family<Labels, Gauge>,
     cpu_busy: FloatGauge,
 }
 
@@ -90,6 +97,10 @@ impl Metrics {
             sandbox_throttled: Family::default(),
             pool_ready: Family::default(),
             pool_claimed: Family::default(),
+            tenant_requested: Family::default(),
+            tenant_quota: Family::default(),
+            tenant_queued: Family::default(),
+            tenant_weight: Family::default(),
             cpu_busy: Gauge::default(),
             registry: Registry::default(),
         };
@@ -124,6 +135,26 @@ impl Metrics {
             m.allocated.clone(),
         );
         registry.register("sandboxes", "Sandboxes by state", m.sandboxes.clone());
+        registry.register(
+            "tenant_requested",
+            "What a tenant's live sandboxes request (cpu in cores, memory in bytes, gpus, sandboxes)",
+            m.tenant_requested.clone(),
+        );
+        registry.register(
+            "tenant_quota",
+            "A tenant's quota, where it has one (as tenant_requested)",
+            m.tenant_quota.clone(),
+        );
+        registry.register(
+            "tenant_queued",
+            "A tenant's creates waiting for quota or capacity",
+            m.tenant_queued.clone(),
+        );
+        registry.register(
+            "tenant_weight",
+            "A tenant's weight in the fair share",
+            m.tenant_weight.clone(),
+        );
         registry.register(
             "queue_length",
             "Creates waiting for capacity",
@@ -268,6 +299,41 @@ impl Metrics {
                     }
                 }
             }
+        }
+        self.tenant_requested.clear();
+        self.tenant_quota.clear();
+        self.tenant_queued.clear();
+        self.tenant_weight.clear();
+        for t in now.tenants.iter().flatten() {
+            let name = t.name.as_str();
+            let q = &t.spec.quota;
+            let u = &t.usage;
+            for (resource, used, quota) in [
+                (
+                    "cpu",
+                    u.cpu_millis as f64 / 1000.0,
+                    q.cpu.map(|c| c.0 as f64 / 1000.0),
+                ),
+                ("memory", u.memory as f64, q.memory.map(|m| m.0 as f64)),
+                ("gpus", f64::from(u.gpus), q.gpus.map(f64::from)),
+                (
+                    "sandboxes",
+                    f64::from(u.sandboxes),
+                    q.sandboxes.map(f64::from),
+                ),
+            ] {
+                let labels = l(&[("tenant", name), ("resource", resource)]);
+                self.tenant_requested.get_or_create(&labels).set(used);
+                if let Some(quota) = quota {
+                    self.tenant_quota.get_or_create(&labels).set(quota);
+                }
+            }
+            self.tenant_queued
+                .get_or_create(&l(&[("tenant", name)]))
+                .set(i64::from(t.queued));
+            self.tenant_weight
+                .get_or_create(&l(&[("tenant", name)]))
+                .set(i64::from(t.spec.weight.get()));
         }
         self.profile_request.clear();
         self.profile_anomalous.clear();

@@ -14,9 +14,10 @@ from conftest import free_port, own_daemon
 
 @pytest.fixture(scope="module")
 def tw(images):
-    e2b = free_port()
-    with own_daemon(images, args=["--e2b-api", f"127.0.0.1:{e2b}"]) as w:
+    e2b, sbx = free_port(), free_port()
+    with own_daemon(images, args=["--e2b-api", f"127.0.0.1:{e2b}", "--e2b-sandbox", f"127.0.0.1:{sbx}"]) as w:
         w.e2b_api = f"http://127.0.0.1:{e2b}"
+        w.e2b_sandbox = f"http://127.0.0.1:{sbx}"
         yield w
 
 
@@ -260,8 +261,13 @@ def test_every_change_is_audited_with_its_tenant_and_token(tw):
     assert h.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/f"}, content=b"x").status_code in (200, 201, 204)
     assert h.get(f"/v1/sandboxes/{sid}").status_code == 200  # a read: not audited
     assert h.delete(f"/v1/sandboxes/{sid}").status_code == 200
-    e2b = httpx.post(f"{tw.e2b_api}/sandboxes", headers={"X-API-KEY": token},
-                     json={"templateID": "busybox:latest"}, timeout=60).json()["sandboxID"]
+    made = httpx.post(f"{tw.e2b_api}/sandboxes", headers={"X-API-KEY": token},
+                      json={"templateID": "busybox:latest"}, timeout=60).json()
+    e2b = made["sandboxID"]
+    envd = {"E2b-Sandbox-Id": e2b, "E2b-Sandbox-Port": "49983", "X-Access-Token": made["envdAccessToken"]}
+    for call in ("Stat", "MakeDir"):
+        r = httpx.post(f"{tw.e2b_sandbox}/filesystem.Filesystem/{call}", json={"path": "/tmp/d"}, headers=envd)
+        assert r.status_code in (200, 404), r.text
     httpx.delete(f"{tw.e2b_api}/sandboxes/{e2b}", headers={"X-API-KEY": token})
     out = tw.cli("audit", "--tenant", "team-audit", "--since", "10m", "--json").stdout.decode()
     lines = [json.loads(l) for l in out.splitlines()]
@@ -272,9 +278,11 @@ def test_every_change_is_audited_with_its_tenant_and_token(tw):
         ("api", "PUT", "/v1/sandboxes/{id}/files", sid, 204),
         ("api", "DELETE", "/v1/sandboxes/{id}", sid, 200),
         ("e2b", "POST", "/sandboxes", "", 201),
+        ("envd", "POST", "/filesystem.Filesystem/MakeDir", e2b, 200),
         ("e2b", "DELETE", "/sandboxes/{id}", e2b, 204),
     ], calls
-    assert {l["token"] for l in lines} == {tid} and {l["tenant"] for l in lines} == {"team-audit"}
+    assert {l["token"] for l in lines} == {tid, "envd-access-token"}
+    assert {l["tenant"] for l in lines} == {"team-audit"}
     # A refused change is audited too, with its status.
     assert h.delete("/v1/sandboxes/sbx-nosuchthing").status_code == 404
     assert h.get("/v1/audit", params={"limit": 1}).json()[0]["status"] == 404

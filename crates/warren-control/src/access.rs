@@ -83,10 +83,13 @@ pub fn changer(who: &Principal) -> Result<TenantName, ApiError> {
 }
 
 impl Control {
-    /// Records a change a door answered (see [`crate::audit`]).
+    /// Records a change a door answered for `tenant`, asked with the token
+    /// `token` names (an id, never a value; see [`crate::audit`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn audit_call(
         &self,
-        who: &Principal,
+        tenant: &TenantName,
+        token: &str,
         door: &str,
         method: &str,
         route: &str,
@@ -95,8 +98,8 @@ impl Control {
     ) {
         self.audit.record(&warren_core::audit::AuditEntry {
             time: warren_core::clock::now_rfc3339(),
-            tenant: who.tenant(),
-            token: who.token_id().to_string(),
+            tenant: tenant.clone(),
+            token: token.to_string(),
             door: door.to_string(),
             method: method.to_string(),
             route: route.to_string(),

@@ -113,7 +113,8 @@ pub(crate) async fn gate(
         .changes(method == Method::GET)
     {
         let status = resp.status().as_u16();
-        control.audit_call(&who, "e2b", method.as_str(), &route, &key, status);
+        let (tenant, token) = (who.tenant(), who.token_id());
+        control.audit_call(&tenant, token, "e2b", method.as_str(), &route, &key, status);
     }
     resp
 }

@@ -127,8 +127,9 @@ pub(crate) async fn gate(
     if rule.unwrap_or(Rule::Operator).changes(is_get) {
         // Before the answer leaves: an answered change is in the log.
         let status = resp.status().as_u16();
+        let (tenant, token) = (who.tenant(), who.token_id());
         st.control
-            .audit_call(&who, "api", method.as_str(), &route, &key, status);
+            .audit_call(&tenant, token, "api", method.as_str(), &route, &key, status);
     }
     resp
 }

@@ -213,12 +213,41 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
         );
     }
     let accounts = e2b.accounts.of(&control, &id).await;
+    let audited = changes(req.method(), req.uri().path())
+        .then(|| (req.method().to_string(), req.uri().path().to_string()));
     req.extensions_mut().insert(Target {
-        id,
-        control,
+        id: id.clone(),
+        control: control.clone(),
         accounts,
     });
-    next.run(req).await
+    let resp = next.run(req).await;
+    if let Some((method, path)) = audited {
+        // Asked with the sandbox's access token, which only its tenant was
+        // given (by the create or a connect).
+        let status = resp.status().as_u16();
+        control.audit_call(
+            &row.tenant,
+            "envd-access-token",
+            "envd",
+            &method,
+            &path,
+            &id,
+            status,
+        );
+    }
+    resp
+}
+
+/// Whether an envd call changes something (and so is audited): starting or
+/// driving a process, writing, moving or removing a file.
+fn changes(method: &axum::http::Method, path: &str) -> bool {
+    match path.rsplit_once('/') {
+        Some(("/process.Process", _)) => !path.ends_with("/List"),
+        Some(("/filesystem.Filesystem", call)) => {
+            matches!(call, "MakeDir" | "Move" | "Remove")
+        }
+        _ => path == "/files" && method != axum::http::Method::GET,
+    }
 }
 
 /// E2B's auto-resume: a paused sandbox made with `autoResume` is resumed

@@ -607,6 +607,12 @@ def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, pos
             exit_ev, out, _, _ = follower.exec(s["id"], ["echo", "through-the-follower"])
             assert exit_ev and out == b"through-the-follower\n", (exit_ev, out)
             follower.http.delete(f"/v1/sandboxes/{s['id']}")
+            # A tenant made through the leader is known to the follower, and
+            # survives the failover below with its sandbox.
+            assert leader.http.post("/v1/tenants", json={"name": "team-f"}).status_code == 201
+            token = follower.http.post("/v1/tokens", json={"tenant": "team-f"}).json()["token"]
+            as_tenant = httpx.Client(base_url=follower.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            mine = as_tenant.post("/v1/sandboxes", json={"image": BB, "cpu": 0.01, "memory": "16M"}).json()["id"]
 
             def create_until_answered(rid):
                 # A create is idempotent by request id: retried across the
@@ -661,10 +667,13 @@ def test_replicas_share_one_database_and_a_killed_leader_is_replaced(images, pos
             # One record per create, and no sandbox placed twice: what the
             # nodes hold is exactly the running records.
             assert all(len(v) == 1 for v in by_rid.values()), by_rid
-            running = {r["id"] for r in records if r["state"] == "running"}
+            assert [x["id"] for x in as_tenant.get("/v1/sandboxes").json()] == [mine]
+            assert next(r for r in records if r["id"] == mine)["tenant"] == "team-f"
+            running = {r["id"] for r in records if r["state"] == "running"} - {mine}
             assert len(running) >= 40, (len(running), [a.get("state") or a.get("error") for a in answers])
             wait_until("the nodes to hold exactly the running sandboxes", lambda: set(
-                c.nodes["a"].leftovers() + c.nodes["b"].leftovers()) == running, timeout=30)
+                c.nodes["a"].leftovers() + c.nodes["b"].leftovers()) == running | {mine}, timeout=30)
+            assert as_tenant.delete(f"/v1/sandboxes/{mine}").status_code == 200
             for sid in running:
                 follower.http.delete(f"/v1/sandboxes/{sid}")
             c.server = follower

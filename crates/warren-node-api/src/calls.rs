@@ -154,6 +154,15 @@ macro_rules! node_calls {
             /// sandbox is over (destroyed, or held after it finished).
             bytes Open fn logs(id: &str => String, follow: bool) -> ByteStream;
 
+            /// The node's shipping journal (every sandbox's log lines and usage
+            /// samples, numbered node-wide) after `after`, at most `max` entries,
+            /// waiting up to `wait` for one when there is none. `journal` names the
+            /// journal `after` counts in (None, or another: from the start); the
+            /// node may forget what is at or before `after` in its own journal
+            /// (the caller has it kept).
+            unary Quick fn ship(journal: Option<&str> => Option<String>, after: u64, max: u32, wait: Duration)
+                -> ShipBatch;
+
             /// A connection to `port` on the sandbox's loopback. Only opening it
             /// has the quick deadline, not the life of the connection.
             tunnel Quick fn connect_port(id: &str => String, port: u16 => Port) -> Box<dyn Tunnel>;

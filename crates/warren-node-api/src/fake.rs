@@ -33,6 +33,9 @@ pub struct FakeNode {
     last: watch::Sender<u64>,
     /// How long `create` takes.
     create_delay: Mutex<Duration>,
+    /// Its shipping journal (`ship`): entry `seq` is at index `seq - 1`.
+    shipped: Mutex<Vec<Shipped>>,
+    shipped_last: watch::Sender<u64>,
 }
 
 impl FakeNode {
@@ -44,7 +47,37 @@ impl FakeNode {
             events: Arc::default(),
             last: watch::Sender::new(0),
             create_delay: Mutex::new(Duration::ZERO),
+            shipped: Mutex::default(),
+            shipped_last: watch::Sender::new(0),
         })
+    }
+
+    /// The journal id `ship` answers with.
+    pub const JOURNAL: &'static str = "fake-journal";
+
+    /// A log line the sandbox wrote, as the node would ship it; its seq.
+    pub fn log_line(&self, id: &str, body: &str) -> u64 {
+        self.ship_entry(id, ShippedKind::Log, body)
+    }
+
+    /// A usage sample of the sandbox, as the node would ship it; its seq.
+    pub fn usage_sample(&self, id: &str, usage: &Usage) -> u64 {
+        let body = serde_json::to_string(usage).unwrap_or_default();
+        self.ship_entry(id, ShippedKind::Usage, &body)
+    }
+
+    fn ship_entry(&self, id: &str, kind: ShippedKind, body: &str) -> u64 {
+        let mut shipped = lock(&self.shipped);
+        let seq = shipped.len() as u64 + 1;
+        shipped.push(Shipped {
+            seq,
+            sandbox_id: id.into(),
+            kind,
+            time_ms: 1_700_000_000_000 + seq as i64,
+            body: body.into(),
+        });
+        self.shipped_last.send_replace(seq);
+        seq
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -151,6 +184,28 @@ crate::node_impl! { FakeNode, else unsupported;
     }
 
     status(self, id, _read_usage) { self.with(id, |s| s.clone()) }
+
+    ship(self, journal, after, max, wait) {
+        // Not in `calls`: the control plane asks all the time.
+        if let Some(e) = self.state().fail.remove("ship") {
+            return Err(e);
+        }
+        let after = if journal == Some(Self::JOURNAL) { after } else { 0 };
+        let mut rx = self.shipped_last.subscribe();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|last| *last > after)).await;
+        let entries: Vec<Shipped> = lock(&self.shipped)
+            .iter()
+            .skip(after as usize)
+            .take(max as usize)
+            .cloned()
+            .collect();
+        Ok(ShipBatch {
+            journal: Self::JOURNAL.into(),
+            last: entries.last().map_or(after, |e| e.seq),
+            entries,
+            dropped: 0,
+        })
+    }
 
     events(self, since) {
         // Sequence numbers count from 1 without gaps: the event after `seen`

@@ -362,3 +362,43 @@ pub struct Joined {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registries: Option<String>,
 }
+
+/// What a node's shipping journal holds: a sandbox's log line, or a
+/// sample of its usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShippedKind {
+    /// One JSON line of the sandbox's log, as `logs` answers it.
+    Log,
+    /// A `Usage` as JSON.
+    Usage,
+}
+
+/// One entry of a node's shipping journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shipped {
+    /// Node-wide and consecutive within one journal.
+    pub seq: u64,
+    pub sandbox_id: String,
+    pub kind: ShippedKind,
+    /// When the node wrote it (Unix milliseconds).
+    pub time_ms: i64,
+    /// The log line (no newline) or the usage, as JSON.
+    pub body: String,
+}
+
+/// The answer of `ship`: entries after the caller's cursor, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShipBatch {
+    /// The journal the sequence numbers belong to. A node whose home was
+    /// replaced starts a new one, numbered from 1 again.
+    pub journal: String,
+    pub entries: Vec<Shipped>,
+    /// The caller's cursor after this batch: the last entry's `seq`, or
+    /// past entries the node no longer has.
+    pub last: u64,
+    /// Entries after the cursor asked from that the node dropped before
+    /// anyone took them (its journal is bounded).
+    #[serde(default)]
+    pub dropped: u64,
+}

@@ -506,6 +506,32 @@ impl NodeApi for FakeNode {
         })
     }
 
+    async fn ship(
+        &self,
+        journal: Option<&str>,
+        after: u64,
+        max: u32,
+        wait: Duration,
+    ) -> NodeResult<ShipBatch> {
+        self.record(format!(
+            "ship {journal:?} {after} {max} {}",
+            wait.as_millis()
+        ));
+        let entries = vec![Shipped {
+            seq: after + 1,
+            sandbox_id: "sb-2".into(),
+            kind: ShippedKind::Log,
+            time_ms: 1_700_000_000_000,
+            body: r#"{"kind":"stdout","text":"tab\there\n"}"#.into(),
+        }];
+        Ok(ShipBatch {
+            journal: "j-1".into(),
+            last: after + 1,
+            entries,
+            dropped: 2,
+        })
+    }
+
     async fn logs(&self, id: &str, follow: bool) -> NodeResult<ByteStream> {
         self.need(id)?;
         let first = Bytes::from_static(b"{\"line\":1}\n{\"line\":2}\n");
@@ -1190,6 +1216,21 @@ async fn every_method_crosses_the_wire() {
     assert_eq!((gc.used_before, gc.used_after), (1000, 500));
     assert_eq!(node.image_gc(None).await.unwrap().used_after, 0);
 
+    // The shipping journal's batch, its body a JSON line kept as text.
+    let batch = node
+        .ship(Some("j-1"), 41, 500, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    assert_eq!(
+        (batch.journal.as_str(), batch.last, batch.dropped),
+        ("j-1", 42, 2)
+    );
+    assert_eq!(
+        batch.entries[0].body,
+        r#"{"kind":"stdout","text":"tab\there\n"}"#
+    );
+    assert_eq!(batch.entries[0].kind, ShippedKind::Log);
+
     // Destroy answers the final usage, and nothing when already gone.
     let why = "user asked: a&b=c/d ?#%";
     assert_eq!(node.destroy("sb-2", why).await.unwrap(), Some(usage()));
@@ -1218,6 +1259,7 @@ async fn every_method_crosses_the_wire() {
         "exec_resize sb-2 ex-1 50x132".into(),
         "fork_layer sb-2".into(),
         "release_fork_layer fk-000000000002".into(),
+        r#"ship Some("j-1") 41 500 1500"#.into(),
         format!("destroy sb-2 {why}"),
     ] {
         assert!(calls.contains(&expected), "{expected:?} not in {calls:#?}");

@@ -236,6 +236,23 @@ warren_node_api::node_impl! { LocalNode;
             .boxed())
     }
 
+    ship(self, journal, after, max, wait) {
+        let Some(j) = self.node.logs.journal() else {
+            return Err(api::NodeError::invalid(
+                "this node does not ship its logs (started with --no-log-shipping)",
+            ));
+        };
+        // Bounds of one answer: the control plane writes each batch in one
+        // transaction, and a long poll must end well within the call's
+        // quick deadline.
+        const MOST: u32 = 10_000;
+        const MOST_BYTES: usize = 4 << 20;
+        const LONGEST_WAIT: Duration = Duration::from_secs(10);
+        j.read(journal, after, max.clamp(1, MOST), MOST_BYTES, wait.min(LONGEST_WAIT))
+            .await
+            .map_err(|e| api::NodeError::internal(e.to_string()))
+    }
+
     connect_port(self, id, port) {
         self.node.renew_lease(id);
         Ok(Box::new(answer(self.node.connect_port(id, port).await)?))

@@ -31,6 +31,7 @@ mod pressure;
 mod reports;
 pub mod sampler;
 mod settings;
+pub mod ship_journal;
 mod take_over;
 mod tasks;
 mod usage;
@@ -190,6 +191,13 @@ impl Node {
         })?;
         let journal = journal::Journal::open(&cfg.home)
             .map_err(|e| NodeError::Internal(format!("open the node journal: {e}")))?;
+        let ship = cfg
+            .settings
+            .log_shipping
+            .then(|| ship_journal::ShipJournal::open(&cfg.home.join("ship"), cfg.settings.ship_max))
+            .transpose()
+            .map_err(|e| NodeError::Internal(e.to_string()))?
+            .map(Arc::new);
         let cap = &cfg.settings;
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -270,7 +278,7 @@ impl Node {
             images,
             live: Mutex::new(HashMap::new()),
             creating: Default::default(),
-            logs: log_dir::LogDir::new(cfg.home.join("logs"), cfg.settings.log_max),
+            logs: log_dir::LogDir::new(cfg.home.join("logs"), cfg.settings.log_max, ship),
             default_disk: cfg.settings.default_disk,
             pressure,
             feed,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::logs::{self, SandboxLog};
+use crate::ship_journal::ShipJournal;
 use crate::NodeError;
 
 /// Cheap to clone: the expiry scan takes a copy to a blocking thread.
@@ -15,17 +16,25 @@ pub(crate) struct LogDir {
     dir: PathBuf,
     /// Bytes each sandbox's log keeps (see `logs`).
     max: u64,
+    /// Where every line is also written for the control plane (None:
+    /// shipping is off).
+    ship: Option<Arc<ShipJournal>>,
 }
 
 impl LogDir {
-    pub(crate) fn new(dir: PathBuf, max: u64) -> LogDir {
-        LogDir { dir, max }
+    pub(crate) fn new(dir: PathBuf, max: u64, ship: Option<Arc<ShipJournal>>) -> LogDir {
+        LogDir { dir, max, ship }
+    }
+
+    /// The shipping journal, if shipping is on.
+    pub(crate) fn journal(&self) -> Option<&Arc<ShipJournal>> {
+        self.ship.as_ref()
     }
 
     /// The sandbox's JSON-lines log, opened for appending.
     pub(crate) fn open(&self, id: &str) -> Result<Arc<SandboxLog>, NodeError> {
         SandboxLog::open(&self.dir, id, self.max)
-            .map(Arc::new)
+            .map(|log| Arc::new(log.shipping(self.ship.clone())))
             .map_err(|e| NodeError::Internal(format!("open log: {e}")))
     }
 

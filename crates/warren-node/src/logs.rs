@@ -17,7 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -28,6 +28,9 @@ use tokio::sync::watch;
 
 use warren_core::clock::now_rfc3339;
 use warren_core::sync::lock;
+use warren_node_api::ShippedKind;
+
+use crate::ship_journal::{now_ms, ShipJournal};
 
 /// Default cap of one sandbox's log on disk (both files together).
 pub const DEFAULT_MAX: u64 = 64 << 20;
@@ -40,6 +43,9 @@ pub struct SandboxLog {
     file: Mutex<Current>,
     /// Bumped after every write, for followers.
     written: watch::Sender<u64>,
+    /// The node's shipping journal: every line goes there too, numbered
+    /// node-wide (its `seq`), for the control plane to keep.
+    ship: Option<Arc<ShipJournal>>,
 }
 
 struct Current {
@@ -80,7 +86,14 @@ impl SandboxLog {
                 size,
             }),
             written: watch::Sender::new(0),
+            ship: None,
         })
+    }
+
+    /// Every line from now on also goes to `journal`, with its `seq`.
+    pub fn shipping(mut self, journal: Option<Arc<ShipJournal>>) -> SandboxLog {
+        self.ship = journal;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -98,20 +111,36 @@ impl SandboxLog {
         self.written.send_modify(|n| *n += 1);
     }
 
-    fn line(&self, mut line: Value) -> Option<Vec<u8>> {
+    /// The line as written: with its time, sandbox and (when shipped)
+    /// node-wide `seq`, and no newline.
+    fn line(&self, line: &mut Value, seq: Option<u64>) -> Option<Vec<u8>> {
         if let Some(obj) = line.as_object_mut() {
             obj.insert("time".into(), json!(now_rfc3339()));
             obj.insert("sandbox_id".into(), json!(self.id));
+            if let Some(seq) = seq {
+                obj.insert("seq".into(), json!(seq));
+            }
         }
-        let mut text = serde_json::to_vec(&line).ok()?;
-        text.push(b'\n');
-        Some(text)
+        serde_json::to_vec(&line).ok()
     }
 
-    fn write(&self, line: Value) {
-        let Some(text) = self.line(line) else { return };
+    fn write(&self, mut line: Value) {
         {
+            // Held across the journal's append: this log's lines and its
+            // entries there are in the same order.
             let mut cur = lock(&self.file);
+            let shipped = self.ship.as_ref().and_then(|j| {
+                j.append(ShippedKind::Log, &self.id, now_ms(), |seq| {
+                    self.line(&mut line, Some(seq))
+                })
+            });
+            let Some(mut text) = shipped
+                .map(|(_, body)| body)
+                .or_else(|| self.line(&mut line, None))
+            else {
+                return;
+            };
+            text.push(b'\n');
             if cur.size > 0 && cur.size + text.len() as u64 > self.file_max {
                 self.rotate(&mut cur);
             }
@@ -134,11 +163,13 @@ impl SandboxLog {
             .open(&self.path)
             .ok();
         cur.size = 0;
-        let note = json!({
+        // Not shipped: the control plane keeps the lines dropped here.
+        let mut note = json!({
             "kind": "event", "state": null, "reason": "log_rotated",
             "message": format!("the log reached its cap; lines before those in {}.jsonl.1 were dropped", self.id),
         });
-        if let Some(text) = self.line(note) {
+        if let Some(mut text) = self.line(&mut note, None) {
+            text.push(b'\n');
             cur.append(&text);
         }
     }
@@ -188,7 +219,7 @@ impl Current {
 /// stops a write between pages for a fatal signal); the next line would be
 /// glued to it. The part is cut off, back to the last whole line: it is the
 /// output in flight at the crash (docs/reliability.md). Returns the size.
-fn drop_torn_line(file: &File) -> std::io::Result<u64> {
+pub(crate) fn drop_torn_line(file: &File) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
     let size = file.metadata()?.len();
     if size == 0 {

@@ -35,6 +35,13 @@ pub struct NodeSettings {
     pub log_retention: std::time::Duration,
     /// Most bytes one sandbox's log keeps on disk (its newest lines).
     pub log_max: u64,
+    /// Every log line and a usage sample of each sandbox every few seconds
+    /// go to the shipping journal too, for the control plane to keep
+    /// (`ship` in the node contract); off, the node keeps them alone.
+    pub log_shipping: bool,
+    /// Most bytes the shipping journal holds while the control plane does
+    /// not take its entries (then the oldest go).
+    pub ship_max: u64,
     /// Disk limit of a sandbox that asks for none: its writable layer is
     /// measured every few seconds and the sandbox stopped past it
     /// (`disk_exceeded`). 0: no limit of its own (the node floor still holds).
@@ -99,6 +106,8 @@ impl Default for NodeSettings {
             max_initializing: 8 * cores,
             log_retention: std::time::Duration::from_secs(7 * 86400),
             log_max: logs::DEFAULT_MAX,
+            log_shipping: true,
+            ship_max: crate::ship_journal::DEFAULT_MAX,
             default_disk: DEFAULT_DISK,
             disk_floor: None,
             memory_floor: None,

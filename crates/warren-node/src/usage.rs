@@ -28,6 +28,7 @@ pub(crate) fn round_interval(interval: std::time::Duration, live: usize) -> std:
 /// round).
 pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::time::Duration) {
     let mut wait = interval;
+    let mut shipped = Shipped::default();
     loop {
         tokio::time::sleep(wait).await;
         let Some(n) = node.upgrade() else { return };
@@ -36,7 +37,7 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         wait = round_interval(interval, live.len());
-        let _ = tokio::task::spawn_blocking(move || {
+        let round = tokio::task::spawn_blocking(move || {
             n.pressure.sample_cpu();
             for (id, l) in &live {
                 if !l.destroying.load(Ordering::Acquire) {
@@ -46,12 +47,52 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
             n.sample_gpus(&live);
             n.check_disk_floor(&live);
             n.check_memory_floor(&live);
+            n.ship_usage(&live, &mut shipped);
+            shipped
         })
         .await;
+        match round {
+            Ok(s) => shipped = s,
+            Err(_) => shipped = Shipped::default(),
+        }
     }
 }
 
+/// How often each sandbox's usage goes to the shipping journal (its first
+/// sample at once): the control plane's history of a sandbox whose node is
+/// gone.
+pub const SHIP_USAGE_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// When each live sandbox's usage was last shipped.
+#[derive(Default)]
+pub(crate) struct Shipped(std::collections::HashMap<String, std::time::Instant>);
+
 impl Node {
+    /// Writes the usage of each sandbox not shipped for [`SHIP_USAGE_EVERY`]
+    /// to the shipping journal, if shipping is on.
+    fn ship_usage(&self, live: &[(String, Arc<Live>)], shipped: &mut Shipped) {
+        let Some(journal) = self.logs.journal() else {
+            return;
+        };
+        shipped.0.retain(|id, _| live.iter().any(|(l, _)| l == id));
+        let now = std::time::Instant::now();
+        for (id, l) in live {
+            let due = shipped
+                .0
+                .get(id)
+                .is_none_or(|at| now.duration_since(*at) >= SHIP_USAGE_EVERY);
+            if !due || l.destroying.load(Ordering::Acquire) {
+                continue;
+            }
+            let usage = lock(&l.usage).usage();
+            let time = crate::ship_journal::now_ms();
+            journal.append(warren_node_api::ShippedKind::Usage, id, time, |_| {
+                serde_json::to_vec(&usage).ok()
+            });
+            shipped.0.insert(id.clone(), now);
+        }
+    }
+
     /// Usage as sampled, refreshed with a reading taken now.
     pub fn usage(&self, id: &str) -> Option<Usage> {
         let live = self.get(id).ok()?;

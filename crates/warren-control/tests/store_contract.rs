@@ -24,8 +24,8 @@ use futures_util::future::LocalBoxFuture;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, SqliteConnection};
 use tokio::sync::watch;
 use warren_control::store::{
-    self, BatchRow, PgStore, PoolRow, SandboxRow, SqliteStore, Store, TenantRow, TokenRow,
-    Transition,
+    self, BatchRow, LogCursor, LogEntry, LogKind, PgStore, PoolRow, SandboxRow, SqliteStore, Store,
+    TenantRow, TokenRow, Transition,
 };
 use warren_core::profile::{Profile, Request, Run};
 use warren_core::{ResolvedResources, SandboxSpec, SandboxState};
@@ -90,6 +90,7 @@ cases![
     leader_lease,
     pools_and_claims,
     tenants_and_tokens,
+    central_logs,
 ];
 
 #[tokio::test]
@@ -1188,5 +1189,113 @@ async fn leader_lease(f: &Fixture) -> TestResult {
     // Back to the first holder: an epoch of its own, not its old one.
     let a3 = ("a".to_string(), "http://a".to_string(), 3);
     assert_eq!(holder(s.claim_leader("a", "http://a", 60_000).await?), a3);
+    Ok(())
+}
+
+fn shipped(id: &str, seq: i64, kind: LogKind, time_ms: i64, body: &str) -> LogEntry {
+    LogEntry {
+        id: 0,
+        sandbox_id: id.into(),
+        node: String::new(),
+        seq,
+        kind,
+        time_ms,
+        body: body.into(),
+    }
+}
+
+/// Shipped entries and their node's cursor move together, once: a writer
+/// whose cursor is stale keeps nothing; a usage sample becomes a live
+/// sandbox's usage, never an ended one's; retention deletes oldest first
+/// by age, then by total size.
+async fn central_logs(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    s.insert(&row("sbx-live", SandboxState::Running, "t1"), None)
+        .await?;
+    s.insert(&row("sbx-done", SandboxState::Destroyed, "t1"), None)
+        .await?;
+    assert_eq!(s.log_cursor("node-1").await?, None);
+    let at = |seq| LogCursor {
+        journal: "j-1".into(),
+        seq,
+    };
+    // 40 lines (more than one insert statement's rows) and two samples.
+    let mut batch: Vec<LogEntry> = (1..=40)
+        .map(|i| {
+            shipped(
+                "sbx-live",
+                i,
+                LogKind::Log,
+                1000 + i,
+                &format!("{{\"n\":{i}}}"),
+            )
+        })
+        .collect();
+    let usage = |ns| {
+        serde_json::to_string(&warren_core::Usage {
+            cpu_usage_ns: ns,
+            ..Default::default()
+        })
+    };
+    batch.push(shipped("sbx-live", 41, LogKind::Usage, 1041, &usage(7)?));
+    batch.push(shipped("sbx-done", 42, LogKind::Usage, 1042, &usage(9)?));
+    assert!(s.keep_shipped("node-1", None, &at(42), &batch).await?);
+    assert_eq!(s.log_cursor("node-1").await?, Some(at(42)));
+    // The same batch again from the old cursor: refused, nothing doubled.
+    assert!(!s.keep_shipped("node-1", None, &at(42), &batch).await?);
+    assert!(
+        !s.keep_shipped("node-1", Some(&at(0)), &at(42), &batch)
+            .await?
+    );
+    let lines = s.log_entries("sbx-live", LogKind::Log, 0, 0, 1000).await?;
+    assert_eq!(lines.len(), 40);
+    assert_eq!(lines[0].body, r#"{"n":1}"#);
+    assert_eq!((lines[39].seq, lines[39].node.as_str()), (40, "node-1"));
+    // Paged by row, and by time.
+    let page = s
+        .log_entries("sbx-live", LogKind::Log, lines[9].id, 0, 5)
+        .await?;
+    assert_eq!(
+        page.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [11, 12, 13, 14, 15]
+    );
+    let recent = s
+        .log_entries("sbx-live", LogKind::Log, 0, 1035, 1000)
+        .await?;
+    assert_eq!(recent.len(), 6);
+    let samples = s
+        .log_entries("sbx-live", LogKind::Usage, 0, 0, 1000)
+        .await?;
+    assert_eq!(samples.len(), 1);
+    let live = s.get("sbx-live").await?.unwrap();
+    assert_eq!(live.usage.map(|u| u.cpu_usage_ns), Some(7));
+    assert_eq!(s.get("sbx-done").await?.unwrap().usage, None);
+    // A new journal (the node's home replaced) from the kept cursor.
+    let next = LogCursor {
+        journal: "j-2".into(),
+        seq: 1,
+    };
+    let later = [shipped("sbx-live", 1, LogKind::Log, 5000, r#"{"n":"new"}"#)];
+    assert!(
+        s.keep_shipped("node-1", Some(&at(42)), &next, &later)
+            .await?
+    );
+    let total: i64 = batch
+        .iter()
+        .chain(&later)
+        .map(|e| e.body.len() as i64)
+        .sum();
+    assert_eq!(s.log_bytes().await?, total);
+    // By age: what was written before 1021 goes (20 lines).
+    assert_eq!(s.expire_log_entries(1021, None).await?, 20);
+    let left = s.log_entries("sbx-live", LogKind::Log, 0, 0, 1000).await?;
+    assert_eq!(left.first().map(|e| e.seq), Some(21));
+    // By size: down to the newest line's bytes.
+    let newest = later[0].body.len() as i64;
+    s.expire_log_entries(0, Some(newest)).await?;
+    let left = s.log_entries("sbx-live", LogKind::Log, 0, 0, 1000).await?;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body, later[0].body);
+    assert_eq!(s.log_bytes().await?, newest);
     Ok(())
 }

@@ -270,6 +270,49 @@ pub struct NodeRecord {
     pub tls_fingerprint: Option<String>,
 }
 
+/// How far a node's shipping journal has been taken (see
+/// [`Store::keep_shipped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogCursor {
+    /// The node's journal (a new one when its home was replaced).
+    pub journal: String,
+    /// The last entry kept.
+    pub seq: i64,
+}
+
+/// What a kept entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogKind {
+    /// One JSON line of the sandbox's log.
+    Log,
+    /// A usage sample (JSON).
+    Usage,
+}
+
+impl LogKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogKind::Log => "log",
+            LogKind::Usage => "usage",
+        }
+    }
+}
+
+/// A log line or usage sample a node shipped, as kept centrally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Its row (0 before it is kept): entries are read in this order.
+    pub id: i64,
+    pub sandbox_id: String,
+    pub node: String,
+    /// Its number in the node's journal (a log line carries it as `seq`).
+    pub seq: i64,
+    pub kind: LogKind,
+    /// When the node wrote it (Unix milliseconds).
+    pub time_ms: i64,
+    pub body: String,
+}
+
 /// Where the control plane keeps its state: SQLite (`warren up`), and
 /// PostgreSQL for a cluster. Every write is committed with its event
 /// before it returns.
@@ -392,6 +435,40 @@ pub trait Store: Send + Sync {
     async fn put_node(&self, node: &NodeRecord) -> Result<(), StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
     async fn delete_node(&self, name: &str) -> Result<(), StoreError>;
+    /// How far `node`'s shipping journal has been taken (None: never).
+    async fn log_cursor(&self, node: &str) -> Result<Option<LogCursor>, StoreError>;
+    /// Keeps `entries` shipped by `node` and moves its cursor from `from`
+    /// to `to`, in one transaction, so that a crash neither loses nor
+    /// repeats an entry. False, and nothing kept, when the cursor is not
+    /// at `from` (another writer moved it). A usage sample also becomes
+    /// its live sandbox's last usage (the one `inspect` shows once the
+    /// node is gone).
+    async fn keep_shipped(
+        &self,
+        node: &str,
+        from: Option<&LogCursor>,
+        to: &LogCursor,
+        entries: &[LogEntry],
+    ) -> Result<bool, StoreError>;
+    /// A sandbox's kept entries of `kind` after row `after`, written at
+    /// `since_ms` or later, oldest first, at most `limit`.
+    async fn log_entries(
+        &self,
+        sandbox_id: &str,
+        kind: LogKind,
+        after: i64,
+        since_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<LogEntry>, StoreError>;
+    /// Deletes kept entries oldest first while they were written before
+    /// `before_ms` or the total is above `max_bytes`; returns how many.
+    async fn expire_log_entries(
+        &self,
+        before_ms: i64,
+        max_bytes: Option<i64>,
+    ) -> Result<u64, StoreError>;
+    /// The bytes of the kept entries' bodies.
+    async fn log_bytes(&self) -> Result<i64, StoreError>;
     /// Takes (or renews) the leader lease for `ttl_ms` when it is free,
     /// expired or already `holder`'s, by the database's clock; returns who
     /// leads after the attempt. Taken from another holder, the lease's

@@ -19,8 +19,9 @@ use warren_core::{Event, SandboxSpec, SandboxState, Usage};
 use super::group_commit::{GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_pool, decode_readable,
-    decode_secret, decode_tenant, decode_token, json, BatchRow, Leader, NodeRecord, PoolRow,
-    SandboxRow, SecretRow, Store, StoreError, StoreRow, TenantRow, TokenRow, Transition,
+    decode_secret, decode_tenant, decode_token, json, BatchRow, Leader, LogCursor, LogEntry,
+    LogKind, NodeRecord, PoolRow, SandboxRow, SecretRow, Store, StoreError, StoreRow, TenantRow,
+    TokenRow, Transition,
 };
 
 /// One statement: SQLite's text (`?` placeholders) and PostgreSQL's.
@@ -791,6 +792,43 @@ impl<D: Dialect> Store for D {
         Ok(())
     }
 
+    async fn log_cursor(&self, node: &str) -> Result<Option<LogCursor>, StoreError> {
+        central_logs::cursor(self, node).await
+    }
+
+    async fn keep_shipped(
+        &self,
+        node: &str,
+        from: Option<&LogCursor>,
+        to: &LogCursor,
+        entries: &[LogEntry],
+    ) -> Result<bool, StoreError> {
+        central_logs::keep(self, node, from, to, entries).await
+    }
+
+    async fn log_entries(
+        &self,
+        sandbox_id: &str,
+        kind: LogKind,
+        after: i64,
+        since_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<LogEntry>, StoreError> {
+        central_logs::entries(self, sandbox_id, kind, after, since_ms, limit).await
+    }
+
+    async fn expire_log_entries(
+        &self,
+        before_ms: i64,
+        max_bytes: Option<i64>,
+    ) -> Result<u64, StoreError> {
+        central_logs::expire(self, before_ms, max_bytes).await
+    }
+
+    async fn log_bytes(&self) -> Result<i64, StoreError> {
+        central_logs::total(self).await
+    }
+
     async fn claim_leader(
         &self,
         holder: &str,
@@ -805,6 +843,9 @@ impl<D: Dialect> Store for D {
         })
     }
 }
+
+/// Logs and usage kept centrally (here: the macros above are in scope).
+mod central_logs;
 
 #[cfg(test)]
 mod tests {

@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(e, UnknownState("runing".into()));
         assert_eq!(
             e.to_string(),
-            r#"unknown state "runing": expected one of queued, creating, running, paused, stopping, destroyed, failed, kept, lost"#
+            r#"unknown state "runing": expected one of queued, creating, running, paused, stopping, destroyed, failed, kept, lost, preempted"#
         );
     }
 }

@@ -51,6 +51,10 @@ pub enum Command {
     /// Replay a synthetic training workload against simulated nodes with
     /// fixed, learned and oracle requests (was `warren simulate`).
     Simulate(SimulateArgs),
+    /// Measure fair share between tenants on simulated nodes: shares while
+    /// all are busy, one going idle and coming back, with and without
+    /// preemption (docs/tenants.md).
+    Tenants(TenantsArgs),
 }
 
 #[derive(Args)]
@@ -144,6 +148,10 @@ pub struct PlacementArgs {
     /// the cluster stays about half full).
     #[arg(long, default_value_t = 100000)]
     pub decisions: usize,
+    /// Also measure each node count with this many tenants (quota checked,
+    /// fair-share bookkeeping), beside the run without: 0 for without only.
+    #[arg(long, default_value_t = 0)]
+    pub tenants: usize,
 }
 
 #[derive(Args)]
@@ -173,6 +181,44 @@ pub struct SimulateArgs {
     /// --cpu-overcommit` (same default); 1 makes CPU requests binding.
     #[arg(long, default_value_t = 8.0)]
     pub cpu_overcommit: f64,
+}
+
+#[derive(Args)]
+pub struct TenantsArgs {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 200)]
+    pub nodes: usize,
+    /// Cores of each simulated node.
+    #[arg(long, default_value_t = 64)]
+    pub node_cores: u64,
+    /// Memory of each simulated node, GiB.
+    #[arg(long, default_value_t = 256)]
+    pub node_memory_gib: u64,
+    /// The tenants' weights (one tenant each); the last goes idle and
+    /// comes back.
+    #[arg(long, value_delimiter = ',', default_value = "1,1,2")]
+    pub weights: Vec<u32>,
+    /// Creates each busy tenant keeps waiting (also each tenant's queue
+    /// limit).
+    #[arg(long, default_value_t = 64)]
+    pub backlog: usize,
+    /// Shortest run of a sandbox, simulated seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub min_runtime_s: f64,
+    /// Longest run of a sandbox, simulated seconds.
+    #[arg(long, default_value_t = 100.0)]
+    pub max_runtime_s: f64,
+    /// Length of each phase (all busy, last idle, last back), simulated
+    /// seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub phase_s: f64,
+    /// How long the control plane takes to end a preempted sandbox,
+    /// simulated milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub destroy_ms: u64,
+    /// Random seed of the workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
 }
 
 #[cfg(test)]

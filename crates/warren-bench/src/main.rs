@@ -14,6 +14,7 @@ mod lifecycle;
 mod net;
 mod placement;
 mod simulate;
+mod tenants;
 
 use anyhow::Result;
 use clap::Parser;
@@ -42,6 +43,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Creates(args) => creates::run(&client()?, &args).await,
         Command::Placement(args) => placement::run(&args),
         Command::Simulate(args) => simulate::run(args),
+        Command::Tenants(args) => tenants::run(&args),
         Command::FakeNodes(args) => fake_nodes::run(args).await,
         Command::Floor { .. } => anyhow::bail!("floor runs before the async runtime starts"),
     }

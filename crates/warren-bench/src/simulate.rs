@@ -15,17 +15,17 @@ use crate::cli::SimulateArgs;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A small deterministic generator (xorshift), so runs are reproducible
-/// from a seed without another dependency.
-struct Rng(u64);
+/// from a seed without another dependency (`tenants` uses it too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> f64 {
+    pub(crate) fn next(&mut self) -> f64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+    pub(crate) fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.next()
     }
 }
@@ -168,6 +168,8 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 placement: Default::default(),
                 image: None,
                 node: None,
+                tenant: Default::default(),
+                priority: 0,
             };
             match admission.admit(&id, ask) {
                 Ok(Admit::Now(_)) => {

@@ -53,6 +53,8 @@ pub struct Control {
     pub(crate) volumes: crate::volumes::Volumes,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
+    /// How long and how much of the shipped logs the store keeps.
+    log_limits: crate::log_shipping::LogLimits,
     /// Named values sealed in the store (refused without a key).
     pub(crate) secrets: crate::secrets::Secrets,
     /// Tenants, their tokens, and who a token is.
@@ -123,7 +125,18 @@ impl Control {
             pools: Default::default(),
             builds: Default::default(),
             naming: Default::default(),
+            log_limits: Default::default(),
         }
+    }
+
+    /// Keeps shipped logs within `limits` (see `expire_kept_logs`).
+    pub fn with_log_limits(mut self, limits: crate::log_shipping::LogLimits) -> Control {
+        self.log_limits = limits;
+        self
+    }
+
+    pub(crate) fn log_limits(&self) -> crate::log_shipping::LogLimits {
+        self.log_limits
     }
 
     /// Where the control plane is in its life (recovering, ready,

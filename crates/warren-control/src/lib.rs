@@ -17,6 +17,8 @@ pub use builds::tar_bytes;
 pub mod control;
 mod images;
 pub mod lifecycle;
+mod log_shipping;
+pub use log_shipping::LogLimits;
 mod metrics;
 mod node_errors;
 pub mod nodes;
@@ -83,6 +85,8 @@ pub struct UpConfig {
     pub ports_url: Option<String>,
     /// Where alerts are sent (`--alert-webhook`; see `alerts`).
     pub alert_webhooks: Vec<alerts::Webhook>,
+    /// How long and how much of the nodes' shipped logs the store keeps.
+    pub log_limits: LogLimits,
 }
 
 pub enum NodeSource {
@@ -239,6 +243,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
         .with_cluster_registry(cluster_registry)
         .with_operator_token(&token)
         .with_audit(&cfg.home)
+        .with_log_limits(cfg.log_limits)
         .with_secret_box(secrets::SecretBox::open_home(&cfg.home)?),
     );
     let mut join = None;
@@ -306,6 +311,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
     tokio::spawn(control.clone().reconcile());
     tokio::spawn(control.clone().keep_pools());
     tokio::spawn(control.clone().watch_nodes());
+    tokio::spawn(control.clone().expire_kept_logs());
     if !cfg.alert_webhooks.is_empty() {
         tokio::spawn(control.clone().send_alerts(cfg.alert_webhooks));
     }

@@ -18,7 +18,7 @@ use warren_node_api::Tunnel;
 use crate::control::Control;
 use crate::node_errors::node_error;
 use crate::store::SandboxRow;
-use crate::streams::{file_read, from_node, to_node, ByteStream, FileRead, WatchEvent};
+use crate::streams::{file_read, to_node, ByteStream, FileRead, WatchEvent};
 
 /// States in which a sandbox has files: live, or held after it finished.
 fn has_files(state: SandboxState) -> bool {
@@ -109,40 +109,42 @@ impl Control {
     /// The sandbox's log; with `follow`, until it has ended (or is held).
     pub async fn logs(&self, id: &str, follow: bool) -> Result<ByteStream, ApiError> {
         let row = self.get(id).await?;
-        let lines = self
-            .api(&row.node)?
-            .logs(id, follow)
-            .await
-            .map_err(node_error)?;
-        Ok(from_node(lines)
-            .take_until(self.lifecycle.stopped())
-            .boxed())
+        let lines = self.log_lines(id, &row.node, follow, 0).await?;
+        Ok(lines.take_until(self.lifecycle.stopped()).boxed())
+    }
+
+    /// The usage samples kept of the sandbox, oldest first (one JSON line
+    /// each), whether or not it or its node still exists.
+    pub async fn usage_history(&self, id: &str) -> Result<ByteStream, ApiError> {
+        self.get(id).await?;
+        self.usage_lines(id).await
     }
 
     /// The logs of every sandbox matching `selector`, one after another in
-    /// creation order, streamed line by line.
+    /// creation order, streamed line by line; with `since_ms`, only lines
+    /// written then or later (of those kept centrally).
     pub async fn logs_by_label(
-        &self,
+        self: &std::sync::Arc<Self>,
         who: &Principal,
         selector: &Selector,
+        since_ms: i64,
     ) -> Result<ByteStream, ApiError> {
         let members: Vec<_> = self
             .list(who, &[], selector)
             .await?
             .into_iter()
-            .map(|s| (self.api(&s.node).ok(), s.id))
+            .map(|s| (s.node, s.id))
             .collect();
+        let this = self.clone();
         Ok(futures_util::stream::iter(members)
-            .then(|(node, id)| async move {
-                // A sandbox whose log has expired (or whose node is gone)
-                // has no lines to give.
-                match node {
-                    Some(node) => node
-                        .logs(&id, false)
+            .then(move |(node, id)| {
+                let this = this.clone();
+                async move {
+                    // A sandbox with no log kept or left on its node has no
+                    // lines to give.
+                    this.log_lines(&id, &node, false, since_ms)
                         .await
-                        .map(from_node)
-                        .unwrap_or_else(|_| futures_util::stream::empty().boxed()),
-                    None => futures_util::stream::empty().boxed(),
+                        .unwrap_or_else(|_| futures_util::stream::empty().boxed())
                 }
             })
             .flatten()

@@ -571,12 +571,30 @@ impl Client {
         Ok(LineStream::new(resp))
     }
 
-    /// The logs of every sandbox the label selectors match, JSON lines.
-    pub async fn logs_by_label(&self, labels: &[String]) -> Result<bytes::Bytes> {
+    /// The logs of every sandbox the label selectors match, JSON lines;
+    /// with `since` (e.g. `1h`), only lines written since.
+    pub async fn logs_by_label(
+        &self,
+        labels: &[String],
+        since: Option<&str>,
+    ) -> Result<bytes::Bytes> {
+        let mut query = vec![("label", labels.join(","))];
+        if let Some(since) = since {
+            query.push(("since", since.to_string()));
+        }
+        Ok(self
+            .send(self.request(Method::GET, "/v1/logs").query(&query))
+            .await?
+            .bytes()
+            .await?)
+    }
+
+    /// The sandbox's usage samples kept by the control plane, JSON lines.
+    pub async fn sandbox_usage_history(&self, id: &str) -> Result<bytes::Bytes> {
         Ok(self
             .send(
-                self.request(Method::GET, "/v1/logs")
-                    .query(&[("label", labels.join(","))]),
+                self.request(Method::GET, &format!("/v1/sandboxes/{id}/logs"))
+                    .query(&[("usage", "true")]),
             )
             .await?
             .bytes()

@@ -69,6 +69,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         Command::Inspect { id } => sandboxes::inspect(&client()?, &id).await,
         Command::Logs {
             id: Some(id),
+            usage: true,
+            ..
+        } => logs::usage(&client()?, &id).await,
+        Command::Logs {
+            id: Some(id),
             follow,
             json,
             ..
@@ -77,8 +82,9 @@ pub async fn run(cli: Cli) -> Result<i32> {
             id: None,
             label,
             json,
+            since,
             ..
-        } => logs::logs_by_label(&client()?, &label, json).await,
+        } => logs::logs_by_label(&client()?, &label, since.as_deref(), json).await,
         Command::Rm { ids, label } => match paths::removal(&ids, &label)? {
             Some((id, path)) => paths::rm(&client()?, id, path).await,
             None => sandboxes::rm(&client()?, ids, label).await,

@@ -21,17 +21,25 @@ use crate::control::Control;
 #[derive(Deserialize)]
 pub(crate) struct LogQuery {
     follow: Option<bool>,
+    /// The usage samples kept of the sandbox instead of its log.
+    usage: Option<bool>,
 }
 
-/// The sandbox's JSON-lines log; with `follow=true` the stream stays open
-/// until the sandbox has ended.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", params(("follow" = Option<bool>, Query)),
+/// The sandbox's JSON-lines log, whether or not the sandbox or its node
+/// still exists (its node ships every line to the control plane); with
+/// `follow=true` the stream stays open until the sandbox has ended. With
+/// `usage=true`, its usage samples instead, oldest first:
+/// `{"kind":"usage","sandbox_id":…,"time_ms":…,"usage":{…}}`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", params(("follow" = Option<bool>, Query), ("usage" = Option<bool>, Query)),
     responses((status = 200, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
 pub(crate) async fn logs(
     State(st): St,
     Path(id): Path<String>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
+    if q.usage.unwrap_or(false) {
+        return Ok(ndjson_lines(st.control.usage_history(&id).await?));
+    }
     let lines = st.control.logs(&id, q.follow.unwrap_or(false)).await?;
     Ok(ndjson_lines(lines))
 }
@@ -73,11 +81,14 @@ pub(crate) async fn watch(
 #[derive(Deserialize)]
 pub(crate) struct LabelQuery {
     label: Option<String>,
+    /// Only lines written this long ago or later (e.g. `1h`, `30m`).
+    since: Option<String>,
 }
 
-/// The logs of every sandbox (live or finished) matching a label selector,
-/// one after another in creation order; every line names its sandbox.
-#[utoipa::path(get, path = "/v1/logs", params(("label" = String, Query)),
+/// The logs of every sandbox (live or finished, its node alive or gone)
+/// matching a label selector, one after another in creation order; every
+/// line names its sandbox.
+#[utoipa::path(get, path = "/v1/logs", params(("label" = String, Query), ("since" = Option<String>, Query)),
     responses((status = 200, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody)))]
 pub(crate) async fn logs_by_label(
     State(st): St,
@@ -89,8 +100,22 @@ pub(crate) async fn logs_by_label(
         return Err(ApiError::bad_request("give a label selector, e.g. ?label=task=swe").into());
     }
     let sel = Selector::parse(&label).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let since_ms = match q.since.as_deref() {
+        None | Some("") => 0,
+        Some(s) => {
+            let ago = warren_core::quantity::parse_duration(s).map_err(|e| {
+                ApiError::bad_request(format!("since {s:?}: {e} (write e.g. 1h, 30m, 2d)"))
+            })?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            now.saturating_sub(ago).as_millis() as i64
+        }
+    };
     // Streamed line by line, never a whole log in memory.
-    Ok(ndjson_lines(st.control.logs_by_label(&who, &sel).await?))
+    Ok(ndjson_lines(
+        st.control.logs_by_label(&who, &sel, since_ms).await?,
+    ))
 }
 
 #[derive(Deserialize, Clone)]

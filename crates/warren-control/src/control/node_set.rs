@@ -242,10 +242,12 @@ impl Control {
         }
     }
 
-    /// Follows `entry`'s event feed from its first reconciliation on, once.
+    /// Follows `entry`'s event feed from its first reconciliation on, once,
+    /// and keeps the logs it ships.
     pub(crate) fn follow_events_once(self: &Arc<Self>, entry: &Arc<NodeEntry>) {
         if !entry.following.swap(true, Ordering::SeqCst) {
             tokio::spawn(self.clone().handle_node_events(entry.clone()));
+            tokio::spawn(self.clone().ship_node_logs(entry.clone()));
         }
     }
 

@@ -245,6 +245,13 @@ pub enum Command {
         /// The log's JSON lines as stored, instead of time, stream and text.
         #[arg(long)]
         json: bool,
+        /// With --label: only lines written this long ago or later (e.g. 1h).
+        #[arg(long, requires = "label", value_name = "DURATION")]
+        since: Option<String>,
+        /// The sandbox's usage samples (JSON lines, oldest first) instead of
+        /// its log: kept by the control plane, also once its node is gone.
+        #[arg(long, conflicts_with_all = ["label", "follow"])]
+        usage: bool,
     },
     /// Destroy sandboxes by id or label selector; or, with `ID /PATH`,
     /// remove a file, link or whole directory in a sandbox.

@@ -34,13 +34,19 @@ pub struct NodeOpts {
     /// Sandboxes initialising at once; default 8 per core.
     #[arg(long)]
     pub max_initializing: Option<usize>,
-    /// How long the log of a finished sandbox is kept (e.g. 7d, 12h).
+    /// How long the log of a finished sandbox is kept (e.g. 7d, 12h); in
+    /// `warren up`, also how long the control plane keeps what its node
+    /// shipped.
     #[arg(long, default_value = "7d")]
     pub log_retention: String,
     /// Most bytes of log kept per sandbox (its newest lines; the log is
     /// rotated once, at half of this).
     #[arg(long, default_value = "64M")]
     pub log_max: String,
+    /// Keep sandbox logs and usage samples on this node only: they are not
+    /// shipped to the control plane (and are lost with the node).
+    #[arg(long)]
+    pub no_log_shipping: bool,
     /// Disk a sandbox created without --disk may fill (its writable layer,
     /// measured every ~10 s; past it the sandbox is stopped with reason
     /// disk_exceeded). 0 turns the per-sandbox limit off.
@@ -197,6 +203,11 @@ pub struct ControlOpts {
     /// Alertmanager's webhook format. Repeatable.
     #[arg(long = "alert-webhook", value_name = "URL")]
     pub alert_webhooks: Vec<warren_control::alerts::Webhook>,
+    /// Most bytes of sandbox logs and usage samples the control plane keeps
+    /// from its nodes (e.g. 50G); past it the oldest are deleted. Unbounded
+    /// if unset (--log-retention still applies).
+    #[arg(long, value_name = "SIZE")]
+    pub log_max_total: Option<String>,
 }
 
 #[derive(Args)]
@@ -241,6 +252,10 @@ pub struct ServerArgs {
     /// on the node that made them.
     #[arg(long, value_name = "HOST[:PORT][/PATH]")]
     pub cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
+    /// How long the sandbox logs and usage samples the nodes ship are kept
+    /// (e.g. 7d, 12h).
+    #[arg(long, default_value = "7d")]
+    pub log_retention: String,
     #[command(flatten)]
     pub control: ControlOpts,
     #[command(flatten)]

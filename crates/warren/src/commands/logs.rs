@@ -61,9 +61,21 @@ pub(super) async fn logs(client: &Client, id: &str, follow: bool, json: bool) ->
 }
 
 /// `warren logs --label`: the logs of every matching sandbox.
-pub(super) async fn logs_by_label(client: &Client, label: &[String], json: bool) -> Result<i32> {
+pub(super) async fn logs_by_label(
+    client: &Client,
+    label: &[String],
+    since: Option<&str>,
+    json: bool,
+) -> Result<i32> {
     let shown = if json { Shown::Json } else { Shown::Readable };
-    print_all(shown, &client.logs_by_label(label).await?, true)?;
+    print_all(shown, &client.logs_by_label(label, since).await?, true)?;
+    Ok(0)
+}
+
+/// `warren logs ID --usage`: the usage samples kept of the sandbox, as
+/// JSON lines.
+pub(super) async fn usage(client: &Client, id: &str) -> Result<i32> {
+    std::io::stdout().write_all(&client.sandbox_usage_history(id).await?)?;
     Ok(0)
 }
 

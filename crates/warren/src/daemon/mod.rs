@@ -112,6 +112,18 @@ pub fn policy(opts: &ControlOpts) -> Result<warren_core::profile::Policy> {
     })
 }
 
+/// How long and how much of the shipped logs the control plane keeps,
+/// from its flags.
+pub fn log_limits(retention: &str, max_total: Option<&str>) -> Result<warren_control::LogLimits> {
+    Ok(warren_control::LogLimits {
+        retention: warren_core::quantity::parse_duration(retention).context("--log-retention")?,
+        max_total: max_total
+            .map(warren_core::quantity::parse_size)
+            .transpose()
+            .context("--log-max-total")?,
+    })
+}
+
 /// Starts the node agent of this host from its flags (as `name`, carrying
 /// `labels`); returns it and the process's open-file limit.
 pub fn start_node(
@@ -138,6 +150,8 @@ pub fn start_node(
         log_retention: warren_core::quantity::parse_duration(&args.log_retention)
             .context("--log-retention")?,
         log_max: warren_core::quantity::parse_size(&args.log_max).context("--log-max")?,
+        log_shipping: !args.no_log_shipping,
+        ship_max: defaults.ship_max,
         default_disk: warren_core::quantity::parse_size(&args.default_disk)
             .context("--default-disk")?,
         disk_floor: args

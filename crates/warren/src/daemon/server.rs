@@ -54,6 +54,7 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
         public_url: args.control.public_url.clone(),
         ports_url: Some(ports.url.clone()),
         alert_webhooks: args.control.alert_webhooks.clone(),
+        log_limits: super::log_limits(&args.log_retention, args.control.log_max_total.as_deref())?,
         policy,
         database: args.database.clone(),
         destroy_on_stop: false,

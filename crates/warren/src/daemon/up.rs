@@ -25,6 +25,10 @@ pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
         public_url: args.control.public_url.clone(),
         ports_url: Some(ports.url.clone()),
         alert_webhooks: args.control.alert_webhooks.clone(),
+        log_limits: super::log_limits(
+            &args.node.log_retention,
+            args.control.log_max_total.as_deref(),
+        )?,
         policy,
         destroy_on_stop: true,
         database: None,

@@ -1,0 +1,393 @@
+//! Logs and usage kept centrally (issue 44). A task per node pulls the
+//! node's shipping journal (`ship` in the node contract: a long poll, so
+//! the pull itself is the back-pressure: the next batch is asked for only
+//! once the last is kept) and keeps each batch together with the node's
+//! new cursor in one transaction: a crash of either side, or a lost
+//! connection, neither loses nor repeats a line. Reads then serve the kept
+//! copy first and the node's newer lines after it, so a sandbox's log and
+//! usage outlive it and its node. Retention deletes oldest first by age
+//! and by total size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures_util::StreamExt;
+use warren_core::ApiError;
+use warren_node_api::{NodeApi, ShipBatch, ShippedKind};
+
+use crate::store::{LogCursor, LogEntry, LogKind, Store, StoreError};
+use crate::streams::ByteStream;
+
+/// Most entries asked for at once (one transaction each).
+const BATCH: u32 = 2000;
+/// How long a node holds a pull that finds nothing new.
+const LONG_POLL: Duration = Duration::from_secs(5);
+/// How long a node that does not ship (shipping off, an older node, the
+/// fake) is left alone before it is asked again.
+const NOT_SHIPPING_RETRY: Duration = Duration::from_secs(60);
+/// Rows read per page when serving a kept log.
+const PAGE: i64 = 1000;
+
+/// How long and how much the kept copy holds.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLimits {
+    /// Entries written longer ago are deleted.
+    pub retention: Duration,
+    /// Past this many bytes in all, the oldest are deleted.
+    pub max_total: Option<u64>,
+}
+
+impl Default for LogLimits {
+    fn default() -> Self {
+        LogLimits {
+            retention: Duration::from_secs(7 * 86400),
+            max_total: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ShipError {
+    #[error("asking the node for its journal: {0}")]
+    Node(#[source] warren_node_api::NodeError),
+    #[error("keeping shipped logs: {0}")]
+    Store(#[from] StoreError),
+    /// Another writer moved the cursor (a replica that led before).
+    #[error("the node's log cursor moved under this writer")]
+    Stale,
+}
+
+/// One pull: what `node` wrote after `cursor`, kept with the new cursor.
+/// Answers the cursor now kept.
+pub(crate) async fn pull(
+    store: &dyn Store,
+    api: &dyn NodeApi,
+    node: &str,
+    cursor: Option<&LogCursor>,
+    wait: Duration,
+) -> Result<Option<LogCursor>, ShipError> {
+    let journal = cursor.map(|c| c.journal.as_str());
+    let after = cursor.map_or(0, |c| c.seq.max(0) as u64);
+    let batch = api
+        .ship(journal, after, BATCH, wait)
+        .await
+        .map_err(ShipError::Node)?;
+    let to = LogCursor {
+        journal: batch.journal.clone(),
+        seq: batch.last as i64,
+    };
+    if cursor == Some(&to) && batch.entries.is_empty() {
+        return Ok(Some(to));
+    }
+    if batch.dropped > 0 {
+        tracing::warn!(
+            node,
+            dropped = batch.dropped,
+            "the node's shipping journal dropped log lines before they were kept (its bound)"
+        );
+    }
+    let entries = entries_of(node, batch);
+    if store.keep_shipped(node, cursor, &to, &entries).await? {
+        Ok(Some(to))
+    } else {
+        Err(ShipError::Stale)
+    }
+}
+
+fn entries_of(node: &str, batch: ShipBatch) -> Vec<LogEntry> {
+    batch
+        .entries
+        .into_iter()
+        .map(|e| LogEntry {
+            id: 0,
+            sandbox_id: e.sandbox_id,
+            node: node.to_string(),
+            seq: e.seq as i64,
+            kind: match e.kind {
+                ShippedKind::Log => LogKind::Log,
+                ShippedKind::Usage => LogKind::Usage,
+            },
+            time_ms: e.time_ms,
+            body: e.body,
+        })
+        .collect()
+}
+
+impl crate::control::Control {
+    /// Pulls `entry`'s shipping journal into the store for as long as it is
+    /// the node registered under its name and the control plane runs.
+    pub(crate) async fn ship_node_logs(self: Arc<Self>, entry: Arc<crate::nodes::NodeEntry>) {
+        let mut cursor: Option<Option<LogCursor>> = None;
+        let mut backoff = Duration::from_millis(500);
+        while self.nodes.is_current(&entry) && !self.lifecycle.is_stopping() {
+            let known = match &cursor {
+                Some(c) => c.clone(),
+                None => match self.store.log_cursor(&entry.name).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(node = %entry.name, error = %e, "reading a node's log cursor");
+                        self.pause(backoff).await;
+                        continue;
+                    }
+                },
+            };
+            let step = pull(
+                self.store.as_ref(),
+                entry.api.as_ref(),
+                &entry.name,
+                known.as_ref(),
+                LONG_POLL,
+            );
+            let done = tokio::select! {
+                r = step => r,
+                _ = self.lifecycle.stopped() => return,
+            };
+            match done {
+                Ok(next) => {
+                    cursor = Some(next);
+                    backoff = Duration::from_millis(500);
+                }
+                Err(ShipError::Node(e)) if e.kind == warren_node_api::ErrorKind::Invalid => {
+                    tracing::debug!(node = %entry.name, error = %e, "the node ships no logs");
+                    cursor = Some(known);
+                    self.pause(NOT_SHIPPING_RETRY).await;
+                }
+                Err(e) => {
+                    tracing::debug!(node = %entry.name, error = %e, "shipping a node's logs; retrying");
+                    // Read again: another writer, or a write whose commit
+                    // is in doubt, may have moved it.
+                    cursor = None;
+                    self.pause(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.lifecycle.stopped() => {}
+        }
+    }
+
+    /// Deletes kept logs past the retention and the size bound, every
+    /// minute, until the control plane stops.
+    pub async fn expire_kept_logs(self: Arc<Self>) {
+        const EVERY: Duration = Duration::from_secs(60);
+        loop {
+            let limits = self.log_limits();
+            let before = now_ms() - limits.retention.as_millis() as i64;
+            let max = limits.max_total.map(|m| m.min(i64::MAX as u64) as i64);
+            match self.store.expire_log_entries(before, max).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    deleted = n,
+                    "kept logs past their retention or size bound deleted"
+                ),
+                Err(e) => tracing::warn!(error = %e, "deleting old kept logs"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(EVERY) => {}
+                _ = self.lifecycle.stopped() => return,
+            }
+        }
+    }
+
+    /// The sandbox's log: the kept copy, then what its node wrote after it
+    /// (with `follow`, until the sandbox is over). A sandbox with nothing
+    /// kept (its node does not ship) is read from its node alone. With
+    /// `since_ms`, only the kept lines written then or later.
+    pub(crate) async fn log_lines(
+        &self,
+        id: &str,
+        node: &str,
+        follow: bool,
+        since_ms: i64,
+    ) -> Result<ByteStream, ApiError> {
+        let nothing_kept = self
+            .store
+            .log_entries(id, LogKind::Log, 0, 0, 1)
+            .await?
+            .is_empty();
+        if nothing_kept {
+            let lines = self
+                .api(node)?
+                .logs(id, follow)
+                .await
+                .map_err(crate::node_errors::node_error)?;
+            return Ok(crate::streams::from_node(lines));
+        }
+        // Lines newer than the kept ones are only a moment old: a window
+        // (`since`) has them kept a moment later.
+        let live = self.reachable(node).filter(|_| since_ms == 0);
+        let owned = id.to_string();
+        let newer: Newer = Box::new(move |last| {
+            Box::pin(async move {
+                let Some(api) = live else {
+                    return futures_util::stream::empty().boxed();
+                };
+                match api.logs(&owned, follow).await {
+                    Ok(lines) => after_seq(crate::streams::from_node(lines), last),
+                    // Its log is gone from the node: the kept copy is all.
+                    Err(_) => futures_util::stream::empty().boxed(),
+                }
+            })
+        });
+        Ok(kept_then(
+            self.store.clone(),
+            id.to_string(),
+            since_ms,
+            newer,
+        ))
+    }
+
+    /// The usage samples kept of the sandbox, oldest first, one JSON line
+    /// each: `{"kind":"usage","sandbox_id":…,"time_ms":…,"usage":{…}}`.
+    pub(crate) async fn usage_lines(&self, id: &str) -> Result<ByteStream, ApiError> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .store
+                .log_entries(id, LogKind::Usage, after, 0, PAGE)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            for e in page {
+                let usage: serde_json::Value =
+                    serde_json::from_str(&e.body).unwrap_or(serde_json::Value::Null);
+                let line = serde_json::json!({
+                    "kind": "usage", "sandbox_id": e.sandbox_id, "time_ms": e.time_ms, "usage": usage,
+                });
+                let mut text = line.to_string().into_bytes();
+                text.push(b'\n');
+                out.push(Ok(Bytes::from(text)));
+            }
+        }
+        Ok(futures_util::stream::iter(out).boxed())
+    }
+}
+
+/// Opens the node's part of a log once the kept part is read: given the
+/// `seq` of the last line kept, it answers the lines after it.
+type Newer =
+    Box<dyn FnOnce(Option<u64>) -> futures_util::future::BoxFuture<'static, ByteStream> + Send>;
+
+enum Part {
+    Kept {
+        after: i64,
+        last: Option<u64>,
+        page: std::collections::VecDeque<LogEntry>,
+    },
+    Newer(ByteStream),
+    Done,
+}
+
+/// The kept lines of `id` (paged from the store), then `newer`'s.
+fn kept_then(store: Arc<dyn Store>, id: String, since_ms: i64, newer: Newer) -> ByteStream {
+    let start = Part::Kept {
+        after: 0,
+        last: None,
+        page: Default::default(),
+    };
+    futures_util::stream::unfold((start, Some(newer)), move |(mut part, mut newer)| {
+        let (store, id) = (store.clone(), id.clone());
+        async move {
+            loop {
+                match &mut part {
+                    Part::Kept { after, last, page } => {
+                        if let Some(e) = page.pop_front() {
+                            *after = e.id;
+                            *last = Some(e.seq.max(0) as u64);
+                            let mut text = e.body.into_bytes();
+                            text.push(b'\n');
+                            return Some((Ok(Bytes::from(text)), (part, newer)));
+                        }
+                        match store
+                            .log_entries(&id, LogKind::Log, *after, since_ms, PAGE)
+                            .await
+                        {
+                            Ok(rows) if !rows.is_empty() => page.extend(rows),
+                            Ok(_) => {
+                                let last = *last;
+                                part = match newer.take() {
+                                    Some(open) => Part::Newer(open(last).await),
+                                    None => Part::Done,
+                                };
+                            }
+                            Err(e) => {
+                                return Some((Err(e.into()), (Part::Done, None)));
+                            }
+                        }
+                    }
+                    Part::Newer(lines) => match lines.next().await {
+                        Some(item) => return Some((item, (part, newer))),
+                        None => part = Part::Done,
+                    },
+                    Part::Done => return None,
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// The node's lines numbered after `last` (all of them when nothing is
+/// kept). A line without a number (written before the node shipped, or
+/// its own rotation note) is in the kept copy's time already.
+fn after_seq(lines: ByteStream, last: Option<u64>) -> ByteStream {
+    #[derive(serde::Deserialize)]
+    struct Numbered {
+        seq: Option<u64>,
+    }
+    whole_lines(lines)
+        .filter(move |line| {
+            let keep = match (line, last) {
+                (Ok(text), Some(last)) => serde_json::from_slice::<Numbered>(text)
+                    .ok()
+                    .and_then(|n| n.seq)
+                    .is_some_and(|seq| seq > last),
+                _ => true,
+            };
+            std::future::ready(keep)
+        })
+        .boxed()
+}
+
+/// The bytes of `body` cut into whole lines (a transport may split or
+/// join them).
+fn whole_lines(body: ByteStream) -> ByteStream {
+    futures_util::stream::unfold(
+        (body, Vec::<u8>::new(), false),
+        |(mut body, mut buf, mut ended)| async move {
+            loop {
+                if let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                    let rest = buf.split_off(i + 1);
+                    let line = std::mem::replace(&mut buf, rest);
+                    return Some((Ok(Bytes::from(line)), (body, buf, ended)));
+                }
+                if ended {
+                    if buf.is_empty() {
+                        return None;
+                    }
+                    let line = std::mem::take(&mut buf);
+                    return Some((Ok(Bytes::from(line)), (body, buf, ended)));
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                    Some(Err(e)) => return Some((Err(e), (body, buf, true))),
+                    None => ended = true,
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

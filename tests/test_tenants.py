@@ -143,7 +143,8 @@ def test_a_pools_members_serve_only_its_own_tenants_creates(tw, two):
     from helpers import wait_until
 
     ha, hb = two["ha"], two["hb"]
-    assert ha.put("/v1/pools/a-warm", json={"image": "busybox:latest", "memory": "64M", "size": 1}).status_code == 200
+    r = ha.put("/v1/pools/a-warm", json={"image": "busybox:latest", "memory": "64M", "size": 1})
+    assert r.status_code == 200, r.text
     try:
         wait_until(lambda: tw.http.get("/v1/pools/a-warm").json()["ready"] == 1, timeout=30, what="a ready member")
         r = hb.post("/v1/sandboxes", json={"image": "busybox:latest", "memory": "64M"})
@@ -311,3 +312,63 @@ def test_a_tenants_usage_against_its_quota_shows_in_ls_and_metrics(tw):
             assert line in text, line
     finally:
         h.delete(f"/v1/sandboxes/{sid}")
+
+
+# ------------------------------------------------------------ quotas and fair share
+
+
+@pytest.fixture(scope="module")
+def tight(images):
+    """A node whose CPU requests bind (1.75 cores lent): three sandboxes of
+    half a core fill it."""
+    with own_daemon(images, args=["--cpu-overcommit", "1", "--queue-limit", "8"]) as w:
+        yield w
+
+
+HALF = {"image": "busybox:latest", "cpu": 0.5, "memory": "32M"}
+
+
+def test_a_create_over_its_tenants_quota_waits_and_says_which_quota(tight):
+    h = as_token(tight, new_tenant(tight, "team-cap", "--sandboxes", "1", "--cpu", "1"))
+    first = h.post("/v1/sandboxes", json=HALF).json()["id"]
+    r = h.post("/v1/sandboxes", params={"wait": "false"}, json=HALF)
+    assert r.status_code == 202, r.text
+    second = r.json()
+    assert second["state"] == "queued" and "team-cap's sandboxes quota (1 sandboxes) is in use" in second["waiting_for"], second
+    # Room on the node does not matter: the quota holds it.
+    assert h.get(f"/v1/sandboxes/{second['id']}").json()["state"] == "queued"
+    # More than the quota itself is refused at once, naming it.
+    r = h.post("/v1/sandboxes", json={**HALF, "cpu": 2})
+    assert r.status_code == 400 and "quota" in r.json()["error"]["message"], r.text
+    h.delete(f"/v1/sandboxes/{first}")
+    from helpers import wait_until
+
+    wait_until(lambda: h.get(f"/v1/sandboxes/{second['id']}").json()["state"] == "running", timeout=30,
+               what="the queued create to start once the quota frees")
+    h.delete(f"/v1/sandboxes/{second['id']}")
+
+
+def test_a_preempting_tenant_takes_its_share_back_from_a_borrower(tight):
+    from helpers import wait_until
+
+    borrower = as_token(tight, new_tenant(tight, "team-borrow"))
+    owner = as_token(tight, new_tenant(tight, "team-own", "--preempt"))
+    ids = []
+    for _ in range(3):
+        r = borrower.post("/v1/sandboxes", json=HALF)
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+    # The node is full with the borrower's; the owner's create preempts
+    # the borrower's newest and starts in its place.
+    r = owner.post("/v1/sandboxes", json=HALF, timeout=60)
+    assert r.status_code == 201 and r.json()["state"] == "running", r.text
+    mine = r.json()["id"]
+    newest = borrower.get(f"/v1/sandboxes/{ids[-1]}").json()
+    assert newest["state"] == "preempted" and newest["reason"] == "preempted", newest
+    assert [borrower.get(f"/v1/sandboxes/{i}").json()["state"] for i in ids[:2]] == ["running", "running"]
+    events = borrower.get("/v1/events", params={"sandbox": ids[-1], "type": "preempted"}).json()
+    assert events and events[-1]["state"] == "preempted", events
+    for i in ids[:2]:
+        borrower.delete(f"/v1/sandboxes/{i}")
+    owner.delete(f"/v1/sandboxes/{mine}")
+    wait_until(lambda: not [s for s in tight.http.get("/v1/sandboxes").json()], timeout=30, what="all gone")

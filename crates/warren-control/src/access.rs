@@ -158,16 +158,18 @@ impl Control {
         }
     }
 
-    /// Refuses what `tenant` may not make: a tenant that is gone (its
-    /// token read a moment ago), network rules outside its egress policy,
-    /// volumes (the operator's only, for now).
-    pub(crate) async fn tenant_may_create(
+    /// `tenant`'s spec, for a create it asks for; refuses what it may not
+    /// make: a tenant that is gone (its token read a moment ago), network
+    /// rules outside its egress policy, volumes (the operator's only, for
+    /// now).
+    pub(crate) async fn tenant_for_create(
         &self,
         tenant: &TenantName,
         spec: &warren_core::SandboxSpec,
-    ) -> Result<(), ApiError> {
+    ) -> Result<warren_core::tenant::TenantSpec, ApiError> {
+        let t = self.tenants.spec(tenant).await?;
         if tenant.is_default() {
-            return Ok(());
+            return Ok(t);
         }
         self.egress_allowed(tenant, &spec.network).await?;
         if !spec.volumes.is_empty() {
@@ -176,7 +178,7 @@ impl Control {
                 "volumes are the operator's for now: a tenant's sandbox cannot mount one",
             ));
         }
-        Ok(())
+        Ok(t)
     }
 
     /// Refuses network rules outside `tenant`'s egress policy: with one,

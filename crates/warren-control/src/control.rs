@@ -23,6 +23,7 @@ mod names;
 mod node_events;
 mod node_set;
 mod pools;
+mod preemption;
 mod recovery;
 mod run;
 mod tenancy;
@@ -258,14 +259,20 @@ impl Control {
         detailed: bool,
     ) -> SandboxInfo {
         let status = status.filter(|_| row.state.is_live());
-        let queue_position = if row.state == SandboxState::Queued {
-            self.admission.position(&row.id)
+        let (queue_position, waiting_for) = if row.state == SandboxState::Queued {
+            (
+                self.admission.position(&row.id),
+                self.admission
+                    .waiting_reason(&row.id)
+                    .map(|w| w.to_string()),
+            )
         } else {
-            None
+            (None, None)
         };
         SandboxInfo {
             host_id_base: status.and_then(|s| s.host_id_base).filter(|_| detailed),
             queue_position,
+            waiting_for,
             ttl_remaining_ms: status.map(|s| s.ttl_remaining_ms),
             lease_remaining_ms: status.and_then(|s| s.lease_remaining_ms),
             // A live sandbox's from its node; an ended one's as it ended.

@@ -310,6 +310,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
     });
     tokio::spawn(control.clone().reconcile());
     tokio::spawn(control.clone().keep_pools());
+    tokio::spawn(control.clone().enforce_preemptions());
     tokio::spawn(control.clone().watch_nodes());
     tokio::spawn(control.clone().expire_kept_logs());
     if !cfg.alert_webhooks.is_empty() {

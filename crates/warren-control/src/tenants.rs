@@ -5,7 +5,7 @@
 //! gives no token. A token is 32 random bytes, so a plain hash suffices (a
 //! slow password hash protects guessable secrets, which these are not).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,11 @@ pub struct Tenants {
     operator: Option<String>,
     /// Hash of a token → its row (None: no such token), and when read.
     seen: Mutex<HashMap<String, (Option<TokenRow>, Instant)>>,
+    /// Every tenant's spec and when it was made: read from the store once,
+    /// then kept with each change made here (a cluster's changes all go
+    /// through its leader, and a new leader reads them afresh), so a create
+    /// reads no tenant from the store.
+    known: tokio::sync::RwLock<Option<BTreeMap<TenantName, (TenantSpec, String)>>>,
 }
 
 fn hash(token: &str) -> String {
@@ -58,6 +63,34 @@ impl Tenants {
             store,
             operator,
             seen: Mutex::new(HashMap::new()),
+            known: Default::default(),
+        }
+    }
+
+    /// The tenants as kept (read from the store the first time).
+    async fn table(&self) -> Result<BTreeMap<TenantName, (TenantSpec, String)>, ApiError> {
+        if let Some(t) = self.known.read().await.as_ref() {
+            return Ok(t.clone());
+        }
+        let mut known = self.known.write().await;
+        let table: BTreeMap<_, _> = self
+            .store
+            .tenants()
+            .await?
+            .into_iter()
+            .map(|t| (t.name, (t.spec, t.created_at)))
+            .collect();
+        *known = Some(table.clone());
+        Ok(table)
+    }
+
+    /// Records a change made to the store in the kept table.
+    async fn keep(&self, name: &TenantName, row: Option<(TenantSpec, String)>) {
+        if let Some(t) = self.known.write().await.as_mut() {
+            match row {
+                Some(row) => t.insert(name.clone(), row),
+                None => t.remove(name),
+            };
         }
     }
 
@@ -98,11 +131,14 @@ impl Tenants {
 
     async fn row(&self, name: &TenantName) -> Result<Option<TenantRow>, ApiError> {
         Ok(self
-            .store
-            .tenants()
+            .table()
             .await?
-            .into_iter()
-            .find(|t| &t.name == name))
+            .remove(name)
+            .map(|(spec, created_at)| TenantRow {
+                name: name.clone(),
+                spec,
+                created_at,
+            }))
     }
 
     /// Whether `name` is a tenant (the default one always is).
@@ -122,11 +158,10 @@ impl Tenants {
     /// Every tenant's spec, the default one's included.
     pub async fn specs(&self) -> Result<Vec<(TenantName, TenantSpec, String)>, ApiError> {
         let mut out: Vec<_> = self
-            .store
-            .tenants()
+            .table()
             .await?
             .into_iter()
-            .map(|t| (t.name, t.spec, t.created_at))
+            .map(|(name, (spec, created_at))| (name, spec, created_at))
             .collect();
         if !out.iter().any(|(n, _, _)| n.is_default()) {
             out.push((
@@ -153,6 +188,8 @@ impl Tenants {
             created_at: now_rfc3339(),
         };
         self.store.put_tenant(&row).await?;
+        self.keep(&row.name, Some((row.spec.clone(), row.created_at.clone())))
+            .await;
         Ok(bare_info(row.name, row.spec, row.created_at))
     }
 
@@ -169,6 +206,8 @@ impl Tenants {
             created_at,
         };
         self.store.put_tenant(&row).await?;
+        self.keep(&row.name, Some((row.spec.clone(), row.created_at.clone())))
+            .await;
         Ok(bare_info(row.name, row.spec, row.created_at))
     }
 
@@ -183,6 +222,7 @@ impl Tenants {
         if !self.store.delete_tenant(name).await? {
             return Err(unknown_tenant(name));
         }
+        self.keep(name, None).await;
         lock(&self.seen).clear();
         Ok(())
     }

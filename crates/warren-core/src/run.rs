@@ -30,6 +30,9 @@ pub struct RunSandbox {
     pub state: SandboxState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,
+    /// Why it waits (see `SandboxInfo::waiting_for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 /// One line of the run stream: the sandbox's state as it changes, then the

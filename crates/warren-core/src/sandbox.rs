@@ -37,9 +37,13 @@ pub struct SandboxInfo {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// 1-based place in the node's FIFO queue while `queued`.
+    /// 1-based place in its tenant's queue while `queued`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,
+    /// Why it waits while `queued`: its tenant's quota (named), no node
+    /// with room, or sandboxes being preempted for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// Time left before the TTL (or a kept sandbox's keep_for) ends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_remaining_ms: Option<u64>,

@@ -96,7 +96,7 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
-        self.tenant_may_create(tenant, &spec).await?;
+        let priority = self.tenant_for_create(tenant, &spec).await?.priority;
         if spec.fork.is_some() {
             return Err(ApiError::bad_request(
                 "fork is set by a fork (POST /v1/sandboxes/{id}/fork, `warren fork ID`) on its children; a create cannot name one",
@@ -148,7 +148,8 @@ impl Control {
         let admit = self
             .admission
             .admit(&id, {
-                let mut ask = Request::of(&spec, &resources, &image.digest);
+                let mut ask = Request::of(&spec, &resources, &image.digest)
+                    .for_tenant(tenant.clone(), priority);
                 ask.node = node.map(str::to_string);
                 ask
             })

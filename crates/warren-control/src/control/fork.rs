@@ -58,12 +58,15 @@ impl Control {
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let node = self.api(&source.node)?;
+        // The children are the source's tenant's, in its quota and share.
+        let priority = self.tenants.spec(&source.tenant).await?.priority;
         // Room for every child on the source's node, in order, before
         // anything is made: a refusal leaves nothing behind.
         let ids: Vec<String> = (0..req.count).map(|_| new_id()).collect();
         let mut admitted = Vec::with_capacity(ids.len());
         for child in &ids {
-            let mut ask = Request::of(&spec, &resources, &source.image_digest);
+            let mut ask = Request::of(&spec, &resources, &source.image_digest)
+                .for_tenant(source.tenant.clone(), priority);
             ask.node = Some(source.node.clone());
             match self.admission.admit(child, ask) {
                 Ok(a) => admitted.push(a),

@@ -235,11 +235,15 @@ impl Control {
         let Ok(image) = self.images.for_create(resolver.as_ref(), &spec.image).await else {
             return false;
         };
+        let Ok(owner) = self.tenants.spec(tenant).await else {
+            return false;
+        };
         let id = new_id_with("sbx");
-        let Some(node) = self
-            .admission
-            .try_admit(&id, Request::of(&spec, &resources, &image.digest))
-        else {
+        // Members count against their tenant's quota and share, as any
+        // sandbox of its does.
+        let ask = Request::of(&spec, &resources, &image.digest)
+            .for_tenant(tenant.clone(), owner.priority);
+        let Some(node) = self.admission.try_admit(&id, ask) else {
             return false;
         };
         self.pools.filling(name);

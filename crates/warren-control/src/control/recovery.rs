@@ -11,7 +11,7 @@ use warren_core::{ApiError, SandboxState};
 use warren_node_api::{NodeEvent, Phase, SandboxStatus};
 
 use super::{note, Control};
-use crate::admission::{Admit, Need, Request};
+use crate::admission::{Admit, Request};
 use crate::node_errors::node_error;
 use crate::nodes::NodeEntry;
 use crate::store::{SandboxRow, Transition};
@@ -55,6 +55,7 @@ impl Control {
         for id in self.store.fail_unreadable(&now).await? {
             tracing::warn!(sandbox = %id, "its record could not be read; marked failed");
         }
+        self.load_tenants().await?;
         let rows = self.store.list(&open_states()).await?;
         let total = rows.len();
         self.lifecycle.recovering(0, total);
@@ -153,8 +154,7 @@ impl Control {
             Err(e) => {
                 // Until it answers, what its sandboxes hold stays taken.
                 for row in rows.iter().filter(|r| r.state.is_live()) {
-                    self.admission
-                        .hold(&row.id, &row.node, Need::of(&row.resources));
+                    self.hold_row(row).await;
                 }
                 return Err(node_error(e));
             }
@@ -234,8 +234,7 @@ impl Control {
         expired: Option<&str>,
     ) -> Result<(), ApiError> {
         if held.is_some() {
-            self.admission
-                .hold(&row.id, &row.node, Need::of(&row.resources));
+            self.hold_row(row).await;
         }
         // What the node reported meanwhile (an expiry at take-over) may
         // have finished it already.
@@ -336,7 +335,9 @@ impl Control {
     /// A create that was waiting for capacity when the daemon stopped: its
     /// client was told `queued`, so it queues again (in its old order).
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
-        let mut ask = Request::of(&row.spec, &row.resources, &row.image_digest);
+        let priority = self.tenants.spec(&row.tenant).await?.priority;
+        let mut ask = Request::of(&row.spec, &row.resources, &row.image_digest)
+            .for_tenant(row.tenant.clone(), priority);
         // A fork's child can only be made where its source's layers are.
         if let Some(fork) = &row.spec.fork {
             ask.node = self.store.get(&fork.source).await?.map(|s| s.node);

@@ -72,6 +72,7 @@ impl Control {
                             id: row.id,
                             state: row.state,
                             queue_position: None,
+                            waiting_for: None,
                         },
                     })
                     .await;
@@ -116,11 +117,12 @@ impl Control {
         exec: &ExecRequest,
         tx: &mpsc::Sender<RunEvent>,
     ) -> Result<(), ApiError> {
-        let sandbox = |state, queue_position| RunEvent::Sandbox {
+        let sandbox = |state, queue_position, waiting_for| RunEvent::Sandbox {
             sandbox: RunSandbox {
                 id: id.to_string(),
                 state,
                 queue_position,
+                waiting_for,
             },
         };
         let mut shown = None;
@@ -130,11 +132,13 @@ impl Control {
                 SandboxState::Running => break,
                 SandboxState::Queued | SandboxState::Creating => {
                     if row.state == SandboxState::Queued {
-                        let position = self.info(row, false).await.queue_position;
+                        let info = self.info(row, false).await;
+                        let now = (info.queue_position, info.waiting_for);
                         // Between leaving the queue and starting it has none.
-                        if position.is_some() && position != shown {
-                            shown = position;
-                            if tx.send(sandbox(SandboxState::Queued, position)).await.is_err() {
+                        if now.0.is_some() && Some(&now) != shown.as_ref() {
+                            let event = sandbox(SandboxState::Queued, now.0, now.1.clone());
+                            shown = Some(now);
+                            if tx.send(event).await.is_err() {
                                 return Ok(());
                             }
                         }
@@ -152,7 +156,11 @@ impl Control {
                 }
             }
         }
-        if tx.send(sandbox(SandboxState::Running, None)).await.is_err() {
+        if tx
+            .send(sandbox(SandboxState::Running, None, None))
+            .await
+            .is_err()
+        {
             return Ok(());
         }
         let mut events = self.exec(id, exec).await?;

@@ -8,8 +8,33 @@ use warren_core::tenant::{Principal, TenantInfo, TenantName, TenantRequest, Tena
 use warren_core::{ApiError, SandboxState};
 
 use super::Control;
+use crate::store::SandboxRow;
 
 impl Control {
+    /// Gives admission every tenant's spec (at start, and as a new leader
+    /// of a cluster): quotas, weights and priorities hold from the first
+    /// create.
+    pub(crate) async fn load_tenants(&self) -> Result<(), ApiError> {
+        for (name, spec, _) in self.tenants.specs().await? {
+            self.admission.set_tenant(&name, &spec);
+        }
+        Ok(())
+    }
+
+    /// Counts a record's sandbox, adopted as it runs, against its tenant's
+    /// quota and share.
+    pub(crate) async fn hold_row(&self, row: &SandboxRow) {
+        // A tenant cannot be removed while it holds a sandbox; were its
+        // spec unreadable, the sandbox still counts, at priority 0.
+        let priority = match self.tenants.spec(&row.tenant).await {
+            Ok(t) => t.priority,
+            Err(_) => 0,
+        };
+        let need = crate::admission::Need::of(&row.resources);
+        self.admission
+            .hold_for(&row.id, &row.node, need, &row.tenant, priority);
+    }
+
     /// The tenants `who` reaches, with what their sandboxes hold and how
     /// many of their creates wait.
     pub async fn tenant_infos(&self, who: &Principal) -> Result<Vec<TenantInfo>, ApiError> {
@@ -45,7 +70,9 @@ impl Control {
 
     /// Makes a tenant.
     pub async fn create_tenant(&self, req: &TenantRequest) -> Result<TenantInfo, ApiError> {
-        self.tenants.create(req).await
+        let made = self.tenants.create(req).await?;
+        self.admission.set_tenant(&made.name, &made.spec);
+        Ok(made)
     }
 
     /// Replaces a tenant's spec; its sandboxes keep running (a lower quota
@@ -55,7 +82,9 @@ impl Control {
         name: &TenantName,
         spec: TenantSpec,
     ) -> Result<TenantInfo, ApiError> {
-        self.tenants.set(name, spec).await
+        let set = self.tenants.set(name, spec).await?;
+        self.admission.set_tenant(&set.name, &set.spec);
+        Ok(set)
     }
 
     /// Removes a tenant that owns nothing any more: its sandboxes ended,
@@ -92,6 +121,8 @@ impl Control {
                 "tenant {name} still owns {open} sandboxes that have not ended, {batches} batches, {pools} pools and {secrets} secrets; remove them first"
             )));
         }
-        self.tenants.remove(name).await
+        self.tenants.remove(name).await?;
+        self.admission.remove_tenant(name);
+        Ok(())
     }
 }

@@ -174,7 +174,8 @@ pub struct CompatOpts {
 /// How the control plane admits and learns (`warren up` and `warren server`).
 #[derive(Args)]
 pub struct ControlOpts {
-    /// Creates that may wait for capacity; more get 429 with a retry hint.
+    /// Creates that may wait for capacity, per tenant; more get 429 with a
+    /// retry hint.
     #[arg(long, default_value_t = 1024)]
     pub queue_limit: usize,
     /// Profile recommendations for CPU are the observed peak × this.

@@ -35,14 +35,16 @@ async fn create_and_wait(
     let mut info = client.create_sandbox_queued(spec).await?;
     let mut shown = None;
     while matches!(info.state, SandboxState::Queued | SandboxState::Creating) {
-        if info.state == SandboxState::Queued && info.queue_position != shown {
-            shown = info.queue_position;
+        let now = (info.queue_position, info.waiting_for.clone());
+        if info.state == SandboxState::Queued && Some(&now) != shown.as_ref() {
             say!(
-                "{}: queued at position {} until a node has room (`warren rm {}` cancels it)",
+                "{}: queued at position {}: {} (`warren rm {}` cancels it)",
                 info.id,
-                shown.unwrap_or(0),
+                now.0.unwrap_or(0),
+                waiting_text(&now.1),
                 info.id
             );
+            shown = Some(now);
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         info = client.get_sandbox(&info.id).await?;
@@ -168,9 +170,10 @@ async fn run_removed(client: &Client, spec: warren_core::SandboxSpec) -> Result<
     let exit = client
         .run(&req, |ev| match ev {
             RunEvent::Sandbox { sandbox } if sandbox.state == SandboxState::Queued => say!(
-                "{}: queued at position {} until a node has room (Ctrl-C cancels it)",
+                "{}: queued at position {}: {} (Ctrl-C cancels it)",
                 sandbox.id,
-                sandbox.queue_position.unwrap_or(0)
+                sandbox.queue_position.unwrap_or(0),
+                waiting_text(&sandbox.waiting_for)
             ),
             RunEvent::Sandbox { .. } => {}
             RunEvent::Exec(ev) => write_output(ev),
@@ -361,4 +364,10 @@ pub(super) async fn reclaim(
 fn print_state(info: SandboxInfo) -> Result<i32> {
     println!("{} {}", info.id, info.state);
     Ok(0)
+}
+
+/// Why a queued create waits, as the server says (older servers say
+/// nothing: room, then).
+fn waiting_text(why: &Option<String>) -> &str {
+    why.as_deref().unwrap_or("waiting until a node has room")
 }

@@ -306,6 +306,7 @@ class SandboxInfo:
     pid: int | None = None
     host_id_base: int | None = None
     queue_position: int | None = None
+    waiting_for: str | None = None
     usage: Usage | None = None
     ttl_remaining_ms: int | None = None
     lease_remaining_ms: int | None = None

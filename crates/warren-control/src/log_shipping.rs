@@ -114,165 +114,63 @@ fn entries_of(node: &str, batch: ShipBatch) -> Vec<LogEntry> {
         .collect()
 }
 
-impl crate::control::Control {
-    /// Pulls `entry`'s shipping journal into the store for as long as it is
-    /// the node registered under its name and the control plane runs.
-    pub(crate) async fn ship_node_logs(self: Arc<Self>, entry: Arc<crate::nodes::NodeEntry>) {
-        let mut cursor: Option<Option<LogCursor>> = None;
-        let mut backoff = Duration::from_millis(500);
-        while self.nodes.is_current(&entry) && !self.lifecycle.is_stopping() {
-            let known = match &cursor {
-                Some(c) => c.clone(),
-                None => match self.store.log_cursor(&entry.name).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(node = %entry.name, error = %e, "reading a node's log cursor");
-                        self.pause(backoff).await;
-                        continue;
-                    }
-                },
-            };
-            let step = pull(
-                self.store.as_ref(),
-                entry.api.as_ref(),
-                &entry.name,
-                known.as_ref(),
-                LONG_POLL,
-            );
-            let done = tokio::select! {
-                r = step => r,
-                _ = self.lifecycle.stopped() => return,
-            };
-            match done {
-                Ok(next) => {
-                    cursor = Some(next);
-                    backoff = Duration::from_millis(500);
-                }
-                Err(ShipError::Node(e)) if e.kind == warren_node_api::ErrorKind::Invalid => {
-                    tracing::debug!(node = %entry.name, error = %e, "the node ships no logs");
-                    cursor = Some(known);
-                    self.pause(NOT_SHIPPING_RETRY).await;
-                }
-                Err(e) => {
-                    tracing::debug!(node = %entry.name, error = %e, "shipping a node's logs; retrying");
-                    // Read again: another writer, or a write whose commit
-                    // is in doubt, may have moved it.
-                    cursor = None;
-                    self.pause(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
-    }
+/// How long a long poll of `ship` lasts (for the node-following task).
+pub(crate) const PULL_WAIT: Duration = LONG_POLL;
 
-    async fn pause(&self, d: Duration) {
-        tokio::select! {
-            _ = tokio::time::sleep(d) => {}
-            _ = self.lifecycle.stopped() => {}
+/// Whether a failed pull says the node ships nothing (shipping off, an
+/// older node, the fake): asked again only after [`NOT_SHIPPING_RETRY`].
+pub(crate) fn retry_after(e: &ShipError) -> Option<Duration> {
+    match e {
+        ShipError::Node(e) if e.kind == warren_node_api::ErrorKind::Invalid => {
+            Some(NOT_SHIPPING_RETRY)
         }
+        _ => None,
     }
+}
 
-    /// Deletes kept logs past the retention and the size bound, every
-    /// minute, until the control plane stops.
-    pub async fn expire_kept_logs(self: Arc<Self>) {
-        const EVERY: Duration = Duration::from_secs(60);
-        loop {
-            let limits = self.log_limits();
-            let before = now_ms() - limits.retention.as_millis() as i64;
-            let max = limits.max_total.map(|m| m.min(i64::MAX as u64) as i64);
-            match self.store.expire_log_entries(before, max).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    deleted = n,
-                    "kept logs past their retention or size bound deleted"
-                ),
-                Err(e) => tracing::warn!(error = %e, "deleting old kept logs"),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(EVERY) => {}
-                _ = self.lifecycle.stopped() => return,
-            }
-        }
-    }
+/// The cutoff of `limits` now: entries written before it are too old.
+pub(crate) fn expiry(limits: LogLimits) -> (i64, Option<i64>) {
+    let before = now_ms() - limits.retention.as_millis() as i64;
+    let max = limits.max_total.map(|m| m.min(i64::MAX as u64) as i64);
+    (before, max)
+}
 
-    /// The sandbox's log: the kept copy, then what its node wrote after it
-    /// (with `follow`, until the sandbox is over). A sandbox with nothing
-    /// kept (its node does not ship) is read from its node alone. With
-    /// `since_ms`, only the kept lines written then or later.
-    pub(crate) async fn log_lines(
-        &self,
-        id: &str,
-        node: &str,
-        follow: bool,
-        since_ms: i64,
-    ) -> Result<ByteStream, ApiError> {
-        let nothing_kept = self
-            .store
-            .log_entries(id, LogKind::Log, 0, 0, 1)
-            .await?
-            .is_empty();
-        if nothing_kept {
-            let lines = self
-                .api(node)?
-                .logs(id, follow)
-                .await
-                .map_err(crate::node_errors::node_error)?;
-            return Ok(crate::streams::from_node(lines));
-        }
-        // Lines newer than the kept ones are only a moment old: a window
-        // (`since`) has them kept a moment later.
-        let live = self.reachable(node).filter(|_| since_ms == 0);
-        let owned = id.to_string();
-        let newer: Newer = Box::new(move |last| {
-            Box::pin(async move {
-                let Some(api) = live else {
-                    return futures_util::stream::empty().boxed();
-                };
-                match api.logs(&owned, follow).await {
-                    Ok(lines) => after_seq(crate::streams::from_node(lines), last),
-                    // Its log is gone from the node: the kept copy is all.
-                    Err(_) => futures_util::stream::empty().boxed(),
-                }
-            })
-        });
-        Ok(kept_then(
-            self.store.clone(),
-            id.to_string(),
-            since_ms,
-            newer,
-        ))
-    }
+/// Whether the store keeps any log line of the sandbox.
+pub(crate) async fn has_kept(store: &dyn Store, id: &str) -> Result<bool, ApiError> {
+    Ok(!store
+        .log_entries(id, LogKind::Log, 0, 0, 1)
+        .await?
+        .is_empty())
+}
 
-    /// The usage samples kept of the sandbox, oldest first, one JSON line
-    /// each: `{"kind":"usage","sandbox_id":…,"time_ms":…,"usage":{…}}`.
-    pub(crate) async fn usage_lines(&self, id: &str) -> Result<ByteStream, ApiError> {
-        let mut out = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .store
-                .log_entries(id, LogKind::Usage, after, 0, PAGE)
-                .await?;
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            for e in page {
-                let usage: serde_json::Value =
-                    serde_json::from_str(&e.body).unwrap_or(serde_json::Value::Null);
-                let line = serde_json::json!({
-                    "kind": "usage", "sandbox_id": e.sandbox_id, "time_ms": e.time_ms, "usage": usage,
-                });
-                let mut text = line.to_string().into_bytes();
-                text.push(b'\n');
-                out.push(Ok(Bytes::from(text)));
-            }
+/// The usage samples kept of the sandbox, oldest first, one JSON line
+/// each: `{"kind":"usage","sandbox_id":…,"time_ms":…,"usage":{…}}`.
+pub(crate) async fn usage_lines(store: &dyn Store, id: &str) -> Result<ByteStream, ApiError> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store
+            .log_entries(id, LogKind::Usage, after, 0, PAGE)
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        for e in page {
+            let usage: serde_json::Value =
+                serde_json::from_str(&e.body).unwrap_or(serde_json::Value::Null);
+            let line = serde_json::json!({
+                "kind": "usage", "sandbox_id": e.sandbox_id, "time_ms": e.time_ms, "usage": usage,
+            });
+            let mut text = line.to_string().into_bytes();
+            text.push(b'\n');
+            out.push(Ok(Bytes::from(text)));
         }
-        Ok(futures_util::stream::iter(out).boxed())
     }
+    Ok(futures_util::stream::iter(out).boxed())
 }
 
 /// Opens the node's part of a log once the kept part is read: given the
 /// `seq` of the last line kept, it answers the lines after it.
-type Newer =
+pub(crate) type Newer =
     Box<dyn FnOnce(Option<u64>) -> futures_util::future::BoxFuture<'static, ByteStream> + Send>;
 
 enum Part {
@@ -286,7 +184,12 @@ enum Part {
 }
 
 /// The kept lines of `id` (paged from the store), then `newer`'s.
-fn kept_then(store: Arc<dyn Store>, id: String, since_ms: i64, newer: Newer) -> ByteStream {
+pub(crate) fn kept_then(
+    store: Arc<dyn Store>,
+    id: String,
+    since_ms: i64,
+    newer: Newer,
+) -> ByteStream {
     let start = Part::Kept {
         after: 0,
         last: None,
@@ -337,7 +240,7 @@ fn kept_then(store: Arc<dyn Store>, id: String, since_ms: i64, newer: Newer) -> 
 /// The node's lines numbered after `last` (all of them when nothing is
 /// kept). A line without a number (written before the node shipped, or
 /// its own rotation note) is in the kept copy's time already.
-fn after_seq(lines: ByteStream, last: Option<u64>) -> ByteStream {
+pub(crate) fn after_seq(lines: ByteStream, last: Option<u64>) -> ByteStream {
     #[derive(serde::Deserialize)]
     struct Numbered {
         seq: Option<u64>,

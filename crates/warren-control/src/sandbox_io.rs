@@ -117,7 +117,48 @@ impl Control {
     /// each), whether or not it or its node still exists.
     pub async fn usage_history(&self, id: &str) -> Result<ByteStream, ApiError> {
         self.get(id).await?;
-        self.usage_lines(id).await
+        crate::log_shipping::usage_lines(self.store.as_ref(), id).await
+    }
+
+    /// The sandbox's log: the copy its node shipped (see `log_shipping`),
+    /// then what its node wrote after it (with `follow`, until the sandbox
+    /// is over). A sandbox with nothing kept (its node does not ship) is
+    /// read from its node alone. With `since_ms`, only the kept lines
+    /// written then or later.
+    async fn log_lines(
+        &self,
+        id: &str,
+        node: &str,
+        follow: bool,
+        since_ms: i64,
+    ) -> Result<ByteStream, ApiError> {
+        use crate::log_shipping::{after_seq, has_kept, kept_then, Newer};
+        if !has_kept(self.store.as_ref(), id).await? {
+            let lines = self.api(node)?.logs(id, follow).await.map_err(node_error)?;
+            return Ok(crate::streams::from_node(lines));
+        }
+        // Lines newer than the kept ones are only a moment old: a window
+        // (`since`) has them kept a moment later.
+        let live = self.reachable(node).filter(|_| since_ms == 0);
+        let owned = id.to_string();
+        let newer: Newer = Box::new(move |last| {
+            Box::pin(async move {
+                let Some(api) = live else {
+                    return futures_util::stream::empty().boxed();
+                };
+                match api.logs(&owned, follow).await {
+                    Ok(lines) => after_seq(crate::streams::from_node(lines), last),
+                    // Its log is gone from the node: the kept copy is all.
+                    Err(_) => futures_util::stream::empty().boxed(),
+                }
+            })
+        });
+        Ok(kept_then(
+            self.store.clone(),
+            id.to_string(),
+            since_ms,
+            newer,
+        ))
     }
 
     /// The logs of every sandbox matching `selector`, one after another in

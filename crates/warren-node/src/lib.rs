@@ -34,6 +34,7 @@ mod settings;
 pub mod ship_journal;
 mod take_over;
 mod tasks;
+mod torn;
 mod usage;
 pub mod user;
 mod volumes;

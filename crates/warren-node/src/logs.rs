@@ -76,7 +76,7 @@ impl SandboxLog {
             .append(true)
             .read(true)
             .open(&path)?;
-        let size = drop_torn_line(&file)?;
+        let size = crate::torn::drop_torn_line(&file)?;
         Ok(SandboxLog {
             id: id.to_string(),
             path,
@@ -212,38 +212,6 @@ impl Current {
                 let _ = f.set_len(self.size);
             }
         }
-    }
-}
-
-/// A daemon killed while it wrote a line can leave part of it (the kernel
-/// stops a write between pages for a fatal signal); the next line would be
-/// glued to it. The part is cut off, back to the last whole line: it is the
-/// output in flight at the crash (docs/reliability.md). Returns the size.
-pub(crate) fn drop_torn_line(file: &File) -> std::io::Result<u64> {
-    use std::os::unix::fs::FileExt;
-    let size = file.metadata()?.len();
-    if size == 0 {
-        return Ok(0);
-    }
-    let mut end = size;
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let start = end.saturating_sub(buf.len() as u64);
-        let chunk = &mut buf[..(end - start) as usize];
-        file.read_exact_at(chunk, start)?;
-        if end == size && chunk.last() == Some(&b'\n') {
-            return Ok(size);
-        }
-        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
-            let whole = start + i as u64 + 1;
-            file.set_len(whole)?;
-            return Ok(whole);
-        }
-        if start == 0 {
-            file.set_len(0)?;
-            return Ok(0);
-        }
-        end = start;
     }
 }
 

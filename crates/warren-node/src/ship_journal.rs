@@ -109,7 +109,7 @@ impl ShipJournal {
                 .open(&last.path)
                 .map_err(io(&last.path))?;
             // A daemon killed mid-append leaves part of an entry.
-            last.size = crate::logs::drop_torn_line(&file).map_err(io(&last.path))?;
+            last.size = crate::torn::drop_torn_line(&file).map_err(io(&last.path))?;
             inner.next = match last_seq(&last.path).map_err(io(&last.path))? {
                 Some(seq) => seq + 1,
                 None => last.first,

@@ -497,9 +497,13 @@ impl Control {
     }
 
     /// Deletes kept logs past the retention and the size bound, every
-    /// minute, until the control plane stops.
+    /// minute (a short retention: every half of it), until the control
+    /// plane stops.
     pub async fn expire_kept_logs(self: Arc<Self>) {
-        const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+        let every = (self.log_limits().retention / 2).clamp(
+            std::time::Duration::from_millis(200),
+            std::time::Duration::from_secs(60),
+        );
         loop {
             let (before, max) = crate::log_shipping::expiry(self.log_limits());
             match self.store.expire_log_entries(before, max).await {
@@ -511,7 +515,7 @@ impl Control {
                 Err(e) => tracing::warn!(error = %e, "deleting old kept logs"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(EVERY) => {}
+                _ = tokio::time::sleep(every) => {}
                 _ = self.lifecycle.stopped() => return,
             }
         }

@@ -185,6 +185,25 @@ def test_a_tenants_console_shows_its_own_world_only(console, warren):
         warren.cli("tenant", "rm", name)
 
 
+def test_the_tenants_view_shows_use_against_quota(console, warren):
+    name = f"ui-q-{secrets.token_hex(3)}"
+    token = warren.cli("tenant", "create", name, "--sandboxes", "4", "--weight", "2").stdout.decode().strip()
+    sid = httpx.post(f"{warren.url}/v1/sandboxes", headers={"Authorization": f"Bearer {token}"},
+                     json={"image": "busybox:latest"}, timeout=60).json()["id"]
+    try:
+        console.login()
+        console.go("#/tenants")
+        row = console.page.wait_for_selector(f"[data-tenant='{name}']")
+        cells = row.eval_on_selector_all("td", "tds => tds.map(t => t.textContent)")
+        assert cells[1] == "2" and cells[6].endswith("1 / 4"), cells
+        width = row.eval_on_selector(".bar > span", "s => s.style.width")
+        assert width == "25%", width
+        console.shot("tenants")
+    finally:
+        warren.destroy(sid)
+        warren.cli("tenant", "rm", name)
+
+
 def test_fleet_matrix_and_drill_down(console, warren):
     task = f"ui-fleet-{secrets.token_hex(3)}"
     try:

@@ -201,27 +201,48 @@ def test_tokens_are_kept_hashed_listed_without_values_and_revoked_at_once(tw, tw
     assert r.status_code == 401, r.text
 
 
-def test_the_e2b_door_keeps_tenants_apart(tw, two):
-    api = tw.e2b_api
-    ka, kb = {"X-API-KEY": two["a"]}, {"X-API-KEY": "e2b_" + two["b"]}
-    r = httpx.post(f"{api}/sandboxes", headers=ka, json={"templateID": "busybox:latest", "timeout": 300},
-                   timeout=60)
+# Every E2B control call that names one sandbox, as (method, path, body).
+E2B_VERBS = {
+    "detail": ("GET", "", None),
+    "kill": ("DELETE", "", None),
+    "connect": ("POST", "/connect", {"timeout": 60}),
+    "resume": ("POST", "/resume", {"timeout": 60}),
+    "timeout": ("POST", "/timeout", {"timeout": 1}),
+    "pause": ("POST", "/pause", None),
+    "metrics": ("GET", "/metrics", None),
+    "network": ("PUT", "/network", {"allowOut": []}),
+    "fork": ("POST", "/fork", {}),
+    "snapshot": ("POST", "/snapshots", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def e2b_a(tw, two):
+    """A sandbox of tenant a, made through the E2B door."""
+    r = httpx.post(f"{tw.e2b_api}/sandboxes", headers={"X-API-KEY": two["a"]},
+                   json={"templateID": "busybox:latest", "timeout": 300}, timeout=60)
     assert r.status_code == 201, r.text
     sid = r.json()["sandboxID"]
-    try:
-        assert tw.http.get(f"/v1/sandboxes/{sid}").json()["tenant"] == "team-a"
-        for method, path, body in [("GET", "", None), ("DELETE", "", None), ("POST", "/connect", {"timeout": 60}),
-                                   ("POST", "/timeout", {"timeout": 1}), ("POST", "/pause", None),
-                                   ("GET", "/metrics", None), ("PUT", "/network", {"allowOut": []}),
-                                   ("POST", "/fork", {})]:
-            r = httpx.request(method, f"{api}/sandboxes/{sid}{path}", headers=kb, json=body)
-            assert r.status_code == 404, (path, r.status_code, r.text)
-        assert sid not in [s["sandboxID"] for s in httpx.get(f"{api}/v2/sandboxes", headers=kb).json()]
-        assert sid in [s["sandboxID"] for s in httpx.get(f"{api}/v2/sandboxes", headers=ka).json()]
-        assert httpx.get(f"{api}/secrets", headers=kb).json() == []
-        assert tw.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
-    finally:
-        httpx.delete(f"{api}/sandboxes/{sid}", headers=ka)
+    assert tw.http.get(f"/v1/sandboxes/{sid}").json()["tenant"] == "team-a"
+    yield sid
+    httpx.delete(f"{tw.e2b_api}/sandboxes/{sid}", headers={"X-API-KEY": two["a"]})
+
+
+@pytest.mark.parametrize("verb", sorted(E2B_VERBS))
+def test_the_e2b_door_hides_another_tenants_sandbox_from_every_verb(tw, two, e2b_a, verb):
+    method, tail, body = E2B_VERBS[verb]
+    kb = {"X-API-KEY": "e2b_" + two["b"]}
+    r = httpx.request(method, f"{tw.e2b_api}/sandboxes/{e2b_a}{tail}", headers=kb, json=body)
+    # Snapshots are the operator's (403); every other verb finds nothing.
+    assert r.status_code == (403 if verb == "snapshot" else 404), (verb, r.status_code, r.text)
+    assert tw.http.get(f"/v1/sandboxes/{e2b_a}").json()["state"] == "running"
+
+
+def test_the_e2b_door_lists_each_tenant_its_own(tw, two, e2b_a):
+    ka, kb = {"X-API-KEY": two["a"]}, {"X-API-KEY": "e2b_" + two["b"]}
+    assert e2b_a not in [s["sandboxID"] for s in httpx.get(f"{tw.e2b_api}/v2/sandboxes", headers=kb).json()]
+    assert e2b_a in [s["sandboxID"] for s in httpx.get(f"{tw.e2b_api}/v2/sandboxes", headers=ka).json()]
+    assert httpx.get(f"{tw.e2b_api}/secrets", headers=kb).json() == []
 
 
 def test_a_tenant_is_removed_only_once_it_owns_nothing(tw):

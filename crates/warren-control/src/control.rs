@@ -17,6 +17,7 @@ use crate::admission::Admission;
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
+mod access;
 mod create;
 mod fork;
 mod names;

@@ -232,6 +232,7 @@ const ROUTES = {
   profiles: views.profiles,
   images: views.images,
   nodes: views.nodes,
+  tenants: views.tenants,
 };
 
 async function route() {

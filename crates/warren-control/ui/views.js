@@ -426,6 +426,42 @@ export function profiles(root) {
   return { stop };
 }
 
+// One tenant's use of one resource against its quota: a bar where it has
+// a quota, the figure alone where it has none.
+function quotaCell(used, quota, fmt) {
+  if (quota === undefined || quota === null) return h('td', {}, `${fmt(used)} / -`);
+  const f = quota > 0 ? Math.min(used / quota, 1) : 1;
+  return h('td', {},
+    h('div', { class: 'bar', title: `${fmt(used)} of ${fmt(quota)}` },
+      h('span', { style: `width:${(f * 100).toFixed(1)}%;background:${f >= 1 ? '#f85149' : '#3fb950'}` })),
+    h('span', { class: 'dim' }, `${fmt(used)} / ${fmt(quota)}`));
+}
+
+export function tenants(root) {
+  const list = h('div', { class: 'panel' });
+  root.append(h('h1', {}, 'Tenants'),
+    h('p', { class: 'dim' }, "What each tenant's live sandboxes request against its quota, its weight in the fair share, and its queue."),
+    list);
+  const draw = async () => {
+    const ts = await api('/v1/tenants');
+    const count = (n) => String(n);
+    list.replaceChildren(h('table', { class: 'plain' },
+      h('tr', {}, ['tenant', 'weight', 'priority', 'CPU', 'memory', 'GPUs', 'sandboxes', 'queued'].map((t) => h('th', {}, t))),
+      ts.map((t) => {
+        const q = t.quota || {};
+        return h('tr', { 'data-tenant': t.name },
+          h('td', {}, t.name), h('td', {}, t.weight), h('td', {}, t.priority),
+          quotaCell(t.usage.cpu_millis, q.cpu === undefined ? undefined : q.cpu * 1000, fmtCpu),
+          quotaCell(t.usage.memory, q.memory, fmtBytes),
+          quotaCell(t.usage.gpus, q.gpus, count),
+          quotaCell(t.usage.sandboxes, q.sandboxes, count),
+          h('td', { class: t.queued ? 'flag' : '' }, t.queued));
+      })));
+  };
+  const stop = every(5000, draw);
+  return { stop };
+}
+
 export function images(root, _p, live) {
   const list = h('div', { class: 'panel' });
   const ref = h('input', { placeholder: 'registry/repo:tag', size: 40, id: 'prewarm-ref' });

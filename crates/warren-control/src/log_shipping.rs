@@ -88,11 +88,25 @@ pub(crate) async fn pull(
         );
     }
     let entries = entries_of(node, batch);
-    if store.keep_shipped(node, cursor, &to, &entries).await? {
-        Ok(Some(to))
-    } else {
-        Err(ShipError::Stale)
+    if !store.keep_shipped(node, cursor, &to, &entries).await? {
+        return Err(ShipError::Stale);
     }
+    // A log the node rotated past its cap loses the same lines here (a
+    // crash before this keeps them a while longer: retention takes them).
+    for (sandbox, before) in entries.iter().filter_map(rotated) {
+        store.drop_rotated_lines(sandbox, node, before).await?;
+    }
+    Ok(Some(to))
+}
+
+/// The sandbox and the first seq it kept, of a `log_rotated` note.
+fn rotated(e: &LogEntry) -> Option<(&str, i64)> {
+    if e.kind != LogKind::Log || !e.body.contains("\"log_rotated\"") {
+        return None;
+    }
+    let note: serde_json::Value = serde_json::from_str(&e.body).ok()?;
+    let before = note.get("dropped_before_seq")?.as_i64()?;
+    (note.get("reason")? == "log_rotated").then_some((e.sandbox_id.as_str(), before))
 }
 
 fn entries_of(node: &str, batch: ShipBatch) -> Vec<LogEntry> {

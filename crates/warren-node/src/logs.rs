@@ -51,6 +51,9 @@ pub struct SandboxLog {
 struct Current {
     file: Option<File>,
     size: u64,
+    /// The lowest `seq` the current file holds (None: none known, e.g.
+    /// after a restart): at a rotation, the lines before it are dropped.
+    first_seq: Option<u64>,
 }
 
 /// The files of a sandbox's log, oldest first (they may not exist).
@@ -84,6 +87,7 @@ impl SandboxLog {
             file: Mutex::new(Current {
                 file: Some(file),
                 size,
+                first_seq: None,
             }),
             written: watch::Sender::new(0),
             ship: None,
@@ -134,6 +138,7 @@ impl SandboxLog {
                     self.line(&mut line, Some(seq))
                 })
             });
+            let seq = shipped.as_ref().map(|(seq, _)| *seq);
             let Some(mut text) = shipped
                 .map(|(_, body)| body)
                 .or_else(|| self.line(&mut line, None))
@@ -146,6 +151,9 @@ impl SandboxLog {
             }
             // A full disk must not take the sandbox down; the log is best effort.
             cur.append(&text);
+            if let Some(seq) = seq {
+                cur.first_seq = Some(cur.first_seq.map_or(seq, |first| first.min(seq)));
+            }
         }
         self.wake_followers();
     }
@@ -163,14 +171,29 @@ impl SandboxLog {
             .open(&self.path)
             .ok();
         cur.size = 0;
-        // Not shipped: the control plane keeps the lines dropped here.
+        // Shipped too, saying which lines went: the control plane drops
+        // them from its copy, so a sandbox's kept log is capped as its
+        // node's is (one printing gigabytes cannot crowd out the others').
         let mut note = json!({
             "kind": "event", "state": null, "reason": "log_rotated",
             "message": format!("the log reached its cap; lines before those in {}.jsonl.1 were dropped", self.id),
         });
-        if let Some(mut text) = self.line(&mut note, None) {
+        if let Some(first) = cur.first_seq.take() {
+            note["dropped_before_seq"] = json!(first);
+        }
+        let shipped = self.ship.as_ref().and_then(|j| {
+            j.append(ShippedKind::Log, &self.id, now_ms(), |seq| {
+                self.line(&mut note, Some(seq))
+            })
+        });
+        let seq = shipped.as_ref().map(|(seq, _)| *seq);
+        if let Some(mut text) = shipped
+            .map(|(_, body)| body)
+            .or_else(|| self.line(&mut note, None))
+        {
             text.push(b'\n');
             cur.append(&text);
+            cur.first_seq = seq;
         }
     }
 

@@ -469,6 +469,15 @@ pub trait Store: Send + Sync {
     ) -> Result<u64, StoreError>;
     /// The bytes of the kept entries' bodies.
     async fn log_bytes(&self) -> Result<i64, StoreError>;
+    /// Drops a sandbox's kept log lines from `node` numbered below
+    /// `before_seq` (its node rotated them out: the kept copy is capped as
+    /// the node's log is). Answers how many went.
+    async fn drop_rotated_lines(
+        &self,
+        sandbox_id: &str,
+        node: &str,
+        before_seq: i64,
+    ) -> Result<u64, StoreError>;
     /// Takes (or renews) the leader lease for `ttl_ms` when it is free,
     /// expired or already `holder`'s, by the database's clock; returns who
     /// leads after the attempt. Taken from another holder, the lease's

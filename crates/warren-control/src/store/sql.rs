@@ -829,6 +829,15 @@ impl<D: Dialect> Store for D {
         central_logs::total(self).await
     }
 
+    async fn drop_rotated_lines(
+        &self,
+        sandbox_id: &str,
+        node: &str,
+        before_seq: i64,
+    ) -> Result<u64, StoreError> {
+        central_logs::drop_rotated(self, sandbox_id, node, before_seq).await
+    }
+
     async fn claim_leader(
         &self,
         holder: &str,

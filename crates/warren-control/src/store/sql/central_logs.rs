@@ -202,3 +202,27 @@ pub(super) async fn expire<D: Dialect>(
         }
     }
 }
+
+/// Drops a sandbox's log lines from `node` below `before_seq`, and their
+/// bytes from the total, in one transaction.
+pub(super) async fn drop_rotated<D: Dialect>(
+    store: &D,
+    sandbox_id: &str,
+    node: &str,
+    before_seq: i64,
+) -> Result<u64, StoreError> {
+    let mut tx = store.begin().await?;
+    let sql = sql!(
+        "UPDATE log_total SET bytes = bytes -
+            (SELECT COALESCE(SUM(bytes), 0) FROM sandbox_logs
+             WHERE sandbox_id = ? AND node = ? AND kind = 'log' AND seq < ?)
+         WHERE id = 1"
+    );
+    D::execute_in(&mut tx, sql, args![sandbox_id, node, before_seq]).await?;
+    let sql = sql!(
+        "DELETE FROM sandbox_logs WHERE sandbox_id = ? AND node = ? AND kind = 'log' AND seq < ?"
+    );
+    let n = D::execute_in(&mut tx, sql, args![sandbox_id, node, before_seq]).await?;
+    D::commit(tx).await?;
+    Ok(n)
+}

@@ -143,7 +143,7 @@ def floor_test(images, mnt):
         done = wait_state(w, big, ("destroyed",), 30)
         # Kept by its policy otherwise: a node short of disk takes it back.
         assert done["reason"] == "disk_exceeded", done
-        assert state(w, small)["state"] == "running"
+        assert state(w, small)["state"] == "running", state(w, small)
         wait_until(lambda: w.http.post("/v1/sandboxes", json={"image": "busybox:latest", "cpu": 0.1, "memory": "32M"}).status_code == 201, 15, what="creates to work again")
 
 

@@ -50,9 +50,31 @@ pub(crate) struct Pressure {
     memory: AtomicBool,
     /// CPU saturation is reported on the node's feed.
     feed: Arc<Feed>,
+    /// The sandbox stopped last for the disk floor, and when: no other is
+    /// stopped while it is still being removed (its space may be enough).
+    disk_victim: Mutex<Option<(String, std::time::Instant)>>,
 }
 
+/// How long a sandbox stopped for the disk floor may take to be removed
+/// before another is chosen (a control plane that does not act on the
+/// report must not stall the node for ever).
+const VICTIM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Pressure {
+    /// Whether the sandbox stopped last for the disk floor is still being
+    /// removed (among `live`), and not for longer than [`VICTIM_PATIENCE`].
+    pub(crate) fn disk_victim_leaving(&self, live: &[&str]) -> bool {
+        let victim = lock(&self.disk_victim);
+        victim
+            .as_ref()
+            .is_some_and(|(id, at)| at.elapsed() < VICTIM_PATIENCE && live.contains(&id.as_str()))
+    }
+
+    /// Records the sandbox now stopped for the disk floor.
+    pub(crate) fn disk_victim(&self, id: &str) {
+        *lock(&self.disk_victim) = Some((id.to_string(), std::time::Instant::now()));
+    }
+
     pub(crate) fn new(
         home: PathBuf,
         disk_floor: Option<u64>,
@@ -67,6 +89,7 @@ impl Pressure {
             memory_floor,
             memory: AtomicBool::new(false),
             feed,
+            disk_victim: Mutex::new(None),
         }
     }
 

@@ -219,6 +219,12 @@ impl Node {
         if !pressure {
             return;
         }
+        // One at a time: the one stopped last may free enough once its
+        // removal (which takes a moment) is done.
+        let ids: Vec<&str> = live.iter().map(|(id, _)| id.as_str()).collect();
+        if self.pressure.disk_victim_leaving(&ids) {
+            return;
+        }
         let largest = live
             .iter()
             .filter(|(_, l)| {
@@ -227,6 +233,7 @@ impl Node {
             .map(|(id, l)| (sampler::disk_bytes(&self.runtime.sandbox_dir(id)), id, l))
             .max_by_key(|(used, _, _)| *used);
         if let Some((used, id, l)) = largest {
+            self.pressure.disk_victim(id);
             self.report_disk(id, l, used, l.disk_limit, true);
         }
     }

@@ -59,6 +59,26 @@ impl Rule {
     }
 }
 
+/// One call at a door's gate: who asks, through which door, by which
+/// route (its pattern) and naming what (the path's `{id}` or `{name}`).
+pub struct Call<'a> {
+    pub who: &'a Principal,
+    /// `api`, `e2b`, `envd`.
+    pub door: &'static str,
+    pub method: &'a axum::http::Method,
+    pub route: &'a str,
+    pub key: &'a str,
+}
+
+/// The id or name a routed path names (its `{id}` or `{name}`).
+pub fn path_key(params: &axum::extract::RawPathParams) -> String {
+    params
+        .iter()
+        .find(|(k, _)| matches!(*k, "id" | "name"))
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default()
+}
+
 /// A viewer's refusal.
 pub fn read_only() -> ApiError {
     ApiError::new(

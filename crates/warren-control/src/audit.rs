@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use time::format_description::well_known::Rfc3339;
 use warren_core::audit::AuditEntry;
 use warren_core::sync::lock;
 use warren_core::tenant::TenantName;
@@ -36,9 +37,9 @@ pub struct Audit {
 #[derive(Debug, Default, Clone)]
 pub struct AuditQuery {
     pub tenant: Option<TenantName>,
-    /// RFC 3339 times; lines at or after `since` and before `until`.
-    pub since: Option<String>,
-    pub until: Option<String>,
+    /// Lines at or after `since` and before `until`.
+    pub since: Option<time::OffsetDateTime>,
+    pub until: Option<time::OffsetDateTime>,
     pub limit: Option<usize>,
 }
 
@@ -102,16 +103,17 @@ impl Audit {
                 .to_string()
         };
         let limit = q.limit.unwrap_or(1000).clamp(1, MAX_ANSWER);
+        let day_text = |t: time::OffsetDateTime| {
+            let d = t.to_offset(time::UtcOffset::UTC).date();
+            format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day())
+        };
+        let (first_day, last_day) = (q.since.map(day_text), q.until.map(day_text));
         let mut out = Vec::new();
         for path in days {
             let day = day_of(&path);
             // Whole days outside the window are not read.
-            if q.since
-                .as_deref()
-                .is_some_and(|s| day.as_str() < &s[..s.len().min(10)])
-                || q.until
-                    .as_deref()
-                    .is_some_and(|u| day.as_str() > &u[..u.len().min(10)])
+            if first_day.as_ref().is_some_and(|f| &day < f)
+                || last_day.as_ref().is_some_and(|l| &day > l)
             {
                 continue;
             }
@@ -121,9 +123,12 @@ impl Audit {
                 let Ok(entry) = serde_json::from_str::<AuditEntry>(line) else {
                     continue;
                 };
+                // Compared as times: RFC 3339 texts with and without a
+                // fraction of a second do not sort as text.
+                let at = time::OffsetDateTime::parse(&entry.time, &Rfc3339).ok();
                 let keep = q.tenant.as_ref().is_none_or(|t| &entry.tenant == t)
-                    && q.since.as_deref().is_none_or(|s| entry.time.as_str() >= s)
-                    && q.until.as_deref().is_none_or(|u| entry.time.as_str() < u);
+                    && q.since.is_none_or(|s| at.is_some_and(|a| a >= s))
+                    && q.until.is_none_or(|u| at.is_some_and(|a| a < u));
                 if keep {
                     out.push(entry);
                 }
@@ -198,7 +203,7 @@ mod tests {
         let q = |tenant: Option<&str>, since: Option<&str>| {
             a.query(&AuditQuery {
                 tenant: tenant.map(|t| t.parse().unwrap()),
-                since: since.map(str::to_string),
+                since: since.map(|s| time::OffsetDateTime::parse(s, &Rfc3339).unwrap()),
                 ..Default::default()
             })
             .unwrap()

@@ -7,7 +7,7 @@ use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use warren_control::access::{Access, Kind, Rule};
+use warren_control::access::{path_key, Access, Call, Kind, Rule};
 use warren_core::tenant::Principal;
 
 use crate::api::St;
@@ -90,31 +90,25 @@ pub(crate) async fn gate(
     let Some(who) = req.extensions().get::<Principal>().cloned() else {
         return E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, "no caller").into_response();
     };
-    let key = params
-        .iter()
-        .find(|(k, _)| *k == "id")
-        .map(|(_, v)| v.to_string())
-        .unwrap_or_default();
-    let (method, route) = (req.method().clone(), matched.as_str().to_string());
-    let call = format!("{method} {route}");
-    let rule = rule(&method, &route);
+    let key = path_key(&params);
     let control = match control(&e2b) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let resp = match control.check(&who, rule, &key, &call).await {
-        Ok(()) => next.run(req).await,
-        // An E2B client asking for another tenant's sandbox reads E2B's
-        // own "not found".
-        Err(e) => E2bError::from(e).into_response(),
+    let (method, route) = (req.method().clone(), matched.as_str().to_string());
+    let call = Call {
+        who: &who,
+        door: "e2b",
+        method: &method,
+        route: &route,
+        key: &key,
     };
-    if rule
-        .unwrap_or(Rule::Operator)
-        .changes(method == Method::GET)
-    {
-        let status = resp.status().as_u16();
-        let (tenant, token) = (who.tenant(), who.token_id());
-        control.audit_call(&tenant, token, "e2b", method.as_str(), &route, &key, status);
-    }
-    resp
+    let rule = rule(&method, &route);
+    // An E2B client asking for another tenant's sandbox reads E2B's own
+    // "not found".
+    control
+        .gated(call, rule, next.run(req), |e| {
+            E2bError::from(e).into_response()
+        })
+        .await
 }

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use warren_core::tenant::Principal;
 
 use super::{Failure, St};
-use crate::access::{Access, Kind, Rule};
+use crate::access::{path_key, Access, Call, Kind, Rule};
 
 use Access::{Change, Read};
 use Kind::*;
@@ -111,27 +111,19 @@ pub(crate) async fn gate(
         ))
         .into_response();
     };
-    let key = params
-        .iter()
-        .find(|(k, _)| matches!(*k, "id" | "name"))
-        .map(|(_, v)| v.to_string())
-        .unwrap_or_default();
+    let key = path_key(&params);
     let (method, route) = (req.method().clone(), matched.as_str().to_string());
-    let call = format!("{method} {route}");
-    let rule = rule(&method, &route);
-    let resp = match st.control.check(&who, rule, &key, &call).await {
-        Ok(()) => next.run(req).await,
-        Err(e) => Failure(e).into_response(),
+    let call = Call {
+        who: &who,
+        door: "api",
+        method: &method,
+        route: &route,
+        key: &key,
     };
-    let is_get = method == Method::GET || method == Method::HEAD;
-    if rule.unwrap_or(Rule::Operator).changes(is_get) {
-        // Before the answer leaves: an answered change is in the log.
-        let status = resp.status().as_u16();
-        let (tenant, token) = (who.tenant(), who.token_id());
-        st.control
-            .audit_call(&tenant, token, "api", method.as_str(), &route, &key, status);
-    }
-    resp
+    let rule = rule(&method, &route);
+    st.control
+        .gated(call, rule, next.run(req), |e| Failure(e).into_response())
+        .await
 }
 
 #[cfg(test)]

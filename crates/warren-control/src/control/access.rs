@@ -6,30 +6,45 @@ use warren_core::tenant::{Principal, TenantName};
 use warren_core::{ApiError, ErrorCode};
 
 use super::Control;
-use crate::access::{hidden, operator_only, read_only, Access, Kind, Owned, Rule};
+use crate::access::{hidden, operator_only, read_only, Access, Call, Kind, Owned, Rule};
+use axum::http::Method;
+use axum::response::Response;
 
 impl Control {
-    /// Records a change a door answered for `tenant`, asked with the token
-    /// `token` names (an id, never a value; see [`crate::audit`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn audit_call(
+    /// A door's gate: refuses `call` what its route's `rule` does not
+    /// allow (answered by `refuse`, in the door's own words), runs it
+    /// otherwise, and records it in the audit log when it changes
+    /// something, before its answer leaves.
+    pub async fn gated(
         &self,
-        tenant: &TenantName,
-        token: &str,
-        door: &str,
-        method: &str,
-        route: &str,
-        target: &str,
-        status: u16,
-    ) {
+        call: Call<'_>,
+        rule: Option<Rule>,
+        run: impl std::future::Future<Output = Response>,
+        refuse: impl FnOnce(ApiError) -> Response,
+    ) -> Response {
+        let named = format!("{} {}", call.method, call.route);
+        let resp = match self.check(call.who, rule, call.key, &named).await {
+            Ok(()) => run.await,
+            Err(e) => refuse(e),
+        };
+        let is_get = call.method == Method::GET || call.method == Method::HEAD;
+        if rule.unwrap_or(Rule::Operator).changes(is_get) {
+            self.audit_call(&call, resp.status().as_u16());
+        }
+        resp
+    }
+
+    /// Records a change a door answered (see [`crate::audit`]): the
+    /// caller's tenant and token id, never a token.
+    pub fn audit_call(&self, call: &Call<'_>, status: u16) {
         self.audit.record(&warren_core::audit::AuditEntry {
             time: warren_core::clock::now_rfc3339(),
-            tenant: tenant.clone(),
-            token: token.to_string(),
-            door: door.to_string(),
-            method: method.to_string(),
-            route: route.to_string(),
-            target: target.to_string(),
+            tenant: call.who.tenant(),
+            token: call.who.token_id().to_string(),
+            door: call.door.to_string(),
+            method: call.method.to_string(),
+            route: call.route.to_string(),
+            target: call.key.to_string(),
             status,
         });
     }

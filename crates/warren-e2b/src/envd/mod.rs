@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use warren_control::access::Call;
 use warren_control::Control;
+use warren_core::tenant::{Principal, Role};
 use warren_core::{SandboxState, Selector};
 
 use crate::{E2b, ENVD_PORT, FRONT_LABEL};
@@ -214,7 +216,7 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
     }
     let accounts = e2b.accounts.of(&control, &id).await;
     let audited = changes(req.method(), req.uri().path())
-        .then(|| (req.method().to_string(), req.uri().path().to_string()));
+        .then(|| (req.method().clone(), req.uri().path().to_string()));
     req.extensions_mut().insert(Target {
         id: id.clone(),
         control: control.clone(),
@@ -224,16 +226,19 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
     if let Some((method, path)) = audited {
         // Asked with the sandbox's access token, which only its tenant was
         // given (by the create or a connect).
-        let status = resp.status().as_u16();
-        control.audit_call(
-            &row.tenant,
-            "envd-access-token",
-            "envd",
-            &method,
-            &path,
-            &id,
-            status,
-        );
+        let who = Principal::Tenant {
+            tenant: row.tenant.clone(),
+            role: Role::User,
+            token: "envd-access-token".into(),
+        };
+        let call = Call {
+            who: &who,
+            door: "envd",
+            method: &method,
+            route: &path,
+            key: &id,
+        };
+        control.audit_call(&call, resp.status().as_u16());
     }
     resp
 }

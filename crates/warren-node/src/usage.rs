@@ -220,9 +220,10 @@ impl Node {
             return;
         }
         // One at a time: the one stopped last may free enough once its
-        // removal (which takes a moment) is done.
+        // removal is done: its destroy, then its files' deletion (behind
+        // the destroy, by the runtime's trash).
         let ids: Vec<&str> = live.iter().map(|(id, _)| id.as_str()).collect();
-        if self.pressure.disk_victim_leaving(&ids) {
+        if self.pressure.disk_victim_leaving(&ids) || self.runtime.freeing_disk() {
             return;
         }
         let largest = live

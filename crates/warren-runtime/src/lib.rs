@@ -240,6 +240,12 @@ impl Runtime {
         })
     }
 
+    /// Whether destroyed sandboxes' files are still being removed (their
+    /// disk space is on its way back).
+    pub fn freeing_disk(&self) -> bool {
+        self.trash.emptying()
+    }
+
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.cfg.home.join("sandboxes").join(id)
     }

@@ -24,6 +24,9 @@ pub struct Trash {
     /// Makes every entry's name unique within this run; `discard` copes with
     /// a name an earlier run left.
     next: AtomicU64,
+    /// Entries not yet removed: their space is on its way back (the node's
+    /// disk floor waits for it before it stops another sandbox).
+    pending: std::sync::Arc<AtomicU64>,
 }
 
 impl Trash {
@@ -36,6 +39,8 @@ impl Trash {
             .create(&dir)
             .map_err(RuntimeError::io("create the trash directory"))?;
         let (queue, emptied) = mpsc::channel::<PathBuf>();
+        let pending = std::sync::Arc::new(AtomicU64::new(0));
+        let done = pending.clone();
         std::thread::Builder::new()
             .name("warren-trash".into())
             .spawn(move || {
@@ -43,19 +48,29 @@ impl Trash {
                     if let Err(e) = remove_tree(&path) {
                         tracing::warn!(path = %path.display(), error = %e, "emptying the trash");
                     }
+                    done.fetch_sub(1, Ordering::AcqRel);
                 }
             })
             .map_err(RuntimeError::io("start the trash thread"))?;
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
-                let _ = queue.send(e.path());
+                pending.fetch_add(1, Ordering::AcqRel);
+                if queue.send(e.path()).is_err() {
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
         Ok(Trash {
             dir,
             queue,
             next: AtomicU64::new(0),
+            pending,
         })
+    }
+
+    /// Whether removed sandboxes' directories are still being deleted.
+    pub fn emptying(&self) -> bool {
+        self.pending.load(Ordering::Acquire) > 0
     }
 
     /// Takes `victim` (a directory on the trash's file system) off its
@@ -72,7 +87,9 @@ impl Trash {
             Ok(()) => {
                 // The thread lives as long as the queue; a send fails only
                 // if it died, and then the removal happens here.
+                self.pending.fetch_add(1, Ordering::AcqRel);
                 if let Err(mpsc::SendError(path)) = self.queue.send(to) {
+                    self.pending.fetch_sub(1, Ordering::AcqRel);
                     remove_tree(&path)?;
                 }
                 Ok(())

@@ -192,6 +192,10 @@ impl Control {
     /// Prometheus metrics, in the text format.
     pub async fn metrics_text(&self) -> String {
         let sandboxes = self.store.list(&[]).await.ok();
+        let tenants = match &sandboxes {
+            Some(rows) => self.tenant_infos_of(&Principal::Operator, rows).await.ok(),
+            None => None,
+        };
         let held = match sandboxes {
             Some(_) => self.inventory().await,
             None => Default::default(),
@@ -209,10 +213,7 @@ impl Control {
             sandboxes,
             held,
             profiles: self.store.profiles().await.ok(),
-            tenants: self
-                .tenant_infos(&warren_core::tenant::Principal::Operator)
-                .await
-                .ok(),
+            tenants,
         })
     }
 

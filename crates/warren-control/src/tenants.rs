@@ -69,19 +69,30 @@ impl Tenants {
 
     /// The tenants as kept (read from the store the first time).
     async fn table(&self) -> Result<BTreeMap<TenantName, (TenantSpec, String)>, ApiError> {
+        self.with_table(BTreeMap::clone).await
+    }
+
+    /// `f` of the tenants as kept (read from the store the first time),
+    /// under the read lock: a create's lookup copies one entry, not all.
+    async fn with_table<T>(
+        &self,
+        f: impl FnOnce(&BTreeMap<TenantName, (TenantSpec, String)>) -> T,
+    ) -> Result<T, ApiError> {
         if let Some(t) = self.known.read().await.as_ref() {
-            return Ok(t.clone());
+            return Ok(f(t));
         }
         let mut known = self.known.write().await;
-        let table: BTreeMap<_, _> = self
-            .store
-            .tenants()
-            .await?
-            .into_iter()
-            .map(|t| (t.name, (t.spec, t.created_at)))
-            .collect();
-        *known = Some(table.clone());
-        Ok(table)
+        if known.is_none() {
+            let table: BTreeMap<_, _> = self
+                .store
+                .tenants()
+                .await?
+                .into_iter()
+                .map(|t| (t.name, (t.spec, t.created_at)))
+                .collect();
+            *known = Some(table);
+        }
+        Ok(f(known.as_ref().unwrap_or(&BTreeMap::new())))
     }
 
     /// Records a change made to the store in the kept table.
@@ -130,15 +141,14 @@ impl Tenants {
     }
 
     async fn row(&self, name: &TenantName) -> Result<Option<TenantRow>, ApiError> {
-        Ok(self
-            .table()
-            .await?
-            .remove(name)
-            .map(|(spec, created_at)| TenantRow {
+        self.with_table(|t| {
+            t.get(name).map(|(spec, created_at)| TenantRow {
                 name: name.clone(),
-                spec,
-                created_at,
-            }))
+                spec: spec.clone(),
+                created_at: created_at.clone(),
+            })
+        })
+        .await
     }
 
     /// Whether `name` is a tenant (the default one always is).

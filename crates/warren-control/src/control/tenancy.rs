@@ -38,9 +38,19 @@ impl Control {
     /// The tenants `who` reaches, with what their sandboxes hold and how
     /// many of their creates wait.
     pub async fn tenant_infos(&self, who: &Principal) -> Result<Vec<TenantInfo>, ApiError> {
+        let rows = self.store.list(&[]).await?;
+        self.tenant_infos_of(who, &rows).await
+    }
+
+    /// [`Control::tenant_infos`] from records already read.
+    pub(crate) async fn tenant_infos_of(
+        &self,
+        who: &Principal,
+        rows: &[SandboxRow],
+    ) -> Result<Vec<TenantInfo>, ApiError> {
         let mut usage: HashMap<TenantName, (warren_core::tenant::TenantUsage, u32)> =
             HashMap::new();
-        for row in self.store.list(&[]).await? {
+        for row in rows {
             let (u, queued) = usage.entry(row.tenant.clone()).or_default();
             if row.state == SandboxState::Queued {
                 *queued += 1;

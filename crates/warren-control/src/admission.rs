@@ -46,6 +46,8 @@ mod fair_share;
 mod preempt;
 #[cfg(test)]
 mod tenant_tests;
+#[cfg(test)]
+mod tests;
 mod turns;
 
 use std::collections::HashMap;
@@ -894,127 +896,5 @@ impl Admission {
         // A panic while holding this lock cannot leave the counters half
         // updated in a way worse than refusing service, so recover the data.
         lock(&self.state)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(cpu: u64) -> Request {
-        Request {
-            need: Need {
-                cpu_millis: cpu,
-                memory: 1,
-                slots: 1,
-                gpus: 0,
-            },
-            pids: 8,
-            selector: Labels::new(),
-            placement: Placement::Spread,
-            image: None,
-            node: None,
-            tenant: TenantName::default_tenant(),
-            priority: 0,
-        }
-    }
-
-    fn one_node(a: &Admission, name: &str, cpu: u64) {
-        a.set_node(
-            name,
-            Need {
-                cpu_millis: cpu,
-                memory: 100,
-                slots: 10,
-                gpus: 0,
-            },
-            u32::MAX,
-            Labels::new(),
-        );
-        a.set_schedulable(name, true);
-    }
-
-    #[test]
-    fn fifo_queue_starts_on_release_and_is_bounded() {
-        let a = Admission::new(2);
-        one_node(&a, "n", 1000);
-        assert!(matches!(a.admit("a", req(600)), Ok(Admit::Now(n)) if n == "n"));
-        let Ok(Admit::Queued {
-            position: 1,
-            ready: mut b,
-            ..
-        }) = a.admit("b", req(600))
-        else {
-            panic!("b should queue first")
-        };
-        // A small request does not overtake the head of the queue.
-        let Ok(Admit::Queued {
-            position: 2,
-            ready: mut c,
-            ..
-        }) = a.admit("c", req(100))
-        else {
-            panic!("c should queue second")
-        };
-        assert_eq!(a.admit("d", req(100)).err(), Some(AdmitError::QueueFull(2)));
-        assert!(b.try_recv().is_err());
-        a.release("a");
-        assert_eq!(b.try_recv().ok().as_deref(), Some("n"));
-        assert_eq!(c.try_recv().ok().as_deref(), Some("n"));
-        assert_eq!(a.nodes()[0].used.cpu_millis, 700);
-        a.release("b");
-        a.release("b");
-        assert_eq!(a.nodes()[0].used.cpu_millis, 100);
-        assert!(matches!(
-            a.admit("e", req(5000)),
-            Err(AdmitError::NeverFits { .. })
-        ));
-    }
-
-    #[test]
-    fn the_queue_waits_for_any_node_and_starts_where_room_frees() {
-        let a = Admission::new(10);
-        assert!(matches!(a.admit("x", req(100)), Err(AdmitError::NoNode(_))));
-        one_node(&a, "n1", 1000);
-        one_node(&a, "n2", 1000);
-        // Spread: the second goes to the other node.
-        let Ok(Admit::Now(first)) = a.admit("a", req(800)) else {
-            panic!("a fits")
-        };
-        let Ok(Admit::Now(second)) = a.admit("b", req(800)) else {
-            panic!("b fits")
-        };
-        assert_ne!(first, second);
-        let Ok(Admit::Queued { mut ready, .. }) = a.admit("c", req(800)) else {
-            panic!("c waits")
-        };
-        // A cordoned node takes nothing, even when it has room.
-        a.set_schedulable(&second, false);
-        a.release("b");
-        assert!(ready.try_recv().is_err());
-        a.release("a");
-        assert_eq!(ready.try_recv().ok(), Some(first.clone()));
-        assert_eq!(a.node_of("c"), Some(first));
-    }
-
-    #[test]
-    fn a_pinned_request_goes_to_its_node_or_waits_for_it() {
-        let a = Admission::new(10);
-        one_node(&a, "n1", 1000);
-        one_node(&a, "n2", 1000);
-        let on = |node: &str, cpu| Request {
-            node: Some(node.into()),
-            ..req(cpu)
-        };
-        assert!(matches!(a.admit("a", on("n2", 800)), Ok(Admit::Now(n)) if n == "n2"));
-        // n1 has room, but the request is n2's.
-        let Ok(Admit::Queued { mut ready, .. }) = a.admit("b", on("n2", 800)) else {
-            panic!("b waits for n2")
-        };
-        a.release("a");
-        assert_eq!(ready.try_recv().ok().as_deref(), Some("n2"));
-        assert!(
-            matches!(a.admit("c", on("gone", 1)), Err(AdmitError::NoNode(m)) if m.contains("gone"))
-        );
     }
 }

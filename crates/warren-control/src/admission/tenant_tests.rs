@@ -12,22 +12,7 @@ fn name(t: &str) -> TenantName {
 
 /// One sandbox of `cpu` millicores for tenant `t`.
 fn of(t: &str, cpu: u64, priority: i32) -> Request {
-    Request {
-        need: Need {
-            cpu_millis: cpu,
-            memory: 1,
-            slots: 1,
-            gpus: 0,
-        },
-        pids: 8,
-        selector: Labels::new(),
-        placement: Placement::Spread,
-        image: None,
-        node: None,
-        tenant: TenantName::default_tenant(),
-        priority: 0,
-    }
-    .for_tenant(name(t), priority)
+    super::tests::req(cpu).for_tenant(name(t), priority)
 }
 
 fn spec(weight: u32, preempt: bool) -> TenantSpec {

@@ -276,6 +276,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
                     load: Default::default(),
                     images: Vec::new(),
                     devices: Vec::new(),
+                    isolation: Vec::new(),
                 };
                 control.add_node(
                     api,

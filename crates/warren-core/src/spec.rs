@@ -249,6 +249,11 @@ pub struct SandboxSpec {
     pub node_selector: Labels,
     #[serde(default, skip_serializing_if = "Placement::is_spread")]
     pub placement: Placement,
+    /// What stands between its code and the host (see
+    /// [`crate::isolation`]); none: its node's default. The control plane
+    /// records the class it ran with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
     /// Set on the children of a fork (`POST /v1/sandboxes/{id}/fork`):
     /// the sandbox they were forked from and the layers their root is
     /// built on. A create that names one is refused.

@@ -175,6 +175,7 @@ crate::node_impl! { FakeNode, else unsupported;
             },
             images: Vec::new(),
             devices: Vec::new(),
+            isolation: vec![warren_core::Isolation::Container],
         })
     }
 

@@ -69,6 +69,11 @@ pub struct NodeInfo {
     /// Its CDI devices by kind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceClass>,
+    /// The isolation classes it runs, its default first (placement puts a
+    /// sandbox that names a class only on nodes that offer it). Empty from
+    /// a node older than classes: `container` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation: Vec<warren_core::Isolation>,
 }
 
 /// How busy the node is now.

@@ -343,6 +343,7 @@ mod tests {
             load: Default::default(),
             images: Vec::new(),
             devices: Vec::new(),
+            isolation: Vec::new(),
         };
         let req = |id: &Identity, url: &str, proof: Option<KeyProof>| JoinRequest {
             url: url.into(),

@@ -180,6 +180,10 @@ impl NodeApi for FakeNode {
                 used: vec!["nvidia.com/gpu=1".into()],
                 gpu: true,
             }],
+            isolation: vec![
+                warren_core::Isolation::Gvisor,
+                warren_core::Isolation::Container,
+            ],
         })
     }
 

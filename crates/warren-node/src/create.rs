@@ -109,6 +109,7 @@ impl Node {
                     .collect(),
                 resources: resources.clone(),
                 devices: injection,
+                isolation: self.isolation_of(spec),
             })
             .await;
         drop(permit);

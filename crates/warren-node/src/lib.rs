@@ -134,6 +134,8 @@ pub struct Node {
     allocatable: Resources,
     /// Most processes all sandboxes together may run.
     max_pids: u32,
+    /// The class of a sandbox whose spec names none.
+    default_isolation: warren_core::Isolation,
     initializing: tokio::sync::Semaphore,
     journal: journal::Journal,
     /// True once the sandboxes of the journal are taken over (after a start).
@@ -182,7 +184,23 @@ impl Node {
             cfg.settings.cgroup_parent.clone(),
         )
         .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let runsc = match cfg.settings.runsc.probe() {
+            Ok(runsc) => {
+                tracing::info!(runsc = %runsc.path.display(), version = %runsc.version, "the gvisor isolation class is offered");
+                Some(runsc)
+            }
+            Err(e) if cfg.settings.default_isolation == warren_core::Isolation::Gvisor => {
+                return Err(NodeError::BadRequest(format!(
+                    "the default isolation class is gvisor, but {e}"
+                )));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the gvisor isolation class is not offered");
+                None
+            }
+        };
         let runtime = Runtime::new(RuntimeConfig {
+            runsc,
             home: cfg.home.clone(),
             spawner_exe: cfg.spawner_exe,
             spawner_args: cfg.spawner_args,
@@ -270,6 +288,7 @@ impl Node {
         let node = Arc::new(Node {
             allocatable: total,
             max_pids,
+            default_isolation: cfg.settings.default_isolation,
             journal,
             ready: watch::Sender::new(false),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),

@@ -12,6 +12,22 @@ use crate::{logs, Node, NodeError};
 use warren_core::sync::lock;
 
 impl Node {
+    /// The classes this node runs, its default first.
+    pub(crate) fn isolation_classes(&self) -> Vec<warren_core::Isolation> {
+        let mut classes = vec![self.default_isolation];
+        classes.extend(
+            warren_core::Isolation::ALL
+                .into_iter()
+                .filter(|c| *c != self.default_isolation && self.runtime.offers(*c)),
+        );
+        classes
+    }
+
+    /// The class a sandbox of `spec` runs in here.
+    pub(crate) fn isolation_of(&self, spec: &warren_core::SandboxSpec) -> warren_core::Isolation {
+        spec.isolation.unwrap_or(self.default_isolation)
+    }
+
     /// Name, labels, capacity, load and the digests of its images.
     pub(crate) async fn node_info(&self) -> NodeInfo {
         // A store that cannot be read reports no images (placement then
@@ -46,6 +62,7 @@ impl Node {
             },
             images,
             devices: self.devices.classes(),
+            isolation: self.isolation_classes(),
         }
     }
 

@@ -79,6 +79,10 @@ pub struct NodeSettings {
     /// The cgroup every sandbox lives below. None: the one the home
     /// recorded, else the default (see warren_runtime::cgroup_parent).
     pub cgroup_parent: Option<warren_runtime::cgroup_parent::CgroupParent>,
+    /// The class of a sandbox whose spec names none.
+    pub default_isolation: warren_core::Isolation,
+    /// Where runsc is, for the `gvisor` class (offered when it answers).
+    pub runsc: warren_runtime::gvisor::RunscSettings,
 }
 impl NodeSettings {
     /// What the node lends to sandboxes on a host of this size. The
@@ -123,6 +127,8 @@ impl Default for NodeSettings {
             gpu_kind: DEFAULT_GPU_KIND.into(),
             favor_dynmods: true,
             cgroup_parent: None,
+            default_isolation: warren_core::Isolation::Container,
+            runsc: warren_runtime::gvisor::RunscSettings::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod file_ops;
 pub mod files;
 pub mod floor;
 pub mod fork_layer;
+pub mod gvisor;
 pub mod host;
 pub mod host_tables;
 pub mod init;
@@ -156,6 +157,9 @@ pub struct RuntimeConfig {
     /// Each sandbox in its own user namespace (root inside is an
     /// unprivileged host uid range); see [`userns`].
     pub userns: bool,
+    /// The runsc that runs `gvisor` sandboxes; None: the class is not
+    /// offered.
+    pub runsc: Option<gvisor::Runsc>,
 }
 
 pub use secrets::SecretFileData;
@@ -171,6 +175,7 @@ pub struct CreateRequest {
     pub resources: ResolvedResources,
     /// Device nodes, mounts and cgroup rules of its CDI devices.
     pub devices: cdi::Injection,
+    pub isolation: warren_core::Isolation,
 }
 
 /// A volume mounted into a sandbox: its file system's block device (the
@@ -238,6 +243,19 @@ impl Runtime {
             state_root,
             trash,
         })
+    }
+
+    /// Whether this node can run sandboxes of `class`.
+    pub fn offers(&self, class: warren_core::Isolation) -> bool {
+        match class {
+            warren_core::Isolation::Container => true,
+            warren_core::Isolation::Gvisor => self.cfg.runsc.is_some(),
+        }
+    }
+
+    /// The runsc that runs `gvisor` sandboxes, when the class is offered.
+    pub fn runsc(&self) -> Option<&gvisor::Runsc> {
+        self.cfg.runsc.as_ref()
     }
 
     /// Whether destroyed sandboxes' files are still being removed (their

@@ -153,6 +153,10 @@ pub struct CreateArgs {
     /// `pack` (the fullest that fits, for GPU nodes).
     #[arg(long)]
     pub placement: Option<String>,
+    /// What stands between its code and the host: `container` or `gvisor`
+    /// (gVisor's user-space kernel); default: its node's (docs/isolation.md).
+    #[arg(long, value_parser = clap::value_parser!(warren_core::Isolation))]
+    pub isolation: Option<warren_core::Isolation>,
 }
 
 #[derive(Args)]

@@ -83,6 +83,20 @@ pub struct NodeOpts {
     /// the host (docs/configuration.md).
     #[arg(long)]
     pub no_favor_dynmods: bool,
+    /// The isolation class of a sandbox that names none: `container` (the
+    /// host kernel behind namespaces and seccomp) or `gvisor` (gVisor's
+    /// user-space kernel, through runsc; docs/isolation.md).
+    #[arg(long, default_value = "container", value_parser = clap::value_parser!(warren_core::Isolation))]
+    pub default_isolation: warren_core::Isolation,
+    /// The runsc binary of the `gvisor` class; default: `runsc` on PATH.
+    /// The class is offered when it answers `runsc --version`.
+    #[arg(long, value_name = "PATH")]
+    pub runsc: Option<std::path::PathBuf>,
+    /// gVisor's platform, passed to runsc as `--platform` (e.g. `ptrace`,
+    /// `systrap`, `kvm`); default: runsc's own. `warren doctor` says which
+    /// ones run here.
+    #[arg(long, value_name = "NAME")]
+    pub runsc_platform: Option<String>,
     /// Allow rule merged into every `allowlist` sandbox (object storage, log
     /// service, model registry), e.g. `logs.internal:443`. Repeatable.
     #[arg(long = "net-default-allow", value_name = "HOST:PORT")]

@@ -102,6 +102,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         request_id: a.request_id.clone(),
         node_selector,
         placement,
+        isolation: a.isolation,
         fork: None,
     })
 }

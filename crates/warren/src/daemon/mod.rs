@@ -201,6 +201,11 @@ pub fn start_node(
                 )
             })?,
         cgroup_parent: args.cgroup_parent.clone(),
+        default_isolation: args.default_isolation,
+        runsc: warren_runtime::gvisor::RunscSettings {
+            path: args.runsc.clone(),
+            platform: args.runsc_platform.clone(),
+        },
     };
     let node = warren_node::Node::start(warren_node::NodeConfig {
         home: home.to_path_buf(),

@@ -12,7 +12,8 @@ test=false
 # sandbox init (crates/warren-init, built by warren-runtime's build.rs).
 pkgs=(libc6-dev libseccomp-dev pkg-config libelf-dev zlib1g-dev busybox-static umoci e2fsprogs curl)
 # The tests' comparisons, registries, fault injection and PostgreSQL.
-$test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry nginx-light apache2-utils zstd mmdebstrap postgresql)
+# runsc (gVisor) for the gvisor isolation class (tests/test_gvisor.py).
+$test && pkgs+=(skopeo runc bubblewrap podman hyperfine iproute2 nftables docker-registry nginx-light apache2-utils zstd mmdebstrap postgresql runsc)
 # The web console's browser tests (tests/test_console.py): Debian's Chromium,
 # driven by Playwright for Python (its own browsers are never downloaded).
 $test && pkgs+=(chromium)

@@ -8,4 +8,4 @@ mod procstat;
 pub mod proto;
 mod serve;
 
-pub use serve::{main, LISTEN_FD, TITLE};
+pub use serve::{main, LISTEN_FD, SOCKET_ENV, TITLE};

@@ -90,9 +90,7 @@ fn run() -> Result<(), Errno> {
     }
     mask.thread_block()?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
-    // SAFETY: fd 3 was placed there by the spawner for us and nothing else in
-    // this process refers to it.
-    let listener = unsafe { UnixListener::from_raw_fd(LISTEN_FD) };
+    let listener = listener()?;
     listener.set_nonblocking(true).map_err(io_errno)?;
     let mut init = Init {
         listener,
@@ -104,6 +102,32 @@ fn run() -> Result<(), Errno> {
     };
     init.serve()
 }
+
+/// The socket the daemon's exec requests arrive on: the one the spawner
+/// left at [`LISTEN_FD`], or, under gVisor (where a listening socket
+/// cannot cross into the sandbox), one init binds itself at the path
+/// [`SOCKET_ENV`] names, in a directory the host shares with it (runsc's
+/// `--host-uds=create` makes it a host socket the daemon connects to).
+fn listener() -> Result<UnixListener, Errno> {
+    let Some(path) = std::env::var_os(SOCKET_ENV) else {
+        // SAFETY: fd 3 was placed there by the spawner for us and nothing
+        // else in this process refers to it.
+        return Ok(unsafe { UnixListener::from_raw_fd(LISTEN_FD) });
+    };
+    // Only root in the sandbox may connect (as only the daemon reaches
+    // the container class's socket): an exec runs as whoever it names.
+    // SAFETY: umask only sets the process's file mode mask.
+    let old = unsafe { libc::umask(0o077) };
+    let _ = std::fs::remove_file(&path);
+    let bound = UnixListener::bind(&path).map_err(io_errno);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    bound
+}
+
+/// The environment variable that tells init to bind its own socket (see
+/// [`listener`]).
+pub const SOCKET_ENV: &str = "WARREN_INIT_SOCKET";
 
 /// Gives an image without an `/etc/hosts` the one every container tool
 /// gives it (Docker writes one into each container): `localhost` on the

@@ -42,7 +42,9 @@ pub fn contract_error(e: NodeError) -> api::NodeError {
         }
         NodeError::Runtime(RuntimeError::BadPath(m)) => E::invalid(format!("invalid path {m}")),
         NodeError::Runtime(RuntimeError::Exists(m)) => E::conflict(m),
-        NodeError::Runtime(RuntimeError::BadImage(m)) => E::invalid(m),
+        NodeError::Runtime(RuntimeError::BadImage(m) | RuntimeError::Unsupported(m)) => {
+            E::invalid(m)
+        }
         NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
         NodeError::Runtime(RuntimeError::NoRoom(m)) => E::new(api::ErrorKind::NoRoom, m),
         NodeError::Image(e) => image_error(e),

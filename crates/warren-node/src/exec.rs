@@ -11,7 +11,7 @@ use warren_core::sync::lock;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
 use warren_image::ImageRecord;
 use warren_node_api::{NodeEvent, Phase};
-use warren_runtime::{files, ExecSpec, TermSize};
+use warren_runtime::{ExecSpec, TermSize};
 
 use crate::{exec_stream, user, ExitInfo, Live, Node, NodeError};
 
@@ -72,7 +72,12 @@ impl Node {
             env.entry("TERM".into())
                 .or_insert_with(|| "xterm-256color".into());
         }
-        let root = files::open_root(live.pid)?;
+        if req.tty && live.isolation == warren_core::Isolation::Gvisor {
+            return Err(NodeError::BadRequest(
+                "a terminal (tty) exec is not available in the gvisor isolation class yet: run it without a tty, or use isolation container".into(),
+            ));
+        }
+        let root = self.runtime.open_root(id, live.pid)?;
         let user_spec = req.user.clone().unwrap_or(default_user);
         let user =
             user::resolve(&root, &user_spec).map_err(|e| NodeError::BadRequest(e.to_string()))?;
@@ -92,7 +97,8 @@ impl Node {
         let seq = self.execs.next_seq();
         Ok(exec_stream::ExecJob {
             socket: live.socket.clone(),
-            sandbox_cgroup: live.cgroup_path.clone(),
+            sandbox_cgroup: (live.isolation == warren_core::Isolation::Container)
+                .then(|| live.cgroup_path.clone()),
             spec: ExecSpec {
                 argv: req.cmd.clone(),
                 env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),

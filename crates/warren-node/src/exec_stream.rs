@@ -26,8 +26,9 @@ const EXIT_AFTER_KILL: Duration = Duration::from_secs(5);
 
 pub struct ExecJob {
     pub socket: PathBuf,
-    /// The sandbox's cgroup, below which the exec gets its own.
-    pub sandbox_cgroup: String,
+    /// The sandbox's cgroup, below which the exec gets its own; none in
+    /// gVisor (init's own tree kill stops what the exec started).
+    pub sandbox_cgroup: Option<String>,
     pub spec: ExecSpec,
     pub stdin: Option<Vec<u8>>,
     /// What reaches the exec while it runs: more stdin (after `stdin`),
@@ -93,12 +94,17 @@ pub type ExitInfo = warren_node_api::Exit;
 /// started at all, e.g. the sandbox's init is gone.
 pub async fn run(mut job: ExecJob, tx: mpsc::Sender<ExecEvent>) -> Result<ExitInfo, NodeError> {
     let started = Instant::now();
-    let (cgroup, procs) = match ExecCgroup::create(&job.sandbox_cgroup, &job.exec_id) {
-        Ok((c, fd)) => (Some(c), Some(fd)),
-        Err(e) => {
+    let (cgroup, procs) = match job
+        .sandbox_cgroup
+        .as_deref()
+        .map(|parent| ExecCgroup::create(parent, &job.exec_id))
+    {
+        Some(Ok((c, fd))) => (Some(c), Some(fd)),
+        Some(Err(e)) => {
             tracing::warn!(exec = %job.exec_id, error = %e, "exec without a cgroup of its own");
             (None, None)
         }
+        None => (None, None),
     };
     let stdin = match job.more_stdin {
         Some(_) => exec::Stdin::Open,

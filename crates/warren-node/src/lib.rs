@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use warren_image::{ImageRecord, ImageStore, Pin, Puller};
 use warren_node_api::{CreateSandbox, Phase, Resources};
-use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
+use warren_runtime::{Runtime, RuntimeConfig, RuntimeError};
 
 pub use contract::LocalNode;
 use exec::ExecDefaults;
@@ -99,6 +99,9 @@ struct Live {
     pid: i32,
     socket: PathBuf,
     cgroup_path: String,
+    /// Its isolation class (gVisor sandboxes' execs get no cgroup of their
+    /// own: a host cgroup cannot be handed into the sentry).
+    isolation: warren_core::Isolation,
     /// What every exec starts with unless it says otherwise; a pool
     /// member takes its claimer's.
     exec_defaults: Mutex<ExecDefaults>,
@@ -383,7 +386,7 @@ impl Node {
     /// The sandbox's root directory, for the confined file API.
     pub(crate) fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
         let live = self.get(id)?;
-        Ok(files::open_root(live.pid)?)
+        Ok(self.runtime.open_root(id, live.pid)?)
     }
 
     /// Host id of root in the sandbox, if it has a user namespace.

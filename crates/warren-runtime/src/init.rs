@@ -20,7 +20,7 @@ use crate::os_error::OsError;
 pub use warren_init::LISTEN_FD;
 
 /// The static `warren-init` executable.
-static PROGRAM: &[u8] = include_bytes!(env!("WARREN_INIT_BIN"));
+pub(crate) static PROGRAM: &[u8] = include_bytes!(env!("WARREN_INIT_BIN"));
 
 /// The spawner's sealed copy of [`PROGRAM`].
 static EXECUTABLE: OnceLock<OwnedFd> = OnceLock::new();

@@ -103,6 +103,9 @@ pub enum RuntimeError {
     },
     #[error("create failed: serialise config: {0}")]
     Config(#[source] serde_json::Error),
+    /// Not possible in this sandbox's isolation class, or on this node.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl RuntimeError {
@@ -208,6 +211,8 @@ pub struct SandboxHandle {
     pub dir: PathBuf,
     pub socket: PathBuf,
     pub cgroup_path: String,
+    /// Its isolation class, as its directory records it.
+    pub isolation: warren_core::Isolation,
     /// How long each phase of its create took (`runtime_prepare`: id range,
     /// bundle and config; `runtime_spawn`: the spawner's mounts, namespaces,
     /// cgroup and init ready); empty for a handle not made by a create.
@@ -235,6 +240,10 @@ impl Runtime {
             .map_err(RuntimeError::io("record the state directory's home"))?;
         userns::sweep(&cfg.home.join("sandboxes"));
         let trash = std::sync::Arc::new(trash::Trash::open(cfg.home.join("trash"))?);
+        if cfg.runsc.is_some() {
+            gvisor::install_init(&cfg.home)
+                .map_err(RuntimeError::io("install warren-init for gVisor sandboxes"))?;
+        }
         let pool =
             pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
         Ok(Runtime {
@@ -309,28 +318,81 @@ impl Runtime {
 
     pub fn handle(&self, id: &str, pid: i32) -> SandboxHandle {
         let dir = self.sandbox_dir(id);
+        let isolation = if dir.join(gvisor::RECORD).exists() {
+            warren_core::Isolation::Gvisor
+        } else {
+            warren_core::Isolation::Container
+        };
+        self.handle_of(id, pid, isolation)
+    }
+
+    fn handle_of(&self, id: &str, pid: i32, isolation: warren_core::Isolation) -> SandboxHandle {
+        let dir = self.sandbox_dir(id);
+        let socket = match isolation {
+            warren_core::Isolation::Container => dir.join("init.sock"),
+            warren_core::Isolation::Gvisor => dir.join("ipc").join("init.sock"),
+        };
         SandboxHandle {
             id: id.to_string(),
             pid,
-            socket: dir.join("init.sock"),
+            socket,
             dir,
             cgroup_path: self.cgroup_path(id),
+            isolation,
             phases: Vec::new(),
         }
     }
 
+    /// The sandbox's root as its processes see it, for the file API and
+    /// user lookups: through its init (`pid`), or in gVisor, where the
+    /// sentry's root is an empty tmpfs, through the gofer that serves its
+    /// files.
+    pub fn open_root(&self, id: &str, pid: i32) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        let dir = self.sandbox_dir(id);
+        if !dir.join(gvisor::RECORD).exists() {
+            return files::open_root(pid);
+        }
+        let gofer = gvisor::gofer_pid(&dir)
+            .filter(|g| owns_pid(*g, &self.cgroup_path(id)))
+            .ok_or_else(|| {
+                RuntimeError::NotFound(format!("sandbox {id}'s file server (gofer) is gone"))
+            })?;
+        files::open_root(gofer)
+    }
+
     /// Creates and starts a sandbox; on failure nothing of it remains.
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxHandle, RuntimeError> {
-        let handle = self.handle(&req.id, 0);
+        let handle = self.handle_of(&req.id, 0, req.isolation);
+        let gvisor = match req.isolation {
+            warren_core::Isolation::Container => None,
+            warren_core::Isolation::Gvisor => {
+                let runsc = self.cfg.runsc.as_ref().ok_or_else(|| {
+                    RuntimeError::Unsupported(
+                        "this node does not offer the gvisor isolation class (no runsc answered; see `warren doctor`)".into(),
+                    )
+                })?;
+                if !req.devices.nodes.is_empty() || !req.devices.mounts.is_empty() {
+                    return Err(RuntimeError::Unsupported(
+                        "gvisor sandboxes take no devices (GPUs need gVisor's nvproxy, which this runsc lacks): use isolation container".into(),
+                    ));
+                }
+                Some(runsc.invocation(&self.state_root().join(&req.id)))
+            }
+        };
         let preparing = std::time::Instant::now();
         let prepared = {
             let handle = handle.clone();
             let resources = req.resources.clone();
             let devices = req.devices.clone();
-            let userns = self.cfg.userns;
-            tokio::task::spawn_blocking(move || prepare(&handle, &resources, &devices, userns))
-                .await
-                .map_err(RuntimeError::task("prepare task"))?
+            let userns = self.cfg.userns && gvisor.is_none();
+            let gvisor = gvisor.clone();
+            let home = self.cfg.home.clone();
+            tokio::task::spawn_blocking(move || match gvisor {
+                Some(run) => prepare_gvisor(&handle, &resources, &run, &home).map(|()| None),
+                None => prepare(&handle, &resources, &devices, userns),
+            })
+            .await
+            .map_err(RuntimeError::task("prepare task"))?
         };
         let ids = match prepared {
             Ok(ids) => ids,
@@ -354,6 +416,7 @@ impl Runtime {
                 id_base: ids.map(|r| r.base),
                 volumes: req.volumes.clone(),
                 secrets: req.secret_files.clone(),
+                gvisor,
             })
             .await;
         match created {
@@ -533,7 +596,7 @@ pub fn sweep_state_roots() {
 /// to its rootfs and the Warren home may be private (0700).
 pub const ROOTS_DIR: &str = "/run/warren/roots";
 
-fn root_mount(id: &str) -> PathBuf {
+pub(crate) fn root_mount(id: &str) -> PathBuf {
     Path::new(ROOTS_DIR).join(id)
 }
 
@@ -580,6 +643,42 @@ fn prepare(
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
     Ok(ids)
+}
+
+/// Lays out a gVisor sandbox's directory: runsc's config, the directory
+/// init binds its socket in (root's only), and the record that says how
+/// runsc is called for it. No id range: the sentry is the wall, and the
+/// gofer writes files as the sandbox's own uids.
+fn prepare_gvisor(
+    handle: &SandboxHandle,
+    resources: &ResolvedResources,
+    run: &gvisor::Invocation,
+    home: &Path,
+) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = &handle.dir;
+    std::fs::create_dir(dir)
+        .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
+    let ipc = dir.join("ipc");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&ipc)
+        .map_err(RuntimeError::io("create the sandbox's ipc directory"))?;
+    let config = gvisor::config(&gvisor::bundle::ConfigInput {
+        id: &handle.id,
+        rootfs: &root_mount(&handle.id),
+        cgroup_path: &handle.cgroup_path,
+        resources,
+        nofile: capped_limit(Resource::RLIMIT_NOFILE, 65536, 1024),
+        init: &gvisor::Runsc::init_binary(home),
+        ipc: &ipc,
+    });
+    let bytes = serde_json::to_vec(&config).map_err(RuntimeError::Config)?;
+    std::fs::write(dir.join("config.json"), bytes)
+        .map_err(RuntimeError::io("write config.json"))?;
+    let record = serde_json::to_vec(run).map_err(RuntimeError::Config)?;
+    std::fs::write(dir.join(gvisor::RECORD), record)
+        .map_err(RuntimeError::io("record the sandbox's runsc"))
 }
 
 /// Mounts the sandbox's root: its own disk when it has a limit, then the

@@ -167,6 +167,9 @@ pub enum SpawnerRequest {
         /// Files at /run/secrets.
         #[serde(default)]
         secrets: Vec<crate::SecretFileData>,
+        /// A gVisor sandbox: runsc starts it (see [`crate::gvisor`]).
+        #[serde(default)]
+        gvisor: Option<crate::gvisor::Invocation>,
     },
 }
 

@@ -47,6 +47,9 @@ pub enum SpawnError {
     /// Mounting the sandbox's root (its layers, disk, volumes, secrets).
     #[error("{}", plain_message(.0))]
     Mount(RuntimeError),
+    /// runsc's create or start (the gvisor class).
+    #[error(transparent)]
+    Gvisor(#[from] crate::gvisor::spawn::GvisorStartError),
 }
 
 /// A runtime error's message without the "create failed" prefix the daemon
@@ -84,6 +87,12 @@ pub fn main() -> ! {
         eprintln!("warren spawner: {e}");
         std::process::exit(2);
     }
+    // gVisor sandboxes' processes (runsc's sentry, gofer and their ptrace
+    // stubs) are orphaned as `runsc create` exits, and again as the sentry
+    // dies: they become this spawner's children, reaped below, rather than
+    // the daemon's, which only reaps the inits it watches.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if let Ok(null) = File::open("/dev/null") {
         // SAFETY: replaces stdin with /dev/null; nothing else holds fd 0.
         unsafe { libc::dup2(null.as_raw_fd(), 0) };
@@ -110,6 +119,7 @@ pub fn main() -> ! {
             id_base,
             volumes,
             secrets,
+            gvisor,
         } = request;
         let mounts = crate::RootMounts {
             lower: &lower,
@@ -117,7 +127,15 @@ pub fn main() -> ! {
             volumes: &volumes,
             secrets: &secrets,
         };
-        let reply = match create(&id, &bundle, &state_root, &socket, &mounts, id_base) {
+        let reply = match create(
+            &id,
+            &bundle,
+            &state_root,
+            &socket,
+            &mounts,
+            id_base,
+            gvisor.as_ref(),
+        ) {
             Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
             // The boundary: the daemon gets the error's text.
             Err(e) => SpawnerReply::Error {
@@ -200,13 +218,22 @@ fn create(
     socket: &Path,
     mounts: &crate::RootMounts,
     id_base: Option<u32>,
+    gvisor: Option<&crate::gvisor::Invocation>,
 ) -> Result<Created, SpawnError> {
     let mut phases = Vec::new();
     let mut since = std::time::Instant::now();
     let ids = id_base.map(|base| crate::userns::IdRange { base });
     let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(SpawnError::Mount);
     took(&mut phases, "spawn_mounts", &mut since);
-    let result = mounted.and_then(|()| create_mounted(id, bundle, state_root, socket, &mut phases));
+    let result = mounted.and_then(|()| match gvisor {
+        Some(run) => {
+            crate::gvisor::spawn::start(id, bundle, &crate::root_mount(id), run, &mut |name| {
+                took(&mut phases, name, &mut since)
+            })
+            .map_err(SpawnError::from)
+        }
+        None => create_mounted(id, bundle, state_root, socket, &mut phases),
+    });
     match result {
         // The mounts are detached once the answer is sent (see main).
         Ok(pid) => Ok((pid, phases)),

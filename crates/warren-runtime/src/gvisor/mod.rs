@@ -91,3 +91,103 @@ fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
+
+pub(crate) mod bundle;
+pub(crate) mod spawn;
+
+pub(crate) use bundle::config;
+
+/// Where warren-init is in a gVisor sandbox: a read-only bind of the
+/// node's copy ([`Runsc::init_binary`]), on gVisor's own /dev tmpfs so
+/// that nothing appears in the sandbox's root. (The container class execs
+/// init from a sealed memfd, which cannot cross into gVisor.)
+pub const INIT_PATH: &str = "/dev/.warren-init";
+/// The directory, shared with the host (`<sandbox dir>/ipc`, mode 0700),
+/// where init binds its socket.
+pub const IPC_DIR: &str = "/dev/.warren";
+/// The sandbox's record that it runs in gVisor: the runsc and flags every
+/// runsc call for it must repeat (`<sandbox dir>/gvisor.json`).
+pub const RECORD: &str = "gvisor.json";
+/// Where the spawner writes the gofer's pid: the host reaches the sandbox's
+/// files through it (`/proc/<gofer>/root`; the sentry's root is empty).
+pub const GOFER_PID: &str = "gofer.pid";
+
+/// The runsc and flags of one gVisor sandbox, as its directory records
+/// them: runsc refuses a call whose flags differ from its create's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Invocation {
+    pub runsc: PathBuf,
+    /// Global flags, `--root` first.
+    pub flags: Vec<String>,
+}
+
+impl Runsc {
+    /// The node's copy of warren-init that gVisor sandboxes exec, beside
+    /// runsc's state of this home.
+    pub fn init_binary(home: &Path) -> PathBuf {
+        home.join("runsc").join("warren-init")
+    }
+
+    /// The call of one sandbox: its own state directory (so destroy and
+    /// the sweep of leftovers remove it with the sandbox's), the platform,
+    /// and the modes Warren's design needs: host networking inside the
+    /// sandbox's own network namespace (the node's egress proxy, DNS stub
+    /// and port-forward work as for containers), shared file access (the
+    /// file API's changes are seen at once) and host unix sockets created
+    /// by the sandbox (init's socket; see docs/isolation.md).
+    pub fn invocation(&self, state_dir: &Path) -> Invocation {
+        let mut flags = vec![format!("--root={}", state_dir.display())];
+        if let Some(p) = &self.platform {
+            flags.push(format!("--platform={p}"));
+        }
+        flags.extend(
+            [
+                "--network=host",
+                "--file-access=shared",
+                "--host-uds=create",
+                "--cpu-num-from-quota",
+                "--oci-seccomp",
+            ]
+            .map(String::from),
+        );
+        Invocation {
+            runsc: self.path.clone(),
+            flags,
+        }
+    }
+}
+
+/// Writes the node's copy of warren-init (a new file each start, renamed
+/// into place, so running sandboxes keep the one they bound).
+pub(crate) fn install_init(home: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let target = Runsc::init_binary(home);
+    let dir = target.parent().unwrap_or(home);
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".warren-init.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o555)
+        .open(&tmp)?;
+    f.write_all(crate::init::PROGRAM)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &target)
+}
+
+/// The invocation a sandbox's directory records, if it runs in gVisor.
+pub fn recorded(sandbox_dir: &Path) -> Option<Invocation> {
+    let bytes = std::fs::read(sandbox_dir.join(RECORD)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The gofer's pid of a gVisor sandbox, as the spawner recorded it.
+pub fn gofer_pid(sandbox_dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(sandbox_dir.join(GOFER_PID))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}

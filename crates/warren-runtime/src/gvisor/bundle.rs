@@ -1,0 +1,149 @@
+//! The OCI config runsc reads for a gVisor sandbox. gVisor makes its own
+//! /proc, /sys and /dev inside the sentry, so only what Warren adds is
+//! spelled out: warren-init and its socket directory, /tmp shared with
+//! the host, the sandbox's cgroup and limits, and a network namespace of
+//! its own (the node sets it up through the sentry's pid, as it does
+//! through a container's init).
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use warren_core::ResolvedResources;
+
+use crate::oci::CAPABILITIES;
+
+pub(crate) struct ConfigInput<'a> {
+    pub id: &'a str,
+    pub rootfs: &'a Path,
+    pub cgroup_path: &'a str,
+    pub resources: &'a ResolvedResources,
+    pub nofile: u64,
+    /// The node's copy of warren-init.
+    pub init: &'a Path,
+    /// The host directory shared at [`super::IPC_DIR`].
+    pub ipc: &'a Path,
+}
+
+/// Host tasks a gVisor sandbox may have per process it asks for: on the
+/// ptrace platform each guest process costs 7-12 host threads (its stub
+/// and the sentry's), plus about 21 for an idle sandbox
+/// (docs/design/gvisor-runsc.md). The host pids limit is only a ceiling
+/// against a fork bomb reaching the host; hitting it ends the sandbox.
+const HOST_TASKS_PER_PROCESS: u64 = 12;
+const HOST_TASKS_BASE: u64 = 64;
+
+pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
+    let r = input.resources;
+    let period = 100_000u64;
+    let quota = (r.cpu_millis * period / 1000).max(1000);
+    let shares = (r.cpu_request() * 1024 / 1000).max(2);
+    let caps = CAPABILITIES;
+    json!({
+        "ociVersion": "1.0.2",
+        "root": { "path": input.rootfs, "readonly": false },
+        "hostname": input.id,
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": [super::INIT_PATH],
+            "env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                format!("{}={}/init.sock", warren_init::SOCKET_ENV, super::IPC_DIR),
+            ],
+            "cwd": "/",
+            "noNewPrivileges": true,
+            "capabilities": {
+                "bounding": caps, "effective": caps, "permitted": caps,
+                "inheritable": [], "ambient": []
+            },
+            "rlimits": [
+                { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
+                { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
+            ]
+        },
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc" },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
+              "options": ["nosuid", "noexec", "nodev", "ro"] },
+            // Without a mount of its own, gVisor puts a private tmpfs on an
+            // empty /tmp, which the host's file API could not reach.
+            { "destination": "/tmp", "type": "bind", "source": input.rootfs.join("tmp"),
+              "options": ["rbind", "rw"] },
+            { "destination": super::INIT_PATH, "type": "bind", "source": input.init,
+              "options": ["rbind", "ro"] },
+            { "destination": super::IPC_DIR, "type": "bind", "source": input.ipc,
+              "options": ["rbind", "rw"] }
+        ],
+        "linux": {
+            "namespaces": [
+                { "type": "pid" }, { "type": "mount" }, { "type": "ipc" },
+                { "type": "uts" }, { "type": "network" }
+            ],
+            "cgroupsPath": input.cgroup_path,
+            // The container class's filter, enforced by the sentry: what it
+            // refuses never reaches gVisor's code either (a second wall
+            // behind the first).
+            "seccomp": crate::oci::seccomp_profile(),
+            "resources": {
+                "memory": { "limit": r.memory, "reservation": r.memory_request() },
+                "cpu": { "quota": quota, "period": period, "shares": shares },
+                "pids": {
+                    "limit": (r.pids as u64).saturating_mul(HOST_TASKS_PER_PROCESS)
+                        .saturating_add(HOST_TASKS_BASE)
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_warren_mounts() {
+        let resources = ResolvedResources {
+            cpu_millis: 500,
+            memory: 64 << 20,
+            cpu_request_millis: None,
+            memory_request: None,
+            pids: 10,
+            disk: 0,
+            gpus: 0,
+        };
+        let c = config(&ConfigInput {
+            id: "sbx-1",
+            rootfs: Path::new("/run/warren/roots/sbx-1"),
+            cgroup_path: "/warren/sbx-1",
+            resources: &resources,
+            nofile: 1024,
+            init: Path::new("/h/runsc/warren-init"),
+            ipc: Path::new("/h/sandboxes/sbx-1/ipc"),
+        });
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["linux"]["resources"]["pids"]["limit"], 10 * 12 + 64);
+        assert_eq!(c["process"]["args"][0], super::super::INIT_PATH);
+        let mounts = c["mounts"].as_array().unwrap();
+        let init = mounts
+            .iter()
+            .find(|m| m["destination"] == super::super::INIT_PATH)
+            .unwrap();
+        assert!(init["options"].as_array().unwrap().contains(&json!("ro")));
+        assert!(mounts
+            .iter()
+            .any(|m| m["destination"] == "/tmp" && m["source"] == "/run/warren/roots/sbx-1/tmp"));
+        // Never the host's network namespace.
+        assert!(c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "network" && n.get("path").is_none()));
+    }
+}

@@ -1,0 +1,163 @@
+//! The spawner's part of a gVisor create: with the sandbox's root mounted
+//! in the spawner's mount namespace (runsc's gofer serves it from there),
+//! `runsc create` and `runsc start`, then wait until warren-init listens.
+//! runsc is an external program, so this is plain fork and exec from the
+//! single-threaded spawner.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::Invocation;
+use crate::os_error::OsError;
+
+/// How long init may take to listen after `runsc start`: gVisor boots in
+/// tens of milliseconds; a loaded host can take seconds.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GvisorStartError {
+    #[error(transparent)]
+    Os(#[from] OsError),
+    #[error("runsc {step} failed: {message}")]
+    Runsc { step: &'static str, message: String },
+    #[error("the sandbox's init did not listen within {0:?} of runsc start")]
+    NotReady(Duration),
+    #[error("runsc left no {0}")]
+    NoPid(&'static str),
+}
+
+/// Starts the gVisor sandbox `id` whose bundle (config.json) and ipc
+/// directory are in `dir`; returns the sentry's pid.
+pub(crate) fn start(
+    id: &str,
+    dir: &Path,
+    root: &Path,
+    run: &Invocation,
+    took: &mut dyn FnMut(&str),
+) -> Result<i32, GvisorStartError> {
+    share_tmp(dir, root)?;
+    let err_file = dir.join("runsc.err");
+    let pid_file = dir.join("sentry.pid");
+    let bundle = dir.display().to_string();
+    let pid_arg = format!("--pid-file={}", pid_file.display());
+    runsc(
+        run,
+        "create",
+        &["--bundle", &bundle, &pid_arg, id],
+        &err_file,
+    )?;
+    took("spawn_runsc_create");
+    let sentry: i32 = read_pid(&pid_file).ok_or(GvisorStartError::NoPid("sentry pid"))?;
+    // With host networking the sandbox's sockets are host sockets in the
+    // sentry's network namespace, whose loopback starts down.
+    crate::netns::loopback_up(sentry).map_err(|e| OsError::new("bring up loopback", e))?;
+    runsc(run, "start", &[id], &err_file)?;
+    took("spawn_runsc_start");
+    let socket = dir.join("ipc").join("init.sock");
+    let deadline = Instant::now() + READY_WITHIN;
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            return Err(GvisorStartError::NotReady(READY_WITHIN));
+        }
+        if !alive(sentry) {
+            return Err(GvisorStartError::Runsc {
+                step: "start",
+                message: "the sandbox exited before its init listened".into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    took("spawn_init_ready");
+    let gofer = gofer_of(run, id).ok_or(GvisorStartError::NoPid("gofer pid"))?;
+    std::fs::write(dir.join(super::GOFER_PID), gofer.to_string())
+        .map_err(|e| OsError::new("record the gofer's pid", e))?;
+    let _ = std::fs::remove_file(&err_file);
+    Ok(sentry)
+}
+
+/// Adds a bind of the root's own /tmp to the config (see bundle.rs), made
+/// first where the image has none. A /tmp that is not a plain directory (a
+/// symlink would be followed on the host when runsc mounts it) is left to
+/// gVisor, which resolves it inside the sandbox.
+fn share_tmp(dir: &Path, root: &Path) -> Result<(), OsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = root.join("tmp");
+    match std::fs::symlink_metadata(&tmp) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => return Ok(()),
+        Err(_) => {
+            std::fs::create_dir(&tmp).map_err(|e| OsError::new("create /tmp in the root", e))?;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
+                .map_err(|e| OsError::new("make /tmp world-writable", e))?;
+        }
+    }
+    let path = dir.join("config.json");
+    let read = std::fs::read(&path).map_err(|e| OsError::new("read config.json", e))?;
+    let mut config: Value = serde_json::from_slice(&read)
+        .map_err(|e| OsError::new("parse config.json", std::io::Error::other(e)))?;
+    if let Some(mounts) = config["mounts"].as_array_mut() {
+        mounts.push(json!({
+            "destination": "/tmp", "type": "bind", "source": tmp, "options": ["rbind", "rw"]
+        }));
+    }
+    let bytes = serde_json::to_vec(&config)
+        .map_err(|e| OsError::new("write config.json", std::io::Error::other(e)))?;
+    std::fs::write(&path, bytes).map_err(|e| OsError::new("write config.json", e))
+}
+
+fn runsc(
+    run: &Invocation,
+    step: &'static str,
+    args: &[&str],
+    err_file: &Path,
+) -> Result<(), GvisorStartError> {
+    // runsc create's stdio become init's; a pipe would stay open as long
+    // as the sandbox runs, so errors go to a file.
+    let err = std::fs::File::create(err_file)
+        .map_err(|e| OsError::new("create runsc's error file", e))?;
+    let status = Command::new(&run.runsc)
+        .args(&run.flags)
+        .arg(step)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(err))
+        .status()
+        .map_err(|e| OsError::new(format!("run {}", run.runsc.display()), e))?;
+    if status.success() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(err_file).unwrap_or_default();
+    let message = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no message")
+        .trim()
+        .to_string();
+    Err(GvisorStartError::Runsc {
+        step,
+        message: format!("{message} ({status})"),
+    })
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The gofer's pid from runsc's state file of the sandbox.
+fn gofer_of(run: &Invocation, id: &str) -> Option<i32> {
+    let root = run.flags.first()?.strip_prefix("--root=")?;
+    let state = Path::new(root).join(format!("{id}_sandbox:{id}.state"));
+    let value: Value = serde_json::from_slice(&std::fs::read(state).ok()?).ok()?;
+    value["goferPid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+}

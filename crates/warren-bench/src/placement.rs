@@ -93,6 +93,7 @@ fn measure(nodes: usize, decisions: usize, tenants: usize) -> Result<(f64, f64)>
             },
             32_768,
             labels,
+            &[],
         );
         admission.set_schedulable(&name, true);
         // Half full on average, unevenly.
@@ -116,6 +117,7 @@ fn measure(nodes: usize, decisions: usize, tenants: usize) -> Result<(f64, f64)>
         placement: Default::default(),
         image: Some("sha256:bench".into()),
         node: None,
+        isolation: None,
         tenant: TenantName::default_tenant(),
         priority: 0,
     };

@@ -117,7 +117,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
     };
     let node = settings.allocatable(args.node_cores * 1000, args.node_memory_gib << 30);
     let admission = Admission::new(usize::MAX);
-    admission.set_node("sim", node, u32::MAX, Default::default());
+    admission.set_node("sim", node, u32::MAX, Default::default(), &[]);
     admission.set_schedulable("sim", true);
     let mut profiles: Vec<Profile> = (0..tasks)
         .map(|i| Profile::new(&format!("task-{i}"), fixed))
@@ -168,6 +168,7 @@ fn simulate(mode: Mode, runs: &[Instance], tasks: usize, args: &SimulateArgs) ->
                 placement: Default::default(),
                 image: None,
                 node: None,
+                isolation: None,
                 tenant: Default::default(),
                 priority: 0,
             };

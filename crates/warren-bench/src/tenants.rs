@@ -147,6 +147,7 @@ impl Sim<'_> {
             placement: Default::default(),
             image: None,
             node: None,
+            isolation: None,
             tenant: TenantName::default_tenant(),
             priority: 0,
         }
@@ -289,7 +290,7 @@ fn simulate(args: &TenantsArgs, weights: &[u32], preempt: bool) -> Result<Outcom
     };
     for i in 0..args.nodes {
         let n = format!("node-{i:04}");
-        admission.set_node(&n, node, u32::MAX, Default::default());
+        admission.set_node(&n, node, u32::MAX, Default::default(), &[]);
         admission.set_schedulable(&n, true);
     }
     let names: Vec<TenantName> = (0..weights.len())

@@ -57,7 +57,7 @@ use tokio::sync::{oneshot, Notify};
 use warren_core::spec::Placement;
 use warren_core::sync::lock;
 use warren_core::tenant::{TenantName, TenantSpec, TenantUsage};
-use warren_core::{ApiError, ErrorCode, Labels};
+use warren_core::{ApiError, ErrorCode, Isolation, Labels};
 
 use crate::placement::{self, Candidate};
 pub use fair_share::{Preemption, Resource, Waiting};
@@ -77,6 +77,9 @@ pub struct Request {
     pub image: Option<String>,
     /// Only this node may take it (a fork's children go to their source's).
     pub node: Option<String>,
+    /// Only a node that runs this isolation class may take it (none: any
+    /// node, in its default class).
+    pub isolation: Option<Isolation>,
     /// Whose quota and share it counts against.
     pub tenant: TenantName,
     /// Higher goes first within its tenant; lower is preempted first.
@@ -105,6 +108,7 @@ impl Request {
             placement: spec.placement,
             image: (!digest.is_empty()).then(|| digest.to_string()),
             node: None,
+            isolation: spec.isolation,
             tenant: TenantName::default_tenant(),
             priority: 0,
         }
@@ -125,6 +129,7 @@ impl Request {
             placement: self.placement,
             image: self.image.as_deref(),
             node: self.node.as_deref(),
+            isolation: self.isolation,
         }
     }
 }
@@ -150,6 +155,13 @@ pub enum AdmitError {
     Closed,
     #[error("no node {0}; see `warren node ls` (a node joins with `warren node --server URL --join-token FILE`)")]
     NoNode(String),
+    #[error("no node {among}offers isolation class {class} ({})", class.how_offered())]
+    NoClass {
+        class: Isolation,
+        /// "carrying the labels … " or "named … " when the request has a
+        /// selector or a node.
+        among: String,
+    },
     #[error("pids {pids} is more than any node's process table lends one sandbox ({max}): ask for fewer")]
     TooManyPids { pids: u32, max: u32 },
     #[error("gpus {gpus} is more than any node has ({max} at most, of its --gpu-kind; `warren doctor` on a node lists its CDI devices, docs/gpu.md): ask for fewer")]
@@ -180,7 +192,8 @@ pub(crate) fn admit_error(e: AdmitError) -> ApiError {
                 retry_after_ms: Some(1000),
             }
         }
-        AdmitError::NoNode(_) => {
+        // As a selector no node matches: a node that offers it may join.
+        AdmitError::NoNode(_) | AdmitError::NoClass { .. } => {
             return ApiError {
                 code: ErrorCode::NoCapacity,
                 message: e.to_string(),
@@ -208,6 +221,8 @@ struct Slot {
     schedulable: bool,
     /// Digests of the images it holds, as it last reported.
     images: std::collections::HashSet<String>,
+    /// The isolation classes it runs, its default first.
+    isolation: Vec<Isolation>,
     used: Need,
     initializing: u32,
     /// Room kept for particular waiting creates (an anchored head, a
@@ -288,6 +303,7 @@ fn candidate(s: &Slot) -> Candidate<'_> {
         initializing: s.initializing,
         sandboxes: s.used.slots,
         images: &s.images,
+        isolation: &s.isolation,
     }
 }
 
@@ -433,6 +449,12 @@ impl State {
     }
 }
 
+/// `k=v,k2=v2`, as a selector is written.
+fn labels_text(selector: &Labels) -> String {
+    let sel: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    sel.join(",")
+}
+
 fn add(a: &mut Need, n: &Need) {
     a.cpu_millis += n.cpu_millis;
     a.memory += n.memory;
@@ -474,9 +496,17 @@ impl Admission {
         }
     }
 
-    /// Adds a node or updates what it lends (and its labels); what its
-    /// sandboxes hold is kept. A node starts unschedulable.
-    pub fn set_node(&self, name: &str, total: Need, max_pids: u32, labels: Labels) {
+    /// Adds a node or updates what it lends (and its labels and isolation
+    /// classes); what its sandboxes hold is kept. A node starts
+    /// unschedulable.
+    pub fn set_node(
+        &self,
+        name: &str,
+        total: Need,
+        max_pids: u32,
+        labels: Labels,
+        isolation: &[Isolation],
+    ) {
         let mut s = self.lock();
         let old = match s.slot(name) {
             Some(slot) => {
@@ -486,6 +516,9 @@ impl Admission {
                 slot.max_pids = max_pids;
                 if slot.labels != labels {
                     slot.labels = labels;
+                }
+                if slot.isolation != isolation {
+                    slot.isolation = isolation.to_vec();
                 }
                 old
             }
@@ -499,6 +532,7 @@ impl Admission {
                     labels,
                     schedulable: false,
                     images: Default::default(),
+                    isolation: isolation.to_vec(),
                     used: Need::default(),
                     initializing: 0,
                     reserved: Need::default(),
@@ -725,7 +759,7 @@ impl Admission {
     /// for ever.
     fn check_possible(s: &State, req: &Request) -> Result<(), AdmitError> {
         let p = req.placement();
-        let matching: Vec<Candidate<'_>> = s
+        let mut matching: Vec<Candidate<'_>> = s
             .candidates()
             .filter(|c| {
                 placement::selects(&req.selector, c.labels)
@@ -738,11 +772,6 @@ impl Admission {
             } else if req.selector.is_empty() {
                 "has joined".to_string()
             } else {
-                let sel: Vec<String> = req
-                    .selector
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
                 let open = req
                     .selector
                     .contains_key(warren_core::network::EGRESS_OPEN_LABEL);
@@ -751,9 +780,20 @@ impl Admission {
                 } else {
                     ""
                 };
-                format!("carries the labels {}{why}", sel.join(","))
+                format!("carries the labels {}{why}", labels_text(&req.selector))
             };
             return Err(AdmitError::NoNode(which));
+        }
+        if let Some(class) = req.isolation {
+            matching.retain(|c| class.offered_by(c.isolation));
+            if matching.is_empty() {
+                let among = match &req.node {
+                    Some(n) => format!("named {n} "),
+                    None if req.selector.is_empty() => String::new(),
+                    None => format!("carrying the labels {} ", labels_text(&req.selector)),
+                };
+                return Err(AdmitError::NoClass { class, among });
+            }
         }
         if matching.iter().any(|c| placement::could_ever(&p, c)) {
             return Ok(());
@@ -803,6 +843,7 @@ impl Admission {
                 placement: Placement::default(),
                 image: None,
                 node: None,
+                isolation: None,
                 tenant: tenant.clone(),
                 priority,
             };

@@ -224,4 +224,7 @@ pub struct NodeListing {
     /// Its CDI devices by kind, with those in use (docs/gpu.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<warren_node_api::DeviceClass>,
+    /// The isolation classes it runs, its default first (`warren doctor` on
+    /// the node says why one is missing).
+    pub isolation: Vec<warren_core::Isolation>,
 }

@@ -1,8 +1,9 @@
 //! Which node a sandbox goes to: filter, then score (the seed's rule).
 //!
 //! A node qualifies when it takes placements (ready, not cordoned), carries
-//! every label of the request's node selector, and has room for the request
-//! after what it already lends. Among those, `spread` takes the node with
+//! every label of the request's node selector, runs the isolation class the
+//! request names (if any), and has room for the request after what it
+//! already lends. Among those, `spread` takes the node with
 //! the most left of the resource the request makes scarcest (the smallest
 //! remaining share, after placing, of cpu, memory and sandbox slots), and
 //! `pack` the one with the least; ties go to a node that holds the image
@@ -10,7 +11,7 @@
 //! sandboxes, then the name (so a decision is reproducible).
 
 use warren_core::spec::Placement;
-use warren_core::Labels;
+use warren_core::{Isolation, Labels};
 use warren_node_api::Resources;
 
 /// What placement needs to know of a node.
@@ -29,6 +30,9 @@ pub struct Candidate<'a> {
     pub sandboxes: u32,
     /// Digests of the images it holds.
     pub images: &'a std::collections::HashSet<String>,
+    /// The isolation classes it runs, its default first (empty: an old
+    /// node, `container` alone).
+    pub isolation: &'a [Isolation],
 }
 
 /// One request.
@@ -42,6 +46,9 @@ pub struct Request<'a> {
     pub image: Option<&'a str>,
     /// Only this node may take it (a fork's children go to their source's).
     pub node: Option<&'a str>,
+    /// Only a node that runs this class may take it (none: any node, in
+    /// its default class).
+    pub isolation: Option<Isolation>,
 }
 
 pub fn fits(need: &Resources, used: &Resources, total: &Resources) -> bool {
@@ -56,11 +63,18 @@ pub fn selects(selector: &Labels, labels: &Labels) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// Whether the node runs the isolation class the request names (any node
+/// runs a request that names none).
+pub fn runs(class: Option<Isolation>, offered: &[Isolation]) -> bool {
+    class.is_none_or(|c| c.offered_by(offered))
+}
+
 /// Whether the node could run the request if it were empty (a request no
 /// node can ever hold is refused instead of queued forever).
 pub fn could_ever(req: &Request<'_>, c: &Candidate<'_>) -> bool {
     selects(req.selector, c.labels)
         && req.node.is_none_or(|n| n == c.name)
+        && runs(req.isolation, c.isolation)
         && req.pids <= c.max_pids
         && fits(&req.need, &Resources::default(), &c.total)
 }
@@ -125,6 +139,7 @@ where
             || !fits(&req.need, &c.used, &c.total)
             || (any_label && !selects(req.selector, c.labels))
             || req.node.is_some_and(|n| n != c.name)
+            || !runs(req.isolation, c.isolation)
         {
             continue;
         }
@@ -175,6 +190,7 @@ mod tests {
         schedulable: bool,
         initializing: u32,
         images: std::collections::HashSet<String>,
+        isolation: Vec<Isolation>,
     }
 
     fn n(name: &'static str, total: Resources, used: Resources) -> N {
@@ -186,6 +202,7 @@ mod tests {
             schedulable: true,
             initializing: 0,
             images: Default::default(),
+            isolation: Vec::new(),
         }
     }
 
@@ -203,6 +220,7 @@ mod tests {
                 initializing: n.initializing,
                 sandboxes: n.used.slots,
                 images: &n.images,
+                isolation: &n.isolation,
             }),
         )
     }
@@ -218,6 +236,7 @@ mod tests {
             placement,
             image: Some("sha256:img"),
             node: None,
+            isolation: None,
         };
         let spread = Placement::Spread;
         let pack = Placement::Pack;
@@ -361,9 +380,64 @@ mod tests {
                 initializing: 0,
                 sandboxes: 0,
                 images: &n.images,
+                isolation: &n.isolation,
             }
         }
         assert!(!could_ever(&on_gpu, &c(&nodes[0])));
         assert!(could_ever(&on_gpu, &c(&nodes[1])));
+    }
+
+    #[test]
+    fn a_class_goes_only_to_nodes_that_run_it() {
+        use Isolation::{Container, Gvisor};
+        let none = Labels::new();
+        let ask = |isolation| Request {
+            need: res(100, 1 << 20, 1),
+            pids: 64,
+            selector: &none,
+            placement: Placement::Spread,
+            image: None,
+            node: None,
+            isolation,
+        };
+        // "old" lists no class (container alone); "both" is the emptiest.
+        let with = |name, isolation: Vec<Isolation>, used| N {
+            isolation,
+            ..n(name, res(8000, 8 << 30, 100), res(used, 0, 0))
+        };
+        let nodes = vec![
+            with("old", vec![], 4000),
+            with("both", vec![Gvisor, Container], 0),
+            with("plain", vec![Container], 2000),
+        ];
+        assert_eq!(pick(&ask(Some(Gvisor)), &nodes), Some("both"));
+        assert_eq!(pick(&ask(None), &nodes), Some("both"));
+        assert_eq!(pick(&ask(Some(Container)), &nodes), Some("both"));
+        // Without "both", gvisor fits nowhere, and never could.
+        let rest = &nodes[..1];
+        assert_eq!(pick(&ask(Some(Gvisor)), rest), None);
+        assert_eq!(pick(&ask(Some(Container)), rest), Some("old"));
+        fn c(n: &N) -> Candidate<'_> {
+            Candidate {
+                name: n.name,
+                labels: &n.labels,
+                total: n.total,
+                inv_total: reciprocals(&n.total),
+                used: n.used,
+                max_pids: 1024,
+                schedulable: true,
+                initializing: 0,
+                sandboxes: 0,
+                images: &n.images,
+                isolation: &n.isolation,
+            }
+        }
+        assert!(!could_ever(&ask(Some(Gvisor)), &c(&nodes[0])));
+        assert!(could_ever(&ask(Some(Gvisor)), &c(&nodes[1])));
+        assert!(could_ever(&ask(None), &c(&nodes[0])));
+        // A gvisor-only node takes no create that asks for containers.
+        let only = with("only", vec![Gvisor], 0);
+        assert!(!could_ever(&ask(Some(Container)), &c(&only)));
+        assert!(could_ever(&ask(None), &c(&only)));
     }
 }

@@ -669,3 +669,159 @@ async fn a_fork_child_that_waits_for_room_is_made_when_room_frees() -> TestResul
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_class_goes_where_it_is_offered_and_is_recorded() -> TestResult {
+    use warren_core::Isolation::{Container, Gvisor};
+    let node = node(2);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    // The node runs containers alone: gvisor is refused at once, nothing
+    // is recorded and the node is not asked.
+    let e = c
+        .create(&OP, spec(serde_json::json!({"isolation": "gvisor"})), true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, warren_core::ErrorCode::NoCapacity, "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("no node offers isolation class gvisor (")
+            && e.message.contains("runsc"),
+        "{}",
+        e.message
+    );
+    assert!(c
+        .list(&OP, &[], &Default::default())
+        .await
+        .map_err(|e| e.message)?
+        .is_empty());
+    assert!(!node.calls().iter().any(|c| c.starts_with("create ")));
+    // A create that names none runs in the node's default, and says so.
+    let (plain, _) = c
+        .create(&OP, spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(plain.spec.isolation, Some(Container));
+    let told = node.spec_of(&plain.id).map(|s| s.isolation);
+    assert_eq!(told, Some(Some(Container)));
+    let recorded = c.get(&plain.id).await.map_err(|e| e.message)?;
+    assert_eq!(recorded.spec.isolation, Some(Container));
+    // The node offers gvisor as its default now.
+    node.set_isolation(vec![Gvisor, Container]);
+    assert!(p.control.heartbeat("fake", node.info().await?));
+    let (g, _) = c
+        .create(&OP, spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(g.spec.isolation, Some(Gvisor));
+    // Full: a create that names none waits with no class yet, and gets its
+    // node's default when its turn comes.
+    let (queued, _) = c
+        .create(&OP, spec(serde_json::json!({})), false)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(
+        (queued.state, queued.spec.isolation),
+        (SandboxState::Queued, None)
+    );
+    c.destroy(&plain.id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    settles(c, &queued.id, SandboxState::Running).await?;
+    let row = c.get(&queued.id).await.map_err(|e| e.message)?;
+    assert_eq!(row.spec.isolation, Some(Gvisor));
+    assert_eq!(
+        node.spec_of(&queued.id).and_then(|s| s.isolation),
+        Some(Gvisor)
+    );
+    // A class named is kept as named.
+    c.destroy(&g.id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    let (named, _) = c
+        .create(
+            &OP,
+            spec(serde_json::json!({"isolation": "container"})),
+            true,
+        )
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(named.spec.isolation, Some(Container));
+    Ok(())
+}
+
+#[tokio::test]
+async fn fork_children_keep_their_sources_class() -> TestResult {
+    use warren_core::spec::ForkRequest;
+    use warren_core::Isolation::{Container, Gvisor};
+    let node = node(4);
+    node.set_isolation(vec![Container, Gvisor]);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    let (source, _) = c
+        .create(&OP, spec(serde_json::json!({"isolation": "gvisor"})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let req = ForkRequest {
+        count: 2,
+        ..Default::default()
+    };
+    let children = c
+        .fork(&source.id, req.clone())
+        .await
+        .map_err(|e| e.message)?;
+    for child in &children {
+        assert_eq!(child.spec.isolation, Some(Gvisor));
+        assert_eq!(
+            node.spec_of(&child.id).and_then(|s| s.isolation),
+            Some(Gvisor)
+        );
+    }
+    // Its node gave up gvisor (restarted without runsc): the children
+    // could go nowhere else, so the fork is refused, and nothing is made.
+    node.set_isolation(vec![Container]);
+    assert!(p.control.heartbeat("fake", node.info().await?));
+    let before = node.calls().len();
+    let e = c.fork(&source.id, req).await.unwrap_err();
+    assert!(
+        e.message
+            .starts_with("no node named fake offers isolation class gvisor"),
+        "{}",
+        e.message
+    );
+    assert_eq!(node.calls().len(), before);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_create_queued_across_a_restart_gets_its_nodes_class() -> TestResult {
+    use warren_core::Isolation::Gvisor;
+    let node = node(1);
+    let first = plane_with(&node, tempfile::tempdir()?, false).await?;
+    let c = &first.control;
+    let (running, _) = c
+        .create(&OP, spec(serde_json::json!({})), true)
+        .await
+        .map_err(|e| e.message)?;
+    let (queued, _) = c
+        .create(&OP, spec(serde_json::json!({})), false)
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(queued.state, SandboxState::Queued);
+    c.shutdown(Duration::from_secs(1)).await;
+    // The node comes back offering gvisor first.
+    node.set_isolation(vec![Gvisor]);
+    let second = plane_in(&node, first.dir).await?;
+    let c = &second.control;
+    c.destroy(&running.id, reason::USER_DELETED)
+        .await
+        .map_err(|e| e.message)?;
+    settles(c, &queued.id, SandboxState::Running).await?;
+    let row = c.get(&queued.id).await.map_err(|e| e.message)?;
+    assert_eq!(row.spec.isolation, Some(Gvisor));
+    assert_eq!(
+        node.spec_of(&queued.id).and_then(|s| s.isolation),
+        Some(Gvisor)
+    );
+    Ok(())
+}

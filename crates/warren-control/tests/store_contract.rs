@@ -286,6 +286,39 @@ async fn transitions_and_event_order(f: &Fixture) -> TestResult {
     assert!(evs.windows(2).all(|w| w[0].seq < w[1].seq), "{evs:?}");
     assert_eq!(evs[1].message, "up");
     assert_eq!(evs[1].time, "t1");
+
+    // A queued create's turn: its node, and the spec placement completed
+    // (its isolation class), in the same write; a spec left out is kept.
+    let queued = SandboxRow {
+        node: String::new(),
+        ..row("sbx-2", SandboxState::Queued, "t4")
+    };
+    s.insert(&queued, None).await?;
+    let mut placed = queued.spec.clone();
+    placed.isolation = Some(warren_core::Isolation::Gvisor);
+    s.transition(
+        "sbx-2",
+        SandboxState::Creating,
+        "admitted",
+        "t5",
+        Transition {
+            node: Some("n2"),
+            spec: Some(&placed),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let got = s.get("sbx-2").await?.unwrap();
+    assert_eq!((got.node.as_str(), &got.spec), ("n2", &placed));
+    s.transition(
+        "sbx-2",
+        SandboxState::Running,
+        "ready",
+        "t6",
+        Transition::default(),
+    )
+    .await?;
+    assert_eq!(s.get("sbx-2").await?.unwrap().spec, placed);
     Ok(())
 }
 
@@ -372,6 +405,7 @@ async fn concurrent_writes_answer_each(f: &Fixture) -> TestResult {
                 grace: false,
                 message: "",
                 node: None,
+                spec: None,
                 unflushed: false,
             },
         )

@@ -44,6 +44,38 @@ impl Isolation {
             Isolation::Gvisor => "gvisor",
         }
     }
+
+    /// The classes a node runs, as it lists them (`NodeInfo.isolation`, its
+    /// default first): an empty list, from a node older than classes, is
+    /// `container` alone.
+    pub fn offered(classes: &[Isolation]) -> &[Isolation] {
+        if classes.is_empty() {
+            &[Isolation::Container]
+        } else {
+            classes
+        }
+    }
+
+    /// Whether a node listing `classes` runs this class.
+    pub fn offered_by(self, classes: &[Isolation]) -> bool {
+        Isolation::offered(classes).contains(&self)
+    }
+
+    /// The class a node listing `classes` gives a sandbox that names none.
+    pub fn default_of(classes: &[Isolation]) -> Isolation {
+        Isolation::offered(classes)[0]
+    }
+
+    /// How a node comes to offer this class (said with a create that no
+    /// node can take).
+    pub fn how_offered(self) -> &'static str {
+        match self {
+            Isolation::Container => "`warren node ls` lists the classes each node runs",
+            Isolation::Gvisor => {
+                "a node offers it when it finds runsc (on PATH, or `--runsc PATH`); `warren doctor` on the node says what it found"
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for Isolation {
@@ -79,6 +111,17 @@ mod tests {
                 format!("\"{class}\"")
             );
         }
+    }
+
+    #[test]
+    fn a_node_that_lists_no_class_runs_containers_alone() {
+        use Isolation::*;
+        assert_eq!(Isolation::offered(&[]), &[Container]);
+        assert!(Container.offered_by(&[]) && !Gvisor.offered_by(&[]));
+        assert!(Gvisor.offered_by(&[Container, Gvisor]));
+        assert!(!Container.offered_by(&[Gvisor]));
+        assert_eq!(Isolation::default_of(&[]), Container);
+        assert_eq!(Isolation::default_of(&[Gvisor, Container]), Gvisor);
     }
 
     #[test]

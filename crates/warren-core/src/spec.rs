@@ -310,8 +310,8 @@ pub struct ForkRequest {
 impl ForkRequest {
     /// The spec of each child of `source_id` (whose spec is `source`):
     /// the source's, without its request id, with this request's labels
-    /// and overrides, and the fork's origin (its layers are the node's to
-    /// fill in); batch labels are not inherited. A limit overridden
+    /// and overrides, its isolation class, and the fork's origin (its
+    /// layers are the node's to fill in); batch labels are not inherited. A limit overridden
     /// without its request drops the
     /// source's request, so the usual default (request = limit) applies.
     pub fn child_spec(
@@ -346,6 +346,9 @@ impl ForkRequest {
         spec.disk = self.disk.or(spec.disk);
         spec.ttl = self.ttl.or(spec.ttl);
         spec.lease = self.lease.or(spec.lease);
+        // Children run in their source's class (a record from before
+        // classes names none: it ran as a container).
+        spec.isolation = Some(source.isolation.unwrap_or_default());
         spec.fork = Some(ForkOrigin {
             source: source_id.into(),
             layers: vec![],
@@ -861,6 +864,15 @@ mod tests {
             child.fork.as_ref().map(|f| f.source.as_str()),
             Some("sbx-source000000")
         );
+        // The source's isolation class; a source recorded before classes
+        // ran as a container.
+        assert_eq!(child.isolation, Some(crate::Isolation::Container));
+        let gvisor = SandboxSpec {
+            isolation: Some(crate::Isolation::Gvisor),
+            ..source.clone()
+        };
+        let child = req.child_spec("sbx-source000000", &gvisor).unwrap();
+        assert_eq!(child.isolation, Some(crate::Isolation::Gvisor));
         for count in [0, MAX_FORK + 1] {
             let bad = ForkRequest {
                 count,

@@ -22,6 +22,8 @@ struct State {
     /// Errors the next call of a method (by name) answers.
     fail: HashMap<String, NodeError>,
     logs: HashMap<String, Vec<LogNote>>,
+    /// The spec each sandbox was last given (by its create or a claim).
+    specs: HashMap<String, warren_core::SandboxSpec>,
 }
 
 pub struct FakeNode {
@@ -36,6 +38,8 @@ pub struct FakeNode {
     /// Its shipping journal (`ship`): entry `seq` is at index `seq - 1`.
     shipped: Mutex<Vec<Shipped>>,
     shipped_last: watch::Sender<u64>,
+    /// The isolation classes it reports, its default first.
+    isolation: Mutex<Vec<warren_core::Isolation>>,
 }
 
 impl FakeNode {
@@ -49,7 +53,19 @@ impl FakeNode {
             create_delay: Mutex::new(Duration::ZERO),
             shipped: Mutex::default(),
             shipped_last: watch::Sender::new(0),
+            isolation: Mutex::new(vec![warren_core::Isolation::Container]),
         })
+    }
+
+    /// The isolation classes it reports from now on (its default first);
+    /// a create that names another is refused, as a real node does.
+    pub fn set_isolation(&self, classes: Vec<warren_core::Isolation>) {
+        *lock(&self.isolation) = classes;
+    }
+
+    /// The spec the sandbox was last given (by its create or a claim).
+    pub fn spec_of(&self, id: &str) -> Option<warren_core::SandboxSpec> {
+        self.state().specs.get(id).cloned()
     }
 
     /// The journal id `ship` answers with.
@@ -175,7 +191,7 @@ crate::node_impl! { FakeNode, else unsupported;
             },
             images: Vec::new(),
             devices: Vec::new(),
-            isolation: vec![warren_core::Isolation::Container],
+            isolation: lock(&self.isolation).clone(),
         })
     }
 
@@ -233,12 +249,20 @@ crate::node_impl! { FakeNode, else unsupported;
         let delay = *lock(&self.create_delay);
         tokio::time::sleep(delay).await;
         self.call("create", &req.id)?;
+        if let Some(class) = req.spec.isolation {
+            if !class.offered_by(&lock(&self.isolation)) {
+                return Err(NodeError::invalid(format!(
+                    "this node does not offer isolation class {class}"
+                )));
+            }
+        }
         let mut s = self.state();
         if s.sandboxes.contains_key(&req.id) {
             return Err(NodeError::conflict(format!("sandbox {} exists", req.id)));
         }
         let st = status(&req.id, Phase::Running);
         s.sandboxes.insert(req.id.clone(), st.clone());
+        s.specs.insert(req.id.clone(), req.spec);
         Ok(st)
     }
 
@@ -279,10 +303,12 @@ crate::node_impl! { FakeNode, else unsupported;
 
     claim(self, id, spec) {
         self.call("claim", id)?;
-        self.with(id, |s| {
+        let st = self.with(id, |s| {
             s.ttl_remaining_ms = spec.ttl().as_millis() as u64;
             s.clone()
-        })
+        })?;
+        self.state().specs.insert(id.to_string(), spec);
+        Ok(st)
     }
 
     renew_lease(self, _id) { Ok(()) }

@@ -35,6 +35,7 @@ fn node(a: &Admission, n: &str, cpu: u64) {
         },
         u32::MAX,
         Labels::new(),
+        &[],
     );
     a.set_schedulable(n, true);
 }

@@ -16,6 +16,7 @@ pub(super) fn req(cpu: u64) -> Request {
         placement: Placement::Spread,
         image: None,
         node: None,
+        isolation: None,
         tenant: TenantName::default_tenant(),
         priority: 0,
     }
@@ -32,6 +33,7 @@ fn one_node(a: &Admission, name: &str, cpu: u64) {
         },
         u32::MAX,
         Labels::new(),
+        &[],
     );
     a.set_schedulable(name, true);
 }
@@ -118,4 +120,77 @@ fn a_pinned_request_goes_to_its_node_or_waits_for_it() {
     assert!(
         matches!(a.admit("c", on("gone", 1)), Err(AdmitError::NoNode(m)) if m.contains("gone"))
     );
+}
+
+#[test]
+fn a_class_waits_only_for_nodes_that_run_it_and_none_is_refused() {
+    use Isolation::{Container, Gvisor};
+    let a = Admission::new(10);
+    let classes = |name: &str, isolation: &[Isolation]| {
+        a.set_node(
+            name,
+            Need {
+                cpu_millis: 1000,
+                memory: 100,
+                slots: 10,
+                gpus: 0,
+            },
+            u32::MAX,
+            [("zone".to_string(), name.to_string())].into(),
+            isolation,
+        );
+        a.set_schedulable(name, true);
+    };
+    let of = |class, cpu| Request {
+        isolation: class,
+        ..req(cpu)
+    };
+    // An old node (no list) runs containers alone: gvisor is refused at
+    // once, as a selector no node matches, not queued for ever.
+    classes("old", &[]);
+    let refused = a.admit("g", of(Some(Gvisor), 100)).err();
+    assert_eq!(
+        refused,
+        Some(AdmitError::NoClass {
+            class: Gvisor,
+            among: String::new()
+        })
+    );
+    let said = admit_error(refused.expect("refused"));
+    assert_eq!(said.code, ErrorCode::NoCapacity);
+    assert!(
+        said.message
+            .starts_with("no node offers isolation class gvisor (")
+            && said.message.contains("runsc"),
+        "{}",
+        said.message
+    );
+    assert!(matches!(a.admit("c", of(Some(Container), 100)), Ok(Admit::Now(n)) if n == "old"));
+    // A node that offers gvisor joins: gvisor goes there only, and waits
+    // for it when it is full though "old" has room.
+    classes("both", &[Container, Gvisor]);
+    assert!(matches!(a.admit("g1", of(Some(Gvisor), 900)), Ok(Admit::Now(n)) if n == "both"));
+    let Ok(Admit::Queued { mut ready, .. }) = a.admit("g2", of(Some(Gvisor), 900)) else {
+        panic!("g2 waits for the gvisor node")
+    };
+    a.release("c");
+    assert!(ready.try_recv().is_err());
+    a.release("g1");
+    assert_eq!(ready.try_recv().ok().as_deref(), Some("both"));
+    // A selector and a class: the error says both.
+    let mut zoned = of(Some(Gvisor), 1);
+    zoned.selector = [("zone".to_string(), "old".to_string())].into();
+    let e = a.admit("z", zoned).err().expect("refused");
+    assert!(
+        e.to_string()
+            .starts_with("no node carrying the labels zone=old offers isolation class gvisor"),
+        "{e}"
+    );
+    // Pinned to a node that does not run it (a fork's child).
+    let pinned = Request {
+        node: Some("old".into()),
+        ..of(Some(Gvisor), 1)
+    };
+    let e = a.admit("p", pinned).err().expect("refused");
+    assert!(e.to_string().starts_with("no node named old offers"), "{e}");
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::tenant::{Principal, TenantName};
-use warren_core::{ApiError, SandboxInfo, SandboxSpec, SandboxState};
+use warren_core::{ApiError, Isolation, SandboxInfo, SandboxSpec, SandboxState};
 use warren_node_api::{CreateSandbox, ErrorKind, NodeError, SandboxStatus};
 
 use super::{new_id, Control};
@@ -70,6 +70,22 @@ async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, std::time::Dur
 }
 
 impl Control {
+    /// Gives a spec that names no isolation class its node's default (the
+    /// first class the node lists; `container` for a node that lists
+    /// none), so that the record shows, and the node is told, the class it
+    /// runs in. True when it changed the spec.
+    pub(crate) fn resolve_isolation(&self, spec: &mut SandboxSpec, node: &str) -> bool {
+        if spec.isolation.is_some() {
+            return false;
+        }
+        let Some(entry) = self.nodes.get(node) else {
+            return false;
+        };
+        let class = entry.update(|v| Isolation::default_of(&v.info.isolation));
+        spec.isolation = Some(class);
+        true
+    }
+
     /// Validates, admits (or queues) and creates a sandbox. The work runs in
     /// its own task, so a client that disconnects cannot leave a sandbox
     /// half made. With `wait == false` a queued create answers at once.
@@ -268,9 +284,10 @@ impl Control {
     /// restart) or a sandbox without a record (swept at restart).
     pub(crate) async fn create_admitted(
         &self,
-        row: SandboxRow,
+        mut row: SandboxRow,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let id = row.id.clone();
+        self.resolve_isolation(&mut row.spec, &row.node);
         let _under_way = match self.lifecycle.begin_create() {
             Ok(under_way) => under_way,
             Err(e) => {
@@ -329,8 +346,11 @@ impl Control {
                 return Err(e);
             }
         };
+        // Its class is decided with its node, and recorded with it.
+        let resolved = self.resolve_isolation(&mut row.spec, &node);
         let t = Transition {
             node: Some(&node),
+            spec: resolved.then_some(&row.spec),
             ..Default::default()
         };
         self.store

@@ -76,6 +76,7 @@ impl Control {
                     last_seen_ms: v.last_seen.elapsed().as_millis() as u64,
                     queued,
                     devices: v.info.devices.clone(),
+                    isolation: warren_core::Isolation::offered(&v.info.isolation).to_vec(),
                 }
             })
             .collect()
@@ -108,8 +109,13 @@ impl Control {
         // A node known only from the store (a restarted control plane) lends
         // nothing admission can count until its first heartbeat says what.
         if info.allocatable.slots > 0 {
-            self.admission
-                .set_node(&info.name, info.allocatable, info.max_pids, info.labels);
+            self.admission.set_node(
+                &info.name,
+                info.allocatable,
+                info.max_pids,
+                info.labels,
+                &info.isolation,
+            );
             self.admission.set_schedulable(&info.name, false);
         }
         entry
@@ -129,8 +135,13 @@ impl Control {
             let reconcile = !v.reconciled && !v.reconciling && self.lifecycle.is_ready();
             (was, reconcile, v.schedulable())
         });
-        self.admission
-            .set_node(name, info.allocatable, info.max_pids, info.labels);
+        self.admission.set_node(
+            name,
+            info.allocatable,
+            info.max_pids,
+            info.labels,
+            &info.isolation,
+        );
         self.admission.set_images(name, &info.images);
         self.admission.set_schedulable(name, schedulable);
         if was != Health::Ready {

@@ -178,6 +178,8 @@ pub(super) struct StateChange {
     pub exit_code: Option<i32>,
     pub grace: bool,
     pub node: Option<String>,
+    /// The new spec, as stored (JSON).
+    pub spec: Option<String>,
     pub message: String,
     pub flush: bool,
 }
@@ -201,6 +203,7 @@ impl StateChange {
             exit_code: t.exit_code,
             grace: t.grace,
             node: owned(t.node),
+            spec: t.spec.map(super::json),
             message: t.message.into(),
             flush: !t.unflushed,
         }

@@ -230,6 +230,9 @@ pub struct Transition<'a> {
     pub message: &'a str,
     /// The node a queued create was placed on, when its turn came.
     pub node: Option<&'a str>,
+    /// Its spec as the node runs it, when placement decided something of it
+    /// (a queued create's isolation class, once its node is known).
+    pub spec: Option<&'a SandboxSpec>,
     /// Committed without waiting for the disk's flush: only for a record
     /// that a flushed write of the same sandbox always follows (the
     /// `stopping` before a destroy, whose `destroyed`, or retry message, is

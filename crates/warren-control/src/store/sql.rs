@@ -362,7 +362,8 @@ impl<D: Dialect> Store for D {
                             finished_at = COALESCE(?, finished_at),
                             exit_code = COALESCE(?, exit_code),
                             grace = ?,
-                            node = COALESCE(?, node)
+                            node = COALESCE(?, node),
+                            spec = COALESCE(?, spec)
                          WHERE id = ?"
                     );
                     let args = args![
@@ -373,6 +374,7 @@ impl<D: Dialect> Store for D {
                         c.exit_code,
                         c.grace,
                         &c.node,
+                        &c.spec,
                         &c.id,
                     ];
                     let event = event(&c.time, &c.id, Some(c.state), &c.reason, &c.message);

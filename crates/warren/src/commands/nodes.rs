@@ -15,8 +15,15 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                 return Ok(0);
             }
             println!(
-                "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>6}  LABELS",
-                "NAME", "STATE", "CPU (ALLOC/CAP)", "MEMORY (ALLOC/CAP)", "GPU", "SBX", "CPU%"
+                "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>6}  {:<17} LABELS",
+                "NAME",
+                "STATE",
+                "CPU (ALLOC/CAP)",
+                "MEMORY (ALLOC/CAP)",
+                "GPU",
+                "SBX",
+                "CPU%",
+                "ISOLATION"
             );
             for n in &nodes {
                 let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
@@ -33,13 +40,24 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                             .collect()
                     })
                     .unwrap_or_default();
+                // Its classes, its default first (an older control plane
+                // sends none: containers).
+                let classes: Vec<&str> = n["isolation"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let classes = if classes.is_empty() {
+                    "container".to_string()
+                } else {
+                    classes.join(",")
+                };
                 // GPUs (allocated/capacity), "-" on a node with none.
                 let gpus = match num(cap, "gpus") {
                     0 => "-".to_string(),
                     total => format!("{}/{total}", num(alloc, "gpus")),
                 };
                 println!(
-                    "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>5.0}%  {}",
+                    "{:<20} {:<12} {:>15} {:>21} {:>7} {:>5} {:>5.0}%  {:<17} {}",
                     n["name"].as_str().unwrap_or("?"),
                     state,
                     format!(
@@ -55,6 +73,7 @@ pub(super) async fn run(client: &Client, cmd: NodeCmd) -> Result<i32> {
                     gpus,
                     num(n, "sandboxes"),
                     n["load"]["cpu_busy"].as_f64().unwrap_or(0.0) * 100.0,
+                    classes,
                     labels.join(",")
                 );
             }

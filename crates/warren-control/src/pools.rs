@@ -145,7 +145,8 @@ impl Pools {
             };
             match defs.get(pool) {
                 Some(def)
-                    if def.serves(pool, &row.spec) && s.owners.get(pool) == Some(&row.tenant) =>
+                    if def.has_member(pool, &row.spec)
+                        && s.owners.get(pool) == Some(&row.tenant) =>
                 {
                     s.ready.entry(pool.clone()).or_default().push_back(row.id)
                 }
@@ -202,7 +203,9 @@ impl Pools {
         }
         let info = made?;
         let wanted = info.state == SandboxState::Running
-            && s.defs.get(name).is_some_and(|d| d.serves(name, &info.spec));
+            && s.defs
+                .get(name)
+                .is_some_and(|d| d.has_member(name, &info.spec));
         if wanted {
             s.ready
                 .entry(name.to_string())

@@ -575,6 +575,7 @@ async fn pools_and_claims(f: &Fixture) -> TestResult {
         memory_request: None,
         pids: None,
         cmd: None,
+        isolation: Some(warren_core::Isolation::Gvisor),
         size,
     };
     let of = |name: &str, size, tenant: &str| PoolRow {

@@ -33,6 +33,11 @@ pub struct PoolSpec {
     /// create with the same command takes a member that runs it already.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmd: Option<Vec<String>>,
+    /// The isolation class its members run in (none: each its node's
+    /// default); a create is served only when it names the same (or, with
+    /// none, none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
     pub size: u32,
 }
 
@@ -67,6 +72,7 @@ impl PoolSpec {
             memory_request: self.memory_request,
             pids: self.pids,
             cmd: self.cmd.clone(),
+            isolation: self.isolation,
             labels: [(POOL_LABEL.to_string(), name.to_string())].into(),
             // Waiting is its job; a claim gives it the create's TTL.
             ttl: crate::spec::Dur::from_secs(24 * 3600).ok(),
@@ -84,11 +90,24 @@ impl PoolSpec {
     }
 
     /// Whether a create asking for `spec` may take a member of this pool:
-    /// the same image, resources and main command, nothing that only a new
-    /// sandbox can give (its own disk, a node selector, GPUs, CDI devices:
-    /// a member holds none). Labels,
+    /// the same image, resources, main command and isolation class (both
+    /// naming none: the member runs in its node's default, as the create
+    /// would), nothing that only a new sandbox can give (its own disk, a
+    /// node selector, GPUs, CDI devices: a member holds none). Labels,
     /// env, TTL, lease, network policy, cwd and user are applied at claim.
     pub fn serves(&self, name: &str, spec: &SandboxSpec) -> bool {
+        spec.isolation == self.isolation && self.fits(name, spec)
+    }
+
+    /// Whether a sandbox recorded with `spec` is a member of this pool as
+    /// it is defined now. A member's record names the class it runs in,
+    /// which for a pool that names none is its node's default.
+    pub fn has_member(&self, name: &str, spec: &SandboxSpec) -> bool {
+        self.isolation.is_none_or(|c| spec.isolation == Some(c)) && self.fits(name, spec)
+    }
+
+    /// [`PoolSpec::serves`] but for the isolation class.
+    fn fits(&self, name: &str, spec: &SandboxSpec) -> bool {
         // Every create asks each pool: the cheap checks first, so a create
         // of another image never resolves a spec twice.
         let shape = spec.image == self.image
@@ -153,6 +172,11 @@ mod tests {
             &spec(r#"{"image":"bb:1","memory":"256M","cmd":["other"]}"#)
         ));
         assert_eq!(servers.template("srv").cmd, Some(vec!["serve".to_string()]));
+        assert_eq!(p.template("py").isolation, None);
+        assert!(!p.serves(
+            "py",
+            &spec(r#"{"image":"bb:1","memory":"256M","isolation":"gvisor"}"#)
+        ));
         assert!(pool(r#"{"image":"bb:1","size":5000}"#)
             .validate("py")
             .is_err());
@@ -162,5 +186,50 @@ mod tests {
         assert!(pool(r#"{"image":"bb:1","size":1}"#)
             .validate("bad name!")
             .is_err());
+    }
+
+    #[test]
+    fn a_pool_serves_and_keeps_its_isolation_class() {
+        use crate::Isolation::{Container, Gvisor};
+        let spec = |json: &str| -> SandboxSpec { serde_json::from_str(json).expect(json) };
+        let g = pool(r#"{"image":"bb:1","memory":"256M","isolation":"gvisor","size":2}"#);
+        g.validate("g").unwrap();
+        // Its members are made in the class, and serve creates that name it.
+        let member = g.template("g");
+        assert_eq!(member.isolation, Some(Gvisor));
+        assert!(g.has_member("g", &member));
+        let gvisor = spec(r#"{"image":"bb:1","memory":"256M","isolation":"gvisor"}"#);
+        assert!(g.serves("g", &gvisor));
+        // Not a create that names another class, or none (its node's
+        // default, which a gvisor member need not be).
+        for other in [
+            r#"{"image":"bb:1","memory":"256M","isolation":"container"}"#,
+            r#"{"image":"bb:1","memory":"256M"}"#,
+        ] {
+            assert!(!g.serves("g", &spec(other)), "{other}");
+        }
+        // A record of another class is no member of it.
+        let stray = SandboxSpec {
+            isolation: Some(Container),
+            ..member
+        };
+        assert!(!g.has_member("g", &stray));
+        // A pool that names none: its members run in their node's default,
+        // recorded as such, and serve creates that name none.
+        let any = pool(r#"{"image":"bb:1","memory":"256M","size":2}"#);
+        let mut made = any.template("a");
+        for class in [Container, Gvisor] {
+            made.isolation = Some(class);
+            assert!(any.has_member("a", &made), "{class}");
+        }
+        assert!(any.serves("a", &spec(r#"{"image":"bb:1","memory":"256M"}"#)));
+        assert!(!any.serves("a", &gvisor));
+        // The class goes through JSON, and an unknown one is refused.
+        let text = serde_json::to_string(&g).unwrap();
+        assert!(text.contains(r#""isolation":"gvisor""#), "{text}");
+        assert!(serde_json::from_str::<PoolSpec>(
+            r#"{"image":"bb:1","isolation":"kata","size":1}"#
+        )
+        .is_err());
     }
 }

@@ -205,6 +205,7 @@ pub(crate) async fn create(
         cmd: template.cmd.clone(),
         cpu: template_size(&req.template_id, "cpu", &template.cpu)?,
         memory: template_size(&req.template_id, "memory", &template.memory)?,
+        isolation: template.isolation,
         env: req.env_vars.unwrap_or_default(),
         labels,
         ttl: Some(ttl(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?),

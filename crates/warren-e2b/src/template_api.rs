@@ -303,6 +303,7 @@ async fn warm_pool(
         memory_request: None,
         pids: None,
         cmd: template.cmd.clone(),
+        isolation: template.isolation,
         size,
     };
     // Template builds are the operator's (see `access`): so is their pool.

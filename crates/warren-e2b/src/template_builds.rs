@@ -130,6 +130,8 @@ impl Built {
             ready_cmd,
             cpu: self.cpu.map(|c| c.to_string()),
             memory: self.memory_mb.map(|m| format!("{m}M")),
+            // E2B's build API names no class: its node's default.
+            isolation: None,
         }
     }
 }

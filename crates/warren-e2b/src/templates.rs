@@ -3,7 +3,9 @@
 //! `<home>/e2b-templates.toml`. An alias names an image, or an image with
 //! what its sandboxes start with: a main process (a template's server), the
 //! port that server answers on (a create answers once it does, as E2B's
-//! does once the template's ready command passes), and sizes.
+//! does once the template's ready command passes), sizes, and the isolation
+//! class its sandboxes run in (`gvisor`: gVisor's user-space kernel; none:
+//! the node's default).
 //!
 //! ```toml
 //! [templates]
@@ -15,6 +17,10 @@
 //! ready_port = 49999
 //! cpu = "2"
 //! memory = "2G"
+//!
+//! [templates.untrusted]
+//! image = "python:3.12"
+//! isolation = "gvisor"
 //!
 //! # What template builds' RUN steps may reach (a package mirror), and
 //! # how many started sandboxes a built template with a start command
@@ -104,6 +110,9 @@ pub struct Template {
     pub cpu: Option<String>,
     #[serde(default)]
     pub memory: Option<String>,
+    /// The isolation class its sandboxes run in; none: the node's default.
+    #[serde(default)]
+    pub isolation: Option<warren_core::Isolation>,
 }
 
 #[derive(Debug, Default)]
@@ -208,8 +217,33 @@ mod tests {
         let ci = t.get("ci");
         assert_eq!((ci.image.as_str(), ci.ready_port), ("ci:1", Some(49999)));
         assert_eq!(ci.cmd, Some(vec!["serve".to_string()]));
+        assert_eq!(ci.isolation, None);
         std::fs::write(dir.path().join(FILE), "[templatez]\n").expect("write");
         let e = Templates::load(dir.path()).expect_err("unknown table");
         assert!(e.to_string().contains("[templates]"), "{e}");
+    }
+
+    #[test]
+    fn a_template_names_its_isolation_class() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join(FILE),
+            "[templates.untrusted]\nimage = \"bb:1\"\nisolation = \"gvisor\"\n",
+        )
+        .expect("write");
+        let t = Templates::load(dir.path()).expect("loads");
+        assert_eq!(
+            t.get("untrusted").isolation,
+            Some(warren_core::Isolation::Gvisor)
+        );
+        // An image by reference runs in the node's default.
+        assert_eq!(t.get("bb:1").isolation, None);
+        // A class Warren does not know is refused when the file is read.
+        std::fs::write(
+            dir.path().join(FILE),
+            "[templates.vm]\nimage = \"bb:1\"\nisolation = \"kata\"\n",
+        )
+        .expect("write");
+        assert!(Templates::load(dir.path()).is_err());
     }
 }

@@ -104,6 +104,12 @@ impl Control {
             if row.state != SandboxState::Running {
                 continue;
             }
+            // It keeps the class it runs in (the create's, or the node's
+            // default for a create and a pool that name none).
+            let spec = &SandboxSpec {
+                isolation: row.spec.isolation.or(spec.isolation),
+                ..spec.clone()
+            };
             let claimed = async {
                 let phase = std::time::Instant::now();
                 let status = self

@@ -106,6 +106,11 @@ pub enum PoolCmd {
         /// Ready sandboxes to keep.
         #[arg(long)]
         size: u32,
+        /// The isolation class its members run in (as `warren create
+        /// --isolation`); a create takes a member only when it names the
+        /// same class (or neither names one).
+        #[arg(long, value_parser = clap::value_parser!(warren_core::Isolation))]
+        isolation: Option<warren_core::Isolation>,
         /// A main process every member starts with (after `--`): a create
         /// with the same command takes a member already running it.
         #[arg(last = true)]

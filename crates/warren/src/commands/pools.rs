@@ -19,6 +19,7 @@ pub(super) async fn run(client: &Client, cmd: PoolCmd) -> Result<i32> {
             memory_request,
             pids,
             size,
+            isolation,
             cmd,
         } => {
             let cpu_of = |c: Option<String>| -> Result<Option<Cpu>> {
@@ -38,6 +39,7 @@ pub(super) async fn run(client: &Client, cmd: PoolCmd) -> Result<i32> {
                 memory_request: size_of(memory_request)?,
                 pids,
                 cmd: (!cmd.is_empty()).then_some(cmd),
+                isolation,
                 size,
             };
             let p = client.set_pool(&name, &spec).await?;

@@ -755,10 +755,51 @@ impl Admission {
         Some(node)
     }
 
+    /// Refuses a request that no known node would take whatever its size:
+    /// none carries its selector's labels, is the node it names, or runs
+    /// the isolation class it names (a batch is checked so before any of
+    /// its members is made).
+    pub fn check_placeable(&self, req: &Request) -> Result<(), AdmitError> {
+        Self::placeable(&self.lock(), req).map(drop)
+    }
+
     /// Refuses what no known node could ever run, instead of queueing it
     /// for ever.
     fn check_possible(s: &State, req: &Request) -> Result<(), AdmitError> {
         let p = req.placement();
+        let matching = Self::placeable(s, req)?;
+        if matching.iter().any(|c| placement::could_ever(&p, c)) {
+            return Ok(());
+        }
+        let max_gpus = matching.iter().map(|c| c.total.gpus).max().unwrap_or(0);
+        if req.need.gpus > max_gpus {
+            return Err(AdmitError::TooManyGpus {
+                gpus: req.need.gpus,
+                max: max_gpus,
+            });
+        }
+        let max_pids = matching.iter().map(|c| c.max_pids).max().unwrap_or(0);
+        if req.pids > max_pids {
+            return Err(AdmitError::TooManyPids {
+                pids: req.pids,
+                max: max_pids,
+            });
+        }
+        Err(AdmitError::NeverFits {
+            cpu: req.need.cpu_millis,
+            memory: req.need.memory,
+            max_cpu: matching
+                .iter()
+                .map(|c| c.total.cpu_millis)
+                .max()
+                .unwrap_or(0),
+            max_memory: matching.iter().map(|c| c.total.memory).max().unwrap_or(0),
+        })
+    }
+
+    /// The nodes that carry the request's labels, are the node it names
+    /// and run the class it names, whatever room they have; none: why.
+    fn placeable<'s>(s: &'s State, req: &Request) -> Result<Vec<Candidate<'s>>, AdmitError> {
         let mut matching: Vec<Candidate<'_>> = s
             .candidates()
             .filter(|c| {
@@ -795,33 +836,7 @@ impl Admission {
                 return Err(AdmitError::NoClass { class, among });
             }
         }
-        if matching.iter().any(|c| placement::could_ever(&p, c)) {
-            return Ok(());
-        }
-        let max_gpus = matching.iter().map(|c| c.total.gpus).max().unwrap_or(0);
-        if req.need.gpus > max_gpus {
-            return Err(AdmitError::TooManyGpus {
-                gpus: req.need.gpus,
-                max: max_gpus,
-            });
-        }
-        let max_pids = matching.iter().map(|c| c.max_pids).max().unwrap_or(0);
-        if req.pids > max_pids {
-            return Err(AdmitError::TooManyPids {
-                pids: req.pids,
-                max: max_pids,
-            });
-        }
-        Err(AdmitError::NeverFits {
-            cpu: req.need.cpu_millis,
-            memory: req.need.memory,
-            max_cpu: matching
-                .iter()
-                .map(|c| c.total.cpu_millis)
-                .max()
-                .unwrap_or(0),
-            max_memory: matching.iter().map(|c| c.total.memory).max().unwrap_or(0),
-        })
+        Ok(matching)
     }
 
     /// Records a sandbox of the default tenant that already runs on `node`

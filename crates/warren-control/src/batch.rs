@@ -50,9 +50,15 @@ impl Control {
                 "request_id is per sandbox; leave it out of a batch spec",
             ));
         }
-        req.spec
+        let resources = req
+            .spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // Members no node would take (its labels, its isolation class) are
+        // refused now, as one such create is, not each in the background.
+        self.admission
+            .check_placeable(&crate::admission::Request::of(&req.spec, &resources, ""))
+            .map_err(crate::admission::admit_error)?;
         // The tag is resolved once, here: every member runs this digest,
         // whatever the tag points at later and on whichever node.
         let resolved = self

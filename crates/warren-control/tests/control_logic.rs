@@ -825,3 +825,47 @@ async fn a_create_queued_across_a_restart_gets_its_nodes_class() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_batch_of_a_class_no_node_offers_is_refused_whole() -> TestResult {
+    let node = node(2);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    let req: warren_core::BatchRequest = serde_json::from_value(serde_json::json!({
+        "count": 3,
+        "spec": {"image": "img", "cpu": 1, "memory": "1G", "isolation": "gvisor"},
+    }))?;
+    let e = c.create_batch(&OP, req).await.unwrap_err();
+    assert_eq!(e.code, warren_core::ErrorCode::NoCapacity, "{}", e.message);
+    assert!(
+        e.message.contains("no node offers isolation class gvisor"),
+        "{}",
+        e.message
+    );
+    assert!(c.list_batches(&OP).await.map_err(|e| e.message)?.is_empty());
+    assert!(!node.calls().iter().any(|c| c.starts_with("create ")));
+    // A class the node runs: every member is made in it.
+    node.set_isolation(vec![warren_core::Isolation::Gvisor]);
+    assert!(p.control.heartbeat("fake", node.info().await?));
+    let req: warren_core::BatchRequest = serde_json::from_value(serde_json::json!({
+        "count": 2,
+        "spec": {"image": "img", "cpu": 1, "memory": "1G", "isolation": "gvisor"},
+    }))?;
+    let batch = c.create_batch(&OP, req).await.map_err(|e| e.message)?;
+    let selector =
+        warren_core::Selector::parse(&format!("{}={}", warren_core::batch::BATCH_LABEL, batch.id))?;
+    for _ in 0..200 {
+        let members = c
+            .list(&OP, &[SandboxState::Running], &selector)
+            .await
+            .map_err(|e| e.message)?;
+        if members.len() == 2 {
+            for m in members {
+                assert_eq!(m.spec.isolation, Some(warren_core::Isolation::Gvisor));
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err("the batch's members did not start".into())
+}

@@ -231,6 +231,11 @@ class SandboxSpec:
     request_id: str | None = None
     node_selector: dict[str, str] = field(default_factory=dict)
     placement: Literal["spread", "pack"] = "spread"
+    isolation: Literal["container", "gvisor"] | None = None
+    """What stands between its code and the host: ``"container"`` (the host
+    kernel behind namespaces and seccomp) or ``"gvisor"`` (gVisor's
+    user-space kernel). A create that names none gets its node's default;
+    the server's answer names the class it runs in."""
     fork: ForkOrigin | None = None
     """Set on the children of a fork (:meth:`warren.Sandbox.fork`)."""
 
@@ -429,6 +434,8 @@ class Node:
     load: NodeLoad = field(default_factory=NodeLoad)
     last_seen_ms: int = 0
     devices: list[DeviceClass] = field(default_factory=list)
+    isolation: list[str] = field(default_factory=lambda: ["container"])
+    """The isolation classes it runs, its default first."""
 
 
 # ---------------------------------------------------------------- profiles

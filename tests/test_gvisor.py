@@ -1,0 +1,235 @@
+"""The gvisor isolation class (docs/isolation.md): sandboxes on gVisor's
+user-space kernel through the real runsc the test setup installs. Each test
+checks one behaviour that must hold as in the container class, or the
+documented difference."""
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import WARREN, free_port, own_daemon
+from helpers import cgroup_read, crash, host_traces, restart, sandbox_host_pids, sh, sh_ok, wait_until
+
+
+
+def gvisor(sandbox, **spec):
+    return sandbox(isolation="gvisor", **spec)["id"]
+
+
+def test_a_gvisor_sandbox_runs_on_gvisors_kernel_and_says_so(warren, sandbox):
+    info = warren.create(isolation="gvisor")
+    sid = info["id"]
+    try:
+        assert info["spec"]["isolation"] == "gvisor"
+        # gVisor's own /proc (the sentry's memory accounting) and its
+        # kernel's version, not the host's.
+        out = sh_ok(warren, sid, "cat /proc/sentry-meminfo | head -1; uname -r")
+        assert out.split()[0] == "Alloc:" and out.split()[-1] == "4.4.0", out
+        # On the host, the sandbox's kernel is the sentry, under its own
+        # seccomp filter, in namespaces of its own (docs/isolation.md says
+        # what it holds under runsc's host networking).
+        sentry = info["pid"]
+        status = Path(f"/proc/{sentry}/status").read_text()
+        fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
+        assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1", fields
+        for ns in ("mnt", "net", "ipc", "uts"):
+            assert os.readlink(f"/proc/{sentry}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+        # The container class, by default, is a container on the host kernel.
+        other = sandbox()["id"]
+        assert sh_ok(warren, other, "test -e /proc/sentry-meminfo; echo $?") == "1\n"
+        assert warren.http.get(f"/v1/sandboxes/{other}").json()["spec"]["isolation"] == "container"
+    finally:
+        warren.destroy(sid)
+
+
+def test_exec_streams_stdin_exit_codes_and_failures(warren, sandbox):
+    sid = gvisor(sandbox)
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", "cat; echo to-err >&2; exit 7"], stdin="cGlwZWQK")
+    assert (ev["code"], out, err) == (7, b"piped\n", b"to-err\n"), (ev, out, err)
+    ev, out, err, _ = warren.exec(sid, ["/nonexistent"])
+    assert ev["code"] == 127 and b"No such file" in out + err, (ev, out, err)
+    # The user and working directory an exec names.
+    assert sh_ok(warren, sid, "id -u; pwd", user="1000", cwd="/tmp").split() == ["1000", "/tmp"]
+
+
+def test_a_timeout_kills_the_whole_process_tree(warren, sandbox):
+    """No exec cgroup can enter the sentry: init's own tree kill stops what
+    the exec started, detached children included."""
+    sid = gvisor(sandbox)
+    t = time.time()
+    ev, out, err, _ = warren.exec(sid, ["sh", "-c", "sleep 300 & sleep 300 & sleep 300"], timeout="1s")
+    assert ev["code"] == 137 and time.time() - t < 10, (ev, time.time() - t)
+    assert "sleep" not in sh_ok(warren, sid, "ps -o comm"), "the timed-out exec's children survived"
+
+
+def test_files_cross_both_ways_and_host_deletes_are_seen(warren, sandbox):
+    sid = gvisor(sandbox)
+    put = warren.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/up.txt"}, content=b"from-host\n")
+    assert put.status_code in (200, 201, 204), put.text
+    assert sh_ok(warren, sid, "cat /tmp/up.txt") == "from-host\n"
+    sh_ok(warren, sid, "echo in-tmp > /tmp/g.txt; echo in-root > /g.txt")
+    for path, want in (("/tmp/g.txt", b"in-tmp\n"), ("/g.txt", b"in-root\n")):
+        r = warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": path})
+        assert (r.status_code, r.content) == (200, want), (path, r.status_code, r.text)
+    # --file-access=shared: a host-side delete is seen at once, not served
+    # from the sentry's cache.
+    r = warren.http.post(f"/v1/sandboxes/{sid}/paths", json={"op": "remove", "path": "/tmp/g.txt"})
+    assert r.status_code == 200, r.text
+    assert sh_ok(warren, sid, "test -e /tmp/g.txt; echo $?") == "1\n"
+
+
+def test_limits_hold_for_the_whole_sandbox_and_an_oom_ends_it(warren):
+    info = warren.create(isolation="gvisor", memory="64M", cpu="0.5")
+    sid = info["id"]
+    try:
+        # runsc tells gVisor's kernel the limit, and writes the host cgroup.
+        assert sh_ok(warren, sid, "grep MemTotal /proc/meminfo").split()[1] == "65536"
+        assert int(cgroup_read(sid, "memory", "memory.limit_in_bytes")) == 64 << 20
+        assert int(cgroup_read(sid, "cpu", "cpu.cfs_quota_us")) == 50_000
+        # Memory past the limit (a tmpfs file lives in the sentry's memory):
+        # the host's OOM killer ends the sentry, so the whole sandbox ends,
+        # reported as an OOM kill (docs/isolation.md).
+        warren.exec(sid, ["sh", "-c", "head -c 200m /dev/zero > /dev/shm/fill"])
+        wait_until(lambda: warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] != "running", 20, what="the OOM")
+        got = warren.http.get(f"/v1/sandboxes/{sid}").json()
+        assert got["reason"] == "oom_killed", got
+        wait_until(lambda: not sandbox_host_pids(sid), 10, what="the sandbox's processes to go")
+    finally:
+        warren.destroy(sid)
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the host\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_network_none_is_loopback_only_and_an_allowlist_goes_through_the_proxy(warren, sandbox):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        get = f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 127.0.0.1 {port}'
+        none = gvisor(sandbox)
+        # Its own loopback works (up, as in a container) ...
+        out = sh_ok(warren, none, "nc -l -p 7000 -e echo pong & sleep 0.3; echo | nc -w 2 127.0.0.1 7000")
+        assert "pong" in out, out
+        # ... and nothing of the host's is reachable.
+        ev, out, err = sh(warren, none, get)
+        assert "hello from the host" not in out, out
+        allowed = gvisor(sandbox, network={"mode": "allowlist", "allow": [f"127.0.0.1:{port}"]})
+        assert "hello from the host" in sh_ok(warren, allowed, get)
+        ev, out, err = sh(warren, allowed, 'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 5 10.1.2.3 80')
+        assert "HTTP" not in out, out
+    finally:
+        server.shutdown()
+
+
+def test_a_port_inside_is_reachable_through_the_port_door(warren, sandbox):
+    sid = gvisor(sandbox, cmd=["sh", "-c", "mkdir -p /www && echo inside > /www/index.html && exec httpd -f -p 8000 -h /www"])
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        r = warren.http.get(f"/v1/sandboxes/{sid}/ports/8000/index.html")
+        if r.status_code == 200:
+            break
+        time.sleep(0.2)
+    assert (r.status_code, r.text) == (200, "inside\n"), r.text
+
+
+def test_pause_resume_and_usage(warren, sandbox):
+    sid = gvisor(sandbox, cmd=["sh", "-c", "i=0; while true; do i=$((i+1)); done"])
+    assert warren.http.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+    r, _, _, _ = warren.exec(sid, ["true"])
+    assert r.status_code == 409, r.text
+    assert warren.http.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+    assert sh_ok(warren, sid, "echo back") == "back\n"
+
+    def cpu_seen():
+        usage = warren.http.get(f"/v1/sandboxes/{sid}").json().get("usage") or {}
+        return usage.get("cpu_usage_ns", 0) > 0 and usage.get("memory_bytes", 0) > 0
+
+    wait_until(cpu_seen, 30, 0.5, what="usage samples of the sentry's cgroup")
+
+
+def test_fork_and_commit_keep_files_and_class(warren, sandbox):
+    sid = gvisor(sandbox)
+    sh_ok(warren, sid, "echo state > /state.txt")
+    r = warren.http.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1})
+    assert r.status_code == 201, r.text
+    child = r.json()[0]["id"]
+    try:
+        assert sh_ok(warren, child, "cat /state.txt") == "state\n"
+        assert warren.http.get(f"/v1/sandboxes/{child}").json()["spec"]["isolation"] == "gvisor"
+    finally:
+        warren.destroy(child)
+    warren.cli("commit", sid, "gvisor-commit:1")
+    again = gvisor(sandbox, image="gvisor-commit:1")
+    assert sh_ok(warren, again, "cat /state.txt") == "state\n"
+
+
+def test_a_crash_of_the_daemon_keeps_the_sandbox_and_destroy_leaves_nothing(images):
+    with own_daemon(images) as w:
+        sid = w.create(isolation="gvisor", cmd=["sh", "-c", "while true; do echo tick; sleep 0.2; done"])["id"]
+        sh_ok(w, sid, "echo kept > /kept.txt")
+        crash(w)
+        restart(w)
+        assert sh_ok(w, sid, "cat /kept.txt") == "kept\n"
+        r = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/kept.txt"})
+        assert r.content == b"kept\n"
+        assert b"tick" in w.cli("logs", sid).stdout
+        assert w.destroy(sid).status_code in (200, 204)
+        wait_until(lambda: not host_traces(w, sid), 10, what="nothing of the sandbox on the host")
+        # runsc's own state of it went with it, and no runsc process is left
+        # behind (nor a zombie of one under the daemon).
+        runsc = [p for p in os.listdir("/proc") if p.isdigit() and _cmd(p).startswith(b"runsc")]
+        assert not [p for p in runsc if sid.encode() in _cmd(p)], runsc
+        zombies = [p for p in _children(w.proc.pid) if _state(p) == "Z"]
+        assert not zombies, zombies
+
+
+def _cmd(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _children(parent):
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if ppid == parent:
+            out.append(p)
+    return out
+
+
+def test_what_gvisor_cannot_do_is_refused_clearly(warren, sandbox):
+    sid = gvisor(sandbox)
+    r, _, _, _ = warren.exec(sid, ["sh"], tty=True)
+    assert r.status_code == 400 and "gvisor" in r.text, r.text

@@ -869,3 +869,22 @@ async fn a_batch_of_a_class_no_node_offers_is_refused_whole() -> TestResult {
     }
     Err("the batch's members did not start".into())
 }
+
+#[tokio::test]
+async fn a_pool_of_a_class_no_node_offers_is_refused() -> TestResult {
+    let node = node(2);
+    let p = plane(&node).await?;
+    let c = &p.control;
+    let spec: warren_core::pool::PoolSpec = serde_json::from_value(serde_json::json!({
+        "image": "img", "memory": "1G", "isolation": "gvisor", "size": 1,
+    }))?;
+    let e = c.set_pool(&OP, "g", spec).await.unwrap_err();
+    assert_eq!(e.code, warren_core::ErrorCode::NoCapacity, "{}", e.message);
+    assert!(
+        e.message.contains("no node offers isolation class gvisor"),
+        "{}",
+        e.message
+    );
+    assert!(c.pool_infos().is_empty());
+    Ok(())
+}

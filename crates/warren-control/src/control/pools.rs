@@ -44,6 +44,14 @@ impl Control {
         self.lifecycle.refuse_if_stopping()?;
         spec.validate(name)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        // Members no node would take (a class no node offers) are refused
+        // now, as such a create is, not at each refill.
+        let template = spec.template(name);
+        if let Ok(resources) = template.resolve() {
+            self.admission
+                .check_placeable(&Request::of(&template, &resources, ""))
+                .map_err(crate::admission::admit_error)?;
+        }
         // An image no node can resolve is refused now, not at each refill.
         self.images
             .for_create(

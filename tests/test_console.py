@@ -264,6 +264,10 @@ def test_sandbox_chart_moves_and_terminal_echoes(console, warren, sandbox):
     console.login()
     console.go(f"#/sandbox/{box['id']}")
     canvas = console.page.wait_for_selector("#usage-chart")
+    # The isolation class it runs in, as the API records it.
+    shown = "() => [...document.querySelectorAll('.kv .k')].filter(k => k.textContent === 'isolation')" \
+        ".map(k => k.nextElementSibling.textContent)[0]"
+    wait_until(lambda: console.page.evaluate(shown) == box["spec"]["isolation"], what="the isolation field")
     first = int(canvas.get_attribute("data-draws") or 0)
     wait_until(lambda: int(canvas.get_attribute("data-draws") or 0) >= first + 4, what="the chart to redraw")
     # The CPU series climbs to the busy loop's rate (limited to 300m).

@@ -287,6 +287,8 @@ export function sandbox(root, { args }, live) {
     const r = s.resources;
     info.replaceChildren(kv([
       ['image', s.spec.image], ['digest', h('span', { class: 'mono' }, s.image_digest.slice(0, 19))], ['node', s.node || '(local)'],
+      // The class it runs in (a queued create has none until it is placed).
+      ['isolation', s.spec.isolation || (s.state === 'queued' ? "(its node's default)" : 'container')],
       ['labels', Object.entries(s.spec.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ')],
       ['cmd', s.spec.cmd ? JSON.stringify(s.spec.cmd) : '(idle)'],
       ['CPU', `request ${fmtCpu(r.cpu_request_millis ?? r.cpu_millis)}, limit ${fmtCpu(r.cpu_millis)}`],
@@ -501,9 +503,10 @@ export function nodes(root, _p, live) {
     const ns = live.nodes;
     cards.replaceChildren(...nodeCards(ns));
     table.replaceChildren(h('table', { class: 'plain' },
-      h('tr', {}, ['name', 'state', 'labels', 'url', 'last seen'].map((t) => h('th', {}, t))),
+      h('tr', {}, ['name', 'state', 'labels', 'isolation', 'url', 'last seen'].map((t) => h('th', {}, t))),
       ns.map((n) => h('tr', {}, h('td', {}, n.name), h('td', {}, n.state + (n.cordoned ? ' (cordoned)' : '')),
         h('td', {}, Object.entries(n.labels || {}).map(([k, v]) => `${k}=${v}`).join(' ')),
+        h('td', {}, (n.isolation || ['container']).join(', ')),
         h('td', {}, n.url || '(in process)'), h('td', {}, `${n.last_seen_ms} ms ago`)))));
   };
   draw();

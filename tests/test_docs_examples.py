@@ -122,6 +122,7 @@ E2B_MD = [
     ("python", "Sandbox.create(timeout=300", Python(r"\A42\n\nhello\n7 user /home/user\n\n\Z")),
     ("toml", 'code-interpreter-v1 = "', NotRun(REFERENCE)),
     ("toml", "[templates.code-interpreter-v1]", NotRun(REFERENCE)),
+    ("toml", "[templates.untrusted]", NotRun(REFERENCE)),
     ("python", "Template.build(", Python(
         r"\[2/5\] COPY .*\n\[[^\n]*\] warm pool e2b-my-app: 1 started sandboxes\n.*"
         r"\nbuilt by root\nprod\n\n<h1>my app</h1>\n\n\n\Z")),

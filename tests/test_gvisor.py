@@ -33,13 +33,19 @@ def test_a_gvisor_sandbox_runs_on_gvisors_kernel_and_says_so(warren, sandbox):
         # kernel's version, not the host's.
         out = sh_ok(warren, sid, "cat /proc/sentry-meminfo | head -1; uname -r")
         assert out.split()[0] == "Alloc:" and out.split()[-1] == "4.4.0", out
-        # On the host, the sandbox's kernel is the sentry, under its own
-        # seccomp filter, in namespaces of its own (docs/isolation.md says
-        # what it holds under runsc's host networking).
+        # On the host, the sandbox's kernel is the sentry: nobody, in a user
+        # namespace of its own, under its own seccomp filter; so are the
+        # processes that run the sandbox's code (ptrace stubs). Only the
+        # gofer, which serves files, is root on the host.
         sentry = info["pid"]
-        status = Path(f"/proc/{sentry}/status").read_text()
-        fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
-        assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1", fields
+        for pid in sandbox_host_pids(sid):
+            status = Path(f"/proc/{pid}/status").read_text()
+            fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
+            assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1", fields
+            if "runsc-gofer" in _cmd(pid).decode(errors="replace"):
+                continue
+            assert fields["Uid"].split()[0] == "65534", (pid, _cmd(pid), fields["Uid"])
+            assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"), pid
         for ns in ("mnt", "net", "ipc", "uts"):
             assert os.readlink(f"/proc/{sentry}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
         # The container class, by default, is a container on the host kernel.
@@ -139,8 +145,13 @@ def test_network_none_is_loopback_only_and_an_allowlist_goes_through_the_proxy(w
         server.shutdown()
 
 
-def test_a_port_inside_is_reachable_through_the_port_door(warren, sandbox):
-    sid = gvisor(sandbox, cmd=["sh", "-c", "mkdir -p /www && echo inside > /www/index.html && exec httpd -f -p 8000 -h /www"])
+@pytest.mark.parametrize("network", ["none", "allowlist"])
+def test_a_port_inside_is_reachable_through_the_port_door(warren, sandbox, network):
+    """`none`: gVisor's own network stack, which init connects into and
+    relays; `allowlist`: host networking in the sandbox's namespace, which
+    the node connects into as for a container."""
+    net = {"mode": network, "allow": ["127.0.0.1:9"] if network == "allowlist" else []}
+    sid = gvisor(sandbox, network=net, cmd=["sh", "-c", "mkdir -p /www && echo inside > /www/index.html && exec httpd -f -p 8000 -h /www"])
     deadline = time.time() + 20
     while time.time() < deadline:
         r = warren.http.get(f"/v1/sandboxes/{sid}/ports/8000/index.html")
@@ -148,6 +159,8 @@ def test_a_port_inside_is_reachable_through_the_port_door(warren, sandbox):
             break
         time.sleep(0.2)
     assert (r.status_code, r.text) == (200, "inside\n"), r.text
+    r = warren.http.get(f"/v1/sandboxes/{sid}/ports/8001/")
+    assert r.status_code == 409 and "8001" in r.text, r.text
 
 
 def test_pause_resume_and_usage(warren, sandbox):
@@ -229,7 +242,10 @@ def _children(parent):
     return out
 
 
-def test_what_gvisor_cannot_do_is_refused_clearly(warren, sandbox):
+def test_the_socket_directory_cannot_fill_the_node(warren, sandbox):
+    """init's socket lives on a tmpfs of a few KiB of the sandbox's own,
+    not on the node's disk, which root inside could otherwise fill."""
     sid = gvisor(sandbox)
-    r, _, _, _ = warren.exec(sid, ["sh"], tty=True)
-    assert r.status_code == 400 and "gvisor" in r.text, r.text
+    ev, out, err = sh(warren, sid, "dd if=/dev/zero of=/dev/.warren/fill bs=1k count=1024; ls /dev/.warren")
+    assert ev["code"] != 0 and "No space left" in err, (ev, out, err)
+    assert sh_ok(warren, sid, "echo still-serving") == "still-serving\n"

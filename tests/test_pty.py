@@ -26,11 +26,21 @@ from helpers import WebSocket, error_body, sh_ok, wait_until
 pytestmark = pytest.mark.contract
 
 
-@pytest.fixture(scope="module")
-def box(warren):
-    info = warren.create()
+@pytest.fixture(scope="module", params=["container", "gvisor"])
+def box(warren, request):
+    # In gVisor no descriptor leaves the sandbox: init keeps the terminal's
+    # master and relays it (warren-init's relay.rs), and sends SIGWINCH on a
+    # resize. What Debian's runsc (0.0~20221219) does not do inside its own
+    # kernel (/dev/tty, ^C and ^D in the line discipline) is asserted as
+    # such, so a runsc that does them fails here and docs/isolation.md gets
+    # updated.
+    info = warren.create(isolation=request.param)
     yield info["id"]
     warren.destroy(info["id"])
+
+
+def gvisor(warren, box):
+    return warren.http.get(f"/v1/sandboxes/{box}").json()["spec"]["isolation"] == "gvisor"
 
 
 class Session:
@@ -121,7 +131,11 @@ def test_a_tty_exec_runs_on_a_terminal_of_the_requested_size(warren, box):
     # The sandbox's own devpts: its first terminal is /dev/pts/0 there.
     assert re.search(r"^/dev/pts/\d+\r$", text, re.M), text
     assert "33 111\r\n" in text and "TERM=xterm-256color\r\n" in text, text
-    assert "all-ttys\r\n" in text and "to-ctty\r\n" in text, text
+    if gvisor(warren, box):
+        # This runsc has no /dev/tty (opening it gives EIO).
+        assert "all-ttys\r\n" in text and "/dev/tty: Input/output error" in text, text
+    else:
+        assert "all-ttys\r\n" in text and "to-ctty\r\n" in text, text
     # stderr is the terminal too: everything arrives as stdout.
     assert "err\r\n" in text and err == b"", (text, err)
     assert not any(e["type"] == "stderr" for e in events)
@@ -161,24 +175,38 @@ def test_typed_input_echoes_resizes_reach_the_shell_and_exit_code_comes_back(war
     s.expect(rb"echo typed-\$\(\(6\*7\)\)")
     s.expect(rb"typed-42\r\n")
     # ^C reaches the foreground job through the terminal, not the shell.
-    s.type(b"sleep 30; echo after-$((1+1))\n")
-    time.sleep(0.5)
-    s.type(b"\x03")
-    s.type(b"echo alive\n")
-    s.expect(rb"alive\r\n")
-    assert b"after-2" not in s.out
+    if gvisor(warren, box):
+        # This runsc's line discipline sends no signal for ^C: the job
+        # runs to its end.
+        s.type(b"sleep 1; echo after-$((1+1))\n")
+        time.sleep(0.3)
+        s.type(b"\x03")
+        s.expect(rb"after-2\r\n")
+    else:
+        s.type(b"sleep 30; echo after-$((1+1))\n")
+        time.sleep(0.5)
+        s.type(b"\x03")
+        s.type(b"echo alive\n")
+        s.expect(rb"alive\r\n")
+        assert b"after-2" not in s.out
     s.type(b"exit 7\n")
     ev = s.wait_exit()
     assert ev["code"] == 7 and not ev["timed_out"], ev
 
 
 def test_closing_a_terminals_stdin_is_end_of_input(warren, box):
-    s = Session(warren, box, {"cmd": ["cat"], "tty": True, "stdin_open": True, "timeout": "30s"})
+    timeout = "3s" if gvisor(warren, box) else "30s"
+    s = Session(warren, box, {"cmd": ["cat"], "tty": True, "stdin_open": True, "timeout": timeout})
     s.type(b"abc\n")
     s.expect(rb"abc\r\nabc\r\n")  # the echo, then cat's copy
     s.type(b"", close=True)
     ev = s.wait_exit()
-    assert ev["code"] == 0, (ev, s.out)
+    if gvisor(warren, box):
+        # The end of input is a ^D, which this runsc's line discipline does
+        # not turn into end of file: cat reads on until its timeout.
+        assert ev["timed_out"], (ev, s.out)
+    else:
+        assert ev["code"] == 0, (ev, s.out)
 
 
 def test_resize_errors_are_clear(warren, box):
@@ -278,13 +306,16 @@ def test_cli_exec_it_is_a_terminal_session(warren, box):
         time.sleep(0.3)
         os.write(master, b"stty size\n")
         read_until(master, rb"50 132\r\n")
-        # ^C goes to the command's terminal, not to the CLI.
-        os.write(master, b"sleep 30; echo after-$((2+2))\n")
+        # ^C goes to the command's terminal, not to the CLI (in gVisor,
+        # whose line discipline here sends no signal, the job then ends
+        # by itself: see the box fixture).
+        in_gvisor = gvisor(warren, box)
+        os.write(master, b"sleep 1; echo after-$((2+2))\n" if in_gvisor else b"sleep 30; echo after-$((2+2))\n")
         time.sleep(0.5)
         os.write(master, b"\x03")
         os.write(master, b"echo hi; exit 3\n")
         out = read_until(master, rb"hi\r\n")
-        assert b"after-4" not in out
+        assert (b"after-4" in out) == in_gvisor, out
         assert proc.wait(20) == 3
         # Restored: canonical mode and echo are back.
         attrs = termios.tcgetattr(slave)

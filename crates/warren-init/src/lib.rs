@@ -6,6 +6,7 @@
 mod exec_tree;
 mod procstat;
 pub mod proto;
+mod relay;
 mod serve;
 
 pub use serve::{main, LISTEN_FD, SOCKET_ENV, TITLE};

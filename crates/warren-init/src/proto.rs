@@ -133,6 +133,13 @@ pub enum InitRequest {
     /// `Main`, carrying the read ends of its stdout and stderr while it runs,
     /// and `Exited` follows on the same connection when it ends.
     AttachMain,
+    /// Connect to `port` on the sandbox's loopback and relay it to the
+    /// stream socket that rides along (a sandbox on gVisor's own network
+    /// stack, which the host cannot reach into). The reply is `Forwarding`,
+    /// or `Failed` when nothing accepts there.
+    Forward {
+        port: u16,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -159,6 +166,12 @@ pub struct ExecSpec {
     /// comes back with `Started`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty: Option<TermSize>,
+    /// With `tty`, where no descriptor can leave the sandbox (gVisor):
+    /// init keeps the master and relays it to the stream socket that rides
+    /// along, and applies window sizes sent on the datagram socket after it
+    /// (4 bytes: rows, cols); `Started` carries no descriptor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty_relay: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,6 +193,8 @@ pub enum InitReply {
         pid: Option<i32>,
         exit: Option<(i32, Option<i32>)>,
     },
+    /// A `Forward`'s connection is made; its bytes flow on the stream.
+    Forwarding,
 }
 
 /// A terminal's size in rows and columns.

@@ -27,6 +27,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 
 use crate::exec_tree;
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
+use crate::relay::Relay;
 
 /// The descriptor number at which the spawner hands init its listening socket.
 pub const LISTEN_FD: RawFd = 3;
@@ -67,6 +68,8 @@ struct Init {
     main_exit: Option<(i32, Option<i32>)>,
     /// Read ends of the main process's stdout and stderr (see proto).
     main_output: Vec<OwnedFd>,
+    /// Terminals init relays (see relay.rs), until they hang up.
+    relays: Vec<Relay>,
 }
 
 fn run() -> Result<(), Errno> {
@@ -99,6 +102,7 @@ fn run() -> Result<(), Errno> {
         main_pid: None,
         main_exit: None,
         main_output: Vec::new(),
+        relays: Vec::new(),
     };
     init.serve()
 }
@@ -208,6 +212,9 @@ impl Init {
                         fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
                     }
                 }
+                for relay in &self.relays {
+                    relay.watch(&mut fds);
+                }
                 match poll(&mut fds, PollTimeout::NONE) {
                     Ok(_) | Err(Errno::EINTR) => {}
                     Err(e) => return Err(e),
@@ -220,6 +227,10 @@ impl Init {
                 }
                 (ready(&fds[0]), ready(&fds[1]))
             };
+            for relay in &mut self.relays {
+                relay.pump();
+            }
+            self.relays.retain(|r| !r.done());
             if signal_ready {
                 self.handle_signals();
             }
@@ -322,7 +333,30 @@ impl Init {
             match request {
                 Ok((InitRequest::Exec(spec), fds)) => self.start_exec(conn, spec, fds),
                 Ok((InitRequest::AttachMain, _)) => self.attach_main(conn),
+                Ok((InitRequest::Forward { port }, fds)) => self.start_forward(conn, port, fds),
                 Ok((InitRequest::Signal { .. }, _)) | Err(_) => {}
+            }
+        }
+    }
+
+    fn start_forward(&mut self, conn: UnixStream, port: u16, mut fds: Vec<OwnedFd>) {
+        let fail = |message: String| InitReply::Failed { message, code: 1 };
+        let (Some(stream), true) = (fds.pop(), fds.is_empty()) else {
+            let _ = proto::send(&conn, &fail("expected one stream socket".into()), &[]);
+            return;
+        };
+        // Loopback answers at once (accepted, queued or refused); the
+        // timeout only bounds a listener whose backlog is full.
+        let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        match std::net::TcpStream::connect_timeout(&to, Duration::from_secs(2)) {
+            Ok(tcp) => {
+                if proto::send(&conn, &InitReply::Forwarding, &[]).is_ok() {
+                    self.relays.push(Relay::port(OwnedFd::from(tcp), stream));
+                }
+            }
+            Err(e) => {
+                let message = format!("nothing accepts connections on port {port}: {e}");
+                let _ = proto::send(&conn, &fail(message), &[]);
             }
         }
     }
@@ -347,8 +381,24 @@ impl Init {
     }
 
     fn start_exec(&mut self, conn: UnixStream, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
-        let stdio_fds = if spec.tty.is_some() { 0 } else { 3 };
+        let relaying = spec.tty.is_some() && spec.tty_relay;
+        let stdio_fds = match (spec.tty.is_some(), relaying) {
+            (false, _) => 3,
+            (true, false) => 0,
+            // The relay's stream and window-size sockets.
+            (true, true) => 2,
+        };
+        if fds.len() < stdio_fds {
+            let message = format!("expected {stdio_fds} descriptors, got {}", fds.len());
+            let _ = proto::send(&conn, &InitReply::Failed { message, code: 126 }, &[]);
+            return;
+        }
         let cgroup = (spec.cgroup && fds.len() > stdio_fds).then(|| fds.remove(stdio_fds));
+        let relay_ends = if relaying {
+            fds.drain(..2).collect::<Vec<_>>()
+        } else {
+            Vec::new()
+        };
         let readers = if spec.main && fds.len() == 5 {
             fds.split_off(3)
         } else {
@@ -378,10 +428,23 @@ impl Init {
                     self.main_output = readers;
                 }
                 // The master goes to the daemon; init keeps neither end, so
-                // the terminal hangs up when the command's side closes.
-                let master: Vec<RawFd> = terminal.iter().map(|t| t.master.as_raw_fd()).collect();
+                // the terminal hangs up when the command's side closes. A
+                // relayed terminal's master stays here, and only it.
+                let mut master: Vec<RawFd> =
+                    terminal.iter().map(|t| t.master.as_raw_fd()).collect();
+                if relaying {
+                    master.clear();
+                }
                 let _ = proto::send(&conn, &InitReply::Started { pid }, &master);
-                drop(terminal);
+                if let (true, Some(t), Some([stream, resize])) = (
+                    relaying,
+                    terminal,
+                    <[OwnedFd; 2]>::try_from(relay_ends).ok(),
+                ) {
+                    drop(t.slave);
+                    self.relays
+                        .push(Relay::terminal(t.master, stream, resize, pid));
+                }
                 self.execs.insert(
                     shim,
                     Exec {
@@ -687,19 +750,48 @@ fn child(
 fn close_from(first: RawFd) {
     // SAFETY: close_range on a range we own; fds above `first` are not used
     // by any Rust object in init at this point.
-    unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) };
+    let done = unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) } == 0;
+    if !done {
+        for fd in open_fds_from(first) {
+            // SAFETY: as above, one descriptor at a time.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// This process's descriptors numbered `first` or above, for kernels
+/// without close_range (gVisor's sentry among them).
+fn open_fds_from(first: RawFd) -> Vec<RawFd> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    // Collected first: the listing's own descriptor is among them.
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd >= first)
+        .collect()
 }
 
 fn close_from_on_exec(first: RawFd) {
     // SAFETY: marks descriptors close-on-exec; no memory is touched.
-    unsafe {
+    let done = unsafe {
         libc::syscall(
             libc::SYS_close_range,
             first as u32,
             u32::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         )
-    };
+    } == 0;
+    if done {
+        return;
+    }
+    // A kernel without close_range's CLOEXEC: one by one. Init relays
+    // terminals and holds their masters, which no command may inherit.
+    for fd in open_fds_from(first) {
+        // SAFETY: F_SETFD on a descriptor number; a closed one gives EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
 
 fn set_dumpable(on: bool) {

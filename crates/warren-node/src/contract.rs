@@ -257,7 +257,7 @@ warren_node_api::node_impl! { LocalNode;
 
     connect_port(self, id, port) {
         self.node.renew_lease(id);
-        Ok(Box::new(answer(self.node.connect_port(id, port).await)?))
+        answer(self.node.connect_port(id, port).await)
     }
 
     check_network(self, network) { answer(self.node.check_network(&network)) }

@@ -110,6 +110,7 @@ impl Node {
                 resources: resources.clone(),
                 devices: injection,
                 isolation: self.isolation_of(spec),
+                proxied_network: spec.network.mode.is_proxied(),
             })
             .await;
         drop(permit);

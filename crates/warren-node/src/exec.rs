@@ -72,11 +72,6 @@ impl Node {
             env.entry("TERM".into())
                 .or_insert_with(|| "xterm-256color".into());
         }
-        if req.tty && live.isolation == warren_core::Isolation::Gvisor {
-            return Err(NodeError::BadRequest(
-                "a terminal (tty) exec is not available in the gvisor isolation class yet: run it without a tty, or use isolation container".into(),
-            ));
-        }
         let root = self.runtime.open_root(id, live.pid)?;
         let user_spec = req.user.clone().unwrap_or(default_user);
         let user =
@@ -108,6 +103,9 @@ impl Node {
                 groups: vec![],
                 main,
                 cgroup: false,
+                // No descriptor leaves a gVisor sandbox: init relays the
+                // terminal instead of handing its master out.
+                tty_relay: req.tty && live.isolation == warren_core::Isolation::Gvisor,
                 tty: req.tty.then(|| {
                     let size = req.window_size();
                     TermSize {

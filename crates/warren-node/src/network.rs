@@ -58,13 +58,21 @@ impl Node {
         &self,
         id: &str,
         port: u16,
-    ) -> Result<tokio::net::TcpStream, NodeError> {
+    ) -> Result<Box<dyn warren_node_api::Tunnel>, NodeError> {
         let live = self.get(id)?;
+        if self.runtime.own_network_stack(id) {
+            // gVisor's own stack: init connects inside and relays.
+            let forward = warren_runtime::exec::forward(&live.socket, port);
+            return match forward.await? {
+                Ok(stream) => Ok(Box::new(stream)),
+                Err(message) => Err(NodeError::Conflict(format!("sandbox {id}: {message}"))),
+            };
+        }
         // A frozen sandbox with a full listen backlog would hold the
         // connect forever.
         let connect = warren_net::connect_in(live.pid, port);
         match tokio::time::timeout(warren_runtime::exec::INIT_DEADLINE, connect).await {
-            Ok(r) => r.map_err(|e| {
+            Ok(r) => r.map(|s| Box::new(s) as Box<dyn warren_node_api::Tunnel>).map_err(|e| {
                 NodeError::Conflict(format!(
                     "nothing accepts connections on port {port} in sandbox {id}: {e}"
                 ))

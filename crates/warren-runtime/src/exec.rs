@@ -91,8 +91,17 @@ pub async fn start(
         Some(_) => None,
         None => Some(Pipes::new()?),
     };
+    let relay = match (spec.tty, spec.tty_relay) {
+        (Some(size), true) => {
+            Some(crate::pty::RelayEnds::new(size).map_err(RuntimeError::io("terminal relay"))?)
+        }
+        _ => None,
+    };
     let conn = connect(socket).await?;
     let mut fds = pipes.as_ref().map(Pipes::for_init).unwrap_or_default();
+    if let Some(r) = &relay {
+        fds.extend(r.for_init());
+    }
     let mut spec = spec.clone();
     spec.cgroup = cgroup.is_some();
     if let Some(c) = &cgroup {
@@ -143,6 +152,20 @@ pub async fn start(
                 stdout: receiver(out_r)?,
                 stderr: receiver(err_r)?,
             }
+        }
+        None if relay.is_some() => {
+            let pty = relay
+                .map(|r| r.into_pty())
+                .transpose()
+                .map_err(RuntimeError::io("terminal relay"))?
+                .ok_or_else(|| RuntimeError::Exec("no terminal relay".into()))?;
+            if let Stdin::Bytes(Some(data)) = stdin.filter_empty() {
+                let pty = pty.clone();
+                tokio::spawn(async move {
+                    let _ = pty.write_all(&data).await;
+                });
+            }
+            ExecIo::Pty(pty)
         }
         None => {
             if reply_fds.len() != 1 {
@@ -275,6 +298,37 @@ impl ExecSignal {
     pub async fn send(&mut self, signal: i32) -> Result<(), RuntimeError> {
         proto::send_async(&mut self.writer, &InitRequest::Signal { signal }).await?;
         Ok(())
+    }
+}
+
+/// A connection to `port` on the sandbox's loopback, made and relayed by
+/// its init (for a sandbox on gVisor's own network stack, which the host
+/// cannot reach into). The inner error says why nothing accepted it.
+pub async fn forward(
+    socket: &Path,
+    port: u16,
+) -> Result<Result<tokio::net::UnixStream, String>, RuntimeError> {
+    let (ours, theirs) =
+        std::os::unix::net::UnixStream::pair().map_err(RuntimeError::io("socketpair"))?;
+    let conn = connect(socket).await?;
+    let (reply, _) = within("answer", async {
+        proto::send_async_fds(&conn, &InitRequest::Forward { port }, &[theirs.as_raw_fd()]).await?;
+        drop(theirs);
+        Ok(proto::recv_async_fds::<InitReply>(&conn).await?)
+    })
+    .await?;
+    match reply {
+        InitReply::Forwarding => {
+            ours.set_nonblocking(true)
+                .map_err(RuntimeError::io("socketpair"))?;
+            Ok(Ok(
+                tokio::net::UnixStream::from_std(ours).map_err(RuntimeError::io("socketpair"))?
+            ))
+        }
+        InitReply::Failed { message, .. } => Ok(Err(message)),
+        other => Err(RuntimeError::Exec(format!(
+            "unexpected reply from init: {other:?}"
+        ))),
     }
 }
 

@@ -179,6 +179,9 @@ pub struct CreateRequest {
     /// Device nodes, mounts and cgroup rules of its CDI devices.
     pub devices: cdi::Injection,
     pub isolation: warren_core::Isolation,
+    /// Whether the sandbox reaches anything beyond its loopback (a gVisor
+    /// sandbox without gets gVisor's own network stack).
+    pub proxied_network: bool,
 }
 
 /// A volume mounted into a sandbox: its file system's block device (the
@@ -262,6 +265,14 @@ impl Runtime {
         }
     }
 
+    /// Whether the sandbox runs on a network stack of its own that the
+    /// node cannot reach into (a gVisor sandbox created without network
+    /// access): no port can be forwarded into it, and it cannot gain
+    /// network access later.
+    pub fn own_network_stack(&self, id: &str) -> bool {
+        gvisor::recorded(&self.sandbox_dir(id)).is_some_and(|r| r.own_network_stack())
+    }
+
     /// The runsc that runs `gvisor` sandboxes, when the class is offered.
     pub fn runsc(&self) -> Option<&gvisor::Runsc> {
         self.cfg.runsc.as_ref()
@@ -330,7 +341,7 @@ impl Runtime {
         let dir = self.sandbox_dir(id);
         let socket = match isolation {
             warren_core::Isolation::Container => dir.join("init.sock"),
-            warren_core::Isolation::Gvisor => dir.join("ipc").join("init.sock"),
+            warren_core::Isolation::Gvisor => gvisor::socket(&dir),
         };
         SandboxHandle {
             id: id.to_string(),
@@ -376,7 +387,7 @@ impl Runtime {
                         "gvisor sandboxes take no devices (GPUs need gVisor's nvproxy, which this runsc lacks): use isolation container".into(),
                     ));
                 }
-                Some(runsc.invocation(&self.state_root().join(&req.id)))
+                Some(runsc.invocation(&self.state_root().join(&req.id), req.proxied_network))
             }
         };
         let preparing = std::time::Instant::now();
@@ -434,7 +445,9 @@ impl Runtime {
                 Ok(SandboxHandle {
                     pid,
                     phases,
-                    ..handle
+                    // A gVisor sandbox's socket is reached through its
+                    // gofer, known now.
+                    ..self.handle_of(&req.id, pid, req.isolation)
                 })
             }
             Err(e) => {
@@ -645,25 +658,21 @@ fn prepare(
     Ok(ids)
 }
 
-/// Lays out a gVisor sandbox's directory: runsc's config, the directory
-/// init binds its socket in (root's only), and the record that says how
-/// runsc is called for it. No id range: the sentry is the wall, and the
-/// gofer writes files as the sandbox's own uids.
+/// Lays out a gVisor sandbox's directory: runsc's config and the record
+/// that says how runsc is called for it. No id range: the sandbox's uids
+/// are gVisor's (the gofer, root on the host, writes files as them), and
+/// runsc puts the sentry in a user namespace of its own where it can
+/// (see [`gvisor::Runsc::invocation`]).
 fn prepare_gvisor(
     handle: &SandboxHandle,
     resources: &ResolvedResources,
     run: &gvisor::Invocation,
     home: &Path,
 ) -> Result<(), RuntimeError> {
-    use std::os::unix::fs::DirBuilderExt;
     let dir = &handle.dir;
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
-    let ipc = dir.join("ipc");
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&ipc)
-        .map_err(RuntimeError::io("create the sandbox's ipc directory"))?;
+    let ipc = gvisor::ipc_mount(&handle.id);
     let config = gvisor::config(&gvisor::bundle::ConfigInput {
         id: &handle.id,
         rootfs: &root_mount(&handle.id),
@@ -754,7 +763,7 @@ fn idmapped_lowers(
 /// Detaches the mounts `mount_root` made from the calling namespace; the
 /// sandbox's own namespace keeps its copies until its last process exits.
 pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
-    for mount in [root_mount(id), rw_mount(id)] {
+    for mount in [root_mount(id), rw_mount(id), gvisor::ipc_mount(id)] {
         rootfs::unmount(&mount)?;
         let _ = std::fs::remove_dir(&mount);
     }

@@ -21,7 +21,71 @@ use warren_core::WindowSize;
 /// the input writer writes and resizes).
 #[derive(Clone)]
 pub struct Pty {
+    /// The master, or for a relayed terminal the stream init relays it to.
     master: Arc<AsyncFd<OwnedFd>>,
+    relay: Option<Arc<Relayed>>,
+}
+
+/// A terminal whose master stays in the sandbox (see [`RelayEnds`]).
+struct Relayed {
+    /// Window sizes go to init as datagrams.
+    resize: OwnedFd,
+    size: std::sync::Mutex<WindowSize>,
+}
+
+/// The sockets of a terminal init relays, for sandboxes no descriptor can
+/// leave (gVisor): a stream for the bytes and a datagram socket for window
+/// sizes. Init gets [`RelayEnds::for_init`]; the daemon's ends become the
+/// exec's [`Pty`].
+pub struct RelayEnds {
+    stream: OwnedFd,
+    resize: OwnedFd,
+    theirs: [OwnedFd; 2],
+    size: crate::TermSize,
+}
+
+impl RelayEnds {
+    pub fn new(size: crate::TermSize) -> io::Result<RelayEnds> {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let (stream, their_stream) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let (resize, their_resize) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        Ok(RelayEnds {
+            stream,
+            resize,
+            theirs: [their_stream, their_resize],
+            size,
+        })
+    }
+
+    /// Init's ends, in the order it takes them (after the request's other
+    /// descriptors).
+    pub fn for_init(&self) -> [std::os::fd::RawFd; 2] {
+        use std::os::fd::AsRawFd;
+        [self.theirs[0].as_raw_fd(), self.theirs[1].as_raw_fd()]
+    }
+
+    /// The daemon's terminal, once init holds its ends (dropped here).
+    pub fn into_pty(self) -> io::Result<Pty> {
+        let mut pty = Pty::new(self.stream)?;
+        pty.relay = Some(Arc::new(Relayed {
+            resize: self.resize,
+            size: std::sync::Mutex::new(WindowSize {
+                rows: self.size.rows,
+                cols: self.size.cols,
+            }),
+        }));
+        Ok(pty)
+    }
 }
 
 impl Pty {
@@ -34,6 +98,7 @@ impl Pty {
         let master = unsafe { AsyncFd::register(master) }.map_err(io::Error::from)?;
         Ok(Pty {
             master: Arc::new(master),
+            relay: None,
         })
     }
 
@@ -71,6 +136,14 @@ impl Pty {
     /// Sets the window size; the kernel sends SIGWINCH to the terminal's
     /// foreground process group when it changed.
     pub fn resize(&self, size: WindowSize) -> io::Result<()> {
+        if let Some(r) = &self.relay {
+            let mut msg = [0u8; 4];
+            msg[..2].copy_from_slice(&size.rows.to_le_bytes());
+            msg[2..].copy_from_slice(&size.cols.to_le_bytes());
+            rustix::io::write(&r.resize, &msg)?;
+            *warren_core::sync::lock(&r.size) = size;
+            return Ok(());
+        }
         let winsize = rustix::termios::Winsize {
             ws_row: size.rows,
             ws_col: size.cols,
@@ -85,6 +158,9 @@ impl Pty {
 
     /// The current window size.
     pub fn size(&self) -> io::Result<WindowSize> {
+        if let Some(r) = &self.relay {
+            return Ok(*warren_core::sync::lock(&r.size));
+        }
         let w = rustix::termios::tcgetwinsize(self.master.get_ref())?;
         Ok(WindowSize {
             rows: w.ws_row,

@@ -1,9 +1,9 @@
 //! The OCI config runsc reads for a gVisor sandbox. gVisor makes its own
 //! /proc, /sys and /dev inside the sentry, so only what Warren adds is
-//! spelled out: warren-init and its socket directory, /tmp shared with
-//! the host, the sandbox's cgroup and limits, and a network namespace of
-//! its own (the node sets it up through the sentry's pid, as it does
-//! through a container's init).
+//! spelled out: warren-init and its socket directory, the sandbox's cgroup
+//! and limits, and a network namespace of its own (the node sets it up through the sentry's
+//! pid, as it does through a container's init). The spawner adds /tmp
+//! (see spawn.rs).
 
 use std::path::Path;
 
@@ -71,10 +71,6 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
               "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
             { "destination": "/sys", "type": "sysfs", "source": "sysfs",
               "options": ["nosuid", "noexec", "nodev", "ro"] },
-            // Without a mount of its own, gVisor puts a private tmpfs on an
-            // empty /tmp, which the host's file API could not reach.
-            { "destination": "/tmp", "type": "bind", "source": input.rootfs.join("tmp"),
-              "options": ["rbind", "rw"] },
             { "destination": super::INIT_PATH, "type": "bind", "source": input.init,
               "options": ["rbind", "ro"] },
             { "destination": super::IPC_DIR, "type": "bind", "source": input.ipc,
@@ -124,7 +120,7 @@ mod tests {
             resources: &resources,
             nofile: 1024,
             init: Path::new("/h/runsc/warren-init"),
-            ipc: Path::new("/h/sandboxes/sbx-1/ipc"),
+            ipc: Path::new("/run/warren/roots/sbx-1.ipc"),
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
@@ -136,9 +132,6 @@ mod tests {
             .find(|m| m["destination"] == super::super::INIT_PATH)
             .unwrap();
         assert!(init["options"].as_array().unwrap().contains(&json!("ro")));
-        assert!(mounts
-            .iter()
-            .any(|m| m["destination"] == "/tmp" && m["source"] == "/run/warren/roots/sbx-1/tmp"));
         // Never the host's network namespace.
         assert!(c["linux"]["namespaces"]
             .as_array()

@@ -102,8 +102,9 @@ pub(crate) use bundle::config;
 /// that nothing appears in the sandbox's root. (The container class execs
 /// init from a sealed memfd, which cannot cross into gVisor.)
 pub const INIT_PATH: &str = "/dev/.warren-init";
-/// The directory, shared with the host (`<sandbox dir>/ipc`, mode 0700),
-/// where init binds its socket.
+/// The directory where init binds its socket: a tiny tmpfs of the
+/// sandbox's own, mode 0700 ([`ipc_mount`]), so that nothing the sandbox
+/// writes there reaches the node's disk.
 pub const IPC_DIR: &str = "/dev/.warren";
 /// The sandbox's record that it runs in gVisor: the runsc and flags every
 /// runsc call for it must repeat (`<sandbox dir>/gvisor.json`).
@@ -121,6 +122,16 @@ pub struct Invocation {
     pub flags: Vec<String>,
 }
 
+const HOST_NETWORK: &str = "--network=host";
+const OWN_NETWORK: &str = "--network=none";
+
+impl Invocation {
+    /// gVisor's own network stack (see [`Runsc::invocation`]).
+    pub fn own_network_stack(&self) -> bool {
+        self.flags.iter().any(|f| f == OWN_NETWORK)
+    }
+}
+
 impl Runsc {
     /// The node's copy of warren-init that gVisor sandboxes exec, beside
     /// runsc's state of this home.
@@ -130,19 +141,32 @@ impl Runsc {
 
     /// The call of one sandbox: its own state directory (so destroy and
     /// the sweep of leftovers remove it with the sandbox's), the platform,
-    /// and the modes Warren's design needs: host networking inside the
-    /// sandbox's own network namespace (the node's egress proxy, DNS stub
-    /// and port-forward work as for containers), shared file access (the
-    /// file API's changes are seen at once) and host unix sockets created
-    /// by the sandbox (init's socket; see docs/isolation.md).
-    pub fn invocation(&self, state_dir: &Path) -> Invocation {
+    /// and the modes Warren's design needs:
+    /// - the network: a sandbox that reaches nothing gets gVisor's own
+    ///   stack (`none`: loopback only; runsc then runs the sentry as nobody
+    ///   in a user namespace of its own); one that goes through the node's
+    ///   proxy gets host networking inside its own network namespace (the
+    ///   proxy, DNS stub and port door work as for containers; runsc then
+    ///   leaves the sentry root in the host's user namespace, under its
+    ///   seccomp filter; docs/isolation.md);
+    /// - shared file access (the file API's changes are seen at once);
+    /// - host unix sockets created by the sandbox (init's socket, on a tmpfs
+    ///   of its own), and Warren's seccomp profile enforced by the sentry.
+    pub fn invocation(&self, state_dir: &Path, proxied_network: bool) -> Invocation {
         let mut flags = vec![format!("--root={}", state_dir.display())];
         if let Some(p) = &self.platform {
             flags.push(format!("--platform={p}"));
         }
+        flags.push(
+            if proxied_network {
+                HOST_NETWORK
+            } else {
+                OWN_NETWORK
+            }
+            .to_string(),
+        );
         flags.extend(
             [
-                "--network=host",
                 "--file-access=shared",
                 "--host-uds=create",
                 "--cpu-num-from-quota",
@@ -181,6 +205,21 @@ pub(crate) fn install_init(home: &Path) -> std::io::Result<()> {
 pub fn recorded(sandbox_dir: &Path) -> Option<Invocation> {
     let bytes = std::fs::read(sandbox_dir.join(RECORD)).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+/// Where the spawner mounts a sandbox's ipc tmpfs, in its own mount
+/// namespace (under [`crate::ROOTS_DIR`]); the gofer's namespace keeps it
+/// bound at [`IPC_DIR`] after the spawner lets go.
+pub fn ipc_mount(id: &str) -> PathBuf {
+    Path::new(crate::ROOTS_DIR).join(format!("{id}.ipc"))
+}
+
+/// Init's socket as the daemon reaches it: through the gofer's view of the
+/// sandbox's root, where the ipc tmpfs is bound (the daemon's own mount
+/// namespace never holds it).
+pub fn socket(sandbox_dir: &Path) -> PathBuf {
+    let gofer = gofer_pid(sandbox_dir).unwrap_or(0);
+    PathBuf::from(format!("/proc/{gofer}/root{IPC_DIR}/init.sock"))
 }
 
 /// The gofer's pid of a gVisor sandbox, as the spawner recorded it.

@@ -39,6 +39,8 @@ pub(crate) fn start(
     took: &mut dyn FnMut(&str),
 ) -> Result<i32, GvisorStartError> {
     share_tmp(dir, root)?;
+    let ipc = super::ipc_mount(id);
+    mount_ipc(&ipc)?;
     let err_file = dir.join("runsc.err");
     let pid_file = dir.join("sentry.pid");
     let bundle = dir.display().to_string();
@@ -53,10 +55,12 @@ pub(crate) fn start(
     let sentry: i32 = read_pid(&pid_file).ok_or(GvisorStartError::NoPid("sentry pid"))?;
     // With host networking the sandbox's sockets are host sockets in the
     // sentry's network namespace, whose loopback starts down.
-    crate::netns::loopback_up(sentry).map_err(|e| OsError::new("bring up loopback", e))?;
+    if !run.own_network_stack() {
+        crate::netns::loopback_up(sentry).map_err(|e| OsError::new("bring up loopback", e))?;
+    }
     runsc(run, "start", &[id], &err_file)?;
     took("spawn_runsc_start");
-    let socket = dir.join("ipc").join("init.sock");
+    let socket = ipc.join("init.sock");
     let deadline = Instant::now() + READY_WITHIN;
     while !socket.exists() {
         if Instant::now() > deadline {
@@ -106,6 +110,21 @@ fn share_tmp(dir: &Path, root: &Path) -> Result<(), OsError> {
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| OsError::new("write config.json", std::io::Error::other(e)))?;
     std::fs::write(&path, bytes).map_err(|e| OsError::new("write config.json", e))
+}
+
+/// A tmpfs of a few KiB and inodes, root's only, for init's socket: the
+/// sandbox's root may write there, so it must not be the node's disk.
+fn mount_ipc(at: &Path) -> Result<(), OsError> {
+    use nix::mount::{mount, MsFlags};
+    std::fs::create_dir(at).map_err(|e| OsError::new("create the ipc mount point", e))?;
+    mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0700,size=16k,nr_inodes=16"),
+    )
+    .map_err(|e| OsError::new("mount the ipc tmpfs", e))
 }
 
 fn runsc(

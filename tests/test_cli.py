@@ -250,8 +250,16 @@ def test_doctor_reports_the_host():
     assert checks["cgroups"]["status"] == "ok" and checks["seccomp"]["status"] == "ok"
     # The suite runs every sandbox in a user namespace over id-mapped layers.
     assert checks["user namespaces"]["status"] == "ok", checks["user namespaces"]
+    # The test setup installs runsc: the gvisor class is offered, and a
+    # probe sandbox ran on its platform.
+    assert "runsc version" in checks["runsc"]["found"], checks["runsc"]
+    assert checks["gvisor platform"]["status"] == "ok" and "a sandbox ran" in checks["gvisor platform"]["found"]
     text = subprocess.run([str(WARREN), "doctor"], capture_output=True, timeout=30).stdout.decode()
     assert "Warren can run sandboxes here" in text
+    # Without runsc the class is not offered, which is not a failure.
+    p = subprocess.run([str(WARREN), "doctor", "--json", "--runsc", "/nonexistent/runsc"], capture_output=True, timeout=30)
+    checks = {c["name"]: c for c in json.loads(p.stdout)}
+    assert p.returncode == 0 and "not found" in checks["runsc"]["found"] and "gvisor platform" not in checks
 
 
 def test_doctor_warns_of_a_home_on_ext4_without_a_journal(tmp_path):

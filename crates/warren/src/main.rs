@@ -28,11 +28,22 @@ fn main() {
         warren_runtime::spawner::main();
     }
     // The doctor forks to try namespaces and mounts: also before any thread.
-    if let cli::Command::Doctor { json, cdi_dirs } = args.command {
-        let code = commands::doctor::run(&args.api.home, json, &cdi_dirs).unwrap_or_else(|e| {
-            say!("error: {e:#}");
-            1
-        });
+    if let cli::Command::Doctor {
+        json,
+        cdi_dirs,
+        runsc,
+        runsc_platform,
+    } = args.command
+    {
+        let runsc = warren_runtime::gvisor::RunscSettings {
+            path: runsc,
+            platform: runsc_platform,
+        };
+        let code =
+            commands::doctor::run(&args.api.home, json, &cdi_dirs, &runsc).unwrap_or_else(|e| {
+                say!("error: {e:#}");
+                1
+            });
         std::process::exit(code);
     }
     let daemon = match &args.command {

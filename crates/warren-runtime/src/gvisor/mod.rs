@@ -93,6 +93,7 @@ fn is_executable(p: &Path) -> bool {
 }
 
 pub(crate) mod bundle;
+pub mod doctor;
 pub(crate) mod spawn;
 
 pub(crate) use bundle::config;

@@ -407,6 +407,13 @@ pub enum Command {
         /// node's --cdi-dir). Repeatable.
         #[arg(long = "cdi-dir", value_name = "DIR")]
         cdi_dirs: Vec<std::path::PathBuf>,
+        /// Check this runsc for the gvisor class (as the node's --runsc);
+        /// default: `runsc` on PATH.
+        #[arg(long, value_name = "PATH")]
+        runsc: Option<std::path::PathBuf>,
+        /// Try this gVisor platform (as the node's --runsc-platform).
+        #[arg(long, value_name = "NAME")]
+        runsc_platform: Option<String>,
     },
     #[command(hide = true)]
     Spawner,

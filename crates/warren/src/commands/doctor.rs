@@ -3,7 +3,12 @@
 use anyhow::Result;
 use warren_runtime::host::{probe, Status};
 
-pub fn run(home: &std::path::Path, json: bool, cdi_dirs: &[std::path::PathBuf]) -> Result<i32> {
+pub fn run(
+    home: &std::path::Path,
+    json: bool,
+    cdi_dirs: &[std::path::PathBuf],
+    runsc: &warren_runtime::gvisor::RunscSettings,
+) -> Result<i32> {
     let mut checks = probe(home);
     let dirs: Vec<std::path::PathBuf> = if cdi_dirs.is_empty() {
         warren_runtime::cdi::DEFAULT_DIRS
@@ -15,6 +20,14 @@ pub fn run(home: &std::path::Path, json: bool, cdi_dirs: &[std::path::PathBuf]) 
     };
     checks.extend(warren_runtime::cdi::checks(&dirs));
     checks.push(nvml_check());
+    // The probe sandbox's files go under the home when it exists (the node
+    // keeps its own there), else the system's temporary directory.
+    let scratch = if home.is_dir() {
+        home.join("tmp")
+    } else {
+        std::env::temp_dir()
+    };
+    checks.extend(warren_runtime::gvisor::doctor::checks(runsc, &scratch));
     if json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {

@@ -164,8 +164,18 @@ TENANTS_MD = [
     )),
 ]
 
+ISOLATION_MD = [
+    ("sh", "--isolation gvisor --name untrusted", Shell(
+        ("--isolation gvisor --name untrusted", 0, r"(?m)^sbx-\w+$"),
+        ("warren exec untrusted -- uname -r", 0, r"\A4\.4\.0\n\Z"),
+        ("warren inspect untrusted | grep isolation", 0, r'"isolation": "gvisor"'),
+        ("warren rm untrusted", 0, r"destroyed"),
+    )),
+    ("text", "[ok  ] runsc", NotRun(REFERENCE)),
+]
+
 DOCS_TABLES = {"python.md": PYTHON_MD, "e2b.md": E2B_MD, "sandbox-fusion.md": FUSION_MD,
-               "tenants.md": TENANTS_MD}
+               "tenants.md": TENANTS_MD, "isolation.md": ISOLATION_MD}
 
 
 # ------------------------------------------------------------ reading a doc
@@ -501,6 +511,20 @@ def test_tenants_md_as_written(images, base):
     steps = plan("tenants.md")
     with own_daemon(images) as w:
         s = Session(base, "tenants.md", w.home, w.url, {})
+        run = Run(s, steps, "python3")
+        try:
+            run.check(run.wait_done(timeout=120))
+        finally:
+            run.stop()
+
+
+# ------------------------------------------------------------ docs/isolation.md
+
+
+def test_isolation_md_as_written(images, base):
+    steps = plan("isolation.md")
+    with own_daemon(images) as w:
+        s = Session(base, "isolation.md", w.home, w.url, {})
         run = Run(s, steps, "python3")
         try:
             run.check(run.wait_done(timeout=120))

@@ -220,7 +220,7 @@ impl Node {
             pid,
             socket: handle.socket,
             cgroup_path: handle.cgroup_path,
-            isolation: handle.isolation,
+            traits: handle.traits,
             exec_defaults: Mutex::new(exec_defaults),
             image_digest: image.digest.clone(),
             _image_pin: self.images.pin(image),

@@ -92,8 +92,7 @@ impl Node {
         let seq = self.execs.next_seq();
         Ok(exec_stream::ExecJob {
             socket: live.socket.clone(),
-            sandbox_cgroup: (live.isolation == warren_core::Isolation::Container)
-                .then(|| live.cgroup_path.clone()),
+            sandbox_cgroup: live.traits.exec_cgroups.then(|| live.cgroup_path.clone()),
             spec: ExecSpec {
                 argv: req.cmd.clone(),
                 env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
@@ -103,9 +102,7 @@ impl Node {
                 groups: vec![],
                 main,
                 cgroup: false,
-                // No descriptor leaves a gVisor sandbox: init relays the
-                // terminal instead of handing its master out.
-                tty_relay: req.tty && live.isolation == warren_core::Isolation::Gvisor,
+                tty_relay: req.tty && live.traits.relayed_terminals,
                 tty: req.tty.then(|| {
                     let size = req.window_size();
                     TermSize {

@@ -99,9 +99,9 @@ struct Live {
     pid: i32,
     socket: PathBuf,
     cgroup_path: String,
-    /// Its isolation class (gVisor sandboxes' execs get no cgroup of their
-    /// own: a host cgroup cannot be handed into the sentry).
-    isolation: warren_core::Isolation,
+    /// What its isolation class means for serving it (exec cgroups,
+    /// terminals, ports).
+    traits: warren_runtime::class::Traits,
     /// What every exec starts with unless it says otherwise; a pool
     /// member takes its claimer's.
     exec_defaults: Mutex<ExecDefaults>,

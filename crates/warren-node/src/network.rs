@@ -60,8 +60,8 @@ impl Node {
         port: u16,
     ) -> Result<Box<dyn warren_node_api::Tunnel>, NodeError> {
         let live = self.get(id)?;
-        if self.runtime.own_network_stack(id) {
-            // gVisor's own stack: init connects inside and relays.
+        if live.traits.ports_through_init {
+            // A network stack of its own: init connects inside and relays.
             let forward = warren_runtime::exec::forward(&live.socket, port);
             return match forward.await? {
                 Ok(stream) => Ok(Box::new(stream)),

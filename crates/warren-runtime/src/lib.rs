@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod cgroup_parent;
 pub mod cgroup_tuning;
 pub mod check;
+pub mod class;
 pub mod device_program;
 pub mod disk;
 pub mod exec;
@@ -216,6 +217,8 @@ pub struct SandboxHandle {
     pub cgroup_path: String,
     /// Its isolation class, as its directory records it.
     pub isolation: warren_core::Isolation,
+    /// What the node needs to know of its class to serve it.
+    pub traits: class::Traits,
     /// How long each phase of its create took (`runtime_prepare`: id range,
     /// bundle and config; `runtime_spawn`: the spawner's mounts, namespaces,
     /// cgroup and init ready); empty for a handle not made by a create.
@@ -224,6 +227,9 @@ pub struct SandboxHandle {
 
 pub struct Runtime {
     cfg: RuntimeConfig,
+    /// Every class this runtime knows, offered or not (see [`class`]).
+    container: std::sync::Arc<class::Container>,
+    gvisor: std::sync::Arc<class::Gvisor>,
     pool: pool::SpawnerPool,
     /// libcontainer's state of this home's sandboxes (see [`STATE_DIR`]).
     state_root: PathBuf,
@@ -249,8 +255,16 @@ impl Runtime {
         }
         let pool =
             pool::SpawnerPool::new(&cfg.spawner_exe, &cfg.spawner_args, cfg.spawners.max(1))?;
+        let container = std::sync::Arc::new(class::Container { userns: cfg.userns });
+        let gvisor = std::sync::Arc::new(class::Gvisor {
+            runsc: cfg.runsc.clone(),
+            home: cfg.home.clone(),
+            state_root: state_root.clone(),
+        });
         Ok(Runtime {
             cfg,
+            container,
+            gvisor,
             pool,
             state_root,
             trash,
@@ -259,18 +273,17 @@ impl Runtime {
 
     /// Whether this node can run sandboxes of `class`.
     pub fn offers(&self, class: warren_core::Isolation) -> bool {
-        match class {
-            warren_core::Isolation::Container => true,
-            warren_core::Isolation::Gvisor => self.cfg.runsc.is_some(),
-        }
+        self.class(class).offered()
     }
 
-    /// Whether the sandbox runs on a network stack of its own that the
-    /// node cannot reach into (a gVisor sandbox created without network
-    /// access): no port can be forwarded into it, and it cannot gain
-    /// network access later.
-    pub fn own_network_stack(&self, id: &str) -> bool {
-        gvisor::recorded(&self.sandbox_dir(id)).is_some_and(|r| r.own_network_stack())
+    fn class(
+        &self,
+        isolation: warren_core::Isolation,
+    ) -> std::sync::Arc<dyn class::IsolationClass> {
+        match isolation {
+            warren_core::Isolation::Container => self.container.clone(),
+            warren_core::Isolation::Gvisor => self.gvisor.clone(),
+        }
     }
 
     /// The runsc that runs `gvisor` sandboxes, when the class is offered.
@@ -328,25 +341,18 @@ impl Runtime {
     }
 
     pub fn handle(&self, id: &str, pid: i32) -> SandboxHandle {
-        let dir = self.sandbox_dir(id);
-        let isolation = if dir.join(gvisor::RECORD).exists() {
-            warren_core::Isolation::Gvisor
-        } else {
-            warren_core::Isolation::Container
-        };
+        let isolation = class::recorded(&self.sandbox_dir(id));
         self.handle_of(id, pid, isolation)
     }
 
     fn handle_of(&self, id: &str, pid: i32, isolation: warren_core::Isolation) -> SandboxHandle {
         let dir = self.sandbox_dir(id);
-        let socket = match isolation {
-            warren_core::Isolation::Container => dir.join("init.sock"),
-            warren_core::Isolation::Gvisor => gvisor::socket(&dir),
-        };
+        let class = self.class(isolation);
         SandboxHandle {
             id: id.to_string(),
             pid,
-            socket,
+            socket: class.socket(&dir),
+            traits: class.traits(&dir),
             dir,
             cgroup_path: self.cgroup_path(id),
             isolation,
@@ -360,53 +366,29 @@ impl Runtime {
     /// files.
     pub fn open_root(&self, id: &str, pid: i32) -> Result<std::os::fd::OwnedFd, RuntimeError> {
         let dir = self.sandbox_dir(id);
-        if !dir.join(gvisor::RECORD).exists() {
-            return files::open_root(pid);
-        }
-        let gofer = gvisor::gofer_pid(&dir)
-            .filter(|g| owns_pid(*g, &self.cgroup_path(id)))
-            .ok_or_else(|| {
-                RuntimeError::NotFound(format!("sandbox {id}'s file server (gofer) is gone"))
-            })?;
-        files::open_root(gofer)
+        let class = self.class(class::recorded(&dir));
+        files::open_root(class.root_pid(id, &dir, pid, &self.cgroup_path(id))?)
     }
 
     /// Creates and starts a sandbox; on failure nothing of it remains.
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxHandle, RuntimeError> {
         let handle = self.handle_of(&req.id, 0, req.isolation);
-        let gvisor = match req.isolation {
-            warren_core::Isolation::Container => None,
-            warren_core::Isolation::Gvisor => {
-                let runsc = self.cfg.runsc.as_ref().ok_or_else(|| {
-                    RuntimeError::Unsupported(
-                        "this node does not offer the gvisor isolation class (no runsc answered; see `warren doctor`)".into(),
-                    )
-                })?;
-                if !req.devices.nodes.is_empty() || !req.devices.mounts.is_empty() {
-                    return Err(RuntimeError::Unsupported(
-                        "gvisor sandboxes take no devices (GPUs need gVisor's nvproxy, which this runsc lacks): use isolation container".into(),
-                    ));
-                }
-                Some(runsc.invocation(&self.state_root().join(&req.id), req.proxied_network))
-            }
-        };
+        let class = self.class(req.isolation);
+        class.check(&req)?;
         let preparing = std::time::Instant::now();
         let prepared = {
             let handle = handle.clone();
-            let resources = req.resources.clone();
-            let devices = req.devices.clone();
-            let userns = self.cfg.userns && gvisor.is_none();
-            let gvisor = gvisor.clone();
-            let home = self.cfg.home.clone();
-            tokio::task::spawn_blocking(move || match gvisor {
-                Some(run) => prepare_gvisor(&handle, &resources, &run, &home).map(|()| None),
-                None => prepare(&handle, &resources, &devices, userns),
-            })
-            .await
-            .map_err(RuntimeError::task("prepare task"))?
+            let input = class::PrepareInput {
+                resources: req.resources.clone(),
+                devices: req.devices.clone(),
+                proxied_network: req.proxied_network,
+            };
+            tokio::task::spawn_blocking(move || class.prepare(&handle, &input))
+                .await
+                .map_err(RuntimeError::task("prepare task"))?
         };
-        let ids = match prepared {
-            Ok(ids) => ids,
+        let prepared = match prepared {
+            Ok(p) => p,
             Err(e) => {
                 let _ = self.cleanup_dirs(&handle).await;
                 return Err(e);
@@ -424,10 +406,10 @@ impl Runtime {
                 socket: handle.socket.clone(),
                 lower: req.lower_dirs.clone(),
                 disk: req.resources.disk,
-                id_base: ids.map(|r| r.base),
+                id_base: prepared.id_base,
                 volumes: req.volumes.clone(),
                 secrets: req.secret_files.clone(),
-                gvisor,
+                start: prepared.start,
             })
             .await;
         match created {
@@ -628,7 +610,7 @@ fn rw_mount(id: &str) -> PathBuf {
 /// Lays out the sandbox directory and its OCI config, and claims its id
 /// range. The file systems themselves are mounted by the spawner, in its
 /// own mount namespace.
-fn prepare(
+pub(crate) fn prepare(
     handle: &SandboxHandle,
     resources: &ResolvedResources,
     devices: &cdi::Injection,
@@ -656,38 +638,6 @@ fn prepare(
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
     Ok(ids)
-}
-
-/// Lays out a gVisor sandbox's directory: runsc's config and the record
-/// that says how runsc is called for it. No id range: the sandbox's uids
-/// are gVisor's (the gofer, root on the host, writes files as them), and
-/// runsc puts the sentry in a user namespace of its own where it can
-/// (see [`gvisor::Runsc::invocation`]).
-fn prepare_gvisor(
-    handle: &SandboxHandle,
-    resources: &ResolvedResources,
-    run: &gvisor::Invocation,
-    home: &Path,
-) -> Result<(), RuntimeError> {
-    let dir = &handle.dir;
-    std::fs::create_dir(dir)
-        .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
-    let ipc = gvisor::ipc_mount(&handle.id);
-    let config = gvisor::config(&gvisor::bundle::ConfigInput {
-        id: &handle.id,
-        rootfs: &root_mount(&handle.id),
-        cgroup_path: &handle.cgroup_path,
-        resources,
-        nofile: capped_limit(Resource::RLIMIT_NOFILE, 65536, 1024),
-        init: &gvisor::Runsc::init_binary(home),
-        ipc: &ipc,
-    });
-    let bytes = serde_json::to_vec(&config).map_err(RuntimeError::Config)?;
-    std::fs::write(dir.join("config.json"), bytes)
-        .map_err(RuntimeError::io("write config.json"))?;
-    let record = serde_json::to_vec(run).map_err(RuntimeError::Config)?;
-    std::fs::write(dir.join(gvisor::RECORD), record)
-        .map_err(RuntimeError::io("record the sandbox's runsc"))
 }
 
 /// Mounts the sandbox's root: its own disk when it has a limit, then the
@@ -782,7 +732,7 @@ pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
 /// `wanted`, or the daemon's hard limit when that is lower: a sandbox's
 /// config may only lower a limit (raising one needs CAP_SYS_RESOURCE in the
 /// host's user namespace, which the sandbox's init does not have).
-fn capped_limit(resource: Resource, wanted: u64, fallback: u64) -> u64 {
+pub(crate) fn capped_limit(resource: Resource, wanted: u64, fallback: u64) -> u64 {
     match nix::sys::resource::getrlimit(resource) {
         Ok((_, hard)) => hard.min(wanted),
         Err(_) => fallback,

@@ -167,10 +167,22 @@ pub enum SpawnerRequest {
         /// Files at /run/secrets.
         #[serde(default)]
         secrets: Vec<crate::SecretFileData>,
-        /// A gVisor sandbox: runsc starts it (see [`crate::gvisor`]).
+        /// How it starts once its root is mounted.
         #[serde(default)]
-        gvisor: Option<crate::gvisor::Invocation>,
+        start: Start,
     },
+}
+
+/// How the spawner starts a sandbox of each isolation class (see
+/// [`crate::class`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "snake_case")]
+pub enum Start {
+    /// Warren's own set-up (cgroup v1) or libcontainer (v2) clones init.
+    #[default]
+    Container,
+    /// runsc creates and starts it (see [`crate::gvisor::spawn`]).
+    Runsc(crate::gvisor::Invocation),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

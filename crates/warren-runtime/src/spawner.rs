@@ -119,7 +119,7 @@ pub fn main() -> ! {
             id_base,
             volumes,
             secrets,
-            gvisor,
+            start,
         } = request;
         let mounts = crate::RootMounts {
             lower: &lower,
@@ -127,15 +127,7 @@ pub fn main() -> ! {
             volumes: &volumes,
             secrets: &secrets,
         };
-        let reply = match create(
-            &id,
-            &bundle,
-            &state_root,
-            &socket,
-            &mounts,
-            id_base,
-            gvisor.as_ref(),
-        ) {
+        let reply = match create(&id, &bundle, &state_root, &socket, &mounts, id_base, &start) {
             Ok((pid, phases)) => SpawnerReply::Created { pid, phases },
             // The boundary: the daemon gets the error's text.
             Err(e) => SpawnerReply::Error {
@@ -218,21 +210,21 @@ fn create(
     socket: &Path,
     mounts: &crate::RootMounts,
     id_base: Option<u32>,
-    gvisor: Option<&crate::gvisor::Invocation>,
+    start: &proto::Start,
 ) -> Result<Created, SpawnError> {
     let mut phases = Vec::new();
     let mut since = std::time::Instant::now();
     let ids = id_base.map(|base| crate::userns::IdRange { base });
     let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(SpawnError::Mount);
     took(&mut phases, "spawn_mounts", &mut since);
-    let result = mounted.and_then(|()| match gvisor {
-        Some(run) => {
+    let result = mounted.and_then(|()| match start {
+        proto::Start::Runsc(run) => {
             crate::gvisor::spawn::start(id, bundle, &crate::root_mount(id), run, &mut |name| {
                 took(&mut phases, name, &mut since)
             })
             .map_err(SpawnError::from)
         }
-        None => create_mounted(id, bundle, state_root, socket, &mut phases),
+        proto::Start::Container => create_mounted(id, bundle, state_root, socket, &mut phases),
     });
     match result {
         // The mounts are detached once the answer is sent (see main).

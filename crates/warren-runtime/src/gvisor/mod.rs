@@ -182,6 +182,39 @@ impl Runsc {
     }
 }
 
+/// Lays out a gVisor sandbox's directory: runsc's config and the record
+/// that says how runsc is called for it. No id range: the sandbox's uids
+/// are gVisor's (the gofer, root on the host, writes files as them), and
+/// runsc puts the sentry in a user namespace of its own where it can
+/// (see [`Runsc::invocation`]).
+pub(crate) fn prepare(
+    handle: &crate::SandboxHandle,
+    resources: &warren_core::ResolvedResources,
+    run: &Invocation,
+    home: &Path,
+) -> Result<(), crate::RuntimeError> {
+    use crate::RuntimeError;
+    use nix::sys::resource::Resource;
+    let dir = &handle.dir;
+    std::fs::create_dir(dir)
+        .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
+    let ipc = ipc_mount(&handle.id);
+    let config = config(&bundle::ConfigInput {
+        id: &handle.id,
+        rootfs: &crate::root_mount(&handle.id),
+        cgroup_path: &handle.cgroup_path,
+        resources,
+        nofile: crate::capped_limit(Resource::RLIMIT_NOFILE, 65536, 1024),
+        init: &Runsc::init_binary(home),
+        ipc: &ipc,
+    });
+    let bytes = serde_json::to_vec(&config).map_err(RuntimeError::Config)?;
+    std::fs::write(dir.join("config.json"), bytes)
+        .map_err(RuntimeError::io("write config.json"))?;
+    let record = serde_json::to_vec(run).map_err(RuntimeError::Config)?;
+    std::fs::write(dir.join(RECORD), record).map_err(RuntimeError::io("record the sandbox's runsc"))
+}
+
 /// Writes the node's copy of warren-init (a new file each start, renamed
 /// into place, so running sandboxes keep the one they bound).
 pub(crate) fn install_init(home: &Path) -> std::io::Result<()> {

@@ -65,7 +65,7 @@ class Node:
     """`warren node` joined to `server`."""
 
     def __init__(self, base: Path, server: Server, name: str, cpu="2", memory="2G", labels=(), also=(),
-                 host=None):
+                 host=None, extra=()):
         self.name = name
         # A NetHost: the agent runs in its network namespace, at its address.
         self.host = host
@@ -84,6 +84,7 @@ class Node:
             # Placement, not this machine's free space, is under test.
             "--disk-floor", "512M",
             *[a for l in labels for a in ("--label", l)],
+            *extra,
         ]
         self.proc = None
 

@@ -15,6 +15,7 @@ import pytest
 
 from cluster import Cluster, wait_until
 from conftest import UP_ARGS
+from helpers import sh_ok
 
 BB = "busybox:latest"
 
@@ -36,8 +37,10 @@ def database(request, store):
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def cluster(images, request):
+    # Only n3 finds runsc: the gvisor class is offered there alone.
+    no_runsc = ["--runsc", "/nonexistent/runsc"]
     with Cluster(images, database=database(request, request.param), nodes=[
-        dict(name="n1"), dict(name="n2"), dict(name="n3", labels=["gpu=h200"]),
+        dict(name="n1", extra=no_runsc), dict(name="n2", extra=no_runsc), dict(name="n3", labels=["gpu=h200"]),
     ]) as c:
         yield c
 
@@ -159,6 +162,19 @@ def test_node_selector_places_on_matching_nodes_only(cluster):
         assert c.where(sid) == "n3"
     finally:
         drop(c, sid)
+
+
+def test_a_sandbox_runs_only_on_a_node_that_offers_its_class(cluster):
+    c = cluster
+    offered = {name: n.get("isolation", []) for name, n in c.server.nodes().items()}
+    assert "gvisor" in offered["n3"] and "gvisor" not in offered["n1"] + offered["n2"], offered
+    s = create(c, cpu=0.1, memory="32M", isolation="gvisor")
+    try:
+        assert s["node"] == "n3" and s["spec"]["isolation"] == "gvisor"
+        # Served through the server like any other sandbox: gVisor's kernel.
+        assert sh_ok(c.server, s["id"], "uname -r") == "4.4.0\n"
+    finally:
+        drop(c, s["id"])
 
 
 def test_the_cluster_queue_is_fifo_and_starts_where_room_frees(cluster):

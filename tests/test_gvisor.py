@@ -17,6 +17,7 @@ import pytest
 
 from conftest import WARREN, free_port, own_daemon
 from helpers import cgroup_read, crash, host_traces, restart, sandbox_host_pids, sh, sh_ok, wait_until
+from test_lifecycle import freezer_state
 
 
 
@@ -249,3 +250,40 @@ def test_the_socket_directory_cannot_fill_the_node(warren, sandbox):
     ev, out, err = sh(warren, sid, "dd if=/dev/zero of=/dev/.warren/fill bs=1k count=1024; ls /dev/.warren")
     assert ev["code"] != 0 and "No space left" in err, (ev, out, err)
     assert sh_ok(warren, sid, "echo still-serving") == "still-serving\n"
+
+
+def test_a_warm_pool_of_gvisor_sandboxes_serves_only_gvisor_creates(warren):
+    name = "gvisor-pool"
+    r = warren.http.put(f"/v1/pools/{name}", json={"image": "busybox:latest", "memory": "48M", "size": 1, "isolation": "gvisor"})
+    assert r.status_code == 200, r.text
+    try:
+        listed = lambda: [s["id"] for s in warren.http.get("/v1/sandboxes", params={"label": f"warren.pool={name}"}).json()
+                          if s["state"] == "running"]
+        wait_until(lambda: len(listed()) == 1, 30, what="the pool's gvisor sandbox")
+        (member,) = listed()
+        # A container create of the same size is not served from it ...
+        other = warren.create(memory="48M")
+        assert other["id"] != member and other["spec"]["isolation"] == "container"
+        warren.destroy(other["id"])
+        # ... a gvisor one is, and gets the claimer's settings.
+        got = warren.create(memory="48M", isolation="gvisor", env={"GREETING": "claimed"})
+        assert got["id"] == member, (got["id"], member)
+        assert sh_ok(warren, member, "echo $GREETING; uname -r") == "claimed\n4.4.0\n"
+        warren.destroy(member)
+    finally:
+        warren.http.delete(f"/v1/pools/{name}")
+
+
+def test_a_kept_sandbox_is_frozen_its_files_readable_and_an_exec_thaws_it(warren):
+    sid = warren.create(isolation="gvisor", cmd=["sh", "-c", "echo kept > /tmp/result; exit 1"],
+                        reclaim="keep", keep_for="30s")["id"]
+    try:
+        wait_until(lambda: warren.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "kept", 20, what="kept")
+        # The whole sandbox, sentry and gofer included, is frozen in its
+        # cgroup; the file API still reads through the gofer's root.
+        assert freezer_state(sid) == "FROZEN"
+        r = warren.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/result"})
+        assert (r.status_code, r.content) == (200, b"kept\n")
+        assert sh_ok(warren, sid, "cat /tmp/result") == "kept\n"
+    finally:
+        warren.destroy(sid)

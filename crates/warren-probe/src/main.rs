@@ -1,8 +1,16 @@
 //! `warren-probe`: the escape suite's probe. It runs inside a sandbox (as
 //! root and as an unprivileged user), tries what an attacker would, and
 //! prints one JSON line per check: `{"check", "expect", "observed", "pass"}`.
+//! `pass` is `null` (with a `reason`) for a check that does not apply to
+//! the sandbox's isolation class; the test decides which may be.
 //! It is built as a static binary so it runs in any image, and it needs
 //! nothing from the network. Checks are numbered after security.md §a.
+//!
+//! The isolation class the sandbox runs in comes from the environment
+//! (`WARREN_PROBE_ISOLATION`: `container`, the default, or `gvisor`); check
+//! 00 verifies it against what the kernel inside says, so a container can
+//! never be held to gVisor's expectations. Where a class differs, each
+//! check says so next to the expectation, and why.
 //!
 //! Every probe here is a raw system call whose arguments are constants or
 //! buffers it owns; the SAFETY notes say so once per helper.
@@ -24,8 +32,28 @@ fn json_escape(s: &str) -> String {
     out
 }
 
+/// What stands between the sandbox and the host (Warren's isolation classes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Class {
+    /// Namespaces, cgroups, seccomp and capabilities on the host's kernel.
+    Container,
+    /// gVisor's user-space kernel (runsc), which serves every system call.
+    Gvisor,
+}
+
+impl Class {
+    fn name(self) -> &'static str {
+        match self {
+            Class::Container => "container",
+            Class::Gvisor => "gvisor",
+        }
+    }
+}
+
 struct Report {
+    class: Class,
     failed: usize,
+    not_applicable: usize,
 }
 
 impl Report {
@@ -41,6 +69,33 @@ impl Report {
             esc(observed),
             pass
         );
+    }
+
+    /// A check that does not apply to this isolation class: `pass` is null
+    /// and `reason` says why (and where the property is checked instead).
+    fn not_applicable(&mut self, check: &str, expect: &str, observed: &str, reason: &str) {
+        self.not_applicable += 1;
+        let esc = json_escape;
+        println!(
+            "{{\"check\":\"{}\",\"expect\":\"{}\",\"observed\":\"{}\",\"pass\":null,\"reason\":\"{}\"}}",
+            esc(check),
+            esc(expect),
+            esc(observed),
+            esc(reason)
+        );
+    }
+
+    fn gvisor(&self) -> bool {
+        self.class == Class::Gvisor
+    }
+
+    /// The expectation of this class: `container`'s or `gvisor`'s.
+    fn pick<'a>(&self, container: &'a str, gvisor: &'a str) -> &'a str {
+        if self.gvisor() {
+            gvisor
+        } else {
+            container
+        }
     }
 }
 
@@ -61,6 +116,11 @@ fn errname(e: i32) -> String {
         libc::ESRCH => "ESRCH".into(),
         libc::EBADF => "EBADF".into(),
         libc::EFAULT => "EFAULT".into(),
+        libc::EEXIST => "EEXIST".into(),
+        libc::EBUSY => "EBUSY".into(),
+        libc::EISDIR => "EISDIR".into(),
+        libc::ENXIO => "ENXIO".into(),
+        libc::EIO => "EIO".into(),
         e => format!("errno {e}"),
     }
 }
@@ -82,15 +142,20 @@ fn denied(e: i32) -> bool {
 }
 
 fn read_status(field: &str) -> String {
+    status_field(field).unwrap_or_default()
+}
+
+/// A field of /proc/self/status; None when the kernel shows no such line
+/// (gVisor's status has no NoNewPrivs or CapAmb line).
+fn status_field(field: &str) -> Option<String> {
     fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_string()))
-        .unwrap_or_default()
 }
 
 /// Runs `f` in a forked child; returns how the child ended.
-fn in_child(f: fn() -> i32) -> String {
+fn in_child(f: impl FnOnce() -> i32) -> String {
     // SAFETY: the probe is single-threaded, so the child may run any code.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -108,20 +173,77 @@ fn in_child(f: fn() -> i32) -> String {
     }
 }
 
-fn int80_getpid() -> i32 {
+/// `int 0x80` (the i386 system call gate) from this 64-bit process, with
+/// every argument register set, so that what runs is the same each time
+/// whichever ABI serves it: `a` goes to rdi, rsi, rdx, r10, r8, r9 (the
+/// x86-64 ABI's registers; gVisor's ptrace platform serves `int 0x80` as
+/// the x86-64 call of that number) and its first two to rbx and rcx (the
+/// i386 ABI's first two, which the kernel reads on the host).
+fn int80(nr: i64, a: [i64; 6]) -> i64 {
     let ret: i64;
-    // SAFETY: issues the 32-bit getpid system call through int 0x80; it
-    // takes no arguments and touches no memory.
-    unsafe { std::arch::asm!("int 0x80", inlateout("rax") 20i64 => ret, options(nostack)) };
+    // SAFETY: a system call whose arguments are constants or pointers to
+    // buffers the caller owns; rbx (reserved by LLVM) is swapped in and
+    // restored around it, and every register the gate may change is
+    // declared clobbered.
+    unsafe {
+        std::arch::asm!(
+            "xchg {b}, rbx",
+            "int 0x80",
+            "xchg {b}, rbx",
+            b = inout(reg) a[0] => _,
+            inlateout("rax") nr => ret,
+            inout("rcx") a[1] => _,
+            inout("rdi") a[0] => _,
+            inout("rsi") a[1] => _,
+            inout("rdx") a[2] => _,
+            inout("r10") a[3] => _,
+            inout("r8") a[4] => _,
+            inout("r9") a[5] => _,
+            out("r11") _,
+            options(nostack),
+        )
+    };
+    ret
+}
+
+/// Child exit codes for a system call's outcome: its errno, or these.
+const CALL_RETURNED_PID: i32 = 200;
+const CALL_SUCCEEDED: i32 = 201;
+
+fn call_outcome(ret: i64) -> i32 {
     if ret < 0 {
         (-ret) as i32
+    } else if ret == i64::from(std::process::id()) {
+        CALL_RETURNED_PID
     } else {
-        0
+        CALL_SUCCEEDED
     }
 }
 
+/// How a child that reported [`call_outcome`] ended, in words: "killed by
+/// signal N", an errno name, "returned its pid" or "succeeded".
+fn describe_outcome(out: &str) -> String {
+    match out
+        .strip_prefix("exit ")
+        .and_then(|c| c.parse::<i32>().ok())
+    {
+        Some(CALL_RETURNED_PID) => "returned its pid".into(),
+        Some(CALL_SUCCEEDED) => "succeeded".into(),
+        Some(e) => errname(e),
+        None => out.to_string(),
+    }
+}
+
+/// The i386 getpid (20) through `int 0x80`. The x86-64 call 20 is writev,
+/// here of descriptor -1 (EBADF), which is what gVisor answers.
+fn int80_getpid() -> i32 {
+    call_outcome(int80(20, [-1, 0, 0, 0, 0, 0]))
+}
+
 fn x32_getpid() -> i32 {
-    sys(0x4000_0000 | libc::SYS_getpid, [0; 6])
+    // SAFETY: getpid with the x32 bit set takes no arguments.
+    let rc = unsafe { libc::syscall(0x4000_0000 | libc::SYS_getpid) };
+    call_outcome(if rc < 0 { -i64::from(errno()) } else { rc })
 }
 
 /// `mount(2)` with constant strings; returns errno (0 on success).
@@ -241,6 +363,33 @@ fn cdk_rewrite_cgroup(r: &mut Report) {
             let _ = fs::remove_dir(&new);
             writable.push(format!("mkdir {new}"));
         }
+    }
+    if r.gvisor() {
+        // gVisor shows no cgroupfs here: its /sys/fs/cgroup is empty and
+        // its /proc/cgroups lists no controller. The sandbox's limits are
+        // the host cgroup of the sentry, which nothing inside can name.
+        let entries = fs::read_dir("/sys/fs/cgroup")
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let controllers = fs::read_to_string("/proc/cgroups")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .count();
+        r.line(
+            "39 cdk rewrite-cgroup-devices (own limits, new cgroups)",
+            "no cgroupfs; nothing writable",
+            &format!(
+                "/sys/fs/cgroup: {entries} entries; /proc/cgroups: {controllers} controllers; {}",
+                if writable.is_empty() {
+                    "nothing writable".to_string()
+                } else {
+                    format!("writable: {writable:?}")
+                }
+            ),
+            writable.is_empty() && entries == 0 && controllers == 0,
+        );
+        return;
     }
     r.line(
         "39 cdk rewrite-cgroup-devices (own limits, new cgroups)",
@@ -398,6 +547,30 @@ fn ns_inode(name: &str) -> Option<u64> {
 /// already (seccomp mode and capabilities are check 09): namespaces, the
 /// LSM profile and the number of syscalls the sandbox cannot make.
 fn amicontained(r: &mut Report) {
+    if r.gvisor() {
+        // gVisor's /proc/self/ns shows only the namespaces its own kernel
+        // has (net, pid, user), numbered by gVisor: they say nothing about
+        // the host's. The sentry's host namespaces are checked from the host.
+        let shown: Vec<String> = ["pid", "ipc", "uts", "cgroup", "user", "net", "mnt"]
+            .iter()
+            .map(|n| match ns_inode(n) {
+                Some(ino) => format!("{n}:{ino}"),
+                None => format!("{n}:absent"),
+            })
+            .collect();
+        r.not_applicable(
+            "39 amicontained namespaces",
+            "own: pid ipc uts cgroup user; host: none",
+            &shown.join(" "),
+            "gVisor's namespaces and inode numbers are its own kernel's, not the host's; the sentry's host namespaces are checked from the host by tests/test_gvisor.py",
+        );
+    } else {
+        amicontained_namespaces(r);
+    }
+    amicontained_profile(r);
+}
+
+fn amicontained_namespaces(r: &mut Report) {
     let mut own = Vec::new();
     let mut shared = Vec::new();
     for (name, init) in INIT_NS {
@@ -413,6 +586,9 @@ fn amicontained(r: &mut Report) {
         &format!("own: {}; host: {}", own.join(" "), shared.join(" ")),
         shared.is_empty(),
     );
+}
+
+fn amicontained_profile(r: &mut Report) {
     let lsm = [
         "/proc/self/attr/apparmor/current",
         "/proc/self/attr/current",
@@ -533,6 +709,253 @@ fn blocked_syscalls() -> (usize, Vec<&'static str>) {
     (count, names)
 }
 
+/// Check 09's ambient set: no capability is ambient, and none can be made
+/// so without first being inheritable (none is). Asked of the kernel with
+/// prctl, as well as read from /proc (gVisor shows no CapAmb line).
+/// gVisor has no ambient capabilities at all: every PR_CAP_AMBIENT call,
+/// RAISE included, answers EINVAL, which is the property itself.
+fn ambient_capabilities(r: &mut Report) {
+    let last = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(40);
+    let mut set = Vec::new();
+    let mut errors = std::collections::BTreeSet::new();
+    for cap in 0..=last {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+                cap,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        match rc {
+            0 => {}
+            1 => set.push(cap),
+            _ => {
+                errors.insert(errname(errno()));
+            }
+        }
+    }
+    // In a child, so that a raise that worked changes nothing here.
+    // CAP_NET_BIND_SERVICE (10) is in root's permitted set.
+    let raise = describe_outcome(&in_child(|| {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                10 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if rc < 0 {
+            errno()
+        } else {
+            CALL_SUCCEEDED
+        }
+    }));
+    let line = status_field("CapAmb:");
+    let is_set = if errors.is_empty() {
+        format!("set: {set:?}")
+    } else {
+        format!(
+            "set: {set:?}, errors: {}",
+            errors.into_iter().collect::<Vec<_>>().join(" ")
+        )
+    };
+    let observed = format!(
+        "/proc/self/status {}; PR_CAP_AMBIENT_IS_SET 0..={last}: {is_set}; RAISE(NET_BIND_SERVICE): {raise}",
+        line.as_deref().unwrap_or("has no such line"),
+    );
+    let pass = if r.gvisor() {
+        set.is_empty()
+            && is_set == "set: [], errors: EINVAL"
+            && raise == "EINVAL"
+            && line.as_deref().is_none_or(|v| v == "0000000000000000")
+    } else {
+        set.is_empty()
+            && is_set == "set: []"
+            && raise == "EPERM"
+            && line.as_deref() == Some("0000000000000000")
+    };
+    r.line(
+        "09 CapAmb:",
+        r.pick(
+            "0000000000000000; none set; RAISE EPERM (not inheritable)",
+            "no ambient capabilities: every PR_CAP_AMBIENT call EINVAL",
+        ),
+        &observed,
+        pass,
+    );
+}
+
+/// errno of a libc call that returns -1 on failure (0 on success).
+fn rc_errno(rc: libc::c_int) -> i32 {
+    if rc < 0 {
+        errno()
+    } else {
+        0
+    }
+}
+
+/// gVisor only: the directory on the sentry's /dev where init binds the
+/// socket the node reaches it by (a tmpfs of the sandbox's own; the node
+/// connects through the gofer's view of it). Only root inside may enter it,
+/// and nobody may remove, move or replace the socket, which would take the
+/// node's connections elsewhere.
+fn init_socket_dir(r: &mut Report, root: bool) {
+    use std::os::unix::fs::MetadataExt;
+    let c = |v: &str| CString::new(v).unwrap_or_default();
+    let (dir, sock, moved) = (
+        "/dev/.warren",
+        c("/dev/.warren/init.sock"),
+        c("/dev/.warren/probe-moved"),
+    );
+    let (owner, mode) = fs::symlink_metadata(dir)
+        .map(|m| (m.uid(), m.mode() & 0o7777))
+        .unwrap_or((u32::MAX, 0));
+    let list = fs::read_dir(dir)
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .unwrap_or(0);
+    // SAFETY: path calls on C strings we own.
+    let unlink = rc_errno(unsafe { libc::unlink(sock.as_ptr()) });
+    // SAFETY: as above.
+    let rename = rc_errno(unsafe { libc::rename(sock.as_ptr(), moved.as_ptr()) });
+    let slash = c("/");
+    // SAFETY: as above.
+    let replace = rc_errno(unsafe { libc::symlink(slash.as_ptr(), sock.as_ptr()) });
+    let observed = format!(
+        "owner {owner} mode {mode:o}; list: {}; unlink init.sock: {}; rename it: {}; symlink in its place: {}",
+        errname(list),
+        errname(unlink),
+        errname(rename),
+        errname(replace)
+    );
+    let refused = |e: i32| matches!(e, libc::EPERM | libc::EACCES);
+    let pass = owner == 0
+        && mode == 0o700
+        && replace != 0
+        && if root {
+            unlink == libc::EPERM && rename == libc::EPERM
+        } else {
+            list == libc::EACCES && refused(unlink) && refused(rename)
+        };
+    r.line(
+        "13 /dev/.warren (init's socket)",
+        "root's, 0700 (EACCES for others); init.sock cannot be removed, moved or replaced (EPERM)",
+        &observed,
+        pass,
+    );
+}
+
+/// gVisor only: warren-init's binary, a read-only bind of the node's copy
+/// (the memfd the container class uses cannot cross into gVisor). It must
+/// not be changed, truncated, removed or moved.
+fn init_binary(r: &mut Report, root: bool) {
+    let path = "/dev/.warren-init";
+    let c = |v: &str| CString::new(v).unwrap_or_default();
+    let (p, other) = (c(path), c("/dev/probe-init"));
+    let write = fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .err()
+        .and_then(|e| e.raw_os_error())
+        .unwrap_or(0);
+    // SAFETY: path calls on C strings we own.
+    let truncate = rc_errno(unsafe { libc::truncate(p.as_ptr(), 0) });
+    // SAFETY: as above.
+    let unlink = rc_errno(unsafe { libc::unlink(p.as_ptr()) });
+    // SAFETY: as above.
+    let rename = rc_errno(unsafe { libc::rename(p.as_ptr(), other.as_ptr()) });
+    let want = if root { libc::EROFS } else { libc::EACCES };
+    r.line(
+        "13 /dev/.warren-init (init's binary)",
+        "open for writing and truncate EROFS (root) or EACCES (others); unlink and rename refused",
+        &format!(
+            "open for writing: {}; truncate: {}; unlink: {}; rename: {}",
+            errname(write),
+            errname(truncate),
+            errname(unlink),
+            errname(rename)
+        ),
+        write == want && truncate == want && unlink != 0 && rename != 0,
+    );
+}
+
+/// FUSE: gVisor's /dev has a fuse device anyone may open; mounting a file
+/// system served by it must still be refused (the filter refuses mount).
+fn fuse_mount(r: &mut Report) {
+    use std::os::fd::AsRawFd;
+    let dev = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse");
+    let (opened, fd) = match &dev {
+        Ok(f) => ("ok".to_string(), f.as_raw_fd()),
+        Err(e) => (errname(e.raw_os_error().unwrap_or(0)), -1),
+    };
+    let _ = fs::create_dir_all("/tmp/probe-fuse");
+    let e = mount_fs(
+        "probe",
+        "/tmp/probe-fuse",
+        "fuse",
+        &format!("fd={fd},rootmode=40000,user_id=0,group_id=0"),
+    );
+    if e == 0 {
+        // SAFETY: unmounting the path we just mounted.
+        unsafe { libc::umount2(c"/tmp/probe-fuse".as_ptr(), libc::MNT_DETACH) };
+    }
+    r.line(
+        "13 mount fuse",
+        "EPERM",
+        &format!("open /dev/fuse: {opened}; mount fuse: {}", errname(e)),
+        denied(e),
+    );
+}
+
+/// A TUN device would put packets of the sandbox's choosing on a network
+/// stack: the container class has no /dev/net; gVisor's own network stack
+/// has /dev/net/tun, and making an interface there needs CAP_NET_ADMIN.
+fn tun_device(r: &mut Report) {
+    use std::os::fd::AsRawFd;
+    let (observed, pass) = match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    {
+        Err(e) => (
+            format!("open: {}", errname(e.raw_os_error().unwrap_or(0))),
+            true,
+        ),
+        Ok(f) => {
+            // struct ifreq: the name, then the flags (IFF_TUN | IFF_NO_PI).
+            let mut ifr = [0u8; 40];
+            ifr[..6].copy_from_slice(b"probe0");
+            let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
+            ifr[16..18].copy_from_slice(&flags.to_ne_bytes());
+            // SAFETY: TUNSETIFF reads and writes the ifreq buffer we own.
+            let e =
+                rc_errno(unsafe { libc::ioctl(f.as_raw_fd(), libc::TUNSETIFF, ifr.as_mut_ptr()) });
+            (
+                format!("open: ok; TUNSETIFF: {}", errname(e)),
+                e == libc::EPERM,
+            )
+        }
+    };
+    r.line(
+        "13 /dev/net/tun",
+        "absent, or TUNSETIFF EPERM (no CAP_NET_ADMIN)",
+        &observed,
+        pass,
+    );
+}
+
 /// Known container-escape toolkits' techniques, written as our own probes
 /// (security.md §a check 39): CDK's mount-cgroup, mount-procfs,
 /// cap-dac-read-search and abuse-unpriv-userns, and amicontained's profile.
@@ -545,8 +968,53 @@ fn toolkit_techniques(r: &mut Report) {
     amicontained(r);
 }
 
+/// The class the test says the sandbox runs in, checked against what the
+/// kernel inside shows: gVisor's sentry has a /proc/sentry-meminfo, no
+/// Linux kernel does. A mismatch fails, and the checks that follow hold the
+/// sandbox to the container class's expectations (the stricter ones).
+fn isolation_class() -> (Class, String, bool) {
+    let declared = std::env::var("WARREN_PROBE_ISOLATION").unwrap_or_default();
+    let sentry = fs::metadata("/proc/sentry-meminfo").is_ok();
+    // SAFETY: uname fills the struct we own.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let release = if unsafe { libc::uname(&mut uts) } == 0 {
+        // SAFETY: uname NUL-terminates each field.
+        unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        "unknown".into()
+    };
+    let seen = format!(
+        "kernel {release}, /proc/sentry-meminfo {}",
+        if sentry { "present" } else { "absent" }
+    );
+    match declared.as_str() {
+        "" | "container" => (Class::Container, format!("container: {seen}"), !sentry),
+        "gvisor" => (Class::Gvisor, format!("gvisor: {seen}"), sentry),
+        other => (
+            Class::Container,
+            format!("unknown WARREN_PROBE_ISOLATION {other:?}: {seen}"),
+            false,
+        ),
+    }
+}
+
 fn main() {
-    let mut r = Report { failed: 0 };
+    let (class, seen, matches) = isolation_class();
+    let class = if matches { class } else { Class::Container };
+    let mut r = Report {
+        class,
+        failed: 0,
+        not_applicable: 0,
+    };
+    r.line(
+        "00 isolation class",
+        "the kernel inside is the declared class's (gVisor's sentry for gvisor)",
+        &seen,
+        matches,
+    );
     let root = read_status("Uid:").split_whitespace().next() == Some("0");
 
     // 1. Masked kernel information.
@@ -725,20 +1193,37 @@ fn main() {
     r.line("05 clone(CLONE_NEWNS)", "EPERM", &errname(e), denied(e));
     let e = sys(libc::SYS_clone3, [0, 0, 0, 0, 0, 0]);
     r.line("05 clone3", "ENOSYS/EPERM", &errname(e), denied(e));
-    let ns = fs::File::open("/proc/1/ns/mnt");
-    let e = match &ns {
-        Ok(f) => {
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns on a descriptor we hold.
-            if unsafe { libc::setns(f.as_raw_fd(), 0) } < 0 {
-                errno()
-            } else {
-                0
-            }
-        }
-        Err(e) => e.raw_os_error().unwrap_or(0),
-    };
-    r.line("05 setns into /proc/1/ns/mnt", "EPERM", &errname(e), e != 0);
+    // Every namespace the kernel shows (gVisor shows only net, pid and
+    // user): PID 1's where it can be opened (init is not dumpable in the
+    // container class, so its /proc/1/ns is closed to the sandbox), else the
+    // probe's own. setns must be refused for each: finding nothing to open
+    // is not a pass.
+    let mut tried = Vec::new();
+    let mut pass = true;
+    for name in ["mnt", "net", "user", "pid", "ipc", "uts", "cgroup"] {
+        let (whose, f) = match fs::File::open(format!("/proc/1/ns/{name}")) {
+            Ok(f) => ("1", f),
+            Err(_) => match fs::File::open(format!("/proc/self/ns/{name}")) {
+                Ok(f) => ("self", f),
+                Err(_) => continue,
+            },
+        };
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on a descriptor we hold.
+        let e = rc_errno(unsafe { libc::setns(f.as_raw_fd(), 0) });
+        pass &= denied(e);
+        tried.push(format!("{whose}/{name}: {}", errname(e)));
+    }
+    r.line(
+        "05 setns into a namespace",
+        "EPERM for each (PID 1's, else its own)",
+        &if tried.is_empty() {
+            "no namespace file to open".to_string()
+        } else {
+            tried.join(", ")
+        },
+        pass && !tried.is_empty(),
+    );
     // 6. Kernel and host state.
     let empty = CString::new("").unwrap_or_default();
     for (name, nr, args) in [
@@ -848,21 +1333,96 @@ fn main() {
         );
     }
     // 8. Other syscall ABIs never bypass the filter.
-    let out = in_child(int80_getpid);
+    // On the host kernel the filter admits only the native ABI, so the
+    // i386 getpid kills the caller. gVisor's ptrace platform serves
+    // `int 0x80` as the x86-64 call of the same number (writev of
+    // descriptor -1 here: EBADF), under the same filter; the i386 getpid
+    // never runs, which is what matters: its pid must never come back.
+    let out = describe_outcome(&in_child(int80_getpid));
+    let refused = out.starts_with("killed") || out == "EPERM" || out == "ENOSYS";
     r.line(
         "08 int 0x80 getpid",
+        r.pick(
+            "killed or refused",
+            "killed or refused; or the x86-64 call 20 (writev of fd -1): EBADF",
+        ),
+        &out,
+        refused || (r.gvisor() && out == "EBADF"),
+    );
+    // The x86-64 numbers of calls the filter refuses, through `int 0x80`:
+    // the host kills the caller (not the native ABI), gVisor must refuse
+    // each with the filter's EPERM (it serves them as x86-64 calls, so a
+    // filter that saw another ABI would let them through).
+    let none = CString::new("none").unwrap_or_default();
+    let target = CString::new("/tmp").unwrap_or_default();
+    let tmpfs_type = CString::new("tmpfs").unwrap_or_default();
+    for (name, nr, args) in [
+        (
+            "unshare",
+            272,
+            [
+                i64::from(libc::CLONE_NEWUSER | libc::CLONE_NEWNS),
+                0,
+                0,
+                0,
+                0,
+                0,
+            ],
+        ),
+        (
+            "mount",
+            165,
+            [
+                none.as_ptr() as i64,
+                target.as_ptr() as i64,
+                tmpfs_type.as_ptr() as i64,
+                0,
+                0,
+                0,
+            ],
+        ),
+        ("process_vm_readv", 310, [1, 0, 0, 0, 0, 0]),
+        ("bpf", 321, [0, 0, 0, 0, 0, 0]),
+    ] {
+        let out = describe_outcome(&in_child(move || call_outcome(int80(nr, args))));
+        let sigsys = format!("killed by signal {}", libc::SIGSYS);
+        r.line(
+            &format!("08 int 0x80 with x86-64 {name} ({nr})"),
+            r.pick("killed (SIGSYS)", "EPERM"),
+            &out,
+            if r.gvisor() {
+                out == "EPERM"
+            } else {
+                out == sigsys
+            },
+        );
+    }
+    let out = describe_outcome(&in_child(x32_getpid));
+    r.line(
+        "08 x32 getpid",
         "killed or refused",
         &out,
-        out.starts_with("killed") || out == "exit 1" || out == "exit 38",
+        out.starts_with("killed") || out == "EPERM" || out == "ENOSYS",
     );
-    let out = in_child(x32_getpid);
-    r.line("08 x32 getpid", "killed or refused", &out, out != "exit 0");
     // 9. Privilege state.
+    // SAFETY: prctl with integer arguments only.
+    let nnp = unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) };
+    let line = status_field("NoNewPrivs:");
     r.line(
         "09 NoNewPrivs",
-        "1",
-        &read_status("NoNewPrivs:"),
-        read_status("NoNewPrivs:") == "1",
+        r.pick(
+            "prctl 1; /proc/self/status 1",
+            "prctl 1 (gVisor's status has no such line)",
+        ),
+        &format!(
+            "prctl {nnp}; /proc/self/status {}",
+            line.as_deref().unwrap_or("has no such line")
+        ),
+        nnp == 1
+            && match &line {
+                Some(v) => v == "1",
+                None => r.gvisor(),
+            },
     );
     r.line(
         "09 Seccomp",
@@ -886,27 +1446,35 @@ fn main() {
         &v,
         v == "00000000000004fb",
     );
-    for field in ["CapAmb:", "CapInh:"] {
-        let v = read_status(field);
-        r.line(
-            &format!("09 {field}"),
-            "0000000000000000",
-            &v,
-            v == "0000000000000000",
-        );
-    }
+    ambient_capabilities(&mut r);
+    let v = read_status("CapInh:");
+    r.line(
+        "09 CapInh:",
+        "0000000000000000",
+        &v,
+        v == "0000000000000000",
+    );
     // 11. Root inside is an unprivileged host id range.
     for file in ["uid_map", "gid_map"] {
         let map = fs::read_to_string(format!("/proc/self/{file}")).unwrap_or_default();
         let fields: Vec<&str> = map.split_whitespace().collect();
+        let check = format!("11 {file}");
+        let expect = "0 <host base >= 65536> 65536";
+        // gVisor's kernel shows its own identity map: ids inside are the
+        // sentry's, not the host's, so the map says nothing about who the
+        // sandbox is on the host. Any other map there is unexplained.
+        if r.gvisor() && fields == ["0", "0", "4294967295"] {
+            r.not_applicable(
+                &check,
+                expect,
+                &fields.join(" "),
+                "gVisor's own identity map: ids inside are gVisor's, not host ids; the host identity is the sentry's and its ptrace stubs': nobody in a user namespace of their own with network none (tests/test_gvisor.py checks it), host root with CAP_SYS_PTRACE under seccomp with host networking",
+            );
+            continue;
+        }
         let unprivileged = matches!(fields.as_slice(),
             ["0", base, "65536"] if base.parse::<u64>().is_ok_and(|b| b >= 65536));
-        r.line(
-            &format!("11 {file}"),
-            "0 <host base >= 65536> 65536",
-            &fields.join(" "),
-            unprivileged,
-        );
+        r.line(&check, expect, &fields.join(" "), unprivileged);
     }
     // 13. Devices.
     for path in [
@@ -947,16 +1515,51 @@ fn main() {
         "null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm", "mqueue", "fd",
         "stdin", "stdout", "stderr",
     ];
-    let extra: Vec<&String> = devs
+    let mut extra: Vec<&String> = devs
         .iter()
         .filter(|d| !allowed.contains(&d.as_str()))
         .collect();
+    extra.sort();
+    // gVisor's /dev is the sentry's: it adds its own fuse device (and
+    // net/tun when the sandbox runs on gVisor's network stack), and
+    // Warren adds init's binary and socket directory there (checked
+    // below); nothing else may appear.
+    let net: Vec<String> = fs::read_dir("/dev/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut observed = format!("extra: {extra:?}");
+    let pass = if r.gvisor() {
+        let own: Vec<&str> = extra
+            .iter()
+            .map(|d| d.as_str())
+            .filter(|d| *d != "net")
+            .collect();
+        let has_net = extra.iter().any(|d| d.as_str() == "net");
+        if has_net {
+            observed.push_str(&format!("; /dev/net: {net:?}"));
+        }
+        own == [".warren", ".warren-init", "fuse"] && (!has_net || net == ["tun"])
+    } else {
+        extra.is_empty()
+    };
     r.line(
         "13 /dev contents",
-        "only the minimal set",
-        &format!("extra: {extra:?}"),
-        extra.is_empty(),
+        r.pick(
+            "only the minimal set",
+            "the minimal set and exactly .warren .warren-init fuse (and net/tun on gVisor's own network stack)",
+        ),
+        &observed,
+        pass,
     );
+    if r.gvisor() {
+        init_socket_dir(&mut r, root);
+        init_binary(&mut r, root);
+    }
+    fuse_mount(&mut r);
+    tun_device(&mut r);
     // 14. Only fds 0-2 at exec, and the working directory is inside.
     let fds: Vec<String> = fs::read_dir("/proc/self/fd")
         .map(|d| {
@@ -1034,12 +1637,10 @@ fn main() {
     let shown = String::from_utf8_lossy(&cmdline)
         .trim_end_matches('\0')
         .replace('\0', " ");
-    r.line(
-        "37 /proc/1/cmdline",
-        "/.warren-init",
-        &shown,
-        shown == "/.warren-init",
-    );
+    // gVisor's init is a read-only bind on the sentry's /dev (check 13);
+    // the container class's is a sealed memfd named by its argv.
+    let want = r.pick("/.warren-init", "/dev/.warren-init");
+    r.line("37 /proc/1/cmdline", want, &shown, shown == want);
     // 37. Kernel logs and debug interfaces.
     for path in [
         "/sys/kernel/debug",
@@ -1069,9 +1670,11 @@ fn main() {
     toolkit_techniques(&mut r);
 
     println!(
-        "{{\"summary\":true,\"uid\":\"{}\",\"failed\":{}}}",
+        "{{\"summary\":true,\"isolation\":\"{}\",\"uid\":\"{}\",\"failed\":{},\"not_applicable\":{}}}",
+        r.class.name(),
         json_escape(&read_status("Uid:")),
-        r.failed
+        r.failed,
+        r.not_applicable
     );
     std::process::exit(if r.failed == 0 { 0 } else { 1 });
 }

@@ -426,8 +426,22 @@ def test_a_replayed_request_id_answers_a_ready_sandbox(warren):
 # ---------------------------------------------------------------- exec
 
 
-def test_killing_its_shim_does_not_free_an_exec(warren, sandbox):
-    sid = sandbox(cpu=0.5, memory="64M")["id"]
+# gVisor: no exec cgroup can enter the sentry, so init's own walk of the
+# exec's processes is all that stops them; these check that walk. It finds
+# only what stays below the shim, and this runsc refuses
+# PR_SET_CHILD_SUBREAPER (EINVAL): an orphan (a double fork, setsid, or the
+# children of a killed shim) goes to init and outlives the exec. Strict, so
+# the fix in warren-init turns these into failures to drop the mark.
+EXEC_TREE_CLASSES = [
+    "container",
+    pytest.param("gvisor", marks=pytest.mark.xfail(
+        strict=True, reason="gVisor (runsc 20221219) has no PR_SET_CHILD_SUBREAPER: an exec's orphans go to init and escape its kill (issue 45)")),
+]
+
+
+@pytest.mark.parametrize("isolation", EXEC_TREE_CLASSES)
+def test_killing_its_shim_does_not_free_an_exec(warren, sandbox, isolation):
+    sid = sandbox(cpu=0.5, memory="64M", isolation=isolation)["id"]
     ev, _, _ = sh(warren, sid, "sleep 1001 & sleep 0.2; kill -9 $PPID; sleep 1002", timeout="30s")
     assert ev["code"] == 137, ev
     time.sleep(0.5)
@@ -435,8 +449,9 @@ def test_killing_its_shim_does_not_free_an_exec(warren, sandbox):
     assert "sleep 1001" not in ps and "sleep 1002" not in ps, ps
 
 
-def test_a_sigcont_storm_does_not_outlive_the_timeout(warren, sandbox):
-    sid = sandbox(cpu=0.5, memory="64M")["id"]
+@pytest.mark.parametrize("isolation", EXEC_TREE_CLASSES)
+def test_a_sigcont_storm_does_not_outlive_the_timeout(warren, sandbox, isolation):
+    sid = sandbox(cpu=0.5, memory="64M", isolation=isolation)["id"]
     t = time.time()
     ev, _, _ = sh(warren, sid, "(while :; do kill -CONT -1 2>/dev/null; done) & (setsid sleep 1003 &); sleep 1004", timeout="2s")
     took = time.time() - t

@@ -98,6 +98,31 @@ pub fn seccomp_profile() -> Value {
     profile
 }
 
+/// The capability sets of a sandbox's processes: [`CAPABILITIES`], none
+/// inheritable or ambient (every isolation class gives the same).
+pub(crate) fn capabilities() -> Value {
+    let caps = CAPABILITIES;
+    json!({
+        "bounding": caps, "effective": caps, "permitted": caps,
+        "inheritable": [], "ambient": []
+    })
+}
+
+/// A minimal /dev (tmpfs, its own devpts, a size-capped /dev/shm) and a
+/// read-only /sys, as every isolation class mounts them.
+pub(crate) fn dev_and_sys_mounts() -> [Value; 4] {
+    [
+        json!({ "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] }),
+        json!({ "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] }),
+        json!({ "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] }),
+        json!({ "destination": "/sys", "type": "sysfs", "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"] }),
+    ]
+}
+
 pub struct ConfigInput<'a> {
     pub id: &'a str,
     pub rootfs: &'a Path,
@@ -133,7 +158,17 @@ pub fn config(input: &ConfigInput<'_>) -> Value {
 }
 
 fn base_config(input: &ConfigInput<'_>) -> Value {
-    let caps = CAPABILITIES;
+    let mut mounts = vec![
+        json!({ "destination": "/proc", "type": "proc", "source": "proc",
+                                  "options": ["nosuid", "noexec", "nodev"] }),
+    ];
+    mounts.extend(dev_and_sys_mounts());
+    mounts.extend([
+        json!({ "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                "options": ["nosuid", "noexec", "nodev"] }),
+        json!({ "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] }),
+    ]);
     let r = input.resources;
     let quota = (r.cpu_millis * CPU_PERIOD_US / 1000).max(1000);
     // Requests become the kernel's shares of contended resources: CPU
@@ -154,32 +189,14 @@ fn base_config(input: &ConfigInput<'_>) -> Value {
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "cwd": "/",
             "noNewPrivileges": true,
-            "capabilities": {
-                "bounding": caps, "effective": caps, "permitted": caps,
-                "inheritable": [], "ambient": []
-            },
+            "capabilities": capabilities(),
             "rlimits": [
                 { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
                 { "type": "RLIMIT_MEMLOCK", "hard": input.memlock, "soft": input.memlock },
                 { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
             ]
         },
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc",
-              "options": ["nosuid", "noexec", "nodev"] },
-            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
-              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
-            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
-            { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-              "options": ["nosuid", "noexec", "nodev"] },
-            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
-              "options": ["nosuid", "noexec", "nodev", "ro"] },
-            { "destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-              "options": ["nosuid", "noexec", "nodev", "relatime", "ro"] }
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": [
                 { "type": "pid" }, { "type": "mount" }, { "type": "ipc" },

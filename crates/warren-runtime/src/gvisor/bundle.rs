@@ -10,8 +10,6 @@ use std::path::Path;
 use serde_json::{json, Value};
 use warren_core::ResolvedResources;
 
-use crate::oci::CAPABILITIES;
-
 pub(crate) struct ConfigInput<'a> {
     pub id: &'a str,
     pub rootfs: &'a Path,
@@ -37,7 +35,14 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
     let period = 100_000u64;
     let quota = (r.cpu_millis * period / 1000).max(1000);
     let shares = (r.cpu_request() * 1024 / 1000).max(2);
-    let caps = CAPABILITIES;
+    let mut mounts = vec![json!({ "destination": "/proc", "type": "proc", "source": "proc" })];
+    mounts.extend(crate::oci::dev_and_sys_mounts());
+    mounts.extend([
+        json!({ "destination": super::INIT_PATH, "type": "bind", "source": input.init,
+                "options": ["rbind", "ro"] }),
+        json!({ "destination": super::IPC_DIR, "type": "bind", "source": input.ipc,
+                "options": ["rbind", "rw"] }),
+    ]);
     json!({
         "ociVersion": "1.0.2",
         "root": { "path": input.rootfs, "readonly": false },
@@ -52,30 +57,13 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
             ],
             "cwd": "/",
             "noNewPrivileges": true,
-            "capabilities": {
-                "bounding": caps, "effective": caps, "permitted": caps,
-                "inheritable": [], "ambient": []
-            },
+            "capabilities": crate::oci::capabilities(),
             "rlimits": [
                 { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
                 { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
             ]
         },
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc" },
-            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
-              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
-            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
-            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
-              "options": ["nosuid", "noexec", "nodev", "ro"] },
-            { "destination": super::INIT_PATH, "type": "bind", "source": input.init,
-              "options": ["rbind", "ro"] },
-            { "destination": super::IPC_DIR, "type": "bind", "source": input.ipc,
-              "options": ["rbind", "rw"] }
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": [
                 { "type": "pid" }, { "type": "mount" }, { "type": "ipc" },

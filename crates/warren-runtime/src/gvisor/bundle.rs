@@ -75,7 +75,14 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
             // behind the first).
             "seccomp": crate::oci::seccomp_profile(),
             "resources": {
-                "memory": { "limit": r.memory, "reservation": r.memory_request() },
+                // Socket buffers as in the container class (oci.rs): with
+                // host networking the sandbox's sockets are host sockets, whose
+                // buffers cgroup v1 charges only under a kernel TCP limit.
+                "memory": {
+                    "limit": r.memory, "swap": r.memory,
+                    "kernelTCP": crate::oci::tcp_limit(r.memory),
+                    "reservation": r.memory_request()
+                },
                 "cpu": { "quota": quota, "period": period, "shares": shares },
                 "pids": {
                     "limit": (r.pids as u64).saturating_mul(HOST_TASKS_PER_PROCESS)
@@ -112,6 +119,7 @@ mod tests {
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(c["linux"]["resources"]["memory"]["kernelTCP"], 16 << 20);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 10 * 12 + 64);
         assert_eq!(c["process"]["args"][0], super::super::INIT_PATH);
         let mounts = c["mounts"].as_array().unwrap();

@@ -94,10 +94,11 @@ fn die_of(sig: Signal) -> ! {
     exit(128 + sig as i32)
 }
 
-/// One process as /proc shows it: pid, parent and state letter.
+/// One process as /proc shows it: pid, parent, session and state letter.
 struct Proc {
     pid: i32,
     ppid: i32,
+    sid: i32,
     state: char,
 }
 
@@ -111,7 +112,13 @@ fn processes() -> Vec<Proc> {
             let stat = crate::procstat::read(&pid.to_string())?;
             let state = stat.field(3)?.chars().next()?;
             let ppid = stat.field(4)?.parse().ok()?;
-            Some(Proc { pid, ppid, state })
+            let sid = stat.field(6)?.parse().ok()?;
+            Some(Proc {
+                pid,
+                ppid,
+                sid,
+                state,
+            })
         })
         .collect()
 }
@@ -129,19 +136,48 @@ fn descendants(root: i32, procs: &[Proc]) -> Vec<&Proc> {
     found
 }
 
-/// Kills every process below the shim `shim`. They are stopped first,
-/// round after round until none is left running (a stopped process cannot
-/// fork, so the tree stops growing), and then killed at once: killed one
-/// by one, the command could die first and the shim exit, and the rest
-/// would be reparented to init and escape.
-pub(crate) fn kill_tree(shim: i32) {
+/// Whether `pid` is a process that has not ended (not a zombie).
+pub(crate) fn alive(pid: i32) -> bool {
+    crate::procstat::read(&pid.to_string())
+        .and_then(|s| s.field(3).and_then(|f| f.chars().next()))
+        .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+}
+
+/// The exec's processes: everything below its shim, and everything in its
+/// session (the command's pid; the command calls setsid). The session
+/// finds what was orphaned where the shim cannot be a child subreaper
+/// (gVisor refuses PR_SET_CHILD_SUBREAPER, and orphans go to init); what
+/// calls setsid itself there escapes both.
+fn members(shim: i32, session: Option<i32>, procs: &[Proc]) -> Vec<i32> {
+    let mut found: Vec<i32> = descendants(shim, procs).iter().map(|p| p.pid).collect();
+    if let Some(sid) = session.filter(|s| *s > 1) {
+        let in_session: Vec<i32> = procs
+            .iter()
+            .filter(|p| p.sid == sid && p.pid != shim && !found.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        found.extend(in_session);
+    }
+    found
+}
+
+/// Kills every process of the exec whose shim is `shim` (see [`members`]).
+/// They are stopped first, round after round until none is left running (a
+/// stopped process cannot fork, so the tree stops growing), and then killed
+/// at once: killed one by one, the command could die first and the shim
+/// exit, and the rest would be reparented to init and escape.
+pub(crate) fn kill_tree(shim: i32, session: Option<i32>) {
     const ROUNDS: usize = 200;
     for _ in 0..ROUNDS {
         let procs = processes();
-        let running: Vec<i32> = descendants(shim, &procs)
+        let running: Vec<i32> = members(shim, session, &procs)
             .into_iter()
-            .filter(|p| !matches!(p.state, 'T' | 't' | 'Z' | 'X'))
-            .map(|p| p.pid)
+            .filter(|pid| {
+                procs
+                    .iter()
+                    .find(|p| p.pid == *pid)
+                    .is_some_and(|p| !matches!(p.state, 'T' | 't' | 'Z' | 'X'))
+            })
             .collect();
         if running.is_empty() {
             break;
@@ -151,8 +187,8 @@ pub(crate) fn kill_tree(shim: i32) {
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    for p in descendants(shim, &processes()) {
-        let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+    for pid in members(shim, session, &processes()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
 
@@ -166,31 +202,37 @@ mod tests {
             Proc {
                 pid: 10,
                 ppid: 1,
+                sid: 0,
                 state: 'S',
             },
             Proc {
                 pid: 11,
                 ppid: 10,
+                sid: 0,
                 state: 'S',
             },
             Proc {
                 pid: 12,
                 ppid: 11,
+                sid: 0,
                 state: 'R',
             },
             Proc {
                 pid: 13,
                 ppid: 10,
+                sid: 0,
                 state: 'T',
             },
             Proc {
                 pid: 20,
                 ppid: 1,
+                sid: 0,
                 state: 'S',
             },
             Proc {
                 pid: 21,
                 ppid: 20,
+                sid: 0,
                 state: 'S',
             },
         ];
@@ -198,5 +240,33 @@ mod tests {
         below.sort();
         assert_eq!(below, [11, 12, 13]);
         assert!(descendants(12, &procs).is_empty());
+    }
+
+    #[test]
+    fn members_are_below_the_shim_or_in_the_commands_session() {
+        let p = |pid, ppid, sid| Proc {
+            pid,
+            ppid,
+            sid,
+            state: 'S',
+        };
+        // Shim 10, command 11 (its own session), a child 12; 13 orphaned to
+        // init but still in the session; 14 orphaned after a setsid; 20 is
+        // another exec's.
+        let procs = [
+            p(10, 1, 1),
+            p(11, 10, 11),
+            p(12, 11, 11),
+            p(13, 1, 11),
+            p(14, 1, 14),
+            p(20, 1, 20),
+        ];
+        let mut found = members(10, Some(11), &procs);
+        found.sort();
+        assert_eq!(found, [11, 12, 13]);
+        // Before the command is known, only the tree; init's own session
+        // never counts.
+        assert_eq!(members(10, None, &procs).len(), 2);
+        assert_eq!(members(10, Some(1), &procs).len(), 2);
     }
 }

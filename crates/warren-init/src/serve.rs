@@ -280,6 +280,13 @@ impl Init {
         let Some(exec) = self.execs.remove(&pid) else {
             return;
         };
+        // The shim exits once its command has; a shim that ended first was
+        // killed from inside the sandbox, and the exec ends with it. (The
+        // daemon's exec cgroup does the same where it has one; without one,
+        // as in gVisor, the command and its session are found here.)
+        if exec_tree::alive(exec.pgid) {
+            exec_tree::kill_tree(pid, Some(exec.pgid));
+        }
         if exec.main {
             self.main_exit = Some((code, signal));
             self.main_output.clear();
@@ -299,7 +306,7 @@ impl Init {
         match proto::recv::<InitRequest>(conn) {
             Ok((InitRequest::Signal { signal }, _)) => match Signal::try_from(signal) {
                 // Killing an exec kills all it started, detached or not.
-                Ok(Signal::SIGKILL) => exec_tree::kill_tree(pid),
+                Ok(Signal::SIGKILL) => exec_tree::kill_tree(pid, Some(exec.pgid)),
                 Ok(sig) => {
                     let _ = killpg(Pid::from_raw(exec.pgid), sig);
                 }
@@ -311,7 +318,7 @@ impl Init {
                 // the main process outlives daemon restarts.
                 exec.conn = None;
                 if !exec.main {
-                    exec_tree::kill_tree(pid);
+                    exec_tree::kill_tree(pid, Some(exec.pgid));
                 }
             }
         }
@@ -548,7 +555,7 @@ fn spawn(
             // longer than START_DEADLINE (a shim or command that cannot run,
             // e.g. frozen by its cgroup, is given up and killed).
             let given_up = |what: &str| {
-                exec_tree::kill_tree(shim.as_raw());
+                exec_tree::kill_tree(shim.as_raw(), None);
                 let _ = nix::sys::signal::kill(shim, Signal::SIGKILL);
                 fail(
                     format!(

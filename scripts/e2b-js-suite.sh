@@ -17,7 +17,10 @@
 # are left out; each is named below with its reason. VITEST_ARGS go to
 # `vitest run` (a file filter such as tests/sandbox/files narrows the run).
 # E2B_JS_WORKERS sets how many test files run at once (default 3);
-# E2B_JS_KEEP_LOG=DIR keeps the vitest and warren logs there.
+# E2B_JS_KEEP_LOG=DIR keeps the vitest and warren logs (and the daemon's
+# warren-up.log) there.
+# WARREN_UP_ARGS adds flags to the `warren up` (split on whitespace), e.g.
+# WARREN_UP_ARGS="--default-isolation gvisor" runs every sandbox on gVisor.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 repo=${1:?usage: e2b-js-suite.sh E2B_CHECKOUT [VITEST_ARGS...]}
@@ -103,7 +106,7 @@ EOF
 . "$here/scripts/lib/e2b-warren.sh"
 cleanup() {
     stop_e2b_warren
-    [ -z "${E2B_JS_KEEP_LOG:-}" ] || cp "$work/warren.log" "$work/vitest.log" "$work/vitest.json" "$E2B_JS_KEEP_LOG/" 2>/dev/null || true
+    [ -z "${E2B_JS_KEEP_LOG:-}" ] || cp "$work/warren.log" "$work/home/warren-up.log" "$work/vitest.log" "$work/vitest.json" "$E2B_JS_KEEP_LOG/" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -123,5 +126,5 @@ counts=$(node -e '
 const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))
 const skipped = r.numPendingTests + r.numTodoTests
 console.log(`${r.numPassedTests}/${r.numFailedTests}/${skipped}`)' "$work/vitest.json" 2>/dev/null || echo "?/?/?")
-echo "e2b-js-suite: E2B $commit, Warren $(git -C "$here" rev-parse --short HEAD): passed/failed/skipped $counts"
+echo "e2b-js-suite: E2B $commit, Warren $(git -C "$here" rev-parse --short HEAD)${WARREN_UP_ARGS:+ ($WARREN_UP_ARGS)}: passed/failed/skipped $counts"
 exit "$status"

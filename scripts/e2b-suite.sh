@@ -12,6 +12,10 @@
 # in target/debug (WARREN_BIN to choose) serves the E2B API and sandbox
 # doors on loopback. Out of scope, and left out (docs/e2b.md says why):
 # template builds (issue 39) and get_host's public names.
+# WARREN_UP_ARGS adds flags to that `warren up` (split on whitespace), e.g.
+# WARREN_UP_ARGS="--default-isolation gvisor" runs every sandbox on gVisor;
+# E2B_KEEP_LOG=DIR keeps the pytest and warren logs (and the daemon's
+# warren-up.log) there.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 repo=${1:?usage: e2b-suite.sh E2B_CHECKOUT [PYTEST_ARGS...]}
@@ -34,6 +38,7 @@ fi
 work=$(mktemp -d)
 cleanup() {
     stop_e2b_warren
+    [ -z "${E2B_KEEP_LOG:-}" ] || cp "$work/warren.log" "$work/home/warren-up.log" "$work/pytest.log" "$E2B_KEEP_LOG/" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -50,5 +55,5 @@ set +e
 status=${PIPESTATUS[0]}
 set -e
 summary=$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$work/pytest.log" | tail -1)
-echo "e2b-suite: E2B $commit, Warren $(git -C "$here" rev-parse --short HEAD): $summary"
+echo "e2b-suite: E2B $commit, Warren $(git -C "$here" rev-parse --short HEAD)${WARREN_UP_ARGS:+ ($WARREN_UP_ARGS)}: $summary"
 exit "$status"

@@ -11,6 +11,9 @@
 #                               # and $e2b_daemon (stop it with stop_e2b_warren)
 #
 # Needs $here (the checkout), $warren (the binary) and $cache (the test cache).
+# WARREN_UP_ARGS, if set, is split on whitespace and added to the `warren up`
+# line (e.g. WARREN_UP_ARGS="--default-isolation gvisor": every sandbox the
+# suite makes runs on gVisor); unset, the daemon is started as before.
 
 e2b_base_image() {
     local image="$cache/debian-bookworm-python3-e2b-oci.tar"
@@ -22,7 +25,8 @@ e2b_base_image() {
 }
 
 start_e2b_warren() {
-    local work=$1 name=$2 image api e2b_api e2b_sbx
+    local work=$1 name=$2 image api e2b_api e2b_sbx extra=()
+    read -r -a extra <<< "${WARREN_UP_ARGS:-}"
     image=$(e2b_base_image)
     local port='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
     api=$(python3 -c "$port") e2b_api=$(python3 -c "$port") e2b_sbx=$(python3 -c "$port")
@@ -30,7 +34,8 @@ start_e2b_warren() {
     printf '[templates]\nbase = "e2b-base:1"\n' > "$work/home/e2b-templates.toml"
     printf 'unqualified-search-registries = []\n' > "$work/home/registries.toml"
     "$warren" up --home "$work/home" --listen "127.0.0.1:$api" --cgroup-parent "warren/$name-$$" \
-        --e2b-api "127.0.0.1:$e2b_api" --e2b-sandbox "127.0.0.1:$e2b_sbx" > "$work/warren.log" 2>&1 &
+        --e2b-api "127.0.0.1:$e2b_api" --e2b-sandbox "127.0.0.1:$e2b_sbx" ${extra[@]+"${extra[@]}"} \
+        > "$work/warren.log" 2>&1 &
     e2b_daemon=$!
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$api/healthz" | grep -q ok && break

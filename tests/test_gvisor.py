@@ -287,3 +287,21 @@ def test_a_kept_sandbox_is_frozen_its_files_readable_and_an_exec_thaws_it(warren
         assert sh_ok(warren, sid, "cat /tmp/result") == "kept\n"
     finally:
         warren.destroy(sid)
+
+
+def test_threads_start_and_select_waits(warren, tmp_path_factory):
+    """What glibc programs do on every start: make a thread (clone3, then
+    clone when told ENOSYS) and wait in select() (pselect6, which gVisor's
+    table calls pselect). Both were refused in gVisor until its profile was
+    adapted (gvisor/bundle.rs); E2B's SDK tests found it."""
+    from debian import debian_archive
+
+    image = "gvisor-python:1"
+    warren.cli("image", "import", str(debian_archive(tmp_path_factory.mktemp("deb"))), "--name", image, timeout=300)
+    sid = warren.create(image=image, isolation="gvisor")["id"]
+    try:
+        script = ("import select, threading; t = threading.Thread(target=print, args=('thread',)); "
+                  "t.start(); t.join(); print(select.select([], [], [], 0.01))")
+        assert sh_ok(warren, sid, f'python3 -c "{script}"') == "thread\n([], [], [])\n"
+    finally:
+        warren.destroy(sid)

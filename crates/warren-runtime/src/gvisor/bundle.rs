@@ -73,7 +73,7 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
             // The container class's filter, enforced by the sentry: what it
             // refuses never reaches gVisor's code either (a second wall
             // behind the first).
-            "seccomp": crate::oci::seccomp_profile(),
+            "seccomp": seccomp_profile(),
             "resources": {
                 // Socket buffers as in the container class (oci.rs): with
                 // host networking the sandbox's sockets are host sockets, whose
@@ -91,6 +91,39 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
             }
         }
     })
+}
+
+/// The container class's seccomp profile, as gVisor's runsc reads it:
+/// - runsc looks names up in gVisor's own syscall table, which calls 270
+///   `pselect` (not `pselect6`) and drops names it does not know, so
+///   `select()` and `pselect()` were refused (found running E2B's SDK
+///   tests: bash's line editor waits in it);
+/// - this runsc turns every errno rule into EPERM, ignoring `errnoRet`, so
+///   the profile's ENOSYS answer to `clone3` (whose flags seccomp cannot
+///   read) became EPERM, on which glibc does not fall back to `clone`: no
+///   thread could start. gVisor gets `clone3` through: this one answers
+///   ENOSYS itself, and one that implements it makes threads and
+///   namespaces in its own kernel, not the host's.
+pub(crate) fn seccomp_profile() -> Value {
+    let mut profile = crate::oci::seccomp_profile();
+    if let Some(rules) = profile["syscalls"].as_array_mut() {
+        for rule in rules.iter_mut() {
+            let enosys = rule["action"] == "SCMP_ACT_ERRNO" && rule["errnoRet"] == libc::ENOSYS;
+            let Some(names) = rule["names"].as_array_mut() else {
+                continue;
+            };
+            if names.iter().any(|n| n == "pselect6") {
+                names.push(json!("pselect"));
+            }
+            if enosys && names.iter().any(|n| n == "clone3") {
+                rule["action"] = json!("SCMP_ACT_ALLOW");
+                if let Some(r) = rule.as_object_mut() {
+                    r.remove("errnoRet");
+                }
+            }
+        }
+    }
+    profile
 }
 
 #[cfg(test)]
@@ -128,6 +161,16 @@ mod tests {
             .find(|m| m["destination"] == super::super::INIT_PATH)
             .unwrap();
         assert!(init["options"].as_array().unwrap().contains(&json!("ro")));
+        // select() under gVisor's name for it; clone3 through to gVisor.
+        let rules = c["linux"]["seccomp"]["syscalls"].as_array().unwrap();
+        let allowed = |name: &str| {
+            rules.iter().any(|r| {
+                r["action"] == "SCMP_ACT_ALLOW"
+                    && r.get("args").is_none()
+                    && r["names"].as_array().unwrap().iter().any(|n| n == name)
+            })
+        };
+        assert!(allowed("pselect") && allowed("pselect6") && allowed("clone3"));
         // Never the host's network namespace.
         assert!(c["linux"]["namespaces"]
             .as_array()

@@ -3,6 +3,7 @@ each of these broke the node (or let a sandbox take more than its share)
 before it was fixed. The restart findings are in test_restart.py."""
 
 import base64
+import contextlib
 import glob
 import json
 import os
@@ -20,10 +21,13 @@ import pytest
 from conftest import own_daemon
 from helpers import (
     CGROUP_V2,
+    cgroup_dir,
     cgroup_read,
+    cgroup_stat,
     error_body,
     host_traces,
     loop_ext4,
+    make_tar,
     read_tar,
     sandbox_host_pids,
     sandbox_init_host_pid,
@@ -103,41 +107,55 @@ def test_paths_that_are_not_utf8_are_refused_not_rewritten(warren, sandbox):
 # ---------------------------------------------------------------- disk and logs
 
 
-def test_a_sandbox_past_the_default_disk_limit_is_stopped_even_once_idle(images):
+# gVisor: what a sandbox writes to its root (and /tmp, the root's own) goes
+# through the gofer into the same upper directory on the node's disk as a
+# container's, so the same limit must stop it; an upload reaches that
+# directory through the gofer's view of the root instead of init's.
+@pytest.mark.parametrize("isolation", ["container", "gvisor"])
+def test_a_sandbox_past_the_default_disk_limit_is_stopped_even_once_idle(images, isolation):
     """Issue 38 (5): written in one burst (blocks allocated at once), then
     idle. The old sampler measured disk every tenth reading in which the
     sandbox ran, and an idle one never: this one ran on past its limit."""
     with own_daemon(images, args=["--default-disk", "64M", "--sample-interval", "200ms"]) as w:
-        sid = w.create(cpu=0.5, memory="64M")["id"]
+        sid = w.create(cpu=0.5, memory="64M", isolation=isolation)["id"]
         sh_ok(w, sid, "fallocate -l 200M /tmp/fill")
         done = wait_state(w, sid, ("destroyed",), 10)
         assert done["reason"] == "disk_exceeded", done
         assert host_traces(w, sid) == []
         # Written from outside (an upload) while it idles: measured too.
-        idle = w.create(cpu=0.1, memory="32M")["id"]
+        idle = w.create(cpu=0.1, memory="32M", isolation=isolation)["id"]
         r = w.http.put(f"/v1/sandboxes/{idle}/files", params={"path": "/tmp/big"}, content=b"\0" * (100 << 20))
-        assert r.status_code in (200, 201, 204), r.text
+        # An idle gvisor sandbox still runs now and then (the sentry's own
+        # timers: CPU in 1 of 5 windows of 200 ms, measured), so it can be
+        # measured, and stopped, while the upload runs: then the upload is
+        # refused and nothing of it kept.
+        stopped_first = isolation == "gvisor" and r.status_code == 409 and "destroyed while the upload ran" in r.text
+        assert r.status_code in (200, 201, 204) or stopped_first, r.text
         done = wait_state(w, idle, ("destroyed",), 10)
         assert done["reason"] == "disk_exceeded", done
 
 
-def test_the_node_floor_refuses_creates_and_stops_the_largest_writer(images, tmp_path):
+# gVisor: the largest writer is found by the upper directory it fills
+# through its gofer, and destroyed although its policy would keep it; the
+# small gvisor sandbox beside it keeps running.
+@pytest.mark.parametrize("isolation", ["container", "gvisor"])
+def test_the_node_floor_refuses_creates_and_stops_the_largest_writer(images, tmp_path, isolation):
     # The home on a file system of its own: on the shared disk, the suite's
     # other tests writing at the same time took the node under its floor
     # too, and the floor then stopped the small sandbox as well.
     # (3G: an image import keeps 1 GiB free.)
     with loop_ext4(tmp_path / "disk.img", "3G") as mnt:
-        floor_test(images, mnt)
+        floor_test(images, mnt, isolation)
 
 
-def floor_test(images, mnt):
+def floor_test(images, mnt, isolation):
     st = os.statvfs(mnt)
     free = st.f_bavail * st.f_frsize
     # Room for the image and the small sandbox, not for the big one's write.
     floor = free - (150 << 20)
     with own_daemon(images, args=["--disk-floor", str(floor), "--sample-interval", "200ms"], under=mnt) as w:
-        small = w.create(cpu=0.1, memory="32M")["id"]
-        big = w.create(cpu=0.5, memory="64M", reclaim="keep")["id"]
+        small = w.create(cpu=0.1, memory="32M", isolation=isolation)["id"]
+        big = w.create(cpu=0.5, memory="64M", reclaim="keep", isolation=isolation)["id"]
         sh_ok(w, small, "echo tiny > /tmp/x")
         w.exec(big, ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>/dev/null; sleep 30"], timeout="60s")
         done = wait_state(w, big, ("destroyed",), 30)
@@ -288,6 +306,141 @@ def test_open_files_are_bounded_by_the_sandbox_memory_not_the_host_table(warren,
     assert state(warren, sid)["state"] == "running"
 
 
+# gVisor: opening /dev/null many times (the test above) never touches the
+# host's file table there, since the sentry serves /dev/null itself. What
+# reaches the host is a distinct file of the root: the gofer, a host process
+# of the sandbox's, opens it (2 descriptors per file) and hands one to the
+# sentry. Measured with runsc 20221219: the gofer and the sentry keep the
+# RLIMIT_NOFILE they inherit from the daemon (through the spawner and runsc),
+# and the ptrace stubs share the sentry's descriptor table, so the gofer's
+# limit is what stops a sandbox first, at about half as many files; every
+# open inside then fails with EMFILE. Each of those host files is also
+# charged to the sandbox's memory cgroup (the gofer and the sentry live in
+# it), so where the daemon's limit is high its memory stops it first, as in
+# a container. gVisor also caches 1,000 unused files, each keeping 2 gofer
+# descriptors, so the limit here is 4096: low enough to reach in seconds,
+# with room above that cache.
+GOFER_NOFILE = 4096
+HELD_FILES = 2500  # more than (GOFER_NOFILE - what an idle gofer holds) / 2
+
+
+@pytest.fixture(scope="module")
+def nofile_daemon(images):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (GOFER_NOFILE, GOFER_NOFILE))
+
+    with own_daemon(images, preexec=limit) as w:
+        yield w
+
+
+def gvisor_host_processes(info):
+    """(gofer, sentry) host pids of a gvisor sandbox (its create's answer)."""
+    gofers = [p for p in sandbox_host_pids(info["id"]) if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"runsc-gofer")]
+    assert len(gofers) == 1, gofers
+    return gofers[0], info["pid"]
+
+
+def fd_count(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def nofile_limit(pid):
+    row = next(l for l in Path(f"/proc/{pid}/limits").read_text().splitlines() if l.startswith("Max open files"))
+    return [int(x) for x in row.split()[3:5]]
+
+
+def kernel_memory(sid):
+    """Kernel memory charged to the sandbox's memory cgroup (open files are
+    slab objects)."""
+    if CGROUP_V2:
+        return cgroup_stat(sid, "memory", "memory.stat")["slab"]
+    return int(cgroup_read(sid, "memory", "memory.kmem.usage_in_bytes"))
+
+
+def hold_distinct_files(w, sid, timeout):
+    """Writes HELD_FILES empty files to /tmp/d (one upload) and starts, in a
+    thread, an exec whose `tail -f` opens them all; its errors go to /tmp/err."""
+    files = make_tar([(f"f{i}", "file", b"", 0o644) for i in range(HELD_FILES)])
+    r = w.http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/d"}, content=files,
+                   headers={"content-type": "application/x-tar"})
+    assert r.status_code in (200, 201, 204), r.text
+    done = {}
+
+    def hold():
+        with w.client() as c:
+            done["exec"] = w.exec(sid, ["sh", "-c", "cd /tmp/d && exec tail -f f* >/dev/null 2>/tmp/err"],
+                                  client=c, timeout=timeout)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    return t, done
+
+
+def test_open_files_in_gvisor_are_bounded_by_the_gofers_limit_and_charged_to_the_sandbox(nofile_daemon):
+    w = nofile_daemon
+    info = w.create(isolation="gvisor", cpu=1, memory="256M")
+    sid = info["id"]
+    try:
+        gofer, sentry = gvisor_host_processes(info)
+        # The limits runsc leaves them: the daemon's (runsc does not raise
+        # them, which would make the bound the kernel's nr_open).
+        assert nofile_limit(gofer) == [GOFER_NOFILE, GOFER_NOFILE], nofile_limit(gofer)
+        assert nofile_limit(sentry) == [GOFER_NOFILE, GOFER_NOFILE], nofile_limit(sentry)
+        held_before = fd_count(gofer) + fd_count(sentry)
+        kmem_before = kernel_memory(sid)
+        hold_distinct_files(w, sid, "60s")
+        wait_until(lambda: fd_count(gofer) >= GOFER_NOFILE, 30, 0.1, what="the gofer at its descriptor limit")
+        time.sleep(0.5)  # what the sandbox still tries fails
+        held = fd_count(gofer) + fd_count(sentry)
+        kmem = kernel_memory(sid)
+        assert fd_count(gofer) == GOFER_NOFILE and fd_count(sentry) < GOFER_NOFILE, (fd_count(gofer), fd_count(sentry))
+        # Refused inside with EMFILE (the gofer's limit), never ENFILE (the
+        # host's table). Read through the file API: at the gofer's limit no
+        # path can be opened inside (see the next test).
+        errors = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/err"}).text
+        assert "Too many open files" in errors and "in system" not in errors, errors[-300:]
+        # Every host descriptor it added costs it more memory than the node
+        # counts per file when it sizes fs.file-max (128 bytes, host_tables.rs),
+        # so a sandbox of a daemon with a high limit runs out of memory first.
+        # (Counted per descriptor: the one the sentry is handed is the
+        # gofer's file, so each file costs even more.)
+        added = held - held_before
+        assert added > HELD_FILES, (held_before, held)
+        assert kmem - kmem_before >= 128 * added, (kmem - kmem_before, added)
+    finally:
+        w.destroy(sid)
+    assert host_traces(w, sid) == []
+    # And so are their descriptors (reaped by the spawner a moment later).
+    wait_until(lambda: not os.path.exists(f"/proc/{gofer}") and not os.path.exists(f"/proc/{sentry}"), 10,
+               what="the gofer and the sentry to be reaped")
+
+
+# Found writing the test above: at the gofer's limit every path open in the
+# sandbox fails, /proc and /dev included (each walk starts at the root, which
+# --file-access=shared revalidates through the gofer), so init, which reads
+# /proc by path, finds none of the exec's processes when its timeout comes
+# and the holder lives on (the exec still ends, 137, when the daemon stops
+# waiting for it); no exec starts until the sandbox is destroyed. Measured: a
+# process that opened /proc before still reads it through that descriptor,
+# and killing the holder that way lets the sandbox serve again.
+@pytest.mark.xfail(strict=True, reason="gVisor: at the gofer's descriptor limit no path opens inside, and init reads /proc by path, so an exec's timeout kills none of its processes (docs/security.md#isolation-classes; issue 45)")
+def test_an_exec_holding_the_gofer_at_its_limit_is_still_ended_by_its_timeout(nofile_daemon):
+    w = nofile_daemon
+    info = w.create(isolation="gvisor", cpu=1, memory="256M")
+    sid = info["id"]
+    try:
+        gofer, _ = gvisor_host_processes(info)
+        _, done = hold_distinct_files(w, sid, "3s")
+        wait_until(lambda: fd_count(gofer) >= GOFER_NOFILE or "exec" in done, 30, 0.1, what="the gofer at its limit")
+        assert "exec" not in done, f"the holder ended before the gofer reached its limit: {done['exec'][0]}"
+        # Within 3 s the timeout kills the holder; its files closed, the
+        # gofer keeps what gVisor caches (1,000 files).
+        wait_until(lambda: fd_count(gofer) < GOFER_NOFILE * 3 // 4, 6, 0.1, what="the holder's files to close")
+        assert sh_ok(w, sid, "echo serving") == "serving\n"
+    finally:
+        w.destroy(sid)
+
+
 def test_pids_beyond_the_process_table_are_refused_and_the_sum_is_capped(warren):
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     r = warren.http.post("/v1/sandboxes", json={"image": "busybox:latest", "pids": pid_max})
@@ -295,6 +448,69 @@ def test_pids_beyond_the_process_table_are_refused_and_the_sum_is_capped(warren)
     root = Path("/sys/fs/cgroup") if CGROUP_V2 else Path("/sys/fs/cgroup/pids")
     cap = root / warren.cgroup_parent / "pids.max"
     assert int(cap.read_text()) <= pid_max * 3 // 4
+
+
+def test_a_fork_bomb_in_gvisor_stops_at_its_host_ceiling(warren, sandbox):
+    """gVisor variant of the test above and of test_isolation.py's fork
+    bomb. gVisor's kernel does not enforce `pids` itself (this runsc): each
+    guest process costs several host tasks on the ptrace platform (its stub
+    and the sentry's threads), so the sandbox's host cgroup holds it to a
+    ceiling of 12 x pids + 64 tasks (gvisor/bundle.rs), below the node's
+    capped parent. A bomb reaches the ceiling: the host refuses the fork,
+    and the sentry, which cannot make a thread, dies; the sandbox ends
+    (measured: within a second, init_died). A runsc that refused the guest's
+    forks instead would leave it running; either way the host's process
+    table holds no more of it than the ceiling."""
+    pids = 32
+    ceiling = pids * 12 + 64
+    info = sandbox(pids=pids, memory="128M", isolation="gvisor")
+    sid = info["id"]
+    assert int(cgroup_read(sid, "pids", "pids.max")) == ceiling
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    root = Path("/sys/fs/cgroup") if CGROUP_V2 else Path("/sys/fs/cgroup/pids")
+    assert ceiling < int((root / warren.cgroup_parent / "pids.max").read_text()) <= pid_max * 3 // 4
+    # Every host process of it (gofer, sentry, stubs) is in that cgroup: none
+    # that names it runs outside.
+    def cmdline(p):
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{p}/cmdline").read_bytes()
+        return b""
+
+    inside = set(sandbox_host_pids(sid))
+    outside = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in inside and sid.encode() in cmdline(p)]
+    assert not outside, outside
+    other = sandbox(cpu=0.1, memory="32M")["id"]
+    cgroup = cgroup_dir(sid, "pids")
+    seen = {"peak": 0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                seen["peak"] = max(seen["peak"], int((cgroup / "pids.current").read_text()))
+            except (OSError, ValueError):
+                return  # the cgroup is gone with the sandbox
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    script = "i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; echo survived $i"
+    ev, out, _, _ = warren.exec(sid, ["sh", "-c", script], timeout="60s")
+    assert b"survived" not in (out or b""), out
+    if ev is None:  # the stream ended with the sandbox
+        ended = wait_state(warren, sid, ("destroyed",), 30)
+        assert ended["reason"] == "init_died", ended
+    else:  # the forks refused inside
+        assert isinstance(ev, dict) and ev["code"] != 0, ev
+        assert state(warren, sid)["state"] == "running"
+    stop.set()
+    watcher.join(5)
+    assert seen["peak"] <= ceiling, seen
+    # The daemon and another sandbox are fine, and nothing of it is left.
+    assert httpx.get(warren.url + "/healthz", timeout=5).status_code == 200
+    assert sh_ok(warren, other, "echo fine") == "fine\n"
+    warren.destroy(sid)
+    assert host_traces(warren, sid) == []
 
 
 # ---------------------------------------------------------------- files
@@ -481,6 +697,35 @@ def test_init_is_the_oom_killers_last_choice(warren, sandbox):
     assert ev["code"] != 0
 
 
+def test_oom_score_adj_inside_gvisor_changes_nothing_on_the_host(warren, sandbox):
+    """gVisor variant of the test above. There the host's OOM killer sees
+    the sandbox's own processes, and init must be its last choice. In
+    gVisor it sees only the sentry (which holds all of the sandbox's memory),
+    the gofer and the ptrace stubs, and killing the sentry ends the whole
+    sandbox (oom_killed: test_gvisor.py). oom_score_adj inside is a number
+    of gVisor's kernel: this runsc lets root inside write any value, even
+    -1000 for init, and none of it may reach the host, where a sandbox
+    could otherwise shield its sentry and have a neighbour killed instead."""
+    info = sandbox(cpu=0.1, memory="64M", isolation="gvisor")
+    sid = info["id"]
+
+    def host_scores():
+        out = {}
+        for p in sandbox_host_pids(sid):
+            with contextlib.suppress(OSError):
+                out[p] = Path(f"/proc/{p}/oom_score_adj").read_text().strip()
+        return out
+
+    before = host_scores()
+    assert before[info["pid"]] == "0" and set(before.values()) == {"0"}, before
+    out = sh_ok(warren, sid, "sleep 30 & for p in 1 $$ $!; do echo -1000 > /proc/$p/oom_score_adj; done; "
+                             "cat /proc/1/oom_score_adj /proc/$!/oom_score_adj")
+    # Accepted by gVisor's kernel, so the check below means something.
+    assert out.split() == ["-1000", "-1000"], out
+    after = host_scores()
+    assert after[info["pid"]] == "0" and set(after.values()) == {"0"}, after
+
+
 # ---------------------------------------------------------------- network
 
 
@@ -547,13 +792,34 @@ def test_a_second_signal_stops_at_once(images):
         assert state(w, sid)["state"] in ("running", "destroyed")
 
 
-def test_a_sandbox_thrashing_on_a_sliver_of_cpu_is_destroyed_at_once(warren):
+# gVisor: the hog does not reach its memory limit there within the test (a
+# system call costs the sentry ~55 us, benchmarks.md; at 5% of a core its
+# memory grew by under a MiB a second, measured); what differs is what must
+# exit under the quota: the sentry's dozens of threads, the gofer and the
+# ptrace stubs the sentry traces. Created side by side: a gvisor create at
+# 5% of a core takes seconds (2.5 s measured).
+@pytest.mark.parametrize("isolation", ["container", "gvisor"])
+def test_a_sandbox_thrashing_on_a_sliver_of_cpu_is_destroyed_at_once(warren, isolation):
     """Found by the fault-injection suite: a sandbox at 0.05-0.1 of a core,
     thrashing at its memory limit, took so long to let its processes exit
     that removing its cgroup failed and DELETE answered 500. Its CPU quota
     is lifted before it is killed now."""
     hog = ["sh", "-c", "x=$(head -c 200000000 /dev/zero | tr '\\0' a)"]
-    ids = [warren.create(cpu=0.05, memory="32M", cmd=hog, reclaim="keep")["id"] for _ in range(4)]
+    created = {}
+
+    def create(i):
+        with warren.client() as c:
+            created[i] = c.post("/v1/sandboxes", json={"image": "busybox:latest", "cpu": 0.05, "memory": "32M",
+                                                       "cmd": hog, "reclaim": "keep", "isolation": isolation})
+
+    makers = [threading.Thread(target=create, args=(i,)) for i in range(4)]
+    for t in makers:
+        t.start()
+    for t in makers:
+        t.join(60)
+    assert len(created) == 4 and all(r.status_code in (200, 201) for r in created.values()), \
+        [(r.status_code, r.text) for r in created.values()]
+    ids = [r.json()["id"] for r in created.values()]
     time.sleep(1)
     out = {}
 

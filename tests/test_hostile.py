@@ -417,13 +417,10 @@ def test_open_files_in_gvisor_are_bounded_by_the_gofers_limit_and_charged_to_the
 
 # Found writing the test above: at the gofer's limit every path open in the
 # sandbox fails, /proc and /dev included (each walk starts at the root, which
-# --file-access=shared revalidates through the gofer), so init, which reads
-# /proc by path, finds none of the exec's processes when its timeout comes
-# and the holder lives on (the exec still ends, 137, when the daemon stops
-# waiting for it); no exec starts until the sandbox is destroyed. Measured: a
-# process that opened /proc before still reads it through that descriptor,
-# and killing the holder that way lets the sandbox serve again.
-@pytest.mark.xfail(strict=True, reason="gVisor: at the gofer's descriptor limit no path opens inside, and init reads /proc by path, so an exec's timeout kills none of its processes (docs/security.md#isolation-classes; issue 45)")
+# --file-access=shared revalidates through the gofer). Init, which read /proc
+# by path, found none of the exec's processes when its timeout came and the
+# holder lived on; it now reads /proc through a descriptor it opens at its
+# start (warren-init's procstat.rs), which still answers.
 def test_an_exec_holding_the_gofer_at_its_limit_is_still_ended_by_its_timeout(nofile_daemon):
     w = nofile_daemon
     info = w.create(isolation="gvisor", cpu=1, memory="256M")

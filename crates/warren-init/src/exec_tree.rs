@@ -103,11 +103,8 @@ struct Proc {
 }
 
 fn processes() -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    crate::procstat::pids()
+        .into_iter()
         .filter_map(|pid| {
             let stat = crate::procstat::read(&pid.to_string())?;
             let state = stat.field(3)?.chars().next()?;

@@ -187,21 +187,11 @@ fn session_groups(session: i32) -> Vec<i32> {
     if session <= 0 {
         return groups;
     }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return groups;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+    for pid in crate::procstat::pids() {
+        let Some(stat) = crate::procstat::read(&pid.to_string()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(pgrp), Some(sid)) = (fields.get(2), fields.get(3)) else {
+        let (Some(pgrp), Some(sid)) = (stat.field(5), stat.field(6)) else {
             continue;
         };
         if sid.parse::<i32>().ok() == Some(session) {

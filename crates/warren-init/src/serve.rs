@@ -76,6 +76,7 @@ fn run() -> Result<(), Errno> {
     // Only stdio and the listening socket are meant to come through the
     // exec; close anything else that was not marked close-on-exec.
     close_from(LISTEN_FD + 1);
+    crate::procstat::open();
     // Non-dumpable (an exec made it dumpable again): no process in the
     // sandbox can ptrace init or open its /proc entries.
     set_dumpable(false);

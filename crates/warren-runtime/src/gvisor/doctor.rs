@@ -16,6 +16,9 @@ use crate::check::{check, Check, Status};
 /// fraction of a second.
 const PROBE_WITHIN: Duration = Duration::from_secs(15);
 
+/// The open-file limit below which gVisor's file cache can wedge a sandbox.
+const GOFER_NOFILE_FLOOR: u64 = 4096;
+
 pub fn checks(settings: &RunscSettings, scratch: &Path) -> Vec<Check> {
     let runsc = match settings.probe() {
         Ok(r) => r,
@@ -34,6 +37,19 @@ pub fn checks(settings: &RunscSettings, scratch: &Path) -> Vec<Check> {
         format!("{} ({})", runsc.path.display(), runsc.version),
         "runsc answers: the node offers the gvisor isolation class",
     )];
+    // runsc gives the gofer the daemon's open-file limit; gVisor caches
+    // 1,000 unused files at 2 gofer descriptors each (docs/security.md).
+    let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(_, hard)| hard)
+        .unwrap_or(0);
+    if nofile < GOFER_NOFILE_FLOOR {
+        out.push(check(
+            "gvisor files",
+            Status::Degraded,
+            format!("open-file limit {nofile}"),
+            format!("a gvisor sandbox's gofer gets this limit, and gVisor's cache of unused files alone can take 2,000 of it: raise the hard limit to {GOFER_NOFILE_FLOOR} or more (ulimit -Hn, LimitNOFILE=)"),
+        ));
+    }
     let platform = runsc
         .platform
         .clone()

@@ -368,23 +368,25 @@ mod tests {
             ..req(500, 1 << 20, spread)
         };
         assert_eq!(pick(&on_gpu, &nodes), Some("b"));
-        fn c(n: &N) -> Candidate<'_> {
-            Candidate {
-                name: n.name,
-                labels: &n.labels,
-                total: n.total,
-                inv_total: reciprocals(&n.total),
-                used: n.used,
-                max_pids: 1024,
-                schedulable: true,
-                initializing: 0,
-                sandboxes: 0,
-                images: &n.images,
-                isolation: &n.isolation,
-            }
+        assert!(!could_ever(&on_gpu, &candidate(&nodes[0])));
+        assert!(could_ever(&on_gpu, &candidate(&nodes[1])));
+    }
+
+    /// A test node as placement sees it.
+    fn candidate(n: &N) -> Candidate<'_> {
+        Candidate {
+            name: n.name,
+            labels: &n.labels,
+            total: n.total,
+            inv_total: reciprocals(&n.total),
+            used: n.used,
+            max_pids: 1024,
+            schedulable: true,
+            initializing: 0,
+            sandboxes: 0,
+            images: &n.images,
+            isolation: &n.isolation,
         }
-        assert!(!could_ever(&on_gpu, &c(&nodes[0])));
-        assert!(could_ever(&on_gpu, &c(&nodes[1])));
     }
 
     #[test]
@@ -417,27 +419,12 @@ mod tests {
         let rest = &nodes[..1];
         assert_eq!(pick(&ask(Some(Gvisor)), rest), None);
         assert_eq!(pick(&ask(Some(Container)), rest), Some("old"));
-        fn c(n: &N) -> Candidate<'_> {
-            Candidate {
-                name: n.name,
-                labels: &n.labels,
-                total: n.total,
-                inv_total: reciprocals(&n.total),
-                used: n.used,
-                max_pids: 1024,
-                schedulable: true,
-                initializing: 0,
-                sandboxes: 0,
-                images: &n.images,
-                isolation: &n.isolation,
-            }
-        }
-        assert!(!could_ever(&ask(Some(Gvisor)), &c(&nodes[0])));
-        assert!(could_ever(&ask(Some(Gvisor)), &c(&nodes[1])));
-        assert!(could_ever(&ask(None), &c(&nodes[0])));
+        assert!(!could_ever(&ask(Some(Gvisor)), &candidate(&nodes[0])));
+        assert!(could_ever(&ask(Some(Gvisor)), &candidate(&nodes[1])));
+        assert!(could_ever(&ask(None), &candidate(&nodes[0])));
         // A gvisor-only node takes no create that asks for containers.
         let only = with("only", vec![Gvisor], 0);
-        assert!(!could_ever(&ask(Some(Container)), &c(&only)));
-        assert!(could_ever(&ask(None), &c(&only)));
+        assert!(!could_ever(&ask(Some(Container)), &candidate(&only)));
+        assert!(could_ever(&ask(None), &candidate(&only)));
     }
 }

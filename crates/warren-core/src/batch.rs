@@ -58,7 +58,8 @@ pub struct BatchInfo {
     pub submitted: u32,
     /// Sandboxes per state.
     pub states: BTreeMap<String, u32>,
-    /// Usage summed over the batch's live sandboxes.
+    /// Usage summed over the batch's members: live ones as last sampled,
+    /// ended ones as they ended.
     pub usage: Usage,
     /// Sandboxes that failed: create errors, lost, OOM kills, non-zero exits.
     pub failures: Vec<BatchFailure>,

@@ -81,6 +81,11 @@ def test_a_batchs_usage_lasts_after_its_sandboxes_are_gone(warren):
     assert u["cpu_usage_ns"] > 0 and u["runtime_ms"] >= 3 * 2500 and u["memory_byte_seconds"] > 0, u
     assert u["memory_bytes"] == 0 and u["pids"] == 0, u
     assert b["failures"] == [] and b["states"] == {"destroyed": 3}
+    # `warren batch ls` shows them: 3 succeeded, the CPU-seconds they used.
+    header, *rows = warren.cli("batch", "ls").stdout.decode().splitlines()
+    assert header.split()[:6] == ["ID", "COUNT", "SUBMITTED", "OK", "FAILED", "CPU-S"], header
+    row = next(r.split() for r in rows if r.startswith(bid))
+    assert row[1:5] == ["3", "3", "3", "0"] and float(row[5]) > 0, row
     m = members(warren, bid)[0]
     ended = warren.http.get(f"/v1/sandboxes/{m['id']}").json()
     assert ended["state"] == "destroyed" and ended["usage"]["runtime_ms"] >= 2500, ended

@@ -218,6 +218,7 @@ impl Node {
             create: Mutex::new(create),
             phase: Mutex::new(phase),
             pid,
+            root_pid: handle.root_pid,
             socket: handle.socket,
             cgroup_path: handle.cgroup_path,
             traits: handle.traits,

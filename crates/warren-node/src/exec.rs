@@ -11,7 +11,7 @@ use warren_core::sync::lock;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
 use warren_image::ImageRecord;
 use warren_node_api::{NodeEvent, Phase};
-use warren_runtime::{ExecSpec, TermSize};
+use warren_runtime::{files, ExecSpec, TermSize};
 
 use crate::{exec_stream, user, ExitInfo, Live, Node, NodeError};
 
@@ -72,7 +72,7 @@ impl Node {
             env.entry("TERM".into())
                 .or_insert_with(|| "xterm-256color".into());
         }
-        let root = self.runtime.open_root(id, live.pid)?;
+        let root = files::open_root(live.root_pid)?;
         let user_spec = req.user.clone().unwrap_or(default_user);
         let user =
             user::resolve(&root, &user_spec).map_err(|e| NodeError::BadRequest(e.to_string()))?;

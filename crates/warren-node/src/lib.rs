@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use warren_image::{ImageRecord, ImageStore, Pin, Puller};
 use warren_node_api::{CreateSandbox, Phase, Resources};
-use warren_runtime::{Runtime, RuntimeConfig, RuntimeError};
+use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
 
 pub use contract::LocalNode;
 use exec::ExecDefaults;
@@ -97,6 +97,9 @@ struct Live {
     create: Mutex<CreateSandbox>,
     phase: Mutex<Phase>,
     pid: i32,
+    /// Whose `/proc/<pid>/root` is the sandbox's root (see
+    /// warren_runtime::SandboxHandle::root_pid).
+    root_pid: i32,
     socket: PathBuf,
     cgroup_path: String,
     /// What its isolation class means for serving it (exec cgroups,
@@ -386,7 +389,7 @@ impl Node {
     /// The sandbox's root directory, for the confined file API.
     pub(crate) fn root(&self, id: &str) -> Result<std::os::fd::OwnedFd, NodeError> {
         let live = self.get(id)?;
-        Ok(self.runtime.open_root(id, live.pid)?)
+        Ok(files::open_root(live.root_pid)?)
     }
 
     /// Host id of root in the sandbox, if it has a user namespace.

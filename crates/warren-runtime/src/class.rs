@@ -53,13 +53,8 @@ pub(crate) trait IsolationClass: Send + Sync {
 
     /// The process whose `/proc/<pid>/root` is the sandbox's root as its
     /// own processes see it (the file API and user lookups go through it).
-    fn root_pid(
-        &self,
-        id: &str,
-        dir: &Path,
-        pid: i32,
-        cgroup_path: &str,
-    ) -> Result<i32, RuntimeError>;
+    /// None when the class's process is not (or no longer) there.
+    fn root_pid(&self, dir: &Path, pid: i32, cgroup_path: &str) -> Option<i32>;
 
     fn traits(&self, dir: &Path) -> Traits;
 }
@@ -102,14 +97,8 @@ impl IsolationClass for Container {
         dir.join("init.sock")
     }
 
-    fn root_pid(
-        &self,
-        _id: &str,
-        _dir: &Path,
-        pid: i32,
-        _cgroup_path: &str,
-    ) -> Result<i32, RuntimeError> {
-        Ok(pid)
+    fn root_pid(&self, _dir: &Path, pid: i32, _cgroup_path: &str) -> Option<i32> {
+        Some(pid)
     }
 
     fn traits(&self, _dir: &Path) -> Traits {
@@ -170,19 +159,9 @@ impl IsolationClass for Gvisor {
         gvisor::socket(dir)
     }
 
-    fn root_pid(
-        &self,
-        id: &str,
-        dir: &Path,
-        _pid: i32,
-        cgroup_path: &str,
-    ) -> Result<i32, RuntimeError> {
+    fn root_pid(&self, dir: &Path, _pid: i32, cgroup_path: &str) -> Option<i32> {
         // The sentry's own root is an empty tmpfs: the gofer serves files.
-        gvisor::gofer_pid(dir)
-            .filter(|g| crate::owns_pid(*g, cgroup_path))
-            .ok_or_else(|| {
-                RuntimeError::NotFound(format!("sandbox {id}'s file server (gofer) is gone"))
-            })
+        gvisor::gofer_pid(dir).filter(|g| crate::owns_pid(*g, cgroup_path))
     }
 
     fn traits(&self, dir: &Path) -> Traits {

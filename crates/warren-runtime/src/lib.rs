@@ -215,8 +215,10 @@ pub struct SandboxHandle {
     pub dir: PathBuf,
     pub socket: PathBuf,
     pub cgroup_path: String,
-    /// Its isolation class, as its directory records it.
-    pub isolation: warren_core::Isolation,
+    /// The process whose `/proc/<pid>/root` is the sandbox's root as its
+    /// own processes see it (init's, or in gVisor the gofer's), for the file
+    /// API and user lookups.
+    pub root_pid: i32,
     /// What the node needs to know of its class to serve it.
     pub traits: class::Traits,
     /// How long each phase of its create took (`runtime_prepare`: id range,
@@ -286,11 +288,6 @@ impl Runtime {
         }
     }
 
-    /// The runsc that runs `gvisor` sandboxes, when the class is offered.
-    pub fn runsc(&self) -> Option<&gvisor::Runsc> {
-        self.cfg.runsc.as_ref()
-    }
-
     /// Whether destroyed sandboxes' files are still being removed (their
     /// disk space is on its way back).
     pub fn freeing_disk(&self) -> bool {
@@ -348,26 +345,19 @@ impl Runtime {
     fn handle_of(&self, id: &str, pid: i32, isolation: warren_core::Isolation) -> SandboxHandle {
         let dir = self.sandbox_dir(id);
         let class = self.class(isolation);
+        let cgroup_path = self.cgroup_path(id);
         SandboxHandle {
             id: id.to_string(),
             pid,
             socket: class.socket(&dir),
             traits: class.traits(&dir),
+            // Not known before the create: opening the root then fails
+            // with "open sandbox root".
+            root_pid: class.root_pid(&dir, pid, &cgroup_path).unwrap_or(0),
             dir,
-            cgroup_path: self.cgroup_path(id),
-            isolation,
+            cgroup_path,
             phases: Vec::new(),
         }
-    }
-
-    /// The sandbox's root as its processes see it, for the file API and
-    /// user lookups: through its init (`pid`), or in gVisor, where the
-    /// sentry's root is an empty tmpfs, through the gofer that serves its
-    /// files.
-    pub fn open_root(&self, id: &str, pid: i32) -> Result<std::os::fd::OwnedFd, RuntimeError> {
-        let dir = self.sandbox_dir(id);
-        let class = self.class(class::recorded(&dir));
-        files::open_root(class.root_pid(id, &dir, pid, &self.cgroup_path(id))?)
     }
 
     /// Creates and starts a sandbox; on failure nothing of it remains.
@@ -713,7 +703,7 @@ fn idmapped_lowers(
 /// Detaches the mounts `mount_root` made from the calling namespace; the
 /// sandbox's own namespace keeps its copies until its last process exits.
 pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
-    for mount in [root_mount(id), rw_mount(id), gvisor::ipc_mount(id)] {
+    for mount in [root_mount(id), rw_mount(id)] {
         rootfs::unmount(&mount)?;
         let _ = std::fs::remove_dir(&mount);
     }

@@ -41,6 +41,21 @@ pub(crate) fn start(
     share_tmp(dir, root)?;
     let ipc = super::ipc_mount(id);
     mount_ipc(&ipc)?;
+    let started = start_mounted(id, dir, &ipc, run, took);
+    // The gofer's mount namespace holds its own copy of the tmpfs from
+    // `runsc create` on; this one was needed only to see init listen.
+    let _ = crate::rootfs::unmount(&ipc);
+    let _ = std::fs::remove_dir(&ipc);
+    started
+}
+
+fn start_mounted(
+    id: &str,
+    dir: &Path,
+    ipc: &Path,
+    run: &Invocation,
+    took: &mut dyn FnMut(&str),
+) -> Result<i32, GvisorStartError> {
     let err_file = dir.join("runsc.err");
     let pid_file = dir.join("sentry.pid");
     let bundle = dir.display().to_string();

@@ -68,7 +68,7 @@ struct Init {
     main_exit: Option<(i32, Option<i32>)>,
     /// Read ends of the main process's stdout and stderr (see proto).
     main_output: Vec<OwnedFd>,
-    /// Terminals init relays (see relay.rs), until they hang up.
+    /// Terminals and ports init relays (see relay.rs), until they end.
     relays: Vec<Relay>,
 }
 
@@ -438,11 +438,11 @@ impl Init {
                 // The master goes to the daemon; init keeps neither end, so
                 // the terminal hangs up when the command's side closes. A
                 // relayed terminal's master stays here, and only it.
-                let mut master: Vec<RawFd> =
-                    terminal.iter().map(|t| t.master.as_raw_fd()).collect();
-                if relaying {
-                    master.clear();
-                }
+                let master: Vec<RawFd> = terminal
+                    .iter()
+                    .filter(|_| !relaying)
+                    .map(|t| t.master.as_raw_fd())
+                    .collect();
                 let _ = proto::send(&conn, &InitReply::Started { pid }, &master);
                 if let (true, Some(t), Some([stream, resize])) = (
                     relaying,

@@ -153,28 +153,20 @@ pub async fn start(
                 stderr: receiver(err_r)?,
             }
         }
-        None if relay.is_some() => {
-            let pty = relay
-                .map(|r| r.into_pty())
-                .transpose()
-                .map_err(RuntimeError::io("terminal relay"))?
-                .ok_or_else(|| RuntimeError::Exec("no terminal relay".into()))?;
-            if let Stdin::Bytes(Some(data)) = stdin.filter_empty() {
-                let pty = pty.clone();
-                tokio::spawn(async move {
-                    let _ = pty.write_all(&data).await;
-                });
-            }
-            ExecIo::Pty(pty)
-        }
         None => {
-            if reply_fds.len() != 1 {
-                return Err(RuntimeError::Exec(format!(
-                    "init started a terminal exec but sent {} descriptors, not its terminal",
-                    reply_fds.len()
-                )));
-            }
-            let pty = Pty::new(reply_fds.remove(0)).map_err(RuntimeError::io("terminal"))?;
+            let pty = match relay {
+                // Init keeps the master and relays it (see pty::RelayEnds).
+                Some(r) => r.into_pty().map_err(RuntimeError::io("terminal relay"))?,
+                None if reply_fds.len() == 1 => {
+                    Pty::new(reply_fds.remove(0)).map_err(RuntimeError::io("terminal"))?
+                }
+                None => {
+                    return Err(RuntimeError::Exec(format!(
+                        "init started a terminal exec but sent {} descriptors, not its terminal",
+                        reply_fds.len()
+                    )))
+                }
+            };
             if let Stdin::Bytes(Some(data)) = stdin.filter_empty() {
                 let pty = pty.clone();
                 tokio::spawn(async move {

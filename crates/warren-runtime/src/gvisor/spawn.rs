@@ -77,7 +77,11 @@ fn start_mounted(
     took("spawn_runsc_start");
     let socket = ipc.join("init.sock");
     let deadline = Instant::now() + READY_WITHIN;
-    while !socket.exists() {
+    // The socket file appears when init binds (runsc's gofer binds the host
+    // socket), but connections are refused until the sentry listens on it:
+    // ready means a connect succeeds. init drops a connection that sends
+    // nothing.
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         if Instant::now() > deadline {
             return Err(GvisorStartError::NotReady(READY_WITHIN));
         }

@@ -81,6 +81,7 @@ cases![
     duplicate_request_id,
     concurrent_writes_answer_each,
     list_filters_and_order,
+    window_pages,
     unreadable_rows,
     set_spec_and_exit_code,
     batches,
@@ -505,6 +506,80 @@ async fn list_filters_and_order(f: &Fixture) -> TestResult {
         ["sbx-B", "sbx-a", "sbx-z"]
     );
     assert!(s.list(&[SandboxState::Lost]).await?.is_empty());
+    Ok(())
+}
+
+/// The sandboxes of a window, a page at a time: those not ended by id,
+/// those that ended since a time by (end, id), each of one tenant or all.
+async fn window_pages(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    let other: warren_core::tenant::TenantName = "other".parse()?;
+    let put = |id: &'static str, state, tenant: bool| {
+        let mut r = row(id, state, "2024-05-01T00:00:00Z");
+        if tenant {
+            r.tenant = other.clone();
+        }
+        r
+    };
+    let live = [
+        put("sbx-r", SandboxState::Running, false),
+        put("sbx-B", SandboxState::Queued, false),
+        put("sbx-k", SandboxState::Kept, true),
+    ];
+    for r in &live {
+        s.insert(r, None).await?;
+    }
+    // Ended: before the window, then two in one second (told apart by id),
+    // then another tenant's.
+    let ends = [
+        (
+            "sbx-0",
+            SandboxState::Destroyed,
+            "2024-05-01T00:00:00Z",
+            false,
+        ),
+        ("sbx-1", SandboxState::Failed, "2024-05-01T00:00:01Z", false),
+        ("sbx-3", SandboxState::Lost, "2024-05-01T00:00:02Z", false),
+        (
+            "sbx-2",
+            SandboxState::Destroyed,
+            "2024-05-01T00:00:02Z",
+            false,
+        ),
+        (
+            "sbx-4",
+            SandboxState::Preempted,
+            "2024-05-01T00:00:03Z",
+            true,
+        ),
+    ];
+    for (id, state, at, tenant) in ends {
+        s.insert(&put(id, SandboxState::Running, tenant), None)
+            .await?;
+        let t = Transition {
+            finished_at: Some(at),
+            ..Default::default()
+        };
+        s.transition(id, state, "ended", at, t).await?;
+    }
+    let ids = |rows: &[SandboxRow]| rows.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+    let since = "2024-05-01T00:00:01Z";
+    let first = s.ended_page(None, (since, ""), 2).await?;
+    assert_eq!(ids(&first), ["sbx-1", "sbx-2"]);
+    let last = &first[1];
+    let at = last.finished_at.as_deref().unwrap_or_default();
+    let second = s.ended_page(None, (at, &last.id), 2).await?;
+    assert_eq!(ids(&second), ["sbx-3", "sbx-4"]);
+    let at = second[1].finished_at.as_deref().unwrap_or_default();
+    assert!(s.ended_page(None, (at, "sbx-4"), 2).await?.is_empty());
+    let default = warren_core::tenant::TenantName::default();
+    assert_eq!(
+        ids(&s.ended_page(Some(&default), (since, ""), 10).await?),
+        ["sbx-1", "sbx-2", "sbx-3"]
+    );
+    assert_eq!(ids(&s.unended_page(None, "", 2).await?), ["sbx-B", "sbx-k"]);
+    assert_eq!(ids(&s.unended_page(None, "sbx-k", 2).await?), ["sbx-r"]);
+    assert_eq!(ids(&s.unended_page(Some(&other), "", 10).await?), ["sbx-k"]);
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod error;
 pub mod event;
 pub mod exec;
 pub mod files;
+pub mod fleet;
 pub mod image;
 pub mod image_ref;
 pub mod isolation;

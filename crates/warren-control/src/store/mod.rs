@@ -361,6 +361,23 @@ pub trait Store: Send + Sync {
     /// cannot be read is left out (and logged), so one bad row never fails
     /// a list; `fail_unreadable` retires such rows at start-up.
     async fn list(&self, states: &[SandboxState]) -> Result<Vec<SandboxRow>, StoreError>;
+    /// Sandboxes that have not ended, of one tenant (every tenant's with
+    /// None), `limit` at a time in id order after `after_id` (from "").
+    async fn unended_page(
+        &self,
+        tenant: Option<&TenantName>,
+        after_id: &str,
+        limit: i64,
+    ) -> Result<Vec<SandboxRow>, StoreError>;
+    /// Sandboxes that have ended, of one tenant (every tenant's with None),
+    /// `limit` at a time in (finished_at, id) order after `after` (from
+    /// `(since, "")`: those that ended at `since` or later).
+    async fn ended_page(
+        &self,
+        tenant: Option<&TenantName>,
+        after: (&str, &str),
+        limit: i64,
+    ) -> Result<Vec<SandboxRow>, StoreError>;
     /// Marks every open record that cannot be read as `failed` (reason
     /// `corrupt_record`); returns their ids. Their sandboxes, unknown to
     /// the node from now on, are swept as orphans.

@@ -444,6 +444,24 @@ impl<D: Dialect> Store for D {
         Ok(decode_readable(&rows))
     }
 
+    async fn unended_page(
+        &self,
+        tenant: Option<&TenantName>,
+        after_id: &str,
+        limit: i64,
+    ) -> Result<Vec<SandboxRow>, StoreError> {
+        window::unended(self, tenant, after_id, limit).await
+    }
+
+    async fn ended_page(
+        &self,
+        tenant: Option<&TenantName>,
+        after: (&str, &str),
+        limit: i64,
+    ) -> Result<Vec<SandboxRow>, StoreError> {
+        window::ended(self, tenant, after, limit).await
+    }
+
     async fn fail_unreadable(&self, time: &str) -> Result<Vec<String>, StoreError> {
         let sql =
             sql!("SELECT * FROM sandboxes WHERE state NOT IN ('destroyed', 'failed', 'lost', 'preempted')");
@@ -857,6 +875,8 @@ impl<D: Dialect> Store for D {
 
 /// Logs and usage kept centrally (here: the macros above are in scope).
 mod central_logs;
+/// The sandboxes of a window of time, a page at a time.
+mod window;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,54 @@
+//! The sandboxes of a window of time, a page at a time (the fleet over a
+//! window, `GET /v1/fleet`): those not ended, by id, and those that ended
+//! since a time, by when they ended (index `sandboxes_finished`). A page is
+//! a bounded read; the caller sums each page and drops it.
+
+use warren_core::tenant::TenantName;
+
+use super::{decode_readable, Arg, Dialect};
+use crate::store::{SandboxRow, StoreError};
+
+/// The tenant filter's argument: "" stands for every tenant (no tenant is
+/// named "").
+fn tenant_arg(tenant: Option<&TenantName>) -> &str {
+    tenant.map_or("", TenantName::as_str)
+}
+
+pub(super) async fn unended<D: Dialect>(
+    store: &D,
+    tenant: Option<&TenantName>,
+    after_id: &str,
+    limit: i64,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    let sql = sql!(
+        "SELECT * FROM sandboxes
+         WHERE state NOT IN ('destroyed', 'failed', 'lost', 'preempted')
+           AND id > ? AND (? = '' OR tenant = ?)
+         ORDER BY id LIMIT ?"
+    );
+    let t = tenant_arg(tenant);
+    let rows = store.fetch_all(sql, args![after_id, t, t, limit]).await?;
+    Ok(decode_readable(&rows))
+}
+
+pub(super) async fn ended<D: Dialect>(
+    store: &D,
+    tenant: Option<&TenantName>,
+    (after_time, after_id): (&str, &str),
+    limit: i64,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    // Every end records its time (`finished_at`); the row comparison walks
+    // the index from where the last page stopped.
+    let sql = sql!(
+        "SELECT * FROM sandboxes
+         WHERE (finished_at, id) > (?, ?)
+           AND state IN ('destroyed', 'failed', 'lost', 'preempted')
+           AND (? = '' OR tenant = ?)
+         ORDER BY finished_at, id LIMIT ?"
+    );
+    let t = tenant_arg(tenant);
+    let rows = store
+        .fetch_all(sql, args![after_time, after_id, t, t, limit])
+        .await?;
+    Ok(decode_readable(&rows))
+}

@@ -65,7 +65,7 @@ def test_batch_reports_failures(warren):
     b = wait_batch(warren, bid, lambda b: b["states"].get("destroyed") == 4)
     assert len(b["failures"]) == 4
     assert {f["exit_code"] for f in b["failures"]} == {3}
-    assert {f["reason"] for f in b["failures"]} == {"main_exited"}
+    assert {f["reason"] for f in b["failures"]} == {"main_exited"} and b["succeeded"] == 0
 
 
 def test_a_batchs_usage_lasts_after_its_sandboxes_are_gone(warren):
@@ -81,11 +81,17 @@ def test_a_batchs_usage_lasts_after_its_sandboxes_are_gone(warren):
     assert u["cpu_usage_ns"] > 0 and u["runtime_ms"] >= 3 * 2500 and u["memory_byte_seconds"] > 0, u
     assert u["memory_bytes"] == 0 and u["pids"] == 0, u
     assert b["failures"] == [] and b["states"] == {"destroyed": 3}
-    # `warren batch ls` shows them: 3 succeeded, the CPU-seconds they used.
+    assert b["succeeded"] == 3, b
+    cost = b["cost"]
+    assert cost["cpu_seconds"] == pytest.approx(u["cpu_usage_ns"] / 1e9), cost
+    assert cost["memory_gb_seconds"] == pytest.approx(u["memory_byte_seconds"] / 1e9), cost
+    assert cost["gpu_seconds"] == 0, cost
+    # `warren batch ls` shows them: 3 succeeded, the CPU- and GB-seconds.
     header, *rows = warren.cli("batch", "ls").stdout.decode().splitlines()
-    assert header.split()[:6] == ["ID", "COUNT", "SUBMITTED", "OK", "FAILED", "CPU-S"], header
+    assert header.split()[:8] == ["ID", "COUNT", "SUBMITTED", "OK", "FAILED", "CPU-S", "GB-S", "GPU-S"], header
     row = next(r.split() for r in rows if r.startswith(bid))
     assert row[1:5] == ["3", "3", "3", "0"] and float(row[5]) > 0, row
+    assert row[5:8] == [f"{cost[k]:.3f}" for k in ("cpu_seconds", "memory_gb_seconds", "gpu_seconds")], row
     m = members(warren, bid)[0]
     ended = warren.http.get(f"/v1/sandboxes/{m['id']}").json()
     assert ended["state"] == "destroyed" and ended["usage"]["runtime_ms"] >= 2500, ended

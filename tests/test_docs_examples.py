@@ -100,7 +100,7 @@ PYTHON_MD = [
     ("python", "tty=True", Python(r"\A[^\n]*\\r\\n42\\r\\n[^\n]*\n\Z")),
     ("python", "sb.files.list(", Python(r"\A0o644 9 /work/main\.py \n\Z")),
     ("python", "sb.port(8000)", Python(r"\A\{'status': 'ok'\}\n\Z")),
-    ("python", "client.batch(", Python(r"\A(\d+ \{[^\n]*\}\n)+\{'destroyed': 64\} \[\]\n\Z")),
+    ("python", "client.batch(", Python(r"\A(\d+ \{[^\n]*\}\n)+\{'destroyed': 64\} \[\]\n64 [0-9.e-]+ [0-9.e-]+\n\Z")),
     ("python", "client.events(", Python(r"\A\d+ sbx-\w+ \w+ oom_killed\b[^\n]*\n\Z")),
     ("python", "except warren.CommandFailed", Python(r"\A127 b'sh: make: not found\\n'\n\Z")),
     ("sh", "examples/rollout.py", Shell(

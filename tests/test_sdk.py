@@ -539,13 +539,14 @@ def test_batch_progress_wait_members_and_delete(client):
     info = b.wait(on_progress=seen.append, timeout=60, interval=0.05)
     assert info.submitted == 4 and info.states == {"destroyed": 4}, info
     assert seen and seen[-1].states == {"destroyed": 4} and seen[0].submitted <= seen[-1].submitted
-    assert info.failures == []
+    assert info.failures == [] and info.succeeded == 4
+    assert info.cost.cpu_seconds > 0 and info.cost.gpu_seconds == 0, info.cost
     members = b.sandboxes(all=True)
     assert len(members) == 4 and all(m.labels["task"] == tag for m in members)
 
     bad = client.batch(2, image="busybox:latest", memory="32M", cmd=["sh", "-c", "exit 3"])
     info = bad.wait(timeout=60)
-    assert [f.exit_code for f in info.failures] == [3, 3]
+    assert [f.exit_code for f in info.failures] == [3, 3] and info.succeeded == 0
 
     idle = client.batch(3, image="busybox:latest", memory="32M", labels={"task": tag})
     assert idle.wait(timeout=60).count_in("running") == 3

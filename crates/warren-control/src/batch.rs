@@ -8,7 +8,7 @@ use std::time::Duration;
 use warren_core::tenant::Principal;
 
 use tokio::sync::Semaphore;
-use warren_core::batch::{BatchFailure, BATCH_LABEL, MAX_BATCH};
+use warren_core::batch::{BatchCost, BatchFailure, BATCH_LABEL, MAX_BATCH};
 use warren_core::clock::now_rfc3339;
 use warren_core::labels::{self, Requirement};
 use warren_core::state::reason;
@@ -158,6 +158,7 @@ impl Control {
         let mut states = BTreeMap::new();
         let mut usage = Usage::default();
         let mut failures = Vec::new();
+        let (mut succeeded, mut cost) = (0, BatchCost::default());
         for m in &members {
             *states.entry(m.state.as_str().to_string()).or_insert(0) += 1;
             // Read now (as `inspect` does): a sandbox created a moment ago
@@ -183,6 +184,7 @@ impl Control {
                 usage.oom_kills += u.oom_kills;
                 usage.runtime_ms += u.runtime_ms;
                 usage.memory_byte_seconds += u.memory_byte_seconds;
+                cost.add(u, m.resources.gpus);
             }
             let failed = matches!(
                 m.state,
@@ -197,6 +199,8 @@ impl Control {
                     reason: m.reason.clone(),
                     exit_code: m.exit_code,
                 });
+            } else if m.state.is_final() {
+                succeeded += 1;
             }
         }
         Ok(BatchInfo {
@@ -212,6 +216,8 @@ impl Control {
             states,
             usage,
             failures,
+            succeeded,
+            cost,
             tenant: batch.tenant,
         })
     }

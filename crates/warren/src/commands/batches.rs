@@ -59,32 +59,22 @@ pub(super) async fn run(client: &Client, cmd: BatchCmd) -> Result<i32> {
         BatchCmd::Ls => {
             let list = client.list_batches().await?;
             println!(
-                "{:<18} {:>6} {:>9} {:>6} {:>8} {:>9} {:<22} STATES",
-                "ID", "COUNT", "SUBMITTED", "OK", "FAILED", "CPU-S", "CREATED"
+                "{:<18} {:>6} {:>9} {:>6} {:>8} {:>9} {:>9} {:>9} {:<22} STATES",
+                "ID", "COUNT", "SUBMITTED", "OK", "FAILED", "CPU-S", "GB-S", "GPU-S", "CREATED"
             );
             for b in list {
                 let states: Vec<String> =
                     b.states.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                // Ended members that are not among the failures (non-zero
-                // exits, OOM kills, lost, create errors) succeeded.
-                let ended: u32 = b
-                    .states
-                    .iter()
-                    .filter(|(k, _)| {
-                        k.parse::<warren_core::SandboxState>()
-                            .is_ok_and(|s| s.is_final())
-                    })
-                    .map(|(_, v)| v)
-                    .sum();
-                let ok = ended.saturating_sub(b.failures.len() as u32);
                 println!(
-                    "{:<18} {:>6} {:>9} {:>6} {:>8} {:>9.2} {:<22} {}",
+                    "{:<18} {:>6} {:>9} {:>6} {:>8} {:>9.3} {:>9.3} {:>9.3} {:<22} {}",
                     b.id,
                     b.count,
                     b.submitted,
-                    ok,
+                    b.succeeded,
                     b.failures.len(),
-                    b.usage.cpu_usage_ns as f64 / 1e9,
+                    b.cost.cpu_seconds,
+                    b.cost.memory_gb_seconds,
+                    b.cost.gpu_seconds,
                     b.created_at.get(..19).unwrap_or(&b.created_at),
                     states.join(",")
                 );

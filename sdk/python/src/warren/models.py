@@ -27,6 +27,7 @@ __all__ = [
     "Usage",
     "Event",
     "SandboxInfo",
+    "BatchCost",
     "BatchFailure",
     "BatchInfo",
     "NetworkChange",
@@ -341,9 +342,22 @@ class BatchFailure:
 
 
 @dataclass
+class BatchCost:
+    """A batch's usage in billing units, summed over its members, ended
+    ones included."""
+
+    cpu_seconds: float = 0.0
+    memory_gb_seconds: float = 0.0
+    """Memory held over time (byte-seconds ÷ 10⁹)."""
+    gpu_seconds: float = 0.0
+    """Each member's GPUs × its run time."""
+
+
+@dataclass
 class BatchInfo:
     """A batch: how many were asked for and submitted, counts per state,
-    usage summed over live members, and failures."""
+    usage summed over its members (live ones as last sampled, ended ones as
+    they ended), failures, the members that succeeded and the cost."""
 
     id: str
     count: int
@@ -354,6 +368,9 @@ class BatchInfo:
     states: dict[str, int]
     usage: Usage
     failures: list[BatchFailure]
+    succeeded: int = 0
+    """Members that ended and are not among the failures."""
+    cost: BatchCost = field(default_factory=BatchCost)
     deleted_at: str | None = None
     retry_on_oom: bool = False
     retry_on_lost: bool = False

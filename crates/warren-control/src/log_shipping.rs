@@ -252,20 +252,34 @@ pub(crate) fn kept_then(
 }
 
 /// The node's lines numbered after `last` (all of them when nothing is
-/// kept). A line without a number (written before the node shipped, or
-/// its own rotation note) is in the kept copy's time already.
-pub(crate) fn after_seq(lines: ByteStream, last: Option<u64>) -> ByteStream {
+/// kept) and written at `since_ms` or later (0: any time). A line without
+/// a number (written before the node shipped, or its own rotation note)
+/// is in the kept copy's time already; one without a readable time is
+/// kept, as the newest lines are.
+pub(crate) fn newer_lines(lines: ByteStream, last: Option<u64>, since_ms: i64) -> ByteStream {
     #[derive(serde::Deserialize)]
-    struct Numbered {
+    struct Line {
         seq: Option<u64>,
+        time: Option<String>,
     }
+    let written_ms = |time: &str| {
+        let t = time::OffsetDateTime::parse(time, &time::format_description::well_known::Rfc3339);
+        t.ok()
+            .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+    };
     whole_lines(lines)
         .filter(move |line| {
-            let keep = match (line, last) {
-                (Ok(text), Some(last)) => serde_json::from_slice::<Numbered>(text)
-                    .ok()
-                    .and_then(|n| n.seq)
-                    .is_some_and(|seq| seq > last),
+            let keep = match line {
+                Ok(text) if last.is_some() || since_ms > 0 => {
+                    match serde_json::from_slice::<Line>(text) {
+                        Ok(l) => {
+                            let after = last.is_none_or(|last| l.seq.is_some_and(|s| s > last));
+                            let written = l.time.as_deref().and_then(written_ms);
+                            after && written.is_none_or(|ms| ms >= since_ms)
+                        }
+                        Err(_) => last.is_none(),
+                    }
+                }
                 _ => true,
             };
             std::future::ready(keep)
@@ -358,16 +372,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn lines_after_the_kept_ones_are_cut_whole_and_filtered_by_seq() {
-        let chunks: Vec<Result<Bytes, ApiError>> = vec![
-            Ok(Bytes::from_static(b"{\"seq\":1,\"t\":\"a\"}\n{\"seq\"")),
-            Ok(Bytes::from_static(b":2}\n{\"t\":\"no seq\"}\n{\"seq\":3}")),
+    async fn lines_after_the_kept_ones_are_cut_whole_and_filtered_by_seq_and_time() {
+        let newer = |chunks: Vec<&'static [u8]>, last, since_ms| async move {
+            let chunks = chunks
+                .into_iter()
+                .map(|c| Ok::<_, ApiError>(Bytes::from_static(c)));
+            let body = futures_util::stream::iter(chunks).boxed();
+            let got: Vec<Bytes> = newer_lines(body, last, since_ms)
+                .filter_map(|r| std::future::ready(r.ok()))
+                .collect()
+                .await;
+            got
+        };
+        let split = vec![
+            &b"{\"seq\":1,\"t\":\"a\"}\n{\"seq\""[..],
+            b":2}\n{\"t\":\"no seq\"}\n{\"seq\":3}",
         ];
-        let body = futures_util::stream::iter(chunks).boxed();
-        let got: Vec<Bytes> = after_seq(body, Some(1))
-            .filter_map(|r| std::future::ready(r.ok()))
-            .collect()
-            .await;
-        assert_eq!(got, [&b"{\"seq\":2}\n"[..], &b"{\"seq\":3}"[..]]);
+        assert_eq!(
+            newer(split, Some(1), 0).await,
+            [&b"{\"seq\":2}\n"[..], &b"{\"seq\":3}"[..]]
+        );
+        // 2026-12-06T22:00:00Z is 1796594400000 ms.
+        let timed = vec![
+            &b"{\"seq\":5,\"time\":\"2026-12-06T21:59:59.999Z\"}\n"[..],
+            b"{\"seq\":6,\"time\":\"2026-12-06T22:00:00Z\"}\n{\"seq\":7}\n",
+        ];
+        assert_eq!(
+            newer(timed.clone(), None, 1_796_594_400_000).await,
+            [
+                &b"{\"seq\":6,\"time\":\"2026-12-06T22:00:00Z\"}\n"[..],
+                b"{\"seq\":7}\n"
+            ]
+        );
+        assert_eq!(
+            newer(timed, Some(6), 1_796_594_400_000).await,
+            [&b"{\"seq\":7}\n"[..]]
+        );
     }
 }

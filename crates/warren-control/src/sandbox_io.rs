@@ -123,8 +123,8 @@ impl Control {
     /// The sandbox's log: the copy its node shipped (see `log_shipping`),
     /// then what its node wrote after it (with `follow`, until the sandbox
     /// is over). A sandbox with nothing kept (its node does not ship) is
-    /// read from its node alone. With `since_ms`, only the kept lines
-    /// written then or later.
+    /// read from its node alone. With `since_ms`, only the lines written
+    /// then or later.
     async fn log_lines(
         &self,
         id: &str,
@@ -132,14 +132,16 @@ impl Control {
         follow: bool,
         since_ms: i64,
     ) -> Result<ByteStream, ApiError> {
-        use crate::log_shipping::{after_seq, has_kept, kept_then, Newer};
+        use crate::log_shipping::{has_kept, kept_then, newer_lines, Newer};
         if !has_kept(self.store.as_ref(), id).await? {
             let lines = self.api(node)?.logs(id, follow).await.map_err(node_error)?;
-            return Ok(crate::streams::from_node(lines));
+            return Ok(newer_lines(
+                crate::streams::from_node(lines),
+                None,
+                since_ms,
+            ));
         }
-        // Lines newer than the kept ones are only a moment old: a window
-        // (`since`) has them kept a moment later.
-        let live = self.reachable(node).filter(|_| since_ms == 0);
+        let live = self.reachable(node);
         let owned = id.to_string();
         let newer: Newer = Box::new(move |last| {
             Box::pin(async move {
@@ -147,7 +149,7 @@ impl Control {
                     return futures_util::stream::empty().boxed();
                 };
                 match api.logs(&owned, follow).await {
-                    Ok(lines) => after_seq(crate::streams::from_node(lines), last),
+                    Ok(lines) => newer_lines(crate::streams::from_node(lines), last, since_ms),
                     // Its log is gone from the node: the kept copy is all.
                     Err(_) => futures_util::stream::empty().boxed(),
                 }
@@ -163,7 +165,7 @@ impl Control {
 
     /// The logs of every sandbox matching `selector`, one after another in
     /// creation order, streamed line by line; with `since_ms`, only lines
-    /// written then or later (of those kept centrally).
+    /// written then or later.
     pub async fn logs_by_label(
         self: &std::sync::Arc<Self>,
         who: &Principal,

@@ -24,7 +24,7 @@ import warren as sdk
 from warren import _core as core
 from warren import models
 from conftest import UP_ARGS, own_daemon
-from helpers import uniq
+from helpers import uniq, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SDK = ROOT / "sdk" / "python"
@@ -374,7 +374,7 @@ def test_100mb_round_trip_streams_without_holding_the_file(warren, tmp_path):
 # ---------------------------------------------------------------- lifecycle
 
 
-def test_pause_resume_ttl_heartbeat_logs_usage(sb):
+def test_pause_resume_ttl_heartbeat_logs_usage(client, sb):
     assert sb.pause().state == "paused"
     with pytest.raises(sdk.Conflict):
         sb.exec("true")
@@ -392,6 +392,14 @@ def test_pause_resume_ttl_heartbeat_logs_usage(sb):
     u = sb.usage()
     assert u.cpu_usage_ns > 0 and u.memory_bytes > 0
     assert [e.reason for e in sb.refresh().events][:2] == ["created", "ready"]
+    # What the control plane keeps: the usage history, and the log by label
+    # within a window (a line written just now is in it, shipped or not).
+    history = wait_until(sb.usage_history, what="a usage sample kept")
+    assert history[0].sandbox_id == sb.id and history[0].time_ms > 0, history
+    sb.exec("echo just-now")
+    recent = list(client.logs(sb.labels, since=60))
+    assert any(l.output == b"just-now\n" for l in recent), recent
+    assert all(l.sandbox_id == sb.id for l in recent)
 
 
 def test_context_manager_destroys_and_honours_keep_on_failure(client):

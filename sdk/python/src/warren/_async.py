@@ -214,9 +214,10 @@ class AsyncClient:
         """Events as an async iterator (see :meth:`warren.Client.events`)."""
         return AsyncEventStream(self, sandbox, labels, batch, type, after, follow)
 
-    def logs(self, labels: Labels) -> AsyncLogStream:
-        """The logs of every sandbox matching ``labels``, as an async iterator."""
-        return AsyncLogStream(self, core.logs_by_label_call(labels))
+    def logs(self, labels: Labels, since: Seconds | None = None) -> AsyncLogStream:
+        """The logs of every sandbox matching ``labels``, as an async iterator
+        (``since``: as :meth:`warren.Client.logs`)."""
+        return AsyncLogStream(self, core.logs_by_label_call(labels, since))
 
     async def run(
         self,
@@ -452,6 +453,9 @@ class AsyncSandbox:
     async def logs(self) -> list[models.LogLine]:
         async with self.follow_logs(follow=False) as s:
             return [line async for line in s]
+
+    async def usage_history(self) -> list[models.UsageSample]:
+        return await self._c._call(core.usage_history_call(self.id))
 
     def follow_logs(self, follow: bool = True) -> AsyncLogStream:
         return AsyncLogStream(self._c, core.logs_call(self.id, follow))

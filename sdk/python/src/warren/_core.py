@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import io
 import json
+import math
 import os
 import random
 import re
@@ -595,11 +596,25 @@ def logs_call(sid: str, follow: bool) -> Call[None]:
     )
 
 
-def logs_by_label_call(labels: Labels) -> Call[None]:
+def logs_by_label_call(labels: Labels, since: Seconds | None = None) -> Call[None]:
     sel = selector(labels)
     if not sel:
         raise ValueError("logs by label need a non-empty selector")
-    return Call("GET", "/v1/logs", _none, params={"label": sel}, idempotent=True, stream=True)
+    params = {"label": sel}
+    if since is not None:
+        # The API takes a duration text (30s, 10m, 1h); seconds are sent
+        # whole, rounded up, so a window is never shorter than asked.
+        ago = duration_value(since)
+        params["since"] = ago if isinstance(ago, str) else f"{math.ceil(ago)}s"
+    return Call("GET", "/v1/logs", _none, params=params, idempotent=True, stream=True)
+
+
+def usage_history_call(sid: str) -> Call[list[models.UsageSample]]:
+    return Call("GET", sb_path(sid, "/logs"), _usage_samples, params={"usage": "true"}, idempotent=True, sandbox=sid)
+
+
+def _usage_samples(r: httpx.Response) -> list[models.UsageSample]:
+    return [from_json(models.UsageSample, json.loads(line)) for line in r.text.splitlines() if line.strip()]
 
 
 def parse_log_line(line: str) -> models.LogLine | None:

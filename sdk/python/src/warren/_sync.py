@@ -246,10 +246,11 @@ class Client:
         sequence number to resume from."""
         return EventStream(self, sandbox, labels, batch, type, after, follow)
 
-    def logs(self, labels: Labels) -> LogStream:
+    def logs(self, labels: Labels, since: Seconds | None = None) -> LogStream:
         """The logs of every sandbox (live or finished) matching ``labels``,
-        one after another; every line names its sandbox."""
-        return LogStream(self, core.logs_by_label_call(labels))
+        one after another; every line names its sandbox. ``since``: only
+        lines written this long ago or later (seconds, or ``"1h"``)."""
+        return LogStream(self, core.logs_by_label_call(labels, since))
 
     def run(
         self,
@@ -513,6 +514,11 @@ class Sandbox:
         """The sandbox's log so far: output, state events, the usage summary."""
         with self.follow_logs(follow=False) as s:
             return list(s)
+
+    def usage_history(self) -> list[models.UsageSample]:
+        """The usage samples kept of the sandbox, oldest first, whether or
+        not it or its node still exists."""
+        return self._c._call(core.usage_history_call(self.id))
 
     def follow_logs(self, follow: bool = True) -> LogStream:
         """The log as a stream; with ``follow`` it stays open until the sandbox ends."""

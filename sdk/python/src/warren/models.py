@@ -25,6 +25,7 @@ __all__ = [
     "NetworkSpec",
     "ResolvedResources",
     "Usage",
+    "UsageSample",
     "Event",
     "SandboxInfo",
     "BatchCost",
@@ -279,6 +280,18 @@ class Usage:
     """GPU memory its processes hold (NVML nodes, GPU sandboxes; else 0)."""
     gpu_memory_peak_bytes: int = 0
     gpu_utilization_percent: int = 0
+
+
+@dataclass
+class UsageSample:
+    """A usage reading of a sandbox as its node shipped it (one every 15 s
+    while it runs), kept by the control plane after the sandbox and its node
+    are gone."""
+
+    sandbox_id: str
+    time_ms: int
+    """When it was read (milliseconds since the Unix epoch)."""
+    usage: Usage
 
 
 @dataclass

@@ -15,6 +15,8 @@ mod build_log;
 mod builds;
 pub use builds::tar_bytes;
 pub mod control;
+mod fleet;
+mod history;
 mod images;
 pub mod lifecycle;
 mod log_shipping;
@@ -314,6 +316,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
     tokio::spawn(control.clone().enforce_preemptions());
     tokio::spawn(control.clone().watch_nodes());
     tokio::spawn(control.clone().expire_kept_logs());
+    tokio::spawn(control.clone().keep_history());
     if !cfg.alert_webhooks.is_empty() {
         tokio::spawn(control.clone().send_alerts(cfg.alert_webhooks));
     }

@@ -34,9 +34,32 @@ pub struct Snapshot {
     pub tenants: Option<Vec<warren_core::tenant::TenantInfo>>,
 }
 
+/// Create latency: the histogram `/metrics` shows, and the creates since
+/// the history's last sample (`crate::history`).
+pub struct CreateSeconds {
+    histogram: Histogram,
+    recent: crate::history::Latencies,
+}
+
+impl CreateSeconds {
+    pub fn observe(&self, seconds: f64) {
+        self.histogram.observe(seconds);
+        self.recent.observe(seconds);
+    }
+
+    /// How many creates were answered since the last take, and a sample of
+    /// their latencies (seconds).
+    pub(crate) fn take_recent(&self) -> (u64, Vec<f64>) {
+        self.recent.take()
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
-    pub create_seconds: Histogram,
+    pub create_seconds: CreateSeconds,
+    /// The last hour of queue length, create latency and node CPU, for
+    /// the console's charts (`crate::history`).
+    pub history: crate::history::Recorder,
     pub exec_start_seconds: Histogram,
     pub queue_wait_seconds: Histogram,
     create_phase_seconds: Family<Labels, Histogram, fn() -> Histogram>,
@@ -78,7 +101,11 @@ impl Metrics {
         let mut registry = Registry::with_prefix("warren");
         let latency = || Histogram::new(exponential_buckets(0.0005, 2.0, 18));
         let m = Metrics {
-            create_seconds: latency(),
+            create_seconds: CreateSeconds {
+                histogram: latency(),
+                recent: Default::default(),
+            },
+            history: Default::default(),
             exec_start_seconds: latency(),
             queue_wait_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 22)),
             create_phase_seconds: Family::new_with_constructor(|| {
@@ -107,7 +134,7 @@ impl Metrics {
         registry.register(
             "sandbox_create_seconds",
             "Create to ready, through the API",
-            m.create_seconds.clone(),
+            m.create_seconds.histogram.clone(),
         );
         registry.register(
             "exec_start_seconds",

@@ -165,6 +165,16 @@ pub struct FleetGroup {
     pub memory_gb_seconds: f64,
 }
 
+/// A sandbox's mean CPU rate over its life (millicores): its CPU time over
+/// its run time. The sampler's own mean misses a sandbox that ended
+/// between two readings; with no run time yet, that mean is all there is.
+fn mean_cpu_millis(u: &Usage) -> u64 {
+    match u.runtime_ms {
+        0 => u.cpu_millis_mean,
+        ms => u.cpu_usage_ns / 1000 / ms,
+    }
+}
+
 /// What a sandbox adds to a group: where it counts, what it asked for, and
 /// its usage (live: as its node reads it now; ended: as it ended).
 pub struct Member<'a> {
@@ -187,7 +197,7 @@ impl FleetGroup {
         }
         if let Some(u) = m.usage {
             self.measured += 1;
-            self.cpu.used_millis += u.cpu_millis_mean;
+            self.cpu.used_millis += mean_cpu_millis(u);
             self.cpu.request_millis += m.cpu_request_millis;
             self.cpu.limit_millis += m.cpu_limit_millis;
             self.memory.used_bytes += u.memory_peak_bytes;
@@ -301,7 +311,7 @@ mod tests {
     #[test]
     fn a_group_sums_its_members_and_rates_its_ends() {
         let usage = Usage {
-            cpu_millis_mean: 200,
+            runtime_ms: 15_000,
             memory_peak_bytes: 10,
             cpu_periods: 100,
             cpu_throttled_periods: 25,

@@ -12,6 +12,7 @@ pub mod event;
 pub mod exec;
 pub mod files;
 pub mod fleet;
+pub mod history;
 pub mod image;
 pub mod image_ref;
 pub mod isolation;

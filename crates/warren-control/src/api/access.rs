@@ -48,7 +48,9 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         | ("/v1/sandboxes/{id}/ports/{port}", _)
         | ("/v1/sandboxes/{id}/ports/{port}/", _)
         | ("/v1/sandboxes/{id}/ports/{port}/{*path}", _) => Own(Sandbox, Change),
-        ("/v1/events", true) | ("/v1/usage", true) | ("/v1/logs", true) => Tenant(Read),
+        ("/v1/events", true) | ("/v1/usage", true) | ("/v1/fleet", true) | ("/v1/logs", true) => {
+            Tenant(Read)
+        }
         ("/v1/batches", true) => Tenant(Read),
         ("/v1/batches", false) => Tenant(Change),
         ("/v1/batches/{id}", true) => Own(Batch, Read),
@@ -65,8 +67,9 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         ("/v1/tokens", _) | ("/v1/tokens/{id}", _) => Tenant(Read),
         // Committing a sandbox, building and importing name images every
         // tenant's sandboxes may run: the operator's, until images have
-        // owners. Nodes, metrics, profiles (shared learning), volumes,
-        // image pulls and removal likewise.
+        // owners. Nodes, metrics, the history (the queue and node CPU of
+        // every tenant), profiles (shared learning), volumes, image pulls
+        // and removal likewise.
         ("/v1/sandboxes/{id}/commit", _)
         | ("/v1/builds", _)
         | ("/v1/builds/{id}", _)
@@ -84,6 +87,7 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         | ("/v1/profiles/{name}", _)
         | ("/v1/profiles/{name}/reset", _)
         | ("/v1/nodes", _)
+        | ("/v1/history", _)
         | ("/v1/nodes/{name}", _)
         | ("/v1/nodes/{name}/cordon", _)
         | ("/v1/nodes/{name}/uncordon", _)

@@ -27,6 +27,8 @@ mod builds;
 pub mod console;
 mod exec_ws;
 mod files;
+mod fleet;
+mod history;
 mod images;
 mod json_body;
 mod logs;
@@ -46,6 +48,8 @@ use batches::*;
 use builds::*;
 use exec_ws::*;
 use files::*;
+use fleet::*;
+use history::*;
 use images::*;
 use logs::*;
 use nodes::*;
@@ -112,8 +116,8 @@ pub(crate) type ApiResult<T> = Result<T, Failure>;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Warren API", version = "1", description = "Isolated, disposable sandboxes for agent and RL training."),
-    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, list_tenants, create_tenant, get_tenant, set_tenant, delete_tenant, list_tokens, create_token, revoke_token, whoami, audit, healthz),
-    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate, warren_core::tenant::TenantRequest, warren_core::tenant::TenantSpec, warren_core::tenant::TenantInfo, warren_core::tenant::TenantUsage, warren_core::tenant::Quota, warren_core::tenant::Role, warren_core::tenant::TokenRequest, warren_core::tenant::TokenInfo, warren_core::tenant::NewToken, WhoAmI, warren_core::audit::AuditEntry)),
+    paths(list_pools, get_pool, put_pool, delete_pool, list_profiles, get_profile, reset_profile, export_profiles, import_profiles, logs_by_label, nodes, create_batch, list_batches, get_batch, delete_batch, create_sandbox, list_sandboxes, get_sandbox, delete_sandbox, delete_sandboxes, run, exec, exec_stdin, exec_resize, exec_ws, heartbeat, pause, resume, set_ttl, set_reclaim, fork_sandbox, put_file, get_file, path_op, logs, watch, network::set_network, network::port_connect, network::port_link, network::port_http, events, usage, fleet, history, list_images, import_image, delete_image, pull_image, push_image, gc_images, prewarm_image, commit_sandbox, create_build, get_build, list_volumes, create_volume, delete_volume, list_secrets, create_secret, get_secret, update_secret, delete_secret, list_tenants, create_tenant, get_tenant, set_tenant, delete_tenant, list_tokens, create_token, revoke_token, whoami, audit, healthz),
+    components(schemas(port_door::PortLink, warren_core::spec::ForkRequest, warren_core::spec::ForkOrigin, PullRequest, PushRequest, GcRequest, CommitRequest, UsageList, UsageRow, warren_core::fleet::Fleet, warren_core::fleet::FleetGroup, warren_core::fleet::CpuFigures, warren_core::fleet::MemoryFigures, warren_core::history::History, warren_core::history::HistoryPoint, PrewarmRequest, PrewarmResult, PrewarmNode, BatchRequest, BatchInfo, SandboxSpec, SandboxInfo, ExecRequest, ExecEvent, warren_core::pool::PoolSpec, warren_core::pool::PoolInfo, warren_core::RunRequest, warren_core::RunEvent, warren_core::run::RunSandbox, warren_core::WindowSize, ErrorBody, warren_core::Event, warren_node_api::PathOp, warren_node_api::PathEntry, warren_node_api::PathKind, warren_core::build::BuildEvent, warren_core::build::BuildInfo, warren_core::build::BuildState, warren_core::volume::VolumeRequest, warren_core::volume::VolumeInfo, warren_core::volume::VolumeMount, warren_core::secret::SecretRef, warren_core::secret::SecretRequest, warren_core::secret::SecretInfo, SecretUpdate, warren_core::tenant::TenantRequest, warren_core::tenant::TenantSpec, warren_core::tenant::TenantInfo, warren_core::tenant::TenantUsage, warren_core::tenant::Quota, warren_core::tenant::Role, warren_core::tenant::TokenRequest, warren_core::tenant::TokenInfo, warren_core::tenant::NewToken, WhoAmI, warren_core::audit::AuditEntry)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -169,6 +173,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(network::routes())
         .route("/v1/events", get(events))
         .route("/v1/usage", get(usage))
+        .route("/v1/fleet", get(fleet))
+        .route("/v1/history", get(history))
         .route("/v1/logs", get(logs_by_label))
         .route("/v1/nodes", get(nodes))
         .route("/v1/nodes/{name}/cordon", post(cordon))

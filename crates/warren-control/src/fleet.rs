@@ -1,0 +1,138 @@
+//! The fleet over a window of time (`GET /v1/fleet`): every sandbox that
+//! has not ended and every one that ended within the window, grouped by
+//! the values of one label key. Computed from the store a page at a time,
+//! so a request holds one page and the groups, however many sandboxes the
+//! store keeps; live sandboxes' usage comes from one inventory of the
+//! nodes, ended ones' as they ended.
+
+use std::collections::{BTreeMap, HashMap};
+
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use warren_core::fleet::{self, Fleet, FleetGroup, Member, Outcome, MAX_GROUPS};
+use warren_core::tenant::Principal;
+use warren_core::ApiError;
+use warren_node_api::SandboxStatus;
+
+use crate::control::Control;
+use crate::store::SandboxRow;
+
+/// Records read per store trip.
+const PAGE: i64 = 1000;
+
+/// The rows of an answer as they are summed.
+struct Groups<'a> {
+    key: &'a str,
+    held: HashMap<String, SandboxStatus>,
+    values: BTreeMap<String, FleetGroup>,
+    unlabelled: FleetGroup,
+    other: Option<FleetGroup>,
+    total: FleetGroup,
+}
+
+impl Groups<'_> {
+    fn add(&mut self, r: &SandboxRow) {
+        // A live sandbox's usage as its node reads it now; an ended one's
+        // as it ended (kept with its record).
+        let usage = if r.state.is_live() {
+            self.held.get(&r.id).and_then(|s| s.usage.as_ref())
+        } else {
+            r.usage.as_ref()
+        };
+        let member = Member {
+            column: fleet::column(r.state, &r.reason, r.exit_code),
+            outcome: Outcome::of(r.state, &r.reason, r.exit_code),
+            cpu_request_millis: r.resources.cpu_request(),
+            cpu_limit_millis: r.resources.cpu_millis,
+            memory_request: r.resources.memory_request(),
+            memory_limit: r.resources.memory,
+            usage,
+        };
+        self.total.add(&member);
+        let group = match r.labels().get(self.key) {
+            None => &mut self.unlabelled,
+            Some(v) if self.values.contains_key(v) || self.values.len() < MAX_GROUPS => {
+                self.values.entry(v.clone()).or_default()
+            }
+            // Past the cap, values share one row: the answer stays bounded
+            // whatever the key's cardinality (an id-like label, say).
+            Some(_) => self.other.get_or_insert_with(FleetGroup::default),
+        };
+        group.add(&member);
+    }
+}
+
+impl Control {
+    /// The fleet `who` may see over the window `since` (e.g. `1h`),
+    /// grouped by the label `key`.
+    pub async fn fleet(&self, who: &Principal, key: &str, since: &str) -> Result<Fleet, ApiError> {
+        warren_core::labels::validate_key(key)
+            .map_err(|e| ApiError::bad_request(format!("key: {e}")))?;
+        let window =
+            fleet::parse_window(since).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let from = (OffsetDateTime::now_utc() - window)
+            .format(&Rfc3339)
+            .map_err(|e| ApiError::internal(format!("formatting the window's start: {e}")))?;
+        let tenant = who.scope();
+        let mut groups = Groups {
+            key,
+            held: self.inventory().await,
+            values: BTreeMap::new(),
+            unlabelled: FleetGroup::default(),
+            other: None,
+            total: FleetGroup::default(),
+        };
+        // Two walks, each in an order the store keeps an index for. A
+        // sandbox that ends between them may count in both or neither: the
+        // answer is a moment's view, not a ledger.
+        let mut after = String::new();
+        loop {
+            let page = self.store.unended_page(tenant, &after, PAGE).await?;
+            page.iter().for_each(|r| groups.add(r));
+            match page.last() {
+                Some(last) if page.len() as i64 == PAGE => after = last.id.clone(),
+                _ => break,
+            }
+        }
+        let mut after = (from.clone(), String::new());
+        loop {
+            let page = self
+                .store
+                .ended_page(tenant, (&after.0, &after.1), PAGE)
+                .await?;
+            page.iter().for_each(|r| groups.add(r));
+            match page.last() {
+                Some(last) if page.len() as i64 == PAGE => {
+                    after = (
+                        last.finished_at.clone().unwrap_or_default(),
+                        last.id.clone(),
+                    )
+                }
+                _ => break,
+            }
+        }
+        let finish = |mut g: FleetGroup| {
+            g.finish();
+            g
+        };
+        Ok(Fleet {
+            key: key.to_string(),
+            since: since.to_string(),
+            from,
+            columns: fleet::columns().into_iter().map(str::to_string).collect(),
+            groups: groups
+                .values
+                .into_iter()
+                .map(|(v, g)| {
+                    finish(FleetGroup {
+                        value: Some(v),
+                        ..g
+                    })
+                })
+                .collect(),
+            unlabelled: finish(groups.unlabelled),
+            other: groups.other.map(finish),
+            total: finish(groups.total),
+        })
+    }
+}

@@ -8,6 +8,7 @@ use warren_core::tenant::{Principal, TenantName};
 
 use futures_util::stream::BoxStream;
 use rand::Rng;
+use tracing::Instrument;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
@@ -510,7 +511,26 @@ impl Control {
         self.get(id).await
     }
 
+    /// Runs a command in the sandbox: its events as they happen, in a span
+    /// that lasts until the stream ends or is dropped and records the
+    /// command's exit code.
     pub async fn exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
+        let span = tracing::info_span!(
+            "sandbox exec",
+            warren.exec.exit_code = tracing::field::Empty,
+            warren.exec.signal = tracing::field::Empty,
+            warren.exec.timed_out = tracing::field::Empty,
+        );
+        let events = self.exec_traced(id, req).instrument(span.clone()).await;
+        crate::traces::outcome(&span, &events);
+        Ok(crate::traces::exec_events(span, events?))
+    }
+
+    async fn exec_traced(
         &self,
         id: &str,
         req: &ExecRequest,
@@ -519,6 +539,7 @@ impl Control {
             req.validate()
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             let row = self.get(id).await?;
+            crate::traces::sandbox(&tracing::Span::current(), &row);
             // A kept sandbox's scene is there to be looked at: the node
             // thaws it while an exec runs.
             if !matches!(row.state, SandboxState::Running | SandboxState::Kept) {

@@ -51,6 +51,7 @@ pub mod signing;
 pub mod store;
 mod streams;
 mod tenants;
+mod traces;
 mod volumes;
 
 use std::net::SocketAddr;

@@ -9,6 +9,7 @@ use axum::response::Response;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use hyper_util::rt::TokioIo;
+use tracing::Instrument;
 use warren_core::files::{PathEntry, PathOp, WriteFile};
 use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
 use warren_core::tenant::Principal;
@@ -19,6 +20,13 @@ use crate::control::Control;
 use crate::node_errors::node_error;
 use crate::store::SandboxRow;
 use crate::streams::{file_read, to_node, ByteStream, FileRead, WatchEvent};
+
+/// The span of a file read or write of `path`.
+fn file_span(name: &'static str, path: &str) -> tracing::Span {
+    // `name` is a literal at each call: tracing needs a span's name at
+    // compile time, so it is given as OpenTelemetry's `otel.name`.
+    tracing::info_span!("file", otel.name = name, warren.file.path = path)
+}
 
 /// States in which a sandbox has files: live, or held after it finished.
 fn has_files(state: SandboxState) -> bool {
@@ -36,6 +44,8 @@ impl Control {
         id: &str,
     ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
         let row = self.get(id).await?;
+        // The span of the file call this is for (see `file_span`).
+        crate::traces::sandbox(&tracing::Span::current(), &row);
         if !has_files(row.state) {
             self.touch(id).await;
             return Err(ApiError::conflict(format!(
@@ -52,20 +62,36 @@ impl Control {
         req: WriteFile,
         body: ByteStream,
     ) -> Result<(), ApiError> {
-        self.file_access(id)
-            .await?
-            .write_file(id, req, to_node(body))
-            .await
-            .map_err(node_error)
+        let span = file_span("sandbox file write", &req.path);
+        let written = async {
+            self.file_access(id)
+                .await?
+                .write_file(id, req, to_node(body))
+                .await
+                .map_err(node_error)
+        }
+        .instrument(span.clone())
+        .await;
+        crate::traces::outcome(&span, &written);
+        written
     }
 
+    /// A file's bytes (or a directory's archive). Its span ends when the
+    /// read begins: the bytes stream on as the client takes them.
     pub async fn read_file(&self, id: &str, path: &str) -> Result<FileRead, ApiError> {
-        self.file_access(id)
-            .await?
-            .read_file(id, path)
-            .await
-            .map(file_read)
-            .map_err(node_error)
+        let span = file_span("sandbox file read", path);
+        let read = async {
+            self.file_access(id)
+                .await?
+                .read_file(id, path)
+                .await
+                .map(file_read)
+                .map_err(node_error)
+        }
+        .instrument(span.clone())
+        .await;
+        crate::traces::outcome(&span, &read);
+        read
     }
 
     /// Looks at or changes paths in the sandbox (stat, list, make a

@@ -157,19 +157,62 @@ pub struct SandboxStatus {
     pub phases: Vec<PhaseTiming>,
 }
 
-/// How long one phase of a create took on the node.
+/// How long one phase of a create took on the node, and when it began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseTiming {
     pub phase: String,
     pub micros: u64,
+    /// When it began, in microseconds after the node began the create
+    /// (a node that does not say is read as running its phases end to
+    /// end). Relative, not a wall-clock time: the control plane places
+    /// the phases inside its own span of the call, so a node whose clock
+    /// is off still draws them where they ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_micros: Option<u64>,
 }
 
-impl PhaseTiming {
-    pub fn new(phase: &str, took: std::time::Duration) -> PhaseTiming {
-        PhaseTiming {
-            phase: phase.to_string(),
-            micros: took.as_micros().min(u64::MAX as u128) as u64,
+fn micros(d: std::time::Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
+}
+
+/// A create's phases as the node measures them, against the instant it
+/// began the create.
+#[derive(Debug, Clone)]
+pub struct Phases {
+    origin: std::time::Instant,
+    list: Vec<PhaseTiming>,
+}
+
+impl Phases {
+    /// The create begins now.
+    pub fn begin() -> Phases {
+        Phases {
+            origin: std::time::Instant::now(),
+            list: Vec::new(),
         }
+    }
+
+    /// A phase that began at `start` and took `took`.
+    pub fn record(&mut self, phase: &str, start: std::time::Instant, took: std::time::Duration) {
+        // Both ends rounded down on the same scale, so that a phase that
+        // ends where another ends (or begins) does so in microseconds too.
+        let from = micros(start.saturating_duration_since(self.origin));
+        let to = micros((start + took).saturating_duration_since(self.origin));
+        self.list.push(PhaseTiming {
+            phase: phase.to_string(),
+            micros: to - from,
+            start_micros: Some(from),
+        });
+    }
+
+    /// A phase that began at `since` and ends now; the next begins now.
+    pub fn took(&mut self, phase: &str, since: &mut std::time::Instant) {
+        self.record(phase, *since, since.elapsed());
+        *since = std::time::Instant::now();
+    }
+
+    pub fn into_vec(self) -> Vec<PhaseTiming> {
+        self.list
     }
 }
 

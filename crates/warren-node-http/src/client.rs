@@ -181,6 +181,7 @@ impl HttpNode {
             Some(epoch) => rb.header(crate::fence::LEADER_EPOCH, epoch.clone()),
             None => rb,
         };
+        let rb = crate::trace_context::inject(rb);
         Ok(if in_query { rb } else { rb.json(args) })
     }
 

@@ -17,7 +17,9 @@
 //! - a port tunnel is an HTTP/1 upgrade (`Upgrade: tcp`), after which the
 //!   connection carries the port's bytes;
 //! - every call of a `warren server` replica carries its leader epoch
-//!   ([`fence`]): a node refuses the calls of a leader that was replaced.
+//!   ([`fence`]): a node refuses the calls of a leader that was replaced;
+//! - a call made inside a trace carries its W3C `traceparent`, and the node
+//!   traces its side of the call under it (`trace_context`).
 //!
 //! A node joined to a `warren server` serves its API over TLS with a
 //! self-signed certificate the control plane pins ([`tls`]); `warren up
@@ -31,6 +33,7 @@ pub mod fence;
 mod ndjson;
 mod server;
 pub mod tls;
+mod trace_context;
 mod wire;
 
 pub use access::Credential;

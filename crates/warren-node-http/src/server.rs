@@ -19,6 +19,7 @@ use futures_util::{Stream, StreamExt, TryStreamExt};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 use warren_node_api::{ByteStream, FileKind, FileRead, NodeApi, NodeError, Tunnel};
 
 use crate::access::{auth, fenced, replaced, Credential};
@@ -258,7 +259,8 @@ fn file_response(read: FileRead) -> Response {
 async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
     let admitted = req.extensions().get::<Admitted>().cloned();
     let args: args::create = json_args(req).await?;
-    let made = tokio::spawn(async move {
+    let made = tokio::spawn(
+        async move {
         let id = args.req.id.clone();
         let status = node.create(args.req).await?;
         let Some((given, current)) = admitted.and_then(|a| Some((a.given, a.superseded_by()?)))
@@ -273,7 +275,9 @@ async fn create(node: Arc<dyn NodeApi>, req: Request) -> Answer<Response> {
             tracing::warn!(sandbox = %id, error = %e, "destroying a replaced leader's create");
         }
         Err(replaced(given, current))
-    });
+        }
+        .in_current_span(),
+    );
     let status = made
         .await
         .map_err(|e| NodeError::internal(format!("create task: {e}")))??;
@@ -298,14 +302,19 @@ macro_rules! dispatch {
         ) -> Answer<Response> {
             let Path(call): Path<String> =
                 call.map_err(|e| NodeError::invalid(format!("path: {}", e.body_text())))?;
-            if call == "create" {
-                return create(node, req).await;
+            let span = crate::trace_context::call_span(&call, req.headers());
+            async move {
+                if call == "create" {
+                    return create(node, req).await;
+                }
+                match call.as_str() {
+                    $(stringify!($name) => answer!($shape req, args::$name { $($arg),* } $(, $body)? =>
+                        node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)),)*
+                    _ => Err(NodeError::not_found(format!("the node API has no call {call:?}")).into()),
+                }
             }
-            match call.as_str() {
-                $(stringify!($name) => answer!($shape req, args::$name { $($arg),* } $(, $body)? =>
-                    node.$name($(warren_node_api::wire_lend!($arg $(, $wire)?),)* $($body)?)),)*
-                _ => Err(NodeError::not_found(format!("the node API has no call {call:?}")).into()),
-            }
+            .instrument(span)
+            .await
         }
     };
 }

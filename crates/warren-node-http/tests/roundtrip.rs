@@ -68,6 +68,7 @@ fn status_of(id: &str) -> SandboxStatus {
         phases: vec![warren_node_api::PhaseTiming {
             phase: "runtime_create".into(),
             micros: 1234,
+            start_micros: Some(56),
         }],
     }
 }

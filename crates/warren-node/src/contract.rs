@@ -125,7 +125,8 @@ warren_node_api::node_impl! { LocalNode;
             ));
         }
         let id = req.id.clone();
-        let resolving = std::time::Instant::now();
+        let mut phases = api::Phases::begin();
+        let mut resolving = std::time::Instant::now();
         let image = self
             .node
             .images
@@ -150,19 +151,21 @@ warren_node_api::node_impl! { LocalNode;
                 }
                 NoImage::Unusable(e) => contract_error(e),
             })?;
-        let mut phases = vec![api::PhaseTiming::new("node_image", resolving.elapsed())];
+        phases.took("node_image", &mut resolving);
         // In a task of its own: a caller that goes away (a control plane
         // killed mid-create) must not leave a sandbox half made.
         let node = self.node.clone();
-        let (_, node_phases) = tokio::spawn(async move { node.create(req, &image).await })
-            .await
-            .map_err(|e| api::NodeError::internal(format!("create task: {e}")))?
-            .map_err(contract_error)?;
-        phases.extend(node_phases);
+        let (created, phases) = tokio::spawn(async move {
+            let created = node.create(req, &image, &mut phases).await;
+            (created, phases)
+        })
+        .await
+        .map_err(|e| api::NodeError::internal(format!("create task: {e}")))?;
+        created.map_err(contract_error)?;
         let mut status = self.node.status_of(&id, false).ok_or_else(|| {
             api::NodeError::conflict(format!("sandbox {id} was destroyed as it was created"))
         })?;
-        status.phases = phases;
+        status.phases = phases.into_vec();
         Ok(status)
     }
 

@@ -8,23 +8,25 @@ use std::sync::{Arc, Mutex};
 use warren_core::sync::lock;
 use warren_core::SandboxSpec;
 use warren_image::ImageRecord;
-use warren_node_api::{CreateSandbox, Phase};
+use warren_node_api::{CreateSandbox, Phase, Phases};
 use warren_runtime::CreateRequest;
 
 use crate::exec::{main_request, ExecDefaults};
 use crate::logs::SandboxLog;
-use crate::{lifetime, monitor, sampler, took, Live, Node, NodeError};
+use crate::{lifetime, monitor, sampler, Live, Node, NodeError};
 
 impl Node {
-    /// Creates a sandbox and, if the spec names one, starts its main process.
-    /// Returns once an exec into it would succeed. Not cancel safe: the
+    /// Creates a sandbox and, if the spec names one, starts its main process;
+    /// its phases are added to `phases`. Returns once an exec into it would
+    /// succeed. Not cancel safe: the
     /// runtime's work goes on in blocking threads when this is dropped, so
     /// callers that may vanish run it in a task of its own.
     pub async fn create(
         self: &Arc<Self>,
         req: CreateSandbox,
         image: &ImageRecord,
-    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        phases: &mut Phases,
+    ) -> Result<i32, NodeError> {
         let Some(_making) = self.creating.begin(&req.id) else {
             return Err(NodeError::Conflict(format!(
                 "a create of sandbox {} is already under way on this node",
@@ -55,7 +57,9 @@ impl Node {
             ..req
         };
         let id = req.id.clone();
-        let created = self.create_holding(req, image, injection, binds).await;
+        let created = self
+            .create_holding(req, image, injection, binds, phases)
+            .await;
         if created.is_err() {
             // Only this create holds devices and volumes under its id: one
             // for a live sandbox's id was refused before the claims.
@@ -71,12 +75,12 @@ impl Node {
         image: &ImageRecord,
         injection: warren_runtime::cdi::Injection,
         volumes: Vec<warren_runtime::VolumeBind>,
-    ) -> Result<(i32, Vec<warren_node_api::PhaseTiming>), NodeError> {
+        phases: &mut Phases,
+    ) -> Result<i32, NodeError> {
         let (id, spec, resources) = (&req.id, &req.spec, &req.resources);
-        let mut phases = Vec::new();
         let mut phase = std::time::Instant::now();
         let lower_dirs = self.images.lower_dirs(image).await?;
-        took(&mut phases, "node_layers", &mut phase);
+        phases.took("node_layers", &mut phase);
         let log = self.logs.open(id)?;
         log.event("creating", warren_core::state::reason::CREATED, "");
         let permit = self
@@ -87,7 +91,7 @@ impl Node {
         // A fork's child: the source's fork layers above the image's.
         let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
         layers.extend(lower_dirs);
-        took(&mut phases, "node_slot_wait", &mut phase);
+        phases.took("node_slot_wait", &mut phase);
         let created = self
             .runtime
             .create(CreateRequest {
@@ -121,19 +125,16 @@ impl Node {
                 return Err(e.into());
             }
         };
-        phases.extend(
-            handle
-                .phases
-                .iter()
-                .map(|(name, d)| warren_node_api::PhaseTiming::new(name, *d)),
-        );
+        for (name, start, took) in &handle.phases {
+            phases.record(name, *start, *took);
+        }
         phase = std::time::Instant::now();
         if let Err(e) = self.attach_network(id, handle.pid, spec, &log).await {
             let _ = self.runtime.destroy(id, Some(handle.pid)).await;
             self.forks.release_child(id).await;
             return Err(e);
         }
-        took(&mut phases, "node_network", &mut phase);
+        phases.took("node_network", &mut phase);
         let lifetime = lifetime::Lifetime::new(spec.ttl(), spec.lease.map(|l| l.get()));
         let live = self.register(
             req.clone(),
@@ -156,8 +157,8 @@ impl Node {
                 .await;
             return Err(e);
         }
-        took(&mut phases, "node_register", &mut phase);
-        Ok((handle.pid, phases))
+        phases.took("node_register", &mut phase);
+        Ok(handle.pid)
     }
 
     /// A warm pool's sandbox taken by a create: from now on it is that

@@ -412,13 +412,3 @@ impl Live {
         }
     }
 }
-
-/// Records how long a create's phase took since `since`, and starts the next.
-fn took(
-    phases: &mut Vec<warren_node_api::PhaseTiming>,
-    name: &str,
-    since: &mut std::time::Instant,
-) {
-    phases.push(warren_node_api::PhaseTiming::new(name, since.elapsed()));
-    *since = std::time::Instant::now();
-}

@@ -221,10 +221,12 @@ pub struct SandboxHandle {
     pub root_pid: i32,
     /// What the node needs to know of its class to serve it.
     pub traits: class::Traits,
-    /// How long each phase of its create took (`runtime_prepare`: id range,
-    /// bundle and config; `runtime_spawn`: the spawner's mounts, namespaces,
-    /// cgroup and init ready); empty for a handle not made by a create.
-    pub phases: Vec<(String, std::time::Duration)>,
+    /// Each phase of its create, when it began and how long it took
+    /// (`runtime_prepare`: id range, bundle and config; `runtime_spawn`:
+    /// the spawner's mounts, namespaces, cgroup and init ready, then the
+    /// spawner's own phases within it); empty for a handle not made by a
+    /// create.
+    pub phases: Vec<(String, std::time::Instant, std::time::Duration)>,
 }
 
 pub struct Runtime {
@@ -405,15 +407,12 @@ impl Runtime {
         match created {
             Ok((pid, spawner_phases)) => {
                 warren_crashpoint::hit("create:spawned");
+                let answered = std::time::Instant::now();
                 let mut phases = vec![
-                    ("runtime_prepare".to_string(), prepare_took),
-                    ("runtime_spawn".to_string(), spawning.elapsed()),
+                    ("runtime_prepare".to_string(), preparing, prepare_took),
+                    ("runtime_spawn".to_string(), spawning, answered - spawning),
                 ];
-                phases.extend(
-                    spawner_phases
-                        .into_iter()
-                        .map(|(name, micros)| (name, std::time::Duration::from_micros(micros))),
-                );
+                phases.extend(spawner_timeline(spawner_phases, answered));
                 Ok(SandboxHandle {
                     pid,
                     phases,
@@ -784,6 +783,29 @@ fn kill_init(pid: i32, cgroup_path: &str) {
         tv_nsec: 0,
     };
     let _ = poll(&mut fds, Some(&timeout));
+}
+
+/// The spawner's phases (name, microseconds) on this process's clock: they
+/// run end to end and the last ends as the spawner answers, so each one's
+/// start is counted back from `answered` (the spawner's clock is not this
+/// process's `Instant`; the answer's trip is the only error, microseconds).
+fn spawner_timeline(
+    phases: Vec<(String, u64)>,
+    answered: std::time::Instant,
+) -> Vec<(String, std::time::Instant, std::time::Duration)> {
+    let total: u64 = phases.iter().map(|(_, micros)| micros).sum();
+    let mut start = answered
+        .checked_sub(std::time::Duration::from_micros(total))
+        .unwrap_or(answered);
+    phases
+        .into_iter()
+        .map(|(name, micros)| {
+            let took = std::time::Duration::from_micros(micros);
+            let phase = (name, start, took);
+            start += took;
+            phase
+        })
+        .collect()
 }
 
 pub mod cgroups;

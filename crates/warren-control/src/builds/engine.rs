@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use futures_util::StreamExt;
+use tracing::Instrument;
 use warren_core::build::{BuildEvent, BuildRequest, ImageSettings};
 use warren_core::spec::Dur;
 use warren_core::{ExecEvent, ExecRequest, SandboxSpec};
@@ -62,7 +63,19 @@ pub(crate) async fn run(
     spooled: std::fs::File,
 ) {
     let started = Instant::now();
-    let result = prepare_and_run(control, build.clone(), req.clone(), spooled).await;
+    // The build's trace: a span per step below it, and below a `RUN`
+    // step the create and exec of its sandbox.
+    let span = tracing::info_span!(
+        "image build",
+        warren.build.id = build.id(),
+        warren.build.tag = req.tag.as_deref().unwrap_or(""),
+    );
+    let result = prepare_and_run(control, build.clone(), req.clone(), spooled)
+        .instrument(span.clone())
+        .await;
+    if let Err(f) = &result {
+        crate::traces::failed(&span, &f.message);
+    }
     match result {
         Ok(digest) => build.emit(BuildEvent::Done {
             digest,
@@ -184,8 +197,16 @@ impl Run {
         (0..=target).filter(|&i| need[i]).collect()
     }
 
-    fn begin(&mut self, stage: &Stage, line: usize, text: &str) -> Instant {
+    /// A step begins: its event, and its span.
+    fn begin(&mut self, stage: &Stage, line: usize, text: &str) -> (Instant, tracing::Span) {
         self.step += 1;
+        let span = tracing::info_span!(
+            "build step",
+            warren.build.step = self.step,
+            warren.build.line = line,
+            warren.build.instruction = text,
+            warren.build.cached = tracing::field::Empty,
+        );
         self.build.emit(BuildEvent::Step {
             step: self.step,
             of: self.total,
@@ -193,10 +214,11 @@ impl Run {
             line,
             instruction: text.to_string(),
         });
-        Instant::now()
+        (Instant::now(), span)
     }
 
-    fn done(&self, at: Instant, cached: bool, digest: &str) {
+    fn done(&self, (at, span): (Instant, tracing::Span), cached: bool, digest: &str) {
+        span.record("warren.build.cached", cached);
         self.build.emit(BuildEvent::StepDone {
             step: self.step,
             cached,
@@ -210,44 +232,53 @@ impl Run {
         let from = words::expand(&stage.from, &self.global, self.file.escape)
             .map_err(|e| Failure::at(stage.line, e))?;
         let at = self.begin(&stage, stage.line, &format!("FROM {from}"));
-        let mut state = match self.file.stage_index(&from, index) {
-            Some(j) => {
-                let mut s = self.stages[j].clone().ok_or_else(|| {
-                    Failure::at(stage.line, format!("stage {from:?} was not built"))
-                })?;
-                s.args.clear();
-                s
-            }
-            None if from == "scratch" => {
-                let image = self
-                    .api
-                    .image_derive(DeriveImage {
-                        base: "scratch".into(),
-                        into: ImageTarget::Step(key(&["scratch"])),
-                        settings: None,
-                        created_by: None,
-                    })
-                    .await
-                    .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
-                State::of(&image)
-            }
-            None => {
-                let image = self
-                    .control
-                    .images()
-                    .for_create(self.api.as_ref(), &from)
-                    .await
-                    .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
-                State::of(&image)
-            }
-        };
+        let span = at.1.clone();
+        let mut state = async {
+            Ok(match self.file.stage_index(&from, index) {
+                Some(j) => {
+                    let mut s = self.stages[j].clone().ok_or_else(|| {
+                        Failure::at(stage.line, format!("stage {from:?} was not built"))
+                    })?;
+                    s.args.clear();
+                    s
+                }
+                None if from == "scratch" => {
+                    let image = self
+                        .api
+                        .image_derive(DeriveImage {
+                            base: "scratch".into(),
+                            into: ImageTarget::Step(key(&["scratch"])),
+                            settings: None,
+                            created_by: None,
+                        })
+                        .await
+                        .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
+                    State::of(&image)
+                }
+                None => {
+                    let image = self
+                        .control
+                        .images()
+                        .for_create(self.api.as_ref(), &from)
+                        .await
+                        .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
+                    State::of(&image)
+                }
+            })
+        }
+        .instrument(span.clone())
+        .await
+        .inspect_err(|f: &Failure| crate::traces::failed(&span, &f.message))?;
         self.done(at, true, &state.digest);
         for step in &stage.steps {
             let at = self.begin(&stage, step.line, &step.text);
+            let span = at.1.clone();
             let cached = self
                 .step(&mut state, &step.op, step.line, &step.text)
+                .instrument(span.clone())
                 .await
                 .map_err(|mut f| {
+                    crate::traces::failed(&span, &f.message);
                     f.line.get_or_insert(step.line);
                     f
                 })?;

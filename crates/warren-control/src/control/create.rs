@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
 use warren_core::tenant::{Principal, TenantName};
@@ -13,6 +15,7 @@ use super::{new_id, Control};
 use crate::admission::{admit_error, Admit, Request};
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, StoreError, Transition};
+use crate::traces;
 
 /// What the node is asked to run for a record, with the values of the
 /// secrets it names.
@@ -42,13 +45,23 @@ async fn create_request(row: &SandboxRow, control: &Control) -> Result<CreateSan
     })
 }
 
-/// Creates the record's sandbox on `node`.
+/// Creates the record's sandbox on `node`, in a span of the call whose
+/// children are the node's phases (see [`traces::node_phases`]).
 async fn create_on(
     node: &dyn warren_node_api::NodeApi,
     row: &SandboxRow,
     control: &Control,
 ) -> Result<SandboxStatus, NodeError> {
-    node.create(create_request(row, control).await?).await
+    let req = create_request(row, control).await?;
+    let span = tracing::info_span!("node create", otel.kind = "client");
+    traces::node(&span, &row.node);
+    let began = std::time::SystemTime::now();
+    let (created, took) = timed(node.create(req).instrument(span.clone())).await;
+    match &created {
+        Ok(status) => traces::node_phases(&span, began, took, &status.phases),
+        Err(e) => traces::failed(&span, &e.message),
+    }
+    created
 }
 /// A request id answers with the sandbox it made only to its own tenant;
 /// another tenant's reuse of it is refused without showing that sandbox.
@@ -102,8 +115,32 @@ impl Control {
 
     /// A create for `tenant`, on `node` only when given (a build's steps,
     /// whose images are on the node that made them); a pinned create takes
-    /// no pooled sandbox.
+    /// no pooled sandbox. Its trace's root span: its phases are children.
     pub(crate) async fn create_pinned(
+        self: &Arc<Self>,
+        tenant: &TenantName,
+        spec: SandboxSpec,
+        wait: bool,
+        node: Option<&str>,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        let span = tracing::info_span!("sandbox create");
+        traces::owner(&span, tenant, &spec.labels);
+        let created = self
+            .create_traced(tenant, spec, wait, node)
+            .instrument(span.clone())
+            .await;
+        match &created {
+            Ok((info, _)) => {
+                traces::sandbox_id(&span, &info.id);
+                traces::node(&span, &info.node);
+            }
+            Err(e) => traces::failed(&span, &e.message),
+        }
+        created
+    }
+
+    /// [`Control::create_pinned`] inside its span.
+    async fn create_traced(
         self: &Arc<Self>,
         tenant: &TenantName,
         mut spec: SandboxSpec,
@@ -156,20 +193,34 @@ impl Control {
         let image = self
             .images
             .for_create(resolver.as_ref(), &spec.image)
+            .instrument(tracing::info_span!("image resolve"))
             .await
             .map_err(node_error)?;
         self.metrics.create_phase("image_resolve", phase.elapsed());
         let id = new_id();
+        traces::sandbox_id(&tracing::Span::current(), &id);
         let phase = std::time::Instant::now();
-        let admit = self
-            .admission
-            .admit(&id, {
-                let mut ask = Request::of(&spec, &resources, &image.digest)
-                    .for_tenant(tenant.clone(), priority);
-                ask.node = node.map(str::to_string);
-                ask
+        // Admission and placement are one step (under one lock): the
+        // tenant's quota and queue, then the node, or a place in the queue.
+        let admitting = tracing::info_span!("admission", warren.queued = tracing::field::Empty);
+        let admit = admitting
+            .in_scope(|| {
+                self.admission.admit(&id, {
+                    let mut ask = Request::of(&spec, &resources, &image.digest)
+                        .for_tenant(tenant.clone(), priority);
+                    ask.node = node.map(str::to_string);
+                    ask
+                })
             })
-            .map_err(admit_error)?;
+            .map_err(admit_error)
+            .inspect_err(|e| traces::failed(&admitting, &e.message))?;
+        match &admit {
+            Admit::Now(node) => traces::node(&admitting, node),
+            Admit::Queued { .. } => {
+                admitting.record("warren.queued", true);
+            }
+        }
+        drop(admitting);
         self.metrics.create_phase("admission", phase.elapsed());
         let (queued, node) = match &admit {
             Admit::Now(node) => (false, node.clone()),
@@ -193,14 +244,16 @@ impl Control {
         };
         let this = self.clone();
         let task = match admit {
-            Admit::Now(_) => tokio::spawn(async move { this.create_admitted(row).await }),
+            Admit::Now(_) => {
+                tokio::spawn(async move { this.create_admitted(row).await }.in_current_span())
+            }
             Admit::Queued { ready, .. } => {
                 // The queued record is what a client polls; it must exist first.
                 if let Err(e) = self.store.insert(&row, spec.request_id.as_deref()).await {
                     self.admission.release(&id);
                     return self.insert_failed(e, &row).await;
                 }
-                let task = tokio::spawn(this.wait_then_start(row, ready));
+                let task = tokio::spawn(this.wait_then_start(row, ready).in_current_span());
                 if !wait {
                     let row = self.get(&id).await?;
                     return Ok((self.info(row, false).await, true));
@@ -226,7 +279,7 @@ impl Control {
         ready: tokio::sync::oneshot::Receiver<String>,
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let queued_at = std::time::Instant::now();
-        let waited = ready.await;
+        let waited = ready.instrument(tracing::info_span!("queue wait")).await;
         self.metrics
             .queue_wait_seconds
             .observe(queued_at.elapsed().as_secs_f64());
@@ -304,7 +357,11 @@ impl Control {
             }
         };
         let (inserted, created) = tokio::join!(
-            timed(self.store.insert(&row, row.spec.request_id.as_deref())),
+            timed(
+                self.store
+                    .insert(&row, row.spec.request_id.as_deref())
+                    .instrument(tracing::info_span!("store insert"))
+            ),
             timed(create_on(node.as_ref(), &row, self))
         );
         let ((inserted, insert_took), (created, create_took)) = (inserted, created);
@@ -364,6 +421,40 @@ impl Control {
         self.finish_create(&id, created).await
     }
 
+    /// The node made it: recorded as running, its main process started,
+    /// the create's answer made.
+    async fn record_started(
+        &self,
+        id: &str,
+        status: SandboxStatus,
+    ) -> Result<(SandboxInfo, bool), ApiError> {
+        for p in &status.phases {
+            self.metrics
+                .create_phase(&p.phase, std::time::Duration::from_micros(p.micros));
+        }
+        let phase = std::time::Instant::now();
+        let started = now_rfc3339();
+        let t = Transition {
+            started_at: Some(&started),
+            ..Default::default()
+        };
+        self.admission.started(id);
+        self.store
+            .transition(id, SandboxState::Running, reason::READY, &started, t)
+            .await?;
+        let row = self.get(id).await?;
+        if let Err(e) = self.api(&row.node)?.start_main(id).await {
+            let message = e.to_string();
+            let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
+            return Err(ApiError::internal(format!(
+                "sandbox {id}: main process: {message}"
+            )));
+        }
+        let info = self.info_with(row, Some(&status), false);
+        self.metrics.create_phase("answer", phase.elapsed());
+        Ok((info, true))
+    }
+
     pub(crate) async fn finish_create(
         &self,
         id: &str,
@@ -371,31 +462,9 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         match created {
             Ok(status) => {
-                for p in &status.phases {
-                    self.metrics
-                        .create_phase(&p.phase, std::time::Duration::from_micros(p.micros));
-                }
-                let phase = std::time::Instant::now();
-                let started = now_rfc3339();
-                let t = Transition {
-                    started_at: Some(&started),
-                    ..Default::default()
-                };
-                self.admission.started(id);
-                self.store
-                    .transition(id, SandboxState::Running, reason::READY, &started, t)
-                    .await?;
-                let row = self.get(id).await?;
-                if let Err(e) = self.api(&row.node)?.start_main(id).await {
-                    let message = e.to_string();
-                    let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
-                    return Err(ApiError::internal(format!(
-                        "sandbox {id}: main process: {message}"
-                    )));
-                }
-                let info = self.info_with(row, Some(&status), false);
-                self.metrics.create_phase("answer", phase.elapsed());
-                Ok((info, true))
+                self.record_started(id, status)
+                    .instrument(tracing::info_span!("answer"))
+                    .await
             }
             Err(e) => {
                 self.admission.release(id);

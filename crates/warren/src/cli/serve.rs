@@ -185,6 +185,17 @@ pub struct CompatOpts {
     pub sandbox_fusion_image: String,
 }
 
+/// Where the daemon's traces go (`warren up|server|node`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TraceOpts {
+    /// Export traces over OTLP/HTTP to this collector (its base URL, e.g.
+    /// http://127.0.0.1:4318; spans go to /v1/traces under it), as the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT does. JSON unless
+    /// OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf. Unset: no traces.
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
 /// How the control plane admits and learns (`warren up` and `warren server`).
 #[derive(Args)]
 pub struct ControlOpts {
@@ -244,6 +255,8 @@ pub struct UpArgs {
     pub node: NodeOpts,
     #[command(flatten)]
     pub compat: CompatOpts,
+    #[command(flatten)]
+    pub traces: TraceOpts,
 }
 
 #[derive(Args)]
@@ -275,6 +288,8 @@ pub struct ServerArgs {
     pub control: ControlOpts,
     #[command(flatten)]
     pub compat: CompatOpts,
+    #[command(flatten)]
+    pub traces: TraceOpts,
     #[command(subcommand)]
     pub command: Option<ServerCmd>,
 }
@@ -317,6 +332,8 @@ pub struct NodeArgs {
     pub labels: Vec<String>,
     #[command(flatten)]
     pub node: NodeOpts,
+    #[command(flatten)]
+    pub traces: TraceOpts,
     #[command(subcommand)]
     pub command: Option<NodeCmd>,
 }

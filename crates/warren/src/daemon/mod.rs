@@ -6,6 +6,7 @@ mod compat;
 pub mod node_agent;
 mod port_door;
 pub mod server;
+pub mod traces;
 pub mod up;
 
 use anyhow::{Context, Result};
@@ -20,7 +21,8 @@ pub use warren_cli::serving::{first_signal, listen};
 /// (or the journal, under systemd) gets only warnings and errors, besides
 /// the few lines the daemon prints itself, so that `warren up &` does not
 /// bury a shell. `WARREN_LOG` (an `EnvFilter`, e.g. `debug`) sets what both
-/// show.
+/// show. With `traces`' endpoint set, the daemon's spans are exported
+/// too, as `service`, while the answer's [`traces::Exporting`] lives.
 /// Makes the daemon's home, or takes the one there, as the daemon's own
 /// (mode 0700): it holds the API token, the join token, node credentials,
 /// the store and every sandbox's files, none of them for the host's other
@@ -32,7 +34,12 @@ pub fn private_home(home: &std::path::Path) -> Result<()> {
         .with_context(|| format!("make home {} private (mode 0700)", home.display()))
 }
 
-pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::PathBuf> {
+pub fn init_logging(
+    home: &std::path::Path,
+    file: &str,
+    traces: &crate::cli::TraceOpts,
+    service: &str,
+) -> Result<(std::path::PathBuf, Option<traces::Exporting>)> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
@@ -67,7 +74,12 @@ pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::Pat
             .and_then(|f| EnvFilter::try_new(f).ok())
             .unwrap_or_else(|| EnvFilter::new(default))
     };
+    let (spans, exporting) = match traces::layer(traces, service)? {
+        Some((layer, exporting)) => (Some(layer), Some(exporting)),
+        None => (None, None),
+    };
     tracing_subscriber::registry()
+        .with(spans)
         .with(
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
@@ -84,7 +96,7 @@ pub fn init_logging(home: &std::path::Path, file: &str) -> Result<std::path::Pat
                 .with_filter(filter(&format!("warn,{QUIET_LIBRARIES}"))),
         )
         .init();
-    Ok(path)
+    Ok((path, exporting))
 }
 
 /// Past this size a daemon's log is moved aside at the next start.

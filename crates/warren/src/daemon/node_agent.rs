@@ -34,7 +34,8 @@ pub async fn run(home: &std::path::Path, args: NodeArgs) -> Result<i32> {
     }
     let labels = parse_labels(&args.labels)?;
     let name = args.name.clone().unwrap_or_else(super::hostname);
-    let log_path = super::init_logging(home, "warren-node.log")?;
+    let (log_path, _traces) =
+        super::init_logging(home, "warren-node.log", &args.traces, "warren-node")?;
     let (node, _nofile) = super::start_node(home, name.clone(), labels, &args.node)?;
     let local: Arc<dyn NodeApi> = Arc::new(warren_node::LocalNode::new(node.clone()));
     let fence = warren_node_http::Fence::open(home.join("leader-epoch"))?;

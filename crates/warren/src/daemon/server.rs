@@ -21,7 +21,8 @@ pub async fn run(home: &std::path::Path, args: ServerArgs) -> Result<i32> {
     if let Some(ServerCmd::JoinToken { rotate }) = args.command {
         return join_token(home, rotate);
     }
-    let log_path = super::init_logging(home, "warren-server.log")?;
+    let (log_path, _traces) =
+        super::init_logging(home, "warren-server.log", &args.traces, "warren-server")?;
     let policy = super::policy(&args.control)?;
     let join_token = warren_control::ensure_secret(&join_token_path(home))
         .with_context(|| format!("join token {}", join_token_path(home).display()))?;

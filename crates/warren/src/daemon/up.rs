@@ -11,7 +11,8 @@ use warren_node_api::NodeApi;
 use crate::cli::{NodeTransport, UpArgs};
 
 pub async fn run(home: &std::path::Path, args: UpArgs) -> Result<i32> {
-    let log_path = super::init_logging(home, "warren-up.log")?;
+    let (log_path, _traces) =
+        super::init_logging(home, "warren-up.log", &args.traces, "warren-up")?;
     let policy = super::policy(&args.control)?;
     let (node, nofile) =
         super::start_node(home, super::hostname(), Default::default(), &args.node)?;

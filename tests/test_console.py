@@ -58,9 +58,9 @@ class Console:
     def go(self, hash_):
         self.page.evaluate("h => { location.hash = h; }", hash_)
 
-    def shot(self, name):
+    def shot(self, name, full_page=False):
         path = self.tmp_path / f"{name}.png"
-        self.page.screenshot(path=str(path))
+        self.page.screenshot(path=str(path), full_page=full_page)
         return path
 
     def terminal_text(self):
@@ -219,8 +219,9 @@ def test_fleet_matrix_and_drill_down(console, warren):
         # Each redraw replaces the cell, so it is looked up every time.
         wait_until(lambda: console.page.eval_on_selector(f"{sel} .n", "e => e.textContent") == "3",
                    what="all three of the batch running in the cell")
-        text = console.page.text_content(sel)
-        assert "CPU" in text and "mem" in text
+        # The row's CPU bar: the three requests of 5m (what it uses moves).
+        bar = console.page.wait_for_selector(f'tr[data-group="{task}"] td[data-col="cpu"] .ubar')
+        assert bar.get_attribute("data-request") == "15", bar.get_attribute("data-request")
         console.shot("fleet")
         console.page.click(sel)
         console.page.wait_for_selector("#sandbox-table")

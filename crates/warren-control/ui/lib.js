@@ -1,6 +1,7 @@
 // Small helpers of the console: API calls, NDJSON streams, element
 // building (text only: nothing from the API is ever parsed as HTML),
-// formatting, a canvas line chart and a virtualised table.
+// formatting, a timer and a virtualised table (the charts are in
+// charts.js).
 
 export class AuthError extends Error {}
 
@@ -109,58 +110,28 @@ export function stateBar(counts, total) {
     h('span', { title: `${s}: ${counts[s]}`, style: `width:${(100 * counts[s]) / t}%;background:${STATE_COLOR[s]}` })));
 }
 
-// A line chart drawn on a canvas: fixed window of points, redrawn whole.
-export class Chart {
-  constructor(canvas, series, { points = 120, format = (v) => v.toFixed(0) } = {}) {
-    this.canvas = canvas;
-    this.series = series.map((s) => ({ ...s, values: [] }));
-    this.points = points;
-    this.format = format;
-    this.draws = 0;
-  }
-
-  push(...values) {
-    values.forEach((v, i) => {
-      const s = this.series[i];
-      s.values.push(v);
-      if (s.values.length > this.points) s.values.shift();
-    });
-    this.draw();
-  }
-
-  draw() {
-    const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const w = c.clientWidth, hgt = c.clientHeight;
-    if (c.width !== w * dpr) { c.width = w * dpr; c.height = hgt * dpr; }
-    const g = c.getContext('2d');
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, w, hgt);
-    g.strokeStyle = '#2a323c';
-    g.lineWidth = 1;
-    for (let i = 1; i < 4; i++) { g.beginPath(); g.moveTo(0, (hgt * i) / 4); g.lineTo(w, (hgt * i) / 4); g.stroke(); }
-    g.font = '11px sans-serif';
-    this.series.forEach((s, idx) => {
-      const max = Math.max(s.max || 0, ...s.values, 1e-9);
-      g.strokeStyle = s.color;
-      g.lineWidth = 1.5;
-      g.beginPath();
-      s.values.forEach((v, i) => {
-        const x = (w * (i + this.points - s.values.length)) / (this.points - 1);
-        const y = hgt - 4 - ((hgt - 8) * v) / max;
-        if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
-      });
-      g.stroke();
-      const last = s.values.length ? s.values[s.values.length - 1] : undefined;
-      g.fillStyle = s.color;
-      g.fillText(`${s.name}: ${last === undefined ? '–' : (s.fmt || this.format)(last)}`, 6, 14 + 14 * idx);
-    });
-    this.draws++;
-    // For tests and people with devtools: how often it drew, and the
-    // latest value of each series.
-    c.dataset.draws = String(this.draws);
-    c.dataset.last = this.series.map((s) => (s.values.length ? s.values[s.values.length - 1] : '')).join(',');
-  }
+// Runs fn now and then every ms after each run ends; returns a function
+// that stops it. stop.now() runs it at once (a run under way is followed
+// by one more, never two at a time).
+export function every(ms, fn) {
+  let t = 0;
+  let stopped = false;
+  let busy = false;
+  let again = false;
+  const run = async () => {
+    if (busy) { again = true; return; }
+    busy = true;
+    do {
+      again = false;
+      try { await fn(); } catch (_) { /* drawn as an error by fn, retried */ }
+    } while (again && !stopped);
+    busy = false;
+    if (!stopped) t = setTimeout(run, ms);
+  };
+  const stop = () => { stopped = true; clearTimeout(t); };
+  stop.now = () => { clearTimeout(t); run(); };
+  run();
+  return stop;
 }
 
 // A table that renders only the rows in view (plus a margin), so ten

@@ -2,19 +2,12 @@
 // root, and returns {stop} to release its timers and streams.
 
 import {
-  api, ndjson, h, stateBadge, ALERT_CPU, ALERT_FOR_MS, stateBar, fmtBytes, fmtCpu, fmtTime, pct, STATES, Chart, VirtualTable,
+  api, every, ndjson, h, stateBadge, ALERT_CPU, ALERT_FOR_MS, stateBar, fmtBytes, fmtCpu, fmtTime, pct, STATES, VirtualTable,
 } from './lib.js';
+import { Chart } from './charts.js';
+import { historyPanels } from './dashboard.js';
 
-function every(ms, fn) {
-  let t = 0;
-  let stopped = false;
-  const run = async () => {
-    try { await fn(); } catch (_) { /* drawn as an error by fn, retried */ }
-    if (!stopped) t = setTimeout(run, ms);
-  };
-  run();
-  return () => { stopped = true; clearTimeout(t); };
-}
+export { fleet } from './dashboard.js';
 
 function countStates(rows) {
   const c = {};
@@ -70,62 +63,8 @@ export function overview(root, _p, live) {
   };
   draw();
   const off = live.onChange(draw);
-  return { stop() { stopNodes(); off(); } };
-}
-
-export function fleet(root, { query }, live) {
-  let key = query.get('key') || localStorage.getItem('warren.fleet.key') || '';
-  const pick = h('select', { id: 'fleet-key' });
-  const table = h('div', { class: 'panel' });
-  pick.addEventListener('change', () => { key = pick.value; localStorage.setItem('warren.fleet.key', key); draw(); });
-  root.append(h('h1', {}, 'Fleet'),
-    h('div', { class: 'toolbar' }, 'Label key', pick,
-      h('span', { class: 'dim' }, 'Each cell: sandboxes, CPU used / requested, memory used / requested. Click to list them.')),
-    table);
-  const draw = () => {
-    const rows = [...live.rows.values()];
-    const keys = [...new Set(rows.flatMap((r) => Object.keys(r.labels || {})))].sort();
-    if (!key || !keys.includes(key)) key = keys.includes('task') ? 'task' : keys[0] || '';
-    if (pick.options.length !== keys.length || [...pick.options].some((o, i) => o.value !== keys[i])) {
-      pick.replaceChildren(...keys.map((k) => h('option', { value: k }, k)));
-    }
-    pick.value = key;
-    if (!key) { table.replaceChildren(h('p', { class: 'dim' }, 'No sandbox carries a label yet.')); return; }
-    const cells = new Map();
-    const states = new Set();
-    for (const r of rows) {
-      const v = (r.labels || {})[key];
-      if (v === undefined) continue;
-      states.add(r.state);
-      const id = `${v}\u0000${r.state}`;
-      const c = cells.get(id) || { n: 0, cpu: 0, cpuReq: 0, mem: 0, memReq: 0 };
-      c.n++;
-      c.cpu += r.cpu_millis || 0;
-      c.cpuReq += r.cpu_request_millis;
-      c.mem += r.memory_bytes || 0;
-      c.memReq += r.memory_request;
-      cells.set(id, c);
-    }
-    const values = [...new Set(rows.map((r) => (r.labels || {})[key]).filter((v) => v !== undefined))].sort();
-    const cols = STATES.filter((s) => states.has(s));
-    table.replaceChildren(h('table', { class: 'plain matrix', id: 'fleet-matrix' },
-      h('tr', {}, h('th', {}, key), cols.map((s) => h('th', {}, stateBadge(s)))),
-      values.map((v) => h('tr', {}, h('th', {}, v), cols.map((s) => {
-        const c = cells.get(`${v}\u0000${s}`);
-        if (!c) return h('td', { class: 'dim' }, '·');
-        const sel = `${key}=${v}`;
-        return h('td', {
-          class: 'cell', 'data-value': v, 'data-state': s,
-          onclick: () => { location.hash = `#/sandboxes?label=${encodeURIComponent(sel)}&state=${s}`; },
-        },
-        h('div', { class: 'n' }, c.n),
-        h('div', { class: 'u' }, `CPU ${fmtCpu(c.cpu)} / ${fmtCpu(c.cpuReq)}`),
-        h('div', { class: 'u' }, `mem ${fmtBytes(c.mem)} / ${fmtBytes(c.memReq)}`));
-      })))));
-  };
-  draw();
-  const off = live.onChange(draw);
-  return { stop: off };
+  const panels = historyPanels(root, live);
+  return { stop() { stopNodes(); off(); panels.stop(); } };
 }
 
 // A label selector as the API takes it (k=v, k==v, k!=v, k, !k,
@@ -253,8 +192,8 @@ export function sandbox(root, { args }, live) {
     h('h2', {}, 'Log'), logs);
   const chart = new Chart(canvas, [
     { name: 'CPU', color: '#3fb950', fmt: fmtCpu },
-    { name: 'memory', color: '#4fa3ff', fmt: fmtBytes },
-  ]);
+    { name: 'memory', color: '#4fa3ff', fmt: fmtBytes, axis: 'right' },
+  ], { format: fmtCpu });
   let last = null;
   let current = null;
   const act = (label, fn, cls) => h('button', { class: cls, 'data-action': label, onclick: async () => {
@@ -394,8 +333,20 @@ export function batches(root, { args }, _live) {
           h('a', { href: `#/sandboxes?label=${encodeURIComponent(`warren.dev/batch=${b.id}`)}` }, 'sandboxes')),
         stateBar(b.states, b.count),
         h('div', { class: 'toolbar', style: 'margin-top:6px' },
-          Object.entries(b.states).map(([s, n]) => h('span', {}, stateBadge(s), ` ${n}`)),
-          h('span', { class: 'dim' }, `usage: CPU time ${(b.usage.cpu_usage_ns / 1e9).toFixed(1)} s, memory ${fmtBytes(b.usage.memory_bytes)}`)),
+          Object.entries(b.states).map(([s, n]) => h('span', {}, stateBadge(s), ` ${n}`))),
+        // Totals over every member, ended ones as they ended: what the
+        // batch cost, in the units a cluster bills.
+        h('div', { class: 'cost', 'data-cost': b.id },
+          h('span', { class: 'card', 'data-total': 'succeeded' }, h('div', { class: 'big' }, b.succeeded),
+            h('div', { class: 'label' }, `succeeded of ${done} ended (${b.failures.length} failed)`)),
+          h('span', { class: 'card', 'data-total': 'cpu_seconds' }, h('div', { class: 'big' }, b.cost.cpu_seconds.toFixed(2)),
+            h('div', { class: 'label' }, 'CPU-seconds')),
+          h('span', { class: 'card', 'data-total': 'memory_gb_seconds' }, h('div', { class: 'big' }, b.cost.memory_gb_seconds.toFixed(3)),
+            h('div', { class: 'label' }, 'GB-seconds of memory')),
+          h('span', { class: 'card', 'data-total': 'gpu_seconds' }, h('div', { class: 'big' }, b.cost.gpu_seconds.toFixed(1)),
+            h('div', { class: 'label' }, 'GPU-seconds')),
+          h('span', { class: 'card' }, h('div', { class: 'big' }, fmtBytes(b.usage.memory_peak_bytes)),
+            h('div', { class: 'label' }, 'peak memory, summed'))),
         b.failures.length ? h('table', { class: 'plain' },
           h('tr', {}, h('th', {}, 'failed sandbox'), h('th', {}, 'state'), h('th', {}, 'reason'), h('th', {}, 'exit')),
           b.failures.slice(0, 50).map((f) => h('tr', {},

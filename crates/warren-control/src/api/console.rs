@@ -244,6 +244,16 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
         include_bytes!("../../ui/lib.js"),
     ),
     (
+        "charts.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../ui/charts.js"),
+    ),
+    (
+        "dashboard.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../ui/dashboard.js"),
+    ),
+    (
         "style.css",
         "text/css; charset=utf-8",
         include_bytes!("../../ui/style.css"),

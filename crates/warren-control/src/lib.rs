@@ -17,6 +17,7 @@ pub use builds::tar_bytes;
 pub mod control;
 mod fleet;
 mod history;
+mod samples;
 mod images;
 pub mod lifecycle;
 mod log_shipping;

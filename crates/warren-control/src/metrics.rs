@@ -38,7 +38,7 @@ pub struct Snapshot {
 /// the history's last sample (`crate::history`).
 pub struct CreateSeconds {
     histogram: Histogram,
-    recent: crate::history::Latencies,
+    recent: crate::samples::Latencies,
 }
 
 impl CreateSeconds {
@@ -59,7 +59,7 @@ pub struct Metrics {
     pub create_seconds: CreateSeconds,
     /// The last hour of queue length, create latency and node CPU, for
     /// the console's charts (`crate::history`).
-    pub history: crate::history::Recorder,
+    pub history: crate::samples::Recorder,
     pub exec_start_seconds: Histogram,
     pub queue_wait_seconds: Histogram,
     create_phase_seconds: Family<Labels, Histogram, fn() -> Histogram>,

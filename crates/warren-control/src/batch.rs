@@ -10,6 +10,7 @@ use warren_core::tenant::Principal;
 use tokio::sync::Semaphore;
 use warren_core::batch::{BatchCost, BatchFailure, BATCH_LABEL, MAX_BATCH};
 use warren_core::clock::now_rfc3339;
+use warren_core::fleet::Outcome;
 use warren_core::labels::{self, Requirement};
 use warren_core::state::reason;
 use warren_core::{ApiError, BatchInfo, BatchRequest, ErrorCode, SandboxState, Selector, Usage};
@@ -186,12 +187,9 @@ impl Control {
                 usage.memory_byte_seconds += u.memory_byte_seconds;
                 cost.add(u, m.resources.gpus);
             }
-            let failed = matches!(
-                m.state,
-                SandboxState::Failed | SandboxState::Lost | SandboxState::Preempted
-            ) || m.reason == reason::OOM_KILLED
-                || m.reason == reason::INIT_DIED
-                || m.exit_code.is_some_and(|c| c != 0);
+            // The fleet's rule (`Outcome`): a kept member OOM-killed has
+            // failed already.
+            let failed = Outcome::judge(m.state, &m.reason, m.exit_code).is_failure();
             if failed {
                 failures.push(BatchFailure {
                     sandbox_id: m.id.clone(),

@@ -136,3 +136,55 @@ impl Control {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_core::{ResolvedResources, SandboxSpec, SandboxState};
+
+    fn row(id: &str, label: Option<&str>, state: SandboxState) -> SandboxRow {
+        let mut spec = SandboxSpec::default();
+        if let Some(v) = label {
+            spec.labels.insert("task".into(), v.into());
+        }
+        let resources = ResolvedResources {
+            cpu_millis: 1000,
+            memory: 1 << 30,
+            pids: 128,
+            disk: 0,
+            gpus: 0,
+            cpu_request_millis: Some(100),
+            memory_request: Some(64 << 20),
+        };
+        SandboxRow::new(id, spec, resources, "n".into(), "sha256:x".into(), state)
+    }
+
+    /// Values past the cap share one row, so an answer stays bounded
+    /// whatever the key's cardinality; the total counts every sandbox.
+    #[test]
+    fn values_past_the_cap_share_the_other_row() {
+        let mut g = Groups {
+            key: "task",
+            held: HashMap::new(),
+            values: BTreeMap::new(),
+            unlabelled: FleetGroup::default(),
+            other: None,
+            total: FleetGroup::default(),
+        };
+        for i in 0..MAX_GROUPS + 2 {
+            g.add(&row(
+                &format!("sbx-{i}"),
+                Some(&format!("v{i}")),
+                SandboxState::Queued,
+            ));
+        }
+        g.add(&row("sbx-v0-again", Some("v0"), SandboxState::Queued));
+        g.add(&row("sbx-bare", None, SandboxState::Queued));
+        assert_eq!(g.values.len(), MAX_GROUPS);
+        assert_eq!(g.values["v0"].sandboxes, 2);
+        assert_eq!(g.other.as_ref().map(|o| o.sandboxes), Some(2));
+        assert_eq!(g.unlabelled.sandboxes, 1);
+        assert_eq!(g.total.sandboxes, MAX_GROUPS as u64 + 4);
+        assert_eq!(g.total.counts["queued"], MAX_GROUPS as u64 + 4);
+    }
+}

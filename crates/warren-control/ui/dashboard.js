@@ -26,7 +26,7 @@ function fleetRow(g, columns, name, sel, cls) {
       const drill = sel !== null && LIVE.has(c);
       return h('td', {
         class: drill ? 'cell' : '', 'data-col': c, 'data-value': name, 'data-state': c,
-        onclick: drill ? () => { location.hash = `#/sandboxes?label=${encodeURIComponent(sel)}&state=${c}`; } : undefined,
+        onclick: drill ? () => { location.hash = `#/sandboxes?label=${encodeURIComponent(sel)}&state=${encodeURIComponent(c)}`; } : undefined,
       }, h('div', { class: 'n' }, n));
     }),
     h('td', { 'data-col': 'success', title: `${g.succeeded} of ${g.ended} ended` }, fmtRate(g.success_rate),

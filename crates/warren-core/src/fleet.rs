@@ -233,8 +233,9 @@ pub struct Fleet {
     pub groups: Vec<FleetGroup>,
     /// Sandboxes without the key.
     pub unlabelled: FleetGroup,
-    /// Sandboxes of values past the first [`MAX_GROUPS`], together (absent
-    /// when there are none).
+    /// Sandboxes of values past the first [`MAX_GROUPS`] met (live ones
+    /// first, by id; then ended ones, by end time), together (absent when
+    /// there are none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other: Option<FleetGroup>,
     /// Every sandbox of the answer.

@@ -222,6 +222,8 @@ impl SandboxRow {
 #[derive(Debug, Default, Clone)]
 pub struct Transition<'a> {
     pub started_at: Option<&'a str>,
+    /// Given with the move to a final state, and only then: the sandboxes
+    /// that ended since a time are read by it (`Store::ended_page`).
     pub finished_at: Option<&'a str>,
     pub exit_code: Option<i32>,
     /// Whether a `stopping` sandbox waits out a grace period (false for

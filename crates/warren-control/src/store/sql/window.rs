@@ -20,9 +20,12 @@ pub(super) async fn unended<D: Dialect>(
     after_id: &str,
     limit: i64,
 ) -> Result<Vec<SandboxRow>, StoreError> {
+    // The states named (every one but the final four), not the final ones
+    // excluded: an `IN` walks the state index over the live few, where a
+    // `NOT IN` would read every record ever kept.
     let sql = sql!(
         "SELECT * FROM sandboxes
-         WHERE state NOT IN ('destroyed', 'failed', 'lost', 'preempted')
+         WHERE state IN ('queued', 'creating', 'running', 'paused', 'stopping', 'kept')
            AND id > ? AND (? = '' OR tenant = ?)
          ORDER BY id LIMIT ?"
     );
@@ -37,13 +40,13 @@ pub(super) async fn ended<D: Dialect>(
     (after_time, after_id): (&str, &str),
     limit: i64,
 ) -> Result<Vec<SandboxRow>, StoreError> {
-    // Every end records its time (`finished_at`); the row comparison walks
-    // the index from where the last page stopped.
+    // Every end, and only an end, records its time (`finished_at`): the
+    // row comparison alone walks the index from where the last page
+    // stopped. (A condition on the state beside it would have SQLite's
+    // planner pick the state index, and read every ended record kept.)
     let sql = sql!(
         "SELECT * FROM sandboxes
-         WHERE (finished_at, id) > (?, ?)
-           AND state IN ('destroyed', 'failed', 'lost', 'preempted')
-           AND (? = '' OR tenant = ?)
+         WHERE (finished_at, id) > (?, ?) AND (? = '' OR tenant = ?)
          ORDER BY finished_at, id LIMIT ?"
     );
     let t = tenant_arg(tenant);

@@ -173,13 +173,16 @@ def test_the_overview_charts_the_history_with_axes_and_alerts(browser, dash, tmp
 
 
 def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noqa: F811
-    r = dash.http.post("/v1/batches", json={"count": 3, "labels": {"task": "batch"}, "spec": {
-        "image": "busybox:latest", "cmd": ["sh", "-c", "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done"]}})
+    # Issue 44's target: a finished batch of 50 shows non-zero CPU-seconds
+    # and its success count.
+    r = dash.http.post("/v1/batches", json={"count": 50, "labels": {"task": "batch"}, "spec": {
+        "image": "busybox:latest", "cpu_request": "5m", "memory": "32M",
+        "cmd": ["sh", "-c", "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done"]}})
     assert r.status_code in (200, 201, 202), r.text
     bid = r.json()["id"]
-    b = wait_until(lambda: (lambda b: b if sum(b["states"].get(s, 0) for s in ENDED) == 3 else None)(
-        dash.http.get(f"/v1/batches/{bid}").json()), timeout=60, what="the batch to finish")
-    assert b["succeeded"] == 3 and b["cost"]["cpu_seconds"] > 0 and b["cost"]["gpu_seconds"] == 0
+    b = wait_until(lambda: (lambda b: b if sum(b["states"].get(s, 0) for s in ENDED) == 50 else None)(
+        dash.http.get(f"/v1/batches/{bid}").json()), timeout=120, interval=0.5, what="the batch to finish")
+    assert b["succeeded"] == 50 and b["cost"]["cpu_seconds"] > 0 and b["cost"]["gpu_seconds"] == 0
     c = Console(browser, dash, tmp_path).login()
     try:
         c.go(f"#/batch/{bid}")
@@ -187,7 +190,7 @@ def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noq
         shown = c.page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('[data-total]')]
             .map(e => [e.dataset.total, e.querySelector('.big').textContent]))""")
         assert shown == {
-            "succeeded": "3",
+            "succeeded": "50",
             "cpu_seconds": f"{b['cost']['cpu_seconds']:.2f}",
             "memory_gb_seconds": f"{b['cost']['memory_gb_seconds']:.3f}",
             "gpu_seconds": "0.0",

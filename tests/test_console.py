@@ -274,6 +274,11 @@ def test_sandbox_chart_moves_and_terminal_echoes(console, warren, sandbox):
     # The CPU series climbs to the busy loop's rate (limited to 300m).
     wait_until(lambda: float((canvas.get_attribute("data-last") or "0").split(",")[0] or 0) > 50,
                what="CPU above 50m on the chart")
+    # Its axes have values: CPU on the left, memory (in powers of two) on
+    # the right, the last two minutes below.
+    axis = json.loads(canvas.get_attribute("data-axis"))
+    assert axis["left"][0] == "0m" and axis["right"][0] == "0 B", axis
+    assert axis["right"][-1].endswith(("KiB", "MiB")) and axis["x"] == ["-2 min", "-1 min", "now"], axis
     console.page.click("#open-terminal")
     console.wait_terminal(r"[#$] $")
     console.page.click("#terminal")

@@ -14,6 +14,11 @@ export function niceMax(v) {
   return [1, 2, 5, 10].map((m) => m * p).find((t) => t >= v * 0.999);
 }
 
+// The same for bytes: a power of two, so its quarters are round too.
+export function niceBytes(v) {
+  return v > 0 ? 2 ** Math.ceil(Math.log2(v)) : 1024;
+}
+
 function fmtClock(ms) {
   const d = new Date(ms);
   return `${String(d.getHours()).padStart(2, '0')}:${String(d.getMinutes()).padStart(2, '0')}:${String(d.getSeconds()).padStart(2, '0')}`;
@@ -40,8 +45,8 @@ const TEXT = '#8a95a3';
 const PAD = { left: 58, right: 58, top: 8, bottom: 18 };
 
 // A line chart with a value axis on each side (series name their axis:
-// 'left', the default, or 'right', each with its own unit and scale) and a
-// time axis. Points are either pushed one at a time, `step` ms apart
+// 'left', the default, or 'right', each with its own unit and scale, in
+// powers of two for a series marked `bytes`) and a time axis. Points are either pushed one at a time, `step` ms apart
 // (push), or given whole with their times (set). `lines` are horizontal
 // reference lines on the left axis, e.g. an alert threshold.
 // An axis value: as many decimals as a small scale needs, none for a large.
@@ -87,7 +92,8 @@ export class Chart {
     if (!on.length) return null;
     const seen = on.flatMap((s) => s.values).filter((v) => typeof v === 'number');
     const lines = axis === 'left' ? this.lines.map((l) => l.value) : [];
-    const top = axis === 'left' && this.max !== undefined ? this.max : niceMax(Math.max(0, ...seen, ...lines));
+    const nice = on[0].bytes ? niceBytes : niceMax;
+    const top = axis === 'left' && this.max !== undefined ? this.max : nice(Math.max(0, ...seen, ...lines));
     return { top, fmt: on[0].fmt || this.format };
   }
 
@@ -136,7 +142,7 @@ export class Chart {
     } else if (!this.times) {
       for (const i of [0, Math.floor((n - 1) / 2), n - 1]) {
         const ago = ((n - 1 - i) * this.step) / 1000;
-        tick(ago ? `-${ago >= 60 ? `${(ago / 60).toFixed(ago % 60 ? 1 : 0)} min` : `${ago} s`}` : 'now', xAt(i));
+        tick(ago ? `-${ago >= 60 ? `${+(ago / 60).toFixed(1)} min` : `${ago} s`}` : 'now', xAt(i));
       }
     }
     g.textAlign = 'left';

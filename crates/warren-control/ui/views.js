@@ -192,7 +192,7 @@ export function sandbox(root, { args }, live) {
     h('h2', {}, 'Log'), logs);
   const chart = new Chart(canvas, [
     { name: 'CPU', color: '#3fb950', fmt: fmtCpu },
-    { name: 'memory', color: '#4fa3ff', fmt: fmtBytes, axis: 'right' },
+    { name: 'memory', color: '#4fa3ff', fmt: fmtBytes, axis: 'right', bytes: true },
   ], { format: fmtCpu });
   let last = null;
   let current = null;

@@ -888,3 +888,109 @@ async fn a_pool_of_a_class_no_node_offers_is_refused() -> TestResult {
     assert!(c.pool_infos().is_empty());
     Ok(())
 }
+
+/// The fleet over a window sums every page the store gives (more than one
+/// of each walk), counts what ended in the window and what has not ended,
+/// and leaves out what ended before it.
+#[tokio::test]
+async fn the_fleet_sums_every_page_of_its_window() -> TestResult {
+    use warren_control::store::{SandboxRow, Store, Transition};
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
+    let control = Control::new(store.clone(), 16, Default::default(), true, None);
+    let resources = warren_core::ResolvedResources {
+        cpu_millis: 1000,
+        memory: 1 << 30,
+        pids: 128,
+        disk: 0,
+        gpus: 0,
+        cpu_request_millis: Some(100),
+        memory_request: Some(64 << 20),
+    };
+    let record = |id: &str, task: Option<&str>, state| {
+        let labels = match task {
+            Some(t) => serde_json::json!({ "task": t }),
+            None => serde_json::json!({}),
+        };
+        let s = spec(serde_json::json!({ "labels": labels }));
+        SandboxRow::new(
+            id,
+            s,
+            resources.clone(),
+            String::new(),
+            "sha256:x".into(),
+            state,
+        )
+    };
+    // 1,100 waiting (two pages of the walk of those not ended).
+    for i in 0..1100 {
+        let task = if i % 11 == 0 { None } else { Some("a") };
+        store
+            .insert(
+                &record(&format!("sbx-q{i:05}"), task, SandboxState::Queued),
+                None,
+            )
+            .await?;
+    }
+    // 1,050 ended just now (two pages of the walk by end time): every
+    // third with exit code 3, and one that ended two hours ago.
+    let now = warren_core::clock::now_rfc3339();
+    let ended = |id: String, task, code, at: String| {
+        let (store, row) = (store.clone(), record(&id, task, SandboxState::Running));
+        async move {
+            store.insert(&row, None).await?;
+            let t = Transition {
+                finished_at: Some(&at),
+                exit_code: Some(code),
+                ..Default::default()
+            };
+            store
+                .transition(&id, SandboxState::Destroyed, reason::MAIN_EXITED, &at, t)
+                .await
+        }
+    };
+    for i in 0..1050 {
+        let code = if i % 3 == 0 { 3 } else { 0 };
+        ended(format!("sbx-e{i:05}"), Some("b"), code, now.clone()).await?;
+    }
+    ended(
+        "sbx-old".into(),
+        Some("b"),
+        0,
+        "2000-01-01T00:00:00Z".into(),
+    )
+    .await?;
+    let f = control
+        .fleet(&OP, "task", "1h")
+        .await
+        .map_err(|e| e.message)?;
+    let b = f
+        .groups
+        .iter()
+        .find(|g| g.value.as_deref() == Some("b"))
+        .ok_or("no row b")?;
+    assert_eq!((b.sandboxes, b.ended, b.succeeded), (1050, 1050, 700));
+    assert_eq!(b.counts.get("failed"), Some(&350));
+    assert_eq!(b.success_rate, Some(700.0 / 1050.0));
+    let a = f
+        .groups
+        .iter()
+        .find(|g| g.value.as_deref() == Some("a"))
+        .ok_or("no row a")?;
+    assert_eq!(a.counts.get("queued"), Some(&1000));
+    assert_eq!(f.unlabelled.counts.get("queued"), Some(&100));
+    assert_eq!(f.total.sandboxes, 2150);
+    // The longest window still ends short of 2000; a longer one is refused.
+    let all = control
+        .fleet(&OP, "task", "30d")
+        .await
+        .map_err(|e| e.message)?;
+    assert_eq!(all.total.sandboxes, 2150);
+    let bad = control
+        .fleet(&OP, "task", "40d")
+        .await
+        .err()
+        .ok_or("40d accepted")?;
+    assert_eq!(bad.code, warren_core::ErrorCode::BadRequest);
+    Ok(())
+}

@@ -68,13 +68,34 @@ def test_exec_streams_stdin_exit_codes_and_failures(warren, sandbox):
 
 
 def test_a_timeout_kills_the_whole_process_tree(warren, sandbox):
-    """No exec cgroup can enter the sentry: init's own tree kill stops what
-    the exec started, detached children included."""
+    """No host cgroup can enter the sentry: init's own exec cgroups (in
+    gVisor's kernel) and its tree walk stop what the exec started, detached
+    children included (a setsid'd orphan: test_hostile.py)."""
     sid = gvisor(sandbox)
     t = time.time()
     ev, out, err, _ = warren.exec(sid, ["sh", "-c", "sleep 300 & sleep 300 & sleep 300"], timeout="1s")
     assert ev["code"] == 137 and time.time() - t < 10, (ev, time.time() - t)
     assert "sleep" not in sh_ok(warren, sid, "ps -o comm"), "the timed-out exec's children survived"
+
+
+def test_an_exec_cannot_leave_inits_cgroup_or_get_the_capability_init_had(warren, sandbox):
+    """init mounts gVisor's cgroupfs with CAP_SYS_ADMIN, keeps only a
+    descriptor of it and gives the capability up before anything runs: an
+    exec (root included) is in a cgroup of its own, holds the container
+    class's capabilities and no more, and has no way to the hierarchy."""
+    sid = gvisor(sandbox)
+    out = sh_ok(warren, sid, "cat /proc/self/cgroup; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
+    lines = out.splitlines()
+    assert any(l.split(":")[1:] == ["cpuacct", "/exec-" + l.split("exec-")[-1]] for l in lines if "exec-" in l), out
+    caps = {l.split(":")[0]: int(l.split()[1], 16) for l in lines if l.startswith("Cap")}
+    container = sh_ok(warren, sandbox()["id"], "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
+    assert caps == {l.split(":")[0]: int(l.split()[1], 16) for l in container.splitlines()}, (out, container)
+    assert not any(c & (1 << 21) for c in caps.values()), caps  # CAP_SYS_ADMIN
+    # init gave it up too; its descriptors are not reachable, nor a mount.
+    ev, out, err = sh(warren, sid, "grep CapEff /proc/1/status; ls /proc/1/fd; mkdir -p /tmp/cg && mount -t cgroup -o cpuacct none /tmp/cg && echo mounted")
+    assert int(out.split()[1], 16) & (1 << 21) == 0, out
+    assert "mounted" not in out and ev["code"] != 0, (ev, out, err)
+    assert sh_ok(warren, sid, "grep -c cgroup /proc/mounts || true").strip() == "0"
 
 
 def test_files_cross_both_ways_and_host_deletes_are_seen(warren, sandbox):

@@ -15,6 +15,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::exec_cgroups::ExecCgroup;
+
 /// Moves the calling process (the shim, right after init forked it) into
 /// the exec's own cgroup, through the `cgroup.procs` the daemon opened (the
 /// kernel checks the opener's rights, not the sandbox's), before it forks
@@ -158,16 +160,26 @@ fn members(shim: i32, session: Option<i32>, procs: &[Proc]) -> Vec<i32> {
     found
 }
 
-/// Kills every process of the exec whose shim is `shim` (see [`members`]).
-/// They are stopped first, round after round until none is left running (a
-/// stopped process cannot fork, so the tree stops growing), and then killed
-/// at once: killed one by one, the command could die first and the shim
-/// exit, and the rest would be reparented to init and escape.
-pub(crate) fn kill_tree(shim: i32, session: Option<i32>) {
+/// Kills every process of the exec whose shim is `shim` (see [`members`]),
+/// and every process in its own cgroup where init keeps one (see
+/// exec_cgroups). They are stopped first, round after round until none is
+/// left running (a stopped process cannot fork, so the tree stops growing),
+/// and then killed at once: killed one by one, the command could die first
+/// and the shim exit, and the rest would be reparented to init and escape.
+pub(crate) fn kill_tree(shim: i32, session: Option<i32>, cgroup: Option<&ExecCgroup>) {
     const ROUNDS: usize = 200;
+    let all = |procs: &[Proc]| {
+        let mut found = members(shim, session, procs);
+        for pid in cgroup.map(ExecCgroup::members).unwrap_or_default() {
+            if !found.contains(&pid) {
+                found.push(pid);
+            }
+        }
+        found
+    };
     for _ in 0..ROUNDS {
         let procs = processes();
-        let running: Vec<i32> = members(shim, session, &procs)
+        let running: Vec<i32> = all(&procs)
             .into_iter()
             .filter(|pid| {
                 procs
@@ -184,8 +196,28 @@ pub(crate) fn kill_tree(shim: i32, session: Option<i32>) {
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    for pid in members(shim, session, &processes()) {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    // Killed until none is left: a process killed in the middle of a fork
+    // can leave a child born after the list was read (gVisor finishes such
+    // a clone), which only the next look finds.
+    const KILL_ROUNDS: usize = 200;
+    for _ in 0..KILL_ROUNDS {
+        let procs = processes();
+        let left: Vec<i32> = all(&procs)
+            .into_iter()
+            .filter(|pid| {
+                procs
+                    .iter()
+                    .find(|p| p.pid == *pid)
+                    .is_some_and(|p| !matches!(p.state, 'Z' | 'X'))
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        for pid in left {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

@@ -3,10 +3,12 @@
 //! static, fixed-address executable and embeds it (see its build.rs); the
 //! daemon side of the protocol uses this library.
 
+mod exec_cgroups;
 mod exec_tree;
 mod procstat;
 pub mod proto;
 mod relay;
 mod serve;
 
+pub use exec_cgroups::ENV as EXEC_CGROUPS_ENV;
 pub use serve::{main, LISTEN_FD, SOCKET_ENV, TITLE};

@@ -25,6 +25,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
+use crate::exec_cgroups::{ExecCgroup, Hierarchy};
 use crate::exec_tree;
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
 use crate::relay::Relay;
@@ -55,6 +56,8 @@ struct Exec {
     pgid: i32,
     conn: Option<UnixStream>,
     main: bool,
+    /// The cgroup init made for it, where the daemon gives it none.
+    cgroup: Option<ExecCgroup>,
 }
 
 struct Init {
@@ -70,6 +73,8 @@ struct Init {
     main_output: Vec<OwnedFd>,
     /// Terminals and ports init relays (see relay.rs), until they end.
     relays: Vec<Relay>,
+    /// Init's own exec cgroups, in gVisor (see exec_cgroups).
+    cgroups: Option<Hierarchy>,
 }
 
 fn run() -> Result<(), Errno> {
@@ -77,6 +82,8 @@ fn run() -> Result<(), Errno> {
     // exec; close anything else that was not marked close-on-exec.
     close_from(LISTEN_FD + 1);
     crate::procstat::open();
+    // Before anything of the sandbox runs: it gives up a capability.
+    let cgroups = Hierarchy::mount();
     // Non-dumpable (an exec made it dumpable again): no process in the
     // sandbox can ptrace init or open its /proc entries.
     set_dumpable(false);
@@ -104,6 +111,7 @@ fn run() -> Result<(), Errno> {
         main_exit: None,
         main_output: Vec::new(),
         relays: Vec::new(),
+        cgroups,
     };
     init.serve()
 }
@@ -284,9 +292,13 @@ impl Init {
         // The shim exits once its command has; a shim that ended first was
         // killed from inside the sandbox, and the exec ends with it. (The
         // daemon's exec cgroup does the same where it has one; without one,
-        // as in gVisor, the command and its session are found here.)
+        // as in gVisor, the command, its session and init's own cgroup of
+        // the exec are found here.)
         if exec_tree::alive(exec.pgid) {
-            exec_tree::kill_tree(pid, Some(exec.pgid));
+            exec_tree::kill_tree(pid, Some(exec.pgid), exec.cgroup.as_ref());
+        }
+        if let (Some(cgroups), Some(cgroup)) = (self.cgroups.as_mut(), exec.cgroup) {
+            cgroups.release(cgroup);
         }
         if exec.main {
             self.main_exit = Some((code, signal));
@@ -307,7 +319,9 @@ impl Init {
         match proto::recv::<InitRequest>(conn) {
             Ok((InitRequest::Signal { signal }, _)) => match Signal::try_from(signal) {
                 // Killing an exec kills all it started, detached or not.
-                Ok(Signal::SIGKILL) => exec_tree::kill_tree(pid, Some(exec.pgid)),
+                Ok(Signal::SIGKILL) => {
+                    exec_tree::kill_tree(pid, Some(exec.pgid), exec.cgroup.as_ref())
+                }
                 Ok(sig) => {
                     let _ = killpg(Pid::from_raw(exec.pgid), sig);
                 }
@@ -319,7 +333,7 @@ impl Init {
                 // the main process outlives daemon restarts.
                 exec.conn = None;
                 if !exec.main {
-                    exec_tree::kill_tree(pid, Some(exec.pgid));
+                    exec_tree::kill_tree(pid, Some(exec.pgid), exec.cgroup.as_ref());
                 }
             }
         }
@@ -402,6 +416,11 @@ impl Init {
             return;
         }
         let cgroup = (spec.cgroup && fds.len() > stdio_fds).then(|| fds.remove(stdio_fds));
+        // Where the daemon gives no cgroup, one of init's own if it keeps them.
+        let own = match (&cgroup, self.cgroups.as_mut()) {
+            (None, Some(cgroups)) => cgroups.create(),
+            _ => None,
+        };
         let relay_ends = if relaying {
             fds.drain(..2).collect::<Vec<_>>()
         } else {
@@ -426,7 +445,8 @@ impl Init {
             Some(t) => vec![t.slave.as_fd(); 3],
             None => fds.iter().map(|f| f.as_fd()).collect(),
         };
-        match spawn(&spec, &stdio, cgroup.as_ref()) {
+        let enter = cgroup.as_ref().or(own.as_ref().map(|c| &c.procs));
+        match spawn(&spec, &stdio, enter) {
             Ok(Spawned { shim, pid }) => {
                 drop(stdio);
                 drop((fds, cgroup));
@@ -459,11 +479,15 @@ impl Init {
                         pgid: pid,
                         conn: Some(conn),
                         main: spec.main,
+                        cgroup: own,
                     },
                 );
             }
             Err(failure) => {
                 let _ = proto::send(&conn, &failure, &[]);
+                if let (Some(cgroups), Some(cgroup)) = (self.cgroups.as_mut(), own) {
+                    cgroups.release(cgroup);
+                }
             }
         }
     }
@@ -556,7 +580,7 @@ fn spawn(
             // longer than START_DEADLINE (a shim or command that cannot run,
             // e.g. frozen by its cgroup, is given up and killed).
             let given_up = |what: &str| {
-                exec_tree::kill_tree(shim.as_raw(), None);
+                exec_tree::kill_tree(shim.as_raw(), None, None);
                 let _ = nix::sys::signal::kill(shim, Signal::SIGKILL);
                 fail(
                     format!(

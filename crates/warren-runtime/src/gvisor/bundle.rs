@@ -54,10 +54,11 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
             "env": [
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 format!("{}={}/init.sock", warren_init::SOCKET_ENV, super::IPC_DIR),
+                format!("{}=1", warren_init::EXEC_CGROUPS_ENV),
             ],
             "cwd": "/",
             "noNewPrivileges": true,
-            "capabilities": crate::oci::capabilities(),
+            "capabilities": init_capabilities(),
             "rlimits": [
                 { "type": "RLIMIT_NOFILE", "hard": input.nofile, "soft": input.nofile },
                 { "type": "RLIMIT_CORE", "hard": 0, "soft": 0 }
@@ -93,6 +94,20 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
     })
 }
 
+/// The container class's capabilities, and for init alone, until it has
+/// mounted its exec cgroups (warren-init's exec_cgroups), CAP_SYS_ADMIN in
+/// gVisor's kernel: effective and permitted, not in the bounding set, so no
+/// execve (init's own children's) can get it.
+fn init_capabilities() -> Value {
+    let mut caps = crate::oci::capabilities();
+    for set in ["effective", "permitted"] {
+        if let Some(list) = caps[set].as_array_mut() {
+            list.push(json!("CAP_SYS_ADMIN"));
+        }
+    }
+    caps
+}
+
 /// The container class's seccomp profile, as gVisor's runsc reads it:
 /// - runsc looks names up in gVisor's own syscall table, which calls 270
 ///   `pselect` (not `pselect6`) and drops names it does not know, so
@@ -103,10 +118,15 @@ pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
 ///   read) became EPERM, on which glibc does not fall back to `clone`: no
 ///   thread could start. gVisor gets `clone3` through: this one answers
 ///   ENOSYS itself, and one that implements it makes threads and
-///   namespaces in its own kernel, not the host's.
+///   namespaces in its own kernel, not the host's;
+/// - `mount` and `umount2` reach gVisor, for init to mount its exec
+///   cgroups: gVisor's kernel asks CAP_SYS_ADMIN for both, which only init
+///   has, until it has (see [`init_capabilities`]). The host's kernel never
+///   sees them.
 pub(crate) fn seccomp_profile() -> Value {
     let mut profile = crate::oci::seccomp_profile();
     if let Some(rules) = profile["syscalls"].as_array_mut() {
+        rules.push(json!({ "names": ["mount", "umount2"], "action": "SCMP_ACT_ALLOW" }));
         for rule in rules.iter_mut() {
             let enosys = rule["action"] == "SCMP_ACT_ERRNO" && rule["errnoRet"] == libc::ENOSYS;
             let Some(names) = rule["names"].as_array_mut() else {
@@ -171,6 +191,18 @@ mod tests {
             })
         };
         assert!(allowed("pselect") && allowed("pselect6") && allowed("clone3"));
+        // init's mount of its exec cgroups: CAP_SYS_ADMIN for init alone,
+        // never in the bounding set that every execve is limited by.
+        assert!(allowed("mount") && allowed("umount2"));
+        let caps = &c["process"]["capabilities"];
+        let has = |set: &str| {
+            caps[set]
+                .as_array()
+                .unwrap()
+                .contains(&json!("CAP_SYS_ADMIN"))
+        };
+        assert!(has("effective") && has("permitted"));
+        assert!(!has("bounding") && !has("inheritable") && !has("ambient"));
         // Never the host's network namespace.
         assert!(c["linux"]["namespaces"]
             .as_array()

@@ -14,6 +14,14 @@ fn tenant_arg(tenant: Option<&TenantName>) -> &str {
     tenant.map_or("", TenantName::as_str)
 }
 
+/// Every state but the final four, as SQL (a test holds it to
+/// `SandboxState`).
+macro_rules! unended_states {
+    () => {
+        "'queued', 'creating', 'running', 'paused', 'stopping', 'kept'"
+    };
+}
+
 pub(super) async fn unended<D: Dialect>(
     store: &D,
     tenant: Option<&TenantName>,
@@ -23,12 +31,11 @@ pub(super) async fn unended<D: Dialect>(
     // The states named (every one but the final four), not the final ones
     // excluded: an `IN` walks the state index over the live few, where a
     // `NOT IN` would read every record ever kept.
-    let sql = sql!(
-        "SELECT * FROM sandboxes
-         WHERE state IN ('queued', 'creating', 'running', 'paused', 'stopping', 'kept')
-           AND id > ? AND (? = '' OR tenant = ?)
-         ORDER BY id LIMIT ?"
-    );
+    let sql = sql!(concat!(
+        "SELECT * FROM sandboxes WHERE state IN (",
+        unended_states!(),
+        ") AND id > ? AND (? = '' OR tenant = ?) ORDER BY id LIMIT ?"
+    ));
     let t = tenant_arg(tenant);
     let rows = store.fetch_all(sql, args![after_id, t, t, limit]).await?;
     Ok(decode_readable(&rows))
@@ -54,4 +61,25 @@ pub(super) async fn ended<D: Dialect>(
         .fetch_all(sql, args![after_time, after_id, t, t, limit])
         .await?;
     Ok(decode_readable(&rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use warren_core::SandboxState;
+
+    /// A state added to `SandboxState` is named here too, or sandboxes in
+    /// it vanish from the fleet.
+    #[test]
+    fn the_unended_states_are_every_state_not_final() {
+        let named: Vec<&str> = unended_states!()
+            .split(", ")
+            .map(|s| s.trim_matches('\''))
+            .collect();
+        let unended: Vec<&str> = SandboxState::ALL
+            .into_iter()
+            .filter(|s| !s.is_final())
+            .map(SandboxState::as_str)
+            .collect();
+        assert_eq!(named, unended);
+    }
 }

@@ -199,3 +199,16 @@ def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noq
     finally:
         c.close()
     assert not c.errors, c.errors
+
+
+def test_a_restart_reads_the_last_hours_alerts_back(dash):
+    """Last in this file: it restarts the module's daemon. The samples
+    start afresh; the alerts are events of the store's log, read back."""
+    def oom_alerts():
+        h = dash.http.get("/v1/history", params={"since": "1h"}).json()
+        return [a["seq"] for a in h["alerts"] if a["sandbox_id"] == dash.made["oom"]]
+
+    before = wait_until(oom_alerts, timeout=30, what="the OOM kill's alert")
+    dash.stop()
+    dash.start()
+    assert wait_until(oom_alerts, timeout=30, what="the alert read back after the restart") == before

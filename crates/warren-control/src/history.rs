@@ -2,14 +2,17 @@
 //! [`INTERVAL`] the control plane samples its queue length, the latency of
 //! the creates answered since the last sample (p50, p99) and each node's
 //! CPU, and keeps the last hour of samples in a ring in memory, with the
-//! alert events of that hour (`crate::samples`). Nothing of it is written
-//! down: a restart starts an empty history (the events themselves stay in
-//! the store).
+//! alert events of that hour (`crate::samples`). The samples are not
+//! written down: a restart starts them afresh. The alerts are events of
+//! the store's log: a start reads them back from its last
+//! [`EVENTS_READ_BACK`] events.
 
 use std::sync::Arc;
 
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 use warren_core::history::{History, HistoryPoint};
-use warren_core::ApiError;
+use warren_core::{ApiError, Event};
 
 use crate::control::Control;
 use crate::samples::{now_ms, INTERVAL, KEPT};
@@ -18,6 +21,19 @@ use crate::samples::{now_ms, INTERVAL, KEPT};
 /// alerts.
 const EVENT_PAGE: i64 = 1000;
 const EVENT_PAGES: usize = 20;
+/// How far back in the event log a start looks for the last hour's
+/// alerts: far enough for an hour of a busy cluster's events, bounded so
+/// that a start reads a few pages, not the whole log.
+const EVENTS_READ_BACK: i64 = 10_000;
+
+/// When an event was written (Unix ms; its writer's clock), or now when its
+/// time cannot be read.
+fn event_ms(ev: &Event) -> u64 {
+    OffsetDateTime::parse(&ev.time, &Rfc3339)
+        .ok()
+        .and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
+        .unwrap_or_else(now_ms)
+}
 
 /// The `q` quantile of `sorted` (nearest rank), in milliseconds.
 fn quantile_ms(sorted: &[f64], q: f64) -> Option<f64> {
@@ -30,10 +46,9 @@ fn quantile_ms(sorted: &[f64], q: f64) -> Option<f64> {
 impl Control {
     /// Samples the history every [`INTERVAL`] until the daemon stops.
     pub async fn keep_history(self: Arc<Self>) {
-        // Alerts from now on (as webhooks are sent): the store keeps the
-        // events before.
+        // The last hour's alerts from the log, then each as it is written.
         let mut after = match self.store.last_event_seq().await {
-            Ok(seq) => seq,
+            Ok(seq) => seq.saturating_sub(EVENTS_READ_BACK).max(0),
             Err(e) => {
                 tracing::warn!(error = %e, "reading the event log; the history starts without alerts before now");
                 0
@@ -83,7 +98,7 @@ impl Control {
             for ev in page {
                 after = ev.seq;
                 if crate::alerts::is_alert(&ev) {
-                    self.metrics.history.alert(ev);
+                    self.metrics.history.alert(event_ms(&ev), ev);
                 }
             }
             if !full {

@@ -64,8 +64,7 @@ pub fn now_ms() -> u64 {
 #[derive(Default)]
 pub struct Recorder {
     points: Mutex<VecDeque<HistoryPoint>>,
-    /// Each with when it was seen: an event's own time is its writer's
-    /// clock.
+    /// Each with its time (Unix ms), in the order they were written.
     alerts: Mutex<VecDeque<(u64, Event)>>,
 }
 
@@ -78,14 +77,19 @@ impl Recorder {
         points.push_back(p);
     }
 
-    pub fn alert(&self, ev: Event) {
-        let now = now_ms();
+    /// Keeps an alert event that happened at `at` (Unix ms); one older
+    /// than what is kept is dropped.
+    pub fn alert(&self, at: u64, ev: Event) {
+        let oldest = now_ms().saturating_sub(KEPT.as_millis() as u64);
+        if at < oldest {
+            return;
+        }
         let mut alerts = self.alerts.lock().unwrap_or_else(PoisonError::into_inner);
-        alerts.retain(|(t, _)| now.saturating_sub(*t) <= KEPT.as_millis() as u64);
+        alerts.retain(|(t, _)| *t >= oldest);
         if alerts.len() == ALERTS {
             alerts.pop_front();
         }
-        alerts.push_back((now, ev));
+        alerts.push_back((at, ev));
     }
 
     /// The samples taken at `from` (Unix ms) or later.
@@ -98,7 +102,7 @@ impl Recorder {
             .collect()
     }
 
-    /// The alert events seen at `from` (Unix ms) or later.
+    /// The alert events of `from` (Unix ms) or later.
     pub fn alerts_since(&self, from: u64) -> Vec<Event> {
         let alerts = self.alerts.lock().unwrap_or_else(PoisonError::into_inner);
         alerts
@@ -141,5 +145,25 @@ mod tests {
         assert_eq!(kept.len(), POINTS);
         assert_eq!(kept.first().map(|p| p.time_ms), Some(3));
         assert_eq!(r.points_since(POINTS as u64 + 2).len(), 1);
+    }
+
+    #[test]
+    fn alerts_older_than_an_hour_are_not_kept() {
+        let r = Recorder::default();
+        let ev = |seq| Event {
+            seq,
+            time: String::new(),
+            sandbox_id: String::new(),
+            kind: "node".into(),
+            state: None,
+            reason: "node_cpu_saturated".into(),
+            message: String::new(),
+        };
+        let now = now_ms();
+        r.alert(now - KEPT.as_millis() as u64 - 1000, ev(1));
+        r.alert(now - 1000, ev(2));
+        let seqs: Vec<i64> = r.alerts_since(0).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [2]);
+        assert!(r.alerts_since(now).is_empty());
     }
 }

@@ -365,29 +365,35 @@ fn cdk_rewrite_cgroup(r: &mut Report) {
         }
     }
     if r.gvisor() {
-        // gVisor shows no cgroupfs here: its /sys/fs/cgroup is empty and
-        // its /proc/cgroups lists no controller. The sandbox's limits are
-        // the host cgroup of the sentry, which nothing inside can name.
+        // gVisor mounts no cgroupfs here: its /sys/fs/cgroup is empty. The
+        // sandbox's limits are the host cgroup of the sentry, which nothing
+        // inside can name. gVisor's own cgroups hold each exec (init keeps
+        // them through a descriptor of a detached mount: /proc/cgroups lists
+        // that hierarchy), and no mount of them is in reach.
         let entries = fs::read_dir("/sys/fs/cgroup")
             .map(|d| d.count())
             .unwrap_or(0);
-        let controllers = fs::read_to_string("/proc/cgroups")
+        let mounted = fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter(|l| {
+                l.split(" - ")
+                    .nth(1)
+                    .is_some_and(|t| t.starts_with("cgroup"))
+            })
             .count();
         r.line(
             "39 cdk rewrite-cgroup-devices (own limits, new cgroups)",
-            "no cgroupfs; nothing writable",
+            "no cgroupfs mounted; nothing writable",
             &format!(
-                "/sys/fs/cgroup: {entries} entries; /proc/cgroups: {controllers} controllers; {}",
+                "/sys/fs/cgroup: {entries} entries; cgroup mounts: {mounted}; {}",
                 if writable.is_empty() {
                     "nothing writable".to_string()
                 } else {
                     format!("writable: {writable:?}")
                 }
             ),
-            writable.is_empty() && entries == 0 && controllers == 0,
+            writable.is_empty() && entries == 0 && mounted == 0,
         );
         return;
     }

@@ -336,6 +336,12 @@ impl Control {
         Ok(self.store.events(sandbox, after, limit).await?)
     }
 
+    /// The newest event's sequence number: where a snapshot's follower
+    /// starts (`GET /v1/usage`'s `event_seq`).
+    pub async fn last_event_seq(&self) -> Result<i64, ApiError> {
+        Ok(self.store.last_event_seq().await?)
+    }
+
     /// Changes whenever an event is written (for followers).
     pub fn event_writes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.store.subscribe_events()

@@ -64,12 +64,7 @@ pub(crate) async fn usage(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<UsageList>> {
     let (states, selector) = list_filter(&q)?;
-    let event_seq = st
-        .control
-        .store
-        .last_event_seq()
-        .await
-        .map_err(warren_core::ApiError::from)?;
+    let event_seq = st.control.last_event_seq().await?;
     let rows = st.control.rows_owned(who.scope(), &states).await?;
     let held = if rows.iter().any(|r| r.state.is_live()) {
         st.control.inventory().await

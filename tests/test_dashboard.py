@@ -10,6 +10,7 @@ import secrets
 
 import httpx
 import pytest
+import warren as warren_sdk
 
 from conftest import own_daemon
 from helpers import error_body, wait_until
@@ -174,7 +175,7 @@ def test_the_overview_charts_the_history_with_axes_and_alerts(browser, dash, tmp
 
 def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noqa: F811
     # Issue 44's target: a finished batch of 50 shows non-zero CPU-seconds
-    # and its success count.
+    # and its success count, in the CLI, the SDK and the console.
     r = dash.http.post("/v1/batches", json={"count": 50, "labels": {"task": "batch"}, "spec": {
         "image": "busybox:latest", "cpu_request": "5m", "memory": "32M",
         "cmd": ["sh", "-c", "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done"]}})
@@ -183,6 +184,12 @@ def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noq
     b = wait_until(lambda: (lambda b: b if sum(b["states"].get(s, 0) for s in ENDED) == 50 else None)(
         dash.http.get(f"/v1/batches/{bid}").json()), timeout=120, interval=0.5, what="the batch to finish")
     assert b["succeeded"] == 50 and b["cost"]["cpu_seconds"] > 0 and b["cost"]["gpu_seconds"] == 0
+    header, *rows = dash.cli("batch", "ls").stdout.decode().splitlines()
+    row = next(r.split() for r in rows if r.startswith(bid))
+    assert row[3:6] == ["50", "0", f"{b['cost']['cpu_seconds']:.3f}"], (header, row)
+    with warren_sdk.Client(dash.url, token=dash.token) as client:
+        info = client.batches.get(bid).info
+    assert (info.succeeded, info.cost.cpu_seconds) == (50, b["cost"]["cpu_seconds"]), info
     c = Console(browser, dash, tmp_path).login()
     try:
         c.go(f"#/batch/{bid}")
@@ -196,6 +203,31 @@ def test_a_batch_page_shows_its_totals_and_cost(browser, dash, tmp_path):  # noq
             "gpu_seconds": "0.0",
         }, (shown, b)
         c.shot("batch", full_page=True)
+    finally:
+        c.close()
+    assert not c.errors, c.errors
+
+
+def test_an_ended_sandboxs_page_charts_its_kept_usage(browser, dash, tmp_path):  # noqa: F811
+    """The usage history the control plane kept (a sample every 15 s, the
+    first at once) and the usage it ended with, on its page."""
+    r = dash.http.post("/v1/sandboxes", json={"image": "busybox:latest", "cmd": [
+        "sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; sleep 2"]})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    wait_until(lambda: dash.http.get(f"/v1/sandboxes/{sid}").json()["state"] in ENDED, timeout=60,
+               what="the sandbox to end")
+    wait_until(lambda: dash.http.get(f"/v1/sandboxes/{sid}/logs", params={"usage": "true"}).text.strip(),
+               what="a kept usage sample")
+    c = Console(browser, dash, tmp_path).login()
+    try:
+        c.go(f"#/sandbox/{sid}")
+        chart = c.page.wait_for_selector("#usage-history[data-draws]")
+        # The CPU it used between its first sample and its end, as a rate.
+        wait_until(lambda: float((chart.get_attribute("data-last") or "0").split(",")[0] or 0) > 0,
+                   what="a CPU rate on the life chart")
+        axis = __import__("json").loads(chart.get_attribute("data-axis"))
+        assert axis["left"][0] == "0m" and axis["right"][0] == "0 B" and len(axis["x"]) == 3, axis
     finally:
         c.close()
     assert not c.errors, c.errors

@@ -162,6 +162,7 @@ export function sandbox(root, { args }, live) {
   const info = h('div', { class: 'panel' });
   const timeline = h('div', { class: 'panel' });
   const canvas = h('canvas', { class: 'chart', id: 'usage-chart' });
+  const lifeCanvas = h('canvas', { class: 'chart', id: 'usage-history' });
   const logs = h('div', { class: 'panel log', id: 'log' });
   const net = h('div', { class: 'panel log', id: 'net' });
   const term = h('div', { id: 'terminal' });
@@ -183,7 +184,9 @@ export function sandbox(root, { args }, live) {
   root.append(h('h1', {}, 'Sandbox ', h('span', { class: 'mono' }, id)), head,
     h('div', { class: 'grid2' },
       h('div', {}, h('h2', {}, 'Spec'), info),
-      h('div', {}, h('h2', {}, 'CPU and memory, per second'), h('div', { class: 'panel' }, canvas))),
+      h('div', {}, h('h2', {}, 'CPU and memory, per second'), h('div', { class: 'panel' }, canvas),
+        h('h2', {}, 'Over its life (a sample every 15 s, kept after it and its node are gone)'),
+        h('div', { class: 'panel' }, lifeCanvas))),
     h('h2', {}, 'Web page'), portBar,
     h('h2', {}, 'Terminal'), termBar, term,
     h('div', { class: 'grid2' },
@@ -194,6 +197,29 @@ export function sandbox(root, { args }, live) {
     { name: 'CPU', color: '#3fb950', fmt: fmtCpu },
     { name: 'memory', color: '#4fa3ff', fmt: fmtBytes, axis: 'right', bytes: true },
   ], { format: fmtCpu });
+  const life = new Chart(lifeCanvas, [
+    { name: 'CPU', color: '#3fb950', fmt: fmtCpu },
+    { name: 'memory', color: '#4fa3ff', fmt: fmtBytes, axis: 'right', bytes: true },
+  ], { format: fmtCpu });
+  // The usage samples the control plane kept, and an ended sandbox's
+  // usage as it ended: CPU is the rate between two (millicores), memory
+  // each one's.
+  const drawLife = async () => {
+    const samples = [];
+    await ndjson(`${path}/logs?usage=true`, (l) => { if (l.usage) samples.push(l); }, ctl.signal);
+    // Drawn at once when the page opens, maybe before the first refresh.
+    const s = current || await api(path, { signal: ctl.signal });
+    const ended = s.finished_at && s.usage ? Date.parse(s.finished_at) : NaN;
+    if (ended > (samples.length ? samples[samples.length - 1].time_ms : 0)) {
+      samples.push({ time_ms: ended, usage: s.usage });
+    }
+    const cpu = samples.map((x, i) => {
+      const prev = samples[i - 1];
+      if (!prev || x.time_ms <= prev.time_ms) return null;
+      return Math.max(0, (x.usage.cpu_usage_ns - prev.usage.cpu_usage_ns) / ((x.time_ms - prev.time_ms) * 1000));
+    });
+    life.set(samples.map((x) => x.time_ms), [cpu, samples.map((x) => x.usage.memory_bytes)]);
+  };
   let last = null;
   let current = null;
   const act = (label, fn, cls) => h('button', { class: cls, 'data-action': label, onclick: async () => {
@@ -250,6 +276,7 @@ export function sandbox(root, { args }, live) {
     }
   };
   stops.push(every(1000, refresh));
+  stops.push(every(15000, drawLife));
   // The log: every line as it comes; `"kind":"net"` lines are the
   // network's decisions and go to their own panel.
   ndjson(`${path}/logs?follow=true`, (line) => {

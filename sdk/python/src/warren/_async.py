@@ -39,6 +39,8 @@ __all__ = [
     "AsyncBatches",
     "AsyncImages",
     "AsyncSecrets",
+    "AsyncTenants",
+    "AsyncTokens",
     "AsyncVolumes",
     "AsyncProfiles",
     "AsyncEventStream",
@@ -97,6 +99,8 @@ class AsyncClient:
         self.profiles = AsyncProfiles(self)
         self.volumes = AsyncVolumes(self)
         self.secrets = AsyncSecrets(self)
+        self.tenants = AsyncTenants(self)
+        self.tokens = AsyncTokens(self)
 
     @property
     def url(self) -> str:
@@ -213,6 +217,19 @@ class AsyncClient:
     ) -> AsyncEventStream:
         """Events as an async iterator (see :meth:`warren.Client.events`)."""
         return AsyncEventStream(self, sandbox, labels, batch, type, after, follow)
+
+    async def whoami(self) -> models.WhoAmI:
+        return await self._call(core.whoami_call())
+
+    async def audit(
+        self,
+        tenant: str | None = None,
+        since: Seconds | None = None,
+        until: Seconds | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[models.AuditEntry]:
+        """As :meth:`warren.Client.audit`."""
+        return await self._call(core.audit_call(tenant, since, until, limit))
 
     def logs(self, labels: Labels, since: Seconds | None = None) -> AsyncLogStream:
         """The logs of every sandbox matching ``labels``, as an async iterator
@@ -1087,3 +1104,67 @@ class AsyncSecrets:
     async def remove(self, name: str) -> models.Secret:
         """Removes a secret; sandboxes given it keep their copies."""
         return await self._c._call(core.secret_delete_call(name))
+
+
+class AsyncTenants:
+    """``client.tenants`` (see :class:`warren.Tenants`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(
+        self,
+        name: str,
+        *,
+        cpu: float | str | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
+        sandboxes: int | None = None,
+        weight: int = 1,
+        priority: int = 0,
+        preempt: bool = False,
+        egress: Sequence[str] | None = None,
+    ) -> models.Tenant:
+        spec = core.tenant_spec(cpu, memory, gpus, sandboxes, weight, priority, preempt, egress)
+        return await self._c._call(core.tenant_create_call(name, spec))
+
+    async def set(
+        self,
+        name: str,
+        *,
+        cpu: float | str | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
+        sandboxes: int | None = None,
+        weight: int = 1,
+        priority: int = 0,
+        preempt: bool = False,
+        egress: Sequence[str] | None = None,
+    ) -> models.Tenant:
+        spec = core.tenant_spec(cpu, memory, gpus, sandboxes, weight, priority, preempt, egress)
+        return await self._c._call(core.tenant_set_call(name, spec))
+
+    async def get(self, name: str) -> models.Tenant:
+        return await self._c._call(core.tenant_get_call(name))
+
+    async def list(self) -> builtins.list[models.Tenant]:
+        return await self._c._call(core.tenants_list_call())
+
+    async def remove(self, name: str) -> None:
+        await self._c._call(core.tenant_delete_call(name))
+
+
+class AsyncTokens:
+    """``client.tokens`` (see :class:`warren.Tokens`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, tenant: str, role: str = "user", description: str = "") -> models.NewToken:
+        return await self._c._call(core.token_create_call(tenant, role, description))
+
+    async def list(self) -> builtins.list[models.Token]:
+        return await self._c._call(core.tokens_list_call())
+
+    async def revoke(self, token_id: str) -> models.Token:
+        return await self._c._call(core.token_revoke_call(token_id))

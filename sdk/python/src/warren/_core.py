@@ -261,6 +261,14 @@ def duration_value(value: Seconds) -> float | int | str:
     return value
 
 
+def ago_text(value: Seconds) -> str:
+    """A time ago as the API's windows take it (``30s``, ``10m``, ``1h``):
+    a text as it is, seconds whole and rounded up, so a window is never
+    shorter than asked."""
+    ago = duration_value(value)
+    return ago if isinstance(ago, str) else f"{math.ceil(ago)}s"
+
+
 def selector(labels: Labels | None) -> str | None:
     if labels is None:
         return None
@@ -381,6 +389,77 @@ def secret_put_call(name: str, value: str, metadata: Mapping[str, str] | None, c
 
 def secret_delete_call(name: str) -> Call[models.Secret]:
     return Call("DELETE", f"/v1/secrets/{name}", json_of(models.Secret), idempotent=True)
+
+
+# ---------------------------------------------------------------- tenants
+
+
+def whoami_call() -> Call[models.WhoAmI]:
+    return Call("GET", "/v1/whoami", json_of(models.WhoAmI), idempotent=True)
+
+
+def tenant_spec(
+    cpu: float | str | None,
+    memory: int | str | None,
+    gpus: int | None,
+    sandboxes: int | None,
+    weight: int,
+    priority: int,
+    preempt: bool,
+    egress: Sequence[str] | None,
+) -> dict[str, Any]:
+    """A tenant's quota and share as the API takes them (quantities as the
+    CLI writes them: ``cpu=4`` or ``"500m"``, ``memory="64G"``)."""
+    quota = {k: v for k, v in {"cpu": cpu, "memory": memory, "gpus": gpus, "sandboxes": sandboxes}.items() if v is not None}
+    spec: dict[str, Any] = {"quota": quota, "weight": weight, "priority": priority, "preempt": preempt}
+    if egress is not None:
+        spec["egress"] = list(egress)
+    return spec
+
+
+def tenants_list_call() -> Call[list[models.Tenant]]:
+    return Call("GET", "/v1/tenants", json_list(models.Tenant), idempotent=True)
+
+
+def tenant_get_call(name: str) -> Call[models.Tenant]:
+    return Call("GET", f"/v1/tenants/{name}", json_of(models.Tenant), idempotent=True)
+
+
+def tenant_create_call(name: str, spec: dict[str, Any]) -> Call[models.Tenant]:
+    return Call("POST", "/v1/tenants", json_of(models.Tenant), json={"name": name, **spec})
+
+
+def tenant_set_call(name: str, spec: dict[str, Any]) -> Call[models.Tenant]:
+    return Call("PUT", f"/v1/tenants/{name}", json_of(models.Tenant), json=spec, idempotent=True)
+
+
+def tenant_delete_call(name: str) -> Call[None]:
+    return Call("DELETE", f"/v1/tenants/{name}", _none, idempotent=True)
+
+
+def tokens_list_call() -> Call[list[models.Token]]:
+    return Call("GET", "/v1/tokens", json_list(models.Token), idempotent=True)
+
+
+def token_create_call(tenant: str, role: str, description: str) -> Call[models.NewToken]:
+    body = {"tenant": tenant, "role": role, "description": description}
+    return Call("POST", "/v1/tokens", json_of(models.NewToken), json=body)
+
+
+def token_revoke_call(token_id: str) -> Call[models.Token]:
+    return Call("DELETE", f"/v1/tokens/{token_id}", json_of(models.Token), idempotent=True)
+
+
+def audit_call(tenant: str | None, since: Seconds | None, until: Seconds | None, limit: int | None) -> Call[list[models.AuditEntry]]:
+    params: dict[str, str] = {}
+    if tenant is not None:
+        params["tenant"] = tenant
+    for key, value in (("since", since), ("until", until)):
+        if value is not None:
+            params[key] = ago_text(value)
+    if limit is not None:
+        params["limit"] = str(limit)
+    return Call("GET", "/v1/audit", json_list(models.AuditEntry), params=params, idempotent=True)
 
 
 def volumes_list_call() -> Call[list[models.Volume]]:
@@ -602,10 +681,7 @@ def logs_by_label_call(labels: Labels, since: Seconds | None = None) -> Call[Non
         raise ValueError("logs by label need a non-empty selector")
     params = {"label": sel}
     if since is not None:
-        # The API takes a duration text (30s, 10m, 1h); seconds are sent
-        # whole, rounded up, so a window is never shorter than asked.
-        ago = duration_value(since)
-        params["since"] = ago if isinstance(ago, str) else f"{math.ceil(ago)}s"
+        params["since"] = ago_text(since)
     return Call("GET", "/v1/logs", _none, params=params, idempotent=True, stream=True)
 
 

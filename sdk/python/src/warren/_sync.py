@@ -39,6 +39,8 @@ __all__ = [
     "Images",
     "Profiles",
     "Secrets",
+    "Tenants",
+    "Tokens",
     "Volumes",
     "EventStream",
     "LogStream",
@@ -97,6 +99,10 @@ class Client:
         """Volumes: ``create``, ``list``, ``remove``."""
         self.secrets = Secrets(self)
         """Secrets: ``create``, ``set``, ``get``, ``list``, ``remove``."""
+        self.tenants = Tenants(self)
+        """Tenants (the operator's token): ``create``, ``set``, ``get``, ``list``, ``remove``."""
+        self.tokens = Tokens(self)
+        """Tenants' tokens: ``create``, ``list``, ``revoke``."""
 
     @property
     def url(self) -> str:
@@ -245,6 +251,22 @@ class Client:
         a reason (``ttl_expired``) or a state (``destroyed``); ``after`` a
         sequence number to resume from."""
         return EventStream(self, sandbox, labels, batch, type, after, follow)
+
+    def whoami(self) -> models.WhoAmI:
+        """Who this client's token is: its tenant and role."""
+        return self._call(core.whoami_call())
+
+    def audit(
+        self,
+        tenant: str | None = None,
+        since: Seconds | None = None,
+        until: Seconds | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[models.AuditEntry]:
+        """The calls that changed something, oldest first: a tenant's token
+        sees its own; ``since``/``until`` as seconds or ``"30m"`` ago, or
+        RFC 3339."""
+        return self._call(core.audit_call(tenant, since, until, limit))
 
     def logs(self, labels: Labels, since: Seconds | None = None) -> LogStream:
         """The logs of every sandbox (live or finished) matching ``labels``,
@@ -1232,3 +1254,78 @@ class Secrets:
     def remove(self, name: str) -> models.Secret:
         """Removes a secret; sandboxes given it keep their copies."""
         return self._c._call(core.secret_delete_call(name))
+
+
+class Tenants:
+    """``client.tenants``: who shares the cluster, each with a quota, a
+    weight of its share and a priority (docs/tenants.md). Making and
+    changing them takes the operator's token; a tenant's token reads its
+    own."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(
+        self,
+        name: str,
+        *,
+        cpu: float | str | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
+        sandboxes: int | None = None,
+        weight: int = 1,
+        priority: int = 0,
+        preempt: bool = False,
+        egress: Sequence[str] | None = None,
+    ) -> models.Tenant:
+        """Makes a tenant (give it a token with :meth:`Tokens.create`);
+        raises :class:`Conflict` if the name is taken."""
+        spec = core.tenant_spec(cpu, memory, gpus, sandboxes, weight, priority, preempt, egress)
+        return self._c._call(core.tenant_create_call(name, spec))
+
+    def set(
+        self,
+        name: str,
+        *,
+        cpu: float | str | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
+        sandboxes: int | None = None,
+        weight: int = 1,
+        priority: int = 0,
+        preempt: bool = False,
+        egress: Sequence[str] | None = None,
+    ) -> models.Tenant:
+        """Replaces a tenant's quota and share (what is not given is unbounded or default)."""
+        spec = core.tenant_spec(cpu, memory, gpus, sandboxes, weight, priority, preempt, egress)
+        return self._c._call(core.tenant_set_call(name, spec))
+
+    def get(self, name: str) -> models.Tenant:
+        return self._c._call(core.tenant_get_call(name))
+
+    def list(self) -> builtins.list[models.Tenant]:
+        return self._c._call(core.tenants_list_call())
+
+    def remove(self, name: str) -> None:
+        """Removes a tenant that owns nothing live, and its tokens."""
+        self._c._call(core.tenant_delete_call(name))
+
+
+class Tokens:
+    """``client.tokens``: tenants' API tokens (stored hashed; a value is
+    shown once, when made)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, tenant: str, role: str = "user", description: str = "") -> models.NewToken:
+        """A new token of ``tenant`` with ``role`` (``admin``, ``user`` or
+        ``viewer``); its value is ``.token``, shown this once."""
+        return self._c._call(core.token_create_call(tenant, role, description))
+
+    def list(self) -> builtins.list[models.Token]:
+        return self._c._call(core.tokens_list_call())
+
+    def revoke(self, token_id: str) -> models.Token:
+        """Revokes a token at once: its next call is refused."""
+        return self._c._call(core.token_revoke_call(token_id))

@@ -26,6 +26,13 @@ __all__ = [
     "ResolvedResources",
     "Usage",
     "UsageSample",
+    "Quota",
+    "TenantUsage",
+    "Tenant",
+    "Token",
+    "NewToken",
+    "WhoAmI",
+    "AuditEntry",
     "Event",
     "SandboxInfo",
     "BatchCost",
@@ -177,6 +184,89 @@ class Secret:
     metadata: dict[str, str] = field(default_factory=dict)
     created_at: str = ""
     updated_at: str = ""
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class Quota:
+    """What a tenant's live sandboxes may request in all (None: no bound):
+    ``cpu`` in cores, ``memory`` in bytes."""
+
+    cpu: float | None = None
+    memory: int | None = None
+    gpus: int | None = None
+    sandboxes: int | None = None
+
+
+@dataclass
+class TenantUsage:
+    """What a tenant's live sandboxes request now."""
+
+    cpu_millis: int = 0
+    memory: int = 0
+    gpus: int = 0
+    sandboxes: int = 0
+
+
+@dataclass
+class Tenant:
+    """A tenant (``client.tenants``): its quota and share of the cluster,
+    what its sandboxes hold now and how many of its creates wait."""
+
+    name: str
+    created_at: str
+    quota: Quota = field(default_factory=Quota)
+    weight: int = 1
+    priority: int = 0
+    preempt: bool = False
+    egress: list[str] | None = None
+    usage: TenantUsage = field(default_factory=TenantUsage)
+    queued: int = 0
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class Token:
+    """A tenant's token as listed (``client.tokens``): never its value."""
+
+    id: str
+    tenant: str
+    role: str
+    created_at: str
+    description: str = ""
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class NewToken(Token):
+    """A token just made: ``token`` is its value, shown this once."""
+
+    token: str = ""
+
+
+@dataclass
+class WhoAmI:
+    """Who the client's token is (``client.whoami()``): its tenant, and
+    ``operator`` or its role there."""
+
+    tenant: str
+    role: str
+    token: str
+    raw: dict[str, Any] = _raw()
+
+
+@dataclass
+class AuditEntry:
+    """One call that changed something, as the audit log keeps it."""
+
+    time: str
+    tenant: str
+    token: str
+    door: str
+    method: str
+    route: str
+    status: int
+    target: str = ""
     raw: dict[str, Any] = _raw()
 
 

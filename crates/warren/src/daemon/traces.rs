@@ -51,9 +51,15 @@ impl Drop for Exporting {
         // block (and the exporter's blocking HTTP client may not be used
         // from inside a runtime).
         let provider = self.provider.clone();
-        let flushed = std::thread::spawn(move || provider.shutdown()).join();
-        if let Ok(Err(e)) = flushed {
-            tracing::warn!(error = %e, "sending the last traces");
+        let flushed = std::thread::Builder::new()
+            .name("otlp-flush".into())
+            .spawn(move || provider.shutdown())
+            .map(|t| t.join());
+        match flushed {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "sending the last traces"),
+            Ok(Err(_)) => tracing::warn!("sending the last traces: the flush panicked"),
+            Err(e) => tracing::warn!(error = %e, "sending the last traces: no thread for it"),
         }
     }
 }

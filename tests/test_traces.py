@@ -4,11 +4,12 @@ times they ran; exec and file calls have spans of their own; each says which
 sandbox (id, tenant, node, labels) it is about."""
 
 import json
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from cluster import Cluster
-from conftest import own_daemon
+from conftest import WARREN, own_daemon
 from helpers import wait_until
 from test_create_phases import NODE_PHASES, SPAWNER_PHASES
 
@@ -90,6 +91,10 @@ def test_a_create_exec_and_files_are_traced_with_the_node_phases_inside_the_node
             assert r.status_code in (200, 204), r.text
             r = w.http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/t.txt"})
             assert r.content == b"hi", r.text
+            ctx = w.home.parent / "ctx"
+            ctx.mkdir()
+            (ctx / "Dockerfile").write_text("FROM busybox:latest\nRUN echo traced > /made\n")
+            w.cli("build", "-t", "traced:1", str(ctx), timeout=120)
             gone = w.create()["id"]
             w.destroy(gone)
             assert w.http.post(f"/v1/sandboxes/{gone}/exec", json={"cmd": ["true"]}).status_code == 409
@@ -101,6 +106,9 @@ def test_a_create_exec_and_files_are_traced_with_the_node_phases_inside_the_node
             exec_span = otlp.one("sandbox exec", **{"warren.sandbox.id": sid})
             write = otlp.one("sandbox file write", **{"warren.sandbox.id": sid})
             read = otlp.one("sandbox file read", **{"warren.sandbox.id": sid})
+            build = otlp.one("image build", **{"warren.build.tag": "traced:1"})
+            run_step = otlp.one("build step", build["traceId"], **{"warren.build.line": 2})
+            step_exec = otlp.one("sandbox exec", build["traceId"])
             refused = wait_until(
                 lambda: [x for x in otlp.named("sandbox exec") if x.get("status", {}).get("message")],
                 timeout=30, what="the refused exec's span")
@@ -148,6 +156,19 @@ def test_a_create_exec_and_files_are_traced_with_the_node_phases_inside_the_node
     for f in (write, read):
         assert f["attrs"]["warren.file.path"] == "/tmp/t.txt", f
         assert f["attrs"]["warren.node"] == s["node"], f
+    # A build: a span per step under its root; a RUN step's sandbox is
+    # created and runs its command under the step.
+    in_build = {x["spanId"]: x for x in otlp.spans if x["traceId"] == build["traceId"]}
+    steps = [x for x in in_build.values() if x["name"] == "build step"]
+    assert sorted(x["attrs"]["warren.build.instruction"] for x in steps) == [
+        "FROM busybox:latest", "RUN echo traced > /made"], steps
+    assert all(x["parentSpanId"] == build["spanId"] for x in steps), steps
+    assert run_step["attrs"]["warren.build.cached"] is False, run_step
+    (step_create,) = [x for x in in_build.values() if x["name"] == "sandbox create"]
+    assert step_create["parentSpanId"] == run_step["spanId"], step_create
+    assert step_exec["parentSpanId"] == run_step["spanId"], step_exec
+    assert step_exec["attrs"]["warren.exec.exit_code"] == 0, step_exec
+
     # An exec that could not run is an error span.
     (refused,) = refused
     assert refused["status"]["code"] in (2, "STATUS_CODE_ERROR"), refused
@@ -183,3 +204,26 @@ def test_a_remote_node_traces_its_side_of_a_create_in_the_same_trace(images, mon
     assert call["start"] <= register["start"] <= register["end"] <= call["end"]
     # The server's own polls of the node start no traces there.
     assert {x["traceId"] for x in otlp.spans if x["service"] == "warren-node"} == {root["traceId"]}
+
+
+def test_protobuf_is_sent_when_asked_for(images):
+    otlp = Receiver()
+    try:
+        with own_daemon(images, args=["--otlp-endpoint", otlp.url],
+                        env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) as w:
+            sid = w.create(labels={"task": "proto"})["id"]
+            # The protobuf message holds the sandbox id as a string value.
+            wait_until(lambda: any(sid.encode() in body for _, _, body in otlp.requests),
+                       timeout=30, what="a protobuf export naming the sandbox")
+    finally:
+        otlp.close()
+    assert {(path, kind) for path, kind, _ in otlp.requests} == {("/v1/traces", "application/x-protobuf")}
+    assert not otlp.spans
+
+
+def test_what_cannot_be_exported_to_is_refused_at_start(warren):
+    p = warren.cli("up", "--home", "/nonexistent/x", "--otlp-endpoint", "collector:4318", check=False)
+    assert p.returncode != 0 and b"an http:// or https:// URL" in p.stderr, p.stderr
+    p = subprocess.run([str(WARREN), "up", "--home", "/nonexistent/x", "--otlp-endpoint", "http://127.0.0.1:4318"],
+                       env={**warren.env(), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, capture_output=True, timeout=60)
+    assert p.returncode != 0 and b"OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in p.stderr, p.stderr

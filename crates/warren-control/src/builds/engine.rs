@@ -202,8 +202,10 @@ impl Run {
         self.step += 1;
         let span = tracing::info_span!(
             "build step",
-            warren.build.step = self.step,
-            warren.build.line = line,
+            // As i64: tracing-opentelemetry exports other integers as
+            // their text (a Dockerfile has far fewer lines).
+            warren.build.step = self.step as i64,
+            warren.build.line = line as i64,
             warren.build.instruction = text,
             warren.build.cached = tracing::field::Empty,
         );

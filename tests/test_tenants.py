@@ -159,11 +159,44 @@ def test_a_pools_members_serve_only_its_own_tenants_creates(tw, two):
         ha.delete("/v1/pools/a-warm")
 
 
+def test_a_tenants_volumes_are_its_own_through_both_doors(tw, two):
+    ha, hb = two["ha"], two["hb"]
+    ka, kb = {"X-API-KEY": two["a"]}, {"X-API-KEY": "e2b_" + two["b"]}
+    r = ha.post("/v1/volumes", json={"name": "a-vol", "size": "16M"})
+    assert r.status_code == 201, r.text
+    try:
+        # Tenant b finds nothing of it, by any verb or door; its name is
+        # the cluster's, taken without saying where.
+        assert "a-vol" not in [v["name"] for v in hb.get("/v1/volumes").json()]
+        assert hb.delete("/v1/volumes/a-vol").status_code == 404
+        r = hb.post("/v1/volumes", json={"name": "a-vol", "size": "16M"})
+        assert r.status_code == 409 and "node" not in r.json()["error"]["message"], r.text
+        r = hb.post("/v1/sandboxes", json={"image": "busybox:latest", "volumes": [{"name": "a-vol", "path": "/mnt/v"}]})
+        assert r.status_code == 404, r.text
+        assert httpx.get(f"{tw.e2b_api}/volumes/a-vol", headers=kb).status_code == 404
+        assert httpx.delete(f"{tw.e2b_api}/volumes/a-vol", headers=kb).status_code == 404
+        assert "a-vol" not in [v["name"] for v in httpx.get(f"{tw.e2b_api}/volumes", headers=kb).json()]
+        # Tenant a mounts it; the operator sees it.
+        assert httpx.get(f"{tw.e2b_api}/volumes/a-vol", headers=ka).status_code == 200
+        r = ha.post("/v1/sandboxes", json={"image": "busybox:latest", "memory": "32M", "volumes": [{"name": "a-vol", "path": "/mnt/v"}],
+                                           "cmd": ["sh", "-c", "echo kept > /mnt/v/f"]})
+        assert r.status_code == 201 and r.json()["tenant"] == "team-a", r.text
+        sid = r.json()["id"]
+        from helpers import wait_until
+        wait_until(lambda: tw.http.get(f"/v1/sandboxes/{sid}").json()["state"] == "destroyed", timeout=30,
+                   what="the writer to end")
+        assert "a-vol" in [v["name"] for v in tw.http.get("/v1/volumes").json()]
+        assert [v["name"] for v in ha.get("/v1/volumes").json()] == ["a-vol"]
+    finally:
+        assert ha.delete("/v1/volumes/a-vol").status_code == 200
+    assert "a-vol" not in [v["name"] for v in tw.http.get("/v1/volumes").json()]
+
+
 def test_the_operators_routes_are_refused_to_tenants(tw, two):
     hb = two["hb"]
     for method, path in [("GET", "/v1/nodes"), ("GET", "/metrics"), ("POST", "/v1/tenants"),
                          ("DELETE", "/v1/tenants/team-a"), ("POST", "/v1/images/gc"),
-                         ("GET", "/v1/profiles"), ("GET", "/v1/volumes")]:
+                         ("GET", "/v1/profiles")]:
         r = hb.request(method, path, json={})
         assert r.status_code == 403 and "operator" in r.json()["error"]["message"], (method, path, r.text)
 

@@ -18,6 +18,7 @@ pub enum Owned<'a> {
     Pool(&'a str),
     /// By name or id.
     Secret(&'a str),
+    Volume(&'a str),
 }
 
 /// Whether a request only reads, or changes (runs, writes, destroys).
@@ -34,6 +35,7 @@ pub enum Kind {
     Batch,
     Pool,
     Secret,
+    Volume,
 }
 
 /// Who may make a call: each front door declares one per route.
@@ -110,6 +112,7 @@ pub(crate) fn hidden(what: Owned<'_>) -> ApiError {
         Owned::Batch(id) => format!("no batch {id}; see `warren batch ls`"),
         Owned::Pool(name) => format!("no pool named {name:?}; see `warren pool ls`"),
         Owned::Secret(which) => format!("no secret {which}; see `warren secret ls`"),
+        Owned::Volume(name) => format!("volume {name} does not exist (see `warren volume ls`)"),
     };
     ApiError::not_found(m)
 }

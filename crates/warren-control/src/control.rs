@@ -115,7 +115,7 @@ impl Control {
             tenants: crate::tenants::Tenants::new(store.clone(), None),
             audit: crate::audit::Audit::new(None),
             images: crate::images::Images::new(nodes.clone(), None),
-            volumes: crate::volumes::Volumes::new(nodes.clone()),
+            volumes: crate::volumes::Volumes::new(nodes.clone(), store.clone()),
             profiles: crate::profiles::Profiles::new(store.clone(), policy),
             store,
             nodes,

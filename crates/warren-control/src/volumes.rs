@@ -1,10 +1,15 @@
 //! Volumes, as the control plane sees them: each lives on one node (made on
 //! one that carries the request's labels), its name is unique in the
-//! cluster, and a sandbox that mounts volumes is placed on their node.
+//! cluster, a sandbox that mounts volumes is placed on their node, and each
+//! belongs to the tenant that made it (kept in the store: the node knows
+//! nothing of tenants). Another tenant's volume answers as one that does
+//! not exist.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use warren_core::files::{PathEntry, PathOp, VolumeWrite};
+use warren_core::tenant::{Principal, TenantName};
 use warren_core::volume::{VolumeInfo, VolumeMount, VolumeName, VolumeRequest};
 use warren_core::ApiError;
 use warren_node_api::NodeApi;
@@ -12,6 +17,7 @@ use warren_node_api::NodeApi;
 use crate::images::{prefixed, reachable, resolving_node};
 use crate::node_errors::node_error;
 use crate::nodes::{NodeEntry, Nodes};
+use crate::store::Store;
 use crate::streams::to_node;
 use crate::streams::{file_read, ByteStream, FileRead};
 
@@ -19,6 +25,8 @@ use crate::streams::{file_read, ByteStream, FileRead};
 pub struct Volumes {
     /// The nodes, shared with the control plane.
     nodes: Arc<Nodes>,
+    /// Who owns each volume.
+    store: Arc<dyn Store>,
 }
 
 /// The volume a name was asked for does not exist.
@@ -29,8 +37,19 @@ fn not_found(name: &VolumeName) -> ApiError {
 }
 
 impl Volumes {
-    pub(crate) fn new(nodes: Arc<Nodes>) -> Volumes {
-        Volumes { nodes }
+    pub(crate) fn new(nodes: Arc<Nodes>, store: Arc<dyn Store>) -> Volumes {
+        Volumes { nodes, store }
+    }
+
+    /// Every volume's owner by name (one without a record is the default
+    /// tenant's: made before volumes had owners).
+    async fn owners(&self) -> Result<HashMap<String, TenantName>, ApiError> {
+        Ok(self.store.volume_owners().await?.into_iter().collect())
+    }
+
+    /// The tenant that owns volume `name`.
+    pub(crate) async fn owner(&self, name: &str) -> Result<TenantName, ApiError> {
+        Ok(self.owners().await?.remove(name).unwrap_or_default())
     }
 
     /// Every volume on every reachable node, by name, with that node.
@@ -54,9 +73,16 @@ impl Volumes {
         Ok(all)
     }
 
-    /// Every volume on every reachable node, by name.
-    pub async fn list(&self) -> Result<Vec<VolumeInfo>, ApiError> {
-        Ok(self.listed().await?.into_iter().map(|(v, _)| v).collect())
+    /// Every volume `who` reaches on every reachable node, by name.
+    pub async fn list(&self, who: &Principal) -> Result<Vec<VolumeInfo>, ApiError> {
+        let owners = self.owners().await?;
+        Ok(self
+            .listed()
+            .await?
+            .into_iter()
+            .map(|(v, _)| v)
+            .filter(|v| who.reaches(&owners.get(v.name.as_str()).cloned().unwrap_or_default()))
+            .collect())
     }
 
     /// The volume of that name, wherever it is, with its node.
@@ -71,16 +97,27 @@ impl Volumes {
             .find(|(v, _)| &v.name == name))
     }
 
-    /// The volume of that name; NotFound when no reachable node has it.
-    pub async fn info(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
-        self.find(name)
-            .await?
-            .map(|(v, _)| v)
-            .ok_or_else(|| not_found(name))
+    /// The volume of that name that `who` reaches, with its node.
+    async fn find_for(
+        &self,
+        who: &Principal,
+        name: &VolumeName,
+    ) -> Result<(VolumeInfo, Arc<NodeEntry>), ApiError> {
+        match self.find(name).await? {
+            Some(found) if who.reaches(&self.owner(name.as_str()).await?) => Ok(found),
+            _ => Err(not_found(name)),
+        }
+    }
+
+    /// The volume of that name; NotFound when no reachable node has it or
+    /// it is another tenant's.
+    pub async fn info(&self, who: &Principal, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        Ok(self.find_for(who, name).await?.0)
     }
 
     /// A volume's files, read and written without a sandbox, on its node
-    /// (NotFound when no reachable node has it).
+    /// (NotFound when no reachable node has it). Whoever holds the
+    /// volume's own token reaches them (E2B's volume content API).
     pub async fn files(&self, name: &VolumeName) -> Result<VolumeFiles, ApiError> {
         let (info, node) = self.find(name).await?.ok_or_else(|| not_found(name))?;
         Ok(VolumeFiles {
@@ -89,45 +126,77 @@ impl Volumes {
         })
     }
 
-    /// Makes a volume on a node carrying the request's labels; a name any
-    /// node already has is refused.
-    pub async fn create(&self, req: VolumeRequest) -> Result<VolumeInfo, ApiError> {
+    /// Makes a volume for `who`'s tenant on a node carrying the request's
+    /// labels; a name any node already has is refused (names are the
+    /// cluster's: one another tenant holds is refused without saying whose).
+    pub async fn create(
+        &self,
+        who: &Principal,
+        req: VolumeRequest,
+    ) -> Result<VolumeInfo, ApiError> {
+        let tenant = crate::access::changer(who)?;
         if let Some((v, _)) = self.find(&req.name).await? {
+            let on = match who.reaches(&self.owner(v.name.as_str()).await?) {
+                true => format!(" (on node {})", v.node),
+                false => String::new(),
+            };
             return Err(ApiError::conflict(format!(
-                "volume {} already exists (on node {})",
-                v.name, v.node
+                "volume {} already exists{on}",
+                v.name
             )));
         }
         let node = resolving_node(&self.nodes, &req.node_selector)?;
-        let made = node
-            .api
-            .volume_create(req)
-            .await
-            .map_err(|e| prefixed(&node.name, e))?;
+        // Owned before it exists: a crash in between leaves a record that
+        // the next volume of that name takes over.
+        let name = req.name.clone();
+        self.store.put_volume_owner(name.as_str(), &tenant).await?;
+        let made = match node.api.volume_create(req).await {
+            Ok(made) => made,
+            Err(e) => {
+                if let Err(gone) = self.store.delete_volume_owner(name.as_str()).await {
+                    tracing::warn!(volume = %name, error = %gone, "forgetting a volume that was not made");
+                }
+                return Err(prefixed(&node.name, e));
+            }
+        };
         Ok(VolumeInfo {
             node: node.name.clone(),
             ..made
         })
     }
 
-    /// Removes a volume no sandbox mounts, with its files.
-    pub async fn remove(&self, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
-        let Some((v, node)) = self.find(name).await? else {
-            return Err(not_found(name));
-        };
+    /// Removes a volume of `who`'s that no sandbox mounts, with its files.
+    pub async fn remove(&self, who: &Principal, name: &VolumeName) -> Result<VolumeInfo, ApiError> {
+        if !who.may_change() {
+            return Err(crate::access::read_only());
+        }
+        let (v, node) = self.find_for(who, name).await?;
         let removed = node.api.volume_remove(name).await.map_err(node_error)?;
+        self.store.delete_volume_owner(name.as_str()).await?;
         Ok(VolumeInfo {
             node: v.node,
             ..removed
         })
     }
 
-    /// The node holding every volume of `mounts`; None without mounts.
-    pub(crate) async fn node_of(&self, mounts: &[VolumeMount]) -> Result<Option<String>, ApiError> {
+    /// The node holding every volume of `mounts`, all of which `tenant`
+    /// must own; None without mounts.
+    pub(crate) async fn node_of(
+        &self,
+        tenant: &TenantName,
+        mounts: &[VolumeMount],
+    ) -> Result<Option<String>, ApiError> {
         if mounts.is_empty() {
             return Ok(None);
         }
-        let all = self.list().await?;
+        let owners = self.owners().await?;
+        let all: Vec<VolumeInfo> = self
+            .listed()
+            .await?
+            .into_iter()
+            .map(|(v, _)| v)
+            .filter(|v| tenant.is_default() || owners.get(v.name.as_str()) == Some(tenant))
+            .collect();
         let mut node: Option<&str> = None;
         for m in mounts {
             let Some(v) = all.iter().find(|v| v.name == m.name) else {

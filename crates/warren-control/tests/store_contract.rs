@@ -91,6 +91,7 @@ cases![
     leader_lease,
     pools_and_claims,
     tenants_and_tokens,
+    volume_owners,
     central_logs,
 ];
 
@@ -800,6 +801,24 @@ async fn tenants_and_tokens(f: &Fixture) -> TestResult {
     assert!(s.delete_tenant(&"team-a".parse()?).await?);
     assert!(s.token_by_hash("h1").await?.is_none());
     assert_eq!(s.tenants().await?.len(), 1);
+    Ok(())
+}
+
+async fn volume_owners(f: &Fixture) -> TestResult {
+    let s = &f.store;
+    s.put_volume_owner("data", &"team-a".parse()?).await?;
+    s.put_volume_owner("cache", &"team-b".parse()?).await?;
+    // A name a removed volume left is taken over by the next one's owner.
+    s.put_volume_owner("data", &"team-b".parse()?).await?;
+    s.delete_volume_owner("cache").await?;
+    s.delete_volume_owner("never-made").await?;
+    let got: Vec<_> = s
+        .volume_owners()
+        .await?
+        .into_iter()
+        .map(|(name, t)| (name, t.to_string()))
+        .collect();
+    assert_eq!(got, vec![("data".to_string(), "team-b".to_string())]);
     Ok(())
 }
 

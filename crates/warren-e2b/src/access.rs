@@ -14,7 +14,7 @@ use crate::api::St;
 use crate::reply::{control, E2bError};
 
 use Access::{Change, Read};
-use Kind::{Sandbox, Secret};
+use Kind::{Sandbox, Secret, Volume};
 use Rule::{Operator, Owned, Tenant};
 
 /// The rule of an E2B route, by method and pattern.
@@ -37,17 +37,19 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         ("/secrets", false) => Tenant(Change),
         ("/secrets/{id}", true) => Owned(Secret, Read),
         ("/secrets/{id}", false) => Owned(Secret, Change),
-        // Snapshots and templates are images every tenant may run, and
-        // volumes live on nodes without owners: the operator's, for now.
+        ("/volumes", true) => Tenant(Read),
+        ("/volumes", false) => Tenant(Change),
+        ("/volumes/{id}", true) => Owned(Volume, Read),
+        ("/volumes/{id}", false) => Owned(Volume, Change),
+        // Snapshots and templates are images every tenant may run: the
+        // operator's, for now.
         ("/sandboxes/{id}/snapshots", _)
         | ("/snapshots", _)
         | ("/templates/{id}", _)
         | ("/v3/templates", _)
         | ("/templates/{tid}/files/{hash}", _)
         | ("/v2/templates/{tid}/builds/{bid}", _)
-        | ("/templates/{tid}/builds/{bid}/status", _)
-        | ("/volumes", _)
-        | ("/volumes/{id}", _) => Operator,
+        | ("/templates/{tid}/builds/{bid}/status", _) => Operator,
         _ => return None,
     })
 }

@@ -233,7 +233,7 @@ pub(crate) async fn create(
     // Secrets as variables, egress header rules refused, volumes mounted.
     crate::secrets::refuse_transforms(&raw, "/network")?;
     crate::secrets::take_fills(&mut spec)?;
-    crate::volumes::take_mounts(&e2b, &raw, &mut spec).await?;
+    crate::volumes::take_mounts(&e2b, &who, &raw, &mut spec).await?;
     if req.auto_pause {
         if req.auto_pause_memory == Some(false) {
             return Err(E2bError::new(

@@ -20,11 +20,12 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_control::VolumeFiles;
 use warren_core::files::{FileKind, Owner, PathEntry, PathKind, PathOp, VolumeWrite, WriteFile};
+use warren_core::tenant::Principal;
 use warren_core::volume::{
     MountPath, VolumeInfo, VolumeMount, VolumeName, VolumeRequest, VolumeSize,
 };
@@ -113,11 +114,12 @@ fn e2b_name(name: &str) -> E2bResult<VolumeName> {
     })
 }
 
-/// A volume by the id in a path: 404 for one no volume can have.
-async fn lookup(e2b: &E2b, id: &str) -> E2bResult<VolumeInfo> {
+/// A volume of `who`'s by the id in a path: 404 for one no volume can
+/// have, or another tenant's.
+async fn lookup(e2b: &E2b, who: &Principal, id: &str) -> E2bResult<VolumeInfo> {
     let missing = || E2bError::new(StatusCode::NOT_FOUND, format!("volume {id:?} not found"));
     let name = VolumeName::try_from(id.to_string()).map_err(|_| missing())?;
-    control(e2b)?.volumes().info(&name).await.map_err(|e| {
+    control(e2b)?.volumes().info(who, &name).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             missing()
         } else {
@@ -135,24 +137,31 @@ struct NewVolume {
     name: String,
 }
 
-async fn create(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
+async fn create(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    raw: Bytes,
+) -> E2bResult<Response> {
     let req: NewVolume = body(&raw)?;
     let name = e2b_name(&req.name)?;
     let size = VolumeSize::try_from(warren_core::spec::ByteSize(DEFAULT_SIZE))
         .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let made = control(&e2b)?
         .volumes()
-        .create(VolumeRequest {
-            name,
-            size,
-            node_selector: Default::default(),
-        })
+        .create(
+            &who,
+            VolumeRequest {
+                name,
+                size,
+                node_selector: Default::default(),
+            },
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(with_token(&e2b, &made))).into_response())
 }
 
-async fn list(State(e2b): St) -> E2bResult<Json<Value>> {
-    let all = control(&e2b)?.volumes().list().await?;
+async fn list(State(e2b): St, Extension(who): Extension<Principal>) -> E2bResult<Json<Value>> {
+    let all = control(&e2b)?.volumes().list(&who).await?;
     Ok(Json(
         all.iter()
             .map(|v| json!({"volumeID": v.name, "name": v.name}))
@@ -160,15 +169,23 @@ async fn list(State(e2b): St) -> E2bResult<Json<Value>> {
     ))
 }
 
-async fn one(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
-    let v = lookup(&e2b, &id).await?;
+async fn one(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> E2bResult<Json<Value>> {
+    let v = lookup(&e2b, &who, &id).await?;
     Ok(Json(with_token(&e2b, &v)))
 }
 
 /// Removes a volume and its files (409 while a sandbox mounts it).
-async fn destroy(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
-    let v = lookup(&e2b, &id).await?;
-    control(&e2b)?.volumes().remove(&v.name).await?;
+async fn destroy(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> E2bResult<StatusCode> {
+    let v = lookup(&e2b, &who, &id).await?;
+    control(&e2b)?.volumes().remove(&who, &v.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -186,8 +203,14 @@ struct Mounts {
 }
 
 /// A create's `volumeMounts` (`[{name, path}]`, read-write) as the spec's
-/// volumes; a volume that does not exist is 404 before anything is made.
-pub(crate) async fn take_mounts(e2b: &E2b, raw: &[u8], spec: &mut SandboxSpec) -> E2bResult<()> {
+/// volumes; a volume that does not exist (or is another tenant's) is 404
+/// before anything is made.
+pub(crate) async fn take_mounts(
+    e2b: &E2b,
+    who: &Principal,
+    raw: &[u8],
+    spec: &mut SandboxSpec,
+) -> E2bResult<()> {
     let raw: &[u8] = if raw.is_empty() { b"{}" } else { raw };
     let Ok(m) = serde_json::from_slice::<Mounts>(raw) else {
         return Err(E2bError::new(
@@ -198,7 +221,7 @@ pub(crate) async fn take_mounts(e2b: &E2b, raw: &[u8], spec: &mut SandboxSpec) -
     let Some(mounts) = m.volume_mounts.filter(|m| !m.is_empty()) else {
         return Ok(());
     };
-    let all = control(e2b)?.volumes().list().await?;
+    let all = control(e2b)?.volumes().list(who).await?;
     for m in mounts {
         let name = e2b_name(&m.name)?;
         if !all.iter().any(|v| v.name == name) {

@@ -63,13 +63,16 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         ("/v1/secrets/{name}", true) => Own(Secret, Read),
         ("/v1/secrets/{name}", false) => Own(Secret, Change),
         ("/v1/images", true) => Tenant(Read),
+        ("/v1/volumes", true) => Tenant(Read),
+        ("/v1/volumes", false) => Tenant(Change),
+        ("/v1/volumes/{name}", _) => Own(Volume, Change),
         ("/v1/tenants", true) | ("/v1/tenants/{name}", true) => Tenant(Read),
         ("/v1/tokens", _) | ("/v1/tokens/{id}", _) => Tenant(Read),
         // Committing a sandbox, building and importing name images every
         // tenant's sandboxes may run: the operator's, until images have
         // owners. Nodes, metrics, the history (the queue and node CPU of
-        // every tenant), profiles (shared learning), volumes, image pulls
-        // and removal likewise.
+        // every tenant), profiles (shared learning), image pulls and
+        // removal likewise.
         ("/v1/sandboxes/{id}/commit", _)
         | ("/v1/builds", _)
         | ("/v1/builds/{id}", _)
@@ -79,8 +82,6 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         | ("/v1/images/gc", _)
         | ("/v1/images/prewarm", _)
         | ("/v1/images/{*reference}", _)
-        | ("/v1/volumes", _)
-        | ("/v1/volumes/{name}", _)
         | ("/v1/profiles", _)
         | ("/v1/profiles/export", _)
         | ("/v1/profiles/import", _)

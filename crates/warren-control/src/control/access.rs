@@ -72,6 +72,7 @@ impl Control {
                     Kind::Batch => Owned::Batch(key),
                     Kind::Pool => Owned::Pool(key),
                     Kind::Secret => Owned::Secret(key),
+                    Kind::Volume => Owned::Volume(key),
                 };
                 self.authorize(who, what, access).await
             }
@@ -101,8 +102,8 @@ impl Control {
 
     /// `tenant`'s spec, for a create it asks for; refuses what it may not
     /// make: a tenant that is gone (its token read a moment ago), network
-    /// rules outside its egress policy, volumes (the operator's only, for
-    /// now).
+    /// rules outside its egress policy. (Its volumes must be its own: the
+    /// placement by volume checks that.)
     pub(crate) async fn tenant_for_create(
         &self,
         tenant: &TenantName,
@@ -113,12 +114,6 @@ impl Control {
             return Ok(t);
         }
         self.egress_allowed(tenant, &spec.network).await?;
-        if !spec.volumes.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::Forbidden,
-                "volumes are the operator's for now: a tenant's sandbox cannot mount one",
-            ));
-        }
         Ok(t)
     }
 
@@ -170,6 +165,7 @@ impl Control {
                 .map(|b| b.tenant),
             Owned::Pool(name) => self.pools.owner(name),
             Owned::Secret(which) => self.secrets.owner(which).await?,
+            Owned::Volume(name) => Some(self.volumes.owner(name).await?),
         })
     }
 }

@@ -170,7 +170,7 @@ impl Control {
         let _name = self.claim_name(spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {
-            None => self.volumes.node_of(&spec.volumes).await?,
+            None => self.volumes.node_of(tenant, &spec.volumes).await?,
             Some(_) => None,
         };
         let node = node.or(volume_node.as_deref());

@@ -444,6 +444,13 @@ pub trait Store: Send + Sync {
     async fn update_secret(&self, secret: &SecretRow, version: i64) -> Result<bool, StoreError>;
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError>;
     async fn delete_secret(&self, name: &str) -> Result<bool, StoreError>;
+    /// Records `tenant` as the owner of volume `name` (replacing a row a
+    /// volume of that name left).
+    async fn put_volume_owner(&self, name: &str, tenant: &TenantName) -> Result<(), StoreError>;
+    /// Every volume's owner by name; a volume without one is the default
+    /// tenant's.
+    async fn volume_owners(&self) -> Result<Vec<(String, TenantName)>, StoreError>;
+    async fn delete_volume_owner(&self, name: &str) -> Result<(), StoreError>;
     /// Makes or replaces a tenant's spec (its `created_at` kept).
     async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError>;
     async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError>;

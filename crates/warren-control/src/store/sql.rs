@@ -19,9 +19,9 @@ use warren_core::{Event, SandboxSpec, SandboxState, Usage};
 use super::group_commit::{GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_pool, decode_readable,
-    decode_secret, decode_tenant, decode_token, json, BatchRow, Leader, LogCursor, LogEntry,
-    LogKind, NodeRecord, PoolRow, SandboxRow, SecretRow, Store, StoreError, StoreRow, TenantRow,
-    TokenRow, Transition,
+    decode_secret, decode_tenant, decode_token, json, tenant_of_column, BatchRow, Leader,
+    LogCursor, LogEntry, LogKind, NodeRecord, PoolRow, SandboxRow, SecretRow, Store, StoreError,
+    StoreRow, TenantRow, TokenRow, Transition,
 };
 
 /// One statement: SQLite's text (`?` placeholders) and PostgreSQL's.
@@ -717,6 +717,29 @@ impl<D: Dialect> Store for D {
     async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
         let sql = sql!("DELETE FROM secrets WHERE name = ?");
         Ok(self.execute(sql, args![name]).await? > 0)
+    }
+
+    async fn put_volume_owner(&self, name: &str, tenant: &TenantName) -> Result<(), StoreError> {
+        let sql = sql!(
+            "INSERT INTO volume_owners (name, tenant) VALUES (?, ?)
+             ON CONFLICT (name) DO UPDATE SET tenant = excluded.tenant"
+        );
+        self.execute(sql, args![name, tenant.as_str()]).await?;
+        Ok(())
+    }
+
+    async fn volume_owners(&self) -> Result<Vec<(String, TenantName)>, StoreError> {
+        let sql = sql!("SELECT name, tenant FROM volume_owners ORDER BY name");
+        let rows = self.fetch_all(sql, &[]).await?;
+        rows.iter()
+            .map(|r| Ok((r.text("name")?, tenant_of_column(r, "tenant")?)))
+            .collect()
+    }
+
+    async fn delete_volume_owner(&self, name: &str) -> Result<(), StoreError> {
+        let sql = sql!("DELETE FROM volume_owners WHERE name = ?");
+        self.execute(sql, args![name]).await?;
+        Ok(())
     }
 
     async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError> {

@@ -167,57 +167,51 @@ fn members(shim: i32, session: Option<i32>, procs: &[Proc]) -> Vec<i32> {
 /// and then killed at once: killed one by one, the command could die first
 /// and the shim exit, and the rest would be reparented to init and escape.
 pub(crate) fn kill_tree(shim: i32, session: Option<i32>, cgroup: Option<&ExecCgroup>) {
-    const ROUNDS: usize = 200;
-    let all = |procs: &[Proc]| {
-        let mut found = members(shim, session, procs);
+    // The exec's processes in none of the states `past`, as /proc shows
+    // them now.
+    let members_but = |past: &[char]| {
+        let procs = processes();
+        let mut found = members(shim, session, &procs);
         for pid in cgroup.map(ExecCgroup::members).unwrap_or_default() {
             if !found.contains(&pid) {
                 found.push(pid);
             }
         }
+        found.retain(|pid| {
+            procs
+                .iter()
+                .find(|p| p.pid == *pid)
+                .is_some_and(|p| !past.contains(&p.state))
+        });
         found
     };
-    for _ in 0..ROUNDS {
-        let procs = processes();
-        let running: Vec<i32> = all(&procs)
-            .into_iter()
-            .filter(|pid| {
-                procs
-                    .iter()
-                    .find(|p| p.pid == *pid)
-                    .is_some_and(|p| !matches!(p.state, 'T' | 't' | 'Z' | 'X'))
-            })
-            .collect();
-        if running.is_empty() {
-            break;
+    // Stopped, round after round, until none runs; then killed until none
+    // is left: a process killed in the middle of a fork can leave a child
+    // born after the list was read (gVisor finishes such a clone), which
+    // only the next look finds.
+    let rounds = [
+        (
+            Signal::SIGSTOP,
+            &['T', 't', 'Z', 'X'][..],
+            std::time::Duration::from_micros(200),
+        ),
+        (
+            Signal::SIGKILL,
+            &['Z', 'X'][..],
+            std::time::Duration::from_millis(1),
+        ),
+    ];
+    for (signal, past, pause) in rounds {
+        for _ in 0..200 {
+            let left = members_but(past);
+            if left.is_empty() {
+                break;
+            }
+            for pid in left {
+                let _ = kill(Pid::from_raw(pid), signal);
+            }
+            std::thread::sleep(pause);
         }
-        for pid in running {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-        }
-        std::thread::sleep(std::time::Duration::from_micros(200));
-    }
-    // Killed until none is left: a process killed in the middle of a fork
-    // can leave a child born after the list was read (gVisor finishes such
-    // a clone), which only the next look finds.
-    const KILL_ROUNDS: usize = 200;
-    for _ in 0..KILL_ROUNDS {
-        let procs = processes();
-        let left: Vec<i32> = all(&procs)
-            .into_iter()
-            .filter(|pid| {
-                procs
-                    .iter()
-                    .find(|p| p.pid == *pid)
-                    .is_some_and(|p| !matches!(p.state, 'Z' | 'X'))
-            })
-            .collect();
-        if left.is_empty() {
-            break;
-        }
-        for pid in left {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 

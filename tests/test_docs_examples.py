@@ -55,8 +55,10 @@ DOCS = ROOT / "docs"
 class Shell:
     """A shell block: for each command, (a fragment of it as the doc writes
     it, its exit status, a pattern its output must contain or None). The
-    output of a command that runs in the background (`… &`) is looked for
-    in the whole session's, since it goes on printing after its line."""
+    output of a command that runs in the background (`… &`) goes to a file
+    of its own, where it is looked for, since it goes on printing after its
+    line: among the later commands' output it would be theirs (a daemon's
+    warning in the middle of an example's answer)."""
 
     def __init__(self, *checks):
         self.checks = checks
@@ -310,6 +312,10 @@ class Session:
         cached = debian_archive(self.base, packages, e2b_user=e2b_user)
         return f"ln -sf {shlex.quote(str(cached))} {shlex.quote(out)}"
 
+    def background_output(self, i):
+        """Where step `i`, run in the background, writes."""
+        return self.base / f"background-{i}.txt"
+
     def wait_for(self, cmd):
         """Shell that waits for what a background line started."""
         if re.search(r"\bwarren up\b", cmd):
@@ -344,6 +350,8 @@ class Session:
             flush()
             if bare(code).startswith("scripts/make-base-image.sh"):
                 code = self.base_image(code)
+            if s.background:
+                code = f"{bare(code).rstrip().removesuffix('&').rstrip()} > {self.background_output(i)} 2>&1 &"
             lines += [f"echo '@@cmd {i}'", code, f'echo "@@rc {i} $?"']
             if s.background:
                 lines += [f"echo $! >> {self.bg_pids}", self.wait_for(bare(code))]
@@ -396,7 +404,7 @@ class Run:
             assert rc == s.rc, f"{s.where} exited {rc}, the doc says {s.rc}:\n{out}"
             if s.pattern:
                 pattern = self.session.localize(s.pattern)
-                seen = text if s.background else out
+                seen = self.session.background_output(i).read_text(errors="replace") if s.background else out
                 assert re.search(pattern, seen, re.S), f"{s.where} printed:\n{out}\nwanted /{pattern}/"
 
     def stop(self, timeout=90):

@@ -95,8 +95,14 @@ def run_script(setting, cmds, timeout):
     own, so whatever it leaves running is stopped afterwards."""
     lines = []
     for i, cmd in enumerate(cmds):
+        background = bare(cmd).rstrip().endswith("&")
+        if background:
+            # Its own file: what it goes on printing (a daemon's warning)
+            # would otherwise land in the later commands' output.
+            log = setting.base / f"background-{i}.txt"
+            cmd = f"{bare(cmd).rstrip().removesuffix('&').rstrip()} > {log} 2>&1 &"
         lines += [f"echo '@@cmd {i}'", cmd, f"echo \"@@rc {i} $?\""]
-        if bare(cmd).endswith("&"):
+        if background:
             lines.append(setting.wait_for(bare(cmd)))
     script = setting.base / "readme.sh"
     script.write_text("\n".join(lines) + "\n")

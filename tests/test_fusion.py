@@ -278,6 +278,27 @@ def test_a_door_with_a_token_takes_only_calls_that_carry_it(images):
                    what="the warning about the missing image")
 
 
+def test_a_door_opened_for_a_tenant_makes_that_tenants_sandboxes(images, tmp_path):
+    """--sandbox-fusion-tenant: a verl run's sandboxes count against its
+    tenant's quota and fair share, and are that tenant's."""
+    image_tar = debian_archive(tmp_path, ("python3",))
+    port = free_port()
+    with own_daemon(images, args=["--sandbox-fusion", f"127.0.0.1:{port}", "--sandbox-fusion-image", IMAGE,
+                                  "--sandbox-fusion-tenant", "team-rl"]) as w:
+        w.cli("image", "import", str(image_tar), "--name", IMAGE, timeout=300)
+        url = f"http://127.0.0.1:{port}/run_code"
+        body = {"code": "print(1)", "language": "python"}
+        # Before the tenant exists the door says so, and makes nothing.
+        r = httpx.post(url, json=body, timeout=60).json()
+        assert r["status"] == "SandboxError" and "team-rl" in r["message"], r
+        assert w.http.get("/v1/sandboxes", params={"all": "true"}).json() == []
+        w.cli("tenant", "create", "team-rl", "--sandboxes", "2")
+        r = httpx.post(url, json=body, timeout=60).json()
+        assert r["status"] == "Success" and r["run_result"]["stdout"] == "1\n", r
+        made = w.http.get("/v1/sandboxes", params={"all": "true", "label": FRONT}).json()
+        assert [s["tenant"] for s in made] == ["team-rl"], made
+
+
 def test_missing_toolchain_names_the_binary_and_the_flag(fusion):
     # The test image has no Go: the answer says so, and how to fix it.
     r = post(fusion, {"code": "package main\nfunc main() {}", "language": "go"})

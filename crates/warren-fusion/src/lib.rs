@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use warren_control::ControlCell;
+use warren_core::tenant::{Principal, Role, TenantName};
 
 use languages::{lookup, Lookup};
 use protocol::{timeout, Invalid, RunCodeRequest, RunCodeResponse};
@@ -34,19 +35,42 @@ const BODY_LIMIT: usize = 64 << 20;
 pub(crate) struct Fusion {
     control: ControlCell,
     image: String,
+    /// Whom its sandboxes are made for.
+    owner: Principal,
 }
 
 /// The front door's routes, behind `guard`. While `control` is empty (a
 /// server replica that does not lead) every call answers 503 with
 /// `Retry-After`.
-pub fn router(control: ControlCell, image: String, guard: guard::Guard) -> Router {
+/// `tenant`: the tenant whose sandboxes the door makes (its quota, queue and
+/// fair share count them); None: the operator's, the default tenant.
+pub fn router(
+    control: ControlCell,
+    image: String,
+    guard: guard::Guard,
+    tenant: Option<TenantName>,
+) -> Router {
+    // The door has no token of a tenant's: its calls act for the tenant as
+    // a user would, and the audit log names the door as the token.
+    let owner = match tenant {
+        Some(tenant) => Principal::Tenant {
+            tenant,
+            role: Role::User,
+            token: "sandbox-fusion".into(),
+        },
+        None => Principal::Operator,
+    };
     Router::new()
         .route("/run_code", post(run_code))
         .route("/run_jupyter", post(jupyter::run_jupyter))
         .route("/v1/ping", get(ping))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn_with_state(guard, guard::layer))
-        .with_state(Arc::new(Fusion { control, image }))
+        .with_state(Arc::new(Fusion {
+            control,
+            image,
+            owner,
+        }))
 }
 
 async fn ping() -> Json<&'static str> {
@@ -86,7 +110,13 @@ pub(crate) async fn run_job(st: &Fusion, job: Job) -> Result<RunCodeResponse, Re
     // (which drops this future) cannot leave its sandbox behind: dropping
     // `_client` tells the task, which stops and destroys the sandbox.
     let (_client, gone) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run::run(control, st.image.clone(), job, gone));
+    let task = tokio::spawn(run::run(
+        control,
+        st.image.clone(),
+        st.owner.clone(),
+        job,
+        gone,
+    ));
     match task.await {
         Ok(Outcome::Answer(r)) => Ok(r),
         Ok(Outcome::Busy(e)) => Err(unavailable(

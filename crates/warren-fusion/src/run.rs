@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
 use std::time::{Duration, Instant};
+use warren_core::tenant::Principal;
 
 use base64::Engine;
 use futures_util::StreamExt;
@@ -99,12 +101,13 @@ pub fn spec(image: &str, job: &Job) -> SandboxSpec {
 pub async fn run(
     control: Arc<Control>,
     image: String,
+    owner: Principal,
     job: Job,
     gone: tokio::sync::oneshot::Receiver<()>,
 ) -> Outcome {
     let mut gone = gone;
     let created = tokio::select! {
-        c = create(&control, &image, &job) => c,
+        c = create(&control, &image, &owner, &job) => c,
         _ = &mut gone => return Outcome::Answer(RunCodeResponse::sandbox_error("the client went away")),
     };
     let id = match created {
@@ -142,14 +145,18 @@ fn is_busy(e: &ApiError) -> bool {
 /// A running sandbox for the job. A create beyond capacity waits in
 /// Warren's FIFO queue; one refused outright (queue full, no node) is
 /// retried after the `Retry-After` Warren gives.
-async fn create(control: &Arc<Control>, image: &str, job: &Job) -> Result<String, Failure> {
+async fn create(
+    control: &Arc<Control>,
+    image: &str,
+    owner: &Principal,
+    job: &Job,
+) -> Result<String, Failure> {
     let deadline = Instant::now() + CAPACITY_PATIENCE;
     let spec = spec(image, job);
     loop {
-        // The door is the operator's (opened by `--sandbox-fusion`, with its
-        // own token): its sandboxes are the default tenant's.
-        let operator = warren_core::tenant::Principal::Operator;
-        match control.create(&operator, spec.clone(), true).await {
+        // The door's sandboxes are the tenant's it was opened for
+        // (`--sandbox-fusion-tenant`), else the operator's.
+        match control.create(owner, spec.clone(), true).await {
             Ok((info, _)) if info.state == SandboxState::Running => return Ok(info.id),
             Ok((info, _)) => {
                 let _ = control.destroy(&info.id, reason::USER_DELETED).await;

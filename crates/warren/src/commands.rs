@@ -30,7 +30,7 @@ mod volumes;
 pub async fn run(cli: Cli) -> Result<i32> {
     let client = || cli.api.client();
     match cli.command {
-        Command::Up(args) => crate::daemon::up::run(&cli.api.home, args).await,
+        Command::Up(args) => crate::daemon::up::run(&cli.api.home, *args).await,
         Command::Server(args) => crate::daemon::server::run(&cli.api.home, args).await,
         Command::Node(args) => match args.command {
             Some(cmd) => nodes::run(&client()?, cmd).await,

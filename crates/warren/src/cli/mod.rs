@@ -34,7 +34,9 @@ pub enum Command {
         warren up --listen 127.0.0.1:7171 --home /srv/warren\n  \
         systemctl enable --now warren-up              # as a service (scripts/install.sh)\n\n\
         Its log is <home>/warren-up.log; the terminal gets warnings and its own lines.")]
-    Up(UpArgs),
+    // Boxed: the daemon's flags make it several times the size of the other
+    // commands.
+    Up(Box<UpArgs>),
     /// Run a cluster's control plane: the public API, scheduler and store;
     /// nodes join it with `warren node`.
     Server(ServerArgs),

@@ -180,6 +180,11 @@ pub struct CompatOpts {
         hide_env_values = true
     )]
     pub sandbox_fusion_token: Option<String>,
+    /// The tenant whose sandboxes `/run_code` makes: its quota, queue and
+    /// fair share count them (the tenant must exist when calls come).
+    /// Default: the operator's.
+    #[arg(long, value_name = "NAME")]
+    pub sandbox_fusion_tenant: Option<warren_core::tenant::TenantName>,
     /// The image `/run_code` runs code in (it needs the languages' toolchains).
     #[arg(long, value_name = "REF", default_value = "python:3.11-slim")]
     pub sandbox_fusion_image: String,

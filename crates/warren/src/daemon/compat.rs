@@ -40,7 +40,8 @@ pub async fn start(
             say!("{who}: warning: SandboxFusion on {addr} takes no token; anyone who reaches it runs code (--sandbox-fusion-token sets one)");
         }
         let guard = warren_fusion::guard::Guard { token };
-        let router = warren_fusion::router(control.clone(), image.clone(), guard);
+        let tenant = opts.sandbox_fusion_tenant.clone();
+        let router = warren_fusion::router(control.clone(), image.clone(), guard, tenant);
         let at = serve(addr, router, "--sandbox-fusion", nofile).await?;
         say!("{who}: SandboxFusion /run_code on http://{at} (image {image})");
         tokio::spawn(warn_if_missing(who.to_string(), control, image));

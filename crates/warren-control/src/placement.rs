@@ -210,17 +210,10 @@ mod tests {
         choose(
             req,
             nodes.iter().map(|n| Candidate {
-                name: n.name,
-                labels: &n.labels,
-                total: n.total,
-                inv_total: reciprocals(&n.total),
-                used: n.used,
-                max_pids: 1024,
                 schedulable: n.schedulable,
                 initializing: n.initializing,
                 sandboxes: n.used.slots,
-                images: &n.images,
-                isolation: &n.isolation,
+                ..candidate(n)
             }),
         )
     }
@@ -372,7 +365,8 @@ mod tests {
         assert!(could_ever(&on_gpu, &candidate(&nodes[1])));
     }
 
-    /// A test node as placement sees it.
+    /// A test node as placement sees it: schedulable, idle (`pick` puts
+    /// in its state).
     fn candidate(n: &N) -> Candidate<'_> {
         Candidate {
             name: n.name,

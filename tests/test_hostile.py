@@ -24,6 +24,7 @@ from helpers import (
     cgroup_dir,
     cgroup_read,
     cgroup_stat,
+    describe,
     error_body,
     host_traces,
     loop_ext4,
@@ -118,7 +119,10 @@ def test_a_sandbox_past_the_default_disk_limit_is_stopped_even_once_idle(images,
     sandbox ran, and an idle one never: this one ran on past its limit."""
     with own_daemon(images, args=["--default-disk", "64M", "--sample-interval", "200ms"]) as w:
         sid = w.create(cpu=0.5, memory="64M", isolation=isolation)["id"]
-        sh_ok(w, sid, "fallocate -l 200M /tmp/fill")
+        # The sampler may measure the blocks, and stop the sandbox, before
+        # the exec's answer leaves: then its stream ends with the sandbox.
+        ev, _, _, _ = w.exec(sid, ["fallocate", "-l", "200M", "/tmp/fill"])
+        assert ev is None or ev.get("code") == 0, describe(ev)
         done = wait_state(w, sid, ("destroyed",), 10)
         assert done["reason"] == "disk_exceeded", done
         assert host_traces(w, sid) == []

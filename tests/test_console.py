@@ -179,6 +179,10 @@ def test_a_tenants_console_shows_its_own_world_only(console, warren):
         time.sleep(2.5)  # one more poll: still its own only
         assert [r[0] for r in rows(console.page)] == [mine]
         assert not any("/v1/nodes" in u for u in console.urls)
+        # Its images are the shared ones and its own; prewarming is not its.
+        console.go("#/images")
+        console.page.wait_for_selector("td:text('busybox:latest')")
+        assert console.page.query_selector("#prewarm-ref") is None
     finally:
         warren.destroy(theirs)
         warren.destroy(mine)

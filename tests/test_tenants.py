@@ -5,6 +5,9 @@ and never change; revoked tokens stop at once; tokens are kept hashed."""
 
 import base64
 import contextlib
+import io
+import json
+import tarfile
 
 import httpx
 import pytest
@@ -100,6 +103,24 @@ def test_another_tenants_sandbox_is_not_found_by_any_verb(tw, two, verb, by):
     assert info["state"] == "running" and info["tenant"] == "team-a", info
 
 
+def test_names_are_each_tenants_own(tw, two):
+    ha, hc = two["ha"], as_token(tw, new_tenant(tw, "team-names"))
+    r = hc.post("/v1/sandboxes", json={"image": "busybox:latest", "name": "a-web"})
+    assert r.status_code == 201, r.text
+    theirs = r.json()["id"]
+    try:
+        assert theirs != two["sid"]
+        assert hc.get("/v1/sandboxes/a-web").json()["id"] == theirs
+        assert ha.get("/v1/sandboxes/a-web").json()["id"] == two["sid"]
+        r = hc.post("/v1/sandboxes", json={"image": "busybox:latest", "name": "a-web"})
+        assert r.status_code == 409 and theirs in r.text, r.text
+        # The operator reaches both: the name alone does not say which.
+        r = tw.http.get("/v1/sandboxes/a-web")
+        assert r.status_code == 409 and "team-a, team-names" in r.text and "id" in r.text, r.text
+    finally:
+        hc.delete(f"/v1/sandboxes/{theirs}")
+
+
 def test_lists_events_usage_and_logs_show_only_the_tenants_own(tw, two):
     hb, sid = two["hb"], two["sid"]
     assert hb.get("/v1/sandboxes", params={"all": "true"}).json() == []
@@ -190,6 +211,82 @@ def test_a_tenants_volumes_are_its_own_through_both_doors(tw, two):
     finally:
         assert ha.delete("/v1/volumes/a-vol").status_code == 200
     assert "a-vol" not in [v["name"] for v in tw.http.get("/v1/volumes").json()]
+
+
+def build(h, dockerfile, tag):
+    """Builds a one-file context through the API as `h`; its events."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = dockerfile.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    r = h.post("/v1/builds", params={"tag": tag}, content=buf.getvalue(), timeout=120)
+    assert r.status_code == 200, r.text
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+def test_a_tenants_images_are_its_own(tw, two):
+    ha, hb = two["ha"], two["hb"]
+    names = lambda h: {i["name"] for i in h.get("/v1/images").json()}
+    r = ha.post(f"/v1/sandboxes/{two['sid']}/commit", json={"name": "team-a/app:1"})
+    assert r.status_code == 201, r.text
+    assert {"team-a/app:1", "busybox:latest"} <= names(ha) and "team-a/app:1" in names(tw.http)
+    assert "team-a/app:1" not in names(hb) and "busybox:latest" in names(hb)
+    # To b, a's image is no image: it cannot run it, build on it, take
+    # its name or remove it.
+    r = hb.post("/v1/sandboxes", json={"image": "team-a/app:1"})
+    assert r.status_code == 404 and "image team-a/app:1 not found" in r.text, r.text
+    events = build(hb, "FROM team-a/app:1\n", "team-b/app:1")
+    assert events[-1]["type"] == "failed" and "not found" in events[-1]["message"], events
+    r = hb.post("/v1/sandboxes", json={"image": "busybox:latest"})
+    theirs = r.json()["id"]
+    try:
+        r = hb.post(f"/v1/sandboxes/{theirs}/commit", json={"name": "team-b/tool"})
+        assert r.status_code == 201, r.text
+        r = hb.post(f"/v1/sandboxes/{theirs}/commit", json={"name": "team-a/app:1"})
+        assert r.status_code == 409 and "taken" in r.text, r.text
+        # Nor may it replace a shared image every tenant runs.
+        r = hb.post(f"/v1/sandboxes/{theirs}/commit", json={"name": "busybox:latest"})
+        assert r.status_code == 403 and "shared" in r.text, r.text
+    finally:
+        hb.delete(f"/v1/sandboxes/{theirs}")
+    assert hb.delete("/v1/images/team-a/app:1").status_code == 404
+    assert hb.delete("/v1/images/busybox:latest").status_code == 403
+    # A build on a shared image is b's: its tag, its build, its sandboxes.
+    events = build(hb, "FROM busybox:latest\nRUN echo b > /who\n", "team-b/app:1")
+    assert events[-1]["type"] == "done", events
+    assert "team-b/app:1" in names(hb) and "team-b/app:1" not in names(ha)
+    assert ha.get(f"/v1/builds/{events[0]['id']}").status_code == 404
+    assert hb.get(f"/v1/builds/{events[0]['id']}").json()["state"] == "succeeded"
+    r = ha.post("/v1/sandboxes", json={"image": "team-a/app:1"})
+    assert r.status_code == 201, r.text
+    ha.delete(f"/v1/sandboxes/{r.json()['id']}")
+    for h, name in [(ha, "team-a/app:1"), (hb, "team-b/tool:latest"), (hb, "team-b/app:1")]:
+        assert h.delete(f"/v1/images/{name}").status_code == 200, name
+    assert "team-a/app:1" not in names(tw.http)
+
+
+def test_a_tenants_profiles_are_its_own(tw, two):
+    from helpers import wait_until
+
+    hb, mib = two["hb"], 1 << 20
+    table = '[profiles.shared-task]\ncpu = 0.75\nmemory = "96M"\n'
+    assert tw.http.post("/v1/profiles/import", content=table).status_code == 200
+    mine = tw.create(labels={"task": "shared-task"})
+    assert mine["resources"]["memory"] == 96 * mib
+    tw.http.delete(f"/v1/sandboxes/{mine['id']}")
+    # The operator's profile does not size b's sandboxes of the same task,
+    # and b's runs teach b's own profile, not the operator's.
+    r = hb.post("/v1/sandboxes", json={"image": "busybox:latest", "labels": {"task": "shared-task"}})
+    assert r.status_code == 201 and r.json()["resources"]["memory"] != 96 * mib, r.text
+    hb.delete(f"/v1/sandboxes/{r.json()['id']}")
+    profiles = lambda: {p["name"]: p for p in tw.http.get("/v1/profiles").json()}
+    wait_until(lambda: "team-b/shared-task" in profiles(), timeout=30, what="b's run to teach b's profile")
+    assert profiles()["shared-task"]["runs"] == 1, profiles()["shared-task"]
+    exported = tw.http.get("/v1/profiles/export").text
+    assert '[profiles."team-b/shared-task"]' in exported, exported
+    assert tw.http.post("/v1/profiles/import", content=exported).status_code == 200
 
 
 def test_the_operators_routes_are_refused_to_tenants(tw, two):
@@ -400,6 +497,29 @@ def test_a_create_over_its_tenants_quota_waits_and_says_which_quota(tight):
     wait_until(lambda: h.get(f"/v1/sandboxes/{second['id']}").json()["state"] == "running", timeout=30,
                what="the queued create to start once the quota frees")
     h.delete(f"/v1/sandboxes/{second['id']}")
+
+
+def test_a_creates_own_priority_orders_its_tenants_queue_up_to_the_tenants(tight):
+    from helpers import wait_until
+
+    h = as_token(tight, new_tenant(tight, "team-prio", "--sandboxes", "1", "--priority", "5"))
+    first = h.post("/v1/sandboxes", json=HALF).json()["id"]
+    low = h.post("/v1/sandboxes", params={"wait": "false"}, json={**HALF, "priority": 1}).json()
+    high = h.post("/v1/sandboxes", params={"wait": "false"}, json=HALF).json()
+    assert low["state"] == high["state"] == "queued", (low, high)
+    assert (low["spec"]["priority"], high["spec"].get("priority")) == (1, None)
+    # Above the tenant's own is refused, and nothing is queued.
+    r = h.post("/v1/sandboxes", params={"wait": "false"}, json={**HALF, "priority": 6})
+    assert r.status_code == 403 and "priority 6 is above tenant team-prio's (5)" in r.text, r.text
+    assert len(h.get("/v1/sandboxes").json()) == 3
+    # The later create at the tenant's priority 5 goes before the earlier at 1.
+    h.delete(f"/v1/sandboxes/{first}")
+    state = lambda s: h.get(f"/v1/sandboxes/{s['id']}").json()["state"]
+    wait_until(lambda: state(high) == "running", timeout=30, what="the higher-priority create to start")
+    assert state(low) == "queued"
+    h.delete(f"/v1/sandboxes/{high['id']}")
+    wait_until(lambda: state(low) == "running", timeout=30, what="the lower-priority create to start next")
+    h.delete(f"/v1/sandboxes/{low['id']}")
 
 
 def test_a_preempting_tenant_takes_its_share_back_from_a_borrower(tight):

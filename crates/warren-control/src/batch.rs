@@ -55,8 +55,10 @@ impl Control {
             .spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        // Members no node would take (its labels, its isolation class) are
-        // refused now, as one such create is, not each in the background.
+        // What its tenant may not make (egress, priority) and members no
+        // node would take (its labels, its isolation class) are refused
+        // now, as one such create is, not each in the background.
+        self.tenant_for_create(&tenant, &req.spec).await?;
         self.admission
             .check_placeable(&crate::admission::Request::of(&req.spec, &resources, ""))
             .map_err(crate::admission::admit_error)?;
@@ -65,6 +67,7 @@ impl Control {
         let resolved = self
             .images
             .resolve(
+                &tenant,
                 self.images.resolver(&req.spec.node_selector)?.as_ref(),
                 &req.spec.image,
             )
@@ -253,7 +256,7 @@ impl Control {
         let mut spec = row.spec.clone();
         spec.labels
             .insert(warren_core::batch::RETRY_LABEL.into(), row.id.clone());
-        let has_profile = match crate::profiles::profile_name(&spec) {
+        let has_profile = match crate::profiles::profile_name(&batch.tenant, &spec) {
             Some(name) => matches!(self.store.profile(&name).await, Ok(Some(_))),
             None => false,
         };

@@ -10,6 +10,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::build::{BuildEvent, BuildInfo, BuildState};
 use warren_core::sync::lock;
+use warren_core::tenant::{Principal, TenantName};
 
 /// Finished builds kept for `GET /v1/builds/{id}`.
 pub(crate) const KEPT_FINISHED: usize = 100;
@@ -20,6 +21,8 @@ const MAX_OUTPUT: usize = 8 << 20;
 pub(crate) struct Builds(Mutex<BTreeMap<String, Arc<Build>>>);
 
 pub(crate) struct Build {
+    /// Whose it is: its steps' sandboxes and its image are that tenant's.
+    tenant: TenantName,
     info: Mutex<BuildInfo>,
     output: Mutex<usize>,
     changed: tokio::sync::watch::Sender<usize>,
@@ -27,8 +30,9 @@ pub(crate) struct Build {
 
 impl Build {
     /// A running build with no events yet.
-    pub(crate) fn new(id: &str, tag: Option<String>) -> Build {
+    pub(crate) fn new(id: &str, tag: Option<String>, tenant: TenantName) -> Build {
         Build {
+            tenant,
             info: Mutex::new(BuildInfo {
                 id: id.to_string(),
                 state: BuildState::Running,
@@ -42,6 +46,10 @@ impl Build {
             output: Mutex::new(0),
             changed: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    pub(crate) fn tenant(&self) -> &TenantName {
+        &self.tenant
     }
 
     /// The build's id.
@@ -134,9 +142,13 @@ impl Builds {
         }
     }
 
-    /// A build as it stands (running or among the recent finished).
-    pub(crate) fn info(&self, id: &str) -> Option<BuildInfo> {
+    /// A build of a tenant `who` reaches, as it stands (running or among
+    /// the recent finished).
+    pub(crate) fn info(&self, who: &Principal, id: &str) -> Option<BuildInfo> {
         let build = lock(&self.0).get(id).cloned()?;
+        if !who.reaches(&build.tenant) {
+            return None;
+        }
         let info = lock(&build.info).clone();
         Some(info)
     }

@@ -114,7 +114,7 @@ impl Control {
             secrets: crate::secrets::Secrets::new(store.clone(), None),
             tenants: crate::tenants::Tenants::new(store.clone(), None),
             audit: crate::audit::Audit::new(None),
-            images: crate::images::Images::new(nodes.clone(), None),
+            images: crate::images::Images::new(nodes.clone(), store.clone(), None),
             volumes: crate::volumes::Volumes::new(nodes.clone(), store.clone()),
             profiles: crate::profiles::Profiles::new(store.clone(), policy),
             store,
@@ -230,7 +230,7 @@ impl Control {
         mut self,
         registry: Option<warren_core::image_ref::ClusterRegistry>,
     ) -> Control {
-        self.images = crate::images::Images::new(self.nodes.clone(), registry);
+        self.images = crate::images::Images::new(self.nodes.clone(), self.store.clone(), registry);
         self
     }
 

@@ -3,17 +3,21 @@
 //! the rest (a short name is written out through its search registries).
 //! Pulls, imports, removals and collections go to every reachable node.
 
+mod owners;
+
 use std::sync::Arc;
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::image_ref::{registry_host, ClusterRegistry};
+use warren_core::tenant::TenantName;
 use warren_core::ApiError;
 use warren_node_api::{ErrorKind, GcReport, ImageInfo, NodeApi, NodeError, PullUpdate, Pushed};
 
 use crate::admission::{admit_error, AdmitError};
 use crate::node_errors::node_error;
 use crate::nodes::{Health, NodeEntry, Nodes};
+use crate::store::Store;
 use crate::streams::to_node;
 use crate::streams::ByteStream;
 
@@ -44,6 +48,8 @@ pub struct Images {
     /// Where images built, committed or imported here are published for
     /// every node (`--cluster-registry`); None: images stay on their node.
     cluster_registry: Option<ClusterRegistry>,
+    /// Who owns each image name (see [`owners`]).
+    store: Arc<dyn Store>,
 }
 
 /// The nodes image and volume calls go to: every reachable one.
@@ -104,10 +110,15 @@ pub(crate) fn resolving_node(
 }
 
 impl Images {
-    pub(crate) fn new(nodes: Arc<Nodes>, cluster_registry: Option<ClusterRegistry>) -> Images {
+    pub(crate) fn new(
+        nodes: Arc<Nodes>,
+        store: Arc<dyn Store>,
+        cluster_registry: Option<ClusterRegistry>,
+    ) -> Images {
         Images {
             nodes,
             cluster_registry,
+            store,
         }
     }
 
@@ -143,16 +154,30 @@ impl Images {
     /// local name published to the cluster registry is its newest push
     /// there (any node can pull that digest, however old its own copy);
     /// anything else, or a name never published, as the node resolves it.
+    /// Another tenant's image is, to `tenant`, no image at all.
     pub(crate) async fn for_create(
         &self,
+        tenant: &TenantName,
         node: &dyn NodeApi,
         reference: &str,
     ) -> Result<ImageInfo, NodeError> {
-        self.resolve(node, reference).await.map(|r| r.image)
+        self.resolve(tenant, node, reference).await.map(|r| r.image)
     }
 
     /// [`Images::for_create`], with where any node pulls it.
     pub(crate) async fn resolve(
+        &self,
+        tenant: &TenantName,
+        node: &dyn NodeApi,
+        reference: &str,
+    ) -> Result<Resolved, NodeError> {
+        let resolved = self.resolve_any(node, reference).await?;
+        self.check_use(tenant, reference, &resolved.image).await?;
+        Ok(resolved)
+    }
+
+    /// [`Images::resolve`] for whoever asks.
+    async fn resolve_any(
         &self,
         node: &dyn NodeApi,
         reference: &str,
@@ -211,7 +236,7 @@ impl Images {
     }
 
     /// Every image on a reachable node, once per name and digest.
-    pub async fn list(&self) -> Result<Vec<ImageInfo>, ApiError> {
+    async fn list_all(&self) -> Result<Vec<ImageInfo>, ApiError> {
         let mut seen = std::collections::HashSet::new();
         let mut all = Vec::new();
         for node in reachable(&self.nodes)? {
@@ -361,8 +386,9 @@ impl Images {
             targets
         };
         let pulls = targets.iter().map(|node| async move {
-            self.for_create(node.api.as_ref(), reference)
+            self.resolve_any(node.api.as_ref(), reference)
                 .await
+                .map(|r| r.image)
                 .map(|image| (node.name.clone(), image))
                 .map_err(|e| prefixed(&node.name, e))
         });
@@ -373,7 +399,7 @@ impl Images {
     }
 
     /// Removes an image from every reachable node that has it.
-    pub async fn remove(&self, reference: &str) -> Result<ImageInfo, ApiError> {
+    async fn remove_everywhere(&self, reference: &str) -> Result<ImageInfo, ApiError> {
         let mut removed = None;
         let mut not_found = None;
         for node in reachable(&self.nodes)? {

@@ -5,16 +5,26 @@ use std::sync::Arc;
 
 use warren_core::clock::now_rfc3339;
 use warren_core::profile::{Policy, Profile, Request, Run};
+use warren_core::tenant::TenantName;
 use warren_core::{ApiError, SandboxSpec, Usage};
 
 use crate::store::{SandboxRow, Store};
 
 /// The profile a spec belongs to: its `profile` field, else its `task` label.
-pub fn profile_name(spec: &SandboxSpec) -> Option<String> {
-    spec.profile
+///
+/// A tenant's profiles are its own, `TENANT/NAME` (a label value has no
+/// `/`): another tenant's runs neither size its sandboxes nor learn from
+/// them. The operator's (the default tenant's) are plain `NAME`.
+pub fn profile_name(tenant: &TenantName, spec: &SandboxSpec) -> Option<String> {
+    let name = spec
+        .profile
         .clone()
         .or_else(|| spec.labels.get("task").cloned())
-        .filter(|n| !n.is_empty())
+        .filter(|n| !n.is_empty())?;
+    Some(match tenant.is_default() {
+        true => name,
+        false => format!("{tenant}/{name}"),
+    })
 }
 
 /// The profiles service: the learned profiles in the store and how they
@@ -87,8 +97,8 @@ impl Profiles {
     }
 
     /// Fills the sizes a spec leaves out from its profile, if it has one.
-    pub async fn apply(&self, spec: &mut SandboxSpec) -> Result<(), ApiError> {
-        let Some(name) = profile_name(spec) else {
+    pub async fn apply(&self, tenant: &TenantName, spec: &mut SandboxSpec) -> Result<(), ApiError> {
+        let Some(name) = profile_name(tenant, spec) else {
             return Ok(());
         };
         let Some(p) = self.store.profile(&name).await? else {
@@ -115,7 +125,7 @@ impl Profiles {
         usage: &Usage,
         oom_killed: bool,
     ) -> Result<(), ApiError> {
-        let Some(name) = profile_name(&row.spec) else {
+        let Some(name) = profile_name(&row.tenant, &row.spec) else {
             return Ok(());
         };
         let run = Run {
@@ -203,6 +213,9 @@ pub mod table {
         /// A profile's name is not a label value.
         #[error(transparent)]
         Name(#[from] LabelError),
+        /// A tenant's profile (`TENANT/NAME`) names no valid tenant.
+        #[error(transparent)]
+        Tenant(#[from] warren_core::tenant::TenantError),
         #[error("profile {name}: cpu must be a positive number of cores")]
         Cpu { name: String },
         #[error("profile {name}: {source}")]
@@ -289,7 +302,14 @@ pub mod table {
         };
         let mut out = Vec::new();
         for (name, e) in t.profiles {
-            warren_core::labels::validate_value("profile", &name)?;
+            // A tenant's is `TENANT/NAME` (see `profile_name`).
+            match name.split_once('/') {
+                Some((tenant, short)) => {
+                    tenant.parse::<warren_core::tenant::TenantName>()?;
+                    warren_core::labels::validate_value("profile", short)?;
+                }
+                None => warren_core::labels::validate_value("profile", &name)?,
+            }
             let gpu = |given: Option<&str>| -> Result<u64, TableError> {
                 given.map_or(Ok(0), |g| {
                     quantity::parse_size(g).map_err(|source| TableError::GpuMemory {

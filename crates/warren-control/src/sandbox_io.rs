@@ -291,7 +291,13 @@ impl Control {
 
     /// The sandbox's changes as a new image (under a name, published to
     /// the cluster registry when there is one; or a build step's key).
-    pub async fn commit(&self, id: &str, req: CommitImage) -> Result<ImageInfo, ApiError> {
+    /// A name is claimed for `who`'s tenant (see [`crate::images::Images::claim`]).
+    pub async fn commit(
+        &self,
+        who: &Principal,
+        id: &str,
+        req: CommitImage,
+    ) -> Result<ImageInfo, ApiError> {
         let row = self.get(id).await?;
         match row.state {
             SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
@@ -306,6 +312,9 @@ impl Control {
             ImageTarget::Name(name) => Some(name.clone()),
             ImageTarget::Step(_) => None,
         };
+        if let Some(name) = &name {
+            self.images.claim(who, name).await?;
+        }
         let image = node.commit(id, req).await.map_err(node_error)?;
         if let Some(name) = name {
             self.images.publish(node.as_ref(), &name).await?;

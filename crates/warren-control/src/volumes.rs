@@ -17,7 +17,7 @@ use warren_node_api::NodeApi;
 use crate::images::{prefixed, reachable, resolving_node};
 use crate::node_errors::node_error;
 use crate::nodes::{NodeEntry, Nodes};
-use crate::store::Store;
+use crate::store::{OwnedName, Store};
 use crate::streams::to_node;
 use crate::streams::{file_read, ByteStream, FileRead};
 
@@ -44,7 +44,12 @@ impl Volumes {
     /// Every volume's owner by name (one without a record is the default
     /// tenant's: made before volumes had owners).
     async fn owners(&self) -> Result<HashMap<String, TenantName>, ApiError> {
-        Ok(self.store.volume_owners().await?.into_iter().collect())
+        Ok(self
+            .store
+            .owners(OwnedName::Volume)
+            .await?
+            .into_iter()
+            .collect())
     }
 
     /// The tenant that owns volume `name`.
@@ -149,11 +154,17 @@ impl Volumes {
         // Owned before it exists: a crash in between leaves a record that
         // the next volume of that name takes over.
         let name = req.name.clone();
-        self.store.put_volume_owner(name.as_str(), &tenant).await?;
+        self.store
+            .put_owner(OwnedName::Volume, name.as_str(), &tenant)
+            .await?;
         let made = match node.api.volume_create(req).await {
             Ok(made) => made,
             Err(e) => {
-                if let Err(gone) = self.store.delete_volume_owner(name.as_str()).await {
+                if let Err(gone) = self
+                    .store
+                    .delete_owner(OwnedName::Volume, name.as_str())
+                    .await
+                {
                     tracing::warn!(volume = %name, error = %gone, "forgetting a volume that was not made");
                 }
                 return Err(prefixed(&node.name, e));
@@ -172,7 +183,9 @@ impl Volumes {
         }
         let (v, node) = self.find_for(who, name).await?;
         let removed = node.api.volume_remove(name).await.map_err(node_error)?;
-        self.store.delete_volume_owner(name.as_str()).await?;
+        self.store
+            .delete_owner(OwnedName::Volume, name.as_str())
+            .await?;
         Ok(VolumeInfo {
             node: v.node,
             ..removed

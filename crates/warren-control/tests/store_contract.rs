@@ -91,7 +91,7 @@ cases![
     leader_lease,
     pools_and_claims,
     tenants_and_tokens,
-    volume_owners,
+    owners,
     central_logs,
 ];
 
@@ -804,21 +804,36 @@ async fn tenants_and_tokens(f: &Fixture) -> TestResult {
     Ok(())
 }
 
-async fn volume_owners(f: &Fixture) -> TestResult {
+async fn owners(f: &Fixture) -> TestResult {
+    use warren_control::store::OwnedName::{Image, Volume};
     let s = &f.store;
-    s.put_volume_owner("data", &"team-a".parse()?).await?;
-    s.put_volume_owner("cache", &"team-b".parse()?).await?;
+    s.put_owner(Volume, "data", &"team-a".parse()?).await?;
+    s.put_owner(Volume, "cache", &"team-b".parse()?).await?;
     // A name a removed volume left is taken over by the next one's owner.
-    s.put_volume_owner("data", &"team-b".parse()?).await?;
-    s.delete_volume_owner("cache").await?;
-    s.delete_volume_owner("never-made").await?;
-    let got: Vec<_> = s
-        .volume_owners()
-        .await?
-        .into_iter()
-        .map(|(name, t)| (name, t.to_string()))
-        .collect();
-    assert_eq!(got, vec![("data".to_string(), "team-b".to_string())]);
+    s.put_owner(Volume, "data", &"team-b".parse()?).await?;
+    s.delete_owner(Volume, "cache").await?;
+    s.delete_owner(Volume, "never-made").await?;
+    // Kinds are apart: an image may have a volume's name.
+    s.put_owner(Image, "data", &"team-a".parse()?).await?;
+    let got = |kind| async move {
+        let owners = s.owners(kind).await?;
+        let owners: Vec<_> = owners
+            .into_iter()
+            .map(|(n, t)| (n, t.to_string()))
+            .collect();
+        Ok::<_, warren_control::store::StoreError>(owners)
+    };
+    assert_eq!(
+        got(Volume).await?,
+        vec![("data".to_string(), "team-b".to_string())]
+    );
+    assert_eq!(
+        got(Image).await?,
+        vec![("data".to_string(), "team-a".to_string())]
+    );
+    s.delete_owner(Image, "data").await?;
+    assert_eq!(got(Image).await?, vec![]);
+    assert_eq!(got(Volume).await?.len(), 1);
     Ok(())
 }
 

@@ -446,12 +446,14 @@ export function images(root, _p, live) {
   const list = h('div', { class: 'panel' });
   const ref = h('input', { placeholder: 'registry/repo:tag', size: 40, id: 'prewarm-ref' });
   const msg = h('span', { class: 'dim' });
-  root.append(h('h1', {}, 'Images'),
-    h('div', { class: 'toolbar' }, 'Prewarm on every node:', ref, h('button', { onclick: async () => {
-      msg.textContent = 'pulling…';
-      try { await api('/v1/images/prewarm', { method: 'POST', body: { reference: ref.value } }); msg.textContent = 'done'; } catch (e) { msg.textContent = e.message; }
-      draw();
-    } }, 'Prewarm'), msg), list);
+  // A tenant sees its own images and the shared ones; prewarming every
+  // node is the operator's.
+  const prewarm = live.operator ? h('div', { class: 'toolbar' }, 'Prewarm on every node:', ref, h('button', { onclick: async () => {
+    msg.textContent = 'pulling…';
+    try { await api('/v1/images/prewarm', { method: 'POST', body: { reference: ref.value } }); msg.textContent = 'done'; } catch (e) { msg.textContent = e.message; }
+    draw();
+  } }, 'Prewarm'), msg) : '';
+  root.append(h('h1', {}, 'Images'), prewarm, list);
   const draw = async () => {
     const imgs = await api('/v1/images');
     const users = {};
@@ -466,7 +468,7 @@ export function images(root, _p, live) {
           h('td', {}, names.join(', ')), h('td', { class: 'mono' }, digest.slice(0, 19)),
           h('td', {}, fmtBytes(i.size ?? i.size_bytes)),
           h('td', {}, n ? h('a', { href: '#/sandboxes' }, n) : '0'),
-          h('td', {}, names[0] ? h('button', { onclick: () => { ref.value = names[0]; } }, 'use') : null));
+          h('td', {}, names[0] && live.operator ? h('button', { onclick: () => { ref.value = names[0]; } }, 'use') : null));
       })));
   };
   const stop = every(5000, draw);

@@ -13,6 +13,18 @@ pub fn registry_host(reference: &str) -> Option<&str> {
     (first == "localhost" || first.contains('.') || first.contains(':')).then_some(first)
 }
 
+/// The name `name` is kept under: with `:latest` when it has no tag (a
+/// `:` after its last `/`) and no digest, as every image store writes it,
+/// so `app` and `app:latest` are one name to whoever owns them.
+pub fn with_tag(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if name.contains('@') || last.contains(':') {
+        name.to_string()
+    } else {
+        format!("{name}:latest")
+    }
+}
+
 /// A short name (no registry in it) written out in full on `registry`, as
 /// Docker and podman do: on docker.io a one-component repository is under
 /// `library/` (`debian:bookworm` is `docker.io/library/debian:bookworm`).
@@ -120,6 +132,14 @@ impl ClusterRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_without_a_tag_is_kept_as_latest() {
+        assert_eq!(with_tag("app"), "app:latest");
+        assert_eq!(with_tag("team/app:1"), "team/app:1");
+        assert_eq!(with_tag("127.0.0.1:5000/app"), "127.0.0.1:5000/app:latest");
+        assert_eq!(with_tag("r.io/app@sha256:ab"), "r.io/app@sha256:ab");
+    }
 
     #[test]
     fn a_cluster_registry_publishes_local_names_below_it() {

@@ -254,6 +254,11 @@ pub struct SandboxSpec {
     /// records the class it ran with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<crate::Isolation>,
+    /// Its place in its tenant's queue: higher goes first, and lower is
+    /// preempted first. None: its tenant's priority, which is also the
+    /// most a tenant's create may give (the operator's may give any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
     /// Set on the children of a fork (`POST /v1/sandboxes/{id}/fork`):
     /// the sandbox they were forked from and the layers their root is
     /// built on. A create that names one is refused.

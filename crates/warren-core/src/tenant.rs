@@ -217,6 +217,14 @@ pub struct TenantSpec {
     pub egress: Option<Vec<String>>,
 }
 
+impl TenantSpec {
+    /// The priority a sandbox of this tenant waits and is preempted at:
+    /// its create's, else the tenant's.
+    pub fn priority_of(&self, spec: &crate::SandboxSpec) -> i32 {
+        spec.priority.unwrap_or(self.priority)
+    }
+}
+
 /// `POST /v1/tenants`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TenantRequest {

@@ -101,6 +101,8 @@ pub(crate) async fn create(
     let image = format!("{SNAPSHOT_REPO}/{snapshot_id}:latest");
     let committed = control
         .commit(
+            // Snapshots are the operator's (see access.rs).
+            &warren_core::tenant::Principal::Operator,
             &id,
             CommitImage {
                 into: ImageTarget::Name(image.clone()),
@@ -187,7 +189,11 @@ pub(crate) async fn delete(State(e2b): St, Path(id): Path<String>) -> E2bResult<
         ));
     };
     let control = control(&e2b)?;
-    match control.images().remove(&found.image).await {
+    match control
+        .images()
+        .remove(&warren_core::tenant::Principal::Operator, &found.image)
+        .await
+    {
         Ok(_) => {}
         // Removed by hand already: only the record is left.
         Err(e) if e.code == warren_core::ErrorCode::NotFound => {}

@@ -179,7 +179,11 @@ async fn start_build(
     let control = control(&e2b)?;
     // What the base image runs as: RUN steps with a user of their own go
     // back to it after.
-    let images = control.images().list().await.unwrap_or_default();
+    let images = control
+        .images()
+        .list(&warren_core::tenant::Principal::Operator)
+        .await
+        .unwrap_or_default();
     let base_user = |name: &str| {
         images
             .iter()
@@ -200,7 +204,14 @@ async fn start_build(
         r.map_err(|e| warren_core::ApiError::internal(format!("reading the build context: {e}")))
     })
     .boxed();
-    let mut events = match control.start_build(prepared.request.clone(), context).await {
+    let mut events = match control
+        .start_build(
+            &warren_core::tenant::Principal::Operator,
+            prepared.request.clone(),
+            context,
+        )
+        .await
+    {
         Ok(events) => events,
         Err(e) => {
             e2b.builds.failed(&tid, &bid, e.message.clone());

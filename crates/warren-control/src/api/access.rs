@@ -62,26 +62,27 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         ("/v1/secrets", false) => Tenant(Change),
         ("/v1/secrets/{name}", true) => Own(Secret, Read),
         ("/v1/secrets/{name}", false) => Own(Secret, Change),
+        // A tenant's images are its own (see `images::owners`): the
+        // service checks each name.
         ("/v1/images", true) => Tenant(Read),
+        ("/v1/images/import", _) | ("/v1/images/pull", _) | ("/v1/images/{*reference}", _) => {
+            Tenant(Change)
+        }
+        ("/v1/builds", _) => Tenant(Change),
+        ("/v1/builds/{id}", _) => Tenant(Read),
+        ("/v1/sandboxes/{id}/commit", _) => Own(Sandbox, Change),
         ("/v1/volumes", true) => Tenant(Read),
         ("/v1/volumes", false) => Tenant(Change),
         ("/v1/volumes/{name}", _) => Own(Volume, Change),
         ("/v1/tenants", true) | ("/v1/tenants/{name}", true) => Tenant(Read),
         ("/v1/tokens", _) | ("/v1/tokens/{id}", _) => Tenant(Read),
-        // Committing a sandbox, building and importing name images every
-        // tenant's sandboxes may run: the operator's, until images have
-        // owners. Nodes, metrics, the history (the queue and node CPU of
-        // every tenant), profiles (shared learning), image pulls and
-        // removal likewise.
-        ("/v1/sandboxes/{id}/commit", _)
-        | ("/v1/builds", _)
-        | ("/v1/builds/{id}", _)
-        | ("/v1/images/import", _)
-        | ("/v1/images/pull", _)
-        | ("/v1/images/push", _)
+        // The operator's: pushing into the cluster's registries, image
+        // collection and prewarming (every node's disk), nodes, metrics,
+        // the history (the queue and node CPU of every tenant) and
+        // profiles (shared learning).
+        ("/v1/images/push", _)
         | ("/v1/images/gc", _)
         | ("/v1/images/prewarm", _)
-        | ("/v1/images/{*reference}", _)
         | ("/v1/profiles", _)
         | ("/v1/profiles/export", _)
         | ("/v1/profiles/import", _)

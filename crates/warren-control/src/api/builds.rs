@@ -3,11 +3,11 @@
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
-use axum::Json;
+use axum::{Extension, Json};
 use warren_core::build::{BuildInfo, BuildRequest};
 use warren_core::{ApiError, ErrorBody};
 
-use super::{ndjson, ApiResult, St};
+use super::{ndjson, ApiResult, St, Who};
 
 /// Build an image. The body is the build context as a tar archive (the
 /// Dockerfile inside it; `.dockerignore` applies). Query: `tag`,
@@ -25,18 +25,23 @@ use super::{ndjson, ApiResult, St};
         (status = 400, body = ErrorBody)))]
 pub(crate) async fn create_build(
     State(st): St,
+    Extension(who): Who,
     Query(pairs): Query<Vec<(String, String)>>,
     body: Body,
 ) -> ApiResult<Response> {
     let req = BuildRequest::from_pairs(&pairs).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let context = crate::streams::upload(body);
-    let events = st.control.start_build(req, context).await?;
+    let events = st.control.start_build(&who, req, context).await?;
     Ok(ndjson(&st, events))
 }
 
 /// A build: its state, its result and every event so far.
 #[utoipa::path(get, path = "/v1/builds/{id}",
     responses((status = 200, body = BuildInfo), (status = 404, body = ErrorBody)))]
-pub(crate) async fn get_build(State(st): St, Path(id): Path<String>) -> ApiResult<Json<BuildInfo>> {
-    Ok(Json(st.control.build_info(&id)?))
+pub(crate) async fn get_build(
+    State(st): St,
+    Extension(who): Who,
+    Path(id): Path<String>,
+) -> ApiResult<Json<BuildInfo>> {
+    Ok(Json(st.control.build_info(&who, &id)?))
 }

@@ -6,19 +6,22 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use warren_core::{ApiError, ErrorBody};
 use warren_node_api::PullUpdate;
 
-use super::{ndjson, ApiResult, St};
+use super::{ndjson, ApiResult, St, Who};
 use crate::api::json_body::JsonBody;
 use crate::node_errors::node_error;
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, description = "image records")))]
-pub(crate) async fn list_images(State(st): St) -> ApiResult<Json<Vec<serde_json::Value>>> {
-    let list = st.control.images().list().await?;
+pub(crate) async fn list_images(
+    State(st): St,
+    Extension(who): Who,
+) -> ApiResult<Json<Vec<serde_json::Value>>> {
+    let list = st.control.images().list(&who).await?;
     Ok(Json(list.into_iter().map(|i| i.record).collect()))
 }
 
@@ -27,6 +30,7 @@ pub(crate) async fn list_images(State(st): St) -> ApiResult<Json<Vec<serde_json:
     responses((status = 201, description = "imported"), (status = 400, body = ErrorBody)))]
 pub(crate) async fn import_image(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<HashMap<String, String>>,
     body: Body,
 ) -> ApiResult<Response> {
@@ -35,6 +39,7 @@ pub(crate) async fn import_image(
         .cloned()
         .ok_or_else(|| ApiError::bad_request("name is required: ?name=NAME:TAG"))?;
     let archive = crate::streams::upload(body);
+    st.control.images().claim(&who, &name).await?;
     let image = st.control.images().import(&name, archive).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
@@ -64,9 +69,11 @@ pub(crate) struct PullQuery {
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 502, body = ErrorBody)))]
 pub(crate) async fn pull_image(
     State(st): St,
+    Extension(who): Who,
     Query(q): Query<PullQuery>,
     JsonBody(req): JsonBody<PullRequest>,
 ) -> ApiResult<Response> {
+    st.control.images().may_pull(&who, &req.reference).await?;
     let updates = st.control.images().pull(&req.reference).await?;
     if !q.progress {
         let last = updates
@@ -211,8 +218,9 @@ pub(crate) async fn prewarm_image(
 #[utoipa::path(delete, path = "/v1/images/{reference}", responses((status = 200, description = "removed"), (status = 409, body = ErrorBody)))]
 pub(crate) async fn delete_image(
     State(st): St,
+    Extension(who): Who,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let removed = st.control.images().remove(&reference).await?;
+    let removed = st.control.images().remove(&who, &reference).await?;
     Ok(Json(removed.record))
 }

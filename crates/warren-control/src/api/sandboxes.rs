@@ -321,6 +321,7 @@ pub struct CommitRequest {
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn commit_sandbox(
     State(st): St,
+    Extension(who): Who,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<CommitRequest>,
 ) -> ApiResult<Response> {
@@ -328,7 +329,7 @@ pub(crate) async fn commit_sandbox(
         into: warren_node_api::ImageTarget::Name(req.name),
         created_by: None,
     };
-    let image = st.control.commit(&id, commit).await?;
+    let image = st.control.commit(&who, &id, commit).await?;
     Ok((StatusCode::CREATED, Json(image.record)).into_response())
 }
 

@@ -204,7 +204,7 @@ impl Run {
             None => {
                 self.control
                     .images()
-                    .for_create(self.api.as_ref(), from)
+                    .for_create(&self.tenant, self.api.as_ref(), from)
                     .await
                     .map_err(|e| Failure::at(line, node_error(e).message))?
                     .digest

@@ -40,6 +40,8 @@ pub(crate) const BUILD_LABEL: &str = "warren.dev/build";
 
 pub(super) struct Run {
     pub(super) control: Arc<Control>,
+    /// Whose build it is.
+    pub(super) tenant: warren_core::tenant::TenantName,
     pub(super) build: Arc<Build>,
     pub(super) req: BuildRequest,
     pub(super) node: String,
@@ -113,6 +115,7 @@ async fn prepare_and_run(
     let node = control.images().resolving_node(&Default::default())?;
     let mut run = Run {
         control: control.clone(),
+        tenant: build.tenant().clone(),
         build,
         req,
         node: node.name.clone(),
@@ -261,7 +264,7 @@ impl Run {
                     let image = self
                         .control
                         .images()
-                        .for_create(self.api.as_ref(), &from)
+                        .for_create(&self.tenant, self.api.as_ref(), &from)
                         .await
                         .map_err(|e| Failure::at(stage.line, node_error(e).message))?;
                     State::of(&image)
@@ -459,12 +462,7 @@ impl Run {
         };
         let (info, _) = self
             .control
-            .create_pinned(
-                &warren_core::tenant::TenantName::default_tenant(),
-                spec,
-                true,
-                Some(&self.node),
-            )
+            .create_pinned(&self.tenant, spec, true, Some(&self.node))
             .await?;
         Ok(Sandbox {
             control: self.control.clone(),
@@ -507,6 +505,8 @@ impl Run {
         let image = self
             .control
             .commit(
+                // A step names no image, so there is no name to claim.
+                &warren_core::tenant::Principal::Operator,
                 &sandbox.id,
                 CommitImage {
                     into: ImageTarget::Step(key),

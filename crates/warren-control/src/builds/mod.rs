@@ -15,6 +15,7 @@ use std::sync::Arc;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use warren_core::build::{BuildEvent, BuildInfo, BuildRequest};
+use warren_core::tenant::Principal;
 use warren_core::ApiError;
 
 pub(crate) use crate::build_log::Build;
@@ -41,17 +42,31 @@ impl Control {
     /// Starts a build of `context` (a tar archive): answers its events as
     /// they come, the first naming its id. The build runs in its own
     /// task: a client that leaves does not stop it.
+    /// It is `who`'s tenant's: its steps run in that tenant's sandboxes
+    /// (its quota, its egress policy), its `FROM`s are images that tenant
+    /// may run, and its tag is claimed for it.
     pub async fn start_build(
         self: &Arc<Self>,
+        who: &Principal,
         req: BuildRequest,
         context: ByteStream,
     ) -> Result<BoxStream<'static, BuildEvent>, ApiError> {
         self.lifecycle.refuse_if_stopping()?;
         req.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let tenant = crate::access::changer(who)?;
+        if req.push.is_some() && !tenant.is_default() {
+            return Err(ApiError::new(
+                warren_core::ErrorCode::Forbidden,
+                "push is the operator's: a tenant's build keeps its image in the cluster (leave out --push)",
+            ));
+        }
+        if let Some(tag) = &req.tag {
+            self.images.claim(who, tag).await?;
+        }
         let spooled = spool(context).await?;
         let id = crate::control::new_id_with("bld");
-        let build = Arc::new(Build::new(&id, req.tag.clone()));
+        let build = Arc::new(Build::new(&id, req.tag.clone(), tenant));
         build.emit(BuildEvent::Build { id: id.clone() });
         self.builds.keep(&id, build.clone());
         let this = self.clone();
@@ -60,9 +75,10 @@ impl Control {
         Ok(build.follow())
     }
 
-    /// A build as it stands (running or among the recent finished).
-    pub fn build_info(&self, id: &str) -> Result<BuildInfo, ApiError> {
-        self.builds.info(id).ok_or_else(|| {
+    /// A build of `who`'s as it stands (running or among the recent
+    /// finished); another tenant's is no build at all.
+    pub fn build_info(&self, who: &Principal, id: &str) -> Result<BuildInfo, ApiError> {
+        self.builds.info(who, id).ok_or_else(|| {
             ApiError::not_found(format!(
                 "no build {id} (finished builds are kept for the last {KEPT_FINISHED})"
             ))

@@ -102,7 +102,7 @@ impl Control {
 
     /// `tenant`'s spec, for a create it asks for; refuses what it may not
     /// make: a tenant that is gone (its token read a moment ago), network
-    /// rules outside its egress policy. (Its volumes must be its own: the
+    /// rules outside its egress policy, a priority above its own. (Its volumes must be its own: the
     /// placement by volume checks that.)
     pub(crate) async fn tenant_for_create(
         &self,
@@ -114,6 +114,17 @@ impl Control {
             return Ok(t);
         }
         self.egress_allowed(tenant, &spec.network).await?;
+        // Else a tenant's borrowed sandboxes could outrank, and so
+        // outlast, the tenants they borrow from.
+        if let Some(asked) = spec.priority.filter(|&p| p > t.priority) {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "priority {asked} is above tenant {tenant}'s ({}): a create may lower its priority, not raise it (the operator sets a tenant's with `warren tenant set {tenant} --priority P`)",
+                    t.priority
+                ),
+            ));
+        }
         Ok(t)
     }
 

@@ -149,13 +149,16 @@ impl Control {
     ) -> Result<(SandboxInfo, bool), ApiError> {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
-        let priority = self.tenant_for_create(tenant, &spec).await?.priority;
+        let priority = self
+            .tenant_for_create(tenant, &spec)
+            .await?
+            .priority_of(&spec);
         if spec.fork.is_some() {
             return Err(ApiError::bad_request(
                 "fork is set by a fork (POST /v1/sandboxes/{id}/fork, `warren fork ID`) on its children; a create cannot name one",
             ));
         }
-        self.profiles.apply(&mut spec).await?;
+        self.profiles.apply(tenant, &mut spec).await?;
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -167,7 +170,7 @@ impl Control {
             }
         }
         self.secrets.check(&spec.secrets, tenant).await?;
-        let _name = self.claim_name(spec.name.as_ref()).await?;
+        let _name = self.claim_name(tenant, spec.name.as_ref()).await?;
         // Volumes live on one node: the sandbox goes there.
         let volume_node = match node {
             None => self.volumes.node_of(tenant, &spec.volumes).await?,
@@ -192,7 +195,7 @@ impl Control {
         };
         let image = self
             .images
-            .for_create(resolver.as_ref(), &spec.image)
+            .for_create(tenant, resolver.as_ref(), &spec.image)
             .instrument(tracing::info_span!("image resolve"))
             .await
             .map_err(node_error)?;

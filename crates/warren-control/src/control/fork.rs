@@ -59,7 +59,7 @@ impl Control {
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let node = self.api(&source.node)?;
         // The children are the source's tenant's, in its quota and share.
-        let priority = self.tenants.spec(&source.tenant).await?.priority;
+        let priority = self.tenants.spec(&source.tenant).await?.priority_of(&spec);
         // Room for every child on the source's node, in order, before
         // anything is made: a refusal leaves nothing behind.
         let ids: Vec<String> = (0..req.count).map(|_| new_id()).collect();

@@ -55,6 +55,7 @@ impl Control {
         // An image no node can resolve is refused now, not at each refill.
         self.images
             .for_create(
+                &tenant,
                 self.images.resolver(&Default::default())?.as_ref(),
                 &spec.image,
             )
@@ -246,7 +247,11 @@ impl Control {
         let Ok(resolver) = self.images.resolver(&spec.node_selector) else {
             return false;
         };
-        let Ok(image) = self.images.for_create(resolver.as_ref(), &spec.image).await else {
+        let Ok(image) = self
+            .images
+            .for_create(tenant, resolver.as_ref(), &spec.image)
+            .await
+        else {
             return false;
         };
         let Ok(owner) = self.tenants.spec(tenant).await else {
@@ -256,7 +261,7 @@ impl Control {
         // Members count against their tenant's quota and share, as any
         // sandbox of its does.
         let ask = Request::of(&spec, &resources, &image.digest)
-            .for_tenant(tenant.clone(), owner.priority);
+            .for_tenant(tenant.clone(), owner.priority_of(&spec));
         let Some(node) = self.admission.try_admit(&id, ask) else {
             return false;
         };

@@ -335,7 +335,7 @@ impl Control {
     /// A create that was waiting for capacity when the daemon stopped: its
     /// client was told `queued`, so it queues again (in its old order).
     pub(crate) async fn requeue(self: &Arc<Self>, row: SandboxRow) -> Result<(), ApiError> {
-        let priority = self.tenants.spec(&row.tenant).await?.priority;
+        let priority = self.tenants.spec(&row.tenant).await?.priority_of(&row.spec);
         let mut ask = Request::of(&row.spec, &row.resources, &row.image_digest)
             .for_tenant(row.tenant.clone(), priority);
         // A fork's child can only be made where its source's layers are.

@@ -27,8 +27,8 @@ impl Control {
         // A tenant cannot be removed while it holds a sandbox; were its
         // spec unreadable, the sandbox still counts, at priority 0.
         let priority = match self.tenants.spec(&row.tenant).await {
-            Ok(t) => t.priority,
-            Err(_) => 0,
+            Ok(t) => t.priority_of(&row.spec),
+            Err(_) => row.spec.priority.unwrap_or(0),
         };
         let need = crate::admission::Need::of(&row.resources);
         self.admission

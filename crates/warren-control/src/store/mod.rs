@@ -101,6 +101,27 @@ impl StoreError {
     }
 }
 
+/// The kinds of named things the nodes keep whose owners the store keeps
+/// (the `owners` table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnedName {
+    /// A name without an owner is the default tenant's (made before
+    /// volumes had owners).
+    Volume,
+    /// A name without an owner is shared: the operator's, which every
+    /// tenant may run and build on.
+    Image,
+}
+
+impl OwnedName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnedName::Volume => "volume",
+            OwnedName::Image => "image",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SandboxRow {
     pub id: String,
@@ -444,13 +465,18 @@ pub trait Store: Send + Sync {
     async fn update_secret(&self, secret: &SecretRow, version: i64) -> Result<bool, StoreError>;
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError>;
     async fn delete_secret(&self, name: &str) -> Result<bool, StoreError>;
-    /// Records `tenant` as the owner of volume `name` (replacing a row a
-    /// volume of that name left).
-    async fn put_volume_owner(&self, name: &str, tenant: &TenantName) -> Result<(), StoreError>;
-    /// Every volume's owner by name; a volume without one is the default
-    /// tenant's.
-    async fn volume_owners(&self) -> Result<Vec<(String, TenantName)>, StoreError>;
-    async fn delete_volume_owner(&self, name: &str) -> Result<(), StoreError>;
+    /// Records `tenant` as the owner of the `kind` named `name` (replacing
+    /// a row one of that name left).
+    async fn put_owner(
+        &self,
+        kind: OwnedName,
+        name: &str,
+        tenant: &TenantName,
+    ) -> Result<(), StoreError>;
+    /// Every owner of a `kind`, by name (what a name without one means is
+    /// the kind's: see [`OwnedName`]).
+    async fn owners(&self, kind: OwnedName) -> Result<Vec<(String, TenantName)>, StoreError>;
+    async fn delete_owner(&self, kind: OwnedName, name: &str) -> Result<(), StoreError>;
     /// Makes or replaces a tenant's spec (its `created_at` kept).
     async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError>;
     async fn tenants(&self) -> Result<Vec<TenantRow>, StoreError>;

@@ -20,8 +20,8 @@ use super::group_commit::{GroupCommit, SpecChange, StateChange};
 use super::{
     decode, decode_batch, decode_body, decode_event, decode_node, decode_pool, decode_readable,
     decode_secret, decode_tenant, decode_token, json, tenant_of_column, BatchRow, Leader,
-    LogCursor, LogEntry, LogKind, NodeRecord, PoolRow, SandboxRow, SecretRow, Store, StoreError,
-    StoreRow, TenantRow, TokenRow, Transition,
+    LogCursor, LogEntry, LogKind, NodeRecord, OwnedName, PoolRow, SandboxRow, SecretRow, Store,
+    StoreError, StoreRow, TenantRow, TokenRow, Transition,
 };
 
 /// One statement: SQLite's text (`?` placeholders) and PostgreSQL's.
@@ -719,26 +719,32 @@ impl<D: Dialect> Store for D {
         Ok(self.execute(sql, args![name]).await? > 0)
     }
 
-    async fn put_volume_owner(&self, name: &str, tenant: &TenantName) -> Result<(), StoreError> {
+    async fn put_owner(
+        &self,
+        kind: OwnedName,
+        name: &str,
+        tenant: &TenantName,
+    ) -> Result<(), StoreError> {
         let sql = sql!(
-            "INSERT INTO volume_owners (name, tenant) VALUES (?, ?)
-             ON CONFLICT (name) DO UPDATE SET tenant = excluded.tenant"
+            "INSERT INTO owners (kind, name, tenant) VALUES (?, ?, ?)
+             ON CONFLICT (kind, name) DO UPDATE SET tenant = excluded.tenant"
         );
-        self.execute(sql, args![name, tenant.as_str()]).await?;
+        self.execute(sql, args![kind.as_str(), name, tenant.as_str()])
+            .await?;
         Ok(())
     }
 
-    async fn volume_owners(&self) -> Result<Vec<(String, TenantName)>, StoreError> {
-        let sql = sql!("SELECT name, tenant FROM volume_owners ORDER BY name");
-        let rows = self.fetch_all(sql, &[]).await?;
+    async fn owners(&self, kind: OwnedName) -> Result<Vec<(String, TenantName)>, StoreError> {
+        let sql = sql!("SELECT name, tenant FROM owners WHERE kind = ? ORDER BY name");
+        let rows = self.fetch_all(sql, args![kind.as_str()]).await?;
         rows.iter()
             .map(|r| Ok((r.text("name")?, tenant_of_column(r, "tenant")?)))
             .collect()
     }
 
-    async fn delete_volume_owner(&self, name: &str) -> Result<(), StoreError> {
-        let sql = sql!("DELETE FROM volume_owners WHERE name = ?");
-        self.execute(sql, args![name]).await?;
+    async fn delete_owner(&self, kind: OwnedName, name: &str) -> Result<(), StoreError> {
+        let sql = sql!("DELETE FROM owners WHERE kind = ? AND name = ?");
+        self.execute(sql, args![kind.as_str(), name]).await?;
         Ok(())
     }
 

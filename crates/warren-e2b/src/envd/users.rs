@@ -132,7 +132,11 @@ impl SandboxAccounts {
         if let Some(known) = lock(&self.images).get(&row.image_digest) {
             return known.clone();
         }
-        let Ok(images) = control.images().list().await else {
+        let Ok(images) = control
+            .images()
+            .list(&warren_core::tenant::Principal::Operator)
+            .await
+        else {
             return Default::default();
         };
         let mut known = lock(&self.images);

@@ -157,6 +157,11 @@ pub struct CreateArgs {
     /// (gVisor's user-space kernel); default: its node's (docs/isolation.md).
     #[arg(long, value_parser = clap::value_parser!(warren_core::Isolation))]
     pub isolation: Option<warren_core::Isolation>,
+    /// Its place in its tenant's queue: higher starts first and is
+    /// preempted last. Default: its tenant's priority, which is also the
+    /// most a tenant's token may give.
+    #[arg(long, allow_negative_numbers = true)]
+    pub priority: Option<i32>,
 }
 
 #[derive(Args)]

@@ -103,6 +103,7 @@ pub(super) fn spec_from(a: &CreateArgs, cmd: Option<Vec<String>>) -> Result<Sand
         node_selector,
         placement,
         isolation: a.isolation,
+        priority: a.priority,
         fork: None,
     })
 }

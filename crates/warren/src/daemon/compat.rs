@@ -63,7 +63,11 @@ async fn warn_if_missing(who: String, control: warren_control::ControlCell, imag
     if control.lifecycle().wait_ready().await.is_err() {
         return;
     }
-    let Ok(images) = control.images().list().await else {
+    let Ok(images) = control
+        .images()
+        .list(&warren_core::tenant::Principal::Operator)
+        .await
+    else {
         return;
     };
     let names = [

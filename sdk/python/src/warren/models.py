@@ -328,6 +328,9 @@ class SandboxSpec:
     kernel behind namespaces and seccomp) or ``"gvisor"`` (gVisor's
     user-space kernel). A create that names none gets its node's default;
     the server's answer names the class it runs in."""
+    priority: int | None = None
+    """Its place in its tenant's queue: higher starts first and is preempted
+    last. None: its tenant's priority, the most a tenant's token may give."""
     fork: ForkOrigin | None = None
     """Set on the children of a fork (:meth:`warren.Sandbox.fork`)."""
 

@@ -363,8 +363,7 @@ def test_the_e2b_door_hides_another_tenants_sandbox_from_every_verb(tw, two, e2b
     method, tail, body = E2B_VERBS[verb]
     kb = {"X-API-KEY": "e2b_" + two["b"]}
     r = httpx.request(method, f"{tw.e2b_api}/sandboxes/{e2b_a}{tail}", headers=kb, json=body)
-    # Snapshots are the operator's (403); every other verb finds nothing.
-    assert r.status_code == (403 if verb == "snapshot" else 404), (verb, r.status_code, r.text)
+    assert r.status_code == 404, (verb, r.status_code, r.text)
     assert tw.http.get(f"/v1/sandboxes/{e2b_a}").json()["state"] == "running"
 
 
@@ -373,6 +372,47 @@ def test_the_e2b_door_lists_each_tenant_its_own(tw, two, e2b_a):
     assert e2b_a not in [s["sandboxID"] for s in httpx.get(f"{tw.e2b_api}/v2/sandboxes", headers=kb).json()]
     assert e2b_a in [s["sandboxID"] for s in httpx.get(f"{tw.e2b_api}/v2/sandboxes", headers=ka).json()]
     assert httpx.get(f"{tw.e2b_api}/secrets", headers=kb).json() == []
+
+
+def test_e2b_templates_and_snapshots_are_their_tenants(tw, two, e2b_a):
+    from helpers import wait_until
+
+    ka, kb = {"X-API-KEY": two["a"]}, {"X-API-KEY": "e2b_" + two["b"]}
+    api = tw.e2b_api
+    r = httpx.post(f"{api}/v3/templates", headers=ka, json={"name": "a-tpl"})
+    assert r.status_code == 202, r.text
+    tid, bid = r.json()["templateID"], r.json()["buildID"]
+    # b can neither take the name nor follow or start a's build.
+    r = httpx.post(f"{api}/v3/templates", headers=kb, json={"name": "a-tpl"})
+    assert r.status_code == 409, r.text
+    assert httpx.get(f"{api}/templates/{tid}/builds/{bid}/status", headers=kb).status_code == 404
+    r = httpx.post(f"{api}/v2/templates/{tid}/builds/{bid}", headers=kb, json={"fromImage": "busybox:latest"})
+    assert r.status_code == 404, r.text
+    r = httpx.post(f"{api}/v2/templates/{tid}/builds/{bid}", headers=ka,
+                   json={"fromImage": "busybox:latest", "steps": [{"type": "RUN", "args": ["echo a > /who"]}]})
+    assert r.status_code == 202, r.text
+    status = lambda: httpx.get(f"{api}/templates/{tid}/builds/{bid}/status", headers=ka).json()["status"]
+    wait_until(lambda: status() in ("ready", "error"), timeout=120, what="a's template build")
+    assert status() == "ready", httpx.get(f"{api}/templates/{tid}/builds/{bid}/status", headers=ka).text
+    # a's template is a's: its image is a's, and b finds no template of that name.
+    assert httpx.get(f"{api}/templates/aliases/a-tpl", headers=ka).json()["templateID"] == tid
+    assert httpx.get(f"{api}/templates/aliases/a-tpl", headers=kb).status_code == 404
+    r = httpx.post(f"{api}/sandboxes", headers=kb, json={"templateID": "a-tpl", "timeout": 60}, timeout=60)
+    assert r.status_code == 404, r.text
+    r = httpx.post(f"{api}/sandboxes", headers=ka, json={"templateID": "a-tpl", "timeout": 60}, timeout=60)
+    assert r.status_code == 201, r.text
+    httpx.delete(f"{api}/sandboxes/{r.json()['sandboxID']}", headers=ka)
+    # A snapshot of a's sandbox is a's alike.
+    r = httpx.post(f"{api}/sandboxes/{e2b_a}/snapshots", headers=ka, json={"name": "a-snap"}, timeout=60)
+    assert r.status_code == 201, r.text
+    snap = r.json()["snapshotID"]
+    listed = lambda k: [x["snapshotID"] for x in httpx.get(f"{api}/snapshots", headers=k).json()]
+    assert snap in listed(ka) and snap not in listed(kb)
+    assert httpx.delete(f"{api}/templates/{snap}", headers=kb).status_code == 404
+    assert httpx.delete(f"{api}/templates/a-tpl", headers=kb).status_code == 404
+    for name in (snap, "a-tpl"):
+        r = httpx.delete(f"{api}/templates/{name}", headers=ka)
+        assert r.status_code == 204, (name, r.text)
 
 
 def test_a_tenant_is_removed_only_once_it_owns_nothing(tw):

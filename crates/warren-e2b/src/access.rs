@@ -15,7 +15,7 @@ use crate::reply::{control, E2bError};
 
 use Access::{Change, Read};
 use Kind::{Sandbox, Secret, Volume};
-use Rule::{Operator, Owned, Tenant};
+use Rule::{Owned, Tenant};
 
 /// The rule of an E2B route, by method and pattern.
 pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
@@ -41,15 +41,15 @@ pub(crate) fn rule(method: &Method, path: &str) -> Option<Rule> {
         ("/volumes", false) => Tenant(Change),
         ("/volumes/{id}", true) => Owned(Volume, Read),
         ("/volumes/{id}", false) => Owned(Volume, Change),
-        // Snapshots and templates are images every tenant may run: the
-        // operator's, for now.
-        ("/sandboxes/{id}/snapshots", _)
-        | ("/snapshots", _)
-        | ("/templates/{id}", _)
+        // Templates and snapshots are their tenant's (see
+        // `template_builds`): each handler finds only what its caller
+        // reaches, and their images are owned as any image is.
+        ("/sandboxes/{id}/snapshots", _) => Owned(Sandbox, Change),
+        ("/snapshots", _) | ("/templates/{tid}/builds/{bid}/status", _) => Tenant(Read),
+        ("/templates/{id}", _)
         | ("/v3/templates", _)
         | ("/templates/{tid}/files/{hash}", _)
-        | ("/v2/templates/{tid}/builds/{bid}", _)
-        | ("/templates/{tid}/builds/{bid}/status", _) => Operator,
+        | ("/v2/templates/{tid}/builds/{bid}", _) => Tenant(Change),
         _ => return None,
     })
 }

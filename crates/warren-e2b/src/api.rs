@@ -199,7 +199,7 @@ pub(crate) async fn create(
             format!("metadata becomes Warren labels, and {e}"),
         ));
     }
-    let template = e2b.template(&req.template_id);
+    let template = e2b.template(&who, &req.template_id);
     let mut spec = SandboxSpec {
         image: template.image.clone(),
         cmd: template.cmd.clone(),

@@ -22,6 +22,7 @@ use axum::Router;
 use warren_control::Control;
 use warren_control::ControlCell;
 use warren_control::Signer;
+use warren_core::tenant::Principal;
 
 mod access;
 pub mod api;
@@ -173,10 +174,11 @@ impl E2b {
         }))
     }
 
-    /// What sandboxes of `template` are made of: a template built here,
-    /// an alias from the templates file, or an image by that reference.
-    fn template(&self, template: &str) -> templates::Template {
-        match self.builds.get(template) {
+    /// What `who`'s sandboxes of `template` are made of: a template built
+    /// here that it reaches, an alias from the templates file, or an image
+    /// by that reference (another tenant's template is none of these).
+    fn template(&self, who: &Principal, template: &str) -> templates::Template {
+        match self.builds.get(who, template) {
             Some(built) => built.template(),
             None => self.templates.get(template),
         }

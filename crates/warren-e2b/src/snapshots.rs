@@ -11,11 +11,12 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warren_core::image::{CommitImage, ImageTarget};
 use warren_core::spec::ForkRequest;
+use warren_core::tenant::Principal;
 
 use crate::api::{live, sandbox, template_of, ttl};
 use crate::reply::{body, control, page, E2bError, E2bResult};
@@ -73,6 +74,7 @@ struct NewSnapshot {
 /// sizes).
 pub(crate) async fn create(
     State(e2b): St,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     raw: Bytes,
 ) -> E2bResult<Response> {
@@ -88,7 +90,11 @@ pub(crate) async fn create(
                 format!("snapshot name {n:?}: up to 128 letters, digits, `.`, `_` and `-`"),
             ));
         }
-        if e2b.builds.get(n).is_some_and(|b| b.snapshot.is_none()) {
+        if e2b
+            .builds
+            .get(&who, n)
+            .is_some_and(|b| b.snapshot.is_none())
+        {
             return Err(E2bError::new(
                 StatusCode::CONFLICT,
                 format!("{n:?} names a template; give the snapshot another name"),
@@ -101,8 +107,7 @@ pub(crate) async fn create(
     let image = format!("{SNAPSHOT_REPO}/{snapshot_id}:latest");
     let committed = control
         .commit(
-            // Snapshots are the operator's (see access.rs).
-            &warren_core::tenant::Principal::Operator,
+            &who,
             &id,
             CommitImage {
                 into: ImageTarget::Name(image.clone()),
@@ -111,7 +116,7 @@ pub(crate) async fn create(
         )
         .await?;
     // A snapshot of a built template's sandbox starts as that template's.
-    let source = e2b.builds.get(&template_of(&info));
+    let source = e2b.builds.get(&who, &template_of(&info));
     let names: Vec<String> = name.into_iter().collect();
     let built = Built {
         template_id: snapshot_id.clone(),
@@ -126,11 +131,12 @@ pub(crate) async fn create(
             names: names.clone(),
             created_at: warren_core::clock::now_rfc3339(),
         }),
+        tenant: who.tenant(),
     };
     // A name moves to the newest snapshot given it.
     for n in &names {
-        if let Some(older) = e2b.builds.get(n) {
-            e2b.builds.remove(&older.template_id)?;
+        if let Some(older) = e2b.builds.get(&who, n).filter(|b| b.tenant == who.tenant()) {
+            e2b.builds.remove(&who, &older.template_id)?;
         }
     }
     e2b.builds.keep_snapshot(built)?;
@@ -152,8 +158,12 @@ pub(crate) struct ListSnapshots {
 }
 
 /// `GET /snapshots`: newest first, of one sandbox or by a name if asked.
-pub(crate) async fn list(State(e2b): St, Query(q): Query<ListSnapshots>) -> E2bResult<Response> {
-    let mut all = e2b.builds.snapshots();
+pub(crate) async fn list(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<ListSnapshots>,
+) -> E2bResult<Response> {
+    let mut all = e2b.builds.snapshots(&who);
     all.reverse();
     all.retain(|b| {
         let Some(s) = &b.snapshot else { return false };
@@ -181,19 +191,19 @@ pub(crate) async fn list(State(e2b): St, Query(q): Query<ListSnapshots>) -> E2bR
 /// `DELETE /templates/{id}` (what `delete_snapshot` calls): the template
 /// or snapshot is forgotten and its image removed; while a sandbox still
 /// runs from it, 409 and nothing changes.
-pub(crate) async fn delete(State(e2b): St, Path(id): Path<String>) -> E2bResult<StatusCode> {
-    let Some(found) = e2b.builds.get(&id) else {
+pub(crate) async fn delete(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> E2bResult<StatusCode> {
+    let Some(found) = e2b.builds.get(&who, &id) else {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("template or snapshot {id:?} not found"),
         ));
     };
     let control = control(&e2b)?;
-    match control
-        .images()
-        .remove(&warren_core::tenant::Principal::Operator, &found.image)
-        .await
-    {
+    match control.images().remove(&who, &found.image).await {
         Ok(_) => {}
         // Removed by hand already: only the record is left.
         Err(e) if e.code == warren_core::ErrorCode::NotFound => {}
@@ -205,6 +215,6 @@ pub(crate) async fn delete(State(e2b): St, Path(id): Path<String>) -> E2bResult<
         }
         Err(e) => return Err(e.into()),
     }
-    e2b.builds.remove(&found.template_id)?;
+    e2b.builds.remove(&who, &found.template_id)?;
     Ok(StatusCode::NO_CONTENT)
 }

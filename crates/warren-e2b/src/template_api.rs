@@ -11,10 +11,11 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
+use warren_core::tenant::Principal;
 
 use crate::reply::{body, control, E2bError, E2bResult};
 use crate::template_builds::TemplateBuildError;
@@ -48,6 +49,7 @@ impl From<TemplateBuildError> for E2bError {
         let status = match e {
             TemplateBuildError::Invalid(_) => StatusCode::BAD_REQUEST,
             TemplateBuildError::NotFound(_) => StatusCode::NOT_FOUND,
+            TemplateBuildError::Taken(_) => StatusCode::CONFLICT,
             TemplateBuildError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         E2bError::new(status, e.to_string())
@@ -69,7 +71,11 @@ struct NewTemplate {
     memory_mb: Option<u64>,
 }
 
-async fn request_build(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
+async fn request_build(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    raw: Bytes,
+) -> E2bResult<Response> {
     let req: NewTemplate = body(&raw)?;
     let name = req
         .name
@@ -82,7 +88,9 @@ async fn request_build(State(e2b): St, raw: Bytes) -> E2bResult<Response> {
             "cpuCount and memoryMB must be above 0",
         ));
     }
-    let (tid, bid) = e2b.builds.request(&name, req.cpu_count, req.memory_mb)?;
+    let (tid, bid) = e2b
+        .builds
+        .request(&who, &name, req.cpu_count, req.memory_mb)?;
     let tags = if req.tags.is_empty() {
         vec!["default".to_string()]
     } else {
@@ -170,8 +178,11 @@ async fn upload(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// The build is `who`'s tenant's, and so are its image (see the control
+/// plane's `Images::claim`) and its warm pool.
 async fn start_build(
     State(e2b): St,
+    Extension(who): Extension<Principal>,
     Path((tid, bid)): Path<(String, String)>,
     raw: Bytes,
 ) -> E2bResult<Response> {
@@ -179,11 +190,7 @@ async fn start_build(
     let control = control(&e2b)?;
     // What the base image runs as: RUN steps with a user of their own go
     // back to it after.
-    let images = control
-        .images()
-        .list(&warren_core::tenant::Principal::Operator)
-        .await
-        .unwrap_or_default();
+    let images = control.images().list(&who).await.unwrap_or_default();
     let base_user = |name: &str| {
         images
             .iter()
@@ -191,9 +198,14 @@ async fn start_build(
             .and_then(|i| i.record["config"]["user"].as_str().map(str::to_string))
             .filter(|u| !u.is_empty())
     };
-    let prepared =
-        e2b.builds
-            .prepare(&tid, &bid, &def, &base_user, &e2b.templates.build_allow())?;
+    let prepared = e2b.builds.prepare(
+        &who,
+        &tid,
+        &bid,
+        &def,
+        &base_user,
+        &e2b.templates.build_allow(),
+    )?;
     let context = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(
         prepared
             .context
@@ -205,11 +217,7 @@ async fn start_build(
     })
     .boxed();
     let mut events = match control
-        .start_build(
-            &warren_core::tenant::Principal::Operator,
-            prepared.request.clone(),
-            context,
-        )
+        .start_build(&who, prepared.request.clone(), context)
         .await
     {
         Ok(events) => events,
@@ -222,7 +230,7 @@ async fn start_build(
     tokio::spawn(async move {
         while let Some(event) = events.next().await {
             if let Some(built) = runner.builds.follow(&prepared, &event) {
-                let note = warm_pool(&runner, &control, &prepared, &built).await;
+                let note = warm_pool(&runner, &control, &who, &prepared, &built).await;
                 runner.builds.ready(&prepared, built, note);
             }
         }
@@ -241,10 +249,11 @@ struct StatusQuery {
 
 async fn status(
     State(e2b): St,
+    Extension(who): Extension<Principal>,
     Path((tid, bid)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> E2bResult<Response> {
-    let p = e2b.builds.progress(&tid, &bid)?;
+    let p = e2b.builds.progress(&who, &tid, &bid)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 100);
     let entries: Vec<_> = p
         .entries
@@ -264,8 +273,12 @@ async fn status(
     Ok(Json(answer).into_response())
 }
 
-async fn alias(State(e2b): St, Path(alias): Path<String>) -> E2bResult<Response> {
-    let known: BTreeMap<&str, String> = match e2b.builds.get(&alias) {
+async fn alias(
+    State(e2b): St,
+    Extension(who): Extension<Principal>,
+    Path(alias): Path<String>,
+) -> E2bResult<Response> {
+    let known: BTreeMap<&str, String> = match e2b.builds.get(&who, &alias) {
         Some(b) => [("templateID", b.template_id)].into_iter().collect(),
         None if e2b.templates.has_alias(&alias) => {
             [("templateID", alias.clone())].into_iter().collect()
@@ -289,6 +302,7 @@ const POOL_WARM_WITHIN: std::time::Duration = std::time::Duration::from_secs(60)
 async fn warm_pool(
     e2b: &E2b,
     control: &Arc<warren_control::Control>,
+    who: &Principal,
     prepared: &crate::template_builds::Prepared,
     built: &crate::template_builds::Built,
 ) -> Option<String> {
@@ -317,9 +331,8 @@ async fn warm_pool(
         isolation: template.isolation,
         size,
     };
-    // Template builds are the operator's (see `access`): so is their pool.
-    let operator = warren_core::tenant::Principal::Operator;
-    if let Err(e) = control.set_pool(&operator, &name, spec).await {
+    // The template's tenant's, as the template.
+    if let Err(e) = control.set_pool(who, &name, spec).await {
         return Some(format!("warm pool {name} not kept: {}", e.message));
     }
     let deadline = tokio::time::Instant::now() + POOL_WARM_WITHIN;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use warren_core::build::{BuildEvent, BuildRequest};
 use warren_core::sync::lock;
+use warren_core::tenant::{Principal, TenantName};
 
 use crate::templates::Template;
 
@@ -40,6 +41,9 @@ pub enum TemplateBuildError {
     Invalid(String),
     #[error("{0}")]
     NotFound(String),
+    /// A name another tenant's template holds.
+    #[error("{0}")]
+    Taken(String),
     #[error("{0}")]
     Io(String),
 }
@@ -94,6 +98,10 @@ pub struct Built {
     /// Set for a snapshot of a sandbox (`create_snapshot`), not a build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotOf>,
+    /// Whose it is: another tenant's key neither sees, starts, builds on
+    /// nor removes it (one kept before tenants is the operator's).
+    #[serde(default)]
+    pub tenant: TenantName,
 }
 
 /// What a snapshot was taken of.
@@ -171,6 +179,8 @@ struct Requested {
     cpu: Option<u32>,
     memory_mb: Option<u64>,
     progress: Arc<Mutex<Progress>>,
+    /// Who asked for it: only that tenant (or the operator) follows it.
+    tenant: TenantName,
 }
 
 pub struct TemplateBuilds {
@@ -201,27 +211,36 @@ impl TemplateBuilds {
         })
     }
 
-    /// A built template (or snapshot) by its name (alias) or template id.
-    pub fn get(&self, name: &str) -> Option<Built> {
+    /// A built template (or snapshot) `who` reaches, by its name (alias)
+    /// or template id: its own first (two tenants' snapshots may share a
+    /// name).
+    pub fn get(&self, who: &Principal, name: &str) -> Option<Built> {
         let built = lock(&self.built);
-        built
+        let named = |b: &&Built| {
+            b.template_id == name
+                || b.snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.names.iter().any(|n| n == name))
+        };
+        let reached: Vec<&Built> = built
             .get(name)
-            .or_else(|| {
-                built.values().find(|b| {
-                    b.template_id == name
-                        || b.snapshot
-                            .as_ref()
-                            .is_some_and(|s| s.names.iter().any(|n| n == name))
-                })
-            })
-            .cloned()
+            .into_iter()
+            .chain(built.values().filter(named))
+            .filter(|b| who.reaches(&b.tenant))
+            .collect();
+        let own = who.tenant();
+        reached
+            .iter()
+            .find(|b| b.tenant == own)
+            .or(reached.first())
+            .map(|b| (*b).clone())
     }
 
-    /// Every snapshot, oldest first.
-    pub fn snapshots(&self) -> Vec<Built> {
+    /// Every snapshot `who` reaches, oldest first.
+    pub fn snapshots(&self, who: &Principal) -> Vec<Built> {
         let mut all: Vec<Built> = lock(&self.built)
             .values()
-            .filter(|b| b.snapshot.is_some())
+            .filter(|b| b.snapshot.is_some() && who.reaches(&b.tenant))
             .cloned()
             .collect();
         all.sort_by(|a, b| {
@@ -237,25 +256,41 @@ impl TemplateBuilds {
         self.keep(&id, built)
     }
 
-    /// Forgets a template or snapshot (by name or id); what it was.
-    pub fn remove(&self, name: &str) -> Result<Option<Built>, TemplateBuildError> {
-        let Some(found) = self.get(name) else {
+    /// Forgets a template or snapshot `who` reaches (by name or id); what
+    /// it was.
+    pub fn remove(&self, who: &Principal, name: &str) -> Result<Option<Built>, TemplateBuildError> {
+        let Some(found) = self.get(who, name) else {
             return Ok(None);
         };
         self.write(|all| all.retain(|_, b| b.template_id != found.template_id))?;
         Ok(Some(found))
     }
 
-    /// `POST /v3/templates`: ids for a build of `name`.
+    /// `POST /v3/templates`: ids for a build of `name` by `who`'s tenant;
+    /// a template name another tenant's template holds is taken.
     pub fn request(
         &self,
+        who: &Principal,
         name: &str,
         cpu: Option<u32>,
         memory_mb: Option<u64>,
     ) -> Result<(String, String), TemplateBuildError> {
         image_name(name)?;
+        let tenant = who.tenant();
+        // Built, or asked for and not yet built.
+        let built = lock(&self.built).get(name).map(|b| b.tenant.clone());
+        let held = built.or_else(|| {
+            let requested = lock(&self.requested);
+            let asked = requested.values().find(|r| r.name == name);
+            asked.map(|r| r.tenant.clone())
+        });
+        if held.is_some_and(|t| t != tenant && !who.is_operator()) {
+            return Err(TemplateBuildError::Taken(format!(
+                "the template name {name:?} is taken; choose another"
+            )));
+        }
         let template_id = self
-            .get(name)
+            .get(who, name)
             .map(|b| b.template_id)
             .unwrap_or_else(|| warren_control::new_id_with("tpl"));
         let build_id = warren_control::new_id_with("bld");
@@ -270,6 +305,7 @@ impl TemplateBuilds {
                     status: "waiting",
                     ..Default::default()
                 })),
+                tenant,
             },
         );
         Ok((template_id, build_id))
@@ -277,12 +313,13 @@ impl TemplateBuilds {
 
     fn requested(
         &self,
+        who: &Principal,
         template_id: &str,
         build_id: &str,
     ) -> Result<Requested, TemplateBuildError> {
         lock(&self.requested)
             .get(template_id)
-            .filter(|r| r.build_id == build_id)
+            .filter(|r| r.build_id == build_id && who.reaches(&r.tenant))
             .cloned()
             .ok_or_else(|| {
                 TemplateBuildError::NotFound(format!(
@@ -293,10 +330,11 @@ impl TemplateBuilds {
 
     pub fn progress(
         &self,
+        who: &Principal,
         template_id: &str,
         build_id: &str,
     ) -> Result<Progress, TemplateBuildError> {
-        let r = self.requested(template_id, build_id)?;
+        let r = self.requested(who, template_id, build_id)?;
         let p = lock(&r.progress).clone();
         Ok(p)
     }
@@ -330,13 +368,14 @@ impl TemplateBuilds {
     /// and feeds its events to [`TemplateBuilds::follow`].
     pub fn prepare(
         &self,
+        who: &Principal,
         template_id: &str,
         build_id: &str,
         def: &Definition,
         base_user: &dyn Fn(&str) -> Option<String>,
         allow: &[String],
     ) -> Result<Prepared, TemplateBuildError> {
-        let r = self.requested(template_id, build_id)?;
+        let r = self.requested(who, template_id, build_id)?;
         if def.from_image_registry.is_some() {
             return Err(TemplateBuildError::Invalid(
                 "fromImageRegistry (registry credentials) is not supported: Warren pulls with the credentials in <home>/registries.toml".into(),
@@ -348,7 +387,7 @@ impl TemplateBuilds {
                     "fromImage and fromTemplate are both given; name one".into(),
                 ))
             }
-            (_, Some(t)) => self.get(t).map(|b| b.image).ok_or_else(|| {
+            (_, Some(t)) => self.get(who, t).map(|b| b.image).ok_or_else(|| {
                 TemplateBuildError::NotFound(format!("template {t:?} was not built here"))
             })?,
             (Some(i), None) => i.clone(),
@@ -399,6 +438,7 @@ impl TemplateBuilds {
                 cpu: r.cpu,
                 memory_mb: r.memory_mb,
                 snapshot: None,
+                tenant: r.tenant,
             },
             name: r.name,
             progress: r.progress,
@@ -541,7 +581,7 @@ impl TemplateBuilds {
 
     /// A build that could not start.
     pub fn failed(&self, template_id: &str, build_id: &str, message: String) {
-        if let Ok(r) = self.requested(template_id, build_id) {
+        if let Ok(r) = self.requested(&Principal::Operator, template_id, build_id) {
             let mut p = lock(&r.progress);
             p.status = "error";
             p.reason = Some((message, Some("base".into())));
@@ -893,6 +933,7 @@ mod tests {
             cpu: Some(2),
             memory_mb: Some(1024),
             snapshot: None,
+            tenant: Default::default(),
         };
         let t = b.template();
         assert_eq!(t.image, "e2b-template/i@sha256:d");

@@ -15,6 +15,7 @@ use warren_node_api::calls::prelude::*;
 use warren_node_api::{NodeApi, NodeError, NodeResult};
 
 use crate::ndjson::Lines;
+use crate::node_url::NodeUrl;
 use crate::wire::*;
 use warren_core::sync::lock;
 
@@ -78,40 +79,21 @@ impl HttpNode {
     }
 
     fn build(base_url: &str, credential: &str, pin: Option<&str>) -> Result<HttpNode, NodeError> {
+        let url: NodeUrl = base_url.parse()?;
         let bad = |why: &str| NodeError::invalid(format!("node URL {base_url:?}: {why}"));
-        let mut base = Url::parse(base_url).map_err(|e| bad(&e.to_string()))?;
-        match (base.scheme(), pin) {
-            ("http", None) | ("https", Some(_)) => {}
-            ("https", None) => {
+        match (url.is_tls(), pin) {
+            (false, None) | (true, Some(_)) => {}
+            (true, None) => {
                 return Err(bad(
                     "https needs the node's certificate pin, which the node sends when it joins",
                 ))
             }
-            ("http", Some(_)) => {
+            (false, Some(_)) => {
                 return Err(bad(
                     "the node has a certificate pin but a plain http URL; it serves https",
                 ))
             }
-            (other, _) => return Err(bad(&format!("scheme {other:?} is not http or https"))),
         }
-        if base.host().is_none() {
-            return Err(NodeError::invalid(format!(
-                "node URL {base_url:?} has no host"
-            )));
-        }
-        if !base.username().is_empty() || base.password().is_some() {
-            // It would be shown in messages, and the node takes only its
-            // credential anyway.
-            return Err(NodeError::invalid(
-                "the node URL takes no user or password: pass the node credential on its own",
-            ));
-        }
-        base.set_query(None);
-        base.set_fragment(None);
-        base.path_segments_mut()
-            .map_err(|()| NodeError::invalid(format!("node URL {base_url:?} cannot take a path")))?
-            .pop_if_empty()
-            .extend(PREFIX);
         if credential.is_empty() {
             return Err(NodeError::invalid("the node credential is empty"));
         }
@@ -139,8 +121,8 @@ impl HttpNode {
             .map_err(|e| NodeError::internal(format!("HTTP client: {}", chain(&e))))?;
         Ok(HttpNode {
             http,
-            base,
-            shown: base_url.trim_end_matches('/').into(),
+            base: url.api,
+            shown: url.shown,
             auth,
             epoch: None,
         })

@@ -30,7 +30,9 @@
 mod access;
 mod client;
 pub mod fence;
+mod listen;
 mod ndjson;
+mod node_url;
 mod server;
 pub mod tls;
 mod trace_context;
@@ -39,4 +41,5 @@ mod wire;
 pub use access::Credential;
 pub use client::HttpNode;
 pub use fence::Fence;
-pub use server::{router, serve, serve_tls};
+pub use listen::{serve, serve_tls};
+pub use server::router;

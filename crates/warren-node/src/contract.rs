@@ -1,8 +1,8 @@
 //! The in-process transport of the node contract: [`LocalNode`] answers
 //! [`NodeApi`] by calling the node directly (no serialization, no copies
 //! beyond the byte streams themselves). It only maps calls to the node's
-//! methods and the node's values and errors to the contract's: the node's
-//! own errors become the contract's categories here, and nowhere else.
+//! methods and the node's values to the contract's; the node's errors
+//! become the contract's categories in [`crate::errors`].
 
 use std::sync::Arc;
 
@@ -10,10 +10,10 @@ use futures_util::StreamExt;
 use warren_node_api as api;
 use warren_node_api::calls::prelude::*;
 use warren_node_api::NodeResult;
-use warren_runtime::RuntimeError;
 
+use crate::errors::{contract_error, volume_error};
 use crate::file_access::InVolume;
-use crate::image_calls::{target_name, NoImage, PullStep};
+use crate::image_calls::{image_info, target_name, PullStep};
 use crate::{Node, NodeError};
 
 /// A node driven in the same process (`warren up`).
@@ -27,69 +27,10 @@ impl LocalNode {
     }
 }
 
-/// The contract's category and message for a node error. Messages say
-/// what to do; the control plane adds nothing but the HTTP status.
-pub fn contract_error(e: NodeError) -> api::NodeError {
-    use api::NodeError as E;
-    match e {
-        NodeError::NotRunning(id) => E::conflict(format!(
-            "sandbox {id} is not running; exec and files need a running sandbox (see `warren inspect {id}`)"
-        )),
-        NodeError::BadRequest(m) => E::invalid(m),
-        NodeError::Conflict(m) => E::conflict(m),
-        NodeError::NotFound(m) | NodeError::Runtime(RuntimeError::NotFound(m)) => {
-            E::not_found(m)
-        }
-        NodeError::Runtime(RuntimeError::BadPath(m)) => E::invalid(format!("invalid path {m}")),
-        NodeError::Runtime(RuntimeError::Exists(m)) => E::conflict(m),
-        NodeError::Runtime(RuntimeError::BadImage(m) | RuntimeError::Unsupported(m)) => {
-            E::invalid(m)
-        }
-        NodeError::Runtime(RuntimeError::Unresponsive(m)) => E::unavailable(m),
-        NodeError::Runtime(RuntimeError::NoRoom(m)) => E::new(api::ErrorKind::NoRoom, m),
-        NodeError::Image(e) => image_error(e),
-        NodeError::Net(e @ (warren_net::NetError::Rule(_) | warren_net::NetError::OpenOff)) => {
-            E::invalid(e.to_string())
-        }
-        other => E::internal(other.to_string()),
-    }
-}
-
-fn image_error(e: warren_image::ImageError) -> api::NodeError {
-    use api::NodeError as E;
-    use warren_image::{ErrorKind, ImageError};
-    match e.kind() {
-        ErrorKind::NotFound if matches!(e, ImageError::RemoteNotFound(_)) => {
-            E::not_found(e.to_string())
-        }
-        ErrorKind::NotFound => E::not_found(format!(
-            "{e}; import it with `warren image import FILE.tar --name NAME:TAG` (see `warren image ls`)"
-        )),
-        ErrorKind::Invalid => E::invalid(e.to_string()),
-        ErrorKind::Conflict => E::conflict(e.to_string()),
-        ErrorKind::Internal => E::internal(e.to_string()),
-        ErrorKind::Upstream => E::new(api::ErrorKind::Upstream, e.to_string()),
-    }
-}
-
-fn image_info(r: &warren_image::ImageRecord) -> ImageInfo {
-    ImageInfo {
-        name: r.name.clone(),
-        digest: r.digest.clone(),
-        layers: r.layers.len(),
-        record: serde_json::to_value(r).unwrap_or_default(),
-    }
-}
-
 /// A volume call's answer: finding the volume fails as the node says,
-/// the file work worded for a volume (the runtime's file functions speak
-/// of sandboxes).
+/// the file work worded for a volume.
 fn in_volume<T>(answer: InVolume<T>) -> NodeResult<T> {
-    answer.map_err(contract_error)?.map_err(|e: RuntimeError| {
-        let mut e = contract_error(e.into());
-        e.message = e.message.replace("sandbox", "volume");
-        e
-    })
+    answer.map_err(contract_error)?.map_err(volume_error)
 }
 
 /// Answers a node call in the contract's terms.
@@ -109,65 +50,7 @@ warren_node_api::node_impl! { LocalNode;
 
     events(self, since) { Ok(self.node.feed.subscribe(since)) }
 
-    create(self, req) {
-        // Never beside the sweep that follows a start.
-        self.node.wait_ready().await;
-        if self.node.pressure.disk() {
-            return Err(api::NodeError::new(
-                api::ErrorKind::NoRoom,
-                "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)",
-            ));
-        }
-        if self.node.pressure.memory() {
-            return Err(api::NodeError::new(
-                api::ErrorKind::NoRoom,
-                "the host's available memory is below the node's floor; no sandboxes start until memory is freed (see docs/configuration.md, \"Requests and limits\")",
-            ));
-        }
-        let id = req.id.clone();
-        let mut phases = api::Phases::begin();
-        let mut resolving = std::time::Instant::now();
-        let image = self
-            .node
-            .images
-            .for_sandbox(&req)
-            .await
-            .map_err(|missing| match missing {
-                NoImage::Local(e) => {
-                    let mut e = contract_error(e);
-                    e.message = format!(
-                        "{} (image {:?} is local to each node: import it through the control plane, which imports it on every node, or give the server a --cluster-registry to publish local images to)",
-                        e.message, req.spec.image
-                    );
-                    e
-                }
-                NoImage::Pull { pinned, error } => {
-                    let mut e = contract_error(error);
-                    e.message = format!(
-                        "this node lacks the image and pulling {pinned} failed: {}",
-                        e.message
-                    );
-                    e
-                }
-                NoImage::Unusable(e) => contract_error(e),
-            })?;
-        phases.took("node_image", &mut resolving);
-        // In a task of its own: a caller that goes away (a control plane
-        // killed mid-create) must not leave a sandbox half made.
-        let node = self.node.clone();
-        let (created, phases) = tokio::spawn(async move {
-            let created = node.create(req, &image, &mut phases).await;
-            (created, phases)
-        })
-        .await
-        .map_err(|e| api::NodeError::internal(format!("create task: {e}")))?;
-        created.map_err(contract_error)?;
-        let mut status = self.node.status_of(&id, false).ok_or_else(|| {
-            api::NodeError::conflict(format!("sandbox {id} was destroyed as it was created"))
-        })?;
-        status.phases = phases.into_vec();
-        Ok(status)
-    }
+    create(self, req) { answer(self.node.create_sandbox(req).await) }
 
     start_main(self, id) {
         if let Some(log) = self.node.log(id) {
@@ -241,22 +124,7 @@ warren_node_api::node_impl! { LocalNode;
             .boxed())
     }
 
-    ship(self, journal, after, max, wait) {
-        let Some(j) = self.node.logs.journal() else {
-            return Err(api::NodeError::invalid(
-                "this node does not ship its logs (started with --no-log-shipping)",
-            ));
-        };
-        // Bounds of one answer: the control plane writes each batch in one
-        // transaction, and a long poll must end well within the call's
-        // quick deadline.
-        const MOST: u32 = 10_000;
-        const MOST_BYTES: usize = 4 << 20;
-        const LONGEST_WAIT: Duration = Duration::from_secs(10);
-        j.read(journal, after, max.clamp(1, MOST), MOST_BYTES, wait.min(LONGEST_WAIT))
-            .await
-            .map_err(|e| api::NodeError::internal(e.to_string()))
-    }
+    ship(self, journal, after, max, wait) { answer(self.node.ship(journal, after, max, wait).await) }
 
     connect_port(self, id, port) {
         self.node.renew_lease(id);

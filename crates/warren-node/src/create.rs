@@ -8,20 +8,67 @@ use std::sync::{Arc, Mutex};
 use warren_core::sync::lock;
 use warren_core::SandboxSpec;
 use warren_image::ImageRecord;
-use warren_node_api::{CreateSandbox, Phase, Phases};
+use warren_node_api::{CreateSandbox, Phase, Phases, SandboxStatus};
 use warren_runtime::CreateRequest;
 
 use crate::exec::{main_request, ExecDefaults};
 use crate::logs::SandboxLog;
 use crate::{lifetime, monitor, sampler, Live, Node, NodeError};
 
+/// Why no sandbox starts while the node is short of disk or memory.
+const NO_DISK: &str = "the node's disk is below its free-space floor; no sandboxes start until space is freed (see `warren ps` and docs/configuration.md)";
+const NO_MEMORY: &str = "the host's available memory is below the node's floor; no sandboxes start until memory is freed (see docs/configuration.md, \"Requests and limits\")";
+
 impl Node {
+    /// The contract's create: refused while the node is short of disk or
+    /// memory; the image resolved (or fetched); the sandbox made in a task
+    /// of its own, so that a caller that goes away (a control plane killed
+    /// mid-create) leaves no sandbox half made; answers its status with
+    /// the phases it took.
+    pub(crate) async fn create_sandbox(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+    ) -> Result<SandboxStatus, NodeError> {
+        // Never beside the sweep that follows a start.
+        self.wait_ready().await;
+        if self.pressure.disk() {
+            return Err(NodeError::NoRoom(NO_DISK.into()));
+        }
+        if self.pressure.memory() {
+            return Err(NodeError::NoRoom(NO_MEMORY.into()));
+        }
+        let id = req.id.clone();
+        let mut phases = Phases::begin();
+        let mut resolving = std::time::Instant::now();
+        let image = self
+            .images
+            .for_sandbox(&req)
+            .await
+            .map_err(|why| NodeError::NoImage {
+                image: req.spec.image.clone(),
+                why: Box::new(why),
+            })?;
+        phases.took("node_image", &mut resolving);
+        let node = self.clone();
+        let (created, phases) = tokio::spawn(async move {
+            let created = node.create(req, &image, &mut phases).await;
+            (created, phases)
+        })
+        .await?;
+        created?;
+        let mut status = self.status_of(&id, false).ok_or_else(|| {
+            NodeError::Conflict(format!("sandbox {id} was destroyed as it was created"))
+        })?;
+        status.phases = phases.into_vec();
+        Ok(status)
+    }
+
     /// Creates a sandbox and, if the spec names one, starts its main process;
     /// its phases are added to `phases`. Returns once an exec into it would
     /// succeed. Not cancel safe: the
     /// runtime's work goes on in blocking threads when this is dropped, so
     /// callers that may vanish run it in a task of its own.
-    pub async fn create(
+    async fn create(
         self: &Arc<Self>,
         req: CreateSandbox,
         image: &ImageRecord,

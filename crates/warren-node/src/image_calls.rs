@@ -12,13 +12,31 @@ use warren_node_api::{ByteStream, CreateSandbox, ImageTarget};
 use crate::images::Images;
 use crate::NodeError;
 
+/// An image record as the contract shows it.
+pub(crate) fn image_info(r: &ImageRecord) -> warren_node_api::ImageInfo {
+    warren_node_api::ImageInfo {
+        name: r.name.clone(),
+        digest: r.digest.clone(),
+        layers: r.layers.len(),
+        record: serde_json::to_value(r).unwrap_or_default(),
+    }
+}
+
 /// Why a create has no image to run.
-pub(crate) enum NoImage {
+#[derive(Debug, thiserror::Error)]
+pub enum NoImage {
     /// Not on this node, and the create names no reference to pull.
-    Local(NodeError),
+    #[error("not on this node: {0}")]
+    Local(#[source] NodeError),
     /// Pulling the reference the control plane pinned failed.
-    Pull { pinned: String, error: NodeError },
+    #[error("pulling {pinned} failed: {error}")]
+    Pull {
+        pinned: String,
+        #[source]
+        error: NodeError,
+    },
     /// The image is here but cannot run.
+    #[error(transparent)]
     Unusable(NodeError),
 }
 

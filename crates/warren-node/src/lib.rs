@@ -10,6 +10,7 @@ mod contract;
 mod create;
 mod devices;
 mod dir_watch;
+mod errors;
 mod exec;
 pub mod exec_stream;
 mod execs;
@@ -50,6 +51,7 @@ use warren_node_api::{CreateSandbox, Phase, Resources};
 use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
 
 pub use contract::LocalNode;
+pub use errors::contract_error;
 use exec::ExecDefaults;
 pub use exec_stream::ExitInfo;
 use images::Images;
@@ -77,6 +79,15 @@ pub enum NodeError {
     Conflict(String),
     #[error("{0}")]
     NotFound(String),
+    /// Short of disk or memory: no sandbox starts until some is freed.
+    #[error("{0}")]
+    NoRoom(String),
+    /// A create whose image this node does not have and cannot get.
+    #[error("image {image:?}: {why}")]
+    NoImage {
+        image: String,
+        why: Box<image_calls::NoImage>,
+    },
     #[error("the client went away")]
     ClientGone,
     /// A blocking task (an image or cgroup step off the async threads)

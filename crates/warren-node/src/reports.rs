@@ -2,16 +2,44 @@
 //! images), each sandbox as it stands, and a sandbox's log.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use warren_node_api::{Load, NodeInfo, Phase, Resources, SandboxStatus};
+use warren_node_api::{Load, NodeInfo, Phase, Resources, SandboxStatus, ShipBatch};
 
 use crate::{logs, Node, NodeError};
 use warren_core::sync::lock;
 
+/// Bounds of one shipping answer: the control plane writes each batch in
+/// one transaction, and a long poll must end well within the call's quick
+/// deadline.
+const SHIP_MOST: u32 = 10_000;
+const SHIP_MOST_BYTES: usize = 4 << 20;
+const SHIP_LONGEST_WAIT: Duration = Duration::from_secs(10);
+
 impl Node {
+    /// The next of the shipping journal after `after` (see
+    /// [`crate::ship_journal`]), within one answer's bounds.
+    pub(crate) async fn ship(
+        &self,
+        journal: Option<&str>,
+        after: u64,
+        max: u32,
+        wait: Duration,
+    ) -> Result<ShipBatch, NodeError> {
+        let Some(j) = self.logs.journal() else {
+            return Err(NodeError::BadRequest(
+                "this node does not ship its logs (started with --no-log-shipping)".into(),
+            ));
+        };
+        let (max, wait) = (max.clamp(1, SHIP_MOST), wait.min(SHIP_LONGEST_WAIT));
+        j.read(journal, after, max, SHIP_MOST_BYTES, wait)
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))
+    }
+
     /// The classes this node runs, its default first.
     pub(crate) fn isolation_classes(&self) -> Vec<warren_core::Isolation> {
         let mut classes = vec![self.default_isolation];

@@ -65,7 +65,7 @@ impl Node {
             let forward = warren_runtime::exec::forward(&live.socket, port);
             return match forward.await? {
                 Ok(stream) => Ok(Box::new(stream)),
-                Err(message) => Err(NodeError::Conflict(format!("sandbox {id}: {message}"))),
+                Err(refused) => Err(NodeError::Conflict(format!("sandbox {id}: {refused}"))),
             };
         }
         // A frozen sandbox with a full listen backlog would hold the

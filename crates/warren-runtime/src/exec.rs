@@ -293,13 +293,19 @@ impl ExecSignal {
     }
 }
 
+/// Init's answer when nothing in the sandbox accepted a forwarded
+/// connection: its words for why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PortRefused(pub String);
+
 /// A connection to `port` on the sandbox's loopback, made and relayed by
 /// its init (for a sandbox on gVisor's own network stack, which the host
 /// cannot reach into). The inner error says why nothing accepted it.
 pub async fn forward(
     socket: &Path,
     port: u16,
-) -> Result<Result<tokio::net::UnixStream, String>, RuntimeError> {
+) -> Result<Result<tokio::net::UnixStream, PortRefused>, RuntimeError> {
     let (ours, theirs) =
         std::os::unix::net::UnixStream::pair().map_err(RuntimeError::io("socketpair"))?;
     let conn = connect(socket).await?;
@@ -317,7 +323,7 @@ pub async fn forward(
                 tokio::net::UnixStream::from_std(ours).map_err(RuntimeError::io("socketpair"))?
             ))
         }
-        InitReply::Failed { message, .. } => Ok(Err(message)),
+        InitReply::Failed { message, .. } => Ok(Err(PortRefused(message))),
         other => Err(RuntimeError::Exec(format!(
             "unexpected reply from init: {other:?}"
         ))),

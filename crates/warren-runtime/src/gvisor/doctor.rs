@@ -74,13 +74,35 @@ pub fn checks(settings: &RunscSettings, scratch: &Path) -> Vec<Check> {
 /// Runs warren-init alone in a throw-away gVisor sandbox (it exits at once,
 /// given no socket): proof that runsc, its platform and the host's
 /// namespaces and cgroups let a sandbox run.
-fn probe_run(runsc: &Runsc, scratch: &Path) -> Result<Duration, String> {
+/// Why the throw-away sandbox did not run.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// runsc's own last words (a FATAL line).
+    #[error("{0}")]
+    Runsc(String),
+    #[error("runsc ended by {0}")]
+    Ended(std::process::ExitStatus),
+    #[error("no sandbox ran within {0}s (the platform hangs here)")]
+    Hung(u64),
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> ProbeError {
+    move |source| ProbeError::Io { what, source }
+}
+
+fn probe_run(runsc: &Runsc, scratch: &Path) -> Result<Duration, ProbeError> {
     let dir = scratch.join(format!("gvisor-probe-{}", std::process::id()));
     let result = (|| {
         let rootfs = dir.join("rootfs");
-        std::fs::create_dir_all(&rootfs).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&rootfs).map_err(io("making the probe's root"))?;
         let init = dir.join("init");
-        std::fs::write(&init, crate::init::PROGRAM).map_err(|e| e.to_string())?;
+        std::fs::write(&init, crate::init::PROGRAM).map_err(io("writing init"))?;
         let config = json!({
             "ociVersion": "1.0.2",
             "root": { "path": rootfs, "readonly": true },
@@ -95,7 +117,8 @@ fn probe_run(runsc: &Runsc, scratch: &Path) -> Result<Duration, String> {
                 { "type": "uts" }, { "type": "network" }
             ] }
         });
-        std::fs::write(dir.join("config.json"), config.to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("config.json"), config.to_string())
+            .map_err(io("writing config.json"))?;
         let mut cmd = Command::new(&runsc.path);
         cmd.arg(format!("--root={}", dir.join("state").display()))
             .arg("--network=none");
@@ -111,7 +134,7 @@ fn probe_run(runsc: &Runsc, scratch: &Path) -> Result<Duration, String> {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| e.to_string())?;
+            .map_err(io("starting runsc"))?;
         loop {
             match child.try_wait() {
                 // warren-init's own exit (no socket to serve) is a run.
@@ -124,21 +147,19 @@ fn probe_run(runsc: &Runsc, scratch: &Path) -> Result<Duration, String> {
                     // runsc's own failures name what broke.
                     if err.contains("FATAL") || err.contains("cannot") {
                         let line = err.lines().rev().find(|l| !l.trim().is_empty());
-                        return Err(line.unwrap_or("runsc failed").trim().to_string());
+                        let line = line.unwrap_or("runsc failed").trim();
+                        return Err(ProbeError::Runsc(line.to_string()));
                     }
                     return Ok(started.elapsed());
                 }
-                Ok(Some(status)) => return Err(format!("runsc ended by {status}")),
+                Ok(Some(status)) => return Err(ProbeError::Ended(status)),
                 Ok(None) if started.elapsed() > PROBE_WITHIN => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!(
-                        "no sandbox ran within {}s (the platform hangs here)",
-                        PROBE_WITHIN.as_secs()
-                    ));
+                    return Err(ProbeError::Hung(PROBE_WITHIN.as_secs()));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(io("waiting for runsc")(e)),
             }
         }
     })();

@@ -229,7 +229,7 @@ impl Control {
     /// profile policy grows one, `grow_by`, at most `max_growth` times the
     /// batch's request); lost with its node
     /// (`retry_on_lost`), as it was, wherever there is room.
-    pub async fn retry_member(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
+    pub(crate) async fn retry_member(self: &Arc<Self>, row: &crate::store::SandboxRow, why: &str) {
         let oom = why == reason::OOM_KILLED;
         if !(oom || why == reason::NODE_LOST)
             || row

@@ -238,7 +238,7 @@ impl Control {
     /// A node that does not answer within [`STATUS_WAIT`] (its link cut,
     /// say, before it is known to be silent) leaves out what only it knows
     /// (pid, TTL left, usage) rather than holding up the answer.
-    pub async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
+    pub(crate) async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
         let status = match (row.state.is_live(), self.reachable(&row.node)) {
             // Only a detailed answer shows usage: read it now for that.
             (true, Some(node)) => {
@@ -255,7 +255,7 @@ impl Control {
         self.info_with(row, status.as_ref(), detailed)
     }
 
-    pub fn info_with(
+    pub(crate) fn info_with(
         &self,
         row: SandboxRow,
         status: Option<&SandboxStatus>,
@@ -349,7 +349,7 @@ impl Control {
 
     /// Renews a sandbox's lease (any call on a sandbox does).
     pub async fn touch(&self, id: &str) {
-        let Ok(row) = self.get(id).await else { return };
+        let Ok(row) = self.row(id).await else { return };
         let Some(node) = self.reachable(&row.node) else {
             return;
         };
@@ -358,7 +358,21 @@ impl Control {
         }
     }
 
-    pub async fn get(&self, id: &str) -> Result<SandboxRow, ApiError> {
+    /// The sandbox as recorded (no node is asked); NotFound when there is
+    /// none.
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo, ApiError> {
+        Ok(self.info_with(self.row(id).await?, None, false))
+    }
+
+    /// The sandbox as its node sees it now (its TTL and lease left, and,
+    /// `detailed`, its usage read now), or as recorded when the node does
+    /// not answer.
+    pub async fn inspect(&self, id: &str, detailed: bool) -> Result<SandboxInfo, ApiError> {
+        Ok(self.info(self.row(id).await?, detailed).await)
+    }
+
+    /// The sandbox's record; NotFound when there is none.
+    pub(crate) async fn row(&self, id: &str) -> Result<SandboxRow, ApiError> {
         self.store.get(id).await?.ok_or_else(|| {
             ApiError::not_found(format!(
                 "no sandbox with id {id:?}; list them with `warren ps`"
@@ -418,15 +432,22 @@ impl Control {
         Ok(rows)
     }
 
+    /// Destroys a sandbox for `why` (an already final one is left as is);
+    /// it as it ended.
+    pub async fn destroy(&self, id: &str, why: &str) -> Result<SandboxInfo, ApiError> {
+        let row = self.destroy_row(id, why).await?;
+        Ok(self.info(row, false).await)
+    }
+
     /// Destroys a sandbox for `why`; an already final sandbox is left as is.
-    pub async fn destroy(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
+    pub(crate) async fn destroy_row(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
         self.destroy_locked(id, why).await
     }
 
     /// `destroy` for a caller that holds the sandbox's lock.
     pub(crate) async fn destroy_locked(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if row.state.is_final() {
             return Ok(row);
         }
@@ -441,7 +462,7 @@ impl Control {
             self.store
                 .transition(id, SandboxState::Destroyed, why, &now, t)
                 .await?;
-            return self.get(id).await;
+            return self.row(id).await;
         }
         let now = now_rfc3339();
         if row.state != SandboxState::Stopping || row.grace {
@@ -514,7 +535,7 @@ impl Control {
                 },
             )
             .await?;
-        self.get(id).await
+        self.row(id).await
     }
 
     /// Runs a command in the sandbox: its events as they happen, in a span
@@ -544,7 +565,7 @@ impl Control {
         let runnable = async {
             req.validate()
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let row = self.get(id).await?;
+            let row = self.row(id).await?;
             crate::traces::sandbox(&tracing::Span::current(), &row);
             // A kept sandbox's scene is there to be looked at: the node
             // thaws it while an exec runs.
@@ -576,7 +597,7 @@ impl Control {
         data: axum::body::Bytes,
         close: bool,
     ) -> Result<(), ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         self.api(&row.node)?
             .exec_input(id, exec_id, data, close)
             .await
@@ -597,7 +618,7 @@ impl Control {
     /// (a WebSocket): the sandbox's node is looked up once, not per
     /// keystroke.
     pub async fn exec_handle(&self, id: &str, exec_id: &str) -> Result<ExecHandle, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         Ok(ExecHandle {
             node: self.api(&row.node)?,
             id: id.to_string(),
@@ -614,9 +635,9 @@ impl Control {
         id: &str,
         allow: Vec<String>,
         deny: Vec<String>,
-    ) -> Result<(SandboxRow, warren_node_api::PolicyChange), ApiError> {
+    ) -> Result<(SandboxInfo, warren_node_api::PolicyChange), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if !row.spec.network.mode.is_proxied() {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} has network mode 'none'; the mode is fixed at create, and only an 'allowlist' or 'open' sandbox has rules to change"
@@ -656,7 +677,7 @@ impl Control {
             .set_network(id, spec.network.clone())
             .await
             .map_err(node_error)?;
-        Ok((self.get(id).await?, change))
+        Ok((self.info(self.row(id).await?, false).await, change))
     }
 
     /// Changes what happens when a running or paused sandbox ends (its
@@ -668,14 +689,14 @@ impl Control {
         id: &str,
         reclaim: warren_core::spec::ReclaimPolicy,
         keep_for: Option<warren_core::spec::Dur>,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxInfo, ApiError> {
         if keep_for.is_some_and(|d| d.get().is_zero()) {
             return Err(ApiError::bad_request(
                 "keep_for must be greater than zero, e.g. \"2h\"",
             ));
         }
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} is {}; only a running or paused sandbox has an end to decide",
@@ -703,14 +724,20 @@ impl Control {
         self.store
             .set_spec(id, &spec, &now_rfc3339(), "reclaim_changed", &message)
             .await?;
-        self.get(id).await
+        Ok(self.info(self.row(id).await?, false).await)
+    }
+
+    /// Pauses (freezes) or resumes a running sandbox; it as it is now.
+    pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxInfo, ApiError> {
+        let row = self.pause_row(id, paused).await?;
+        Ok(self.info(row, false).await)
     }
 
     /// Pauses (freezes) or resumes a running sandbox, under the sandbox's
     /// lock, so a pause can never land on a sandbox being destroyed.
-    pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
+    async fn pause_row(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         let (from, to, why) = if paused {
             (SandboxState::Running, SandboxState::Paused, reason::PAUSED)
         } else {
@@ -733,7 +760,7 @@ impl Control {
             .transition(id, to, why, &now_rfc3339(), Transition::default())
             .await?;
         let _ = node.note(id, note(to.as_str(), why, "")).await;
-        self.get(id).await
+        self.row(id).await
     }
 }
 

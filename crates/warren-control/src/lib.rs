@@ -42,7 +42,6 @@ pub use images::Images;
 pub use profiles::Profiles;
 pub use secrets::Secrets;
 pub use signing::Signer;
-pub use store::SandboxRow;
 pub use tenants::Tenants;
 pub use volumes::{VolumeFiles, Volumes};
 mod sandbox_locks;

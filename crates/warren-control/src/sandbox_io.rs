@@ -13,12 +13,12 @@ use tracing::Instrument;
 use warren_core::files::{PathEntry, PathOp, WriteFile};
 use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
 use warren_core::tenant::Principal;
-use warren_core::{ApiError, SandboxState, Selector};
+use warren_core::{ApiError, SandboxInfo, SandboxState, Selector};
 use warren_node_api::Tunnel;
 
 use crate::control::Control;
 use crate::node_errors::node_error;
-use crate::store::SandboxRow;
+
 use crate::streams::{file_read, to_node, ByteStream, FileRead, WatchEvent};
 
 /// The span of a file read or write of `path`.
@@ -43,7 +43,7 @@ impl Control {
         &self,
         id: &str,
     ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         // The span of the file call this is for (see `file_span`).
         crate::traces::sandbox(&tracing::Span::current(), &row);
         if !has_files(row.state) {
@@ -134,7 +134,7 @@ impl Control {
 
     /// The sandbox's log; with `follow`, until it has ended (or is held).
     pub async fn logs(&self, id: &str, follow: bool) -> Result<ByteStream, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         let lines = self.log_lines(id, &row.node, follow, 0).await?;
         Ok(lines.take_until(self.lifecycle.stopped()).boxed())
     }
@@ -142,7 +142,7 @@ impl Control {
     /// The usage samples kept of the sandbox, oldest first (one JSON line
     /// each), whether or not it or its node still exists.
     pub async fn usage_history(&self, id: &str) -> Result<ByteStream, ApiError> {
-        self.get(id).await?;
+        self.row(id).await?;
         crate::log_shipping::usage_lines(self.store.as_ref(), id).await
     }
 
@@ -223,7 +223,7 @@ impl Control {
 
     /// A connection to `port` on the sandbox's loopback.
     pub async fn connect_port(&self, id: &str, port: u16) -> Result<Box<dyn Tunnel>, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         self.api(&row.node)?
             .connect_port(id, port)
             .await
@@ -270,12 +270,12 @@ impl Control {
         &self,
         id: &str,
         ttl: warren_core::spec::Dur,
-    ) -> Result<SandboxRow, ApiError> {
+    ) -> Result<SandboxInfo, ApiError> {
         let ttl = ttl.get();
         if ttl.is_zero() {
             return Err(ApiError::bad_request("ttl must be greater than zero"));
         }
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} is {}; only a running or paused sandbox has a TTL to change",
@@ -286,7 +286,7 @@ impl Control {
             .set_ttl(id, ttl)
             .await
             .map_err(node_error)?;
-        Ok(row)
+        Ok(self.info(row, false).await)
     }
 
     /// The sandbox's changes as a new image (under a name, published to
@@ -298,7 +298,7 @@ impl Control {
         id: &str,
         req: CommitImage,
     ) -> Result<ImageInfo, ApiError> {
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         match row.state {
             SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
             other => {

@@ -448,17 +448,17 @@ fn listed(info: &SandboxInfo) -> Value {
 /// A live sandbox (running or paused), or 404 as E2B answers for one that
 /// was killed.
 pub(crate) async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> {
-    let row = control.get(id).await.map_err(|e| {
+    let info = control.inspect(id, false).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             E2bError::not_found(id)
         } else {
             e.into()
         }
     })?;
-    if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+    if !matches!(info.state, SandboxState::Running | SandboxState::Paused) {
         return Err(E2bError::not_found(id));
     }
-    Ok(control.info(row, false).await)
+    Ok(info)
 }
 
 pub(crate) async fn detail(State(e2b): St, Path(id): Path<String>) -> E2bResult<Json<Value>> {
@@ -756,11 +756,10 @@ pub(crate) async fn metrics(
     Query(range): Query<MetricsRange>,
 ) -> E2bResult<Json<Value>> {
     let control = control(&e2b)?;
-    let row = control
-        .get(&id)
+    let info = control
+        .inspect(&id, true)
         .await
         .map_err(|_| E2bError::not_found(&id))?;
-    let info = control.info(row, true).await;
     let Some(u) = &info.usage else {
         return Ok(Json(json!([])));
     };

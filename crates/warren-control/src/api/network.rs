@@ -61,9 +61,9 @@ pub(crate) async fn set_network(
     JsonBody(rules): JsonBody<NetworkRules>,
 ) -> ApiResult<Json<NetworkChange>> {
     st.control.touch(&id).await;
-    let (row, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
+    let (sandbox, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
     Ok(Json(NetworkChange {
-        sandbox: st.control.info(row, false).await,
+        sandbox,
         closed: change.closed,
         unlistened_ports: change.unlistened,
     }))

@@ -108,24 +108,22 @@ pub(crate) async fn heartbeat(
     State(st): St,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    let row = st.control.get(&id).await?;
+    st.control.get(&id).await?;
     st.control.touch(&id).await;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(st.control.inspect(&id, false).await?))
 }
 
 /// Freeze every process of a running sandbox (cgroup freezer).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 pub(crate) async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
     st.control.touch(&id).await;
-    let row = st.control.set_paused(&id, true).await?;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(st.control.set_paused(&id, true).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 pub(crate) async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
     st.control.touch(&id).await;
-    let row = st.control.set_paused(&id, false).await?;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(st.control.set_paused(&id, false).await?))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -142,8 +140,7 @@ pub(crate) async fn set_ttl(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<TtlBody>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    let row = st.control.set_ttl(&id, req.ttl).await?;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(st.control.set_ttl(&id, req.ttl).await?))
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -167,11 +164,11 @@ pub(crate) async fn set_reclaim(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ReclaimBody>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    let row = st
-        .control
-        .set_reclaim(&id, req.reclaim, req.keep_for)
-        .await?;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(
+        st.control
+            .set_reclaim(&id, req.reclaim, req.keep_for)
+            .await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody)))]
@@ -180,8 +177,7 @@ pub(crate) async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
     st.control.touch(&id).await;
-    let row = st.control.get(&id).await?;
-    let mut info = st.control.info(row, true).await;
+    let mut info = st.control.inspect(&id, true).await?;
     info.events = st.control.events(Some(&id), 0, 1000).await?;
     Ok(Json(info))
 }
@@ -191,8 +187,7 @@ pub(crate) async fn delete_sandbox(
     State(st): St,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    let row = st.control.destroy(&id, reason::USER_DELETED).await?;
-    Ok(Json(st.control.info(row, false).await))
+    Ok(Json(st.control.destroy(&id, reason::USER_DELETED).await?))
 }
 
 /// Destroys a bulk delete runs at once.
@@ -232,7 +227,7 @@ pub(crate) async fn delete_sandboxes(
     let mut failed = Vec::new();
     for r in results {
         match r {
-            Ok(row) => out.push(st.control.info(row, false).await),
+            Ok(info) => out.push(info),
             Err(e) => failed.push(e),
         }
     }

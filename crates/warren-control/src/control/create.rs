@@ -258,7 +258,7 @@ impl Control {
                 }
                 let task = tokio::spawn(this.wait_then_start(row, ready).in_current_span());
                 if !wait {
-                    let row = self.get(&id).await?;
+                    let row = self.row(&id).await?;
                     return Ok((self.info(row, false).await, true));
                 }
                 task
@@ -314,7 +314,7 @@ impl Control {
             if row.state == SandboxState::Queued {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
-            row = self.get(&row.id).await?;
+            row = self.row(&row.id).await?;
         }
     }
 
@@ -392,7 +392,7 @@ impl Control {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
         // Deleted while it waited, after the capacity was granted?
-        if self.get(&id).await?.state != SandboxState::Queued {
+        if self.row(&id).await?.state != SandboxState::Queued {
             self.admission.release(&id);
             return Err(ApiError::conflict(format!(
                 "sandbox {id} was deleted while it waited for capacity"
@@ -445,7 +445,7 @@ impl Control {
         self.store
             .transition(id, SandboxState::Running, reason::READY, &started, t)
             .await?;
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if let Err(e) = self.api(&row.node)?.start_main(id).await {
             let message = e.to_string();
             let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;

@@ -44,7 +44,7 @@ impl Control {
         // The source stays as it is (no pause, resume or destroy) until its
         // layer is copied.
         let source_lock = self.sandbox_locks.lock(id).await;
-        let source = self.get(id).await?;
+        let source = self.row(id).await?;
         let mut spec = req
             .child_spec(id, &source.spec)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -181,7 +181,7 @@ impl Control {
         );
         {
             let _one = self.sandbox_locks.lock(id).await;
-            if let Ok(now) = self.get(id).await {
+            if let Ok(now) = self.row(id).await {
                 if let Err(e) = self
                     .store
                     .set_spec(id, &now.spec, &now_rfc3339(), reason::FORKED, &message)

@@ -145,7 +145,7 @@ impl Control {
             }
         };
         let _one = self.sandbox_locks.lock(&id).await;
-        let row = self.get(&id).await?;
+        let row = self.row(&id).await?;
         // A report from a node the sandbox is not (or no longer) on.
         if row.node != node {
             return Ok(());

@@ -107,7 +107,7 @@ impl Control {
     ) -> Result<Option<SandboxInfo>, ApiError> {
         while let Some((pool, id)) = self.pools.take(tenant, spec) {
             let _one = self.sandbox_locks.lock(&id).await;
-            let Ok(row) = self.get(&id).await else {
+            let Ok(row) = self.row(&id).await else {
                 continue;
             };
             if row.state != SandboxState::Running {

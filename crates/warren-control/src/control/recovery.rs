@@ -208,7 +208,7 @@ impl Control {
         message: &str,
     ) -> Result<(), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.get(id).await?;
+        let row = self.row(id).await?;
         if row.state.is_final() {
             return Ok(());
         }
@@ -239,7 +239,7 @@ impl Control {
         // What the node reported meanwhile (an expiry at take-over) may
         // have finished it already.
         let one = self.sandbox_locks.lock(&row.id).await;
-        let row = &self.get(&row.id).await?;
+        let row = &self.row(&row.id).await?;
         if row.state.is_final() {
             self.admission.release(&row.id);
             return Ok(());
@@ -388,7 +388,7 @@ impl Control {
             for row in rows.into_iter().filter(|r| !r.grace) {
                 let _one = self.sandbox_locks.lock(&row.id).await;
                 // Finished meanwhile by whoever held the lock?
-                match self.get(&row.id).await {
+                match self.row(&row.id).await {
                     Ok(now) if now.state == SandboxState::Stopping && !now.grace => {}
                     _ => continue,
                 }

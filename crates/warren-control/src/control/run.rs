@@ -91,7 +91,7 @@ impl Control {
     async fn stop_after_run(&self, id: &str, code: i32) {
         let _one = self.sandbox_locks.lock(id).await;
         // A DELETE may have got there first.
-        if !matches!(self.get(id).await, Ok(row) if row.state == SandboxState::Running) {
+        if !matches!(self.row(id).await, Ok(row) if row.state == SandboxState::Running) {
             return;
         }
         let t = Transition {
@@ -127,7 +127,7 @@ impl Control {
         };
         let mut shown = None;
         loop {
-            let row = self.get(id).await?;
+            let row = self.row(id).await?;
             match row.state {
                 SandboxState::Running => break,
                 SandboxState::Queued | SandboxState::Creating => {

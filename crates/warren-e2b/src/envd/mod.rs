@@ -17,7 +17,7 @@ use serde_json::json;
 use warren_control::access::Call;
 use warren_control::Control;
 use warren_core::tenant::{Principal, Role};
-use warren_core::{SandboxState, Selector};
+use warren_core::{SandboxInfo, SandboxState, Selector};
 
 use crate::{E2b, ENVD_PORT, FRONT_LABEL};
 
@@ -259,10 +259,7 @@ fn changes(method: &axum::http::Method, path: &str) -> bool {
 /// by the traffic that reaches it (envd's calls, a port), with the timeout
 /// it was made with. None: it stays paused (made without, or the resume
 /// failed), and the caller is told it is not running.
-async fn auto_resume(
-    control: &Control,
-    row: warren_control::SandboxRow,
-) -> Option<warren_control::SandboxRow> {
+async fn auto_resume(control: &Control, row: SandboxInfo) -> Option<SandboxInfo> {
     let secs: u64 = row
         .spec
         .labels

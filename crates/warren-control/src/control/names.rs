@@ -19,20 +19,21 @@ const HOLDING: [SandboxState; 6] = [
 ];
 
 impl Control {
+    /// The sandboxes of every tenant that hold `name`.
+    async fn holders(&self, name: &str) -> Result<Vec<SandboxRow>, ApiError> {
+        let live = self.store.list(&HOLDING).await?;
+        let named = |r: &SandboxRow| r.spec.name.as_ref().is_some_and(|n| n.as_str() == name);
+        Ok(live.into_iter().filter(named).collect())
+    }
+
     /// The id of the sandbox `who` means by `name`: its tenant's names
     /// are its own, so two tenants may each hold one. The operator reaches
     /// every tenant's: its own (the default tenant's) first, else the one
     /// holder, and Conflict when several tenants hold the name.
     pub async fn named(&self, who: &Principal, name: &str) -> Result<Option<String>, ApiError> {
         let own = who.tenant();
-        let mut holders: Vec<SandboxRow> = self
-            .store
-            .list(&HOLDING)
-            .await?
-            .into_iter()
-            .filter(|r| r.spec.name.as_ref().is_some_and(|n| n.as_str() == name))
-            .filter(|r| who.reaches(&r.tenant))
-            .collect();
+        let mut holders = self.holders(name).await?;
+        holders.retain(|r| who.reaches(&r.tenant));
         if let Some(mine) = holders.iter().position(|r| r.tenant == own) {
             return Ok(Some(holders.swap_remove(mine).id));
         }
@@ -62,12 +63,8 @@ impl Control {
             return Ok(None);
         };
         let guard = self.naming.lock().await;
-        let holder = self
-            .store
-            .list(&HOLDING)
-            .await?
-            .into_iter()
-            .find(|r| &r.tenant == tenant && r.spec.name.as_ref() == Some(name));
+        let holders = self.holders(name.as_str()).await?;
+        let holder = holders.into_iter().find(|r| &r.tenant == tenant);
         if let Some(holder) = holder {
             return Err(ApiError::conflict(format!(
                 "the name {name} is taken by sandbox {}; remove it (`warren rm {name}`) or choose another",

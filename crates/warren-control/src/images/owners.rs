@@ -16,8 +16,7 @@ use warren_node_api::{ImageInfo, NodeError};
 use crate::images::Images;
 use crate::store::OwnedName::Image;
 
-/// What a tenant may do with a name it does not own, in the words a
-/// missing image gets.
+/// The answer for another tenant's image: the words a missing one gets.
 fn no_image(name: &str) -> String {
     format!("image {name} not found (see `warren image ls`)")
 }

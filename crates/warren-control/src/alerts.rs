@@ -147,7 +147,7 @@ impl Control {
                 tx
             })
             .collect();
-        let mut writes = self.event_writes();
+        let mut writes = self.records.event_writes();
         let mut after = match self.store.last_event_seq().await {
             Ok(seq) => seq,
             Err(e) => {

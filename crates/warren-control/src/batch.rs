@@ -154,6 +154,7 @@ impl Control {
         // The records themselves: an ended member's carries its usage.
         let selector = Self::batch_selector(id);
         let members: Vec<crate::store::SandboxRow> = self
+            .records
             .rows_owned(Some(&batch.tenant), &[])
             .await?
             .into_iter()
@@ -169,7 +170,7 @@ impl Control {
             // has no periodic sample yet.
             // An ended member's usage as it ended: the batch's sums last
             // after its sandboxes are gone.
-            let status = match (m.state.is_live(), self.reachable(&m.node)) {
+            let status = match (m.state.is_live(), self.nodes.reachable(&m.node)) {
                 (true, Some(node)) => node.status(&m.id, true).await.ok(),
                 _ => None,
             };
@@ -309,6 +310,7 @@ impl Control {
         // Members submitted while we delete are caught by a second pass.
         for _ in 0..2 {
             let members = self
+                .records
                 .list_owned(Some(&tenant), &open, &Self::batch_selector(id))
                 .await?;
             let deletes = members

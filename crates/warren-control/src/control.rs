@@ -2,23 +2,21 @@
 //! the node to run them (only through the node contract), and reacting to
 //! what the node reports.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use warren_core::tenant::{Principal, TenantName};
+use warren_core::tenant::Principal;
 
-use futures_util::stream::BoxStream;
 use rand::Rng;
-use tracing::Instrument;
 use warren_core::clock::now_rfc3339;
 use warren_core::state::reason;
-use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxInfo, SandboxState, Selector};
-use warren_node_api::{LogNote, NodeApi, SandboxStatus};
+use warren_core::{ApiError, SandboxInfo, SandboxState};
+use warren_node_api::LogNote;
 
 use crate::admission::Admission;
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
 mod access;
+mod commit;
 mod create;
 mod fork;
 mod names;
@@ -36,7 +34,11 @@ pub struct Control {
     /// network); shared with the services that call them.
     pub(crate) nodes: Arc<crate::nodes::Nodes>,
     /// The FIFO queue and what each sandbox holds of its node.
-    pub(crate) admission: Admission,
+    pub(crate) admission: Arc<Admission>,
+    /// The sandboxes' records and the reads of them.
+    pub(crate) records: Arc<crate::records::Records>,
+    /// Exec, files, logs and ports of a sandbox.
+    pub(crate) io: crate::sandbox_io::SandboxIo,
     /// When a silent node is given up; None: never (`warren up`'s node).
     pub(crate) liveness: Option<crate::nodes::Liveness>,
     /// Whether a clean stop destroys every sandbox (`warren up`); a
@@ -46,7 +48,7 @@ pub struct Control {
     pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
     /// The learned profiles and how they learn.
     pub(crate) profiles: crate::profiles::Profiles,
-    pub(crate) lifecycle: crate::lifecycle::Lifecycle,
+    pub(crate) lifecycle: Arc<crate::lifecycle::Lifecycle>,
     pub(crate) pools: crate::pools::Pools,
     /// Image builds, running and recent.
     pub(crate) builds: crate::build_log::Builds,
@@ -90,12 +92,6 @@ pub fn new_id_with(prefix: &str) -> String {
     format!("{prefix}-{suffix}")
 }
 
-/// How long a sandbox's answer waits for its node's part (see
-/// [`Control::info`]): a healthy node answers a status read in
-/// milliseconds, and one that went silent is only known to be so after
-/// `Liveness::unreachable_after`.
-const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 fn new_id() -> String {
     new_id_with("sbx")
 }
@@ -110,7 +106,22 @@ impl Control {
         liveness: Option<crate::nodes::Liveness>,
     ) -> Control {
         let nodes: Arc<crate::nodes::Nodes> = Default::default();
+        let admission = Arc::new(Admission::new(queue_limit));
+        let lifecycle: Arc<crate::lifecycle::Lifecycle> = Default::default();
+        let records = Arc::new(crate::records::Records::new(
+            store.clone(),
+            nodes.clone(),
+            admission.clone(),
+        ));
+        let io = crate::sandbox_io::SandboxIo::new(
+            records.clone(),
+            nodes.clone(),
+            store.clone(),
+            lifecycle.clone(),
+        );
         Control {
+            records,
+            io,
             secrets: crate::secrets::Secrets::new(store.clone(), None),
             tenants: crate::tenants::Tenants::new(store.clone(), None),
             audit: crate::audit::Audit::new(None),
@@ -119,12 +130,12 @@ impl Control {
             profiles: crate::profiles::Profiles::new(store.clone(), policy),
             store,
             nodes,
-            admission: Admission::new(queue_limit),
+            admission,
             liveness,
             destroy_on_stop,
             metrics: crate::metrics::Metrics::new(),
             sandbox_locks: Default::default(),
-            lifecycle: Default::default(),
+            lifecycle,
             pools: Default::default(),
             builds: Default::default(),
             naming: Default::default(),
@@ -146,6 +157,16 @@ impl Control {
     /// stopping): what a daemon waits on and stops.
     pub fn lifecycle(&self) -> &crate::lifecycle::Lifecycle {
         &self.lifecycle
+    }
+
+    /// The sandboxes' records: one sandbox, lists, the event log.
+    pub fn records(&self) -> &crate::records::Records {
+        &self.records
+    }
+
+    /// Exec, files, logs and ports of a sandbox.
+    pub fn io(&self) -> &crate::sandbox_io::SandboxIo {
+        &self.io
     }
 
     /// The secrets service.
@@ -198,7 +219,7 @@ impl Control {
             None => None,
         };
         let held = match sandboxes {
-            Some(_) => self.inventory().await,
+            Some(_) => self.records.inventory().await,
             None => Default::default(),
         };
         self.metrics.render(crate::metrics::Snapshot {
@@ -234,209 +255,11 @@ impl Control {
         self
     }
 
-    /// A record as a client sees it, with what its node says of it now.
-    /// A node that does not answer within [`STATUS_WAIT`] (its link cut,
-    /// say, before it is known to be silent) leaves out what only it knows
-    /// (pid, TTL left, usage) rather than holding up the answer.
-    pub(crate) async fn info(&self, row: SandboxRow, detailed: bool) -> SandboxInfo {
-        let status = match (row.state.is_live(), self.reachable(&row.node)) {
-            // Only a detailed answer shows usage: read it now for that.
-            (true, Some(node)) => {
-                match tokio::time::timeout(STATUS_WAIT, node.status(&row.id, detailed)).await {
-                    Ok(status) => status.ok(),
-                    Err(_) => {
-                        tracing::warn!(sandbox = %row.id, node = %row.node, "its node did not answer a status read within {STATUS_WAIT:?}; answering the record alone");
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        self.info_with(row, status.as_ref(), detailed)
-    }
-
-    pub(crate) fn info_with(
-        &self,
-        row: SandboxRow,
-        status: Option<&SandboxStatus>,
-        detailed: bool,
-    ) -> SandboxInfo {
-        let status = status.filter(|_| row.state.is_live());
-        let (queue_position, waiting_for) = if row.state == SandboxState::Queued {
-            (
-                self.admission.position(&row.id),
-                self.admission
-                    .waiting_reason(&row.id)
-                    .map(|w| w.to_string()),
-            )
-        } else {
-            (None, None)
-        };
-        SandboxInfo {
-            host_id_base: status.and_then(|s| s.host_id_base).filter(|_| detailed),
-            queue_position,
-            waiting_for,
-            ttl_remaining_ms: status.map(|s| s.ttl_remaining_ms),
-            lease_remaining_ms: status.and_then(|s| s.lease_remaining_ms),
-            // A live sandbox's from its node; an ended one's as it ended.
-            usage: match status {
-                Some(s) => s.usage.clone(),
-                None => row.usage.clone(),
-            }
-            .filter(|_| detailed),
-            pid: status.map(|s| s.pid),
-            id: row.id,
-            state: row.state,
-            reason: row.reason,
-            spec: row.spec,
-            resources: row.resources,
-            node: row.node,
-            image_digest: row.image_digest,
-            created_at: row.created_at,
-            started_at: row.started_at,
-            finished_at: row.finished_at,
-            exit_code: row.exit_code,
-            events: vec![],
-            tenant: row.tenant,
-        }
-    }
-
-    /// What the reachable nodes hold, by sandbox (a node that cannot be
-    /// asked adds nothing).
-    pub async fn inventory(&self) -> HashMap<String, SandboxStatus> {
-        let asks = self
-            .nodes
-            .all()
-            .into_iter()
-            .filter(|n| n.view().health == crate::nodes::Health::Ready)
-            .map(|n| async move {
-                match n.api.inventory().await {
-                    Ok(list) => list,
-                    Err(e) => {
-                        tracing::warn!(node = %n.name, error = %e, "asking a node for its sandboxes");
-                        Vec::new()
-                    }
-                }
-            });
-        futures_util::future::join_all(asks)
-            .await
-            .into_iter()
-            .flatten()
-            .map(|s| (s.id.clone(), s))
-            .collect()
-    }
-
-    /// Events after `after` (of one sandbox, or all), oldest first.
-    pub async fn events(
-        &self,
-        sandbox: Option<&str>,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<warren_core::Event>, ApiError> {
-        Ok(self.store.events(sandbox, after, limit).await?)
-    }
-
-    /// The newest event's sequence number: where a snapshot's follower
-    /// starts (`GET /v1/usage`'s `event_seq`).
-    pub async fn last_event_seq(&self) -> Result<i64, ApiError> {
-        Ok(self.store.last_event_seq().await?)
-    }
-
-    /// Changes whenever an event is written (for followers).
-    pub fn event_writes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.store.subscribe_events()
-    }
-
-    /// Renews a sandbox's lease (any call on a sandbox does).
-    pub async fn touch(&self, id: &str) {
-        let Ok(row) = self.row(id).await else { return };
-        let Some(node) = self.reachable(&row.node) else {
-            return;
-        };
-        if let Err(e) = node.renew_lease(id).await {
-            tracing::debug!(sandbox = %id, error = %e, "renewing a lease");
-        }
-    }
-
-    /// The sandbox as recorded (no node is asked); NotFound when there is
-    /// none.
-    pub async fn get(&self, id: &str) -> Result<SandboxInfo, ApiError> {
-        Ok(self.info_with(self.row(id).await?, None, false))
-    }
-
-    /// The sandbox as its node sees it now (its TTL and lease left, and,
-    /// `detailed`, its usage read now), or as recorded when the node does
-    /// not answer.
-    pub async fn inspect(&self, id: &str, detailed: bool) -> Result<SandboxInfo, ApiError> {
-        Ok(self.info(self.row(id).await?, detailed).await)
-    }
-
-    /// The sandbox's record; NotFound when there is none.
-    pub(crate) async fn row(&self, id: &str) -> Result<SandboxRow, ApiError> {
-        self.store.get(id).await?.ok_or_else(|| {
-            ApiError::not_found(format!(
-                "no sandbox with id {id:?}; list them with `warren ps`"
-            ))
-        })
-    }
-
-    /// The sandboxes `who` reaches in `states` (all when empty) that
-    /// match `selector`.
-    pub async fn list(
-        &self,
-        who: &Principal,
-        states: &[SandboxState],
-        selector: &Selector,
-    ) -> Result<Vec<SandboxInfo>, ApiError> {
-        self.list_owned(who.scope(), states, selector).await
-    }
-
-    /// [`Control::list`] of one tenant's sandboxes, or every tenant's.
-    pub(crate) async fn list_owned(
-        &self,
-        tenant: Option<&TenantName>,
-        states: &[SandboxState],
-        selector: &Selector,
-    ) -> Result<Vec<SandboxInfo>, ApiError> {
-        let rows: Vec<SandboxRow> = self
-            .rows_owned(tenant, states)
-            .await?
-            .into_iter()
-            .filter(|r| selector.matches(r.labels()))
-            .collect();
-        let held = if rows.iter().any(|r| r.state.is_live()) {
-            self.inventory().await
-        } else {
-            HashMap::new()
-        };
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                let status = held.get(&r.id);
-                self.info_with(r, status, false)
-            })
-            .collect())
-    }
-
-    /// The records of one tenant's sandboxes (every tenant's with None) in
-    /// `states` (all when empty).
-    pub(crate) async fn rows_owned(
-        &self,
-        tenant: Option<&TenantName>,
-        states: &[SandboxState],
-    ) -> Result<Vec<SandboxRow>, ApiError> {
-        let mut rows = self.store.list(states).await?;
-        if let Some(t) = tenant {
-            rows.retain(|r| &r.tenant == t);
-        }
-        Ok(rows)
-    }
-
     /// Destroys a sandbox for `why` (an already final one is left as is);
     /// it as it ended.
     pub async fn destroy(&self, id: &str, why: &str) -> Result<SandboxInfo, ApiError> {
         let row = self.destroy_row(id, why).await?;
-        Ok(self.info(row, false).await)
+        Ok(self.records.info(row, false).await)
     }
 
     /// Destroys a sandbox for `why`; an already final sandbox is left as is.
@@ -447,7 +270,7 @@ impl Control {
 
     /// `destroy` for a caller that holds the sandbox's lock.
     pub(crate) async fn destroy_locked(&self, id: &str, why: &str) -> Result<SandboxRow, ApiError> {
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         if row.state.is_final() {
             return Ok(row);
         }
@@ -462,7 +285,7 @@ impl Control {
             self.store
                 .transition(id, SandboxState::Destroyed, why, &now, t)
                 .await?;
-            return self.row(id).await;
+            return self.records.row(id).await;
         }
         let now = now_rfc3339();
         if row.state != SandboxState::Stopping || row.grace {
@@ -477,7 +300,7 @@ impl Control {
                 .await?;
         }
         warren_crashpoint::hit("destroy:stopping");
-        let usage = match self.api(&row.node)?.destroy(id, why).await {
+        let usage = match self.nodes.api(&row.node)?.destroy(id, why).await {
             Ok(usage) => usage,
             Err(e) => {
                 // It stays `stopping`: a DELETE, the reconciler and a
@@ -535,95 +358,7 @@ impl Control {
                 },
             )
             .await?;
-        self.row(id).await
-    }
-
-    /// Runs a command in the sandbox: its events as they happen, in a span
-    /// that lasts until the stream ends or is dropped and records the
-    /// command's exit code.
-    pub async fn exec(
-        &self,
-        id: &str,
-        req: &ExecRequest,
-    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
-        let span = tracing::info_span!(
-            "sandbox exec",
-            warren.exec.exit_code = tracing::field::Empty,
-            warren.exec.signal = tracing::field::Empty,
-            warren.exec.timed_out = tracing::field::Empty,
-        );
-        let events = self.exec_traced(id, req).instrument(span.clone()).await;
-        crate::traces::outcome(&span, &events);
-        Ok(crate::traces::exec_events(span, events?))
-    }
-
-    async fn exec_traced(
-        &self,
-        id: &str,
-        req: &ExecRequest,
-    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
-        let runnable = async {
-            req.validate()
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let row = self.row(id).await?;
-            crate::traces::sandbox(&tracing::Span::current(), &row);
-            // A kept sandbox's scene is there to be looked at: the node
-            // thaws it while an exec runs.
-            if !matches!(row.state, SandboxState::Running | SandboxState::Kept) {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {id} is {}; exec needs a running or kept sandbox",
-                    row.state
-                )));
-            }
-            self.api(&row.node)
-        };
-        let node = match runnable.await {
-            Ok(node) => node,
-            Err(e) => {
-                // Any call on a sandbox renews its lease; the node renews it
-                // itself on an exec it runs (no extra call on this path).
-                self.touch(id).await;
-                return Err(e);
-            }
-        };
-        node.exec(id, req.clone()).await.map_err(node_error)
-    }
-
-    /// More stdin for a running exec started with `stdin_open`.
-    pub async fn exec_input(
-        &self,
-        id: &str,
-        exec_id: &str,
-        data: axum::body::Bytes,
-        close: bool,
-    ) -> Result<(), ApiError> {
-        let row = self.row(id).await?;
-        self.api(&row.node)?
-            .exec_input(id, exec_id, data, close)
-            .await
-            .map_err(node_error)
-    }
-
-    /// Sets the window size of a running exec's terminal.
-    pub async fn exec_resize(
-        &self,
-        id: &str,
-        exec_id: &str,
-        size: warren_core::WindowSize,
-    ) -> Result<(), ApiError> {
-        self.exec_handle(id, exec_id).await?.resize(size).await
-    }
-
-    /// A running exec's input and terminal, for a session that sends many
-    /// (a WebSocket): the sandbox's node is looked up once, not per
-    /// keystroke.
-    pub async fn exec_handle(&self, id: &str, exec_id: &str) -> Result<ExecHandle, ApiError> {
-        let row = self.row(id).await?;
-        Ok(ExecHandle {
-            node: self.api(&row.node)?,
-            id: id.to_string(),
-            exec_id: exec_id.to_string(),
-        })
+        self.records.row(id).await
     }
 
     /// Replaces a running sandbox's egress rules: recorded first (so a
@@ -637,7 +372,7 @@ impl Control {
         deny: Vec<String>,
     ) -> Result<(SandboxInfo, warren_node_api::PolicyChange), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         if !row.spec.network.mode.is_proxied() {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} has network mode 'none'; the mode is fixed at create, and only an 'allowlist' or 'open' sandbox has rules to change"
@@ -656,7 +391,7 @@ impl Control {
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.egress_allowed(&row.tenant, &spec.network).await?;
-        let node = self.api(&row.node)?;
+        let node = self.nodes.api(&row.node)?;
         node.check_network(spec.network.clone())
             .await
             .map_err(node_error)?;
@@ -677,7 +412,10 @@ impl Control {
             .set_network(id, spec.network.clone())
             .await
             .map_err(node_error)?;
-        Ok((self.info(self.row(id).await?, false).await, change))
+        Ok((
+            self.records.info(self.records.row(id).await?, false).await,
+            change,
+        ))
     }
 
     /// Changes what happens when a running or paused sandbox ends (its
@@ -696,7 +434,7 @@ impl Control {
             ));
         }
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
             return Err(ApiError::conflict(format!(
                 "sandbox {id} is {}; only a running or paused sandbox has an end to decide",
@@ -724,20 +462,45 @@ impl Control {
         self.store
             .set_spec(id, &spec, &now_rfc3339(), "reclaim_changed", &message)
             .await?;
-        Ok(self.info(self.row(id).await?, false).await)
+        Ok(self.records.info(self.records.row(id).await?, false).await)
+    }
+
+    /// The sandbox may live `ttl` from now.
+    pub async fn set_ttl(
+        &self,
+        id: &str,
+        ttl: warren_core::spec::Dur,
+    ) -> Result<SandboxInfo, ApiError> {
+        let ttl = ttl.get();
+        if ttl.is_zero() {
+            return Err(ApiError::bad_request("ttl must be greater than zero"));
+        }
+        let row = self.records.row(id).await?;
+        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is {}; only a running or paused sandbox has a TTL to change",
+                row.state
+            )));
+        }
+        self.nodes
+            .api(&row.node)?
+            .set_ttl(id, ttl)
+            .await
+            .map_err(node_error)?;
+        Ok(self.records.info(row, false).await)
     }
 
     /// Pauses (freezes) or resumes a running sandbox; it as it is now.
     pub async fn set_paused(&self, id: &str, paused: bool) -> Result<SandboxInfo, ApiError> {
         let row = self.pause_row(id, paused).await?;
-        Ok(self.info(row, false).await)
+        Ok(self.records.info(row, false).await)
     }
 
     /// Pauses (freezes) or resumes a running sandbox, under the sandbox's
     /// lock, so a pause can never land on a sandbox being destroyed.
     async fn pause_row(&self, id: &str, paused: bool) -> Result<SandboxRow, ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         let (from, to, why) = if paused {
             (SandboxState::Running, SandboxState::Paused, reason::PAUSED)
         } else {
@@ -754,39 +517,12 @@ impl Control {
                 if paused { "paused" } else { "resumed" }
             )));
         }
-        let node = self.api(&row.node)?;
+        let node = self.nodes.api(&row.node)?;
         node.set_paused(id, paused).await.map_err(node_error)?;
         self.store
             .transition(id, to, why, &now_rfc3339(), Transition::default())
             .await?;
         let _ = node.note(id, note(to.as_str(), why, "")).await;
-        self.row(id).await
-    }
-}
-
-/// See [`Control::exec_handle`].
-pub struct ExecHandle {
-    node: Arc<dyn NodeApi>,
-    id: String,
-    exec_id: String,
-}
-
-impl ExecHandle {
-    /// More stdin; `close` ends it after `data`.
-    pub async fn input(&self, data: axum::body::Bytes, close: bool) -> Result<(), ApiError> {
-        self.node
-            .exec_input(&self.id, &self.exec_id, data, close)
-            .await
-            .map_err(node_error)
-    }
-
-    /// Sets the terminal's window size.
-    pub async fn resize(&self, size: warren_core::WindowSize) -> Result<(), ApiError> {
-        size.validate()
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        self.node
-            .exec_resize(&self.id, &self.exec_id, size)
-            .await
-            .map_err(node_error)
+        self.records.row(id).await
     }
 }

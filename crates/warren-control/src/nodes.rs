@@ -127,6 +127,27 @@ impl Nodes {
         self.read().values().cloned().collect()
     }
 
+    /// The contract client of `node`, whatever its health (a call to a
+    /// silent node fails as `unavailable`).
+    pub(crate) fn api(&self, node: &str) -> Result<Arc<dyn NodeApi>, ApiError> {
+        self.get(node).map(|n| n.api.clone()).ok_or_else(|| {
+            ApiError::new(
+                warren_core::ErrorCode::Unavailable,
+                format!(
+                    "node {node:?} is not part of this cluster (removed?); see `warren node ls`"
+                ),
+            )
+        })
+    }
+
+    /// The client of `node` if it is heard from (reads that only add
+    /// detail skip a silent node instead of waiting for it).
+    pub(crate) fn reachable(&self, node: &str) -> Option<Arc<dyn NodeApi>> {
+        self.get(node)
+            .filter(|n| n.view().health == Health::Ready)
+            .map(|n| n.api.clone())
+    }
+
     /// Adds a node or replaces the entry of the same name (a re-join);
     /// returns the entry it replaced.
     pub fn insert(&self, entry: Arc<NodeEntry>) -> Option<Arc<NodeEntry>> {

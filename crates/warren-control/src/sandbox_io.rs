@@ -11,13 +11,17 @@ use futures_util::StreamExt;
 use hyper_util::rt::TokioIo;
 use tracing::Instrument;
 use warren_core::files::{PathEntry, PathOp, WriteFile};
-use warren_core::image::{CommitImage, ImageInfo, ImageTarget};
 use warren_core::tenant::Principal;
-use warren_core::{ApiError, SandboxInfo, SandboxState, Selector};
-use warren_node_api::Tunnel;
+use warren_core::{ApiError, ExecEvent, ExecRequest, SandboxState, Selector};
+use warren_node_api::{NodeApi, Tunnel};
 
-use crate::control::Control;
+use std::sync::Arc;
+
+use crate::lifecycle::Lifecycle;
 use crate::node_errors::node_error;
+use crate::nodes::Nodes;
+use crate::records::Records;
+use crate::store::Store;
 
 use crate::streams::{file_read, to_node, ByteStream, FileRead, WatchEvent};
 
@@ -36,14 +40,140 @@ fn has_files(state: SandboxState) -> bool {
     )
 }
 
-impl Control {
+/// The sandbox I/O service: exec, files, logs and ports, each a check of
+/// the sandbox's record and a call to its node. It changes no record.
+#[derive(Clone)]
+pub struct SandboxIo {
+    records: Arc<Records>,
+    nodes: Arc<Nodes>,
+    store: Arc<dyn Store>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl SandboxIo {
+    pub(crate) fn new(
+        records: Arc<Records>,
+        nodes: Arc<Nodes>,
+        store: Arc<dyn Store>,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Self {
+        SandboxIo {
+            records,
+            nodes,
+            store,
+            lifecycle,
+        }
+    }
+
+    /// Renews a sandbox's lease (any call on a sandbox does).
+    pub async fn touch(&self, id: &str) {
+        let Ok(row) = self.records.row(id).await else {
+            return;
+        };
+        let Some(node) = self.nodes.reachable(&row.node) else {
+            return;
+        };
+        if let Err(e) = node.renew_lease(id).await {
+            tracing::debug!(sandbox = %id, error = %e, "renewing a lease");
+        }
+    }
+
+    /// Runs a command in the sandbox: its events as they happen, in a span
+    /// that lasts until the stream ends or is dropped and records the
+    /// command's exit code.
+    pub async fn exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
+        let span = tracing::info_span!(
+            "sandbox exec",
+            warren.exec.exit_code = tracing::field::Empty,
+            warren.exec.signal = tracing::field::Empty,
+            warren.exec.timed_out = tracing::field::Empty,
+        );
+        let events = self.exec_traced(id, req).instrument(span.clone()).await;
+        crate::traces::outcome(&span, &events);
+        Ok(crate::traces::exec_events(span, events?))
+    }
+
+    async fn exec_traced(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<BoxStream<'static, ExecEvent>, ApiError> {
+        let runnable = async {
+            req.validate()
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let row = self.records.row(id).await?;
+            crate::traces::sandbox(&tracing::Span::current(), &row);
+            // A kept sandbox's scene is there to be looked at: the node
+            // thaws it while an exec runs.
+            if !matches!(row.state, SandboxState::Running | SandboxState::Kept) {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id} is {}; exec needs a running or kept sandbox",
+                    row.state
+                )));
+            }
+            self.nodes.api(&row.node)
+        };
+        let node = match runnable.await {
+            Ok(node) => node,
+            Err(e) => {
+                // Any call on a sandbox renews its lease; the node renews it
+                // itself on an exec it runs (no extra call on this path).
+                self.touch(id).await;
+                return Err(e);
+            }
+        };
+        node.exec(id, req.clone()).await.map_err(node_error)
+    }
+
+    /// More stdin for a running exec started with `stdin_open`.
+    pub async fn exec_input(
+        &self,
+        id: &str,
+        exec_id: &str,
+        data: axum::body::Bytes,
+        close: bool,
+    ) -> Result<(), ApiError> {
+        let row = self.records.row(id).await?;
+        self.nodes
+            .api(&row.node)?
+            .exec_input(id, exec_id, data, close)
+            .await
+            .map_err(node_error)
+    }
+
+    /// Sets the window size of a running exec's terminal.
+    pub async fn exec_resize(
+        &self,
+        id: &str,
+        exec_id: &str,
+        size: warren_core::WindowSize,
+    ) -> Result<(), ApiError> {
+        self.exec_handle(id, exec_id).await?.resize(size).await
+    }
+
+    /// A running exec's input and terminal, for a session that sends many
+    /// (a WebSocket): the sandbox's node is looked up once, not per
+    /// keystroke.
+    pub async fn exec_handle(&self, id: &str, exec_id: &str) -> Result<ExecHandle, ApiError> {
+        let row = self.records.row(id).await?;
+        Ok(ExecHandle {
+            node: self.nodes.api(&row.node)?,
+            id: id.to_string(),
+            exec_id: exec_id.to_string(),
+        })
+    }
+
     /// The sandbox exists and has files now (the node renews its lease on
     /// the file call; a refused one renews it here).
     async fn file_access(
         &self,
         id: &str,
     ) -> Result<std::sync::Arc<dyn warren_node_api::NodeApi>, ApiError> {
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         // The span of the file call this is for (see `file_span`).
         crate::traces::sandbox(&tracing::Span::current(), &row);
         if !has_files(row.state) {
@@ -53,7 +183,7 @@ impl Control {
                 row.state
             )));
         }
-        self.api(&row.node)
+        self.nodes.api(&row.node)
     }
 
     pub async fn write_file(
@@ -134,7 +264,7 @@ impl Control {
 
     /// The sandbox's log; with `follow`, until it has ended (or is held).
     pub async fn logs(&self, id: &str, follow: bool) -> Result<ByteStream, ApiError> {
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         let lines = self.log_lines(id, &row.node, follow, 0).await?;
         Ok(lines.take_until(self.lifecycle.stopped()).boxed())
     }
@@ -142,7 +272,7 @@ impl Control {
     /// The usage samples kept of the sandbox, oldest first (one JSON line
     /// each), whether or not it or its node still exists.
     pub async fn usage_history(&self, id: &str) -> Result<ByteStream, ApiError> {
-        self.row(id).await?;
+        self.records.row(id).await?;
         crate::log_shipping::usage_lines(self.store.as_ref(), id).await
     }
 
@@ -160,14 +290,19 @@ impl Control {
     ) -> Result<ByteStream, ApiError> {
         use crate::log_shipping::{has_kept, kept_then, newer_lines, Newer};
         if !has_kept(self.store.as_ref(), id).await? {
-            let lines = self.api(node)?.logs(id, follow).await.map_err(node_error)?;
+            let lines = self
+                .nodes
+                .api(node)?
+                .logs(id, follow)
+                .await
+                .map_err(node_error)?;
             return Ok(newer_lines(
                 crate::streams::from_node(lines),
                 None,
                 since_ms,
             ));
         }
-        let live = self.reachable(node);
+        let live = self.nodes.reachable(node);
         let owned = id.to_string();
         let newer: Newer = Box::new(move |last| {
             Box::pin(async move {
@@ -193,12 +328,13 @@ impl Control {
     /// creation order, streamed line by line; with `since_ms`, only lines
     /// written then or later.
     pub async fn logs_by_label(
-        self: &std::sync::Arc<Self>,
+        &self,
         who: &Principal,
         selector: &Selector,
         since_ms: i64,
     ) -> Result<ByteStream, ApiError> {
         let members: Vec<_> = self
+            .records
             .list(who, &[], selector)
             .await?
             .into_iter()
@@ -223,8 +359,9 @@ impl Control {
 
     /// A connection to `port` on the sandbox's loopback.
     pub async fn connect_port(&self, id: &str, port: u16) -> Result<Box<dyn Tunnel>, ApiError> {
-        let row = self.row(id).await?;
-        self.api(&row.node)?
+        let row = self.records.row(id).await?;
+        self.nodes
+            .api(&row.node)?
             .connect_port(id, port)
             .await
             .map_err(node_error)
@@ -264,61 +401,31 @@ impl Control {
         let (parts, body) = resp.into_parts();
         Ok(Response::from_parts(parts, Body::new(body)))
     }
+}
 
-    /// The sandbox may live `ttl` from now.
-    pub async fn set_ttl(
-        &self,
-        id: &str,
-        ttl: warren_core::spec::Dur,
-    ) -> Result<SandboxInfo, ApiError> {
-        let ttl = ttl.get();
-        if ttl.is_zero() {
-            return Err(ApiError::bad_request("ttl must be greater than zero"));
-        }
-        let row = self.row(id).await?;
-        if !matches!(row.state, SandboxState::Running | SandboxState::Paused) {
-            return Err(ApiError::conflict(format!(
-                "sandbox {id} is {}; only a running or paused sandbox has a TTL to change",
-                row.state
-            )));
-        }
-        self.api(&row.node)?
-            .set_ttl(id, ttl)
+/// See [`SandboxIo::exec_handle`].
+pub struct ExecHandle {
+    node: Arc<dyn NodeApi>,
+    id: String,
+    exec_id: String,
+}
+
+impl ExecHandle {
+    /// More stdin; `close` ends it after `data`.
+    pub async fn input(&self, data: axum::body::Bytes, close: bool) -> Result<(), ApiError> {
+        self.node
+            .exec_input(&self.id, &self.exec_id, data, close)
             .await
-            .map_err(node_error)?;
-        Ok(self.info(row, false).await)
+            .map_err(node_error)
     }
 
-    /// The sandbox's changes as a new image (under a name, published to
-    /// the cluster registry when there is one; or a build step's key).
-    /// A name is claimed for `who`'s tenant (see [`crate::images::Images::claim`]).
-    pub async fn commit(
-        &self,
-        who: &Principal,
-        id: &str,
-        req: CommitImage,
-    ) -> Result<ImageInfo, ApiError> {
-        let row = self.row(id).await?;
-        match row.state {
-            SandboxState::Running | SandboxState::Paused | SandboxState::Kept => {}
-            other => {
-                return Err(ApiError::conflict(format!(
-                    "sandbox {id} is {other:?}; only a running, paused or kept sandbox can be committed"
-                )));
-            }
-        }
-        let node = self.api(&row.node)?;
-        let name = match &req.into {
-            ImageTarget::Name(name) => Some(name.clone()),
-            ImageTarget::Step(_) => None,
-        };
-        if let Some(name) = &name {
-            self.images.claim(who, name).await?;
-        }
-        let image = node.commit(id, req).await.map_err(node_error)?;
-        if let Some(name) = name {
-            self.images.publish(node.as_ref(), &name).await?;
-        }
-        Ok(image)
+    /// Sets the terminal's window size.
+    pub async fn resize(&self, size: warren_core::WindowSize) -> Result<(), ApiError> {
+        size.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        self.node
+            .exec_resize(&self.id, &self.exec_id, size)
+            .await
+            .map_err(node_error)
     }
 }

@@ -87,13 +87,13 @@ fn spec(json: serde_json::Value) -> SandboxSpec {
 /// Waits until the sandbox's record is in `state`.
 async fn settles(c: &Control, id: &str, state: SandboxState) -> Result<String, String> {
     for _ in 0..200 {
-        let row = c.get(id).await.map_err(|e| e.message)?;
+        let row = c.records().get(id).await.map_err(|e| e.message)?;
         if row.state == state {
             return Ok(row.reason);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let row = c.get(id).await.map_err(|e| e.message)?;
+    let row = c.records().get(id).await.map_err(|e| e.message)?;
     Err(format!(
         "{id} is {} ({}), not {state}",
         row.state, row.reason
@@ -336,7 +336,7 @@ async fn the_queue_is_first_in_first_out_and_frees_on_destroy() -> TestResult {
         .map_err(|e| e.message)?;
     settles(c, &ids[2], SandboxState::Running).await?;
     assert_eq!(
-        c.get(&ids[4]).await.map_err(|e| e.message)?.state,
+        c.records().get(&ids[4]).await.map_err(|e| e.message)?.state,
         SandboxState::Queued
     );
     c.destroy(&ids[1], reason::USER_DELETED)
@@ -371,6 +371,7 @@ async fn a_failed_create_is_recorded_and_gives_its_capacity_back() -> TestResult
     assert!(err.message.contains("nobody2"), "{}", err.message);
     let failed = p
         .control
+        .records()
         .list(&OP, &[SandboxState::Failed], &Default::default())
         .await
         .map_err(|e| e.message)?;
@@ -397,6 +398,7 @@ async fn a_destroy_racing_a_create_leaves_nothing_behind() -> TestResult {
     let id = loop {
         let rows = p
             .control
+            .records()
             .list(&OP, &[], &Default::default())
             .await
             .map_err(|e| e.message)?;
@@ -413,7 +415,12 @@ async fn a_destroy_racing_a_create_leaves_nothing_behind() -> TestResult {
     assert_eq!(destroyed.state, SandboxState::Destroyed);
     let _ = creating.await?;
     assert_eq!(
-        p.control.get(&id).await.map_err(|e| e.message)?.state,
+        p.control
+            .records()
+            .get(&id)
+            .await
+            .map_err(|e| e.message)?
+            .state,
         SandboxState::Destroyed
     );
     assert!(node.ids().is_empty(), "the node holds {:?}", node.ids());
@@ -465,16 +472,24 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
     let second = plane_in(&node, store_dir).await?;
     let c = &second.control;
     assert_eq!(
-        c.get(&kept_on_node.id).await.map_err(|e| e.message)?.state,
+        c.records()
+            .get(&kept_on_node.id)
+            .await
+            .map_err(|e| e.message)?
+            .state,
         SandboxState::Running
     );
-    let lost = c.get(&gone.id).await.map_err(|e| e.message)?;
+    let lost = c.records().get(&gone.id).await.map_err(|e| e.message)?;
     assert_eq!(
         (lost.state, lost.reason.as_str()),
         (SandboxState::Lost, reason::NODE_LOST)
     );
     assert_eq!(
-        c.get(&paused.id).await.map_err(|e| e.message)?.state,
+        c.records()
+            .get(&paused.id)
+            .await
+            .map_err(|e| e.message)?
+            .state,
         SandboxState::Paused
     );
     assert_eq!(
@@ -483,7 +498,11 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
         "the node follows the record"
     );
     assert_eq!(
-        c.get(&kept.id).await.map_err(|e| e.message)?.state,
+        c.records()
+            .get(&kept.id)
+            .await
+            .map_err(|e| e.message)?
+            .state,
         SandboxState::Kept
     );
     assert_eq!(
@@ -508,7 +527,7 @@ async fn a_clean_stop_of_a_cluster_control_plane_leaves_the_nodes_alone() -> Tes
     c.shutdown(Duration::from_secs(1)).await;
     assert_eq!(node.phase(&s.id), Some(Phase::Running));
     assert_eq!(
-        c.get(&s.id).await.map_err(|e| e.message)?.state,
+        c.records().get(&s.id).await.map_err(|e| e.message)?.state,
         SandboxState::Running
     );
     Ok(())
@@ -545,10 +564,15 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
         assert_eq!(child.spec.fork.as_ref().map(|f| f.layers.clone()), layer);
         assert_eq!(node.phase(&child.id), Some(Phase::Running));
         assert_eq!(
-            c.get(&child.id).await.map_err(|e| e.message)?.reason,
+            c.records()
+                .get(&child.id)
+                .await
+                .map_err(|e| e.message)?
+                .reason,
             "ready"
         );
         let first = c
+            .records()
             .events(Some(&child.id), 0, 10)
             .await
             .map_err(|e| e.message)?;
@@ -565,6 +589,7 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
         "{calls:?}"
     );
     let noted = c
+        .records()
         .events(Some(&source.id), 0, 100)
         .await
         .map_err(|e| e.message)?;
@@ -647,6 +672,7 @@ async fn a_fork_child_that_waits_for_room_is_made_when_room_frees() -> TestResul
     let queued = async {
         loop {
             let rows = c
+                .records()
                 .list(&OP, &[SandboxState::Queued], &Default::default())
                 .await
                 .map_err(|e| e.message)?;
@@ -691,6 +717,7 @@ async fn a_class_goes_where_it_is_offered_and_is_recorded() -> TestResult {
         e.message
     );
     assert!(c
+        .records()
         .list(&OP, &[], &Default::default())
         .await
         .map_err(|e| e.message)?
@@ -704,7 +731,7 @@ async fn a_class_goes_where_it_is_offered_and_is_recorded() -> TestResult {
     assert_eq!(plain.spec.isolation, Some(Container));
     let told = node.spec_of(&plain.id).map(|s| s.isolation);
     assert_eq!(told, Some(Some(Container)));
-    let recorded = c.get(&plain.id).await.map_err(|e| e.message)?;
+    let recorded = c.records().get(&plain.id).await.map_err(|e| e.message)?;
     assert_eq!(recorded.spec.isolation, Some(Container));
     // The node offers gvisor as its default now.
     node.set_isolation(vec![Gvisor, Container]);
@@ -728,7 +755,7 @@ async fn a_class_goes_where_it_is_offered_and_is_recorded() -> TestResult {
         .await
         .map_err(|e| e.message)?;
     settles(c, &queued.id, SandboxState::Running).await?;
-    let row = c.get(&queued.id).await.map_err(|e| e.message)?;
+    let row = c.records().get(&queued.id).await.map_err(|e| e.message)?;
     assert_eq!(row.spec.isolation, Some(Gvisor));
     assert_eq!(
         node.spec_of(&queued.id).and_then(|s| s.isolation),
@@ -817,7 +844,7 @@ async fn a_create_queued_across_a_restart_gets_its_nodes_class() -> TestResult {
         .await
         .map_err(|e| e.message)?;
     settles(c, &queued.id, SandboxState::Running).await?;
-    let row = c.get(&queued.id).await.map_err(|e| e.message)?;
+    let row = c.records().get(&queued.id).await.map_err(|e| e.message)?;
     assert_eq!(row.spec.isolation, Some(Gvisor));
     assert_eq!(
         node.spec_of(&queued.id).and_then(|s| s.isolation),
@@ -856,6 +883,7 @@ async fn a_batch_of_a_class_no_node_offers_is_refused_whole() -> TestResult {
         warren_core::Selector::parse(&format!("{}={}", warren_core::batch::BATCH_LABEL, batch.id))?;
     for _ in 0..200 {
         let members = c
+            .records()
             .list(&OP, &[SandboxState::Running], &selector)
             .await
             .map_err(|e| e.message)?;
@@ -961,6 +989,7 @@ async fn the_fleet_sums_every_page_of_its_window() -> TestResult {
     )
     .await?;
     let f = control
+        .records()
         .fleet(&OP, "task", "1h")
         .await
         .map_err(|e| e.message)?;
@@ -982,11 +1011,13 @@ async fn the_fleet_sums_every_page_of_its_window() -> TestResult {
     assert_eq!(f.total.sandboxes, 2150);
     // The longest window still ends short of 2000; a longer one is refused.
     let all = control
+        .records()
         .fleet(&OP, "task", "30d")
         .await
         .map_err(|e| e.message)?;
     assert_eq!(all.total.sandboxes, 2150);
     let bad = control
+        .records()
         .fleet(&OP, "task", "40d")
         .await
         .err()

@@ -297,13 +297,13 @@ async fn wait_ready(control: &Control, id: &str, ready: Ready<'_>) -> E2bResult<
     let deadline = tokio::time::Instant::now() + READY_WITHIN;
     loop {
         let passed = match ready {
-            Ready::Port(port) => control.connect_port(id, port).await.is_ok(),
+            Ready::Port(port) => control.io().connect_port(id, port).await.is_ok(),
             Ready::Command(cmd) => command_passes(control, id, cmd).await,
         };
         if passed {
             return Ok(());
         }
-        let state = control.get(id).await.map(|r| r.state);
+        let state = control.records().get(id).await.map(|r| r.state);
         let gone = !matches!(state, Ok(SandboxState::Running));
         if gone || tokio::time::Instant::now() >= deadline {
             let what = match ready {
@@ -341,7 +341,7 @@ async fn command_passes(control: &Control, id: &str, cmd: &str) -> bool {
         timeout: warren_core::spec::Dur::new(Duration::from_secs(10)).ok(),
         ..Default::default()
     };
-    let Ok(mut events) = control.exec(id, &req).await else {
+    let Ok(mut events) = control.io().exec(id, &req).await else {
         return false;
     };
     while let Some(event) = events.next().await {
@@ -448,7 +448,7 @@ fn listed(info: &SandboxInfo) -> Value {
 /// A live sandbox (running or paused), or 404 as E2B answers for one that
 /// was killed.
 pub(crate) async fn live(control: &Control, id: &str) -> E2bResult<SandboxInfo> {
-    let info = control.inspect(id, false).await.map_err(|e| {
+    let info = control.records().inspect(id, false).await.map_err(|e| {
         if e.code == ErrorCode::NotFound {
             E2bError::not_found(id)
         } else {
@@ -574,7 +574,7 @@ pub(crate) async fn list(
             ))
         }
     };
-    let mut all = control.list(&who, &states, &selector).await?;
+    let mut all = control.records().list(&who, &states, &selector).await?;
     all.retain(|s| {
         after.is_none_or(|t| started(s).is_some_and(|at| at > t))
             && q.template
@@ -757,6 +757,7 @@ pub(crate) async fn metrics(
 ) -> E2bResult<Json<Value>> {
     let control = control(&e2b)?;
     let info = control
+        .records()
         .inspect(&id, true)
         .await
         .map_err(|_| E2bError::not_found(&id))?;

@@ -351,7 +351,7 @@ async fn write(control: &Control, id: &str, path: &str, data: Vec<u8>) -> Result
         tar: false,
         xattrs: Default::default(),
     };
-    control.write_file(id, req, body).await
+    control.io().write_file(id, req, body).await
 }
 
 /// A regular file's bytes; None when the path is missing or not a file.
@@ -363,7 +363,7 @@ async fn fetch(
     path: &str,
     room: u64,
 ) -> Result<Option<Vec<u8>>, ReadError> {
-    let read = match control.read_file(id, path).await {
+    let read = match control.io().read_file(id, path).await {
         Ok(r) => r,
         Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::BadRequest) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -402,7 +402,7 @@ async fn exec(
 ) -> CommandRunResult {
     let program = req.cmd.first().cloned().unwrap_or_default();
     let started = Instant::now();
-    let mut events = match control.exec(id, &req).await {
+    let mut events = match control.io().exec(id, &req).await {
         Ok(s) => s,
         Err(e) => return CommandRunResult::error(format!("exec {program}: {}", e.message)),
     };

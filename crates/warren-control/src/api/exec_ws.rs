@@ -63,7 +63,7 @@ pub(crate) async fn exec_ws(
         ))
     })?;
     // An unknown sandbox is answered in HTTP, before the upgrade.
-    st.control.get(&id).await?;
+    st.control.records().get(&id).await?;
     Ok(upgrade.on_upgrade(move |socket| session(st, id, socket)))
 }
 
@@ -77,7 +77,7 @@ async fn session(st: std::sync::Arc<super::AppState>, id: String, socket: WebSoc
         }
     };
     let started = std::time::Instant::now();
-    let mut events = match st.control.exec(&id, &req).await {
+    let mut events = match st.control.io().exec(&id, &req).await {
         Ok(events) => events,
         Err(e) => {
             let _ = fail(&mut tx, e).await;
@@ -198,7 +198,7 @@ async fn forward_input(
     exec_id: String,
     mut rx: SplitStream<WebSocket>,
 ) -> Option<ApiError> {
-    let exec = match st.control.exec_handle(&id, &exec_id).await {
+    let exec = match st.control.io().exec_handle(&id, &exec_id).await {
         Ok(h) => h,
         Err(e) => return Some(e),
     };

@@ -73,7 +73,7 @@ pub(crate) async fn put_file(
         tar,
         xattrs: Default::default(),
     };
-    st.control.write_file(&id, req, body).await?;
+    st.control.io().write_file(&id, req, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -87,7 +87,7 @@ pub(crate) async fn get_file(
     uri: axum::http::Uri,
 ) -> ApiResult<Response> {
     exact_path(&uri)?;
-    let read = st.control.read_file(&id, &q.path).await?;
+    let read = st.control.io().read_file(&id, &q.path).await?;
     let body = Body::from_stream(read.body.map(|r| r.map_err(std::io::Error::other)));
     Ok(match read.kind {
         // Never more than the length announced (a file that shrinks ends
@@ -118,5 +118,5 @@ pub(crate) async fn path_op(
     Path(id): Path<String>,
     JsonBody(op): JsonBody<PathOp>,
 ) -> ApiResult<Json<Vec<PathEntry>>> {
-    Ok(Json(st.control.path_op(&id, op).await?))
+    Ok(Json(st.control.io().path_op(&id, op).await?))
 }

@@ -34,5 +34,5 @@ pub(crate) async fn fleet(
         ApiError::bad_request("key is required: the label key to group by, e.g. ?key=task")
     })?;
     let since = q.since.as_deref().unwrap_or(DEFAULT_SINCE);
-    Ok(Json(st.control.fleet(&who, &key, since).await?))
+    Ok(Json(st.control.records().fleet(&who, &key, since).await?))
 }

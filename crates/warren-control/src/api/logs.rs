@@ -38,9 +38,9 @@ pub(crate) async fn logs(
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Response> {
     if q.usage.unwrap_or(false) {
-        return Ok(ndjson_lines(st.control.usage_history(&id).await?));
+        return Ok(ndjson_lines(st.control.io().usage_history(&id).await?));
     }
-    let lines = st.control.logs(&id, q.follow.unwrap_or(false)).await?;
+    let lines = st.control.io().logs(&id, q.follow.unwrap_or(false)).await?;
     Ok(ndjson_lines(lines))
 }
 
@@ -66,6 +66,7 @@ pub(crate) async fn watch(
 ) -> ApiResult<Response> {
     let events = st
         .control
+        .io()
         .watch(&id, &q.path, q.recursive.unwrap_or(false))
         .await?;
     // An error line carries the API's error, as every other stream's does.
@@ -114,7 +115,7 @@ pub(crate) async fn logs_by_label(
     };
     // Streamed line by line, never a whole log in memory.
     Ok(ndjson_lines(
-        st.control.logs_by_label(&who, &sel, since_ms).await?,
+        st.control.io().logs_by_label(&who, &sel, since_ms).await?,
     ))
 }
 
@@ -156,7 +157,10 @@ pub(crate) async fn filtered_events(
     after: i64,
 ) -> Result<(Vec<warren_core::Event>, i64), ApiError> {
     let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
-    let evs = control.events(q.sandbox.as_deref(), after, limit).await?;
+    let evs = control
+        .records()
+        .events(q.sandbox.as_deref(), after, limit)
+        .await?;
     let last = evs.last().map_or(after, |e| e.seq);
     // A tenant sees its own sandboxes' events only (no node's).
     let members: Option<std::collections::HashSet<String>> = if sel.is_empty() && who.is_operator()
@@ -165,6 +169,7 @@ pub(crate) async fn filtered_events(
     } else {
         Some(
             control
+                .records()
                 .rows_owned(who.scope(), &[])
                 .await?
                 .into_iter()
@@ -203,7 +208,7 @@ pub(crate) async fn events(
         return Ok(Json(evs).into_response());
     }
     let control = st.control.clone();
-    let written = st.control.event_writes();
+    let written = st.control.records().event_writes();
     let stream = futures_util::stream::unfold(
         (after, Vec::<warren_core::Event>::new(), written),
         move |(mut seq, mut pending, mut written)| {

@@ -360,7 +360,7 @@ async fn names_to_ids(State(st): St, mut req: Request, next: Next) -> Response {
         .into_response()
     };
     // Another tenant's name is no name at all (its id is not shown).
-    let id = match st.control.named(&who, segment).await {
+    let id = match st.control.records().named(&who, segment).await {
         Ok(Some(id)) => id,
         Ok(None) => return unnamed(),
         Err(e) => return Failure(e).into_response(),

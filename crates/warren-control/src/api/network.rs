@@ -60,7 +60,7 @@ pub(crate) async fn set_network(
     Path(id): Path<String>,
     JsonBody(rules): JsonBody<NetworkRules>,
 ) -> ApiResult<Json<NetworkChange>> {
-    st.control.touch(&id).await;
+    st.control.io().touch(&id).await;
     let (sandbox, change) = st.control.set_network(&id, rules.allow, rules.deny).await?;
     Ok(Json(NetworkChange {
         sandbox,
@@ -76,7 +76,7 @@ async fn open_port(
     id: &str,
     port: u16,
 ) -> Result<Box<dyn warren_node_api::Tunnel>, ApiError> {
-    st.control.connect_port(id, port).await
+    st.control.io().connect_port(id, port).await
 }
 
 fn port_of(raw: &str) -> Result<u16, ApiError> {
@@ -134,7 +134,7 @@ pub(crate) async fn port_link(
     Path((id, port)): Path<(String, String)>,
 ) -> ApiResult<Json<PortLink>> {
     let port = port_of(&port)?;
-    st.control.get(&id).await?;
+    st.control.records().get(&id).await?;
     let links = st.ports.as_ref().ok_or_else(|| {
         ApiError::conflict(
             "this daemon serves no sandbox ports to browsers (start it with --ports-listen); use /v1/sandboxes/{id}/ports/{port}/PATH with the API token",
@@ -202,6 +202,7 @@ async fn proxy_http(
     crate::api::port_door::strip_credentials(&mut parts.headers, &st.token);
     let mut resp = st
         .control
+        .io()
         .forward_http(&id, port, Request::from_parts(parts, body), None)
         .await?;
     resp.headers_mut().insert(

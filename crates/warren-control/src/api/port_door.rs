@@ -247,7 +247,7 @@ async fn serve(State(door): State<std::sync::Arc<Door>>, mut req: Request) -> Re
             "this Warren replica does not lead the cluster yet; retry in a moment".into(),
         );
     };
-    match control.forward_http(&id, port, req, None).await {
+    match control.io().forward_http(&id, port, req, None).await {
         Ok(resp) => resp,
         Err(e) => refuse(StatusCode::BAD_GATEWAY, e.message),
     }

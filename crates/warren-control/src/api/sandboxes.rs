@@ -99,7 +99,9 @@ pub(crate) async fn list_sandboxes(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Vec<SandboxInfo>>> {
     let (states, selector) = list_filter(&q)?;
-    Ok(Json(st.control.list(&who, &states, &selector).await?))
+    Ok(Json(
+        st.control.records().list(&who, &states, &selector).await?,
+    ))
 }
 
 /// Renew the sandbox's lease (any other call on the sandbox renews it too).
@@ -108,21 +110,21 @@ pub(crate) async fn heartbeat(
     State(st): St,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    st.control.get(&id).await?;
-    st.control.touch(&id).await;
-    Ok(Json(st.control.inspect(&id, false).await?))
+    st.control.records().get(&id).await?;
+    st.control.io().touch(&id).await;
+    Ok(Json(st.control.records().inspect(&id, false).await?))
 }
 
 /// Freeze every process of a running sandbox (cgroup freezer).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 pub(crate) async fn pause(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    st.control.touch(&id).await;
+    st.control.io().touch(&id).await;
     Ok(Json(st.control.set_paused(&id, true).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", responses((status = 200, body = SandboxInfo), (status = 409, body = ErrorBody)))]
 pub(crate) async fn resume(State(st): St, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    st.control.touch(&id).await;
+    st.control.io().touch(&id).await;
     Ok(Json(st.control.set_paused(&id, false).await?))
 }
 
@@ -176,9 +178,9 @@ pub(crate) async fn get_sandbox(
     State(st): St,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    st.control.touch(&id).await;
-    let mut info = st.control.inspect(&id, true).await?;
-    info.events = st.control.events(Some(&id), 0, 1000).await?;
+    st.control.io().touch(&id).await;
+    let mut info = st.control.records().inspect(&id, true).await?;
+    info.events = st.control.records().events(Some(&id), 0, 1000).await?;
     Ok(Json(info))
 }
 
@@ -210,7 +212,7 @@ pub(crate) async fn delete_sandboxes(
         all: Some(false),
         ..q
     })?;
-    let victims = st.control.list(&who, &states, &selector).await?;
+    let victims = st.control.records().list(&who, &states, &selector).await?;
     let total = victims.len();
     // A few at a time: thousands of destroys at once only queue on the
     // node's cores and time out. Every one is tried; one failure does not
@@ -256,7 +258,7 @@ pub(crate) async fn exec(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> ApiResult<Response> {
     let started = std::time::Instant::now();
-    let events = st.control.exec(&id, &req).await?;
+    let events = st.control.io().exec(&id, &req).await?;
     st.control
         .metrics
         .exec_start_seconds
@@ -282,7 +284,10 @@ pub(crate) async fn exec_stdin(
     Query(q): Query<StdinQuery>,
     body: axum::body::Bytes,
 ) -> ApiResult<StatusCode> {
-    st.control.exec_input(&id, &exec_id, body, q.close).await?;
+    st.control
+        .io()
+        .exec_input(&id, &exec_id, body, q.close)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -296,7 +301,7 @@ pub(crate) async fn exec_resize(
     Path((id, exec_id)): Path<(String, String)>,
     JsonBody(size): JsonBody<WindowSize>,
 ) -> ApiResult<StatusCode> {
-    st.control.exec_resize(&id, &exec_id, size).await?;
+    st.control.io().exec_resize(&id, &exec_id, size).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

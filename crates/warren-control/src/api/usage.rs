@@ -64,10 +64,14 @@ pub(crate) async fn usage(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<UsageList>> {
     let (states, selector) = list_filter(&q)?;
-    let event_seq = st.control.last_event_seq().await?;
-    let rows = st.control.rows_owned(who.scope(), &states).await?;
+    let event_seq = st.control.records().last_event_seq().await?;
+    let rows = st
+        .control
+        .records()
+        .rows_owned(who.scope(), &states)
+        .await?;
     let held = if rows.iter().any(|r| r.state.is_live()) {
-        st.control.inventory().await
+        st.control.records().inventory().await
     } else {
         Default::default()
     };

@@ -111,6 +111,7 @@ impl Run {
             let rename = if single_file && !dest_is_dir && !unpack {
                 let st = self
                     .control
+                    .io()
                     .path_op(&sandbox.id, PathOp::Stat { path: dest.clone() })
                     .await;
                 match st {
@@ -128,6 +129,7 @@ impl Run {
             for sel in &selections {
                 let body = archive_of(context.clone(), sel, rename.clone(), chmod, unpack).await?;
                 self.control
+                    .io()
                     .write_file(
                         &sandbox.id,
                         WriteFile {
@@ -241,7 +243,7 @@ impl Run {
                 } else {
                     format!("/{s}")
                 };
-                let read = self.control.read_file(&source.id, &path).await?;
+                let read = self.control.io().read_file(&source.id, &path).await?;
                 let name = path
                     .trim_end_matches('/')
                     .rsplit('/')
@@ -251,6 +253,7 @@ impl Run {
                 match read.kind {
                     FileKind::Dir => {
                         self.control
+                            .io()
                             .write_file(
                                 &target.id,
                                 WriteFile {
@@ -267,6 +270,7 @@ impl Run {
                     FileKind::File { .. } => {
                         let mode = self
                             .control
+                            .io()
                             .path_op(&source.id, PathOp::Stat { path: path.clone() })
                             .await?
                             .first()
@@ -277,6 +281,7 @@ impl Run {
                             dest.to_string()
                         };
                         self.control
+                            .io()
                             .write_file(
                                 &target.id,
                                 WriteFile {

@@ -473,7 +473,7 @@ impl Run {
     /// Runs `req` in the sandbox, its output shown as the build's; its
     /// exit code.
     pub(super) async fn exec(&self, sandbox: &Sandbox, req: ExecRequest) -> Result<i32, Failure> {
-        let mut events = self.control.exec(&sandbox.id, &req).await?;
+        let mut events = self.control.io().exec(&sandbox.id, &req).await?;
         let b64 = base64::engine::general_purpose::STANDARD;
         while let Some(event) = events.next().await {
             match event {
@@ -571,6 +571,7 @@ impl Run {
         let sandbox = self.sandbox(&state.digest, false).await?;
         let made = self
             .control
+            .io()
             .path_op(
                 &sandbox.id,
                 PathOp::MakeDir {

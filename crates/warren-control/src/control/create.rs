@@ -166,7 +166,7 @@ impl Control {
             if let Some(existing) = self.store.by_request_id(rid).await? {
                 same_tenant(&existing, tenant, rid)?;
                 let settled = self.settled(existing, wait).await?;
-                return Ok((self.info(settled, false).await, false));
+                return Ok((self.records.info(settled, false).await, false));
             }
         }
         self.secrets.check(&spec.secrets, tenant).await?;
@@ -190,7 +190,7 @@ impl Control {
         }
         let phase = std::time::Instant::now();
         let resolver = match node {
-            Some(node) => self.api(node)?,
+            Some(node) => self.nodes.api(node)?,
             None => self.images.resolver(&spec.node_selector)?,
         };
         let image = self
@@ -258,8 +258,8 @@ impl Control {
                 }
                 let task = tokio::spawn(this.wait_then_start(row, ready).in_current_span());
                 if !wait {
-                    let row = self.row(&id).await?;
-                    return Ok((self.info(row, false).await, true));
+                    let row = self.records.row(&id).await?;
+                    return Ok((self.records.info(row, false).await, true));
                 }
                 task
             }
@@ -314,7 +314,7 @@ impl Control {
             if row.state == SandboxState::Queued {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
-            row = self.row(&row.id).await?;
+            row = self.records.row(&row.id).await?;
         }
     }
 
@@ -329,7 +329,7 @@ impl Control {
             if let Some(existing) = self.store.by_request_id(rid).await? {
                 same_tenant(&existing, &row_tenant, rid)?;
                 let settled = self.settled(existing, true).await?;
-                return Ok((self.info(settled, false).await, false));
+                return Ok((self.records.info(settled, false).await, false));
             }
         }
         Err(e.into())
@@ -352,7 +352,7 @@ impl Control {
             }
         };
         let _one = self.sandbox_locks.lock(&id).await;
-        let node = match self.api(&row.node) {
+        let node = match self.nodes.api(&row.node) {
             Ok(node) => node,
             Err(e) => {
                 self.admission.release(&id);
@@ -392,14 +392,14 @@ impl Control {
         let id = row.id.clone();
         let _one = self.sandbox_locks.lock(&id).await;
         // Deleted while it waited, after the capacity was granted?
-        if self.row(&id).await?.state != SandboxState::Queued {
+        if self.records.row(&id).await?.state != SandboxState::Queued {
             self.admission.release(&id);
             return Err(ApiError::conflict(format!(
                 "sandbox {id} was deleted while it waited for capacity"
             )));
         }
         let now = now_rfc3339();
-        let api = match self.api(&node) {
+        let api = match self.nodes.api(&node) {
             Ok(api) => api,
             Err(e) => {
                 self.admission.release(&id);
@@ -445,15 +445,15 @@ impl Control {
         self.store
             .transition(id, SandboxState::Running, reason::READY, &started, t)
             .await?;
-        let row = self.row(id).await?;
-        if let Err(e) = self.api(&row.node)?.start_main(id).await {
+        let row = self.records.row(id).await?;
+        if let Err(e) = self.nodes.api(&row.node)?.start_main(id).await {
             let message = e.to_string();
             let _ = self.destroy_locked(id, reason::CREATE_FAILED).await;
             return Err(ApiError::internal(format!(
                 "sandbox {id}: main process: {message}"
             )));
         }
-        let info = self.info_with(row, Some(&status), false);
+        let info = self.records.info_with(row, Some(&status), false);
         self.metrics.create_phase("answer", phase.elapsed());
         Ok((info, true))
     }

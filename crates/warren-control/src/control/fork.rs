@@ -44,7 +44,7 @@ impl Control {
         // The source stays as it is (no pause, resume or destroy) until its
         // layer is copied.
         let source_lock = self.sandbox_locks.lock(id).await;
-        let source = self.row(id).await?;
+        let source = self.records.row(id).await?;
         let mut spec = req
             .child_spec(id, &source.spec)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -57,7 +57,7 @@ impl Control {
         let resources = spec
             .resolve()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let node = self.api(&source.node)?;
+        let node = self.nodes.api(&source.node)?;
         // The children are the source's tenant's, in its quota and share.
         let priority = self.tenants.spec(&source.tenant).await?.priority_of(&spec);
         // Room for every child on the source's node, in order, before
@@ -181,7 +181,7 @@ impl Control {
         );
         {
             let _one = self.sandbox_locks.lock(id).await;
-            if let Ok(now) = self.row(id).await {
+            if let Ok(now) = self.records.row(id).await {
                 if let Err(e) = self
                     .store
                     .set_spec(id, &now.spec, &now_rfc3339(), reason::FORKED, &message)

@@ -96,7 +96,7 @@ impl Control {
                 } else {
                     format!("its writable layer holds {used} bytes, over its disk limit of {limit}")
                 };
-                if let Some(api) = self.reachable(node) {
+                if let Some(api) = self.nodes.reachable(node) {
                     let _ = api
                         .note(id, note("running", reason::DISK_EXCEEDED, &message))
                         .await;
@@ -114,7 +114,7 @@ impl Control {
                 let message = format!(
                     "the host's available memory fell to {available} bytes, under the node's floor, and this sandbox used the most above its memory request ({used} bytes used, {request} requested)"
                 );
-                if let Some(api) = self.reachable(node) {
+                if let Some(api) = self.nodes.reachable(node) {
                     let _ = api
                         .note(id, note("running", reason::MEMORY_PRESSURE, &message))
                         .await;
@@ -145,7 +145,7 @@ impl Control {
             }
         };
         let _one = self.sandbox_locks.lock(&id).await;
-        let row = self.row(&id).await?;
+        let row = self.records.row(&id).await?;
         // A report from a node the sandbox is not (or no longer) on.
         if row.node != node {
             return Ok(());
@@ -226,7 +226,7 @@ impl Control {
     /// The `pause` policy at the sandbox's expiry: frozen with its memory,
     /// paused for `keep_for`, resumable (the caller holds its lock).
     async fn pause_at_expiry(&self, row: &SandboxRow, why: &str) -> Result<(), ApiError> {
-        let node = self.api(&row.node)?;
+        let node = self.nodes.api(&row.node)?;
         node.set_paused(&row.id, true)
             .await
             .map_err(super::node_error)?;
@@ -264,6 +264,7 @@ impl Control {
     ) -> Result<(), ApiError> {
         let id = &row.id;
         let held = self
+            .nodes
             .api(&row.node)?
             .hold(id, hold_for, note(state.as_str(), why, message))
             .await;

@@ -16,28 +16,6 @@ use crate::nodes::{NodeListing, NodeLoad};
 use crate::store::NodeRecord;
 
 impl Control {
-    /// The contract client of `node`, whatever its health (a call to a
-    /// silent node fails as `unavailable`).
-    pub(crate) fn api(&self, node: &str) -> Result<Arc<dyn NodeApi>, ApiError> {
-        self.nodes.get(node).map(|n| n.api.clone()).ok_or_else(|| {
-            ApiError::new(
-                warren_core::ErrorCode::Unavailable,
-                format!(
-                    "node {node:?} is not part of this cluster (removed?); see `warren node ls`"
-                ),
-            )
-        })
-    }
-
-    /// The client of `node` if it is heard from (reads that only add
-    /// detail skip a silent node instead of waiting for it).
-    pub(crate) fn reachable(&self, node: &str) -> Option<Arc<dyn NodeApi>> {
-        self.nodes
-            .get(node)
-            .filter(|n| n.view().health == Health::Ready)
-            .map(|n| n.api.clone())
-    }
-
     /// What each node lends and what its sandboxes hold of it, as
     /// admission counts (requests, not usage).
     pub fn node_usage(&self) -> Vec<crate::admission::NodeUse> {

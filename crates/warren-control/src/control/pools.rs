@@ -107,7 +107,7 @@ impl Control {
     ) -> Result<Option<SandboxInfo>, ApiError> {
         while let Some((pool, id)) = self.pools.take(tenant, spec) {
             let _one = self.sandbox_locks.lock(&id).await;
-            let Ok(row) = self.row(&id).await else {
+            let Ok(row) = self.records.row(&id).await else {
                 continue;
             };
             if row.state != SandboxState::Running {
@@ -122,6 +122,7 @@ impl Control {
             let claimed = async {
                 let phase = std::time::Instant::now();
                 let status = self
+                    .nodes
                     .api(&row.node)?
                     .claim(&id, spec.clone())
                     .await
@@ -153,7 +154,7 @@ impl Control {
                         spec: spec.clone(),
                         ..row
                     };
-                    let answer = self.info_with(row, Some(&status), false);
+                    let answer = self.records.info_with(row, Some(&status), false);
                     // The refill's create takes the CPUs for a while: only
                     // once this create has its answer.
                     self.pools.wake();

@@ -208,7 +208,7 @@ impl Control {
         message: &str,
     ) -> Result<(), ApiError> {
         let _one = self.sandbox_locks.lock(id).await;
-        let row = self.row(id).await?;
+        let row = self.records.row(id).await?;
         if row.state.is_final() {
             return Ok(());
         }
@@ -239,7 +239,7 @@ impl Control {
         // What the node reported meanwhile (an expiry at take-over) may
         // have finished it already.
         let one = self.sandbox_locks.lock(&row.id).await;
-        let row = &self.row(&row.id).await?;
+        let row = &self.records.row(&row.id).await?;
         if row.state.is_final() {
             self.admission.release(&row.id);
             return Ok(());
@@ -250,7 +250,7 @@ impl Control {
         match row.state {
             SandboxState::Creating => {
                 let (this, id) = (self.clone(), row.id.clone());
-                let node = self.api(&row.node)?;
+                let node = self.nodes.api(&row.node)?;
                 tokio::spawn(async move {
                     let _one = this.sandbox_locks.lock(&id).await;
                     let _ = node.destroy(&id, reason::CREATE_FAILED).await;
@@ -307,7 +307,7 @@ impl Control {
         };
         // A crash between the node's change and its record: the node
         // follows the record, which is what a client was told.
-        let node = self.api(&row.node)?;
+        let node = self.nodes.api(&row.node)?;
         let fix = match (row.state, held.phase) {
             (SandboxState::Running, Phase::Paused) => node.set_paused(&row.id, false).await,
             (SandboxState::Paused, Phase::Running) => node.set_paused(&row.id, true).await,
@@ -388,7 +388,7 @@ impl Control {
             for row in rows.into_iter().filter(|r| !r.grace) {
                 let _one = self.sandbox_locks.lock(&row.id).await;
                 // Finished meanwhile by whoever held the lock?
-                match self.row(&row.id).await {
+                match self.records.row(&row.id).await {
                     Ok(now) if now.state == SandboxState::Stopping && !now.grace => {}
                     _ => continue,
                 }

@@ -91,7 +91,7 @@ impl Control {
     async fn stop_after_run(&self, id: &str, code: i32) {
         let _one = self.sandbox_locks.lock(id).await;
         // A DELETE may have got there first.
-        if !matches!(self.row(id).await, Ok(row) if row.state == SandboxState::Running) {
+        if !matches!(self.records.row(id).await, Ok(row) if row.state == SandboxState::Running) {
             return;
         }
         let t = Transition {
@@ -127,12 +127,12 @@ impl Control {
         };
         let mut shown = None;
         loop {
-            let row = self.row(id).await?;
+            let row = self.records.row(id).await?;
             match row.state {
                 SandboxState::Running => break,
                 SandboxState::Queued | SandboxState::Creating => {
                     if row.state == SandboxState::Queued {
-                        let info = self.info(row, false).await;
+                        let info = self.records.info(row, false).await;
                         let now = (info.queue_position, info.waiting_for);
                         // Between leaving the queue and starting it has none.
                         if now.0.is_some() && Some(&now) != shown.as_ref() {
@@ -163,7 +163,7 @@ impl Control {
         {
             return Ok(());
         }
-        let mut events = self.exec(id, exec).await?;
+        let mut events = self.io.exec(id, exec).await?;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {

@@ -101,6 +101,7 @@ impl Control {
     /// its batches, pools and secrets removed.
     pub async fn remove_tenant(&self, name: &TenantName) -> Result<(), ApiError> {
         let open = self
+            .records
             .rows_owned(Some(name), &[])
             .await?
             .into_iter()

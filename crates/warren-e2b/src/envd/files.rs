@@ -159,7 +159,7 @@ pub async fn read(
         );
     };
     let path = paths::resolve(path, user.as_deref());
-    match target.control.read_file(&target.id, &path).await {
+    match target.control.io().read_file(&target.id, &path).await {
         Err(e) => error(e),
         Ok(r) => match r.kind {
             FileKind::Dir => plain_error(
@@ -276,7 +276,11 @@ async fn write_one(
         tar: false,
         xattrs: xattrs.clone(),
     };
-    target.control.write_file(&target.id, req, body).await?;
+    target
+        .control
+        .io()
+        .write_file(&target.id, req, body)
+        .await?;
     Ok(written(path, xattrs))
 }
 

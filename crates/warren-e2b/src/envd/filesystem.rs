@@ -149,7 +149,7 @@ async fn path_call(
         "MakeDir" => PathOp::MakeDir { path },
         _ => PathOp::Remove { path },
     };
-    let entries = match target.control.path_op(&target.id, op).await {
+    let entries = match target.control.io().path_op(&target.id, op).await {
         Ok(entries) => entries,
         // envd removes with RemoveAll: nothing there is nothing to do.
         Err(e) if method == "Remove" && e.code == ErrorCode::NotFound => Vec::new(),
@@ -179,6 +179,7 @@ async fn stat_following(target: &Target, path: &str) -> Result<PathEntry, RpcErr
     let stat = |p: String| async move {
         let mut found = target
             .control
+            .io()
             .path_op(&target.id, PathOp::Stat { path: p })
             .await?;
         found
@@ -228,7 +229,7 @@ async fn move_call(target: &Target, headers: &HeaderMap, body: &[u8]) -> Result<
         from: paths::resolve(&req.source, user.as_deref()),
         to: paths::resolve(&req.destination, user.as_deref()),
     };
-    let entries = target.control.path_op(&target.id, op).await?;
+    let entries = target.control.io().path_op(&target.id, op).await?;
     Ok(json!({"entry": entries.first().map(|e| entry(e, &target.accounts))}))
 }
 
@@ -244,6 +245,7 @@ async fn start_watch(
     let path = paths::resolve(&req.path, user.as_deref());
     let events = target
         .control
+        .io()
         .watch(&target.id, &path, req.recursive)
         .await?;
     let telling = Telling {
@@ -278,6 +280,7 @@ impl Telling {
                     let path = format!("{}/{name}", dir.trim_end_matches('/'));
                     let found = target
                         .control
+                        .io()
                         .path_op(&target.id, PathOp::Stat { path })
                         .await;
                     if let Some(e) = found.ok().and_then(|mut f| f.pop()) {

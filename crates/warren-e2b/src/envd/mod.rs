@@ -144,7 +144,7 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
             }
         }
     };
-    let row = match control.get(&id).await {
+    let row = match control.records().get(&id).await {
         Ok(row) if row.state == SandboxState::Running => row,
         Ok(row) if row.state == SandboxState::Paused => match auto_resume(&control, row).await {
             Some(row) => row,
@@ -297,6 +297,7 @@ async fn live_e2b_sandboxes(control: &Control) -> Vec<String> {
         return Vec::new();
     };
     control
+        .records()
         .list(
             // Every tenant's: the token's MAC, checked by the caller, says
             // which sandbox it was made for.

@@ -30,7 +30,7 @@ pub async fn forward(
     ] {
         req.headers_mut().remove(h);
     }
-    match control.forward_http(id, port, req, host).await {
+    match control.io().forward_http(id, port, req, host).await {
         Ok(resp) => resp,
         // E2B's proxy says "port is not open", which the SDK recognises.
         Err(e) => super::plain_error(

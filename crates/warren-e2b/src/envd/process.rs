@@ -295,7 +295,7 @@ async fn start(
         rows,
         cols,
     };
-    let mut events = target.control.exec(&target.id, &exec).await?;
+    let mut events = target.control.io().exec(&target.id, &exec).await?;
     let (pid, exec_id) = match events.next().await {
         Some(ExecEvent::Start { pid, exec_id }) => (pid.max(0) as u32, exec_id),
         Some(ExecEvent::Error { message }) => return Err(RpcError::new(Code::Internal, message)),
@@ -624,6 +624,7 @@ async fn write_input(
 ) -> Result<(), RpcError> {
     target
         .control
+        .io()
         .exec_input(&target.id, &proc.exec_id, data, close)
         .await
         .map_err(RpcError::from)
@@ -703,6 +704,7 @@ async fn update(
     let size = WindowSize { rows, cols };
     target
         .control
+        .io()
         .exec_resize(&target.id, &proc.exec_id, size)
         .await?;
     Ok(json!({}))

@@ -126,7 +126,7 @@ impl SandboxAccounts {
     /// The user and working directory the sandbox's image config names
     /// (empty when it names none or cannot be read).
     async fn image_defaults(&self, control: &Control, id: &str) -> (String, String) {
-        let Ok(row) = control.get(id).await else {
+        let Ok(row) = control.records().get(id).await else {
             return Default::default();
         };
         if let Some(known) = lock(&self.images).get(&row.image_digest) {
@@ -158,7 +158,7 @@ impl SandboxAccounts {
 
 /// A small file of the sandbox (up to 1 MiB; empty when it cannot be read).
 async fn read_small(control: &Control, id: &str, path: &str) -> String {
-    let Ok(read) = control.read_file(id, path).await else {
+    let Ok(read) = control.io().read_file(id, path).await else {
         return String::new();
     };
     let mut text = Vec::new();

@@ -14,7 +14,7 @@ use warren_core::tenant::Principal;
 use warren_core::ApiError;
 use warren_node_api::SandboxStatus;
 
-use crate::control::Control;
+use super::Records;
 use crate::store::SandboxRow;
 
 /// Records read per store trip.
@@ -62,7 +62,7 @@ impl Groups<'_> {
     }
 }
 
-impl Control {
+impl Records {
     /// The fleet `who` may see over the window `since` (e.g. `1h`),
     /// grouped by the label `key`.
     pub async fn fleet(&self, who: &Principal, key: &str, since: &str) -> Result<Fleet, ApiError> {

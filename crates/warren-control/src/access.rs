@@ -4,8 +4,8 @@
 //! what does not exist (404), so a tenant cannot even learn another's ids;
 //! a viewer's token reads and never changes (403). The operator's token
 //! reaches everything. The checks themselves, which need the control
-//! plane's records, are `Control::check` and `Control::authorize`
-//! (`control/access.rs`).
+//! plane's records, are `Gate::check` and `Gate::authorize`
+//! (`gate.rs`).
 
 use warren_core::tenant::{Principal, TenantName};
 use warren_core::{ApiError, ErrorCode};

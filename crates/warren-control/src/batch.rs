@@ -58,7 +58,7 @@ impl Control {
         // What its tenant may not make (egress, priority) and members no
         // node would take (its labels, its isolation class) are refused
         // now, as one such create is, not each in the background.
-        self.tenant_for_create(&tenant, &req.spec).await?;
+        self.gate.tenant_for_create(&tenant, &req.spec).await?;
         self.admission
             .check_placeable(&crate::admission::Request::of(&req.spec, &resources, ""))
             .map_err(crate::admission::admit_error)?;

@@ -15,13 +15,12 @@ use crate::admission::Admission;
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
-mod access;
 mod commit;
 mod create;
 mod fork;
 mod names;
 mod node_events;
-mod node_set;
+mod node_health;
 mod pools;
 mod preemption;
 mod recovery;
@@ -39,6 +38,8 @@ pub struct Control {
     pub(crate) records: Arc<crate::records::Records>,
     /// Exec, files, logs and ports of a sandbox.
     pub(crate) io: crate::sandbox_io::SandboxIo,
+    /// Who may reach what.
+    pub(crate) gate: crate::gate::Gate,
     /// When a silent node is given up; None: never (`warren up`'s node).
     pub(crate) liveness: Option<crate::nodes::Liveness>,
     /// Whether a clean stop destroys every sandbox (`warren up`); a
@@ -49,23 +50,64 @@ pub struct Control {
     /// The learned profiles and how they learn.
     pub(crate) profiles: crate::profiles::Profiles,
     pub(crate) lifecycle: Arc<crate::lifecycle::Lifecycle>,
-    pub(crate) pools: crate::pools::Pools,
+    pub(crate) pools: Arc<crate::pools::Pools>,
     /// Image builds, running and recent.
     pub(crate) builds: crate::build_log::Builds,
     /// The cluster's images, on its nodes and in its registry.
     pub(crate) images: crate::images::Images,
     /// The cluster's volumes, each on its node.
-    pub(crate) volumes: crate::volumes::Volumes,
+    pub(crate) volumes: Arc<crate::volumes::Volumes>,
     /// Named creates, one at a time (see `claim_name`).
     pub(crate) naming: tokio::sync::Mutex<()>,
-    /// How long and how much of the shipped logs the store keeps.
-    log_limits: crate::log_shipping::LogLimits,
+    /// The nodes' shipped logs, kept in the store.
+    pub(crate) log_keeper: Arc<crate::log_keeper::LogKeeper>,
+    /// Which nodes there are and how each joins.
+    pub(crate) node_set: crate::node_set::NodeSet,
     /// Named values sealed in the store (refused without a key).
-    pub(crate) secrets: crate::secrets::Secrets,
+    pub(crate) secrets: Arc<crate::secrets::Secrets>,
     /// Tenants, their tokens, and who a token is.
-    pub(crate) tenants: crate::tenants::Tenants,
+    pub(crate) tenants: Arc<crate::tenants::Tenants>,
     /// Every change, with who asked.
-    pub(crate) audit: crate::audit::Audit,
+    pub(crate) audit: Arc<crate::audit::Audit>,
+}
+
+/// How a control plane is set up (see [`Control::new`]).
+pub struct Options {
+    /// Creates each tenant may have waiting.
+    pub queue_limit: usize,
+    /// How learned profiles size sandboxes.
+    pub policy: warren_core::profile::Policy,
+    /// Whether a clean stop destroys every sandbox (`warren up`).
+    pub destroy_on_stop: bool,
+    /// When a silent node is given up; None: never.
+    pub liveness: Option<crate::nodes::Liveness>,
+    /// Where images made in the cluster are published (see
+    /// [`crate::images::Images::publish`]).
+    pub cluster_registry: Option<warren_core::image_ref::ClusterRegistry>,
+    /// The operator's token (admin of every tenant).
+    pub operator_token: Option<String>,
+    /// Where the audit log is kept; None: not kept.
+    pub audit_home: Option<std::path::PathBuf>,
+    /// How long and how much of the shipped logs the store keeps.
+    pub log_limits: crate::log_shipping::LogLimits,
+    /// The key secrets are sealed with; None: secrets are refused.
+    pub secret_box: Option<crate::secrets::SecretBox>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            queue_limit: 1024,
+            policy: Default::default(),
+            destroy_on_stop: true,
+            liveness: None,
+            cluster_registry: None,
+            operator_token: None,
+            audit_home: None,
+            log_limits: Default::default(),
+            secret_box: None,
+        }
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -97,16 +139,11 @@ fn new_id() -> String {
 }
 
 impl Control {
-    /// A control plane without nodes yet (see `add_node`).
-    pub fn new(
-        store: Arc<dyn Store>,
-        queue_limit: usize,
-        policy: warren_core::profile::Policy,
-        destroy_on_stop: bool,
-        liveness: Option<crate::nodes::Liveness>,
-    ) -> Control {
+    /// A control plane without nodes yet (see `add_node`). Each service
+    /// is made here, once, and given the others it reads.
+    pub fn new(store: Arc<dyn Store>, options: Options) -> Control {
         let nodes: Arc<crate::nodes::Nodes> = Default::default();
-        let admission = Arc::new(Admission::new(queue_limit));
+        let admission = Arc::new(Admission::new(options.queue_limit));
         let lifecycle: Arc<crate::lifecycle::Lifecycle> = Default::default();
         let records = Arc::new(crate::records::Records::new(
             store.clone(),
@@ -119,38 +156,61 @@ impl Control {
             store.clone(),
             lifecycle.clone(),
         );
+        let tenants = Arc::new(crate::tenants::Tenants::new(
+            store.clone(),
+            options.operator_token,
+        ));
+        let audit = Arc::new(crate::audit::Audit::new(options.audit_home.as_deref()));
+        let secrets = Arc::new(crate::secrets::Secrets::new(
+            store.clone(),
+            options.secret_box,
+        ));
+        let volumes = Arc::new(crate::volumes::Volumes::new(nodes.clone(), store.clone()));
+        let pools: Arc<crate::pools::Pools> = Default::default();
+        let gate = crate::gate::Gate::new(
+            store.clone(),
+            tenants.clone(),
+            audit.clone(),
+            secrets.clone(),
+            volumes.clone(),
+            pools.clone(),
+        );
+        let log_keeper = Arc::new(crate::log_keeper::LogKeeper::new(
+            store.clone(),
+            nodes.clone(),
+            lifecycle.clone(),
+            options.log_limits,
+        ));
+        let node_set =
+            crate::node_set::NodeSet::new(nodes.clone(), admission.clone(), store.clone());
         Control {
             records,
             io,
-            secrets: crate::secrets::Secrets::new(store.clone(), None),
-            tenants: crate::tenants::Tenants::new(store.clone(), None),
-            audit: crate::audit::Audit::new(None),
-            images: crate::images::Images::new(nodes.clone(), store.clone(), None),
-            volumes: crate::volumes::Volumes::new(nodes.clone(), store.clone()),
-            profiles: crate::profiles::Profiles::new(store.clone(), policy),
+            gate,
+            secrets,
+            tenants,
+            audit,
+            images: crate::images::Images::new(
+                nodes.clone(),
+                store.clone(),
+                options.cluster_registry,
+            ),
+            volumes,
+            profiles: crate::profiles::Profiles::new(store.clone(), options.policy),
             store,
             nodes,
             admission,
-            liveness,
-            destroy_on_stop,
+            liveness: options.liveness,
+            destroy_on_stop: options.destroy_on_stop,
             metrics: crate::metrics::Metrics::new(),
             sandbox_locks: Default::default(),
             lifecycle,
-            pools: Default::default(),
+            pools,
             builds: Default::default(),
             naming: Default::default(),
-            log_limits: Default::default(),
+            log_keeper,
+            node_set,
         }
-    }
-
-    /// Keeps shipped logs within `limits` (see `expire_kept_logs`).
-    pub fn with_log_limits(mut self, limits: crate::log_shipping::LogLimits) -> Control {
-        self.log_limits = limits;
-        self
-    }
-
-    pub(crate) fn log_limits(&self) -> crate::log_shipping::LogLimits {
-        self.log_limits
     }
 
     /// Where the control plane is in its life (recovering, ready,
@@ -169,6 +229,16 @@ impl Control {
         &self.io
     }
 
+    /// The cluster's membership: which nodes there are, joins, cordons.
+    pub fn node_set(&self) -> &crate::node_set::NodeSet {
+        &self.node_set
+    }
+
+    /// Who may reach what: every door's checks and the audit log's lines.
+    pub fn gate(&self) -> &crate::gate::Gate {
+        &self.gate
+    }
+
     /// The secrets service.
     pub fn secrets(&self) -> &crate::secrets::Secrets {
         &self.secrets
@@ -182,18 +252,6 @@ impl Control {
     /// The audit log.
     pub fn audit(&self) -> &crate::audit::Audit {
         &self.audit
-    }
-
-    /// Keeps the audit log under `home`.
-    pub fn with_audit(mut self, home: &std::path::Path) -> Control {
-        self.audit = crate::audit::Audit::new(Some(home));
-        self
-    }
-
-    /// Takes `token` as the operator's (admin of every tenant).
-    pub fn with_operator_token(mut self, token: &str) -> Control {
-        self.tenants = crate::tenants::Tenants::new(self.store.clone(), Some(token.to_string()));
-        self
     }
 
     /// The images service.
@@ -237,22 +295,6 @@ impl Control {
             profiles: self.store.profiles().await.ok(),
             tenants,
         })
-    }
-
-    /// Keeps secrets, sealed with this key.
-    pub fn with_secret_box(mut self, sealer: crate::secrets::SecretBox) -> Control {
-        self.secrets = crate::secrets::Secrets::new(self.store.clone(), Some(sealer));
-        self
-    }
-
-    /// Publishes images made in the cluster to `registry` (see
-    /// [`crate::images::Images::publish`]).
-    pub fn with_cluster_registry(
-        mut self,
-        registry: Option<warren_core::image_ref::ClusterRegistry>,
-    ) -> Control {
-        self.images = crate::images::Images::new(self.nodes.clone(), self.store.clone(), registry);
-        self
     }
 
     /// Destroys a sandbox for `why` (an already final one is left as is);
@@ -390,7 +432,7 @@ impl Control {
         spec.network
             .validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        self.egress_allowed(&row.tenant, &spec.network).await?;
+        self.gate.egress_allowed(&row.tenant, &spec.network).await?;
         let node = self.nodes.api(&row.node)?;
         node.check_network(spec.network.clone())
             .await

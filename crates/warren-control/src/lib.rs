@@ -15,14 +15,17 @@ mod build_log;
 mod builds;
 pub use builds::tar_bytes;
 pub mod control;
+mod gate;
 mod history;
 mod images;
 pub mod lifecycle;
+mod log_keeper;
 mod log_shipping;
 mod samples;
 pub use log_shipping::LogLimits;
 mod metrics;
 mod node_errors;
+mod node_set;
 pub mod nodes;
 mod placement;
 mod pools;
@@ -37,8 +40,10 @@ pub use streams::{upload, ByteStream, FileRead, WatchEvent};
 // (`warren_core`) and the few above, and check everything they are given.
 // Front-door crates name nothing of this crate but these and
 // `ControlCell`.
-pub use control::{new_id_with, Control};
+pub use control::{new_id_with, Control, Options};
+pub use gate::Gate;
 pub use images::Images;
+pub use node_set::NodeSet;
 pub use profiles::Profiles;
 pub use records::Records;
 pub use sandbox_io::{ExecHandle, SandboxIo};
@@ -237,25 +242,27 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
             ..
         } => (Some(*liveness), cluster_registry.clone()),
     };
-    let control = Arc::new(
-        control::Control::new(
-            store.clone(),
-            cfg.queue_limit,
-            cfg.policy.clone(),
-            cfg.destroy_on_stop,
+    let control = Arc::new(control::Control::new(
+        store.clone(),
+        control::Options {
+            queue_limit: cfg.queue_limit,
+            policy: cfg.policy.clone(),
+            destroy_on_stop: cfg.destroy_on_stop,
             liveness,
-        )
-        .with_cluster_registry(cluster_registry)
-        .with_operator_token(&token)
-        .with_audit(&cfg.home)
-        .with_log_limits(cfg.log_limits)
-        .with_secret_box(secrets::SecretBox::open_home(&cfg.home)?),
-    );
+            cluster_registry,
+            operator_token: Some(token.clone()),
+            audit_home: Some(cfg.home.clone()),
+            log_limits: cfg.log_limits,
+            secret_box: Some(secrets::SecretBox::open_home(&cfg.home)?),
+        },
+    ));
     let mut join = None;
     match cfg.nodes {
         NodeSource::Local(node) => {
             let info = node.info().await.map_err(StartError::NodeInfo)?;
-            let entry = control.add_node(node, info, String::new(), String::new(), false);
+            let entry = control
+                .node_set()
+                .add(node, info, String::new(), String::new(), false);
             tokio::spawn(control.clone().follow_load(entry));
         }
         NodeSource::Cluster {
@@ -283,7 +290,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
                     devices: Vec::new(),
                     isolation: Vec::new(),
                 };
-                control.add_node(
+                control.node_set().add(
                     api,
                     info,
                     rec.url.clone(),
@@ -318,7 +325,7 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
     tokio::spawn(control.clone().keep_pools());
     tokio::spawn(control.clone().enforce_preemptions());
     tokio::spawn(control.clone().watch_nodes());
-    tokio::spawn(control.clone().expire_kept_logs());
+    tokio::spawn(control.log_keeper.clone().expire_kept_logs());
     tokio::spawn(control.clone().keep_history());
     if !cfg.alert_webhooks.is_empty() {
         tokio::spawn(control.clone().send_alerts(cfg.alert_webhooks));

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// Tests call as the operator (tenants have their own tests).
 const OP: warren_core::tenant::Principal = warren_core::tenant::Principal::Operator;
 
-use warren_control::control::Control;
+use warren_control::control::{Control, Options};
 use warren_control::store::SqliteStore;
 use warren_core::state::reason;
 use warren_core::{SandboxSpec, SandboxState};
@@ -58,12 +58,15 @@ async fn plane_with(
     let info = node.info().await?;
     let control = Arc::new(Control::new(
         store,
-        16,
-        Default::default(),
-        destroy_on_stop,
-        None,
+        Options {
+            queue_limit: 16,
+            destroy_on_stop,
+            ..Default::default()
+        },
     ));
-    control.add_node(node.clone(), info, String::new(), String::new(), false);
+    control
+        .node_set()
+        .add(node.clone(), info, String::new(), String::new(), false);
     // Reconciling the node starts following its events.
     control.recover().await.map_err(|e| e.message)?;
     control.lifecycle().set_ready();
@@ -511,7 +514,7 @@ async fn a_restart_reconciles_records_with_what_the_node_holds() -> TestResult {
         "unrecorded sandbox destroyed"
     );
     // Capacity: three held (running, paused, kept) of eight.
-    assert_eq!(c.node_usage()[0].used.slots, 3);
+    assert_eq!(c.node_set().usage()[0].used.slots, 3);
     Ok(())
 }
 
@@ -598,7 +601,7 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
         .any(|e| e.reason == reason::FORKED && e.message.contains(&children[1].id)));
 
     // Bad input changes nothing.
-    let before = (node.calls().len(), c.node_usage()[0].used.slots);
+    let before = (node.calls().len(), c.node_set().usage()[0].used.slots);
     for (count, code) in [(0, 400), (257, 400)] {
         let e = c.fork(&source.id, fork(count)).await.unwrap_err();
         assert_eq!(e.code.http_status(), code, "{}", e.message);
@@ -612,13 +615,16 @@ async fn a_fork_makes_all_its_children_or_none() -> TestResult {
     forged.fork = children[0].spec.fork.clone();
     let e = c.create(&OP, forged, true).await.unwrap_err();
     assert_eq!(e.code.http_status(), 400, "{}", e.message);
-    assert_eq!(before, (node.calls().len(), c.node_usage()[0].used.slots));
+    assert_eq!(
+        before,
+        (node.calls().len(), c.node_set().usage()[0].used.slots)
+    );
 
     // A child that cannot be made takes its siblings with it.
     node.fail_next("create", NodeError::internal("disk on fire"));
     let e = c.fork(&source.id, fork(1)).await.unwrap_err();
     assert!(e.message.contains("disk on fire"), "{}", e.message);
-    assert_eq!(c.node_usage()[0].used.slots, 3);
+    assert_eq!(c.node_set().usage()[0].used.slots, 3);
     assert!(
         node.calls()
             .iter()
@@ -925,7 +931,7 @@ async fn the_fleet_sums_every_page_of_its_window() -> TestResult {
     use warren_control::store::{SandboxRow, Store, Transition};
     let dir = tempfile::tempdir()?;
     let store = Arc::new(SqliteStore::open(&dir.path().join("warren.db")).await?);
-    let control = Control::new(store.clone(), 16, Default::default(), true, None);
+    let control = Control::new(store.clone(), Options::default());
     let resources = warren_core::ResolvedResources {
         cpu_millis: 1000,
         memory: 1 << 30,

@@ -109,6 +109,7 @@ pub(crate) async fn gate(
     // An E2B client asking for another tenant's sandbox reads E2B's own
     // "not found".
     control
+        .gate()
         .gated(call, rule, next.run(req), |e| {
             E2bError::from(e).into_response()
         })

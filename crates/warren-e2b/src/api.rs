@@ -228,7 +228,7 @@ pub(crate) async fn create(
     (spec.network.mode, spec.network.allow, spec.network.deny) = egress(
         network,
         req.allow_internet_access.unwrap_or(true),
-        control.offers_open_egress(),
+        control.node_set().offers_open_egress(),
     )?;
     // Secrets as variables, egress header rules refused, volumes mounted.
     crate::secrets::refuse_transforms(&raw, "/network")?;

@@ -128,6 +128,7 @@ pub(crate) async fn gate(
     };
     let rule = rule(&method, &route);
     st.control
+        .gate()
         .gated(call, rule, next.run(req), |e| Failure(e).into_response())
         .await
 }

@@ -26,16 +26,16 @@ pub struct Join {
 /// Nodes with their state, labels, capacity, allocation and load.
 #[utoipa::path(get, path = "/v1/nodes", responses((status = 200, body = [NodeListing])))]
 pub(crate) async fn nodes(State(st): St) -> Json<Vec<NodeListing>> {
-    Json(st.control.node_list())
+    Json(st.control.node_set().list())
 }
 
 pub(crate) async fn cordon(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
-    st.control.set_cordoned(&name, true).await?;
+    st.control.node_set().set_cordoned(&name, true).await?;
     Ok(Json(()))
 }
 
 pub(crate) async fn uncordon(State(st): St, Path(name): Path<String>) -> ApiResult<Json<()>> {
-    st.control.set_cordoned(&name, false).await?;
+    st.control.node_set().set_cordoned(&name, false).await?;
     Ok(Json(()))
 }
 
@@ -103,7 +103,7 @@ async fn join(
     }
     let req: JoinRequest = parse(&body)?;
     (join.check_proof)(&req).map_err(|why| unauthorized(&format!("join refused: {why}")))?;
-    let mut joined = st.control.join_node(req, &join.connect).await?;
+    let mut joined = st.control.node_set().join(req, &join.connect).await?;
     joined.registries = join.registries.clone();
     Ok(Json(joined))
 }
@@ -114,7 +114,7 @@ async fn heartbeat(
     headers: HeaderMap,
     RawBody(body): RawBody,
 ) -> ApiResult<Json<()>> {
-    if !st.control.node_credential_ok(&name, bearer(&headers)) {
+    if !st.control.node_set().credential_ok(&name, bearer(&headers)) {
         // Unknown (removed, or a control plane that lost its records) or a
         // stale credential: the agent joins again.
         return Err(unauthorized(&format!(

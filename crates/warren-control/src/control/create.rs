@@ -150,6 +150,7 @@ impl Control {
         let started = std::time::Instant::now();
         self.lifecycle.refuse_if_stopping()?;
         let priority = self
+            .gate
             .tenant_for_create(tenant, &spec)
             .await?
             .priority_of(&spec);

@@ -32,7 +32,7 @@ impl Control {
     }
 
     /// Defines or redefines a pool of `who`'s tenant (the caller has
-    /// checked, with [`Control::authorize`], that the name is not
+    /// checked, with [`crate::gate::Gate::authorize`], that the name is not
     /// another's).
     pub async fn set_pool(
         self: &Arc<Self>,

@@ -238,7 +238,7 @@ async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) -> Res
             route: &path,
             key: &id,
         };
-        control.audit_call(&call, resp.status().as_u16());
+        control.gate().audit_call(&call, resp.status().as_u16());
     }
     resp
 }

@@ -1,16 +1,53 @@
-//! The control plane's side of who may reach what (`crate::access` holds
-//! the rules and refusals): the owner of each thing, the checks every door
-//! asks for, what a tenant may create, and the audit log's lines.
+//! The gate: the control plane's side of who may reach what
+//! (`crate::access` holds the rules and refusals): the owner of each thing,
+//! the checks every door asks for, what a tenant may create, and the audit
+//! log's lines. It reads the services that own things; it changes nothing
+//! but the audit log.
 
 use warren_core::tenant::{Principal, TenantName};
 use warren_core::{ApiError, ErrorCode};
 
-use super::Control;
+use std::sync::Arc;
+
 use crate::access::{hidden, operator_only, read_only, Access, Call, Kind, Owned, Rule};
+use crate::audit::Audit;
+use crate::pools::Pools;
+use crate::secrets::Secrets;
+use crate::store::Store;
+use crate::tenants::Tenants;
+use crate::volumes::Volumes;
 use axum::http::Method;
 use axum::response::Response;
 
-impl Control {
+/// The gate service (see the module's words).
+pub struct Gate {
+    store: Arc<dyn Store>,
+    tenants: Arc<Tenants>,
+    audit: Arc<Audit>,
+    secrets: Arc<Secrets>,
+    volumes: Arc<Volumes>,
+    pools: Arc<Pools>,
+}
+
+impl Gate {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        tenants: Arc<Tenants>,
+        audit: Arc<Audit>,
+        secrets: Arc<Secrets>,
+        volumes: Arc<Volumes>,
+        pools: Arc<Pools>,
+    ) -> Gate {
+        Gate {
+            store,
+            tenants,
+            audit,
+            secrets,
+            volumes,
+            pools,
+        }
+    }
+
     /// A door's gate: refuses `call` what its route's `rule` does not
     /// allow (answered by `refuse`, in the door's own words), runs it
     /// otherwise, and records it in the audit log when it changes

@@ -54,7 +54,11 @@ impl Volumes {
 
     /// The tenant that owns volume `name`.
     pub(crate) async fn owner(&self, name: &str) -> Result<TenantName, ApiError> {
-        Ok(self.owners().await?.remove(name).unwrap_or_default())
+        Ok(self
+            .store
+            .owner(OwnedName::Volume, name)
+            .await?
+            .unwrap_or_default())
     }
 
     /// Every volume on every reachable node, by name, with that node.

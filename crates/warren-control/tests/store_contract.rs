@@ -831,8 +831,14 @@ async fn owners(f: &Fixture) -> TestResult {
         got(Image).await?,
         vec![("data".to_string(), "team-a".to_string())]
     );
+    assert_eq!(
+        s.owner(Volume, "data").await?.map(|t| t.to_string()),
+        Some("team-b".to_string())
+    );
+    assert_eq!(s.owner(Volume, "cache").await?, None);
     s.delete_owner(Image, "data").await?;
     assert_eq!(got(Image).await?, vec![]);
+    assert_eq!(s.owner(Image, "data").await?, None);
     assert_eq!(got(Volume).await?.len(), 1);
     Ok(())
 }

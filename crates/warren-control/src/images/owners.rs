@@ -21,10 +21,21 @@ fn no_image(name: &str) -> String {
     format!("image {name} not found (see `warren image ls`)")
 }
 
+/// The answer for a name another tenant owns, to a tenant that would make
+/// or pull an image into it.
+fn taken(name: &str) -> ApiError {
+    ApiError::conflict(format!("the image name {name} is taken; choose another"))
+}
+
 impl Images {
     /// Every owned image name's owner.
     async fn owners(&self) -> Result<HashMap<String, TenantName>, ApiError> {
         Ok(self.store.owners(Image).await?.into_iter().collect())
+    }
+
+    /// The owner of image name `name` (tagged), if it has one.
+    async fn owner(&self, name: &str) -> Result<Option<TenantName>, ApiError> {
+        Ok(self.store.owner(Image, &with_tag(name)).await?)
     }
 
     /// Refuses a create (or a build's `FROM`) of `tenant`'s whose image,
@@ -39,18 +50,20 @@ impl Images {
         if tenant.is_default() {
             return Ok(());
         }
-        let owners = self
-            .owners()
-            .await
-            .map_err(|e| NodeError::internal(e.message))?;
-        let theirs = [reference, image.name.as_str()]
-            .into_iter()
-            .filter_map(|n| owners.get(&with_tag(n)))
-            .any(|owner| owner != tenant);
-        match theirs {
-            true => Err(NodeError::not_found(no_image(reference))),
-            false => Ok(()),
+        let mut names = vec![with_tag(reference)];
+        if with_tag(&image.name) != names[0] {
+            names.push(with_tag(&image.name));
         }
+        for name in names {
+            let owner = self
+                .owner(&name)
+                .await
+                .map_err(|e| NodeError::internal(e.message))?;
+            if owner.is_some_and(|o| o != *tenant) {
+                return Err(NodeError::not_found(no_image(reference)));
+            }
+        }
+        Ok(())
     }
 
     /// Before `who` makes an image named `name` (a build's tag, a commit,
@@ -63,13 +76,9 @@ impl Images {
             return Ok(());
         }
         let name = with_tag(name);
-        match self.owners().await?.get(&name) {
-            Some(owner) if *owner == tenant => return Ok(()),
-            Some(_) => {
-                return Err(ApiError::conflict(format!(
-                    "the image name {name} is taken; choose another"
-                )))
-            }
+        match self.owner(&name).await? {
+            Some(owner) if owner == tenant => return Ok(()),
+            Some(_) => return Err(taken(&name)),
             None => {}
         }
         let exists = self.list_all().await?.iter().any(|i| i.name == name);
@@ -89,10 +98,8 @@ impl Images {
     /// pull (it stays shared), but not into a name another tenant owns.
     pub(crate) async fn may_pull(&self, who: &Principal, reference: &str) -> Result<(), ApiError> {
         let tenant = crate::access::changer(who)?;
-        match self.owners().await?.get(&with_tag(reference)) {
-            Some(owner) if !tenant.is_default() && *owner != tenant => Err(ApiError::conflict(
-                format!("the image name {reference} is taken; choose another"),
-            )),
+        match self.owner(reference).await? {
+            Some(owner) if !tenant.is_default() && owner != tenant => Err(taken(reference)),
             _ => Ok(()),
         }
     }
@@ -109,7 +116,7 @@ impl Images {
     pub async fn remove(&self, who: &Principal, reference: &str) -> Result<ImageInfo, ApiError> {
         let tenant = crate::access::changer(who)?;
         let name = with_tag(reference);
-        let owner = self.owners().await?.remove(&name);
+        let owner = self.owner(&name).await?;
         match &owner {
             _ if tenant.is_default() => {}
             Some(o) if *o == tenant => {}

@@ -476,6 +476,8 @@ pub trait Store: Send + Sync {
     /// Every owner of a `kind`, by name (what a name without one means is
     /// the kind's: see [`OwnedName`]).
     async fn owners(&self, kind: OwnedName) -> Result<Vec<(String, TenantName)>, StoreError>;
+    /// The owner of the `kind` named `name`, if it has one.
+    async fn owner(&self, kind: OwnedName, name: &str) -> Result<Option<TenantName>, StoreError>;
     async fn delete_owner(&self, kind: OwnedName, name: &str) -> Result<(), StoreError>;
     /// Makes or replaces a tenant's spec (its `created_at` kept).
     async fn put_tenant(&self, t: &TenantRow) -> Result<(), StoreError>;

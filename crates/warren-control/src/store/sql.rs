@@ -742,6 +742,12 @@ impl<D: Dialect> Store for D {
             .collect()
     }
 
+    async fn owner(&self, kind: OwnedName, name: &str) -> Result<Option<TenantName>, StoreError> {
+        let sql = sql!("SELECT tenant FROM owners WHERE kind = ? AND name = ?");
+        let row = self.fetch_optional(sql, args![kind.as_str(), name]).await?;
+        row.map(|r| tenant_of_column(&r, "tenant")).transpose()
+    }
+
     async fn delete_owner(&self, kind: OwnedName, name: &str) -> Result<(), StoreError> {
         let sql = sql!("DELETE FROM owners WHERE kind = ? AND name = ?");
         self.execute(sql, args![kind.as_str(), name]).await?;

@@ -31,10 +31,10 @@ impl Node {
     ) -> Result<SandboxStatus, NodeError> {
         // Never beside the sweep that follows a start.
         self.wait_ready().await;
-        if self.pressure.disk() {
+        if self.meter.pressure.disk() {
             return Err(NodeError::NoRoom(NO_DISK.into()));
         }
-        if self.pressure.memory() {
+        if self.meter.pressure.memory() {
             return Err(NodeError::NoRoom(NO_MEMORY.into()));
         }
         let id = req.id.clone();
@@ -258,7 +258,7 @@ impl Node {
         let disk_limit = if resources.disk > 0 {
             0
         } else {
-            self.default_disk
+            self.offer.default_disk
         };
         let main_cmd = spec.cmd.clone();
         let memory_request = resources.memory_request();

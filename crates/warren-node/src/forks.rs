@@ -326,7 +326,7 @@ impl Node {
             .fork
             .and_then(|f| f.layers.first().cloned());
         // A fork layer may take the free space above the disk floor.
-        let budget = self.pressure.disk_headroom();
+        let budget = self.meter.pressure.disk_headroom();
         let ids = self.runtime.id_range(id);
         let name = new_name();
         let staging = self.forks.dir.join(format!("{STAGING_PREFIX}{name}"));

@@ -28,6 +28,7 @@ mod log_dir;
 pub mod logs;
 mod monitor;
 mod network;
+mod offer;
 mod pressure;
 mod reports;
 pub mod sampler;
@@ -47,7 +48,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use warren_image::{ImageRecord, ImageStore, Pin, Puller};
-use warren_node_api::{CreateSandbox, Phase, Resources};
+use warren_node_api::{CreateSandbox, Phase};
 use warren_runtime::{files, Runtime, RuntimeConfig, RuntimeError};
 
 pub use contract::LocalNode;
@@ -146,13 +147,8 @@ struct Live {
 }
 
 pub struct Node {
-    name: String,
-    labels: std::collections::BTreeMap<String, String>,
-    allocatable: Resources,
-    /// Most processes all sandboxes together may run.
-    max_pids: u32,
-    /// The class of a sandbox whose spec names none.
-    default_isolation: warren_core::Isolation,
+    /// What the node is and lends, and its defaults.
+    offer: offer::Offer,
     initializing: tokio::sync::Semaphore,
     journal: journal::Journal,
     /// True once the sandboxes of the journal are taken over (after a start).
@@ -165,9 +161,8 @@ pub struct Node {
     creating: in_flight::InFlight,
     /// Sandboxes' logs, kept past their sandboxes for a while.
     logs: log_dir::LogDir,
-    default_disk: u64,
-    /// The host's CPU, disk and memory against their limits.
-    pressure: pressure::Pressure,
+    /// Samples of what sandboxes use, and the disk and memory guards.
+    meter: usage::Meter,
     feed: Arc<feed::Feed>,
     /// Running execs: their ids, input, and the kept sandboxes they thaw.
     execs: execs::Execs,
@@ -178,8 +173,6 @@ pub struct Node {
     devices: devices::Devices,
     /// Volumes and which sandboxes mount each.
     pub(crate) volumes: volumes::Volumes,
-    /// NVML, where it loads: GPU use per sandbox.
-    gpu_reader: Option<Box<dyn gpu::GpuReader>>,
 }
 
 impl Node {
@@ -303,21 +296,23 @@ impl Node {
             feed.clone(),
         );
         let node = Arc::new(Node {
-            allocatable: total,
-            max_pids,
-            default_isolation: cfg.settings.default_isolation,
+            offer: offer::Offer {
+                name: cfg.name,
+                labels: cfg.labels,
+                allocatable: total,
+                max_pids,
+                default_isolation: cfg.settings.default_isolation,
+                default_disk: cfg.settings.default_disk,
+            },
             journal,
             ready: watch::Sender::new(false),
             initializing: tokio::sync::Semaphore::new(cap.max_initializing.max(1)),
-            name: cfg.name,
-            labels: cfg.labels,
             runtime,
             images,
             live: Mutex::new(HashMap::new()),
             creating: Default::default(),
             logs: log_dir::LogDir::new(cfg.home.join("logs"), cfg.settings.log_max, ship),
-            default_disk: cfg.settings.default_disk,
-            pressure,
+            meter: usage::Meter::new(pressure, gpu_reader, feed.clone()),
             feed,
             // Exec ids name cgroups that can outlive a daemon (an exec left
             // running, or one a crash interrupted while it was being
@@ -328,7 +323,6 @@ impl Node {
             forks,
             devices,
             volumes,
-            gpu_reader,
         });
         tokio::spawn(enforce_lifetimes(Arc::downgrade(&node)));
         tokio::spawn(sample_usage(
@@ -344,7 +338,7 @@ impl Node {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        &self.offer.name
     }
 
     fn get(&self, id: &str) -> Result<Arc<Live>, NodeError> {

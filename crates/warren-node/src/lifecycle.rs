@@ -32,7 +32,7 @@ impl Node {
         let pid = live.as_ref().map(|live| {
             live.destroying.store(true, Ordering::Release);
             // The resource summary, read while the cgroup still exists.
-            self.sample_one(id, live, true);
+            self.meter.sample_one(&self.runtime, id, live, true);
             {
                 let u = lock(&live.usage);
                 let usage = u.usage();

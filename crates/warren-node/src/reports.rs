@@ -42,18 +42,18 @@ impl Node {
 
     /// The classes this node runs, its default first.
     pub(crate) fn isolation_classes(&self) -> Vec<warren_core::Isolation> {
-        let mut classes = vec![self.default_isolation];
+        let mut classes = vec![self.offer.default_isolation];
         classes.extend(
             warren_core::Isolation::ALL
                 .into_iter()
-                .filter(|c| *c != self.default_isolation && self.runtime.offers(*c)),
+                .filter(|c| *c != self.offer.default_isolation && self.runtime.offers(*c)),
         );
         classes
     }
 
     /// The class a sandbox of `spec` runs in here.
     pub(crate) fn isolation_of(&self, spec: &warren_core::SandboxSpec) -> warren_core::Isolation {
-        spec.isolation.unwrap_or(self.default_isolation)
+        spec.isolation.unwrap_or(self.offer.default_isolation)
     }
 
     /// Name, labels, capacity, load and the digests of its images.
@@ -67,7 +67,7 @@ impl Node {
             .ok()
             .map(|list| list.into_iter().map(|r| r.digest).collect())
             .unwrap_or_default();
-        let mut labels = self.labels.clone();
+        let mut labels = self.offer.labels.clone();
         if self.egress.open_permitted() {
             labels.insert(
                 warren_core::network::EGRESS_OPEN_LABEL.to_string(),
@@ -75,17 +75,17 @@ impl Node {
             );
         }
         NodeInfo {
-            name: self.name.clone(),
+            name: self.offer.name.clone(),
             labels,
             allocatable: Resources {
                 gpus: self.devices.gpus(),
-                ..self.allocatable
+                ..self.offer.allocatable
             },
-            max_pids: self.max_pids,
+            max_pids: self.offer.max_pids,
             load: Load {
-                cpu_busy: self.pressure.cpu_busy(),
-                disk_pressure: self.pressure.disk(),
-                memory_pressure: self.pressure.memory(),
+                cpu_busy: self.meter.pressure.cpu_busy(),
+                disk_pressure: self.meter.pressure.disk(),
+                memory_pressure: self.meter.pressure.memory(),
                 sandboxes: lock(&self.live).len() as u32,
             },
             images,
@@ -109,7 +109,7 @@ impl Node {
     pub(crate) fn status_of(&self, id: &str, fresh: bool) -> Option<SandboxStatus> {
         let live = self.get(id).ok()?;
         if fresh {
-            self.sample_one(id, &live, false);
+            self.meter.sample_one(&self.runtime, id, &live, false);
         }
         let usage = lock(&live.usage).usage();
         let (ttl, lease) = {

@@ -5,10 +5,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::feed::Feed;
+use crate::gpu::GpuReader;
+use crate::pressure::Pressure;
+use crate::ship_journal::ShipJournal;
 use crate::{sampler, Live, Node};
 use warren_core::sync::lock;
 use warren_core::Usage;
 use warren_node_api::NodeEvent;
+use warren_runtime::Runtime;
 
 /// Cgroup readings per second the sampler allows itself: each is a few
 /// file reads, so sampling every sandbox each second would cost a node
@@ -38,16 +43,8 @@ pub(crate) async fn sample_usage(node: std::sync::Weak<Node>, interval: std::tim
             .collect();
         wait = round_interval(interval, live.len());
         let round = tokio::task::spawn_blocking(move || {
-            n.pressure.sample_cpu();
-            for (id, l) in &live {
-                if !l.destroying.load(Ordering::Acquire) {
-                    n.sample_periodic(id, l);
-                }
-            }
-            n.sample_gpus(&live);
-            n.check_disk_floor(&live);
-            n.check_memory_floor(&live);
-            n.ship_usage(&live, &mut shipped);
+            let journal = n.logs.journal().map(|j| j.as_ref());
+            n.meter.round(&n.runtime, journal, &live, &mut shipped);
             shipped
         })
         .await;
@@ -67,44 +64,80 @@ pub const SHIP_USAGE_EVERY: std::time::Duration = std::time::Duration::from_secs
 #[derive(Default)]
 pub(crate) struct Shipped(std::collections::HashMap<String, std::time::Instant>);
 
-impl Node {
-    /// Writes the usage of each sandbox not shipped for [`SHIP_USAGE_EVERY`]
-    /// to the shipping journal, if shipping is on.
-    fn ship_usage(&self, live: &[(String, Arc<Live>)], shipped: &mut Shipped) {
-        let Some(journal) = self.logs.journal() else {
-            return;
-        };
-        shipped.0.retain(|id, _| live.iter().any(|(l, _)| l == id));
-        let now = std::time::Instant::now();
-        for (id, l) in live {
-            let due = shipped
-                .0
-                .get(id)
-                .is_none_or(|at| now.duration_since(*at) >= SHIP_USAGE_EVERY);
-            if !due || l.destroying.load(Ordering::Acquire) {
-                continue;
-            }
-            let usage = lock(&l.usage).usage();
-            let time = crate::ship_journal::now_ms();
-            journal.append(warren_node_api::ShippedKind::Usage, id, time, |_| {
-                serde_json::to_vec(&usage).ok()
-            });
-            shipped.0.insert(id.clone(), now);
+/// Writes the usage of each sandbox not shipped for [`SHIP_USAGE_EVERY`]
+/// to the shipping journal.
+fn ship_usage(journal: &ShipJournal, live: &[(String, Arc<Live>)], shipped: &mut Shipped) {
+    shipped.0.retain(|id, _| live.iter().any(|(l, _)| l == id));
+    let now = std::time::Instant::now();
+    for (id, l) in live {
+        let due = shipped
+            .0
+            .get(id)
+            .is_none_or(|at| now.duration_since(*at) >= SHIP_USAGE_EVERY);
+        if !due || l.destroying.load(Ordering::Acquire) {
+            continue;
+        }
+        let usage = lock(&l.usage).usage();
+        let time = crate::ship_journal::now_ms();
+        journal.append(warren_node_api::ShippedKind::Usage, id, time, |_| {
+            serde_json::to_vec(&usage).ok()
+        });
+        shipped.0.insert(id.clone(), now);
+    }
+}
+
+/// The node's meter: cgroup samples of each sandbox, the disk and memory
+/// guards, and the usage it ships. Its own state is the host's pressure
+/// and the GPU reader; the live sandboxes are handed to it each round.
+pub(crate) struct Meter {
+    /// The host's CPU, disk and memory against their floors (read by
+    /// creates, forks and reports too).
+    pub(crate) pressure: Pressure,
+    /// NVML, where it loads: GPU use per sandbox.
+    gpu_reader: Option<Box<dyn GpuReader>>,
+    feed: Arc<Feed>,
+}
+
+impl Meter {
+    pub(crate) fn new(
+        pressure: Pressure,
+        gpu_reader: Option<Box<dyn GpuReader>>,
+        feed: Arc<Feed>,
+    ) -> Meter {
+        Meter {
+            pressure,
+            gpu_reader,
+            feed,
         }
     }
 
-    /// Usage as sampled, refreshed with a reading taken now.
-    pub fn usage(&self, id: &str) -> Option<Usage> {
-        let live = self.get(id).ok()?;
-        self.sample_one(id, &live, false);
-        let usage = lock(&live.usage).usage();
-        Some(usage)
+    /// One round over the live sandboxes: each one's sample, the GPUs, the
+    /// disk and memory floors, and the usage due to be shipped.
+    fn round(
+        &self,
+        rt: &Runtime,
+        journal: Option<&ShipJournal>,
+        live: &[(String, Arc<Live>)],
+        shipped: &mut Shipped,
+    ) {
+        self.pressure.sample_cpu();
+        for (id, l) in live {
+            if !l.destroying.load(Ordering::Acquire) {
+                self.sample_periodic(rt, id, l);
+            }
+        }
+        self.sample_gpus(live);
+        self.check_disk_floor(rt, live);
+        self.check_memory_floor(live);
+        if let Some(journal) = journal {
+            ship_usage(journal, live, shipped);
+        }
     }
 
     /// One NVML reading per round, split by sandbox, for the sandboxes
     /// holding devices (only they can have processes on a GPU). Nothing is
     /// read on a node without NVML or without such sandboxes.
-    pub(crate) fn sample_gpus(&self, live: &[(String, Arc<Live>)]) {
+    fn sample_gpus(&self, live: &[(String, Arc<Live>)]) {
         let Some(reader) = self.gpu_reader.as_deref() else {
             return;
         };
@@ -136,7 +169,7 @@ impl Node {
     /// in which it ran, and once more at the first one in which it did not:
     /// a sandbox that wrote fast and then went idle was never measured
     /// again (issue 38), and one that does not run writes nothing.
-    fn sample_periodic(&self, id: &str, live: &Live) {
+    fn sample_periodic(&self, rt: &Runtime, id: &str, live: &Live) {
         let at = std::time::Instant::now();
         if let Some(cpu) = warren_runtime::cgroups::cpu_usage_ns(&live.cgroup_path) {
             let mut u = lock(&live.usage);
@@ -144,43 +177,32 @@ impl Node {
                 let settle = live.disk_limit > 0 && u.first_idle_repeat();
                 drop(u);
                 if settle {
-                    self.measure_disk(id, live);
+                    self.measure_disk(rt, id, live);
                 }
                 return;
             }
         }
-        self.sample_one(id, live, true);
-    }
-
-    /// After a write into the sandbox from outside (an upload), which its
-    /// own CPU counter does not show: measures its writable layer if it
-    /// has a measured limit.
-    pub(crate) fn written_into(&self, id: &str) {
-        if let Ok(live) = self.get(id) {
-            if live.disk_limit > 0 {
-                self.measure_disk(id, &live);
-            }
-        }
+        self.sample_one(rt, id, live, true);
     }
 
     /// Measures the writable layer now and stops the sandbox past its
     /// measured limit.
-    fn measure_disk(&self, id: &str, live: &Live) {
-        let used = sampler::disk_bytes(&self.runtime.sandbox_dir(id));
+    pub(crate) fn measure_disk(&self, rt: &Runtime, id: &str, live: &Live) {
+        let used = sampler::disk_bytes(&rt.sandbox_dir(id));
         lock(&live.usage).set_disk(used);
         if used > live.disk_limit {
             self.report_disk(id, live, used, live.disk_limit, false);
         }
     }
 
-    pub(crate) fn sample_one(&self, id: &str, live: &Live, with_disk: bool) {
+    pub(crate) fn sample_one(&self, rt: &Runtime, id: &str, live: &Live, with_disk: bool) {
         let at = std::time::Instant::now();
         let Ok(sample) = warren_runtime::cgroups::sample(&live.cgroup_path) else {
             return;
         };
         let mut u = lock(&live.usage);
         let disk = (with_disk && (live.disk_limit > 0 || u.wants_disk()))
-            .then(|| sampler::disk_bytes(&self.runtime.sandbox_dir(id)));
+            .then(|| sampler::disk_bytes(&rt.sandbox_dir(id)));
         u.add(at, sample, disk);
         drop(u);
         if let Some(used) = disk {
@@ -190,14 +212,7 @@ impl Node {
         }
     }
 
-    pub(crate) fn report_disk(
-        &self,
-        id: &str,
-        live: &Live,
-        used: u64,
-        limit: u64,
-        node_full: bool,
-    ) {
+    fn report_disk(&self, id: &str, live: &Live, used: u64, limit: u64, node_full: bool) {
         if live.disk_reported.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -212,7 +227,7 @@ impl Node {
     /// Checks free space under the home; below the floor, measures every
     /// sandbox's writable layer and reports the largest (one per check: its
     /// removal may be enough).
-    pub(crate) fn check_disk_floor(&self, live: &[(String, Arc<Live>)]) {
+    fn check_disk_floor(&self, rt: &Runtime, live: &[(String, Arc<Live>)]) {
         let Some(pressure) = self.pressure.check_disk() else {
             return;
         };
@@ -223,7 +238,7 @@ impl Node {
         // removal is done: its destroy, then its files' deletion (behind
         // the destroy, by the runtime's trash).
         let ids: Vec<&str> = live.iter().map(|(id, _)| id.as_str()).collect();
-        if self.pressure.disk_victim_leaving(&ids) || self.runtime.freeing_disk() {
+        if self.pressure.disk_victim_leaving(&ids) || rt.freeing_disk() {
             return;
         }
         let largest = live
@@ -231,7 +246,7 @@ impl Node {
             .filter(|(_, l)| {
                 !l.destroying.load(Ordering::Acquire) && !l.disk_reported.load(Ordering::Acquire)
             })
-            .map(|(id, l)| (sampler::disk_bytes(&self.runtime.sandbox_dir(id)), id, l))
+            .map(|(id, l)| (sampler::disk_bytes(&rt.sandbox_dir(id)), id, l))
             .max_by_key(|(used, _, _)| *used);
         if let Some((used, id, l)) = largest {
             self.pressure.disk_victim(id);
@@ -245,7 +260,7 @@ impl Node {
     /// using the most above its own request is stopped (one per check);
     /// a sandbox within its request is never chosen, so a request is a
     /// guarantee and the limit a ceiling.
-    pub(crate) fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
+    fn check_memory_floor(&self, live: &[(String, Arc<Live>)]) {
         let Some((pressure, available)) = self.pressure.check_memory() else {
             return;
         };
@@ -271,6 +286,27 @@ impl Node {
                     request: l.memory_request,
                     available,
                 });
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Usage as sampled, refreshed with a reading taken now.
+    pub fn usage(&self, id: &str) -> Option<Usage> {
+        let live = self.get(id).ok()?;
+        self.meter.sample_one(&self.runtime, id, &live, false);
+        let usage = lock(&live.usage).usage();
+        Some(usage)
+    }
+
+    /// After a write into the sandbox from outside (an upload), which its
+    /// own CPU counter does not show: measures its writable layer if it
+    /// has a measured limit.
+    pub(crate) fn written_into(&self, id: &str) {
+        if let Ok(live) = self.get(id) {
+            if live.disk_limit > 0 {
+                self.meter.measure_disk(&self.runtime, id, &live);
             }
         }
     }

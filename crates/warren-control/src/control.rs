@@ -25,7 +25,6 @@ mod pools;
 mod preemption;
 mod recovery;
 mod run;
-mod tenancy;
 
 pub struct Control {
     pub(crate) store: Arc<dyn Store>,
@@ -156,9 +155,12 @@ impl Control {
             store.clone(),
             lifecycle.clone(),
         );
+        let pools: Arc<crate::pools::Pools> = Default::default();
         let tenants = Arc::new(crate::tenants::Tenants::new(
             store.clone(),
             options.operator_token,
+            admission.clone(),
+            pools.clone(),
         ));
         let audit = Arc::new(crate::audit::Audit::new(options.audit_home.as_deref()));
         let secrets = Arc::new(crate::secrets::Secrets::new(
@@ -166,7 +168,6 @@ impl Control {
             options.secret_box,
         ));
         let volumes = Arc::new(crate::volumes::Volumes::new(nodes.clone(), store.clone()));
-        let pools: Arc<crate::pools::Pools> = Default::default();
         let gate = crate::gate::Gate::new(
             store.clone(),
             tenants.clone(),
@@ -273,7 +274,7 @@ impl Control {
     pub async fn metrics_text(&self) -> String {
         let sandboxes = self.store.list(&[]).await.ok();
         let tenants = match &sandboxes {
-            Some(rows) => self.tenant_infos_of(&Principal::Operator, rows).await.ok(),
+            Some(rows) => self.tenants.infos_of(&Principal::Operator, rows).await.ok(),
             None => None,
         };
         let held = match sandboxes {

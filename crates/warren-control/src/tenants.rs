@@ -17,9 +17,11 @@ use warren_core::tenant::{
     NewToken, Principal, Role, TenantInfo, TenantName, TenantRequest, TenantSpec, TokenInfo,
     TokenRequest, TOKEN_PREFIX,
 };
-use warren_core::{ApiError, ErrorCode};
+use warren_core::{ApiError, ErrorCode, SandboxState};
 
-use crate::store::{Store, TenantRow, TokenRow};
+use crate::admission::Admission;
+use crate::pools::Pools;
+use crate::store::{SandboxRow, Store, TenantRow, TokenRow};
 
 /// How long a token's check is remembered: a revocation made through
 /// another replica of a cluster takes effect within this (at once on the
@@ -31,6 +33,10 @@ const REMEMBERED_MAX: usize = 10_000;
 
 pub struct Tenants {
     store: Arc<dyn Store>,
+    /// Each tenant's quota, weight and priority, as admission holds them.
+    admission: Arc<Admission>,
+    /// The pools, whose owners a tenant's removal checks.
+    pools: Arc<Pools>,
     /// The operator's token; None where the daemon has none (tests that
     /// build a control plane alone).
     operator: Option<String>,
@@ -58,9 +64,16 @@ fn forbidden(m: impl Into<String>) -> ApiError {
 }
 
 impl Tenants {
-    pub(crate) fn new(store: Arc<dyn Store>, operator: Option<String>) -> Tenants {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        operator: Option<String>,
+        admission: Arc<Admission>,
+        pools: Arc<Pools>,
+    ) -> Tenants {
         Tenants {
             store,
+            admission,
+            pools,
             operator,
             seen: Mutex::new(HashMap::new()),
             known: Default::default(),
@@ -200,10 +213,12 @@ impl Tenants {
         self.store.put_tenant(&row).await?;
         self.keep(&row.name, Some((row.spec.clone(), row.created_at.clone())))
             .await;
+        self.admission.set_tenant(&row.name, &row.spec);
         Ok(bare_info(row.name, row.spec, row.created_at))
     }
 
-    /// Replaces a tenant's spec.
+    /// Replaces a tenant's spec; its sandboxes keep running (a lower quota
+    /// holds back its next creates, it ends none).
     pub async fn set(&self, name: &TenantName, spec: TenantSpec) -> Result<TenantInfo, ApiError> {
         let created_at = match self.row(name).await? {
             Some(t) => t.created_at,
@@ -218,12 +233,14 @@ impl Tenants {
         self.store.put_tenant(&row).await?;
         self.keep(&row.name, Some((row.spec.clone(), row.created_at.clone())))
             .await;
+        self.admission.set_tenant(&row.name, &row.spec);
         Ok(bare_info(row.name, row.spec, row.created_at))
     }
 
-    /// Removes a tenant and its tokens; the caller has checked it owns
-    /// nothing live.
-    pub(crate) async fn remove(&self, name: &TenantName) -> Result<(), ApiError> {
+    /// Removes a tenant and its tokens once it owns nothing any more: its
+    /// sandboxes ended, its batches, pools and secrets removed.
+    pub async fn remove(&self, name: &TenantName) -> Result<(), ApiError> {
+        self.owns_nothing(name).await?;
         if name.is_default() {
             return Err(ApiError::bad_request(
                 "the default tenant holds the operator's things and cannot be removed",
@@ -234,7 +251,97 @@ impl Tenants {
         }
         self.keep(name, None).await;
         lock(&self.seen).clear();
+        self.admission.remove_tenant(name);
         Ok(())
+    }
+
+    /// Refuses to remove a tenant that still owns something.
+    async fn owns_nothing(&self, name: &TenantName) -> Result<(), ApiError> {
+        let open = self
+            .store
+            .list(&[])
+            .await?
+            .into_iter()
+            .filter(|r| &r.tenant == name && !r.state.is_final())
+            .count();
+        let batches = self
+            .store
+            .batches(None)
+            .await?
+            .into_iter()
+            .filter(|b| &b.tenant == name && b.deleted_at.is_none())
+            .count();
+        let pools = self
+            .pools
+            .defs()
+            .into_iter()
+            .filter(|(_, _, t)| t == name)
+            .count();
+        let secrets = self
+            .store
+            .secrets()
+            .await?
+            .into_iter()
+            .filter(|s| &s.tenant == name)
+            .count();
+        if open + batches + pools + secrets > 0 {
+            return Err(ApiError::conflict(format!(
+                "tenant {name} still owns {open} sandboxes that have not ended, {batches} batches, {pools} pools and {secrets} secrets; remove them first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gives admission every tenant's spec (at start, and as a new leader
+    /// of a cluster): quotas, weights and priorities hold from the first
+    /// create.
+    pub(crate) async fn load(&self) -> Result<(), ApiError> {
+        for (name, spec, _) in self.specs().await? {
+            self.admission.set_tenant(&name, &spec);
+        }
+        Ok(())
+    }
+
+    /// The tenants `who` reaches, with what their sandboxes hold and how
+    /// many of their creates wait.
+    pub async fn infos(&self, who: &Principal) -> Result<Vec<TenantInfo>, ApiError> {
+        let rows = self.store.list(&[]).await?;
+        self.infos_of(who, &rows).await
+    }
+
+    /// [`Tenants::infos`] from records already read.
+    pub(crate) async fn infos_of(
+        &self,
+        who: &Principal,
+        rows: &[SandboxRow],
+    ) -> Result<Vec<TenantInfo>, ApiError> {
+        let mut usage: HashMap<TenantName, (warren_core::tenant::TenantUsage, u32)> =
+            HashMap::new();
+        for row in rows {
+            let (u, queued) = usage.entry(row.tenant.clone()).or_default();
+            if row.state == SandboxState::Queued {
+                *queued += 1;
+            } else if row.state.is_live() {
+                u.cpu_millis += row.resources.cpu_request();
+                u.memory += row.resources.memory_request();
+                u.gpus += row.resources.gpus;
+                u.sandboxes += 1;
+            }
+        }
+        Ok(self
+            .specs()
+            .await?
+            .into_iter()
+            .filter(|(name, _, _)| who.reaches(name))
+            .map(|(name, spec, created_at)| {
+                let (used, queued) = usage.remove(&name).unwrap_or_default();
+                TenantInfo {
+                    usage: used,
+                    queued,
+                    ..bare_info(name, spec, created_at)
+                }
+            })
+            .collect())
     }
 
     /// Makes a token for a tenant: the operator for any, a tenant's admin

@@ -53,7 +53,7 @@ pub(crate) async fn list_tenants(
     State(st): St,
     Extension(who): Who,
 ) -> ApiResult<Json<Vec<TenantInfo>>> {
-    Ok(Json(st.control.tenant_infos(&who).await?))
+    Ok(Json(st.control.tenants().infos(&who).await?))
 }
 
 /// Makes a tenant (operator only). Its first token comes from `POST /v1/tokens`.
@@ -63,7 +63,7 @@ pub(crate) async fn create_tenant(
     State(st): St,
     JsonBody(req): JsonBody<TenantRequest>,
 ) -> ApiResult<Response> {
-    let made = st.control.create_tenant(&req).await?;
+    let made = st.control.tenants().create(&req).await?;
     Ok((StatusCode::CREATED, Json(made)).into_response())
 }
 
@@ -75,7 +75,8 @@ pub(crate) async fn get_tenant(
 ) -> ApiResult<Json<TenantInfo>> {
     let name = tenant_name(&name)?;
     st.control
-        .tenant_infos(&who)
+        .tenants()
+        .infos(&who)
         .await?
         .into_iter()
         .find(|t| t.name == name)
@@ -97,7 +98,7 @@ pub(crate) async fn set_tenant(
     JsonBody(spec): JsonBody<TenantSpec>,
 ) -> ApiResult<Json<TenantInfo>> {
     Ok(Json(
-        st.control.set_tenant(&tenant_name(&name)?, spec).await?,
+        st.control.tenants().set(&tenant_name(&name)?, spec).await?,
     ))
 }
 
@@ -109,7 +110,7 @@ pub(crate) async fn delete_tenant(
     State(st): St,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    st.control.remove_tenant(&tenant_name(&name)?).await?;
+    st.control.tenants().remove(&tenant_name(&name)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -55,7 +55,7 @@ impl Control {
         for id in self.store.fail_unreadable(&now).await? {
             tracing::warn!(sandbox = %id, "its record could not be read; marked failed");
         }
-        self.load_tenants().await?;
+        self.tenants.load().await?;
         let rows = self.store.list(&open_states()).await?;
         let total = rows.len();
         self.lifecycle.recovering(0, total);
@@ -431,5 +431,19 @@ impl Control {
             }
         });
         futures_util::future::join_all(all).await;
+    }
+
+    /// Counts a record's sandbox, adopted as it runs, against its tenant's
+    /// quota and share.
+    pub(crate) async fn hold_row(&self, row: &SandboxRow) {
+        // A tenant cannot be removed while it holds a sandbox; were its
+        // spec unreadable, the sandbox still counts, at priority 0.
+        let priority = match self.tenants.spec(&row.tenant).await {
+            Ok(t) => t.priority_of(&row.spec),
+            Err(_) => row.spec.priority.unwrap_or(0),
+        };
+        let need = crate::admission::Need::of(&row.resources);
+        self.admission
+            .hold_for(&row.id, &row.node, need, &row.tenant, priority);
     }
 }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use warren_core::state::reason;
 use warren_core::Event;
 
-use crate::control::Control;
+use crate::telemetry::Telemetry;
 
 /// The reasons that are alerts: of a node (its own event), and of a
 /// sandbox (its first event of that reason: an OOM kill is recorded as the
@@ -122,7 +122,7 @@ pub fn message(ev: &Event, node: Option<&str>, labels: &warren_core::Labels) -> 
 /// newest (each loss logged) rather than holding memory without bound.
 const BACKLOG: usize = 1024;
 
-impl Control {
+impl Telemetry {
     /// Sends every alert recorded from now on to `hooks`, until the
     /// control plane stops. Each hook has a queue and a sender of its own,
     /// so one that is slow or down delays only its own deliveries.

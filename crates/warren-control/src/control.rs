@@ -3,7 +3,6 @@
 //! what the node reports.
 
 use std::sync::Arc;
-use warren_core::tenant::Principal;
 
 use rand::Rng;
 use warren_core::clock::now_rfc3339;
@@ -44,7 +43,9 @@ pub struct Control {
     /// Whether a clean stop destroys every sandbox (`warren up`); a
     /// control plane of a cluster stops without touching its nodes.
     pub(crate) destroy_on_stop: bool,
-    pub(crate) metrics: crate::metrics::Metrics,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Metrics, the recent history and alerts, as the control plane shows them.
+    pub(crate) telemetry: Arc<crate::telemetry::Telemetry>,
     pub(crate) sandbox_locks: crate::sandbox_locks::SandboxLocks,
     /// The learned profiles and how they learn.
     pub(crate) profiles: crate::profiles::Profiles,
@@ -184,6 +185,17 @@ impl Control {
         ));
         let node_set =
             crate::node_set::NodeSet::new(nodes.clone(), admission.clone(), store.clone());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let telemetry = Arc::new(crate::telemetry::Telemetry {
+            store: store.clone(),
+            nodes: nodes.clone(),
+            admission: admission.clone(),
+            pools: pools.clone(),
+            tenants: tenants.clone(),
+            records: records.clone(),
+            metrics: metrics.clone(),
+            lifecycle: lifecycle.clone(),
+        });
         Control {
             records,
             io,
@@ -203,7 +215,8 @@ impl Control {
             admission,
             liveness: options.liveness,
             destroy_on_stop: options.destroy_on_stop,
-            metrics: crate::metrics::Metrics::new(),
+            metrics,
+            telemetry,
             sandbox_locks: Default::default(),
             lifecycle,
             pools,
@@ -265,37 +278,14 @@ impl Control {
         &self.volumes
     }
 
+    /// Metrics, the recent history and alerts.
+    pub fn telemetry(&self) -> &Arc<crate::telemetry::Telemetry> {
+        &self.telemetry
+    }
+
     /// The profiles service.
     pub fn profiles(&self) -> &crate::profiles::Profiles {
         &self.profiles
-    }
-
-    /// Prometheus metrics, in the text format.
-    pub async fn metrics_text(&self) -> String {
-        let sandboxes = self.store.list(&[]).await.ok();
-        let tenants = match &sandboxes {
-            Some(rows) => self.tenants.infos_of(&Principal::Operator, rows).await.ok(),
-            None => None,
-        };
-        let held = match sandboxes {
-            Some(_) => self.records.inventory().await,
-            None => Default::default(),
-        };
-        self.metrics.render(crate::metrics::Snapshot {
-            nodes: self.admission.nodes(),
-            queued: self.admission.queued(),
-            cpu_busy: self
-                .nodes
-                .all()
-                .iter()
-                .map(|n| n.view().info.load.cpu_busy)
-                .collect(),
-            pools: self.pools.infos(),
-            sandboxes,
-            held,
-            profiles: self.store.profiles().await.ok(),
-            tenants,
-        })
     }
 
     /// Destroys a sandbox for `why` (an already final one is left as is);

@@ -14,8 +14,8 @@ use time::OffsetDateTime;
 use warren_core::history::{History, HistoryPoint};
 use warren_core::{ApiError, Event};
 
-use crate::control::Control;
 use crate::samples::{now_ms, INTERVAL, KEPT};
+use crate::telemetry::Telemetry;
 
 /// Events read per store trip, and trips per sample, while looking for
 /// alerts.
@@ -43,7 +43,7 @@ fn quantile_ms(sorted: &[f64], q: f64) -> Option<f64> {
         .map(|s| s * 1000.0)
 }
 
-impl Control {
+impl Telemetry {
     /// Samples the history every [`INTERVAL`] until the daemon stops.
     pub async fn keep_history(self: Arc<Self>) {
         // The last hour's alerts from the log, then each as it is written.

@@ -49,6 +49,7 @@ pub use records::Records;
 pub use sandbox_io::{ExecHandle, SandboxIo};
 pub use secrets::Secrets;
 pub use signing::Signer;
+pub use telemetry::Telemetry;
 pub use tenants::Tenants;
 pub use volumes::{VolumeFiles, Volumes};
 mod sandbox_locks;
@@ -57,6 +58,7 @@ pub mod serve;
 pub mod signing;
 pub mod store;
 mod streams;
+mod telemetry;
 mod tenants;
 mod traces;
 mod volumes;
@@ -326,9 +328,9 @@ pub async fn start(cfg: UpConfig) -> Result<(Up, axum::Router), StartError> {
     tokio::spawn(control.clone().enforce_preemptions());
     tokio::spawn(control.clone().watch_nodes());
     tokio::spawn(control.log_keeper.clone().expire_kept_logs());
-    tokio::spawn(control.clone().keep_history());
+    tokio::spawn(control.telemetry().clone().keep_history());
     if !cfg.alert_webhooks.is_empty() {
-        tokio::spawn(control.clone().send_alerts(cfg.alert_webhooks));
+        tokio::spawn(control.telemetry().clone().send_alerts(cfg.alert_webhooks));
     }
     let router = api::router(Arc::new(api::AppState {
         control: control.clone(),

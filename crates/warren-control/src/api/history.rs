@@ -24,6 +24,8 @@ pub(crate) async fn history(
     Query(q): Query<HistoryQuery>,
 ) -> ApiResult<Json<History>> {
     Ok(Json(
-        st.control.history(q.since.as_deref().unwrap_or("15m"))?,
+        st.control
+            .telemetry()
+            .history(q.since.as_deref().unwrap_or("15m"))?,
     ))
 }

@@ -415,7 +415,7 @@ async fn healthz(State(st): St) -> String {
 
 /// Prometheus metrics (text format).
 async fn metrics(State(st): St) -> Response {
-    let text = st.control.metrics_text().await;
+    let text = st.control.telemetry().metrics_text().await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -36,17 +36,28 @@ def test_a_gvisor_sandbox_runs_on_gvisors_kernel_and_says_so(warren, sandbox):
         assert out.split()[0] == "Alloc:" and out.split()[-1] == "4.4.0", out
         # On the host, the sandbox's kernel is the sentry: nobody, in a user
         # namespace of its own, under its own seccomp filter; so are the
-        # processes that run the sandbox's code (ptrace stubs). Only the
-        # gofer, which serves files, is root on the host.
+        # processes that run the sandbox's code (ptrace stubs). The gofer,
+        # which serves files, is root of a user namespace mapped to the
+        # sandbox's own host range, as a container's root is, and what the
+        # sandbox writes is that range's on the host.
         sentry = info["pid"]
+        base = warren.http.get(f"/v1/sandboxes/{sid}").json()["host_id_base"]
+        assert base is not None and base >= 1 << 20, base
+        gofers = 0
         for pid in sandbox_host_pids(sid):
             status = Path(f"/proc/{pid}/status").read_text()
             fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
             assert fields["Seccomp"].strip() == "2" and fields["NoNewPrivs"].strip() == "1", fields
+            assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"), pid
             if "runsc-gofer" in _cmd(pid).decode(errors="replace"):
+                gofers += 1
+                assert fields["Uid"].split()[0] == str(base), (pid, fields["Uid"])
+                assert Path(f"/proc/{pid}/uid_map").read_text().split() == ["0", str(base), "65536"]
                 continue
             assert fields["Uid"].split()[0] == "65534", (pid, _cmd(pid), fields["Uid"])
-            assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user"), pid
+        assert gofers == 1, gofers
+        sh_ok(warren, sid, "echo mine > /made-inside")
+        assert (warren.home / "sandboxes" / sid / "upper" / "made-inside").stat().st_uid == base
         for ns in ("mnt", "net", "ipc", "uts"):
             assert os.readlink(f"/proc/{sentry}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
         # The container class, by default, is a container on the host kernel.

@@ -118,6 +118,9 @@ pub(crate) struct Gvisor {
     pub home: PathBuf,
     /// Where runsc keeps each sandbox's state (a directory per sandbox).
     pub state_root: PathBuf,
+    /// Whether sandboxes with gVisor's own network stack get a host id
+    /// range (the node's `--userns`; see [`gvisor::prepare`]).
+    pub userns: bool,
 }
 
 impl IsolationClass for Gvisor {
@@ -148,9 +151,10 @@ impl IsolationClass for Gvisor {
             RuntimeError::Unsupported("this node does not offer the gvisor isolation class".into())
         })?;
         let run = runsc.invocation(&self.state_root.join(&handle.id), req.proxied_network);
-        gvisor::prepare(handle, &req.resources, &run, &self.home)?;
+        let userns = self.userns && !req.proxied_network;
+        let ids = gvisor::prepare(handle, &req.resources, &run, &self.home, userns)?;
         Ok(Prepared {
-            id_base: None,
+            id_base: ids.map(|r| r.base),
             start: crate::proto::Start::Runsc(run),
         })
     }

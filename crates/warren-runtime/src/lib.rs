@@ -264,6 +264,7 @@ impl Runtime {
             runsc: cfg.runsc.clone(),
             home: cfg.home.clone(),
             state_root: state_root.clone(),
+            userns: cfg.userns,
         });
         Ok(Runtime {
             cfg,
@@ -707,6 +708,7 @@ pub(crate) fn unmount_root(dir: &Path, id: &str) -> Result<(), RuntimeError> {
         let _ = std::fs::remove_dir(&mount);
     }
     volumes::unmount_staging(id);
+    gvisor::spawn::unmount_helpers(id);
     let mounts = lower_mounts(id);
     if let Ok(entries) = std::fs::read_dir(&mounts) {
         for e in entries.flatten() {

@@ -145,16 +145,22 @@ pub fn config(input: &ConfigInput<'_>) -> Value {
     let mut config = base_config(input);
     add_device_mounts(&mut config, input.devices);
     if let Some(ids) = input.ids {
-        let map = json!([{ "containerID": 0, "hostID": ids.base, "size": crate::userns::SIZE }]);
-        let linux = &mut config["linux"];
-        if let Some(ns) = linux["namespaces"].as_array_mut() {
-            // First, so every other namespace is owned by it.
-            ns.insert(0, json!({ "type": "user" }));
-        }
-        linux["uidMappings"] = map.clone();
-        linux["gidMappings"] = map;
+        add_user_namespace(&mut config, ids);
     }
     config
+}
+
+/// Gives `config` a user namespace mapping root (and the 65535 ids above
+/// it) to the sandbox's host range.
+pub(crate) fn add_user_namespace(config: &mut Value, ids: crate::userns::IdRange) {
+    let map = json!([{ "containerID": 0, "hostID": ids.base, "size": crate::userns::SIZE }]);
+    let linux = &mut config["linux"];
+    if let Some(ns) = linux["namespaces"].as_array_mut() {
+        // First, so every other namespace is owned by it.
+        ns.insert(0, json!({ "type": "user" }));
+    }
+    linux["uidMappings"] = map.clone();
+    linux["gidMappings"] = map;
 }
 
 fn base_config(input: &ConfigInput<'_>) -> Value {

@@ -219,7 +219,7 @@ fn create(
     took(&mut phases, "spawn_mounts", &mut since);
     let result = mounted.and_then(|()| match start {
         proto::Start::Runsc(run) => {
-            crate::gvisor::spawn::start(id, bundle, &crate::root_mount(id), run, &mut |name| {
+            crate::gvisor::spawn::start(id, bundle, &crate::root_mount(id), run, ids, &mut |name| {
                 took(&mut phases, name, &mut since)
             })
             .map_err(SpawnError::from)

@@ -20,6 +20,9 @@ pub(crate) struct ConfigInput<'a> {
     pub init: &'a Path,
     /// The host directory shared at [`super::IPC_DIR`].
     pub ipc: &'a Path,
+    /// The host ids the gofer's user namespace maps root to; None: the
+    /// gofer is root in the host's (see [`super::prepare`]).
+    pub ids: Option<crate::userns::IdRange>,
 }
 
 /// Host tasks a gVisor sandbox may have per process it asks for: on the
@@ -31,6 +34,14 @@ const HOST_TASKS_PER_PROCESS: u64 = 12;
 const HOST_TASKS_BASE: u64 = 64;
 
 pub(crate) fn config(input: &ConfigInput<'_>) -> Value {
+    let mut config = base_config(input);
+    if let Some(ids) = input.ids {
+        crate::oci::add_user_namespace(&mut config, ids);
+    }
+    config
+}
+
+fn base_config(input: &ConfigInput<'_>) -> Value {
     let r = input.resources;
     let period = 100_000u64;
     let quota = (r.cpu_millis * period / 1000).max(1000);
@@ -169,6 +180,7 @@ mod tests {
             nofile: 1024,
             init: Path::new("/h/runsc/warren-init"),
             ipc: Path::new("/run/warren/roots/sbx-1.ipc"),
+            ids: None,
         });
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);

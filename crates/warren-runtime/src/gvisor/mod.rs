@@ -183,21 +183,31 @@ impl Runsc {
 }
 
 /// Lays out a gVisor sandbox's directory: runsc's config and the record
-/// that says how runsc is called for it. No id range: the sandbox's uids
-/// are gVisor's (the gofer, root on the host, writes files as them), and
-/// runsc puts the sentry in a user namespace of its own where it can
-/// (see [`Runsc::invocation`]).
+/// that says how runsc is called for it. With `userns`, the sandbox gets a
+/// host id range of its own, as a container does ([`crate::userns`]): runsc
+/// runs the gofer, the process that serves the sandbox's files, as root of
+/// a user namespace mapped to that range instead of the host's root, and
+/// the root is built on id-mapped layers so the range owns its files. (This
+/// runsc keeps the sentry as nobody in a user namespace of its own either
+/// way; with host networking it refuses a user namespace in the config, so
+/// the caller asks for one only with gVisor's own network stack.)
 pub(crate) fn prepare(
     handle: &crate::SandboxHandle,
     resources: &warren_core::ResolvedResources,
     run: &Invocation,
     home: &Path,
-) -> Result<(), crate::RuntimeError> {
+    userns: bool,
+) -> Result<Option<crate::userns::IdRange>, crate::RuntimeError> {
     use crate::RuntimeError;
     use nix::sys::resource::Resource;
     let dir = &handle.dir;
     std::fs::create_dir(dir)
         .map_err(|e| RuntimeError::Create(format!("sandbox directory {}: {e}", dir.display())))?;
+    let ids = if userns {
+        Some(crate::userns::allocate(dir)?)
+    } else {
+        None
+    };
     let ipc = ipc_mount(&handle.id);
     let config = config(&bundle::ConfigInput {
         id: &handle.id,
@@ -207,12 +217,15 @@ pub(crate) fn prepare(
         nofile: crate::capped_limit(Resource::RLIMIT_NOFILE, 65536, 1024),
         init: &Runsc::init_binary(home),
         ipc: &ipc,
+        ids,
     });
     let bytes = serde_json::to_vec(&config).map_err(RuntimeError::Config)?;
     std::fs::write(dir.join("config.json"), bytes)
         .map_err(RuntimeError::io("write config.json"))?;
     let record = serde_json::to_vec(run).map_err(RuntimeError::Config)?;
-    std::fs::write(dir.join(RECORD), record).map_err(RuntimeError::io("record the sandbox's runsc"))
+    std::fs::write(dir.join(RECORD), record)
+        .map_err(RuntimeError::io("record the sandbox's runsc"))?;
+    Ok(ids)
 }
 
 /// Writes the node's copy of warren-init (a new file each start, renamed
@@ -246,6 +259,15 @@ pub fn recorded(sandbox_dir: &Path) -> Option<Invocation> {
 /// bound at [`IPC_DIR`] after the spawner lets go.
 pub fn ipc_mount(id: &str) -> PathBuf {
     Path::new(crate::ROOTS_DIR).join(format!("{id}.ipc"))
+}
+
+/// Where the spawner binds the node's copy of warren-init for one sandbox,
+/// in its own mount namespace, as the config's source for [`INIT_PATH`]:
+/// the gofer opens it with its own credentials, and the node's home may be
+/// closed to it (mode 0700, and a gofer in a user namespace is not the
+/// host's root), while [`crate::ROOTS_DIR`] is open.
+pub fn init_mount(id: &str) -> PathBuf {
+    Path::new(crate::ROOTS_DIR).join(format!("{id}.init"))
 }
 
 /// Init's socket as the daemon reaches it: through the gofer's view of the

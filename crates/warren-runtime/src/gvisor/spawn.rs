@@ -4,7 +4,7 @@
 //! runsc is an external program, so this is plain fork and exec from the
 //! single-threaded spawner.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,23 +30,40 @@ pub enum GvisorStartError {
 }
 
 /// Starts the gVisor sandbox `id` whose bundle (config.json) and ipc
-/// directory are in `dir`; returns the sentry's pid.
+/// directory are in `dir`; returns the sentry's pid. `ids`: the host range
+/// the gofer's user namespace maps root to, which then owns what is made
+/// here for the sandbox.
 pub(crate) fn start(
     id: &str,
     dir: &Path,
     root: &Path,
     run: &Invocation,
+    ids: Option<crate::userns::IdRange>,
     took: &mut dyn FnMut(&str),
 ) -> Result<i32, GvisorStartError> {
-    share_tmp(dir, root)?;
+    let init = super::init_mount(id);
+    let init_source = complete_config(dir, root, &init, ids)?;
+    mount_init(&init_source, &init)?;
     let ipc = super::ipc_mount(id);
-    mount_ipc(&ipc)?;
-    let started = start_mounted(id, dir, &ipc, run, took);
-    // The gofer's mount namespace holds its own copy of the tmpfs from
-    // `runsc create` on; this one was needed only to see init listen.
+    let started = mount_ipc(&ipc, ids)
+        .map_err(GvisorStartError::from)
+        .and_then(|()| start_mounted(id, dir, &ipc, run, took));
+    // The gofer's mount namespace holds its own copies from `runsc create`
+    // on; these were needed only to make it and to see init listen.
+    unmount_helpers(id);
+    started
+}
+
+/// Lets go of the spawner's mounts of a gVisor sandbox's init and ipc
+/// directory, and removes their mount points (a crashed spawner's too,
+/// when the sandbox is cleaned up).
+pub(crate) fn unmount_helpers(id: &str) {
+    let ipc = super::ipc_mount(id);
     let _ = crate::rootfs::unmount(&ipc);
     let _ = std::fs::remove_dir(&ipc);
-    started
+    let init = super::init_mount(id);
+    let _ = crate::rootfs::unmount(&init);
+    let _ = std::fs::remove_file(&init);
 }
 
 fn start_mounted(
@@ -101,47 +118,100 @@ fn start_mounted(
     Ok(sentry)
 }
 
-/// Adds a bind of the root's own /tmp to the config (see bundle.rs), made
-/// first where the image has none. A /tmp that is not a plain directory (a
-/// symlink would be followed on the host when runsc mounts it) is left to
-/// gVisor, which resolves it inside the sandbox.
-fn share_tmp(dir: &Path, root: &Path) -> Result<(), OsError> {
+/// Completes the config (see bundle.rs) in the spawner's namespace: init's
+/// source becomes `init_at` (see [`super::init_mount`]), and a bind of the
+/// root's own /tmp is added, made first where the image has none. A /tmp
+/// that is not a plain directory (a symlink would be followed on the host
+/// when runsc mounts it) is left to gVisor, which resolves it inside the
+/// sandbox. Returns the node's copy of init the config named.
+fn complete_config(
+    dir: &Path,
+    root: &Path,
+    init_at: &Path,
+    ids: Option<crate::userns::IdRange>,
+) -> Result<PathBuf, OsError> {
     use std::os::unix::fs::PermissionsExt;
     let tmp = root.join("tmp");
-    match std::fs::symlink_metadata(&tmp) {
-        Ok(m) if m.file_type().is_dir() => {}
-        Ok(_) => return Ok(()),
+    let share = match std::fs::symlink_metadata(&tmp) {
+        Ok(m) => m.file_type().is_dir(),
         Err(_) => {
             std::fs::create_dir(&tmp).map_err(|e| OsError::new("create /tmp in the root", e))?;
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
                 .map_err(|e| OsError::new("make /tmp world-writable", e))?;
+            if let Some(ids) = ids {
+                std::os::unix::fs::lchown(&tmp, Some(ids.base), Some(ids.base))
+                    .map_err(|e| OsError::new("give /tmp to the sandbox's root", e))?;
+            }
+            true
         }
-    }
+    };
     let path = dir.join("config.json");
     let read = std::fs::read(&path).map_err(|e| OsError::new("read config.json", e))?;
     let mut config: Value = serde_json::from_slice(&read)
         .map_err(|e| OsError::new("parse config.json", std::io::Error::other(e)))?;
+    let mut init_source = None;
     if let Some(mounts) = config["mounts"].as_array_mut() {
-        mounts.push(json!({
-            "destination": "/tmp", "type": "bind", "source": tmp, "options": ["rbind", "rw"]
-        }));
+        for m in mounts.iter_mut() {
+            if m["destination"] == super::INIT_PATH {
+                init_source = m["source"].as_str().map(PathBuf::from);
+                m["source"] = json!(init_at);
+            }
+        }
+        if share {
+            mounts.push(json!({
+                "destination": "/tmp", "type": "bind", "source": tmp, "options": ["rbind", "rw"]
+            }));
+        }
     }
+    let init_source = init_source.ok_or_else(|| {
+        OsError::new(
+            "find init's mount in config.json",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })?;
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| OsError::new("write config.json", std::io::Error::other(e)))?;
-    std::fs::write(&path, bytes).map_err(|e| OsError::new("write config.json", e))
+    std::fs::write(&path, bytes).map_err(|e| OsError::new("write config.json", e))?;
+    Ok(init_source)
 }
 
-/// A tmpfs of a few KiB and inodes, root's only, for init's socket: the
-/// sandbox's root may write there, so it must not be the node's disk.
-fn mount_ipc(at: &Path) -> Result<(), OsError> {
+/// Binds the node's copy of init, read-only, at `at` (see
+/// [`super::init_mount`]).
+fn mount_init(source: &Path, at: &Path) -> Result<(), OsError> {
+    use nix::mount::{mount, MsFlags};
+    std::fs::File::create(at).map_err(|e| OsError::new("create init's mount point", e))?;
+    mount(
+        Some(source),
+        at,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| OsError::new("bind init", e))?;
+    mount(
+        None::<&str>,
+        at,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(|e| OsError::new("make init's bind read-only", e))
+}
+
+/// A tmpfs of a few KiB and inodes, root's only (the sandbox's root's,
+/// with `ids`), for init's socket: the sandbox's root may write there, so
+/// it must not be the node's disk.
+fn mount_ipc(at: &Path, ids: Option<crate::userns::IdRange>) -> Result<(), OsError> {
     use nix::mount::{mount, MsFlags};
     std::fs::create_dir(at).map_err(|e| OsError::new("create the ipc mount point", e))?;
+    let owner = ids.map_or(0, |r| r.base);
+    let options = format!("mode=0700,size=16k,nr_inodes=16,uid={owner},gid={owner}");
     mount(
         Some("tmpfs"),
         at,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("mode=0700,size=16k,nr_inodes=16"),
+        Some(options.as_str()),
     )
     .map_err(|e| OsError::new("mount the ipc tmpfs", e))
 }

@@ -1,7 +1,7 @@
 //! The sandboxes' records and what a client reads of them: one sandbox as
-//! recorded or as its node sees it now, lists, the event log. Reads only:
-//! changes are the lifecycle's (`control`), which writes through the same
-//! store.
+//! recorded or as its node sees it now, lists, a name's sandbox (`names`),
+//! the fleet over a window (`fleet`), the event log. Reads only: changes
+//! are the lifecycle's (`control`), which writes through the same store.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -10,8 +10,8 @@
 # `mktemp -d` gives one; pytest's tmp_path is not). The server keeps
 # everything in DIR: data in DIR/data, its log in DIR/postgres.log, and
 # listens only on a unix socket in DIR (no port to collide with another
-# test's), or with --tcp on 127.0.0.1 at a free port as well (the URL printed
-# is then the TCP one). Authentication is `trust`: the socket is reachable
+# test's), or with --tcp on 127.0.0.1 at a free port as well, or at
+# PG_TEMP_PORT when that is set (the URL printed is then the TCP one). Authentication is `trust`: the socket is reachable
 # only by DIR's owner and root; a --tcp server by every local user.
 #
 # Run as root (as the tests are), the server runs as `postgres` (initdb
@@ -72,7 +72,9 @@ start)
     fi
     port=5432 listen=""
     if [ -n "$tcp" ]; then
-        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        # PG_TEMP_PORT: the caller's choice (the tests take theirs from
+        # blocks below the ephemeral range: tests/ports.py).
+        port=${PG_TEMP_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
         listen=127.0.0.1
     fi
     # -w: returns once the server accepts connections (or has failed).

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from ports import free_port  # noqa: F401 (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Cargo's build outputs: target/ in the tree, or where CARGO_TARGET_DIR says
@@ -32,12 +33,6 @@ def pytest_configure(config):
         "smoke: one quick test per front door and lifecycle step: scripts/test.sh --quick",
     ):
         config.addinivalue_line("markers", line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Flags every daemon of the run gets: the second pass of scripts/test.sh

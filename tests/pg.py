@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_TEMP = ROOT / "scripts" / "pg-temp.sh"
 
@@ -44,7 +46,7 @@ class TempPostgres:
                 capture_output=True,
                 text=True,
                 timeout=120,
-                env={**os.environ, "PG_TEMP_OPTS": self.options},
+                env={**os.environ, "PG_TEMP_OPTS": self.options, **self.port_env()},
             )
             if p.returncode != 0:
                 raise RuntimeError(f"pg-temp.sh start failed ({p.returncode}): {p.stderr}")
@@ -53,6 +55,13 @@ class TempPostgres:
             self.stop()
             raise
         return self
+
+    def port_env(self):
+        # The port from the tests' own blocks (see ports.py), not one the
+        # script finds free in the ephemeral range.
+        if not self.tcp:
+            return {}
+        return {"PG_TEMP_PORT": str(free_port())}
 
     def stop(self):
         if self.dir is None:

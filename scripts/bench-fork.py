@@ -3,7 +3,10 @@
 --mb MB of changes in --files files is forked into --count children,
 --rounds times; each fork's time per child (the fork's wall time / count)
 is compared with a plain create's (single creates, one after another),
-and with --count creates sent at once. Prints a Markdown table;
+and with --count creates sent at once. With --with-processes, every
+sandbox is a gvisor one running a main process, and the fork carries the
+source's memory and processes too (the source is saved, copied and
+resumed; each child resumes the image). Prints a Markdown table;
 everything it made carries one label and is removed at the end, also
 when interrupted.
 
@@ -57,16 +60,21 @@ def main():
     ap.add_argument("--files", type=int, default=500, help="files they are spread over")
     ap.add_argument("--creates", type=int, default=30, help="plain creates timed")
     ap.add_argument("--image", default="busybox:latest")
+    ap.add_argument("--with-processes", action="store_true",
+                    help="gvisor sandboxes with a main process, forked with their processes")
     args = ap.parse_args()
     label = f"bench-fork-{os.getpid()}"
     spec = {"image": args.image, "labels": {"bench": label}}
+    if args.with_processes:
+        spec |= {"isolation": "gvisor", "cmd": ["sh", "-c", "while true; do sleep 1; done"]}
+    fork_body = {"count": args.count, "with_processes": args.with_processes}
     c = client()
     each_kb = args.mb * 1024 // args.files
     fill = (
         f"mkdir -p /data && i=0; while [ $i -lt {args.files} ]; do "
         f"head -c {each_kb * 1024} /dev/urandom > /data/f$i; i=$((i+1)); done; sync"
     )
-    plain, burst, per_child, walls, frozen = [], [], [], [], []
+    plain, burst, per_child, walls, frozen, images = [], [], [], [], [], []
     try:
         print(f"plain creates: {args.creates}", file=sys.stderr)
         for _ in range(args.creates):
@@ -88,20 +96,22 @@ def main():
             src = ok(c.post("/v1/sandboxes", json=spec))["id"]
             sh(c, src, fill)
             t = time.perf_counter()
-            children = ok(c.post(f"/v1/sandboxes/{src}/fork", json={"count": args.count}))
+            children = ok(c.post(f"/v1/sandboxes/{src}/fork", json=fork_body))
             wall = (time.perf_counter() - t) * 1000
             walls.append(wall)
             per_child.append(wall / args.count)
             events = ok(c.get(f"/v1/sandboxes/{src}"))["events"]
             note = next(e["message"] for e in events if e["reason"] == "forked")
-            m = re.search(r"frozen (\d+) ms", note)
+            m = re.search(r"(?:frozen|stopped) (\d+) ms", note)
             frozen.append(int(m.group(1)) if m else 0)
+            m = re.search(r"(\d+) bytes of memory image", note)
+            images.append(int(m.group(1)) if m else 0)
             sh(c, children[0]["id"], f"test $(ls /data | wc -l) -eq {args.files}")
             for s in [src] + [ch["id"] for ch in children]:
                 c.delete(f"/v1/sandboxes/{s}")
             print(
                 f"round {rnd + 1}/{args.rounds}: fork of {args.mb} MB into {args.count}: "
-                f"{wall:.0f} ms ({wall / args.count:.1f} ms per child; source frozen {frozen[-1]} ms)",
+                f"{wall:.0f} ms ({wall / args.count:.1f} ms per child; source frozen or stopped {frozen[-1]} ms)",
                 file=sys.stderr,
             )
     finally:
@@ -110,13 +120,18 @@ def main():
             print(f"removed {len(gone)} sandboxes", file=sys.stderr)
     p50 = statistics.median
     base = p50(plain)
-    print(f"| {args.mb} MB in {args.files} files, {args.count} children, {args.rounds} rounds | p50 ms | vs plain create |")
+    what = "gvisor, with processes" if args.with_processes else "files only"
+    print(f"| {what}: {args.mb} MB in {args.files} files, {args.count} children, {args.rounds} rounds | p50 ms | vs plain create |")
     print("|---|---:|---:|")
     print(f"| plain create, one at a time | {base:.1f} | 1.00x |")
     print(f"| plain create, {args.count} at once, per sandbox | {p50(burst):.1f} | {p50(burst) / base:.2f}x |")
     print(f"| fork, per child (fork wall time / {args.count}) | {p50(per_child):.1f} | {p50(per_child) / base:.2f}x |")
     print(f"| fork, wall time for all {args.count} | {p50(walls):.1f} | |")
-    print(f"| source frozen for the copy | {p50(frozen):.0f} | |")
+    if args.with_processes:
+        print(f"| source stopped (saved, copied, resumed) | {p50(frozen):.0f} | |")
+        print(f"| memory image, MB | {p50(images) / 1e6:.1f} | |")
+    else:
+        print(f"| source frozen for the copy | {p50(frozen):.0f} | |")
 
 
 if __name__ == "__main__":

@@ -227,6 +227,57 @@ def test_fork_and_commit_keep_files_and_class(warren, sandbox):
     assert sh_ok(warren, again, "cat /state.txt") == "state\n"
 
 
+def test_a_fork_with_processes_resumes_the_sources_memory_in_each_child(warren, sandbox):
+    """`fork --with-processes` (docs/isolation.md): the source is saved and
+    resumed, and each child resumes the same memory and processes on its own
+    copy of the files, with its main process's output in its own log."""
+    # The token lives only in the shell's memory; the file is rewritten
+    # from it, so a child that brings the file back after it is removed
+    # runs the source's process with the source's memory.
+    # (Written by rename, so a read never finds a file half written.)
+    loop = "t=$(cat /proc/sys/kernel/random/uuid); i=0; while true; do i=$((i+1)); " \
+        "echo $t > /who.new; mv /who.new /who; echo $i > /count.new; mv /count.new /count; " \
+        "echo tick $i; sleep 0.1; done"
+    source = gvisor(sandbox, cmd=["sh", "-c", loop])
+    wait_until(lambda: sh_ok(warren, source, "cat /count 2>/dev/null || echo 0").strip() not in ("", "0", "1"), 20,
+               what="the source's loop counting")
+    token = sh_ok(warren, source, "cat /who").strip()
+    before = int(sh_ok(warren, source, "cat /count"))
+    sh_ok(warren, source, "echo kept > /file.txt")
+    r = warren.http.post(f"/v1/sandboxes/{source}/fork", json={"count": 2, "with_processes": True})
+    assert r.status_code == 201, r.text
+    children = [c["id"] for c in r.json()]
+    try:
+        layer = warren.http.get(f"/v1/sandboxes/{children[0]}").json()["spec"]["fork"]
+        assert layer["processes"] is True, layer
+        memory = warren.home / "forks" / f"mem-{layer['layers'][0]}"
+        assert memory.is_dir() and any(memory.iterdir()), memory
+        for sid in [source, *children]:
+            sh_ok(warren, sid, "rm -f /who")
+            wait_until(lambda: sh_ok(warren, sid, "cat /who 2>/dev/null || true").strip() == token, 20,
+                       what=f"{sid}'s resumed loop writing its token again")
+            assert int(sh_ok(warren, sid, "cat /count")) > before
+            assert sh_ok(warren, sid, "cat /file.txt") == "kept\n"
+            info = warren.http.get(f"/v1/sandboxes/{sid}").json()
+            assert info["state"] == "running" and info["spec"]["isolation"] == "gvisor", info
+            # The resumed main process's output reaches each one's own log.
+            wait_until(lambda: b"tick" in warren.cli("logs", sid).stdout, 20, what=f"{sid}'s log")
+        # Each child's files are its own from the fork on.
+        sh_ok(warren, children[0], "echo mine > /mine.txt")
+        for other in (source, children[1]):
+            assert sh_ok(warren, other, "test -e /mine.txt; echo $?") == "1\n"
+    finally:
+        for child in children:
+            warren.destroy(child)
+    for child in children:
+        assert not host_traces(warren, child), host_traces(warren, child)
+    wait_until(lambda: not memory.exists(), 10, what="the memory image removed with the fork's last child")
+    # What cannot be saved is refused before anything happens to it.
+    container = sandbox()["id"]
+    r = warren.http.post(f"/v1/sandboxes/{container}/fork", json={"count": 1, "with_processes": True})
+    assert r.status_code == 400 and "only a gvisor sandbox" in r.text, r.text
+
+
 def test_a_crash_of_the_daemon_keeps_the_sandbox_and_destroy_leaves_nothing(images):
     with own_daemon(images) as w:
         sid = w.create(isolation="gvisor", cmd=["sh", "-c", "while true; do echo tick; sleep 0.2; done"])["id"]

@@ -276,6 +276,10 @@ pub struct ForkOrigin {
     /// on (above the image's), topmost first: names on the source's node.
     #[serde(default)]
     pub layers: Vec<String>,
+    /// It resumes the source's memory and processes, saved with its
+    /// topmost layer (a gVisor fork with processes), instead of booting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub processes: bool,
 }
 
 /// Every child of a fork carries this label with its source's id.
@@ -310,6 +314,11 @@ pub struct ForkRequest {
     pub ttl: Option<Dur>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Dur>,
+    /// Children start from the source's memory and running processes as
+    /// well as its files (gVisor sources on network `none` only): the
+    /// source is saved and resumed, and each child resumes the same image.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub with_processes: bool,
 }
 
 impl ForkRequest {
@@ -326,6 +335,18 @@ impl ForkRequest {
     ) -> Result<SandboxSpec, SpecError> {
         if self.count == 0 || self.count > MAX_FORK {
             return Err(SpecError::ForkCount(self.count));
+        }
+        if self.with_processes {
+            if source.isolation.unwrap_or_default() != crate::Isolation::Gvisor {
+                return Err(SpecError::ForkProcesses(
+                    "only a gvisor sandbox can be forked with its processes (the container class has no memory snapshots here)",
+                ));
+            }
+            if source.network.mode != NetworkMode::None {
+                return Err(SpecError::ForkProcesses(
+                    "a gvisor sandbox that reaches the network cannot be forked with its processes: this runsc cannot save host networking (the source needs network none)",
+                ));
+            }
         }
         let mut spec = source.clone();
         spec.request_id = None;
@@ -357,6 +378,7 @@ impl ForkRequest {
         spec.fork = Some(ForkOrigin {
             source: source_id.into(),
             layers: vec![],
+            processes: self.with_processes,
         });
         spec.resolve()?;
         Ok(spec)
@@ -466,6 +488,8 @@ pub enum SpecError {
     RequestId,
     #[error("count must be between 1 and {MAX_FORK} children, got {0}")]
     ForkCount(u32),
+    #[error("{0}")]
+    ForkProcesses(&'static str),
 }
 
 /// Checks that argv, environment and working directory together stay
@@ -897,6 +921,41 @@ mod tests {
             Err(SpecError::MemoryTooSmall(1))
         ));
         assert!(serde_json::from_str::<ForkRequest>(r#"{"count":1,"image":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn a_fork_with_processes_needs_a_gvisor_source_on_network_none() {
+        let req = ForkRequest {
+            count: 2,
+            with_processes: true,
+            ..Default::default()
+        };
+        let container = spec(r#"{"image":"busybox","cmd":["sleep","9"]}"#).unwrap();
+        assert!(matches!(
+            req.child_spec("sbx-x", &container),
+            Err(SpecError::ForkProcesses(m)) if m.contains("only a gvisor sandbox")
+        ));
+        let proxied = spec(
+            r#"{"image":"busybox","isolation":"gvisor","network":{"mode":"allowlist","allow":["example.com:443"]}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            req.child_spec("sbx-x", &proxied),
+            Err(SpecError::ForkProcesses(m)) if m.contains("network none")
+        ));
+        let gvisor = spec(r#"{"image":"busybox","isolation":"gvisor"}"#).unwrap();
+        let child = req.child_spec("sbx-x", &gvisor).unwrap();
+        assert!(child.fork.is_some_and(|f| f.processes));
+        // Files only unless asked, and the flag is optional on the wire.
+        let files: ForkRequest = serde_json::from_str(r#"{"count":1}"#).unwrap();
+        assert!(
+            !files
+                .child_spec("sbx-x", &gvisor)
+                .unwrap()
+                .fork
+                .unwrap()
+                .processes
+        );
     }
 
     // Found by the `spec` fuzz target: sub-millisecond durations did not

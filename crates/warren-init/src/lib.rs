@@ -11,4 +11,4 @@ mod relay;
 mod serve;
 
 pub use exec_cgroups::ENV as EXEC_CGROUPS_ENV;
-pub use serve::{main, LISTEN_FD, SOCKET_ENV, TITLE};
+pub use serve::{main, LISTEN_AGAIN, LISTEN_FD, SOCKET_ENV, TITLE};

@@ -140,6 +140,10 @@ pub enum InitRequest {
     Forward {
         port: u16,
     },
+    /// Let go of every host socket (gVisor, before a checkpoint): the reply
+    /// is `Quiesced`, and init listens again when it gets
+    /// [`crate::LISTEN_AGAIN`].
+    Quiesce,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -195,6 +199,8 @@ pub enum InitReply {
     },
     /// A `Forward`'s connection is made; its bytes flow on the stream.
     Forwarding,
+    /// Init holds no host socket now (`Quiesce`).
+    Quiesced,
 }
 
 /// A terminal's size in rows and columns.

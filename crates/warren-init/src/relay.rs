@@ -258,3 +258,97 @@ fn set_nonblocking(fd: BorrowedFd) {
         }
     }
 }
+
+/// The main process's stdout or stderr in gVisor: the process writes to a
+/// pipe of the sandbox's own, and init copies it to the daemon's pipe.
+/// gVisor cannot save a process that holds a host descriptor, so this is
+/// what lets runsc checkpoint a sandbox whose main process runs: at a
+/// quiesce the daemon's end is dropped (output waits in the sandbox's pipe
+/// and then blocks the writer, as when the daemon is away), and a re-attach
+/// brings a new one.
+pub(crate) struct OutputRelay {
+    /// The sandbox's pipe, read end.
+    from: Side,
+    /// The daemon's pipe, write end, while one is attached.
+    to: Option<OwnedFd>,
+}
+
+impl OutputRelay {
+    pub(crate) fn new(from: OwnedFd, to: OwnedFd) -> OutputRelay {
+        set_nonblocking(to.as_fd());
+        OutputRelay {
+            from: Side::new(from),
+            to: Some(to),
+        }
+    }
+
+    /// Adds this relay's descriptors to a poll round.
+    pub(crate) fn watch<'a>(&'a self, fds: &mut Vec<PollFd<'a>>) {
+        let Some(to) = &self.to else { return };
+        if !self.from.ended && self.from.pending.len() < BUFFER {
+            fds.push(PollFd::new(self.from.fd.as_fd(), PollFlags::POLLIN));
+        }
+        if !self.from.pending.is_empty() {
+            fds.push(PollFd::new(to.as_fd(), PollFlags::POLLOUT));
+        }
+    }
+
+    /// Moves what it can. The daemon's end goes at an error (the daemon
+    /// went away) and once everything the sandbox's end said is through,
+    /// so the daemon reads end of file.
+    pub(crate) fn pump(&mut self) {
+        let Some(to) = &self.to else { return };
+        if !self.from.ended {
+            match fill(self.from.fd.as_fd(), &mut self.from.pending) {
+                Ok(true) => self.from.ended = true,
+                Ok(false) => {}
+                Err(_) => self.from.ended = true,
+            }
+        }
+        if drain(to.as_fd(), &mut self.from.pending).is_err()
+            || (self.from.ended && self.from.pending.is_empty())
+        {
+            self.to = None;
+        }
+    }
+
+    /// Copies everything the sandbox's end holds now, waiting up to
+    /// `within` for the daemon to read: the process has exited, so what
+    /// it wrote is all in the pipe.
+    pub(crate) fn flush(&mut self, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let mut emptied = false;
+        loop {
+            self.pump();
+            let Some(to) = &self.to else { return };
+            // Nothing waiting twice in a row: the pipe is empty now.
+            if self.from.pending.is_empty() {
+                if emptied {
+                    return;
+                }
+                emptied = true;
+                continue;
+            }
+            emptied = false;
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            let mut fds = [PollFd::new(to.as_fd(), PollFlags::POLLOUT)];
+            let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10u8));
+        }
+    }
+
+    /// Lets go of the daemon's end (a quiesce).
+    pub(crate) fn detach(&mut self) {
+        self.to = None;
+    }
+
+    /// A new daemon's end (a re-attach); a relay that ended takes none.
+    pub(crate) fn attach(&mut self, to: OwnedFd) {
+        if self.from.ended && self.from.pending.is_empty() {
+            return;
+        }
+        set_nonblocking(to.as_fd());
+        self.to = Some(to);
+    }
+}

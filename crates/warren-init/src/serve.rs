@@ -28,7 +28,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use crate::exec_cgroups::{ExecCgroup, Hierarchy};
 use crate::exec_tree;
 use crate::proto::{self, ExecSpec, InitReply, InitRequest};
-use crate::relay::Relay;
+use crate::relay::{OutputRelay, Relay};
 
 /// The descriptor number at which the spawner hands init its listening socket.
 pub const LISTEN_FD: RawFd = 3;
@@ -61,7 +61,8 @@ struct Exec {
 }
 
 struct Init {
-    listener: UnixListener,
+    /// None while quiesced for a checkpoint (see [`Init::quiesce`]).
+    listener: Option<UnixListener>,
     signals: SignalFd,
     /// Running execs by the pid of their shim (see exec_tree); each command
     /// is its own session and process group.
@@ -75,6 +76,11 @@ struct Init {
     relays: Vec<Relay>,
     /// Init's own exec cgroups, in gVisor (see exec_cgroups).
     cgroups: Option<Hierarchy>,
+    /// Whether the main process writes to pipes of the sandbox's own that
+    /// init relays (gVisor, where init binds its own socket: see
+    /// [`OutputRelay`]), and those relays, stdout then stderr.
+    relays_main: bool,
+    main_relays: Vec<OutputRelay>,
 }
 
 fn run() -> Result<(), Errno> {
@@ -99,12 +105,13 @@ fn run() -> Result<(), Errno> {
     for s in FORWARDED {
         mask.add(s);
     }
+    mask.add(Signal::SIGPWR);
     mask.thread_block()?;
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)?;
     let listener = listener()?;
     listener.set_nonblocking(true).map_err(io_errno)?;
     let mut init = Init {
-        listener,
+        listener: Some(listener),
         signals,
         execs: HashMap::new(),
         main_pid: None,
@@ -112,6 +119,8 @@ fn run() -> Result<(), Errno> {
         main_output: Vec::new(),
         relays: Vec::new(),
         cgroups,
+        relays_main: std::env::var_os(SOCKET_ENV).is_some(),
+        main_relays: Vec::new(),
     };
     init.serve()
 }
@@ -141,6 +150,14 @@ fn listener() -> Result<UnixListener, Errno> {
 /// The environment variable that tells init to bind its own socket (see
 /// [`listener`]).
 pub const SOCKET_ENV: &str = "WARREN_INIT_SOCKET";
+
+/// The signal that tells a quiesced init to listen again (see
+/// [`Init::quiesce`]), by number (runsc's `kill` takes the classic signals
+/// only). SIGPWR: no sandbox tool sends it to PID 1 by habit, and a process
+/// in the sandbox cannot send it to init (PID 1 of its namespace takes no
+/// signal it has no handler for); SIGUSR1 and SIGUSR2 are the main
+/// process's.
+pub const LISTEN_AGAIN: i32 = libc::SIGPWR;
 
 /// Gives an image without an `/etc/hosts` the one every container tool
 /// gives it (Docker writes one into each container): `localhost` on the
@@ -212,8 +229,14 @@ impl Init {
                 .collect();
             let mut readable = Vec::new();
             let (listen_ready, signal_ready) = {
+                // A quiesced init polls its signals twice in place of the
+                // listener, so the indexes stay put.
+                let listening = self
+                    .listener
+                    .as_ref()
+                    .map_or(self.signals.as_fd(), |l| l.as_fd());
                 let mut fds = vec![
-                    PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(listening, PollFlags::POLLIN),
                     PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
                 ];
                 for (pid, _) in &conn_fds {
@@ -222,6 +245,9 @@ impl Init {
                     }
                 }
                 for relay in &self.relays {
+                    relay.watch(&mut fds);
+                }
+                for relay in &self.main_relays {
                     relay.watch(&mut fds);
                 }
                 match poll(&mut fds, PollTimeout::NONE) {
@@ -240,13 +266,16 @@ impl Init {
                 relay.pump();
             }
             self.relays.retain(|r| !r.done());
+            for relay in &mut self.main_relays {
+                relay.pump();
+            }
             if signal_ready {
                 self.handle_signals();
             }
             for pid in readable {
                 self.handle_conn(pid);
             }
-            if listen_ready {
+            if listen_ready && self.listener.is_some() {
                 self.accept_all();
             }
         }
@@ -257,6 +286,8 @@ impl Init {
             let signo = info.ssi_signo as i32;
             if signo == libc::SIGCHLD {
                 self.reap();
+            } else if signo == LISTEN_AGAIN {
+                self.listen_again();
             } else if let (Some(pgid), Ok(sig)) = (self.main_pgid(), Signal::try_from(signo)) {
                 let _ = killpg(Pid::from_raw(pgid), sig);
             } else if signo == libc::SIGTERM || signo == libc::SIGINT {
@@ -303,6 +334,10 @@ impl Init {
         if exec.main {
             self.main_exit = Some((code, signal));
             self.main_output.clear();
+            // What it wrote reaches the daemon before its exit does.
+            for relay in &mut self.main_relays {
+                relay.flush(Duration::from_secs(2));
+            }
         }
         if let Some(conn) = exec.conn {
             let _ = proto::send(&conn, &InitReply::Exited { code, signal }, &[]);
@@ -341,7 +376,10 @@ impl Init {
 
     fn accept_all(&mut self) {
         loop {
-            let conn = match self.listener.accept() {
+            let Some(listener) = self.listener.as_ref() else {
+                return;
+            };
+            let conn = match listener.accept() {
                 Ok((c, _)) => c,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(_) => return,
@@ -354,9 +392,62 @@ impl Init {
             let _ = conn.set_read_timeout(None);
             match request {
                 Ok((InitRequest::Exec(spec), fds)) => self.start_exec(conn, spec, fds),
-                Ok((InitRequest::AttachMain, _)) => self.attach_main(conn),
+                Ok((InitRequest::AttachMain, fds)) => self.attach_main(conn, fds),
                 Ok((InitRequest::Forward { port }, fds)) => self.start_forward(conn, port, fds),
+                Ok((InitRequest::Quiesce, _)) => {
+                    self.quiesce(conn);
+                    return;
+                }
                 Ok((InitRequest::Signal { .. }, _)) | Err(_) => {}
+            }
+        }
+    }
+
+    /// Lets go of every host socket init holds, so that runsc can save the
+    /// sandbox (gVisor cannot save a host socket): its listener (the file
+    /// goes too), the port and terminal relays, and the exec streams. An
+    /// ordinary exec ends with its stream, as when the daemon goes away;
+    /// the main process runs on. The reply goes out before the request's
+    /// own connection closes, last. Init listens again on
+    /// [`LISTEN_AGAIN`].
+    fn quiesce(&mut self, conn: UnixStream) {
+        self.relays.clear();
+        for relay in &mut self.main_relays {
+            relay.detach();
+        }
+        let mut ended = Vec::new();
+        for (pid, exec) in self.execs.iter_mut() {
+            if exec.main {
+                exec.conn = None;
+            } else if exec.conn.take().is_some() {
+                exec_tree::kill_tree(*pid, Some(exec.pgid), exec.cgroup.as_ref());
+                ended.push((*pid, exec.pgid));
+            }
+        }
+        // Their descriptors are the daemon's pipes: gone only once they
+        // have exited.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while ended
+            .iter()
+            .any(|(shim, group)| exec_tree::alive(*shim) || exec_tree::alive(*group))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.listener = None;
+        if let Some(path) = std::env::var_os(SOCKET_ENV) {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = proto::send(&conn, &InitReply::Quiesced, &[]);
+    }
+
+    fn listen_again(&mut self) {
+        if self.listener.is_some() {
+            return;
+        }
+        if let Ok(l) = listener() {
+            if l.set_nonblocking(true).is_ok() {
+                self.listener = Some(l);
             }
         }
     }
@@ -383,8 +474,16 @@ impl Init {
         }
     }
 
-    fn attach_main(&mut self, conn: UnixStream) {
+    /// `fds`: new write ends for the main process's stdout and stderr,
+    /// which a main process whose output init relays writes to from now on
+    /// (its reply carries no descriptors then).
+    fn attach_main(&mut self, conn: UnixStream, fds: Vec<OwnedFd>) {
         let running = self.main_pid.filter(|_| self.main_exit.is_none());
+        if !self.main_relays.is_empty() && fds.len() == self.main_relays.len() {
+            for (relay, to) in self.main_relays.iter_mut().zip(fds) {
+                relay.attach(to);
+            }
+        }
         let reply = InitReply::Main {
             pid: running.and(self.main_pgid()),
             exit: self.main_exit,
@@ -441,20 +540,43 @@ impl Init {
                 return;
             }
         };
-        let stdio: Vec<BorrowedFd> = match &terminal {
-            Some(t) => vec![t.slave.as_fd(); 3],
-            None => fds.iter().map(|f| f.as_fd()).collect(),
+        let own_stdio = if spec.main && self.relays_main && terminal.is_none() {
+            match own_stdio() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let message = format!("cannot make the main process's pipes: {}", e.desc());
+                    let _ = proto::send(&conn, &InitReply::Failed { message, code: 126 }, &[]);
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let stdio: Vec<BorrowedFd> = match (&terminal, &own_stdio) {
+            (Some(t), _) => vec![t.slave.as_fd(); 3],
+            (None, Some(own)) => own.for_command.iter().map(|f| f.as_fd()).collect(),
+            (None, None) => fds.iter().map(|f| f.as_fd()).collect(),
         };
         let enter = cgroup.as_ref().or(own.as_ref().map(|c| &c.procs));
         match spawn(&spec, &stdio, enter) {
             Ok(Spawned { shim, pid }) => {
                 drop(stdio);
-                drop((fds, cgroup));
                 if spec.main {
                     self.main_pid = Some(shim);
                     self.main_exit = None;
                     self.main_output = readers;
+                    self.main_relays.clear();
+                    if let Some(own) = own_stdio {
+                        // The daemon's stdout and stderr; its stdin and
+                        // the read ends it sent are not needed.
+                        let mut theirs = fds.drain(..).skip(1);
+                        self.main_output.clear();
+                        for (from, to) in own.for_init.into_iter().zip(theirs.by_ref()) {
+                            self.main_relays.push(OutputRelay::new(from, to));
+                        }
+                    }
                 }
+                drop((fds, cgroup));
                 // The master goes to the daemon; init keeps neither end, so
                 // the terminal hangs up when the command's side closes. A
                 // relayed terminal's master stays here, and only it.
@@ -491,6 +613,32 @@ impl Init {
             }
         }
     }
+}
+
+/// A relayed main process's own stdio (see [`OutputRelay`]): the
+/// sandbox's /dev/null and the write ends of two pipes for the command,
+/// their read ends for init.
+struct OwnStdio {
+    for_command: [OwnedFd; 3],
+    for_init: [OwnedFd; 2],
+}
+
+fn own_stdio() -> Result<OwnStdio, Errno> {
+    use nix::fcntl::{open, OFlag};
+    use nix::sys::stat::Mode;
+    let null = open(
+        "/dev/null",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // SAFETY: open just returned this descriptor, which nothing else owns.
+    let null = unsafe { OwnedFd::from_raw_fd(null) };
+    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    Ok(OwnStdio {
+        for_command: [null, out_w, err_w],
+        for_init: [out_r, err_r],
+    })
 }
 
 struct Spawned {

@@ -178,11 +178,14 @@ macro_rules! node_calls {
             unary Open fn commit(id: &str => String, req: CommitImage) -> ImageInfo;
 
             /// Copies the sandbox's filesystem changes once into a new read-only
-            /// fork layer (a running sandbox is frozen meanwhile; its processes are
-            /// not copied). A create whose `spec.fork.layers` are the answer's is
-            /// built on it, with its own empty upper directory. The node keeps the
-            /// layer until `release_fork_layer` and its last such sandbox is gone.
-            unary Open fn fork_layer(id: &str => String) -> ForkLayer;
+            /// fork layer (a running sandbox is frozen meanwhile). A create whose
+            /// `spec.fork.layers` are the answer's is built on it, with its own
+            /// empty upper directory. The node keeps the layer until
+            /// `release_fork_layer` and its last such sandbox is gone. With
+            /// `processes` (a gVisor sandbox on network `none`), the sandbox's
+            /// memory and processes are saved with the layer and it is resumed;
+            /// a create whose `spec.fork.processes` is set resumes them too.
+            unary Open fn fork_layer(id: &str => String, processes: bool) -> ForkLayer;
 
             /// No more sandboxes will be made on the fork layer: it goes once the
             /// last one built on it is destroyed. An unknown layer is no error.

@@ -336,7 +336,7 @@ crate::node_impl! { FakeNode, else unsupported;
         self.with(id, |_| PolicyChange::default())
     }
 
-    fork_layer(self, id) {
+    fork_layer(self, id, _processes) {
         self.call("fork_layer", id)?;
         self.with(id, |_| ())?;
         let n = self.state().calls.len();
@@ -345,6 +345,7 @@ crate::node_impl! { FakeNode, else unsupported;
             bytes: 0,
             entries: 0,
             frozen_ms: 0,
+            memory_bytes: 0,
         })
     }
 

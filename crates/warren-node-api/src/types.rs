@@ -307,8 +307,12 @@ pub struct ForkLayer {
     pub bytes: u64,
     /// Files, directories, links and whiteouts copied.
     pub entries: u64,
-    /// How long the source was frozen for the copy (0: it was paused).
+    /// How long the source was frozen for the copy (0: it was paused); with
+    /// processes, how long it was stopped (saved, copied and resumed).
     pub frozen_ms: u64,
+    /// Bytes of the saved memory image (0: files only).
+    #[serde(default)]
+    pub memory_bytes: u64,
 }
 
 /// An event with its place in the node's feed: a consumer that saw `seq`

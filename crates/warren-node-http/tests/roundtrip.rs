@@ -607,14 +607,15 @@ impl NodeApi for FakeNode {
         Ok((key == "known").then(|| image("step")))
     }
 
-    async fn fork_layer(&self, id: &str) -> NodeResult<ForkLayer> {
+    async fn fork_layer(&self, id: &str, processes: bool) -> NodeResult<ForkLayer> {
         self.need(id)?;
-        self.record(format!("fork_layer {id}"));
+        self.record(format!("fork_layer {id} {processes}"));
         Ok(ForkLayer {
             layers: vec!["fk-000000000002".into(), "fk-000000000001".into()],
             bytes: 50 << 20,
             entries: 1201,
             frozen_ms: 37,
+            memory_bytes: if processes { 650_000 } else { 0 },
         })
     }
 
@@ -1139,16 +1140,17 @@ async fn every_method_crosses_the_wire() {
 
     // Forks.
     assert_eq!(
-        node.fork_layer("sb-2").await.unwrap(),
+        node.fork_layer("sb-2", true).await.unwrap(),
         ForkLayer {
             layers: vec!["fk-000000000002".into(), "fk-000000000001".into()],
             bytes: 50 << 20,
             entries: 1201,
             frozen_ms: 37,
+            memory_bytes: 650_000,
         }
     );
     assert_eq!(
-        node.fork_layer("nobody").await.unwrap_err().kind,
+        node.fork_layer("nobody", false).await.unwrap_err().kind,
         ErrorKind::NotFound
     );
     node.release_fork_layer("fk-000000000002").await.unwrap();
@@ -1262,7 +1264,7 @@ async fn every_method_crosses_the_wire() {
         r#"path_op sb-2 {"op":"list","path":"/w","depth":2}"#.into(),
         "exec_input sb-2 ex-1 line\n true".into(),
         "exec_resize sb-2 ex-1 50x132".into(),
-        "fork_layer sb-2".into(),
+        "fork_layer sb-2 true".into(),
         "release_fork_layer fk-000000000002".into(),
         r#"ship Some("j-1") 41 500 1500"#.into(),
         format!("destroy sb-2 {why}"),

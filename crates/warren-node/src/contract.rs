@@ -148,9 +148,9 @@ warren_node_api::node_impl! { LocalNode;
         Ok(image_info(&image))
     }
 
-    fork_layer(self, id) {
+    fork_layer(self, id, processes) {
         self.node.renew_lease(id);
-        answer(self.node.fork_layer(id).await)
+        answer(self.node.fork_layer(id, processes).await)
     }
 
     release_fork_layer(self, layer) {

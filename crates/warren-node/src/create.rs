@@ -135,7 +135,9 @@ impl Node {
             .acquire()
             .await
             .map_err(|_| NodeError::Internal("node is shutting down".into()))?;
-        // A fork's child: the source's fork layers above the image's.
+        // A fork's child: the source's fork layers above the image's, and
+        // its saved processes where the fork took them.
+        let restore = self.memory_of(&req)?;
         let mut layers = self.forks.acquire(id, spec.fork.as_ref())?;
         layers.extend(lower_dirs);
         phases.took("node_slot_wait", &mut phase);
@@ -145,23 +147,12 @@ impl Node {
                 id: id.to_string(),
                 lower_dirs: layers,
                 volumes,
-                secret_files: req
-                    .secrets
-                    .iter()
-                    .filter_map(|s| match &s.delivery {
-                        warren_core::secret::Delivery::File(f) => {
-                            Some(warren_runtime::SecretFileData {
-                                name: f.name().to_string(),
-                                data: s.value.clone(),
-                            })
-                        }
-                        warren_core::secret::Delivery::Env(_) => None,
-                    })
-                    .collect(),
+                secret_files: crate::memory_fork::secret_files(&req),
                 resources: resources.clone(),
                 devices: injection,
                 isolation: self.isolation_of(spec),
                 proxied_network: spec.network.mode.is_proxied(),
+                restore,
             })
             .await;
         drop(permit);
@@ -277,6 +268,7 @@ impl Node {
             main_cmd,
             log,
             destroying: AtomicBool::new(false),
+            saving: AtomicBool::new(false),
             main_detached: AtomicBool::new(false),
             lifetime: Mutex::new(lifetime),
             usage: Mutex::new(sampler::UsageTracker::new()),

@@ -24,6 +24,17 @@ impl Node {
         let Some(cmd) = live.main_cmd.clone() else {
             return Ok(());
         };
+        // A child that resumed its source's processes has its main process
+        // running already.
+        if live.create().spec.fork.is_some_and(|f| f.processes) {
+            let (node, id) = (self.clone(), id.to_string());
+            tokio::spawn(async move {
+                if let Err(e) = node.attach_main(&id, &live).await {
+                    tracing::warn!(sandbox = %id, error = %e, "attaching to a resumed main process");
+                }
+            });
+            return Ok(());
+        }
         let job = self.exec_job(id, &live, &main_request(&cmd), true)?;
         self.supervise_main(id, async move |tx| exec_stream::run(job, tx).await);
         Ok(())

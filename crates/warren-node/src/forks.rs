@@ -23,6 +23,9 @@ use crate::{Node, NodeError};
 
 const STAGING_PREFIX: &str = "new-";
 const DOOMED_PREFIX: &str = "rm-";
+/// A layer's saved memory and processes (a fork with processes), beside it
+/// and not in it: the layer is what children see of the filesystem.
+const MEMORY_PREFIX: &str = "mem-";
 
 struct Layer {
     /// Sandboxes built on it whose topmost layer it is, and layers copied
@@ -127,6 +130,18 @@ impl ForkLayers {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// Where the memory image saved with layer `name` is, if any.
+    pub(crate) fn memory_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{MEMORY_PREFIX}{name}"))
+    }
+
+    /// The directories of the layers a sandbox is built on, topmost first,
+    /// for a sandbox that uses them already (a resume in place).
+    pub(crate) fn paths(&self, fork: Option<&ForkOrigin>) -> Vec<PathBuf> {
+        fork.map(|f| f.layers.iter().map(|l| self.path(l)).collect())
+            .unwrap_or_default()
     }
 
     /// The directories of the layers a sandbox is built on, topmost first;
@@ -239,8 +254,9 @@ impl ForkLayers {
             };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let claimed = lock(&this.state).layers.contains_key(&name);
-                let ours = valid_name(&name)
+                let layer = name.strip_prefix(MEMORY_PREFIX).unwrap_or(&name);
+                let claimed = lock(&this.state).layers.contains_key(layer);
+                let ours = valid_name(layer)
                     || name.starts_with(STAGING_PREFIX)
                     || name.starts_with(DOOMED_PREFIX);
                 if ours && !claimed {
@@ -258,7 +274,16 @@ impl ForkLayers {
         }
         let paths: Vec<(PathBuf, PathBuf)> = doomed
             .iter()
-            .map(|n| (self.path(n), self.dir.join(format!("{DOOMED_PREFIX}{n}"))))
+            .flat_map(|n| {
+                [
+                    (self.path(n), self.dir.join(format!("{DOOMED_PREFIX}{n}"))),
+                    (
+                        self.memory_path(n),
+                        self.dir.join(format!("{DOOMED_PREFIX}{MEMORY_PREFIX}{n}")),
+                    ),
+                ]
+            })
+            .filter(|(path, _)| path.exists())
             .collect();
         let _ = tokio::task::spawn_blocking(move || {
             for (path, gone) in paths {
@@ -302,7 +327,13 @@ impl ForkLayers {
 impl Node {
     /// Copies a running or paused sandbox's filesystem changes into a new
     /// fork layer, the sandbox frozen meanwhile (a paused one already is).
-    pub async fn fork_layer(self: &Arc<Self>, id: &str) -> Result<ForkLayer, NodeError> {
+    /// With `processes`, the sandbox is saved beside the layer instead
+    /// (which stops it), copied, and resumed (see memory_fork).
+    pub async fn fork_layer(
+        self: &Arc<Self>,
+        id: &str,
+        processes: bool,
+    ) -> Result<ForkLayer, NodeError> {
         let live = self.get(id)?;
         if live.destroying.load(std::sync::atomic::Ordering::Acquire) {
             return Err(NodeError::NotRunning(id.to_string()));
@@ -325,17 +356,28 @@ impl Node {
             .spec
             .fork
             .and_then(|f| f.layers.first().cloned());
+        if processes {
+            self.check_saveable(id, &live)?;
+        }
         // A fork layer may take the free space above the disk floor.
         let budget = self.meter.pressure.disk_headroom();
         let ids = self.runtime.id_range(id);
         let name = new_name();
         let staging = self.forks.dir.join(format!("{STAGING_PREFIX}{name}"));
+        let memory = self.forks.memory_path(&name);
         let _one = self.forks.copying.lock().await;
-        let freeze = phase == Phase::Running;
+        let freeze = phase == Phase::Running && !processes;
         if freeze {
             self.freeze(id, true).await?;
         }
         let started = Instant::now();
+        if processes {
+            if let Err(e) = self.save(id, &live, &memory).await {
+                remove_dir(&memory);
+                return Err(e);
+            }
+        }
+        let saved_at = started.elapsed();
         let copy = {
             let staging = staging.clone();
             tokio::task::spawn_blocking(move || {
@@ -349,15 +391,30 @@ impl Node {
                 tracing::warn!(sandbox = %id, error = %e, "could not thaw the sandbox after copying its fork layer");
             }
             frozen
+        } else if processes {
+            let resumed = self.resume_in_place(id, &live, &memory).await;
+            if let Err(e) = resumed {
+                remove_dir(&staging);
+                remove_dir(&memory);
+                return Err(e);
+            }
+            started.elapsed().as_millis() as u64
         } else {
             0
         };
-        let copied = copy.map_err(|e| NodeError::Internal(format!("fork layer task: {e}")))??;
+        let copied = match copy.map_err(|e| NodeError::Internal(format!("fork layer task: {e}")))? {
+            Ok(c) => c,
+            Err(e) => {
+                remove_dir(&memory);
+                return Err(e.into());
+            }
+        };
         // The parent must still be there: the source holds it while it
         // lives, and it lives (its lock is held by the control plane).
         if let Some(p) = &parent {
             if !lock(&self.forks.state).layers.contains_key(p) {
                 remove_dir(&staging);
+                remove_dir(&memory);
                 return Err(NodeError::Conflict(format!(
                     "sandbox {id} is being destroyed; its fork layer {p} is gone"
                 )));
@@ -366,6 +423,7 @@ impl Node {
         let path = self.forks.path(&name);
         if let Err(e) = std::fs::rename(&staging, &path) {
             remove_dir(&staging);
+            remove_dir(&memory);
             return Err(NodeError::Internal(format!(
                 "rename {} to {}: {e}",
                 staging.display(),
@@ -381,11 +439,21 @@ impl Node {
             Phase::Paused => "paused",
             _ => "running",
         };
+        let memory_bytes = if processes { dir_bytes(&memory) } else { 0 };
+        let how = if processes {
+            format!(
+                "saved with its processes ({memory_bytes} bytes of memory image in {} ms) and \
+                 resumed; stopped {frozen_ms} ms",
+                saved_at.as_millis()
+            )
+        } else {
+            format!("frozen {frozen_ms} ms")
+        };
         live.log.event(
             state,
             warren_core::state::reason::FORKED,
             &format!(
-                "copied into fork layer {} ({} bytes, {} entries; frozen {frozen_ms} ms)",
+                "copied into fork layer {} ({} bytes, {} entries; {how})",
                 layers[0], copied.bytes, copied.entries
             ),
         );
@@ -394,6 +462,7 @@ impl Node {
             bytes: copied.bytes,
             entries: copied.entries,
             frozen_ms,
+            memory_bytes,
         })
     }
 
@@ -405,4 +474,17 @@ impl Node {
     pub fn has_fork_layer(&self, name: &str) -> bool {
         self.forks.exists(name)
     }
+}
+
+/// Bytes of the files directly in `dir` (a memory image is flat).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }

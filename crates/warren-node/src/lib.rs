@@ -26,6 +26,7 @@ mod lifecycle;
 pub mod lifetime;
 mod log_dir;
 pub mod logs;
+mod memory_fork;
 mod monitor;
 mod network;
 mod offer;
@@ -129,6 +130,8 @@ struct Live {
     main_cmd: Option<Vec<String>>,
     log: Arc<SandboxLog>,
     destroying: AtomicBool,
+    /// Being saved for a fork with processes (which stops its init).
+    saving: AtomicBool,
     /// Adopted while frozen with its main process running: the daemon
     /// re-attaches to the main process's output when it is thawed (a frozen
     /// init cannot answer).

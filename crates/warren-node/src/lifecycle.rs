@@ -176,9 +176,15 @@ impl Node {
         Ok(())
     }
 
-    pub(crate) fn init_died(&self, id: &str) {
+    /// The init `pid` of sandbox `id` died: reported unless the sandbox is
+    /// being destroyed, is being saved (see memory_fork), or runs on
+    /// another init now (it was resumed).
+    pub(crate) fn init_died(&self, id: &str, pid: i32) {
         let Ok(live) = self.get(id) else { return };
-        if live.destroying.load(Ordering::Acquire) {
+        if live.destroying.load(Ordering::Acquire)
+            || live.saving.load(Ordering::Acquire)
+            || live.pid != pid
+        {
             return;
         }
         let oom_killed = warren_runtime::cgroups::oom_kills(&live.cgroup_path) > 0;

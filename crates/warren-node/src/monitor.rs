@@ -10,12 +10,12 @@ use tokio::io::unix::AsyncFd;
 
 use crate::Node;
 
-pub fn watch_init(node: Arc<Node>, id: String, pid: i32) {
-    let Some(pid) = Pid::from_raw(pid) else {
+pub fn watch_init(node: Arc<Node>, id: String, raw: i32) {
+    let Some(pid) = Pid::from_raw(raw) else {
         return;
     };
     let Ok(fd) = pidfd_open(pid, PidfdFlags::empty()) else {
-        node.init_died(&id);
+        node.init_died(&id, raw);
         return;
     };
     tokio::spawn(async move {
@@ -31,7 +31,7 @@ pub fn watch_init(node: Arc<Node>, id: String, pid: i32) {
                 WaitId::PidFd(afd.get_ref().as_fd()),
                 WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
             );
-            node.init_died(&id);
+            node.init_died(&id, raw);
         }
     });
 }

@@ -346,31 +346,48 @@ pub enum MainAttach {
     NoMain,
 }
 
-/// Re-attaches to the main process after a daemon restart. The sandbox
-/// must not be frozen (its init could not answer): every step has a
-/// deadline.
+/// Re-attaches to the main process after a daemon restart (or a gVisor
+/// sandbox's restore). The sandbox must not be frozen (its init could not
+/// answer): every step has a deadline. New pipes for its output go along:
+/// an init that relays the main process's output (gVisor) writes to them
+/// and sends nothing back; one whose main process holds the daemon's pipes
+/// sends back the read ends it kept.
 pub async fn attach_main(socket: &Path) -> Result<MainAttach, RuntimeError> {
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(RuntimeError::nix("pipe"));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
     let conn = connect(socket).await?;
     let (reply, mut fds) = within("answer", async {
-        proto::send_async_fds(&conn, &InitRequest::AttachMain, &[]).await?;
+        proto::send_async_fds(
+            &conn,
+            &InitRequest::AttachMain,
+            &[out_w.as_raw_fd(), err_w.as_raw_fd()],
+        )
+        .await?;
         Ok(proto::recv_async_fds::<InitReply>(&conn).await?)
     })
     .await?;
-    match reply {
-        InitReply::Main { pid: Some(pid), .. } if fds.len() == 2 => {
-            let stderr = receiver(fds.remove(1))?;
-            let stdout = receiver(fds.remove(0))?;
-            let (reader, writer) = conn.into_split();
-            let exit = ExitWait {
+    drop((out_w, err_w));
+    let running = |stdout: OwnedFd, stderr: OwnedFd, conn: tokio::net::UnixStream, pid: i32| {
+        let (reader, writer) = conn.into_split();
+        Ok(MainAttach::Running {
+            pid,
+            stdout: receiver(stdout)?,
+            stderr: receiver(stderr)?,
+            exit: ExitWait {
                 reader,
                 _writer: Some(writer),
-            };
-            Ok(MainAttach::Running {
-                pid,
-                stdout,
-                stderr,
-                exit,
-            })
+            },
+        })
+    };
+    match reply {
+        InitReply::Main { pid: Some(pid), .. } if fds.len() == 2 => {
+            let stderr = fds.remove(1);
+            let stdout = fds.remove(0);
+            running(stdout, stderr, conn, pid)
+        }
+        InitReply::Main { pid: Some(pid), .. } if fds.is_empty() => {
+            running(out_r, err_r, conn, pid)
         }
         InitReply::Main {
             exit: Some((code, signal)),
@@ -381,4 +398,28 @@ pub async fn attach_main(socket: &Path) -> Result<MainAttach, RuntimeError> {
             "unexpected reply from init: {other:?}"
         ))),
     }
+}
+
+/// Asks a gVisor sandbox's init to let go of every host socket (see
+/// `warren_init::proto::InitRequest::Quiesce`), and waits until it has:
+/// its answer, then the connection closing.
+pub async fn quiesce(socket: &Path) -> Result<(), RuntimeError> {
+    let mut conn = connect(socket).await?;
+    let reply = within("answer", async {
+        proto::send_async(&mut conn, &InitRequest::Quiesce).await?;
+        Ok(proto::recv_async::<InitReply>(&mut conn).await?)
+    })
+    .await?;
+    if !matches!(reply, InitReply::Quiesced) {
+        return Err(RuntimeError::Exec(format!(
+            "unexpected reply from init: {reply:?}"
+        )));
+    }
+    within("close its connection", async {
+        use tokio::io::AsyncReadExt;
+        let mut rest = [0u8; 1];
+        let _ = conn.read(&mut rest).await;
+        Ok(())
+    })
+    .await
 }

@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod cgroup_parent;
 pub mod cgroup_tuning;
 pub mod check;
+mod checkpoint;
 pub mod class;
 pub mod device_program;
 pub mod disk;
@@ -183,6 +184,9 @@ pub struct CreateRequest {
     /// Whether the sandbox reaches anything beyond its loopback (a gVisor
     /// sandbox without gets gVisor's own network stack).
     pub proxied_network: bool,
+    /// A checkpoint's memory image it resumes from instead of booting (a
+    /// gVisor fork with processes: see [`Runtime::checkpoint`]).
+    pub restore: Option<PathBuf>,
 }
 
 /// A volume mounted into a sandbox: its file system's block device (the
@@ -368,6 +372,11 @@ impl Runtime {
         let handle = self.handle_of(&req.id, 0, req.isolation);
         let class = self.class(req.isolation);
         class.check(&req)?;
+        if req.restore.is_some() && req.isolation != warren_core::Isolation::Gvisor {
+            return Err(RuntimeError::Unsupported(
+                "only a gvisor sandbox can be restored from memory".into(),
+            ));
+        }
         let preparing = std::time::Instant::now();
         let prepared = {
             let handle = handle.clone();
@@ -402,7 +411,13 @@ impl Runtime {
                 id_base: prepared.id_base,
                 volumes: req.volumes.clone(),
                 secrets: req.secret_files.clone(),
-                start: prepared.start,
+                start: match (prepared.start, &req.restore) {
+                    (proto::Start::Runsc(run), Some(image)) => proto::Start::RunscRestore {
+                        run,
+                        image: image.clone(),
+                    },
+                    (start, _) => start,
+                },
             })
             .await;
         match created {
@@ -646,8 +661,20 @@ pub(crate) fn mount_root(
     } else {
         dir.to_path_buf()
     };
-    for sub in [base.join("upper"), base.join("work")] {
-        std::fs::create_dir(sub).map_err(RuntimeError::io("create sandbox dirs"))?;
+    // A sandbox restored in place (see `Runtime::restore_in_place`) keeps
+    // the upper directory it has; the work directory is scratch, and one
+    // a volatile overlay used must go before another mount takes it.
+    let work = base.join("work");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(RuntimeError::io("clear the work directory"))?;
+    }
+    for sub in [base.join("upper"), work] {
+        match std::fs::create_dir(sub) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::io("create sandbox dirs")(e))
+            }
+            _ => {}
+        }
     }
     let rw = rw_mount(id);
     std::fs::create_dir(&rw).map_err(RuntimeError::io("create the upper mount point"))?;

@@ -183,6 +183,12 @@ pub enum Start {
     Container,
     /// runsc creates and starts it (see [`crate::gvisor::spawn`]).
     Runsc(crate::gvisor::Invocation),
+    /// runsc restores it from a checkpoint's memory image (a gVisor fork
+    /// with processes: see [`crate::Runtime::checkpoint`]).
+    RunscRestore {
+        run: crate::gvisor::Invocation,
+        image: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -218,12 +218,26 @@ fn create(
     let mounted = crate::mount_root(id, bundle, mounts, ids).map_err(SpawnError::Mount);
     took(&mut phases, "spawn_mounts", &mut since);
     let result = mounted.and_then(|()| match start {
-        proto::Start::Runsc(run) => {
-            crate::gvisor::spawn::start(id, bundle, &crate::root_mount(id), run, ids, &mut |name| {
-                took(&mut phases, name, &mut since)
-            })
-            .map_err(SpawnError::from)
-        }
+        proto::Start::Runsc(run) => crate::gvisor::spawn::start(
+            id,
+            bundle,
+            &crate::root_mount(id),
+            run,
+            ids,
+            None,
+            &mut |name| took(&mut phases, name, &mut since),
+        )
+        .map_err(SpawnError::from),
+        proto::Start::RunscRestore { run, image } => crate::gvisor::spawn::start(
+            id,
+            bundle,
+            &crate::root_mount(id),
+            run,
+            ids,
+            Some(image),
+            &mut |name| took(&mut phases, name, &mut since),
+        )
+        .map_err(SpawnError::from),
         proto::Start::Container => create_mounted(id, bundle, state_root, socket, &mut phases),
     });
     match result {

@@ -78,7 +78,7 @@ impl Control {
                 }
             }
         }
-        let layer = match node.fork_layer(id).await {
+        let layer = match node.fork_layer(id, req.with_processes).await {
             Ok(layer) => layer,
             Err(e) => {
                 for child in &ids {
@@ -92,6 +92,7 @@ impl Control {
         spec.fork = Some(ForkOrigin {
             source: id.to_string(),
             layers: layer.layers.clone(),
+            processes: req.with_processes,
         });
         let created_at = now_rfc3339();
         let mut tasks = Vec::with_capacity(ids.len());

@@ -32,13 +32,15 @@ pub enum GvisorStartError {
 /// Starts the gVisor sandbox `id` whose bundle (config.json) and ipc
 /// directory are in `dir`; returns the sentry's pid. `ids`: the host range
 /// the gofer's user namespace maps root to, which then owns what is made
-/// here for the sandbox.
+/// here for the sandbox. `from`: a checkpoint's memory image to restore
+/// instead of booting (see [`crate::Runtime::checkpoint`]).
 pub(crate) fn start(
     id: &str,
     dir: &Path,
     root: &Path,
     run: &Invocation,
     ids: Option<crate::userns::IdRange>,
+    from: Option<&Path>,
     took: &mut dyn FnMut(&str),
 ) -> Result<i32, GvisorStartError> {
     let init = super::init_mount(id);
@@ -47,7 +49,7 @@ pub(crate) fn start(
     let ipc = super::ipc_mount(id);
     let started = mount_ipc(&ipc, ids)
         .map_err(GvisorStartError::from)
-        .and_then(|()| start_mounted(id, dir, &ipc, run, took));
+        .and_then(|()| start_mounted(id, dir, &ipc, run, from, took));
     // The gofer's mount namespace holds its own copies from `runsc create`
     // on; these were needed only to make it and to see init listen.
     unmount_helpers(id);
@@ -71,27 +73,55 @@ fn start_mounted(
     dir: &Path,
     ipc: &Path,
     run: &Invocation,
+    from: Option<&Path>,
     took: &mut dyn FnMut(&str),
 ) -> Result<i32, GvisorStartError> {
     let err_file = dir.join("runsc.err");
     let pid_file = dir.join("sentry.pid");
+    let _ = std::fs::remove_file(&pid_file);
     let bundle = dir.display().to_string();
     let pid_arg = format!("--pid-file={}", pid_file.display());
-    runsc(
-        run,
-        "create",
-        &["--bundle", &bundle, &pid_arg, id],
-        &err_file,
-    )?;
-    took("spawn_runsc_create");
-    let sentry: i32 = read_pid(&pid_file).ok_or(GvisorStartError::NoPid("sentry pid"))?;
-    // With host networking the sandbox's sockets are host sockets in the
-    // sentry's network namespace, whose loopback starts down.
-    if !run.own_network_stack() {
-        crate::netns::loopback_up(sentry).map_err(|e| OsError::new("bring up loopback", e))?;
-    }
-    runsc(run, "start", &[id], &err_file)?;
-    took("spawn_runsc_start");
+    let sentry = match from {
+        None => {
+            runsc(
+                run,
+                "create",
+                &["--bundle", &bundle, &pid_arg, id],
+                &err_file,
+            )?;
+            took("spawn_runsc_create");
+            let sentry: i32 = read_pid(&pid_file).ok_or(GvisorStartError::NoPid("sentry pid"))?;
+            // With host networking the sandbox's sockets are host sockets in
+            // the sentry's network namespace, whose loopback starts down.
+            if !run.own_network_stack() {
+                crate::netns::loopback_up(sentry)
+                    .map_err(|e| OsError::new("bring up loopback", e))?;
+            }
+            runsc(run, "start", &[id], &err_file)?;
+            took("spawn_runsc_start");
+            sentry
+        }
+        Some(image) => {
+            // Restored, init goes on from its quiesce: it listens again
+            // when told (see warren_init::LISTEN_AGAIN).
+            let image_arg = format!("--image-path={}", image.display());
+            runsc(
+                run,
+                "restore",
+                &["--detach", "--bundle", &bundle, &pid_arg, &image_arg, id],
+                &err_file,
+            )?;
+            took("spawn_runsc_restore");
+            let sentry: i32 = read_pid(&pid_file).ok_or(GvisorStartError::NoPid("sentry pid"))?;
+            runsc(
+                run,
+                "kill",
+                &[id, &warren_init::LISTEN_AGAIN.to_string()],
+                &err_file,
+            )?;
+            sentry
+        }
+    };
     let socket = ipc.join("init.sock");
     let deadline = Instant::now() + READY_WITHIN;
     // The socket file appears when init binds (runsc's gofer binds the host
@@ -117,6 +147,9 @@ fn start_mounted(
     let _ = std::fs::remove_file(&err_file);
     Ok(sentry)
 }
+
+/// The annotation in a completed config that names the node's copy of init.
+const INIT_SOURCE: &str = "dev.warren.init-source";
 
 /// Completes the config (see bundle.rs) in the spawner's namespace: init's
 /// source becomes `init_at` (see [`super::init_mount`]), and a bind of the
@@ -150,14 +183,21 @@ fn complete_config(
     let mut config: Value = serde_json::from_slice(&read)
         .map_err(|e| OsError::new("parse config.json", std::io::Error::other(e)))?;
     let mut init_source = None;
+    // Completed once already (a sandbox restored in place): the node's copy
+    // of init is kept in an annotation.
+    let completed = config["annotations"][INIT_SOURCE]
+        .as_str()
+        .map(PathBuf::from);
     if let Some(mounts) = config["mounts"].as_array_mut() {
         for m in mounts.iter_mut() {
             if m["destination"] == super::INIT_PATH {
-                init_source = m["source"].as_str().map(PathBuf::from);
+                init_source = completed
+                    .clone()
+                    .or_else(|| m["source"].as_str().map(PathBuf::from));
                 m["source"] = json!(init_at);
             }
         }
-        if share {
+        if share && completed.is_none() {
             mounts.push(json!({
                 "destination": "/tmp", "type": "bind", "source": tmp, "options": ["rbind", "rw"]
             }));
@@ -169,6 +209,10 @@ fn complete_config(
             std::io::Error::from(std::io::ErrorKind::NotFound),
         )
     })?;
+    if !config["annotations"].is_object() {
+        config["annotations"] = json!({});
+    }
+    config["annotations"][INIT_SOURCE] = json!(init_source);
     let bytes = serde_json::to_vec(&config)
         .map_err(|e| OsError::new("write config.json", std::io::Error::other(e)))?;
     std::fs::write(&path, bytes).map_err(|e| OsError::new("write config.json", e))?;

@@ -36,6 +36,11 @@ pub struct ForkArgs {
     /// Lease instead of the source's.
     #[arg(long)]
     pub lease: Option<String>,
+    /// Children resume the source's memory and running processes too, not
+    /// only its files (a gvisor source on network none; the source is
+    /// stopped for the save and resumed).
+    #[arg(long)]
+    pub with_processes: bool,
     /// Print the children as one JSON array instead of their ids.
     #[arg(long)]
     pub json: bool,

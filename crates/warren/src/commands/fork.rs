@@ -1,5 +1,5 @@
 //! `warren fork ID --count N`: children of a sandbox from its filesystem
-//! as it is now.
+//! as it is now (and, `--with-processes`, its memory and processes).
 
 use anyhow::{Context, Result};
 use warren_core::spec::{ByteSize, Cpu, Dur, ForkRequest};
@@ -42,6 +42,7 @@ fn request(a: &ForkArgs) -> Result<ForkRequest> {
         disk: size("disk", &a.disk)?,
         ttl: dur("ttl", &a.ttl)?,
         lease: dur("lease", &a.lease)?,
+        with_processes: a.with_processes,
     })
 }
 

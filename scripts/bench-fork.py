@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--image", default="busybox:latest")
     ap.add_argument("--with-processes", action="store_true",
                     help="gvisor sandboxes with a main process, forked with their processes")
+    ap.add_argument("--memory-mb", type=int, default=0,
+                    help="with --with-processes: MB the source holds in memory (gVisor's /dev/shm)")
     args = ap.parse_args()
     label = f"bench-fork-{os.getpid()}"
     spec = {"image": args.image, "labels": {"bench": label}}
@@ -95,6 +97,8 @@ def main():
                 c.delete(f"/v1/sandboxes/{sid}")
             src = ok(c.post("/v1/sandboxes", json=spec))["id"]
             sh(c, src, fill)
+            if args.memory_mb:
+                sh(c, src, f"head -c {args.memory_mb << 20} /dev/urandom > /dev/shm/held")
             t = time.perf_counter()
             children = ok(c.post(f"/v1/sandboxes/{src}/fork", json=fork_body))
             wall = (time.perf_counter() - t) * 1000
@@ -105,6 +109,8 @@ def main():
             m = re.search(r"(?:frozen|stopped) (\d+) ms", note)
             frozen.append(int(m.group(1)) if m else 0)
             m = re.search(r"(\d+) bytes of memory image", note)
+            if args.memory_mb:
+                sh(c, children[0]["id"], f"test $(wc -c < /dev/shm/held) -eq {args.memory_mb << 20}")
             images.append(int(m.group(1)) if m else 0)
             sh(c, children[0]["id"], f"test $(ls /data | wc -l) -eq {args.files}")
             for s in [src] + [ch["id"] for ch in children]:
@@ -120,7 +126,7 @@ def main():
             print(f"removed {len(gone)} sandboxes", file=sys.stderr)
     p50 = statistics.median
     base = p50(plain)
-    what = "gvisor, with processes" if args.with_processes else "files only"
+    what = f"gvisor, with processes ({args.memory_mb} MB held in memory)" if args.with_processes else "files only"
     print(f"| {what}: {args.mb} MB in {args.files} files, {args.count} children, {args.rounds} rounds | p50 ms | vs plain create |")
     print("|---|---:|---:|")
     print(f"| plain create, one at a time | {base:.1f} | 1.00x |")

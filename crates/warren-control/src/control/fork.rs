@@ -173,12 +173,19 @@ impl Control {
             return Err(e);
         }
         let children: Vec<&str> = made.iter().map(|i| i.id.as_str()).collect();
+        let held = if req.with_processes {
+            format!(
+                "with its processes: {} bytes of memory image; stopped {} ms",
+                layer.memory_bytes, layer.frozen_ms
+            )
+        } else {
+            format!("frozen {} ms", layer.frozen_ms)
+        };
         let message = format!(
-            "forked into {} (fork layer {top}: {} bytes, {} entries; frozen {} ms)",
+            "forked into {} (fork layer {top}: {} bytes, {} entries; {held})",
             children.join(", "),
             layer.bytes,
             layer.entries,
-            layer.frozen_ms
         );
         {
             let _one = self.sandbox_locks.lock(id).await;

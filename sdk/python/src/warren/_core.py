@@ -563,7 +563,7 @@ def network_call(sid: str, allow: Sequence[str], deny: Sequence[str]) -> Call[mo
     )
 
 
-_FORK_FIELDS = {"cpu", "memory", "cpu_request", "memory_request", "pids", "disk", "ttl", "lease"}
+_FORK_FIELDS = {"cpu", "memory", "cpu_request", "memory_request", "pids", "disk", "ttl", "lease", "with_processes"}
 
 
 def fork_call(

@@ -562,10 +562,13 @@ class Sandbox:
         it is now (a running sandbox is frozen while its changes are
         copied, once): each writes to a layer of its own, unseen by this
         sandbox and the others. Processes are not carried over (each child
-        runs the source's main ``cmd`` anew, if it has one). ``labels`` are
-        added over the source's; ``cpu``, ``memory``, ``cpu_request``,
-        ``memory_request``, ``pids``, ``disk``, ``ttl`` and ``lease`` replace
-        the source's. All or none: the children once every one is running."""
+        runs the source's main ``cmd`` anew, if it has one), unless
+        ``with_processes=True``: a gvisor source on network none is saved
+        and resumed, and each child resumes its memory and processes too.
+        ``labels`` are added over the source's; ``cpu``, ``memory``,
+        ``cpu_request``, ``memory_request``, ``pids``, ``disk``, ``ttl`` and
+        ``lease`` replace the source's. All or none: the children once every
+        one is running."""
         infos = self._c._call(core.fork_call(self.id, count, labels, overrides))
         children = [Sandbox(self._c, i) for i in infos]
         if keep_alive:

@@ -147,10 +147,12 @@ class NetworkSpec:
 class ForkOrigin:
     """Where a forked sandbox's filesystem came from: the sandbox it was
     forked from and the read-only layers (on that sandbox's node) its root
-    is built on, topmost first."""
+    is built on, topmost first; ``processes``: it resumed the source's
+    memory and processes too (a gvisor fork with processes)."""
 
     source: str
     layers: list[str] = field(default_factory=list)
+    processes: bool = False
 
 
 @dataclass

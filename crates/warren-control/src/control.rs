@@ -14,6 +14,7 @@ use crate::admission::Admission;
 use crate::node_errors::node_error;
 use crate::store::{SandboxRow, Store, StoreError, Transition};
 
+mod batches;
 mod commit;
 mod create;
 mod fork;
@@ -51,6 +52,8 @@ pub struct Control {
     pub(crate) profiles: crate::profiles::Profiles,
     pub(crate) lifecycle: Arc<crate::lifecycle::Lifecycle>,
     pub(crate) pools: Arc<crate::pools::Pools>,
+    /// Batches' records and the decisions about them.
+    pub(crate) batches: crate::batches::Batches,
     /// Image builds, running and recent.
     pub(crate) builds: crate::build_log::Builds,
     /// The cluster's images, on its nodes and in its registry.
@@ -196,7 +199,14 @@ impl Control {
             metrics: metrics.clone(),
             lifecycle: lifecycle.clone(),
         });
+        let batches = crate::batches::Batches::new(
+            store.clone(),
+            records.clone(),
+            nodes.clone(),
+            options.policy.clone(),
+        );
         Control {
+            batches,
             records,
             io,
             gate,
@@ -286,6 +296,16 @@ impl Control {
     /// The profiles service.
     pub fn profiles(&self) -> &crate::profiles::Profiles {
         &self.profiles
+    }
+
+    /// Warm pools: their definitions, ready members and claims.
+    pub fn pools(&self) -> &crate::pools::Pools {
+        &self.pools
+    }
+
+    /// Batches: their records, progress and cost.
+    pub fn batches(&self) -> &crate::batches::Batches {
+        &self.batches
     }
 
     /// Destroys a sandbox for `why` (an already final one is left as is);

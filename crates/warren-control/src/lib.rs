@@ -10,7 +10,7 @@ pub mod admission;
 pub mod alerts;
 pub mod api;
 pub mod audit;
-mod batch;
+pub mod batches;
 mod build_log;
 mod builds;
 pub use builds::tar_bytes;

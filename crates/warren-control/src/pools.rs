@@ -82,8 +82,16 @@ impl Pools {
             .collect()
     }
 
-    pub(crate) fn info(&self, name: &str) -> Option<PoolInfo> {
-        self.infos().into_iter().find(|p| p.name == name)
+    /// One pool, or a 404 that says where to look.
+    pub fn info(&self, name: &str) -> Result<PoolInfo, warren_core::ApiError> {
+        self.infos()
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                warren_core::ApiError::not_found(format!(
+                    "no pool named {name:?}; see `warren pool ls`"
+                ))
+            })
     }
 
     /// Defines (or redefines) a pool; answers the ready members that no

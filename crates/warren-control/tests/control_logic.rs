@@ -875,7 +875,12 @@ async fn a_batch_of_a_class_no_node_offers_is_refused_whole() -> TestResult {
         "{}",
         e.message
     );
-    assert!(c.list_batches(&OP).await.map_err(|e| e.message)?.is_empty());
+    assert!(c
+        .batches()
+        .list(&OP)
+        .await
+        .map_err(|e| e.message)?
+        .is_empty());
     assert!(!node.calls().iter().any(|c| c.starts_with("create ")));
     // A class the node runs: every member is made in it.
     node.set_isolation(vec![warren_core::Isolation::Gvisor]);
@@ -919,7 +924,7 @@ async fn a_pool_of_a_class_no_node_offers_is_refused() -> TestResult {
         "{}",
         e.message
     );
-    assert!(c.pool_infos().is_empty());
+    assert!(c.pools().infos().is_empty());
     Ok(())
 }
 

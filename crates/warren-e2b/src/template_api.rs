@@ -337,7 +337,7 @@ async fn warm_pool(
     }
     let deadline = tokio::time::Instant::now() + POOL_WARM_WITHIN;
     loop {
-        let ready = control.pool_info(&name).map(|p| p.ready).unwrap_or(0);
+        let ready = control.pools().info(&name).map(|p| p.ready).unwrap_or(0);
         if ready >= size {
             return Some(format!("warm pool {name}: {ready} started sandboxes"));
         }

@@ -29,13 +29,13 @@ pub(crate) async fn list_batches(
     State(st): St,
     Extension(who): Who,
 ) -> ApiResult<Json<Vec<BatchInfo>>> {
-    Ok(Json(st.control.list_batches(&who).await?))
+    Ok(Json(st.control.batches().list(&who).await?))
 }
 
 /// Counts per state, summed usage and failures of a batch.
 #[utoipa::path(get, path = "/v1/batches/{id}", responses((status = 200, body = BatchInfo), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get_batch(State(st): St, Path(id): Path<String>) -> ApiResult<Json<BatchInfo>> {
-    Ok(Json(st.control.batch_info(&id).await?))
+    Ok(Json(st.control.batches().info(&id).await?))
 }
 
 /// Destroy every sandbox of the batch.

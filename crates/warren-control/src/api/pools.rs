@@ -13,12 +13,12 @@ use crate::api::json_body::JsonBody;
 /// Every pool with its spec, ready members and creates served.
 #[utoipa::path(get, path = "/v1/pools", responses((status = 200, body = [PoolInfo])))]
 pub(crate) async fn list_pools(State(st): St, Extension(who): Who) -> Json<Vec<PoolInfo>> {
-    Json(st.control.pool_infos_for(&who))
+    Json(st.control.pools().infos_for(&who))
 }
 
 #[utoipa::path(get, path = "/v1/pools/{name}", responses((status = 200, body = PoolInfo), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get_pool(State(st): St, Path(name): Path<String>) -> ApiResult<Json<PoolInfo>> {
-    Ok(Json(st.control.pool_info(&name)?))
+    Ok(Json(st.control.pools().info(&name)?))
 }
 
 /// Creates or changes a pool: the node keeps `size` ready sandboxes of this

@@ -21,16 +21,6 @@ use crate::store::{PoolRow, SandboxRow};
 const EVERY: Duration = Duration::from_secs(1);
 
 impl Control {
-    /// Every pool with its spec, ready members and creates served.
-    pub fn pool_infos(&self) -> Vec<PoolInfo> {
-        self.pools.infos()
-    }
-
-    /// The pools `who` reaches.
-    pub fn pool_infos_for(&self, who: &Principal) -> Vec<PoolInfo> {
-        self.pools.infos_for(who)
-    }
-
     /// Defines or redefines a pool of `who`'s tenant (the caller has
     /// checked, with [`crate::gate::Gate::authorize`], that the name is not
     /// another's).
@@ -77,18 +67,12 @@ impl Control {
             let _ = self.destroy(&id, reason::POOL_SHRUNK).await;
         }
         self.pools.wake();
-        self.pool_info(name)
-    }
-
-    pub fn pool_info(&self, name: &str) -> Result<PoolInfo, ApiError> {
-        self.pools.info(name).ok_or_else(|| {
-            ApiError::not_found(format!("no pool named {name:?}; see `warren pool ls`"))
-        })
+        self.pools.info(name)
     }
 
     /// Removes a pool and destroys its ready members.
     pub async fn delete_pool(&self, name: &str) -> Result<PoolInfo, ApiError> {
-        let info = self.pool_info(name)?;
+        let info = self.pools.info(name)?;
         self.store.delete_pool(name).await?;
         let members = self.pools.remove(name);
         for id in members {

@@ -369,9 +369,13 @@ impl Node {
         self.images.set_cluster_registries(text)
     }
 
-    /// What the node leaves on the host as it stops: its own cgroup parent
-    /// goes where no sandbox is left below it.
+    /// What the node leaves on the host as it stops: its spawners exit,
+    /// reaping the inits of the sandboxes destroyed last (without this the
+    /// daemon could exit first, and a caller could find such an init a
+    /// zombie for a moment); its own cgroup parent goes where no sandbox is
+    /// left below it.
     pub fn release_host(&self) {
+        self.runtime.stop_spawners();
         self.runtime.release_cgroup_parent();
         self.volumes.unmount_all();
     }

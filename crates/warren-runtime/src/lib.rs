@@ -344,6 +344,11 @@ impl Runtime {
         }
     }
 
+    /// Stops the spawners as the node stops (see [`pool::SpawnerPool::close`]).
+    pub fn stop_spawners(&self) {
+        self.pool.close();
+    }
+
     pub fn handle(&self, id: &str, pid: i32) -> SandboxHandle {
         let isolation = class::recorded(&self.sandbox_dir(id));
         self.handle_of(id, pid, isolation)

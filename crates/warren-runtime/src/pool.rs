@@ -32,6 +32,17 @@ impl SpawnerPool {
         })
     }
 
+    /// Stops every idle spawner and waits for each to exit: a spawner reaps
+    /// the inits it started (its children) as it exits, so a node that
+    /// stops after destroying its sandboxes leaves no zombie of one behind
+    /// for the host's init to reap later. Creates are refused from now on.
+    pub fn close(&self) {
+        self.permits.close();
+        let idle = std::mem::take(&mut *lock(&self.idle));
+        // Each one's Drop closes its socket and waits for it.
+        drop(idle);
+    }
+
     /// The sandbox's init pid and the spawner's phases (name, microseconds).
     pub async fn create(&self, request: SpawnerRequest) -> Result<Created, RuntimeError> {
         let _permit = self

@@ -105,7 +105,10 @@ class Warren:
                 raise RuntimeError(f"warren up exited with {self.proc.returncode}")
             time.sleep(0.05)
         else:
-            raise RuntimeError("warren up did not become healthy")
+            # Stopped, not left running: the caller has no handle to stop
+            # it by (its `with` never began).
+            stop_process(self.proc)
+            raise RuntimeError(f"warren up did not become healthy within 20 s; log tail:\n{self.log_text()[-3000:]}")
         self.token = (self.home / "token").read_text().strip()
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
@@ -113,6 +116,41 @@ class Warren:
 
     def stop(self, sig=signal.SIGINT):
         stop_process(self.proc, sig)
+
+    def leftovers(self):
+        """What still runs in this daemon's cgroup parent once it has made
+        a clean stop: a leak, each as (pid, cgroup, command line), with the
+        lines of its log that name the sandboxes concerned."""
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                cgroup = next(
+                    (line.split(":", 2)[2] for line in (d / "cgroup").read_text().splitlines()
+                     if (line.split(":", 2)[2] + "/").startswith(f"/{self.cgroup_parent}/")),
+                    None,
+                )
+                # A zombie runs nothing: the system's init reaps it.
+                if cgroup is None or (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found.append((int(d.name), cgroup, cmd))
+        if not found:
+            return ""
+        sids = {c.rstrip("/").rsplit("/", 1)[-1] for _, c, _ in found}
+        lines = [ln for ln in self.log_text().splitlines() if any(s in ln for s in sids)]
+        return "\n".join([f"pid {p} in {c}: {cmd!r}" for p, c, cmd in found] + lines[-60:])
+
+    def stop_clean(self):
+        """A clean stop, which must leave nothing running in the daemon's
+        cgroup parent (scripts/test.sh checks the whole run the same way,
+        but cannot say which test leaked)."""
+        self.stop()
+        left = self.leftovers()
+        assert not left, (
+            f"left running after a stop of {self.home} (exit {self.proc.returncode}):\n{left}"
+        )
 
     def log_text(self):
         """What the daemon wrote: its terminal output (warnings, its own
@@ -197,8 +235,10 @@ def own_daemon(images, args=(), env=None, preexec=None, under=None):
             w.extra_env = {}
             with contextlib.suppress(Exception):
                 w.start()
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            w.stop_clean()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -224,9 +264,12 @@ def warren(images):
     w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
     yield w
     crashed = w.proc.poll()
-    w.stop()
-    log = w.log_text()[-4000:]
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        if crashed is None:
+            w.stop_clean()
+    finally:
+        log = w.log_text()[-4000:]
+        shutil.rmtree(base, ignore_errors=True)
     assert crashed is None, f"warren up died during the session (exit {crashed}); log tail:\n{log}"
 
 

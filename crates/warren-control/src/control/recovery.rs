@@ -420,8 +420,12 @@ impl Control {
             .into_iter()
             .filter(|s| !s.is_final())
             .collect();
-        let Ok(rows) = self.store.list(&live).await else {
-            return;
+        let rows = match self.store.list(&live).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the live sandboxes at shutdown; the next start destroys them");
+                return;
+            }
         };
         let all = rows.iter().map(|r| async {
             match tokio::time::timeout(grace, self.destroy(&r.id, reason::SHUTDOWN)).await {

@@ -29,17 +29,26 @@ const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0x00];
 const BZIP2_MAGIC: &[u8] = b"BZh";
 
-/// Classifies a stream from its first bytes. `Err` carries the name of a
-/// compression we recognise but do not support.
-pub(crate) fn sniff(prefix: &[u8]) -> Result<Compression, &'static str> {
+/// A compression recognised by its magic bytes but not supported; shown
+/// as its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unsupported {
+    #[error("xz")]
+    Xz,
+    #[error("bzip2")]
+    Bzip2,
+}
+
+/// Classifies a stream from its first bytes.
+pub(crate) fn sniff(prefix: &[u8]) -> Result<Compression, Unsupported> {
     if prefix.starts_with(GZIP_MAGIC) {
         Ok(Compression::Gzip)
     } else if prefix.starts_with(ZSTD_MAGIC) {
         Ok(Compression::Zstd)
     } else if prefix.starts_with(XZ_MAGIC) {
-        Err("xz")
+        Err(Unsupported::Xz)
     } else if prefix.starts_with(BZIP2_MAGIC) {
-        Err("bzip2")
+        Err(Unsupported::Bzip2)
     } else {
         Ok(Compression::None)
     }

@@ -117,14 +117,14 @@ impl Console {
 
     /// Whether a cookie-authenticated request may go on: reads may; a
     /// change or a WebSocket must come from the console itself.
-    pub fn same_site(&self, method: &Method, headers: &HeaderMap) -> Result<(), &'static str> {
+    pub fn same_site(&self, method: &Method, headers: &HeaderMap) -> Result<(), CrossSite> {
         // Browsers say where a request comes from: a page on another
         // origin of the same site (a sandbox's port below the console's
         // domain) carries the Strict cookie too, but never the session's
         // power, not even to read.
         let fetched_from = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
         if fetched_from.is_some_and(|s| s != "same-origin" && s != "none") {
-            return Err("this request came from a page on another origin: a console session serves the console's own pages only");
+            return Err(CrossSite::OtherOrigin);
         }
         let upgrade = headers.contains_key(header::UPGRADE);
         if !upgrade && (method == Method::GET || method == Method::HEAD) {
@@ -135,14 +135,14 @@ impl Console {
 
     /// `Origin` must be the console's; without one (never the case for a
     /// WebSocket from a browser) the console's header must be there.
-    fn check_origin(&self, headers: &HeaderMap, upgrade: bool) -> Result<(), &'static str> {
+    fn check_origin(&self, headers: &HeaderMap, upgrade: bool) -> Result<(), CrossSite> {
         match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
             Some(origin) => {
                 let own = self.own_origin(headers);
                 if own.as_deref() == Some(origin.to_ascii_lowercase().as_str()) {
                     Ok(())
                 } else {
-                    Err("this request came from another site's page (its Origin is not this server's): refused for a console session")
+                    Err(CrossSite::OtherSite)
                 }
             }
             None if !upgrade
@@ -150,7 +150,7 @@ impl Console {
             {
                 Ok(())
             }
-            None => Err("a console session's changes must come from the console (Origin or X-Warren-Console: 1)"),
+            None => Err(CrossSite::NotFromConsole),
         }
     }
 
@@ -158,6 +158,22 @@ impl Console {
         let secure = if self.secure() { "; Secure" } else { "" };
         format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
     }
+}
+
+/// Why a request on a console session is refused: it did not come from
+/// the console's own pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CrossSite {
+    /// A page on another origin of the same site (a sandbox's port below
+    /// the console's domain), by the browser's `Sec-Fetch-Site`.
+    #[error("this request came from a page on another origin: a console session serves the console's own pages only")]
+    OtherOrigin,
+    #[error("this request came from another site's page (its Origin is not this server's): refused for a console session")]
+    OtherSite,
+    #[error(
+        "a console session's changes must come from the console (Origin or X-Warren-Console: 1)"
+    )]
+    NotFromConsole,
 }
 
 /// Why a URL given for where browsers reach Warren (`--public-url`,
@@ -336,8 +352,8 @@ fn refused(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 /// 403 for a cookie-authenticated request from elsewhere.
-pub(crate) fn forbidden(why: &str) -> Response {
-    refused(StatusCode::FORBIDDEN, "forbidden", why)
+pub(crate) fn forbidden(why: CrossSite) -> Response {
+    refused(StatusCode::FORBIDDEN, "forbidden", &why.to_string())
 }
 
 /// Checks the token and opens a session (the cookie); the answer never

@@ -97,8 +97,10 @@ def e2b_warren(tmp_path_factory):
         }
         yield w
     finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            w.stop_clean()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def run_client(w, version, flavour, template="base"):

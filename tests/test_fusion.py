@@ -88,9 +88,12 @@ def fusion(tmp_path_factory):
         yield SimpleNamespace(warren=w, url=f"http://127.0.0.1:{port}")
     finally:
         crashed = w.proc.poll()
-        w.stop()
-        log = w.log_text()[-4000:]
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            if crashed is None:
+                w.stop_clean()
+        finally:
+            log = w.log_text()[-4000:]
+            shutil.rmtree(base, ignore_errors=True)
         assert crashed is None, f"warren up died (exit {crashed}); log tail:\n{log}"
 
 

@@ -38,8 +38,10 @@ def plain(images):
         w.e2b_api = f"http://127.0.0.1:{api}"
         yield w
     finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            w.stop_clean()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def labelled(w, label):

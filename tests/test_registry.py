@@ -683,8 +683,10 @@ def fresh_daemon():
     try:
         yield w
     finally:
-        w.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        try:
+            w.stop_clean()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.contract  # commit, image_push

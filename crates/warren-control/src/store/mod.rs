@@ -85,8 +85,13 @@ pub enum StoreError {
     /// PostgreSQL could not be reached at start (where, and why).
     #[error("cannot connect to PostgreSQL at {0}: {1}")]
     Connect(String, #[source] sqlx::Error),
-    #[error("corrupt record {0}: {1}")]
-    Corrupt(String, String),
+    /// A record that cannot be read back (which, and why).
+    #[error("corrupt record {record}: {cause}")]
+    Corrupt {
+        record: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A write committed together with others (PostgreSQL's group commit)
     /// whose shared commit failed; it may or may not have committed.
     #[error("database commit: {0}")]
@@ -94,6 +99,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    pub(crate) fn corrupt(
+        record: impl Into<String>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> StoreError {
+        StoreError::Corrupt {
+            record: record.into(),
+            cause: cause.into(),
+        }
+    }
+
     /// A write that clashed with a unique key (two creates with one
     /// request id).
     pub fn is_duplicate(&self) -> bool {
@@ -196,7 +211,7 @@ where
 {
     let name = r.text("name")?;
     let spec = serde_json::from_str(&r.text("spec")?)
-        .map_err(|e| StoreError::Corrupt(format!("pool {name}"), e.to_string()))?;
+        .map_err(|e| StoreError::corrupt(format!("pool {name}"), e))?;
     Ok(PoolRow {
         spec,
         tenant: tenant_of(r)?,
@@ -594,16 +609,17 @@ where
     R: StoreRow<'r>,
 {
     let id = r.text("id")?;
-    let corrupt = |what: &str, e: String| StoreError::Corrupt(id.clone(), format!("{what}: {e}"));
+    let corrupt = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+        StoreError::corrupt(format!("{id} ({what})"), e)
+    };
     let state = r.text("state")?;
     let spec = r.text("spec")?;
     let resources = r.text("resources")?;
     Ok(SandboxRow {
-        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e.to_string()))?,
+        state: SandboxState::from_str(&state).map_err(|e| corrupt("state", e.into()))?,
         reason: r.text("reason")?,
-        spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.to_string()))?,
-        resources: serde_json::from_str(&resources)
-            .map_err(|e| corrupt("resources", e.to_string()))?,
+        spec: serde_json::from_str(&spec).map_err(|e| corrupt("spec", e.into()))?,
+        resources: serde_json::from_str(&resources).map_err(|e| corrupt("resources", e.into()))?,
         node: r.text("node")?,
         image_digest: r.text("image_digest")?,
         created_at: r.text("created_at")?,
@@ -615,7 +631,7 @@ where
             .text_opt("usage")?
             .map(|u| serde_json::from_str(&u))
             .transpose()
-            .map_err(|e| corrupt("usage", e.to_string()))?,
+            .map_err(|e| corrupt("usage", e.into()))?,
         tenant: tenant_of(r)?,
         id,
     })
@@ -661,10 +677,8 @@ where
     let spec = r.text("spec")?;
     let labels = r.text("labels")?;
     Ok(BatchRow {
-        spec: serde_json::from_str(&spec)
-            .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
-        labels: serde_json::from_str(&labels)
-            .map_err(|e| StoreError::Corrupt(id.clone(), e.to_string()))?,
+        spec: serde_json::from_str(&spec).map_err(|e| StoreError::corrupt(id.clone(), e))?,
+        labels: serde_json::from_str(&labels).map_err(|e| StoreError::corrupt(id.clone(), e))?,
         count: r.int("count")? as u32,
         created_at: r.text("created_at")?,
         deleted_at: r.text_opt("deleted_at")?,
@@ -682,8 +696,7 @@ where
     let name = r.text("name")?;
     let labels = r.text("labels")?;
     Ok(NodeRecord {
-        labels: serde_json::from_str(&labels)
-            .map_err(|e| StoreError::Corrupt(name.clone(), e.to_string()))?,
+        labels: serde_json::from_str(&labels).map_err(|e| StoreError::corrupt(name.clone(), e))?,
         url: r.text("url")?,
         credential: r.text("credential")?,
         cordoned: r.flag("cordoned")?,
@@ -695,7 +708,7 @@ where
 
 /// A profile's stored body, or a run's.
 fn decode_body<T: serde::de::DeserializeOwned>(owner: &str, body: &str) -> Result<T, StoreError> {
-    serde_json::from_str(body).map_err(|e| StoreError::Corrupt(owner.to_string(), e.to_string()))
+    serde_json::from_str(body).map_err(|e| StoreError::corrupt(owner.to_string(), e))
 }
 
 impl SandboxRow {
@@ -731,7 +744,7 @@ where
 {
     let name = tenant_of_column(r, "name")?;
     let spec = serde_json::from_str(&r.text("spec")?)
-        .map_err(|e| StoreError::Corrupt(format!("tenant {name}"), e.to_string()))?;
+        .map_err(|e| StoreError::corrupt(format!("tenant {name}"), e))?;
     Ok(TenantRow {
         name,
         spec,
@@ -758,7 +771,7 @@ where
             tenant: tenant_of(r)?,
             role: role
                 .parse()
-                .map_err(|e: TenantError| StoreError::Corrupt(id.clone(), e.to_string()))?,
+                .map_err(|e: TenantError| StoreError::corrupt(id.clone(), e))?,
             description: r.text("description")?,
             created_at: r.text("created_at")?,
             id,
@@ -773,7 +786,7 @@ where
 {
     let t = r.text(column)?;
     t.parse()
-        .map_err(|e: TenantError| StoreError::Corrupt(format!("tenant {t}"), e.to_string()))
+        .map_err(|e: TenantError| StoreError::corrupt(format!("tenant {t}"), e))
 }
 
 #[cfg(test)]

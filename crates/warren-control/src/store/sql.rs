@@ -415,8 +415,7 @@ impl<D: Dialect> Store for D {
     }
 
     async fn set_usage(&self, id: &str, usage: &Usage) -> Result<(), StoreError> {
-        let body = serde_json::to_string(usage)
-            .map_err(|e| StoreError::Corrupt(id.to_string(), e.to_string()))?;
+        let body = serde_json::to_string(usage).map_err(|e| StoreError::corrupt(id, e))?;
         let sql = sql!("UPDATE sandboxes SET usage = ? WHERE id = ?");
         self.execute(sql, args![&body, id]).await?;
         Ok(())

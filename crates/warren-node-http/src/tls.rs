@@ -27,9 +27,11 @@ pub enum TlsError {
     #[error("{}: {message}; remove the directory to make a new certificate (the node must then join again)", path.display())]
     Unreadable { path: PathBuf, message: String },
     #[error("making the node's certificate: {0}")]
-    Generate(String),
+    Generate(#[source] rcgen::Error),
     #[error("TLS configuration: {0}")]
     Config(String),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
 }
 
 /// The node's certificate and key.
@@ -89,11 +91,9 @@ impl Identity {
     /// an HTTP/1 upgrade).
     pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(vec![self.cert.clone()], self.key.clone_key())
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .with_single_cert(vec![self.cert.clone()], self.key.clone_key())?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
@@ -110,7 +110,7 @@ fn make(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<(), TlsError> {
     // The name is never checked (the certificate is pinned), but clients
     // and tools show it.
     let made = rcgen::generate_simple_self_signed(vec!["warren-node".to_string()])
-        .map_err(|e| TlsError::Generate(e.to_string()))?;
+        .map_err(TlsError::Generate)?;
     let write = |path: &Path, text: String, mode: u32| -> Result<(), TlsError> {
         let tmp = path.with_extension("tmp");
         let mut f = std::fs::OpenOptions::new()
@@ -231,8 +231,7 @@ pub(crate) fn pinned_client_config(pin: &str) -> Result<rustls::ClientConfig, Tl
     }
     let provider = provider();
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Pinned { pin, provider }))
         .with_no_client_auth();

@@ -161,6 +161,19 @@ class Warren:
                 text += p.read_text(errors="replace")
         return text
 
+    def finish(self, base):
+        """The end of a daemon a fixture kept running: a clean stop that
+        leaves nothing behind, then `base` (its directory) removed; fails
+        if the daemon died before."""
+        crashed = self.proc.poll()
+        try:
+            if crashed is None:
+                self.stop_clean()
+        finally:
+            log = self.log_text()[-4000:]
+            shutil.rmtree(base, ignore_errors=True)
+        assert crashed is None, f"warren up died (exit {crashed}); log tail:\n{log}"
+
     def env(self):
         return {**os.environ, "WARREN_URL": self.url, "WARREN_HOME": str(self.home)}
 
@@ -263,14 +276,7 @@ def warren(images):
     w.start()
     w.cli("image", "import", str(images["oci"]), "--name", "busybox:latest")
     yield w
-    crashed = w.proc.poll()
-    try:
-        if crashed is None:
-            w.stop_clean()
-    finally:
-        log = w.log_text()[-4000:]
-        shutil.rmtree(base, ignore_errors=True)
-    assert crashed is None, f"warren up died during the session (exit {crashed}); log tail:\n{log}"
+    w.finish(base)
 
 
 @pytest.fixture

@@ -87,14 +87,7 @@ def fusion(tmp_path_factory):
         w.cli("image", "import", str(image_tar), "--name", IMAGE, timeout=300)
         yield SimpleNamespace(warren=w, url=f"http://127.0.0.1:{port}")
     finally:
-        crashed = w.proc.poll()
-        try:
-            if crashed is None:
-                w.stop_clean()
-        finally:
-            log = w.log_text()[-4000:]
-            shutil.rmtree(base, ignore_errors=True)
-        assert crashed is None, f"warren up died (exit {crashed}); log tail:\n{log}"
+        w.finish(base)
 
 
 def fusion_sandboxes(w):

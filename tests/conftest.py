@@ -126,11 +126,9 @@ class Warren:
             if not d.name.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                cgroup = next(
-                    (line.split(":", 2)[2] for line in (d / "cgroup").read_text().splitlines()
-                     if (line.split(":", 2)[2] + "/").startswith(f"/{self.cgroup_parent}/")),
-                    None,
-                )
+                # Each line is HIERARCHY:CONTROLLERS:PATH.
+                paths = (line.split(":", 2)[-1] for line in (d / "cgroup").read_text().splitlines())
+                cgroup = next((c for c in paths if (c + "/").startswith(f"/{self.cgroup_parent}/")), None)
                 # A zombie runs nothing: the system's init reaps it.
                 if cgroup is None or (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                     continue
@@ -161,18 +159,24 @@ class Warren:
                 text += p.read_text(errors="replace")
         return text
 
-    def finish(self, base):
-        """The end of a daemon a fixture kept running: a clean stop that
-        leaves nothing behind, then `base` (its directory) removed; fails
-        if the daemon died before."""
-        crashed = self.proc.poll()
+    def stop_and_remove(self, base):
+        """A clean stop that leaves nothing behind, then `base` (the
+        daemon's directory) removed whatever the check found."""
         try:
-            if crashed is None:
-                self.stop_clean()
+            self.stop_clean()
         finally:
-            log = self.log_text()[-4000:]
             shutil.rmtree(base, ignore_errors=True)
-        assert crashed is None, f"warren up died (exit {crashed}); log tail:\n{log}"
+
+    def finish(self, base):
+        """The end of a daemon a fixture kept running: `stop_and_remove`;
+        fails if the daemon died before."""
+        crashed = self.proc.poll()
+        if crashed is None:
+            self.stop_and_remove(base)
+            return
+        log = self.log_text()[-4000:]
+        shutil.rmtree(base, ignore_errors=True)
+        raise AssertionError(f"warren up died (exit {crashed}); log tail:\n{log}")
 
     def env(self):
         return {**os.environ, "WARREN_URL": self.url, "WARREN_HOME": str(self.home)}
@@ -248,10 +252,7 @@ def own_daemon(images, args=(), env=None, preexec=None, under=None):
             w.extra_env = {}
             with contextlib.suppress(Exception):
                 w.start()
-        try:
-            w.stop_clean()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        w.stop_and_remove(base)
 
 
 @pytest.fixture(scope="session")

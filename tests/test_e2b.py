@@ -97,10 +97,7 @@ def e2b_warren(tmp_path_factory):
         }
         yield w
     finally:
-        try:
-            w.stop_clean()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        w.stop_and_remove(base)
 
 
 def run_client(w, version, flavour, template="base"):

@@ -5,7 +5,6 @@ and leaves nothing; the class a sandbox runs in is recorded, and forks,
 batches, warm pools and E2B templates keep it. The gvisor class itself, on
 the real runsc, is tests/test_gvisor.py's."""
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -38,10 +37,7 @@ def plain(images):
         w.e2b_api = f"http://127.0.0.1:{api}"
         yield w
     finally:
-        try:
-            w.stop_clean()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        w.stop_and_remove(base)
 
 
 def labelled(w, label):

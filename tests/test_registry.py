@@ -683,10 +683,7 @@ def fresh_daemon():
     try:
         yield w
     finally:
-        try:
-            w.stop_clean()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        w.stop_and_remove(base)
 
 
 @pytest.mark.contract  # commit, image_push

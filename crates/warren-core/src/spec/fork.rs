@@ -67,9 +67,9 @@ impl ForkRequest {
     /// The spec of each child of `source_id` (whose spec is `source`):
     /// the source's, without its request id, with this request's labels
     /// and overrides, its isolation class, and the fork's origin (its
-    /// layers are the node's to fill in); batch labels are not inherited. A limit overridden
-    /// without its request drops the
-    /// source's request, so the usual default (request = limit) applies.
+    /// layers are the node's to fill in); batch labels are not inherited.
+    /// A limit overridden without its request drops the source's request,
+    /// so the usual default (request = limit) applies.
     pub fn child_spec(
         &self,
         source_id: &str,
